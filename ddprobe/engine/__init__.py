@@ -1,0 +1,1 @@
+"""Reference DDTree engine: configs, MLA target, DFlash-style drafter, KV cache, tree, generate loop."""

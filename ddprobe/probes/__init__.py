@@ -1,0 +1,1 @@
+"""Probes: bandwidth floor, commit length, GPU telemetry, and the backends they talk to."""

@@ -1,0 +1,1 @@
+"""Markdown and HTML reports from results files. Never imports torch."""
