@@ -1,0 +1,206 @@
+"""Result records: dataclasses that save to and load from JSON, with run metadata.
+
+Every probe and benchmark writes a ``Result``: what kind of measurement it is, the
+metadata of the run (date, host, versions, GPU, command), the configuration, and rows
+(one dict per measured cell, keys carrying their units: ``step_ms``, ``kv_GB``...).
+``ResultWriter`` rewrites the file atomically after every row, so an interrupted run
+keeps everything it measured. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .units import DDProbeError
+
+SCHEMA = "ddprobe.result/1"
+
+
+def _pkg_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_sha() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _gpus() -> list[dict[str, Any]]:
+    """Name and driver of every NVIDIA GPU through NVML; [] where there is none."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no GPU: NVMLError_LibraryNotFound and friends
+        return []
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(h)
+            gpus.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                         "driver": driver.decode() if isinstance(driver, bytes) else driver})
+        return gpus
+    except Exception:
+        return []
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+@dataclass
+class RunMeta:
+    date_utc: str
+    host: str
+    ddprobe_version: str
+    git_sha: str | None
+    python: str
+    torch: str | None
+    triton: str | None
+    platform: str
+    gpus: list[dict[str, Any]]
+    command: str
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.gpus[0]["name"] if self.gpus else None
+
+    @property
+    def gpu_driver(self) -> str | None:
+        return self.gpus[0]["driver"] if self.gpus else None
+
+    @classmethod
+    def collect(cls, command: str | None = None, probe_gpu: bool = True) -> "RunMeta":
+        return cls(
+            date_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            host=socket.gethostname(),
+            ddprobe_version=__version__,
+            git_sha=_git_sha(),
+            python=platform.python_version(),
+            torch=_pkg_version("torch"),
+            triton=_pkg_version("triton"),
+            platform=platform.platform(),
+            gpus=_gpus() if probe_gpu else [],
+            command=command if command is not None else " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        )
+
+
+@dataclass
+class Result:
+    """One results file: ``kind`` names the probe ("floor", "commit", "bench-verify", ...)."""
+
+    kind: str
+    meta: RunMeta
+    config: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write atomically (temp file + rename): a reader never sees half a file."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self.to_json())
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> "Result":
+        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+            raise DDProbeError(f"{source}: not a ddprobe results file (schema {SCHEMA!r} missing)")
+        try:
+            meta = RunMeta(**d["meta"])
+            return cls(kind=d["kind"], meta=meta, config=d.get("config", {}), rows=list(d.get("rows", [])),
+                       summary=d.get("summary", {}), schema=d["schema"])
+        except (KeyError, TypeError) as e:
+            raise DDProbeError(f"{source}: malformed results file ({e})") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Result":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise DDProbeError(f"cannot read results file {path}: {e.strerror or e}") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DDProbeError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+        return cls.from_dict(d, source=str(path))
+
+    def to_csv(self, path: str | os.PathLike) -> Path:
+        import csv
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        keys: list[str] = []
+        for row in self.rows:
+            keys += [k for k in row if k not in keys]
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for row in self.rows:
+                w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+        return path
+
+
+class ResultWriter:
+    """Append rows to a Result and rewrite its file after each one (write as you go).
+
+    ``path`` may be None (keep in memory only). A ``.csv`` twin is written too when
+    ``csv_path`` is given.
+    """
+
+    def __init__(self, result: Result, path: str | os.PathLike | None = None,
+                 csv_path: str | os.PathLike | None = None):
+        self.result = result
+        self.path = Path(path) if path else None
+        self.csv_path = Path(csv_path) if csv_path else None
+        self.flush()
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.result.rows.append(row)
+        self.flush()
+
+    def flush(self) -> None:
+        if self.path:
+            self.result.save(self.path)
+        if self.csv_path:
+            self.result.to_csv(self.csv_path)

@@ -1,0 +1,154 @@
+"""All unit parsing and formatting in one place.
+
+Conventions (DESIGN.md): 1k tokens = 1024 tokens, 1m = 1024k; GB = 1e9 bytes,
+TB/s = 1e12 bytes/s (decimal, as GPU datasheets quote them); GiB and TiB/s are binary.
+Parsers return plain numbers in base units: tokens, bytes, bytes/s, seconds.
+Every parse error is a ``UnitError`` with a one-line message naming the bad part.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+
+class DDProbeError(ValueError):
+    """A user-facing error: the CLI prints its message on one line and exits 1."""
+
+
+class UnitError(DDProbeError):
+    pass
+
+
+_NUM = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+
+_TOKEN_SUFFIX = {"": 1, "k": 1024, "m": 1024 * 1024}
+_BYTE_UNITS = {
+    "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0}
+
+
+def _split(text: str, what: str) -> tuple[float, str]:
+    """'1.8 TB/s' -> (1.8, 'tb/s'); raise UnitError naming ``text`` if there is no number."""
+    s = str(text).strip()
+    m = re.fullmatch(_NUM + r"\s*([a-zA-Zµ/]*)", s)
+    if not m:
+        raise UnitError(f"bad {what} {text!r}: expected a number with an optional unit")
+    return float(m.group(1)), m.group(2).lower()
+
+
+def _positive(value: float, text: str, what: str) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise UnitError(f"bad {what} {text!r}: must be greater than zero")
+
+
+def parse_tokens(text: str | int) -> int:
+    """'512' -> 512, '16k' -> 16384, '1m' -> 1048576, '1.5k' -> 1536 (k = 1024)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise UnitError(f"bad token count {text!r}: must be greater than zero")
+        return text
+    value, unit = _split(str(text), "token count")
+    if unit not in _TOKEN_SUFFIX:
+        raise UnitError(f"bad token count {text!r}: unknown suffix {unit!r} (use k = 1024 or m = 1024k)")
+    tokens = value * _TOKEN_SUFFIX[unit]
+    if tokens != int(tokens):
+        raise UnitError(f"bad token count {text!r}: not a whole number of tokens")
+    _positive(tokens, str(text), "token count")
+    return int(tokens)
+
+
+def _parse_list(text: str, parse, what: str) -> list:
+    parts = [p.strip() for p in str(text).split(",")]
+    if not any(parts):
+        raise UnitError(f"empty {what} list {text!r}")
+    out = []
+    for p in parts:
+        if not p:
+            raise UnitError(f"empty item in {what} list {text!r}")
+        try:
+            out.append(parse(p))
+        except UnitError as e:
+            raise UnitError(f"{e} (in {text!r})") from None
+    return out
+
+
+def parse_token_list(text: str) -> list[int]:
+    """'1k,16k,64k,128k' -> [1024, 16384, 65536, 131072]."""
+    return _parse_list(text, parse_tokens, "token count")
+
+
+def parse_bytes(text: str | float) -> float:
+    """'9.2GB' -> 9.2e9, '1GiB' -> 1073741824, '1152' -> 1152 (bytes)."""
+    value, unit = _split(str(text), "size")
+    unit = unit or "b"
+    if unit not in _BYTE_UNITS:
+        raise UnitError(f"bad size {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    _positive(value, str(text), "size")
+    return value * _BYTE_UNITS[unit]
+
+
+def parse_bandwidth(text: str | float) -> float:
+    """'1.8TB/s' -> 1.8e12, '1792GB/s' -> 1.792e12 (bytes per second)."""
+    value, unit = _split(str(text), "bandwidth")
+    if not unit.endswith("/s") or unit[:-2] not in _BYTE_UNITS:
+        raise UnitError(f"bad bandwidth {text!r}: unit must be one of TB/s, GB/s, MB/s, TiB/s, GiB/s")
+    _positive(value, str(text), "bandwidth")
+    return value * _BYTE_UNITS[unit[:-2]]
+
+
+def parse_time(text: str | float, default_unit: str = "s") -> float:
+    """'714ms' -> 0.714, '1.43s' -> 1.43, '250us' -> 0.00025 (seconds); a bare number is in ``default_unit``."""
+    value, unit = _split(str(text), "time")
+    unit = unit or default_unit
+    if unit not in _TIME_UNITS:
+        raise UnitError(f"bad time {text!r}: unknown unit {unit!r} (use ns, us, ms, s, min)")
+    _positive(value, str(text), "time")
+    return value * _TIME_UNITS[unit]
+
+
+def parse_time_list(text: str, default_unit: str = "s") -> list[float]:
+    """'159ms,714ms,1.43s' -> [0.159, 0.714, 1.43] (seconds)."""
+    return _parse_list(text, lambda p: parse_time(p, default_unit), "time")
+
+
+# ---- formatting -------------------------------------------------------------
+
+def fmt_tokens(n: int) -> str:
+    """131072 -> '128k', 1048576 -> '1m', 1000 -> '1000'."""
+    n = int(n)
+    for suffix, size in (("m", 1024 * 1024), ("k", 1024)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{suffix}"
+    if n >= 1024 and (n * 10) % 1024 == 0:
+        return f"{n / 1024:g}k"
+    return str(n)
+
+
+def _scaled(value: float, steps: list[tuple[float, str]], digits: int = 3) -> str:
+    for size, name in steps:
+        if abs(value) >= size:
+            return f"{value / size:.{digits}g} {name}"
+    size, name = steps[-1]
+    return f"{value / size:.{digits}g} {name}"
+
+
+def fmt_bytes(n: float) -> str:
+    """9.21e9 -> '9.21 GB' (decimal units)."""
+    return _scaled(n, [(1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "KB"), (1, "B")])
+
+
+def fmt_bandwidth(bps: float) -> str:
+    """1.8e12 -> '1.8 TB/s'."""
+    return _scaled(bps, [(1e12, "TB/s"), (1e9, "GB/s"), (1e6, "MB/s"), (1e3, "KB/s"), (1, "B/s")])
+
+
+def fmt_time(seconds: float) -> str:
+    """0.714 -> '714 ms', 5.1e-3 -> '5.12 ms', 2e-5 -> '20 us'."""
+    return _scaled(seconds, [(1.0, "s"), (1e-3, "ms"), (1e-6, "us"), (1e-9, "ns")])
+
+
+def fmt_ratio(x: float) -> str:
+    """139.6 -> '140x', 15.5 -> '15.5x', 1.23 -> '1.23x'."""
+    return f"{x:.3g}x" if x < 1000 else f"{x:,.0f}x"

@@ -1,0 +1,95 @@
+"""`ddprobe floor` through Typer's CliRunner: output, JSON, results file, configs and error paths."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+from ddprobe.results import Result
+
+runner = CliRunner()
+
+KIMI_CONFIG = {  # shaped like Kimi K2.x's multimodal config: the language model under text_config
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "text_config": {
+        "model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 64,
+        "vocab_size": 163840, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+        "v_head_dim": 128, "q_lora_rank": 1536, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "n_routed_experts": 384, "num_experts_per_tok": 8, "n_shared_experts": 1, "first_k_dense_replace": 1,
+    },
+}
+LLAMA_CONFIG = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "vocab_size": 128256, "intermediate_size": 14336}
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_help_lists_floor():
+    r = run("--help")
+    assert r.exit_code == 0 and "floor" in r.output
+
+
+def test_floor_table_reproduces_investigation():
+    r = run("floor", "--model", "kimi-k2.6", "--ctx", "128k", "--bw", "1.8TB/s", "--step-ms", "714")
+    assert r.exit_code == 0, r.output
+    assert "9.21 GB" in r.output and "5.12 ms" in r.output and "140x" in r.output and "15.5x" in r.output
+
+
+def test_floor_json_and_results_file(tmp_path):
+    path = tmp_path / "floor.json"
+    r = run("floor", "--ctx", "1k,128k", "--gpu", "rtx-pro-6000", "--tp", "8", "--step-ms", "10,714ms",
+            "--json", "--out", str(path))
+    assert r.exit_code == 0, r.output
+    printed = json.loads(r.stdout)
+    assert printed["kind"] == "floor" and [row["ctx"] for row in printed["rows"]] == [1024, 131072]
+    assert printed["rows"][1]["step_ms"] == pytest.approx(714)
+    assert printed["config"]["gpu"] == "rtx-pro-6000" and printed["config"]["bw_Bps"] == 1.792e12
+    saved = Result.load(path)
+    assert saved.rows == printed["rows"] and saved.meta.command
+
+
+def test_config_files_match_presets(tmp_path):
+    kimi = tmp_path / "kimi.json"
+    kimi.write_text(json.dumps(KIMI_CONFIG))
+    llama = tmp_path / "llama.json"
+    llama.write_text(json.dumps(LLAMA_CONFIG))
+    for cfg, preset in ((kimi, "kimi-k2.6"), (llama, "llama-3.1-8b")):
+        a = json.loads(run("floor", "--config", str(cfg), "--ctx", "64k", "--json").stdout)["rows"][0]
+        b = json.loads(run("floor", "--model", preset, "--ctx", "64k", "--json").stdout)["rows"][0]
+        assert a == b
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--model", "gpt-5"], "unknown model 'gpt-5'; known: kimi-k2.6"),
+    (["--gpu", "tpu-v9"], "unknown GPU 'tpu-v9'; known: rtx-pro-6000"),
+    (["--ctx", "12x"], "bad token count '12x'"),
+    (["--ctx", "0"], "greater than zero"),
+    (["--queries", "0"], "--queries must be at least 1"),
+    (["--tp", "-2"], "--tp must be at least 1"),
+    (["--bw", "fast"], "bad bandwidth 'fast'"),
+    (["--bw", "0TB/s"], "greater than zero"),
+    (["--step-ms", "-5"], "bad time"),
+    (["--step-ms", "1,2", "--ctx", "1k,2k,4k"], "one per context"),
+    (["--tflops", "0"], "--tflops must be greater than zero"),
+    (["--include-weights", "--weight-dtype", "fp7"], "unknown weight dtype"),
+    (["--config", "/nonexistent/config.json"], "cannot read config"),
+])
+def test_bad_input_is_one_line_and_exit_1(args, fragment):
+    r = run("floor", *args)
+    assert r.exit_code == 1, r.output
+    assert fragment in r.output
+    assert "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_malformed_configs(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = run("floor", "--config", str(bad))
+    assert r.exit_code == 1 and "not valid JSON" in r.output
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"hidden_size": 4096}))
+    r = run("floor", "--config", str(partial))
+    assert r.exit_code == 1 and "no 'num_hidden_layers'" in r.output
