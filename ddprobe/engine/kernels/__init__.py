@@ -17,6 +17,8 @@ from .plan import VerifyPlan
 # name -> module path (relative); fast paths register here as they land.
 _PATHS = {
     "reference": ".reference",
+    "paged": ".paged",  # SGLang's page_size=1 Triton verify, faithfully rendered (needs triton)
+    "split": ".split",  # split-K over the contiguous prefix + masked tree pass + fused merge (needs triton)
 }
 
 

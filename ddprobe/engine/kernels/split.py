@@ -1,0 +1,280 @@
+"""`split`: the fix. Split-K over the contiguous prefix + masked tree pass + one merge.
+
+Two launches per layer, metadata built once per step in ``plan``:
+  1. ``_split_prefix_kernel``, grid (q blocks, splits): heads x rows are folded into one
+     dimension of Hq = H * R query rows (row hq = r * H + h), so each [BLOCK_N, 576] latent
+     tile is read from memory once for every head and row; the prefix is cut into chunks
+     so that every SM streams its own part of the context. Each program writes a
+     normalized partial output [Hq, v_dim] (fp32) and its log2-sum-exp.
+     Tiling: a main block of BLOCK_Q rows (64 -> one Hopper warpgroup MMA) plus an
+     optional TAIL block (16) in the same program, so 72 rows (8 heads x 9) cost 80 rows
+     of tensor work rather than 128; the latent tile is loaded once and used both as K
+     (with the rope tile) and as V.
+  2. ``_tree_merge_kernel``, grid (Hq blocks, v_dim blocks): attention of every query row
+     over the R new rows under the per-row ancestor bitmask (R <= 64 columns: one tile),
+     fused with the log-sum-exp merge of all prefix splits; writes the output in q's dtype.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_dims, check_rows, dot_flags, next_pow2, sm_count
+from .plan import VerifyPlan, check_plan_args, check_run_args
+
+name = "split"
+layout = "contiguous"
+
+LOG2E = 1.4426950408889634
+# Tuning knobs (the benchmark may override them); see choose_config.
+TUNING = {
+    "block_n": 64,        # KV tokens per tile
+    "num_warps": 8,
+    "num_stages": 2,
+    "min_chunk": 256,     # fewest prefix tokens per split
+    "ctas_per_sm": 1,     # target programs per SM for the prefix kernel
+    "tail": True,         # 64 + 16 tiling for 64 < Hq <= 80 (else pad to 128 / grid over blocks)
+    "merge_block_m": 16,
+    "merge_split_chunk": 8,
+}
+
+
+@triton.jit
+def _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC: tl.constexpr):
+    s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PREC)
+    s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
+    s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST: tl.constexpr):
+    ok = offs_q < Hq
+    base = Q + (offs_q // H) * stride_qr + (offs_q % H) * stride_qh
+    q_lat = tl.load(base[:, None] + offs_v[None, :], mask=ok[:, None], other=0.0)
+    q_pe = tl.load(base[:, None] + offs_pe[None, :], mask=ok[:, None], other=0.0)
+    if UPCAST:
+        q_lat = q_lat.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+    return q_lat, q_pe
+
+
+@triton.jit
+def _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc):
+    ok = offs_q < Hq
+    o = acc / l_i[:, None]
+    tl.store(O_part + pid_s * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :], o, mask=ok[:, None])
+    tl.store(LSE_part + pid_s * Hq + offs_q, m_i + tl.log2(l_i), mask=ok)
+
+
+@triton.jit
+def _split_prefix_kernel(
+    Q, KV, O_part, LSE_part,
+    stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
+    prefix_len, chunk, Hq, H, qk_scale,
+    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
+    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_q = tl.program_id(0)  # q blocks fastest: programs of one split run together and share the tile in L2
+    pid_s = tl.program_id(1)
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, prefix_len)
+    offs_v = tl.arange(0, V_DIM)
+    offs_pe = V_DIM + tl.arange(0, PE_DIM)
+
+    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    q_lat, q_pe = _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, V_DIM], tl.float32)
+    if TAIL > 0:
+        offs_t = BLOCK_Q + tl.arange(0, TAIL)
+        t_lat, t_pe = _load_q(Q, offs_t, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
+        m_t = tl.full([TAIL], float("-inf"), tl.float32)
+        l_t = tl.zeros([TAIL], tl.float32)
+        acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
+
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        k_ptr = KV + offs_n[:, None] * stride_kv
+        k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
+        k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
+        if UPCAST:
+            k_lat = k_lat.to(tl.float32)
+            k_pe = k_pe.to(tl.float32)
+        m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
+        if TAIL > 0:
+            m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
+
+    _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc)
+    if TAIL > 0:
+        _store_partial(O_part, LSE_part, pid_s, offs_t, Hq, stride_ps, stride_pq, offs_v, m_t, l_t, acc_t)
+
+
+@triton.jit
+def _tree_merge_kernel(
+    Q, KV, Bits, O_part, LSE_part, Out,
+    stride_qr, stride_qh, stride_kv, stride_or, stride_oh, stride_ps, stride_pq,
+    prefix_len, R, Hq, H, num_splits, qk_scale,
+    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr, SPLIT_CHUNK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_ok = offs_q < Hq
+    row = offs_q // H
+    offs_d = tl.arange(0, V_DIM)
+    offs_pe = V_DIM + tl.arange(0, PE_DIM)
+    q_lat, q_pe = _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_d, offs_pe, UPCAST)
+
+    # tree part: all rows over the R new rows (cache rows prefix_len .. prefix_len+R-1)
+    offs_c = tl.arange(0, BLOCK_R)
+    c_ok = offs_c < R
+    k_ptr = KV + (prefix_len + offs_c)[:, None] * stride_kv
+    k_lat = tl.load(k_ptr + offs_d[None, :], mask=c_ok[:, None], other=0.0)
+    k_pe = tl.load(k_ptr + offs_pe[None, :], mask=c_ok[:, None], other=0.0)
+    if UPCAST:
+        k_lat = k_lat.to(tl.float32)
+        k_pe = k_pe.to(tl.float32)
+    s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PREC)
+    s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
+    bits = tl.load(Bits + row, mask=q_ok, other=1)
+    see = (((bits[:, None] >> offs_c[None, :].to(tl.int64)) & 1) != 0) & c_ok[None, :]
+    s = tl.where(see, s * qk_scale, float("-inf"))
+    m_t = tl.max(s, 1)
+    p = tl.exp2(s - m_t[:, None])
+    l_t = tl.sum(p, 1)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_new = tl.load(k_ptr + offs_v[None, :], mask=c_ok[:, None], other=0.0)
+    if UPCAST:
+        v_new = v_new.to(tl.float32)
+    o_t = tl.dot(p.to(v_new.dtype), v_new, input_precision=PREC) / l_t[:, None]
+    lse_t = m_t + tl.log2(l_t)
+
+    # merge: out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over splits and the tree part
+    big = lse_t
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
+        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :],
+                      mask=(offs_s < num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
+        big = tl.maximum(big, tl.max(lse, 0))
+    w_t = tl.exp2(lse_t - big)
+    acc = o_t * w_t[:, None]
+    wsum = w_t
+    for s0 in range(0, num_splits, SPLIT_CHUNK):
+        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
+        s_ok = offs_s < num_splits
+        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :],
+                      mask=s_ok[:, None] & q_ok[None, :], other=float("-inf"))
+        w = tl.exp2(lse - big[None, :])  # [SPLIT_CHUNK, BLOCK_M]
+        o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
+                    mask=(s_ok[:, None] & q_ok[None, :])[:, :, None], other=0.0)
+        acc += tl.sum(w[:, :, None] * o, 0)
+        wsum += tl.sum(w, 0)
+    out = acc / wsum[:, None]
+    o_ptr = Out + row[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
+
+
+def mask_bits(tree_mask: torch.Tensor) -> torch.Tensor:
+    """[R, R] bool -> [R] int64 with bit j of row i set when row i sees new row j (R <= 64)."""
+    r = tree_mask.shape[0]
+    weights = torch.tensor([1 << j if j < 63 else -(1 << 63) for j in range(r)], dtype=torch.int64)
+    return (tree_mask.cpu().to(torch.int64) * weights).sum(dim=1)
+
+
+def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
+    """Row tiling and split count for Hq folded query rows (pure function of shapes)."""
+    t = TUNING
+    if hq <= 64:
+        block_q, tail, n_qb = max(16, next_pow2(hq)), 0, 1
+    elif hq <= 80 and t["tail"]:
+        block_q, tail, n_qb = 64, 16, 1
+    elif hq <= 128 and not t["tail"]:
+        block_q, tail, n_qb = 128, 0, 1
+    else:
+        block_q, tail, n_qb = 64, 0, triton.cdiv(hq, 64)
+    block_n = t["block_n"]
+    if prefix_len == 0:
+        num_splits, chunk = 0, block_n
+    else:
+        target = max(1, (sms * t["ctas_per_sm"]) // n_qb)
+        num_splits = max(1, min(target, triton.cdiv(prefix_len, t["min_chunk"])))
+        chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), block_n) * block_n
+        num_splits = triton.cdiv(prefix_len, chunk)
+    return dict(block_q=block_q, tail=tail, n_qb=n_qb, block_n=block_n, num_splits=num_splits, chunk=chunk,
+                num_warps=t["num_warps"], num_stages=t["num_stages"])
+
+
+def plan(prefix_len: int, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512) -> VerifyPlan:
+    """Per-step metadata: ancestor bitmask on the device, SM count; tile/split configs and
+    partial buffers are memoized per head count in ``extra`` on first use."""
+    check_plan_args(prefix_len, tree_mask, slots)
+    if slots is not None:
+        raise ValueError("the split path reads the contiguous layout: the prefix in rows 0..prefix_len-1, then the R new rows (slots=None)")
+    r = int(tree_mask.shape[0])
+    check_rows(r, name)
+    dev = tree_mask.device
+    extra = {"bits": mask_bits(tree_mask).to(dev), "sm_count": sm_count(dev), "configs": {}, "buffers": {}}
+    return VerifyPlan(prefix_len=prefix_len, tree_mask=tree_mask, slots=None, v_dim=v_dim, extra=extra)
+
+
+def _config(p: VerifyPlan, heads: int) -> dict:
+    cfg = p.extra["configs"].get(heads)
+    if cfg is None:
+        cfg = choose_config(p.prefix_len, heads * p.num_rows, p.extra["sm_count"])
+        p.extra["configs"][heads] = cfg
+    return cfg
+
+
+def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> torch.Tensor:
+    """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype."""
+    check_run_args(q, kv, p)
+    check_dims(q, kv, p.v_dim, name)
+    if "bits" not in p.extra:
+        raise ValueError("plan was not built by split.plan")
+    r, h, d = q.shape
+    pe = d - p.v_dim
+    hq = r * h
+    cfg = _config(p, h)
+    ns = cfg["num_splits"]
+    key = (h, q.device)
+    bufs = p.extra["buffers"].get(key)
+    if bufs is None:
+        bufs = (torch.empty(max(ns, 1), hq, p.v_dim, dtype=torch.float32, device=q.device),
+                torch.empty(max(ns, 1), hq, dtype=torch.float32, device=q.device))
+        p.extra["buffers"][key] = bufs
+    o_part, lse_part = bufs
+    out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
+    upcast, prec = dot_flags(q.dtype)
+    qk_scale = sm_scale * LOG2E
+    if ns > 0:
+        _split_prefix_kernel[(cfg["n_qb"], ns)](
+            q, kv, o_part, lse_part,
+            q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
+            p.prefix_len, cfg["chunk"], hq, h, qk_scale,
+            V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], BLOCK_N=cfg["block_n"],
+            UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
+    bm = TUNING["merge_block_m"]
+    n_mb = triton.cdiv(hq, bm)
+    bv = p.v_dim
+    while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
+        bv //= 2
+    _tree_merge_kernel[(n_mb, p.v_dim // bv)](
+        q, kv, p.extra["bits"], o_part, lse_part, out,
+        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1),
+        p.prefix_len, r, hq, h, ns, qk_scale,
+        V_DIM=p.v_dim, PE_DIM=pe, BLOCK_M=bm, BLOCK_V=bv, BLOCK_R=max(16, next_pow2(r)),
+        SPLIT_CHUNK=TUNING["merge_split_chunk"], UPCAST=upcast, PREC=prec, num_warps=4, num_stages=2,
+    )
+    return out
