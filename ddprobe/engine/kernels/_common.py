@@ -55,3 +55,20 @@ def sm_count(device: torch.device | str | None) -> int:
     if device is not None and torch.device(device).type == "cuda":
         return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
     return 4  # CPU / interpreter: a few splits so the split logic is exercised
+
+
+def kernel_meta(compiled) -> dict:
+    """Compiler report of a launched Triton kernel (registers, spills, shared memory, wgmma count)."""
+    out = {}
+    for k in ("n_regs", "n_spills"):
+        out[k] = getattr(compiled, k, None)
+    md = getattr(compiled, "metadata", None)
+    out["shared"] = getattr(md, "shared", None) if md is not None else None
+    try:
+        ptx = compiled.asm.get("ptx", "")
+        out["wgmma"] = ptx.count("wgmma.mma_async")
+        out["mma_sync"] = ptx.count("mma.sync")
+        out["cp_async"] = ptx.count("cp.async")
+    except Exception:  # noqa: BLE001
+        pass
+    return out

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_dims, check_rows, dot_flags
+from ._common import check_dims, check_rows, dot_flags, kernel_meta
 from .plan import VerifyPlan, check_plan_args, check_run_args
 from .reference import full_mask
 
@@ -29,6 +29,8 @@ BLOCK_M = 32  # query rows per program (SGLang's choice for 576-wide heads on sm
 BLOCK_N = 64  # KV tokens per block
 NUM_WARPS = 8
 NUM_STAGES = 1
+COLLECT_META = False
+LAST_META: dict = {}
 
 
 @triton.jit
@@ -156,7 +158,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
     e = p.extra
     upcast, prec = dot_flags(q.dtype)
     grid = (e["batch"], h, triton.cdiv(r, BLOCK_M))
-    _paged_verify_kernel[grid](
+    k = _paged_verify_kernel[grid](
         q, kv, out, e["req_to_token"], e["prefix_lens"], e["extend_lens"], e["extend_start_loc"],
         e["mask_indptr"], e["custom_mask"],
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), e["req_to_token"].stride(0),
@@ -164,4 +166,6 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
         V_DIM=p.v_dim, PE_DIM=pe, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=upcast, PREC=prec,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
+    if COLLECT_META:
+        LAST_META["paged"] = kernel_meta(k)
     return out

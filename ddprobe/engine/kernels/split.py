@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_dims, check_rows, dot_flags, next_pow2, sm_count
+from ._common import check_dims, check_rows, dot_flags, kernel_meta, next_pow2, sm_count
 from .plan import VerifyPlan, check_plan_args, check_run_args
 
 name = "split"
@@ -38,6 +38,8 @@ TUNING = {
     "merge_block_m": 16,
     "merge_split_chunk": 8,
 }
+COLLECT_META = False  # the benchmark sets this to record each compiled kernel's report
+LAST_META: dict = {}
 
 
 @triton.jit
@@ -258,7 +260,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
     upcast, prec = dot_flags(q.dtype)
     qk_scale = sm_scale * LOG2E
     if ns > 0:
-        _split_prefix_kernel[(cfg["n_qb"], ns)](
+        k = _split_prefix_kernel[(cfg["n_qb"], ns)](
             q, kv, o_part, lse_part,
             q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
             p.prefix_len, cfg["chunk"], hq, h, qk_scale,
@@ -270,11 +272,15 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
     bv = p.v_dim
     while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
         bv //= 2
-    _tree_merge_kernel[(n_mb, p.v_dim // bv)](
+    if COLLECT_META and ns > 0:
+        LAST_META["prefix"] = kernel_meta(k)
+    k = _tree_merge_kernel[(n_mb, p.v_dim // bv)](
         q, kv, p.extra["bits"], o_part, lse_part, out,
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1),
         p.prefix_len, r, hq, h, ns, qk_scale,
         V_DIM=p.v_dim, PE_DIM=pe, BLOCK_M=bm, BLOCK_V=bv, BLOCK_R=max(16, next_pow2(r)),
         SPLIT_CHUNK=TUNING["merge_split_chunk"], UPCAST=upcast, PREC=prec, num_warps=4, num_stages=2,
     )
+    if COLLECT_META:
+        LAST_META["merge"] = kernel_meta(k)
     return out
