@@ -1,0 +1,159 @@
+"""Model configs and named presets (gpt-fast style): ``ModelConfig.from_name("tiny" | "k2")``.
+
+``tiny``: a few layers, small widths, vocabulary 256; CPU-friendly, every width a power of two
+>= 16 where the Triton paths need it (latent 64 + rope 32 = 96-wide latent row, v_dim 64).
+``k2``: Kimi K2.6's attention shapes exactly (61 layers, latent 512 + rope 64 = 576-wide row,
+qk_nope 128, v_head 128, heads as a parameter, vocabulary 163840, YaRN x64 from 4096); the hidden
+size is shrunk and the MoE is replaced by a small dense MLP. See docs/engine.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class YarnConfig:
+    """YaRN rope scaling (DeepSeek-V3 / HF convention)."""
+
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0  # scales cos/sin: get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+    mscale_all_dim: float = 0.0  # MLA: softmax scale *= get_mscale(factor, mscale_all_dim) ** 2
+
+
+def get_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN attention-temperature correction: 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1)."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """Decoder-only target with MLA attention (DeepSeek-V3 / Kimi K2 layout)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    kv_lora_rank: int  # latent width: V of the absorbed form, first part of K
+    qk_rope_head_dim: int  # rope part of K, shared by all heads
+    qk_nope_head_dim: int
+    v_head_dim: int
+    intermediate_size: int  # dense SwiGLU MLP (the k2 preset's stand-in for the MoE)
+    q_lora_rank: int = 0  # 0: one q projection, else q_a -> norm -> q_b
+    rope_theta: float = 10000.0
+    yarn: YarnConfig | None = None
+    rms_eps: float = 1e-6
+    feature_layers: tuple[int, ...] = (0,)  # layer outputs handed to the drafter
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of one latent cache row: D = kv_lora_rank + qk_rope_head_dim (576 for K2)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def sm_scale(self) -> float:
+        """MLA softmax scale: 1/sqrt(nope + rope), times YaRN mscale^2."""
+        s = 1.0 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
+        if self.yarn is not None:
+            s *= get_mscale(self.yarn.factor, self.yarn.mscale_all_dim) ** 2
+        return s
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """DFlash-style block drafter; hidden size equals the target's (shared embedding and head)."""
+
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+    block_size: int = 8  # L + 1: bonus token + L mask tokens
+    sliding_window: int = 2048  # context features seen by the windowed layers
+    full_attn_layer: int = -1  # the one layer that sees the whole context
+    rope_theta: float = 10000.0
+    yarn: YarnConfig | None = None
+    rms_eps: float = 1e-6
+
+    @property
+    def num_draft(self) -> int:
+        """L: positions drafted after the bonus token."""
+        return self.block_size - 1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    target: TargetConfig
+    drafter: DrafterConfig
+    max_ctx: int = 4096  # default KV capacity (tokens, tree rows included)
+
+    @classmethod
+    def from_name(cls, name: str, heads: int | None = None, **overrides) -> "ModelConfig":
+        """Preset by name; ``heads`` sets the target's attention heads; ``overrides`` replace
+        TargetConfig fields (``vocab_size=8``), DrafterConfig fields (``block_size=4``) or ``max_ctx``."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        cfg = PRESETS[name]()
+        if heads is not None:
+            if heads < 1:
+                raise ValueError(f"heads must be >= 1, got {heads}")
+            overrides["num_heads"] = heads
+        return cfg.with_overrides(**overrides)
+
+    def with_overrides(self, **kw) -> "ModelConfig":
+        t_fields = set(TargetConfig.__dataclass_fields__)
+        d_fields = set(DrafterConfig.__dataclass_fields__)
+        tk, dk, top = {}, {}, {}
+        for k, v in kw.items():
+            if k in ("max_ctx", "name"):
+                top[k] = v
+            elif k in t_fields:  # shared names (num_heads, yarn, ...) go to the target
+                tk[k] = v
+            elif k.startswith("drafter_") and k[8:] in d_fields:
+                dk[k[8:]] = v
+            elif k in d_fields:
+                dk[k] = v
+            else:
+                raise ValueError(f"unknown config field {k!r}")
+        cfg = replace(self, target=replace(self.target, **tk), drafter=replace(self.drafter, **dk), **top)
+        if cfg.drafter.block_size < 2:
+            raise ValueError(f"block_size (L+1) must be >= 2 so that L >= 1, got {cfg.drafter.block_size}")
+        return cfg
+
+
+def _tiny() -> ModelConfig:
+    target = TargetConfig(
+        vocab_size=256, hidden_size=64, num_layers=3, num_heads=4,
+        kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
+        intermediate_size=128, rope_theta=10000.0,
+        yarn=YarnConfig(factor=4.0, original_max_position=1024, mscale=1.0, mscale_all_dim=1.0),
+        feature_layers=(0, 2),
+    )
+    drafter = DrafterConfig(
+        num_layers=2, num_heads=4, head_dim=16, intermediate_size=128, block_size=8,
+        sliding_window=64, full_attn_layer=-1,
+        yarn=YarnConfig(factor=8.0, original_max_position=512),
+    )
+    return ModelConfig("tiny", target, drafter, max_ctx=4096)
+
+
+def _k2() -> ModelConfig:
+    target = TargetConfig(
+        vocab_size=163840, hidden_size=1024, num_layers=61, num_heads=8,
+        kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+        intermediate_size=1024, q_lora_rank=0, rope_theta=50000.0,
+        yarn=YarnConfig(factor=64.0, original_max_position=4096, mscale=1.0, mscale_all_dim=1.0),
+        feature_layers=(1, 15, 30, 45, 59),
+    )
+    drafter = DrafterConfig(
+        num_layers=5, num_heads=16, head_dim=64, intermediate_size=2048, block_size=8,
+        sliding_window=2048, full_attn_layer=-1, rope_theta=50000.0,
+        yarn=YarnConfig(factor=64.0, original_max_position=4096),
+    )
+    return ModelConfig("k2", target, drafter, max_ctx=262144)
+
+
+PRESETS = {"tiny": _tiny, "k2": _k2}

@@ -1,0 +1,117 @@
+"""DFlash-style block drafter.
+
+One forward over the block [bonus, L mask tokens] returns L per-position distributions (the
+positions after the bonus). Every layer's keys/values are [context, block]: the context is the
+target's features of every committed token (outputs of chosen target layers, concatenated,
+projected by ``fc`` to the drafter width and RMS-normed), cached per layer as roped K and V in a
+``DrafterContext``; the windowed layers see the last ``sliding_window`` context tokens, the one
+full-attention layer sees all of them. Non-causal inside the block. The token embedding and the
+output head are the target's (passed in, not owned). RoPE with YaRN lets it run far beyond its
+trained length.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import DrafterConfig, TargetConfig
+from .layers import RMSNorm, SwiGLU, init_random
+from .rope import Rope, apply_rope
+
+
+class DrafterContext:
+    """Per-layer roped K and V of the context features: k, v [layers, capacity, H, hd]."""
+
+    def __init__(self, num_layers: int, capacity: int, heads: int, head_dim: int, dtype, device):
+        shape = (num_layers, capacity, heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.n = 0  # context tokens held (= committed tokens of the target)
+        self.capacity = capacity
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, dim: int):
+        super().__init__()
+        self.cfg = cfg
+        h, hd = cfg.num_heads, cfg.head_dim
+        self.input_layernorm = RMSNorm(dim, cfg.rms_eps)
+        self.q_proj = nn.Linear(dim, h * hd, bias=False)
+        self.k_proj = nn.Linear(dim, h * hd, bias=False)
+        self.v_proj = nn.Linear(dim, h * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, dim, bias=False)
+        self.post_attention_layernorm = RMSNorm(dim, cfg.rms_eps)
+        self.mlp = SwiGLU(dim, cfg.intermediate_size)
+
+    def kv(self, h: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [T, dim] -> roped k, v [T, H, hd]."""
+        t, hh, hd = h.shape[0], self.cfg.num_heads, self.cfg.head_dim
+        k = apply_rope(self.k_proj(h).view(t, hh, hd), cos, sin)
+        return k, self.v_proj(h).view(t, hh, hd)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v) -> torch.Tensor:
+        """x [Lb, dim] block; ctx_k/ctx_v [n, H, hd] (already windowed) -> [Lb, dim]."""
+        lb, hh, hd = x.shape[0], self.cfg.num_heads, self.cfg.head_dim
+        h = self.input_layernorm(x)
+        q = apply_rope(self.q_proj(h).view(lb, hh, hd), cos, sin)  # [Lb, H, hd]
+        bk, bv = self.kv(h, cos, sin)
+        k = torch.cat([ctx_k, bk], dim=0)  # [n + Lb, H, hd]
+        v = torch.cat([ctx_v, bv], dim=0)
+        s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)  # no mask: non-causal block
+        o = torch.einsum("hqk,khd->qhd", torch.softmax(s.float(), dim=-1).to(v.dtype), v)
+        x = x + self.o_proj(o.reshape(lb, hh * hd))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig, target_cfg: TargetConfig):
+        super().__init__()
+        dim = target_cfg.hidden_size
+        self.cfg = cfg
+        if not -cfg.num_layers <= cfg.full_attn_layer < cfg.num_layers:
+            raise ValueError(f"full_attn_layer {cfg.full_attn_layer} outside the {cfg.num_layers} drafter layers")
+        self.full_layer = cfg.full_attn_layer % cfg.num_layers
+        self.fc = nn.Linear(len(target_cfg.feature_layers) * dim, dim, bias=False)
+        self.hidden_norm = RMSNorm(dim, cfg.rms_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(dim))
+        self.layers = nn.ModuleList(DrafterLayer(cfg, dim) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(dim, cfg.rms_eps)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.yarn)
+
+    def init_weights(self, seed: int) -> None:
+        init_random(self, seed)
+
+    def new_context(self, capacity: int) -> DrafterContext:
+        p = self.fc.weight
+        return DrafterContext(self.cfg.num_layers, capacity, self.cfg.num_heads, self.cfg.head_dim, p.dtype, p.device)
+
+    def append_context(self, ctx: DrafterContext, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """features [k, n_feat * dim] of k newly committed tokens at positions [k]."""
+        k = features.shape[0]
+        if ctx.n + k > ctx.capacity:
+            raise ValueError(f"context beyond the drafter cache: {ctx.n} + {k} > capacity {ctx.capacity}")
+        h = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))  # [k, dim]
+        cos, sin = self.rope.cos_sin(positions, h.dtype)
+        for i, layer in enumerate(self.layers):
+            kk, vv = layer.kv(h, cos, sin)
+            ctx.k[i, ctx.n: ctx.n + k] = kk
+            ctx.v[i, ctx.n: ctx.n + k] = vv
+        ctx.n += k
+
+    def forward(self, ctx: DrafterContext, bonus: torch.Tensor, embed: nn.Embedding, head: nn.Linear) -> torch.Tensor:
+        """bonus: 0-d int64 token at position ctx.n -> log-probs [L, V] (float32 or float64) of the
+        L positions after it."""
+        cfg, n = self.cfg, ctx.n
+        lb = cfg.block_size
+        x = torch.cat([embed(bonus.view(1)), self.mask_embedding.expand(lb - 1, -1)], dim=0)  # [Lb, dim]
+        pos = torch.arange(n, n + lb, dtype=torch.int64, device=x.device)
+        cos, sin = self.rope.cos_sin(pos, x.dtype)
+        for i, layer in enumerate(self.layers):
+            lo = 0 if i == self.full_layer else max(0, n - cfg.sliding_window)
+            x = layer(x, cos, sin, ctx.k[i, lo:n], ctx.v[i, lo:n])
+        logits = head(self.norm(x[1:]))  # [L, V]
+        if logits.dtype != torch.float64:
+            logits = logits.float()
+        return torch.log_softmax(logits, dim=-1)

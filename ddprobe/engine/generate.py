@@ -1,0 +1,210 @@
+"""The engine: models + KV cache + the DDTree generate loop (draft, tree build, verify, walk, commit).
+
+    eng = Engine("tiny", attn="reference", kv_layout="paged", budget=8)
+    res = eng.generate([1, 2, 3], max_new_tokens=64)          # GenerateResult(tokens, steps, ...)
+    ref = eng.greedy_reference([1, 2, 3], max_new_tokens=64)  # plain greedy, one token per step
+
+Verify and single-token decode use the selected attention path (``kernels.get_path(attn)``);
+prefill goes through the reference path in causal chunks sized to bound the score memory.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from . import kernels
+from .config import ModelConfig
+from .drafter import Drafter, DrafterContext
+from .kv_cache import LAYOUTS, KVCache
+from .records import GenerateResult, StepRecord
+from .target import TargetModel
+from .tree import TREE_SHAPES, build_tree, target_picks, walk
+
+Proposer = Callable[[int, int], torch.Tensor]  # (context_len, bonus) -> log-probs [L, V]
+
+
+class Engine:
+    def __init__(self, config: ModelConfig | str = "tiny", attn: str = "reference", kv_layout: str | None = None,
+                 budget: int = 8, *, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
+                 shuffle_slots: bool = False, poison: bool = False, tree_shape: str = "ddtree",
+                 max_ctx: int | None = None, prefill_score_bytes: float = 256e6):
+        self.config = ModelConfig.from_name(config) if isinstance(config, str) else config
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        if tree_shape not in TREE_SHAPES:
+            raise ValueError(f"unknown tree shape {tree_shape!r}; known: {', '.join(TREE_SHAPES)}")
+        self.path = kernels.get_path(attn)
+        self.prefill_path = kernels.get_path("reference")
+        want = self.path.layout
+        if kv_layout is None:
+            kv_layout = "paged" if want == "any" else want
+        if kv_layout not in LAYOUTS:
+            raise ValueError(f"unknown kv layout {kv_layout!r}; known: {', '.join(LAYOUTS)}")
+        if want != "any" and kv_layout != want:
+            raise ValueError(f"attention path {attn!r} needs kv_layout={want!r}, got {kv_layout!r}")
+        self.attn, self.kv_layout, self.budget, self.tree_shape = attn, kv_layout, budget, tree_shape
+        self.device, self.dtype, self.seed = torch.device(device), dtype, seed
+        self.shuffle_slots, self.poison = shuffle_slots, poison
+        self.max_ctx = max_ctx or self.config.max_ctx
+        self.prefill_score_bytes = prefill_score_bytes
+        target = TargetModel(self.config.target)
+        drafter = Drafter(self.config.drafter, self.config.target)
+        self.model = nn.ModuleDict({"target": target, "drafter": drafter})  # state_dict keys target.* / drafter.*
+        self.init_weights(seed)
+
+    # ---- weights -------------------------------------------------------------------------
+    @property
+    def target(self) -> TargetModel:
+        return self.model["target"]
+
+    @property
+    def drafter(self) -> Drafter:
+        return self.model["drafter"]
+
+    def init_weights(self, seed: int) -> None:
+        """Random weights from ``seed`` (the target from seed, the drafter from seed + 1)."""
+        self.model.to(device="cpu", dtype=torch.float32)
+        self.target.init_weights(seed)
+        self.drafter.init_weights(seed + 1)
+        self.model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True):
+        """Trained weights (keys ``target.*`` and ``drafter.*``), cast to the engine's dtype."""
+        return self.model.load_state_dict(state_dict, strict=strict)
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    # ---- helpers -------------------------------------------------------------------------
+    @property
+    def num_draft(self) -> int:  # L
+        return self.config.drafter.num_draft
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _check(self, prompt_ids, max_new_tokens: int, rows: int) -> None:
+        if len(prompt_ids) == 0:
+            raise ValueError("empty prompt: give at least one token id")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        v = self.config.target.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= v:
+            raise ValueError(f"prompt token ids must be in [0, {v}), got min {min(prompt_ids)} max {max(prompt_ids)}")
+        need = len(prompt_ids) + max_new_tokens + rows
+        if need > self.max_ctx:
+            raise ValueError(f"context beyond the cache: prompt {len(prompt_ids)} + max_new_tokens {max_new_tokens} "
+                             f"+ {rows} verify rows = {need} > max_ctx {self.max_ctx}")
+
+    def new_cache(self) -> KVCache:
+        t = self.config.target
+        return KVCache(t.num_layers, self.max_ctx, t.kv_dim, self.kv_layout, dtype=self.dtype, device=self.device,
+                       shuffle=self.shuffle_slots, seed=self.seed, poison=self.poison)
+
+    def _forward(self, kv: KVCache, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor, path):
+        """Run the target on new rows (reserved, written, attended); the caller commits.
+        Returns (logits [T, V], features [T, F])."""
+        prefix = kv.committed
+        write_idx, slots = kv.reserve(tokens.numel())
+        plan = path.plan(prefix, tree_mask, slots, self.config.target.kv_lora_rank)
+        hidden, feats = self.target(tokens, positions, kv.buffer, write_idx, plan, path)
+        logits = self.target.logits(hidden)
+        if self.poison and not bool(torch.isfinite(logits).all()):
+            raise RuntimeError(f"NaN in target logits (path {path.name}): attention read a row outside the plan")
+        return logits, feats
+
+    @torch.no_grad()
+    def prefill(self, kv: KVCache, prompt_ids: list[int], dctx: DrafterContext | None = None) -> torch.Tensor:
+        """Causal prefill in chunks through the reference path -> logits [V] of the last token."""
+        t = self.config.target
+        ids = torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)
+        n, logits = ids.numel(), None
+        while kv.committed < n:
+            c0 = kv.committed
+            per_row = t.num_heads * 4 * (c0 + 512) + 1  # fp32 score bytes of one query row
+            chunk = int(max(1, min(512, n - c0, self.prefill_score_bytes // per_row)))
+            mask = torch.ones(chunk, chunk, dtype=torch.bool, device=self.device).tril_()
+            pos = torch.arange(c0, c0 + chunk, dtype=torch.int64, device=self.device)
+            logits, feats = self._forward(kv, ids[c0: c0 + chunk], pos, mask, self.prefill_path)
+            kv.commit(torch.arange(chunk))
+            if dctx is not None:
+                self.drafter.append_context(dctx, feats, pos)
+        return logits[-1]
+
+    # ---- decoding ------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 seed: int | None = None, proposer: Proposer | None = None) -> GenerateResult:
+        """DDTree speculative decoding. ``proposer`` (tests) replaces the drafter: called with
+        (context_len, bonus) it returns log-probs [L, V] for the L positions after the bonus."""
+        self._check(prompt_ids, max_new_tokens, self.budget + 1)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
+        kv = self.new_cache()
+        dctx = self.drafter.new_context(self.max_ctx)
+        t0 = self._now()
+        last = self.prefill(kv, prompt_ids, dctx)
+        bonus = target_picks(last[None], temperature, gen)[0]
+        prefill_ms = (self._now() - t0) * 1e3
+        out, steps = [bonus], []
+        embed, head = self.target.embed_tokens, self.target.lm_head
+        while len(out) < max_new_tokens:
+            ctx_len = kv.committed
+            t0 = self._now()
+            if proposer is None:
+                logp = self.drafter(dctx, torch.tensor(bonus, device=self.device), embed, head)  # [L, V]
+            else:
+                logp = proposer(ctx_len, bonus)
+            t1 = self._now()
+            tree = build_tree(logp, self.budget, bonus, self.tree_shape)
+            mask = tree.ancestor_mask(self.device)  # [R, R]
+            positions = tree.positions(ctx_len, self.device)  # [R]
+            tokens = torch.tensor(tree.tokens, dtype=torch.int64, device=self.device)
+            t2 = self._now()
+            logits, feats = self._forward(kv, tokens, positions, mask, self.path)  # [R, V], [R, F]
+            picks = target_picks(logits, temperature, gen)
+            t3 = self._now()
+            path, nxt = walk(tree, picks)
+            kv.commit(path)
+            keep = torch.tensor(path, dtype=torch.int64, device=self.device)
+            self.drafter.append_context(dctx, feats[keep], positions[keep])
+            out.extend(tree.tokens[r] for r in path[1:])
+            out.append(nxt)
+            bonus = nxt
+            t4 = self._now()
+            steps.append(StepRecord(
+                step=len(steps), context_len=ctx_len, tree_size=tree.size, accepted_depth=len(path) - 1,
+                commit_len=len(path), draft_ms=(t1 - t0) * 1e3, tree_ms=(t2 - t1) * 1e3,
+                verify_ms=(t3 - t2) * 1e3, commit_ms=(t4 - t3) * 1e3))
+        return GenerateResult(out[:max_new_tokens], steps, prompt_len=len(prompt_ids), prefill_ms=prefill_ms,
+                              attn=self.attn, kv_layout=self.kv_layout, budget=self.budget)
+
+    @torch.no_grad()
+    def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """Plain greedy decoding of the target: one token per step through the same attention path."""
+        self._check(prompt_ids, max_new_tokens, 1)
+        kv = self.new_cache()
+        tok = int(self.prefill(kv, prompt_ids).argmax())
+        out = [tok]
+        one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
+        while len(out) < max_new_tokens:
+            pos = torch.tensor([kv.committed], dtype=torch.int64, device=self.device)
+            logits, _ = self._forward(kv, torch.tensor([tok], device=self.device), pos, one, self.path)
+            kv.commit([0])
+            tok = int(logits[0].argmax())
+            out.append(tok)
+        return out
+
+    @torch.no_grad()
+    def next_token_logits(self, ids: list[int]) -> torch.Tensor:
+        """Full recompute: the target's logits [V] for the token after ``ids``."""
+        self._check(ids, 1, 0)
+        return self.prefill(self.new_cache(), ids)

@@ -1,0 +1,48 @@
+"""Small building blocks shared by the target and the drafter: RMSNorm, SwiGLU MLP, seeded init."""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.eps) * self.weight
+
+
+class SwiGLU(nn.Module):
+    """Dense gated MLP (also the k2 preset's cheap stand-in for the MoE)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, dim] -> [T, dim]
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@torch.no_grad()
+def init_random(module: nn.Module, seed: int) -> None:
+    """Seeded random weights with O(1) activations: Linear ~ N(0, 1/fan_in), Embedding ~ N(0, 1),
+    norms = 1, other parameters (mask embedding) ~ N(0, 1). Same seed -> same weights on any device."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in module.named_parameters():
+        leaf = name.rsplit(".", 1)[0]
+        sub = module.get_submodule(leaf) if "." in name else module
+        if isinstance(sub, RMSNorm):
+            w = torch.ones(p.shape, dtype=torch.float32)
+        elif isinstance(sub, nn.Linear):
+            w = torch.randn(p.shape, generator=gen, dtype=torch.float32) / math.sqrt(p.shape[1])
+        else:
+            w = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+        p.copy_(w.to(p.dtype))

@@ -1,0 +1,74 @@
+"""MLA attention in the absorbed form (DeepSeek-V3 / Kimi K2), for prefill, decode and verify.
+
+Per token and layer the cache holds ONE shared latent row of D = kv_lora_rank + qk_rope_head_dim
+values (576 for K2): the RMS-normed latent c_kv (V is exactly this part) followed by the roped k_pe.
+Queries are absorbed into the latent space: q_lat = q_nope @ W_UK, so every head's query is a
+D-wide row [q_lat, q_pe] scored against the latent rows; the attention output (a latent, v_dim =
+kv_lora_rank wide) is mapped back per head by W_UV and then by o_proj.
+
+Attention itself goes through the verify-attention seam (``ddprobe.engine.kernels``):
+``path.run(q [R,H,D], kv [slots,D], plan, sm_scale) -> [R,H,kv_lora_rank]``. The new rows are
+written into the cache BEFORE the call, at ``write_idx`` (pool slots or contiguous rows).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import TargetConfig
+from .layers import RMSNorm
+from .rope import Rope, apply_rope
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.cfg = cfg
+        h, nope, rope = cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+        if cfg.q_lora_rank:
+            self.q_a_proj = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_eps)
+            self.q_b_proj = nn.Linear(cfg.q_lora_rank, h * (nope + rope), bias=False)
+        else:
+            self.q_proj = nn.Linear(cfg.hidden_size, h * (nope + rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(cfg.hidden_size, cfg.kv_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_eps)
+        # kv_b_proj holds W_UK [H, nope, C] and W_UV [H, v, C] (DeepSeek's weight layout).
+        self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (nope + cfg.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
+
+    def _q(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, H, nope + rope]
+        if self.cfg.q_lora_rank:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        else:
+            q = self.q_proj(x)
+        return q.view(x.shape[0], self.cfg.num_heads, -1)
+
+    def latent_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> cache rows [T, D] = [RMSNorm(c_kv) (C), rope(k_pe) (rope)]."""
+        c = self.cfg.kv_lora_rank
+        kv_a = self.kv_a_proj_with_mqa(x)  # [T, D]
+        c_kv = self.kv_a_layernorm(kv_a[:, :c])  # [T, C]
+        k_pe = apply_rope(kv_a[:, c:], cos, sin)  # [T, rope]
+        return torch.cat([c_kv, k_pe], dim=-1)
+
+    def forward(self, x, cos, sin, kv_layer, write_idx, plan, path) -> torch.Tensor:
+        """x [T, hidden]; cos/sin [T, rope]; kv_layer [slots, D] (this layer's cache, written in
+        place at write_idx [T]); plan: VerifyPlan for the T rows; path: attention path module.
+        Returns [T, hidden]."""
+        cfg = self.cfg
+        t, h, nope, c = x.shape[0], cfg.num_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
+        kv_layer[write_idx] = self.latent_rows(x, cos, sin).to(kv_layer.dtype)
+        q = self._q(x)  # [T, H, nope + rope]
+        q_nope, q_pe = q[..., :nope], apply_rope(q[..., nope:], cos, sin)
+        w_b = self.kv_b_proj.weight.view(h, nope + cfg.v_head_dim, c)
+        w_uk, w_uv = w_b[:, :nope, :], w_b[:, nope:, :]  # [H, nope, C], [H, v, C]
+        q_lat = torch.einsum("thn,hnc->thc", q_nope, w_uk)  # [T, H, C]
+        q_abs = torch.cat([q_lat, q_pe], dim=-1).to(kv_layer.dtype).contiguous()  # [T, H, D]
+        o_lat = path.run(q_abs, kv_layer, plan, cfg.sm_scale).to(x.dtype)  # [T, H, C]
+        o = torch.einsum("thc,hvc->thv", o_lat, w_uv)  # [T, H, v]
+        return self.o_proj(o.reshape(t, h * cfg.v_head_dim))
+
+
+def make_rope(cfg: TargetConfig) -> Rope:
+    return Rope(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.yarn)

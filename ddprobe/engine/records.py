@@ -1,0 +1,67 @@
+"""Per-step records and the result of one ``Engine.generate`` call."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StepRecord:
+    """One DDTree step: draft -> tree build -> verify -> walk + commit.
+
+    commit_len = accepted_depth + 1 (bonus included); drafts = tree_size = nodes proposed (root
+    not counted); context_len = committed tokens before the step (the verify prefix length).
+    verify_ms includes the target's picks; commit_ms includes the walk, the KV commit and the
+    drafter's context append.
+    """
+
+    step: int
+    context_len: int
+    tree_size: int
+    accepted_depth: int
+    commit_len: int
+    draft_ms: float
+    tree_ms: float
+    verify_ms: float
+    commit_ms: float
+
+    @property
+    def drafts(self) -> int:
+        return self.tree_size
+
+    @property
+    def step_ms(self) -> float:
+        return self.draft_ms + self.tree_ms + self.verify_ms + self.commit_ms
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["drafts"] = self.drafts
+        d["step_ms"] = self.step_ms
+        return d
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[int]  # generated tokens (prompt excluded), exactly max_new_tokens
+    steps: list[StepRecord] = field(default_factory=list)
+    prompt_len: int = 0
+    prefill_ms: float = 0.0
+    attn: str = "reference"
+    kv_layout: str = "paged"
+    budget: int = 0
+
+    @property
+    def mean_commit_len(self) -> float:
+        """tau: committed tokens per verify step (SGLang's spec_accept_length)."""
+        return sum(s.commit_len for s in self.steps) / len(self.steps) if self.steps else 0.0
+
+    @property
+    def decode_ms(self) -> float:
+        return sum(s.step_ms for s in self.steps)
+
+    def to_dict(self) -> dict:
+        return {
+            "tokens": list(self.tokens), "prompt_len": self.prompt_len, "prefill_ms": self.prefill_ms,
+            "attn": self.attn, "kv_layout": self.kv_layout, "budget": self.budget,
+            "mean_commit_len": self.mean_commit_len, "decode_ms": self.decode_ms,
+            "steps": [s.to_dict() for s in self.steps],
+        }

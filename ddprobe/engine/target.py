@@ -1,0 +1,67 @@
+"""Target model: decoder layers with MLA attention, RMSNorm, dense SwiGLU MLP.
+
+``forward`` processes any set of new rows (a prefill chunk, one decode token, or [bonus, tree
+nodes]) at explicit positions against the KV cache through one attention plan, and returns the
+final hidden states plus the drafter features (outputs of ``cfg.feature_layers``, concatenated).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import TargetConfig
+from .layers import RMSNorm, SwiGLU, init_random
+from .mla import MLAttention, make_rope
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.self_attn = MLAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x, cos, sin, kv_layer, write_idx, plan, path) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_layer, write_idx, plan, path)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TargetModel(nn.Module):
+    def __init__(self, cfg: TargetConfig):
+        super().__init__()
+        for i in cfg.feature_layers:
+            if not 0 <= i < cfg.num_layers:
+                raise ValueError(f"feature layer {i} outside 0..{cfg.num_layers - 1}")
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope = make_rope(cfg)
+
+    @property
+    def feature_dim(self) -> int:
+        return len(self.cfg.feature_layers) * self.cfg.hidden_size
+
+    def init_weights(self, seed: int) -> None:
+        init_random(self, seed)
+
+    def forward(self, tokens, positions, kv_buffer, write_idx, plan, path):
+        """tokens [T] int64, positions [T] int64, kv_buffer [layers, slots, D] (written in place),
+        write_idx [T] int64 (where this call's rows go), plan: VerifyPlan over the T rows.
+        Returns (hidden [T, hidden] after the final norm, features [T, n_feat * hidden])."""
+        x = self.embed_tokens(tokens)  # [T, hidden]
+        cos, sin = self.rope.cos_sin(positions, x.dtype)  # [T, rope]
+        feats = []
+        want = set(self.cfg.feature_layers)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, kv_buffer[i], write_idx, plan, path)
+            if i in want:
+                feats.append(x)
+        ordered = [feats[sorted(want).index(i)] for i in self.cfg.feature_layers]
+        return self.norm(x), torch.cat(ordered, dim=-1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, V] float32+
+        out = self.lm_head(hidden)
+        return out if out.dtype == torch.float64 else out.float()
