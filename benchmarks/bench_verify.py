@@ -148,7 +148,6 @@ def flex_peer(prefix, mask, heads, v_dim):
 
 # ---------------------------------------------------------------- one (ctx, heads) point
 def bench_point(ctx, heads, args, ceil, results, flex_state):
-    from ddprobe.engine.kernels import split as split_mod
     dev = "cuda"
     R = args.budget + 1
     D = K2["v_dim"] + K2["rope"]
@@ -169,44 +168,55 @@ def bench_point(ctx, heads, args, ceil, results, flex_state):
     flops_call = 2 * hq * n * (D + V)
     floor = max(bytes_call / (ceil["copy_GBps"] * 1e9), flops_call / (ceil["bf16_mm_TFLOPs"] * 1e12))
     ref = reference.run(qs[0], kvs[0], reference.plan(ctx, mask, None, V), sm_scale)
+    ref_paged = reference.run(qs[0], kvs[0], reference.plan(ctx, mask, slots, V), sm_scale)
 
     todo = []
     for name in args.paths:
         if name == "paged":
             mod = get_path("paged")
-            pl = mod.plan(ctx, mask, slots, V)
-            todo.append(("paged", lambda q, kv, m=mod, p=pl: m.run(q, kv, p, sm_scale), None))
+            for var in args.paged_variants:
+                over = dict(kv_.split("=") for kv_ in var.split(",") if "=" in kv_)
+                todo.append(("paged" if not over else "paged[" + var + "]", None, ("paged", over)))
         elif name == "split":
             for var in args.variants:
                 over = dict(kv_.split("=") for kv_ in var.split(",") if "=" in kv_)
                 label = "split" if not over else "split[" + var + "]"
-                todo.append((label, None, over))
+                todo.append((label, None, ("split", over)))
         elif name == "sdpa":
-            todo.append(("sdpa", sdpa_peer(ctx, mask, heads, V), None))
+            pf = sdpa_peer(ctx, mask, heads, V)
+            todo.append(("sdpa", lambda q, kv, f=pf: f(q, kv, sm_scale), None))
         elif name == "flex":
             if flex_state["failed"] or flex_state["spent"] > args.flex_budget_s:
                 continue
             try:
                 t0 = time.time()
-                todo.append(("flex", flex_peer(ctx, mask, heads, V), None))
+                pf = flex_peer(ctx, mask, heads, V)
+                todo.append(("flex", lambda q, kv, f=pf: f(q, kv, sm_scale), None))
                 flex_state["spent"] += time.time() - t0
             except Exception as e:  # noqa: BLE001
                 flex_state["failed"] = f"{type(e).__name__}: {str(e)[:300]}"
     for label, fn, over in todo:
         rec = dict(ctx=ctx, heads=heads, rows=R, path=label, n_sets=n_sets, bytes=bytes_call, flops=flops_call,
                    floor_us=floor * 1e6)
-        saved = dict(split_mod.TUNING)
+        mod = get_path(over[0]) if over is not None else None
+        saved = dict(mod.TUNING) if mod is not None else {}
         try:
             t0 = time.time()
+            this_ref = ref
             if over is not None:
-                for k_, v_ in over.items():
-                    split_mod.TUNING[k_] = type(saved[k_])(int(v_)) if not isinstance(saved[k_], bool) else bool(int(v_))
-                pl = split_mod.plan(ctx, mask, None, V)
-                fn = lambda q, kv, p=pl: split_mod.run(q, kv, p, sm_scale)  # noqa: E731
-                rec["config"] = split_mod._config(pl, heads)
+                for k_, v_ in over[1].items():
+                    mod.TUNING[k_] = int(v_)
+                if over[0] == "split":
+                    pl = mod.plan(ctx, mask, None, V)
+                    rec["config"] = mod._config(pl, heads)
+                else:
+                    pl = mod.plan(ctx, mask, slots, V)
+                    this_ref = ref_paged
+                fn = lambda q, kv, p=pl, m=mod: m.run(q, kv, p, sm_scale)  # noqa: E731
+                mod.LAST_META.clear()
             out = fn(qs[0], kvs[0])
             torch.cuda.synchronize()
-            rec["rel_err"] = rel_err(out, ref)
+            rec["rel_err"] = rel_err(out, this_ref)
             rec["ok"] = bool(rec["rel_err"] < 2e-2)
             if label == "flex":
                 flex_state["spent"] += time.time() - t0
@@ -218,15 +228,14 @@ def bench_point(ctx, heads, args, ceil, results, flex_state):
             rec.update(us=t * 1e6, GBps=bytes_call / t / 1e9, TFLOPs=flops_call / t / 1e12, gap=t / floor,
                        bw_frac=bytes_call / t / 1e9 / ceil["copy_GBps"], mm_frac=flops_call / t / 1e12 / ceil["bf16_mm_TFLOPs"])
             if over is not None:
-                rec["kernels"] = dict(split_mod.LAST_META)
-            elif label == "paged":
-                rec["kernels"] = dict(get_path("paged").LAST_META)
+                rec["kernels"] = dict(mod.LAST_META)
         except Exception as e:  # noqa: BLE001
             rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
             if label == "flex":
                 flex_state["failed"] = rec["error"]
         finally:
-            split_mod.TUNING.clear(); split_mod.TUNING.update(saved)
+            if mod is not None:
+                mod.TUNING.clear(); mod.TUNING.update(saved)
         results.append(rec)
         print(f"  ctx={ctx:>7} H={heads:>2} {label:<28} " + (f"{rec['us']:9.1f} us {rec['GBps']:8.0f} GB/s {rec['TFLOPs']:6.1f} TF/s gap {rec['gap']:5.2f} err {rec['rel_err']:.1e}" if "us" in rec else rec.get("error", "")), flush=True)
     del kvs, qs
@@ -290,6 +299,7 @@ def main() -> int:
     ap.add_argument("--heads", default="8,64")
     ap.add_argument("--paths", default="paged,split,flex,sdpa")
     ap.add_argument("--variants", default="", help="';'-separated split TUNING overrides, e.g. 'tail=1;tail=0,block_n=32'")
+    ap.add_argument("--paged-variants", default="", help="';'-separated paged TUNING overrides, e.g. ';num_stages=2'")
     ap.add_argument("--budget", type=int, default=8)
     ap.add_argument("--tree", default="lopsided")
     ap.add_argument("--quick", action="store_true")
@@ -302,6 +312,7 @@ def main() -> int:
     args.step_ctx = args.step_ctx[0]
     args.paths = [p for p in args.paths.split(",") if p]
     args.variants = [v for v in args.variants.split(";")] if args.variants else [""]
+    args.paged_variants = [v for v in args.paged_variants.split(";")] if args.paged_variants else [""]
     if not torch.cuda.is_available():
         return smoke(args)
     import triton

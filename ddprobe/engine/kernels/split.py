@@ -32,9 +32,11 @@ TUNING = {
     "block_n": 64,        # KV tokens per tile
     "num_warps": 8,
     "num_stages": 2,
-    "min_chunk": 256,     # fewest prefix tokens per split
+    "min_chunk": 64,      # fewest prefix tokens per split
     "ctas_per_sm": 1,     # target programs per SM for the prefix kernel
-    "tail": True,         # 64 + 16 tiling for 64 < Hq <= 80 (else pad to 128 / grid over blocks)
+    "tail": 2,            # 64 < Hq <= 80: 0 pad to 128 rows, 1 one program 64 + 16 rows, 2 a separate 16-row program
+    "block_q": 0,         # force the main row block (0: auto)
+    "warps_128": 16,      # num_warps when the row block is 128
     "merge_block_m": 16,
     "merge_split_chunk": 8,
 }
@@ -77,32 +79,24 @@ def _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, of
 
 
 @triton.jit
-def _split_prefix_kernel(
-    Q, KV, O_part, LSE_part,
-    stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
-    prefix_len, chunk, Hq, H, qk_scale,
-    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-):
-    pid_q = tl.program_id(0)  # q blocks fastest: programs of one split run together and share the tile in L2
-    pid_s = tl.program_id(1)
-    start = pid_s * chunk
-    end = tl.minimum(start + chunk, prefix_len)
+def _prefix_rows(Q, KV, O_part, LSE_part, q0, start, end,
+                 stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                 V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile)."""
     offs_v = tl.arange(0, V_DIM)
     offs_pe = V_DIM + tl.arange(0, PE_DIM)
-
-    offs_q = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_q = q0 + tl.arange(0, BLOCK_Q)
     q_lat, q_pe = _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, V_DIM], tl.float32)
     if TAIL > 0:
-        offs_t = BLOCK_Q + tl.arange(0, TAIL)
+        offs_t = q0 + BLOCK_Q + tl.arange(0, TAIL)
         t_lat, t_pe = _load_q(Q, offs_t, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
         m_t = tl.full([TAIL], float("-inf"), tl.float32)
         l_t = tl.zeros([TAIL], tl.float32)
         acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
-
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
@@ -115,10 +109,38 @@ def _split_prefix_kernel(
         m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
         if TAIL > 0:
             m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
-
     _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc)
     if TAIL > 0:
         _store_partial(O_part, LSE_part, pid_s, offs_t, Hq, stride_ps, stride_pq, offs_v, m_t, l_t, acc_t)
+
+
+@triton.jit
+def _split_prefix_kernel(
+    Q, KV, O_part, LSE_part,
+    stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
+    prefix_len, chunk, Hq, H, qk_scale,
+    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
+    TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):
+    # q blocks fastest: the programs of one split run together and share each KV tile in L2
+    pid_q = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, prefix_len)
+    if TAIL_PROGRAM > 0:
+        # the last q block is a narrow program of TAIL_PROGRAM rows (e.g. rows 64..71 of 72)
+        if pid_q == tl.num_programs(0) - 1:
+            _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
+                         stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                         V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC)
+        else:
+            _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
+                         stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC)
+    else:
+        _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
+                     stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC)
 
 
 @triton.jit
@@ -197,14 +219,23 @@ def mask_bits(tree_mask: torch.Tensor) -> torch.Tensor:
 def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
     """Row tiling and split count for Hq folded query rows (pure function of shapes)."""
     t = TUNING
-    if hq <= 64:
+    warps = t["num_warps"]
+    tail_prog = 0
+    if t["block_q"]:
+        block_q, tail = t["block_q"], 0
+        n_qb = triton.cdiv(hq, block_q)
+    elif hq <= 64:
         block_q, tail, n_qb = max(16, next_pow2(hq)), 0, 1
-    elif hq <= 80 and t["tail"]:
+    elif hq <= 80 and t["tail"] == 1:
         block_q, tail, n_qb = 64, 16, 1
-    elif hq <= 128 and not t["tail"]:
+    elif hq <= 80 and t["tail"] == 2:
+        block_q, tail, n_qb, tail_prog = 64, 0, 2, 16
+    elif hq <= 128:
         block_q, tail, n_qb = 128, 0, 1
     else:
         block_q, tail, n_qb = 64, 0, triton.cdiv(hq, 64)
+    if block_q >= 128:
+        warps = t["warps_128"]
     block_n = t["block_n"]
     if prefix_len == 0:
         num_splits, chunk = 0, block_n
@@ -213,8 +244,8 @@ def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
         num_splits = max(1, min(target, triton.cdiv(prefix_len, t["min_chunk"])))
         chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), block_n) * block_n
         num_splits = triton.cdiv(prefix_len, chunk)
-    return dict(block_q=block_q, tail=tail, n_qb=n_qb, block_n=block_n, num_splits=num_splits, chunk=chunk,
-                num_warps=t["num_warps"], num_stages=t["num_stages"])
+    return dict(block_q=block_q, tail=tail, tail_program=tail_prog, n_qb=n_qb, block_n=block_n,
+                num_splits=num_splits, chunk=chunk, num_warps=warps, num_stages=t["num_stages"])
 
 
 def plan(prefix_len: int, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512) -> VerifyPlan:
@@ -264,7 +295,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
             q, kv, o_part, lse_part,
             q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
             p.prefix_len, cfg["chunk"], hq, h, qk_scale,
-            V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], BLOCK_N=cfg["block_n"],
+            V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"], BLOCK_N=cfg["block_n"],
             UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     bm = TUNING["merge_block_m"]
