@@ -138,6 +138,124 @@ def floor(
         out.print(f"results written to {save}")
 
 
+_ENGINE_HELP = "Engine backend:"
+
+
+def _engine_backend(preset: str, attn: str, budget: int, device: str, dtype: str, seed: int, heads: Optional[int],
+                    max_ctx: Optional[int]):
+    from .probes.engine_backend import EngineBackend
+
+    return EngineBackend(preset=preset, attn=attn, budget=budget, device=device, dtype=dtype, seed=seed, heads=heads,
+                         max_ctx=max_ctx)
+
+
+@app.command()
+@_errors_exit_1
+def commit(
+    ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
+    text: Annotated[str, typer.Option("--text", help="Text kinds: predictable, novel, recall.")] = "predictable,novel",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per cell.")] = 128,
+    backend: Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm.")] = "engine",
+    url: Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm, e.g. "
+                                                             "http://127.0.0.1:30000.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")] = 600.0,
+    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.", rich_help_panel=_ENGINE_HELP)]
+    = "tiny",
+    attn: Annotated[str, typer.Option("--attn", help="Verify-attention path: reference, paged, split.",
+                                      rich_help_panel=_ENGINE_HELP)] = "reference",
+    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes (verify rows = budget + 1).",
+                                        rich_help_panel=_ENGINE_HELP)] = 8,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_ENGINE_HELP)] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.", rich_help_panel=_ENGINE_HELP)] = "fp32",
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2: 8 = one TP shard, 64 = all).",
+                                                 rich_help_panel=_ENGINE_HELP)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")] = 0,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file, written after every cell "
+                                                                     "(default ddprobe-results/commit-<time>.json).")]
+    = None,
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the cells as CSV.")] = None,
+):
+    """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
+    import datetime as dt
+
+    from rich.live import Live
+
+    from .probes import texts
+    from .probes.backends import make_backend
+    from .probes.commit import check_contexts, run_commit_probe
+    from .results import Result, ResultWriter, RunMeta
+
+    ctxs = parse_token_list(ctx)
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in texts.KINDS]
+    if bad or not kinds:
+        raise DDProbeError(f"unknown text kind {(bad or [text])[0]!r}; known: {', '.join(texts.KINDS)}")
+    if max_new_tokens < 1:
+        raise DDProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    need = max(ctxs) + max_new_tokens + budget + 1 + 64
+    be = make_backend(backend, url, timeout,
+                      engine_factory=lambda: _engine_backend(preset, attn, budget, device, dtype, seed, heads, need))
+    check_contexts(be, ctxs, max_new_tokens)  # before any file is written
+    path = json_path or Path("ddprobe-results") / f"commit-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": seed, **be.describe()}
+    writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(), config=config), path, csv_path)
+
+    table = Table(title=f"commit length ({be.name}{': ' + url if url else ''})", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ["text", "ctx", "prompt", "commit len", "p10-p90", "accepted", "drafts", "steps", "ms/step", "tok/s",
+              "prefill"]:
+        table.add_column(c, justify="left" if c == "text" else "right", no_wrap=True)
+
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    def add(row):
+        spread = "-" if row["commit_len_p10"] is None else f"{row['commit_len_p10']:.0f}-{row['commit_len_p90']:.0f}"
+        table.add_row(row["text"], fmt_tokens(row["ctx"]), str(row["prompt_tokens"]), f"{row['commit_len']:.2f}",
+                      spread, f"{row['accepted_depth']:.2f}", fmt(row["drafts_per_step"], ".1f"),
+                      str(row["verify_steps"]), fmt(row["decode_ms_per_step"], ".1f"), fmt(row["tokens_per_s"], ".1f"),
+                      "-" if row["prefill_s"] is None else f"{row['prefill_s']:.2f} s")
+
+    with Live(table, console=out, refresh_per_second=4, transient=False) as live:
+        def start(kind, c, n):
+            live.console.print(f"[dim]{kind} @ {fmt_tokens(c)}: prefill {n} tokens, decode {max_new_tokens}...[/]")
+
+        try:
+            run_commit_probe(be, ctxs, kinds, max_new_tokens, writer, seed=seed, on_start=start, on_cell=add)
+        finally:
+            n = len(writer.result.rows)
+            live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+
+
+@app.command()
+@_errors_exit_1
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 30000,
+    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.")] = "tiny",
+    attn: Annotated[str, typer.Option("--attn", help="Verify-attention path: reference, paged, split.")] = "reference",
+    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes.")] = 8,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.")] = "fp32",
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2 preset).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Weights seed.")] = 0,
+    max_ctx: Annotated[Optional[str], typer.Option("--max-ctx", help="KV capacity in tokens, allocated up front "
+                                                                      "(default: 8k or the preset's limit).")] = None,
+    spec: Annotated[bool, typer.Option("--spec/--no-spec", help="DDTree speculative decoding, or plain greedy "
+                                                                "decoding without spec counters.")] = True,
+):
+    """Serve the reference engine over HTTP: SGLang /generate, OpenAI /v1/completions, /tokenize, /metrics."""
+    from .server import serve as run_server
+    from .units import parse_tokens
+
+    if not 0 < port < 65536:
+        raise DDProbeError(f"--port must be in 1..65535, got {port}")
+    be = _engine_backend(preset, attn, budget, device, dtype, seed, heads, parse_tokens(max_ctx) if max_ctx else None)
+    err.print(f"ddprobe serve: {preset} ({attn}, budget {budget}, {'DDTree' if spec else 'greedy'}) on "
+              f"http://{host}:{port}")
+    run_server(be, host=host, port=port, spec=spec)
+
+
 def main():  # console-script entry point
     app()
 

@@ -1,0 +1,109 @@
+"""Commit-length probe: is the drafter still accepting drafts at long context?
+
+For every (context length, text kind) cell: a prompt of exactly ``ctx`` tokens counted by the
+backend's own tokenizer, then a greedy decode of ``max_new_tokens``; the cell reports commit
+length (mean, spread), accepted depth, drafts per step, verify steps, decode time per step,
+tokens/s and prefill time. Cells are written to the results file as they finish.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Callable
+
+from ..results import ResultWriter
+from ..units import DDProbeError
+from . import texts
+from .backends import Backend, GenStats
+
+
+def prompt_ids(backend: Backend, kind: str, ctx: int, seed: int = 0) -> list[int]:
+    """Exactly ``ctx`` token ids of text ``kind`` in the backend's tokenizer."""
+    if kind not in texts.KINDS:
+        raise DDProbeError(f"unknown text kind {kind!r}; known: {', '.join(texts.KINDS)}")
+    if kind == "recall":
+        prompt, passage = texts.recall(8, seed)  # passage + the request, no filler yet
+        head = backend.tokenize(passage)
+        tail = backend.tokenize(prompt[len(passage):])
+        room = ctx - len(head) - len(tail)
+        if room < 0:
+            raise DDProbeError(f"context {ctx} is too short for the recall text ({len(head) + len(tail)} tokens)")
+        filler = _at_least(backend, lambda w: " " + texts.novel(w, seed + 7), room) if room else []
+        return head + filler[:room] + tail
+    return _at_least(backend, lambda w: texts.build(kind, w, seed), ctx)[:ctx]
+
+
+def _at_least(backend: Backend, make: Callable[[int], str], n: int) -> list[int]:
+    words = n
+    for _ in range(12):
+        ids = backend.tokenize(make(words))
+        if len(ids) >= n:
+            return ids
+        words = words * 2 + 16
+    raise DDProbeError(f"could not build {n} tokens of text with the backend's tokenizer")
+
+
+def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, slack: int = 64) -> int | None:
+    """Raise before anything runs if a context does not fit what the backend allows."""
+    if max_new_tokens < 1:
+        raise DDProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    limit = backend.max_context()
+    if limit is not None:
+        too_long = [c for c in ctxs if c + max_new_tokens + slack > limit]
+        if too_long:
+            raise DDProbeError(f"context {too_long[0]} + {max_new_tokens} new tokens exceeds what the "
+                               f"{backend.name} backend allows ({limit} tokens)")
+    return limit
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: str) -> dict[str, Any]:
+    """One results row; keys carry units."""
+    row: dict[str, Any] = {
+        "backend": backend, "text": kind, "ctx": ctx, "prompt_tokens": st.prompt_tokens,
+        "max_new_tokens": max_new_tokens, "completion_tokens": st.completion_tokens,
+        "verify_steps": st.verify_steps, "commit_len": st.commit_len, "accepted_depth": st.commit_len - 1,
+        "commit_len_std": None, "commit_len_p10": None, "commit_len_p90": None,
+        "drafts_per_step": st.drafts_per_step, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
+        "e2e_s": st.e2e_s, "decode_ms_per_step": None, "tokens_per_s": None,
+    }
+    if st.commit_lens:
+        row["commit_len_std"] = statistics.pstdev(st.commit_lens)
+        row["commit_len_p10"] = _quantile(st.commit_lens, 0.1)
+        row["commit_len_p90"] = _quantile(st.commit_lens, 0.9)
+    if st.decode_s and st.verify_steps:
+        row["decode_ms_per_step"] = st.decode_s * 1e3 / st.verify_steps
+        row["tokens_per_s"] = st.completion_tokens / st.decode_s
+    for k, v in st.extra.items():
+        row.setdefault(k, v)
+    return row
+
+
+def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_new_tokens: int,
+                     writer: ResultWriter, seed: int = 0,
+                     on_start: Callable[[str, int, int], None] | None = None,
+                     on_cell: Callable[[dict], None] | None = None) -> list[dict]:
+    """Measure every (ctx, kind) cell in order, writing each row as soon as it is measured."""
+    for k in kinds:
+        if k not in texts.KINDS:
+            raise DDProbeError(f"unknown text kind {k!r}; known: {', '.join(texts.KINDS)}")
+    check_contexts(backend, ctxs, max_new_tokens)
+    rows = []
+    for ctx in ctxs:
+        for kind in kinds:
+            ids = prompt_ids(backend, kind, ctx, seed)
+            if on_start:
+                on_start(kind, ctx, len(ids))
+            stats = backend.generate(ids, max_new_tokens)
+            row = cell_row(kind, ctx, max_new_tokens, stats, backend.name)
+            writer.add(row)
+            rows.append(row)
+            if on_cell:
+                on_cell(row)
+    return rows

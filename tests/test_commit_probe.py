@@ -1,0 +1,234 @@
+"""Commit-length probe against the in-process engine and against `ddprobe serve` through both HTTP backends."""
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+from ddprobe.probes import texts
+from ddprobe.probes.backends import BackendError, SGLangBackend, VLLMBackend
+from ddprobe.probes.commit import prompt_ids, run_commit_probe
+from ddprobe.probes.engine_backend import EngineBackend
+from ddprobe.results import Result, ResultWriter, RunMeta
+
+CTX, NEW = 256, 24
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_up(url: str, proc=None, timeout: float = 90.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stdout.read()}")
+        try:
+            if requests.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@pytest.fixture(scope="module")
+def served():
+    """`ddprobe serve` in its own process on a free loopback port (tiny preset, seed 0)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ddprobe.cli", "serve", "--port", str(port), "--seed", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc)
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return EngineBackend(preset="tiny", seed=0)
+
+
+def writer():
+    return ResultWriter(Result(kind="commit", meta=RunMeta.collect(command="test")))
+
+
+def test_prompts_have_exact_token_counts(engine):
+    for kind in texts.KINDS:
+        ids = prompt_ids(engine, kind, 300, seed=3)
+        assert len(ids) == 300
+    pred = engine.tokenizer.decode(prompt_ids(engine, "predictable", 60))
+    assert pred.startswith("The cat sat on the mat. The cat sat")
+    rec = prompt_ids(engine, "recall", 500, seed=1)
+    passage = engine.tokenize(texts.recall(8, 1)[1])
+    assert rec[: len(passage)] == passage  # the passage opens the prompt...
+    assert rec[-4:] == passage[:4]  # ...and its first words close it
+    novel = texts.novel(5000, seed=0).split()
+    grams = [tuple(novel[i:i + 8]) for i in range(len(novel) - 8)]
+    assert len(set(grams)) == len(grams)  # no 8-word span repeats in novel text
+
+
+def test_http_backends_match_in_process_engine(served, engine):
+    url, _ = served
+    local = run_commit_probe(engine, [CTX], ["predictable", "novel"], NEW, writer())
+    via_sglang = run_commit_probe(SGLangBackend(url), [CTX], ["predictable", "novel"], NEW, writer())
+    via_vllm = run_commit_probe(VLLMBackend(url), [CTX], ["predictable", "novel"], NEW, writer())
+    for a, b, c in zip(local, via_sglang, via_vllm):
+        assert a["prompt_tokens"] == b["prompt_tokens"] == c["prompt_tokens"] == CTX
+        assert a["verify_steps"] == b["verify_steps"] == c["verify_steps"]
+        assert a["commit_len"] == pytest.approx(b["commit_len"]) == pytest.approx(c["commit_len"])
+        assert a["commit_len_p90"] == b["commit_len_p90"]
+    # the server decodes the very same tokens as the in-process engine
+    ids = prompt_ids(engine, "novel", CTX)
+    remote = requests.post(url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": NEW}},
+                           timeout=60).json()
+    assert remote["output_ids"] == engine.generate(ids, NEW).tokens
+    assert sum(remote["meta_info"]["spec_accept_histogram"]) == remote["meta_info"]["spec_verify_ct"]
+
+
+def test_server_rejects_bad_requests_with_json_4xx(served):
+    url, proc = served
+    r = requests.post(url + "/generate", json={"input_ids": []}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "empty prompt"
+    r = requests.post(url + "/generate", json={"input_ids": [10**9]}, timeout=30)
+    assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
+    r = requests.post(url + "/generate", data="garbage", headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 422 and r.json()
+    r = requests.post(url + "/v1/completions", json={"model": "nope", "prompt": "the cat"}, timeout=30)
+    assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
+    r = requests.post(url + "/generate", json={"input_ids": [5] * 5000}, timeout=30)
+    assert r.status_code == 400 and "context beyond the cache" in r.json()["error"]["message"]
+    assert proc.poll() is None  # still serving
+
+
+def test_interrupted_run_keeps_measured_cells(tmp_path, engine):
+    """The server dies after the first cell: the error names the URL and the first cell is on disk."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ddprobe.cli", "serve", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc)
+        path = tmp_path / "cells.json"
+        w = ResultWriter(Result(kind="commit", meta=RunMeta.collect(command="t")), path)
+
+        def kill_after_first(row):
+            proc.kill()
+            proc.wait()
+
+        with pytest.raises(BackendError, match=f"{url}/(tokenize|generate): connection refused"):
+            run_commit_probe(SGLangBackend(url), [CTX], ["predictable", "novel"], NEW, w, on_cell=kill_after_first)
+        rows = Result.load(path).rows
+        assert [r["text"] for r in rows] == ["predictable"]
+    finally:
+        proc.kill()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    mode = "garbage"
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code, body, ctype="application/json"):
+        data = body.encode()
+        self.send_response(code)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except BrokenPipeError:  # the client gave up first (the timeout test)
+            pass
+
+    def do_GET(self):
+        if self.mode == "slow":
+            time.sleep(2.0)
+        if self.path == "/v1/models":
+            return self._send(200, json.dumps({"data": [{"id": "plain", "max_model_len": 100000}]}))
+        if self.path == "/metrics":  # a vLLM server without speculative decoding
+            return self._send(200, "# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total 5.0\n",
+                              "text/plain")
+        return self._send(404, "{}")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        if self.mode == "slow":
+            time.sleep(2.0)
+        if self.mode == "garbage":
+            return self._send(200, "<html>not json</html>", "text/html")
+        if self.path == "/tokenize":
+            return self._send(200, json.dumps({"tokens": list(range(10))}))
+        if self.path == "/generate":  # SGLang without speculative decoding: no spec_verify_ct
+            return self._send(200, json.dumps({"text": "x", "meta_info": {"prompt_tokens": 10,
+                                                                          "completion_tokens": 4}}))
+        return self._send(500, "boom")
+
+
+@pytest.fixture
+def stub():
+    def start(mode):
+        handler = type("H", (_Handler,), {"mode": mode})
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    servers = []
+    yield start
+    for s in servers:
+        s.shutdown()
+
+
+def test_error_paths(stub):
+    closed = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(BackendError, match=f"POST {closed}/tokenize: connection refused"):
+        SGLangBackend(closed).tokenize("the cat")
+    url = stub("garbage")
+    with pytest.raises(BackendError, match=f"{url}/tokenize: answer is not valid JSON"):
+        SGLangBackend(url).tokenize("the cat")
+    url = stub("plain")
+    with pytest.raises(BackendError, match="no speculative-decoding counters.*spec_verify_ct"):
+        SGLangBackend(url).generate(list(range(10)), 4)
+    with pytest.raises(BackendError, match="no speculative-decoding counters.*spec_decode_num_accepted_tokens_total"):
+        VLLMBackend(url).generate(list(range(10)), 4)
+    url = stub("slow")
+    with pytest.raises(BackendError, match=f"{url}/tokenize: no answer within 0.5 s"):
+        SGLangBackend(url, timeout_s=0.5).tokenize("the cat")
+    with pytest.raises(BackendError, match="bad URL"):
+        SGLangBackend("localhost:30000")
+
+
+def test_cli_commit_engine_and_errors(tmp_path):
+    runner = CliRunner()
+    path, csv = tmp_path / "c.json", tmp_path / "c.csv"
+    r = runner.invoke(app, ["commit", "--ctx", "200", "--max-new-tokens", "12", "--json", str(path),
+                            "--csv", str(csv)])
+    assert r.exit_code == 0, r.output
+    res = Result.load(path)
+    assert [(row["text"], row["ctx"]) for row in res.rows] == [("predictable", 200), ("novel", 200)]
+    assert res.config["backend"] == "engine" and res.config["preset"] == "tiny"
+    assert all(1 <= row["commit_len"] <= 8 for row in res.rows) and csv.read_text().startswith("backend,")
+    for args, msg in [(["--ctx", "12q"], "bad token count '12q'"),
+                      (["--ctx", "64k"], "supports 4096 tokens of context"),
+                      (["--text", "poetry"], "unknown text kind 'poetry'"),
+                      (["--budget", "0", "--ctx", "200"], "budget must be >= 1"),
+                      (["--backend", "vllm"], "needs --url"),
+                      (["--backend", "sglang", "--url", f"http://127.0.0.1:{free_port()}"], "connection refused")]:
+        r = runner.invoke(app, ["commit", *args, "--json", str(tmp_path / "x.json")])
+        assert r.exit_code == 1 and msg in r.output, (args, r.output)
+        assert "Traceback" not in r.output
+    assert not (tmp_path / "x.json").exists()  # nothing written when a run cannot start
