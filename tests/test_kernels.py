@@ -1,0 +1,169 @@
+"""Verify-attention paths vs the fp32 reference, under Triton's CPU interpreter.
+
+The interpreter's tl.dot is wrong for two bf16 operands (DESIGN.md pitfalls): the kernels
+upcast operands to fp32 when interpreting (constexpr UPCAST), and bf16 itself is covered on
+the GPU by benchmarks/bench_verify.py. Tolerances (relative Frobenius error vs reference):
+fp32 1e-4, fp16 3e-3, bf16 1.5e-2 (the output is rounded to the input dtype).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from ddprobe.engine.kernels import available, get_path, reference  # noqa: E402
+from ddprobe.engine.kernels.trees import SHAPES, ancestor_mask, shape_mask  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+
+
+def make_inputs(path, ctx, budget, shape, heads, dtype, v_dim=64, rope=32, seed=0, poison=7):
+    """q, kv cache (unused rows NaN), slots (shuffled pool for paged, None for contiguous), mask."""
+    g = torch.Generator().manual_seed(seed * 1000 + ctx * 7 + budget)
+    r = budget + 1
+    d = v_dim + rope
+    n = ctx + r
+    rows = torch.randn(n, d, generator=g)
+    q = torch.randn(r, heads, d, generator=g).to(dtype)
+    mask = shape_mask(shape, budget)
+    if path == "paged":
+        pool = n + poison
+        slots = torch.randperm(pool, generator=g)[:n]
+        kv = torch.full((pool, d), float("nan"))
+        kv[slots] = rows
+    else:
+        slots = None
+        kv = torch.full((n + poison, d), float("nan"))
+        kv[:n] = rows
+    return q.to(DEV), kv.to(dtype).to(DEV), (slots.to(DEV) if slots is not None else None), mask.to(DEV)
+
+
+def check(path, ctx, budget, shape, heads, dtype, v_dim=64, rope=32, sm_scale=0.125):
+    q, kv, slots, mask = make_inputs(path, ctx, budget, shape, heads, dtype, v_dim, rope)
+    m = get_path(path)
+    out = m.run(q, kv, m.plan(ctx, mask, slots, v_dim), sm_scale)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, slots, v_dim), sm_scale)
+    assert out.shape == (budget + 1, heads, v_dim) and out.dtype == dtype
+    assert torch.isfinite(out).all(), "NaN/inf in output: a poisoned slot was read"
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < TOL[dtype], f"{path} ctx={ctx} B={budget} {shape} H={heads} {dtype}: rel err {err:.2e}"
+    return out
+
+
+CASES = [
+    # ctx, budget, shape, heads, dtype
+    (0, 8, "lopsided", 8, torch.float16),
+    (1, 8, "chain", 8, torch.float16),
+    (3, 1, "chain", 1, torch.float32),
+    (17, 8, "star", 1, torch.float16),
+    (63, 8, "fork", 8, torch.float32),
+    (127, 32, "lopsided", 1, torch.float16),
+    (300, 8, "lopsided", 8, torch.float16),
+    (127, 8, "fork", 4, torch.bfloat16),
+    (33, 32, "star", 8, torch.float16),
+    (300, 1, "star", 1, torch.float32),
+]
+
+
+def test_paths_registered():
+    assert {"reference", "paged", "split"} <= set(available())
+    assert get_path("paged").layout == "paged" and get_path("split").layout == "contiguous"
+
+
+@pytest.mark.parametrize("path", ["paged", "split"])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", CASES)
+def test_matches_reference(path, ctx, budget, shape, heads, dtype):
+    check(path, ctx, budget, shape, heads, dtype)
+
+
+@pytest.mark.parametrize("path", ["paged", "split"])
+def test_k2_width(path):
+    """The real row: 512 latent + 64 rope."""
+    check(path, 17, 8, "lopsided", 2, torch.float16, v_dim=512, rope=64)
+
+
+@pytest.mark.parametrize("tail", [0, 1, 2])
+def test_split_row_tilings(tail, monkeypatch):
+    """72 folded rows (8 heads x 9): padded to 128, 64 + 16 in one program, or a 16-row program."""
+    from ddprobe.engine.kernels import split
+    monkeypatch.setitem(split.TUNING, "tail", tail)
+    check("split", 200, 8, "fork", 8, torch.float16)
+
+
+def test_split_many_blocks_and_splits(monkeypatch):
+    """Hq = 16 x 9 = 144 rows: three 64-row blocks, several splits."""
+    from ddprobe.engine.kernels import split
+    monkeypatch.setitem(split.TUNING, "min_chunk", 64)
+    check("split", 250, 8, "lopsided", 16, torch.float16)
+
+
+@pytest.mark.parametrize("path", ["paged", "split"])
+def test_tree_mask_is_applied(path):
+    """star and chain differ only in the tree mask: outputs must differ, each matching reference."""
+    a = check(path, 5, 8, "star", 2, torch.float32)
+    b = check(path, 5, 8, "chain", 2, torch.float32)
+    assert not torch.allclose(a[1:], b[1:], atol=1e-3)
+    assert torch.allclose(a[:2], b[:2], atol=1e-4)  # root and first child see the same columns
+
+
+def test_noncontiguous_q():
+    q, kv, _, mask = make_inputs("split", 40, 8, "fork", 4, torch.float16)
+    big = torch.zeros(q.shape[0], q.shape[1] * 2, q.shape[2], dtype=q.dtype, device=q.device)
+    big[:, ::2] = q
+    qv = big[:, ::2]
+    m = get_path("split")
+    out = m.run(qv, kv, m.plan(40, mask, None, 64), 0.1)
+    ref = reference.run(q, kv, reference.plan(40, mask, None, 64), 0.1)
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.float16]
+
+
+def test_plan_reused_across_layers():
+    from ddprobe.engine.kernels import split
+    _, kv0, _, mask = make_inputs("split", 90, 8, "lopsided", 4, torch.float16, seed=1)
+    p = split.plan(90, mask, None, 64)
+    for seed in (2, 3):
+        q, kv, _, _ = make_inputs("split", 90, 8, "lopsided", 4, torch.float16, seed=seed)
+        out = split.run(q, kv, p, 0.1)
+        ref = reference.run(q, kv, reference.plan(90, mask, None, 64), 0.1)
+        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.float16]
+
+
+def test_errors():
+    paged, split = get_path("paged"), get_path("split")
+    big = torch.ones(65, 65, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match="at most 64"):
+        split.plan(10, big)
+    with pytest.raises(ValueError, match="at most 64"):
+        paged.plan(10, big, torch.arange(80))
+    m = shape_mask("chain", 3)
+    with pytest.raises(ValueError, match="slots"):
+        paged.plan(10, m, None)
+    with pytest.raises(ValueError, match="contiguous"):
+        split.plan(10, m, torch.arange(14))
+    q = torch.randn(4, 2, 64 + 24)
+    kv = torch.randn(20, 64 + 24)
+    with pytest.raises(ValueError, match="powers of two"):
+        split.run(q, kv, split.plan(10, m, None, 64), 0.1)
+    with pytest.raises(ValueError, match="dtype"):
+        q2 = torch.randn(4, 2, 96, dtype=torch.float16)
+        split.run(q2, torch.randn(20, 96), split.plan(10, m, None, 64), 0.1)
+
+
+def test_tree_shapes():
+    for name, fn in SHAPES.items():
+        for b in (1, 8, 32):
+            parents = fn(b)
+            assert len(parents) == b + 1 and parents[0] == -1
+            mk = ancestor_mask(parents)
+            assert mk.diagonal().all() and mk[:, 0].all()  # everyone sees the root
+            assert not mk.triu(1).any()
+    assert shape_mask("star", 4).sum() == 5 + 4
+    with pytest.raises(ValueError):
+        ancestor_mask([-1, 2, 0])
