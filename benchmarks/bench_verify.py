@@ -300,6 +300,7 @@ def main() -> int:
     ap.add_argument("--paths", default="paged,split,flex,sdpa")
     ap.add_argument("--variants", default="", help="';'-separated split TUNING overrides, e.g. 'tail=1;tail=0,block_n=32'")
     ap.add_argument("--paged-variants", default="", help="';'-separated paged TUNING overrides, e.g. ';num_stages=2'")
+    ap.add_argument("--tune", default="", help="split TUNING defaults for the whole run, e.g. 'tail_ratio=3'")
     ap.add_argument("--budget", type=int, default=8)
     ap.add_argument("--tree", default="lopsided")
     ap.add_argument("--quick", action="store_true")
@@ -318,7 +319,11 @@ def main() -> int:
     import triton
     meta = dict(date=datetime.date.today().isoformat(), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, python=platform.python_version(), command=" ".join(sys.argv),
-                sm_count=torch.cuda.get_device_properties(0).multi_processor_count)
+                sm_count=torch.cuda.get_device_properties(0).multi_processor_count,
+                split_tuning=dict(get_path("split").TUNING))
+    for kv_ in [t for t in args.tune.split(",") if "=" in t]:
+        k_, v_ = kv_.split("=")
+        get_path("split").TUNING[k_] = int(v_)
     get_path("split").COLLECT_META = True
     get_path("paged").COLLECT_META = True
     ceil = ceilings()

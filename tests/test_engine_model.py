@@ -112,6 +112,8 @@ SCRIPT = textwrap.dedent("""
     for attn in ("paged", "split"):
         eng = Engine("tiny", attn=attn, budget=4, dtype=torch.float32, poison=True, shuffle_slots=True, max_ctx=128)
         assert eng.generate(prompt, 5).tokens == ref, attn
+    eng = Engine("tiny", attn="split", prefill_attn="split", dtype=torch.float32, poison=True, max_ctx=128)
+    assert eng.greedy_reference(prompt, 3) == ref[:3]
     print("ok")
 """)
 

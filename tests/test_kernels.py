@@ -97,6 +97,15 @@ def test_split_row_tilings(tail, monkeypatch):
     check("split", 200, 8, "fork", 8, torch.float16)
 
 
+@pytest.mark.parametrize("ratio", [2, 3])
+def test_split_tail_ratio(ratio, monkeypatch):
+    """The 16-row tail program takes `ratio` main chunks per split; its spare splits are empty."""
+    from ddprobe.engine.kernels import split
+    monkeypatch.setitem(split.TUNING, "tail_ratio", ratio)
+    monkeypatch.setitem(split.TUNING, "min_chunk", 64)
+    check("split", 400, 8, "lopsided", 8, torch.float16)
+
+
 def test_split_many_blocks_and_splits(monkeypatch):
     """Hq = 16 x 9 = 144 rows: three 64-row blocks, several splits."""
     from ddprobe.engine.kernels import split

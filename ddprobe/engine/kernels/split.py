@@ -37,6 +37,7 @@ TUNING = {
     "tail": 2,            # 64 < Hq <= 80: 0 pad to 128 rows, 1 one program 64 + 16 rows, 2 a separate 16-row program
     "block_q": 0,         # force the main row block (0: auto)
     "warps_128": 16,      # num_warps when the row block is 128
+    "tail_ratio": 1,      # tail=2: the 16-row program takes this many main chunks per split
     "merge_block_m": 16,
     "merge_split_chunk": 8,
 }
@@ -118,7 +119,7 @@ def _prefix_rows(Q, KV, O_part, LSE_part, q0, start, end,
 def _split_prefix_kernel(
     Q, KV, O_part, LSE_part,
     stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
-    prefix_len, chunk, Hq, H, qk_scale,
+    prefix_len, chunk, tail_chunk, tail_splits, Hq, H, qk_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -128,11 +129,20 @@ def _split_prefix_kernel(
     start = pid_s * chunk
     end = tl.minimum(start + chunk, prefix_len)
     if TAIL_PROGRAM > 0:
-        # the last q block is a narrow program of TAIL_PROGRAM rows (e.g. rows 64..71 of 72)
+        # the last q block is a narrow program of TAIL_PROGRAM rows (e.g. rows 64..71 of 72); it is
+        # cheaper per token, so it takes longer chunks (tail_chunk) and fewer splits; the
+        # programs left over mark their split empty (lse = -inf) and exit at once
         if pid_q == tl.num_programs(0) - 1:
-            _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
-                         stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC)
+            if pid_s < tail_splits:
+                t_start = pid_s * tail_chunk
+                t_end = tl.minimum(t_start + tail_chunk, prefix_len)
+                _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, t_start, t_end,
+                             stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC)
+            else:
+                offs_t = pid_q * BLOCK_Q + tl.arange(0, TAIL_PROGRAM)
+                tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
+                         mask=offs_t < Hq)
         else:
             _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
@@ -201,7 +211,7 @@ def _tree_merge_kernel(
                       mask=s_ok[:, None] & q_ok[None, :], other=float("-inf"))
         w = tl.exp2(lse - big[None, :])  # [SPLIT_CHUNK, BLOCK_M]
         o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                    mask=(s_ok[:, None] & q_ok[None, :])[:, :, None], other=0.0)
+                    mask=(s_ok[:, None] & q_ok[None, :] & (lse > float("-inf")))[:, :, None], other=0.0)
         acc += tl.sum(w[:, :, None] * o, 0)
         wsum += tl.sum(w, 0)
     out = acc / wsum[:, None]
@@ -237,15 +247,21 @@ def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
     if block_q >= 128:
         warps = t["warps_128"]
     block_n = t["block_n"]
+    ratio = max(1, int(t["tail_ratio"])) if tail_prog else 1
     if prefix_len == 0:
         num_splits, chunk = 0, block_n
     else:
-        target = max(1, (sms * t["ctas_per_sm"]) // n_qb)
+        ctas = sms * t["ctas_per_sm"]
+        # with a tail program of 1/ratio the work per token: main splits + tail splits = ctas
+        target = max(1, ctas * ratio // (ratio + 1)) if tail_prog else max(1, ctas // n_qb)
         num_splits = max(1, min(target, triton.cdiv(prefix_len, t["min_chunk"])))
         chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), block_n) * block_n
         num_splits = triton.cdiv(prefix_len, chunk)
+    tail_chunk = chunk * ratio
+    tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
     return dict(block_q=block_q, tail=tail, tail_program=tail_prog, n_qb=n_qb, block_n=block_n,
-                num_splits=num_splits, chunk=chunk, num_warps=warps, num_stages=t["num_stages"])
+                num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
+                num_warps=warps, num_stages=t["num_stages"])
 
 
 def plan(prefix_len: int, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512) -> VerifyPlan:
@@ -294,7 +310,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
         k = _split_prefix_kernel[(cfg["n_qb"], ns)](
             q, kv, o_part, lse_part,
             q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
-            p.prefix_len, cfg["chunk"], hq, h, qk_scale,
+            p.prefix_len, cfg["chunk"], cfg["tail_chunk"], cfg["tail_splits"], hq, h, qk_scale,
             V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"], BLOCK_N=cfg["block_n"],
             UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
