@@ -324,6 +324,7 @@ def main() -> int:
     for kv_ in [t for t in args.tune.split(",") if "=" in t]:
         k_, v_ = kv_.split("=")
         get_path("split").TUNING[k_] = int(v_)
+    meta["split_tuning"] = dict(get_path("split").TUNING)
     get_path("split").COLLECT_META = True
     get_path("paged").COLLECT_META = True
     ceil = ceilings()
