@@ -1,0 +1,105 @@
+"""Benchmark rows in one shape, whichever writer made them (bench_verify.py raw or converted).
+
+``entries(result)`` gives one ``Entry`` per row: kind "layer" (one verify-attention call)
+or "step" (the whole multi-layer verify step), path, context, heads, GPU, time, floor,
+effective bandwidth. Old and new key names are both accepted (``us`` / ``time_us``,
+``step_ms``, ``floor_ms`` / ``floor_us``, ``step61`` / ``step``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..results import Result
+
+BENCH_KINDS = ("bench-verify",)
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # "layer" or "step"
+    path: str
+    ctx: int
+    heads: int | None
+    gpu: str | None
+    time_us: float | None  # None: the path failed (see error)
+    floor_us: float | None
+    GBps: float | None
+    TFLOPs: float | None
+    rel_err: float | None
+    error: str | None
+    bytes: float | None = None
+    flops: float | None = None
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.path, self.ctx, self.heads, self.gpu)
+
+    @property
+    def fraction_of_floor(self) -> float | None:
+        """floor / time: 1.0 is at the floor, 0.01 is 100x off it."""
+        if self.time_us and self.floor_us:
+            return self.floor_us / self.time_us
+        return None
+
+    @property
+    def gap(self) -> float | None:
+        f = self.fraction_of_floor
+        return 1.0 / f if f else None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _first(row: dict, *keys: str, scale: float = 1.0) -> float | None:
+    for k in keys:
+        v = _num(row.get(k))
+        if v is not None:
+            return v * scale
+    return None
+
+
+def ceilings(result: Result) -> tuple[float | None, float | None]:
+    """Measured (copy GB/s, bf16 matmul TFLOP/s) from the summary, else the config."""
+    out = []
+    for keys in (("copy_GBps",), ("matmul_TFLOPs", "bf16_mm_TFLOPs")):
+        v = None
+        for where in (result.summary, result.config, result.config.get("ceilings") or {}):
+            v = v if v is not None else (_first(where, *keys) if isinstance(where, dict) else None)
+        out.append(v)
+    return out[0], out[1]
+
+
+def bound(e: Entry, copy_GBps: float | None, matmul_TFLOPs: float | None) -> str | None:
+    """"memory" or "compute": which floor term is larger for this entry's bytes and FLOPs."""
+    if not (e.bytes and e.flops and copy_GBps and matmul_TFLOPs):
+        return None
+    return "compute" if e.flops / (matmul_TFLOPs * 1e12) > e.bytes / (copy_GBps * 1e9) else "memory"
+
+
+def gpu_name(result: Result) -> str | None:
+    return result.meta.gpus[0].get("name") if result.meta.gpus else None
+
+
+def entries(result: Result) -> list[Entry]:
+    gpu = gpu_name(result)
+    out = []
+    for row in result.rows:
+        if "path" not in row or _num(row.get("ctx")) is None:
+            continue
+        step = str(row.get("kind", "")).startswith("step")
+        t = _first(row, "time_us", "us") or _first(row, "step_ms", "time_ms", scale=1e3)
+        floor = _first(row, "floor_us") or _first(row, "floor_ms", scale=1e3)
+        bw = _first(row, "GBps")
+        nbytes = _first(row, "bytes")
+        if bw is None and t and nbytes:
+            bw = nbytes / (t * 1e-6) / 1e9
+        heads = _num(row.get("heads"))
+        out.append(Entry(kind="step" if step else "layer", path=str(row["path"]), ctx=int(row["ctx"]),
+                         heads=int(heads) if heads is not None else None, gpu=str(row.get("gpu") or gpu or "?"),
+                         time_us=t, floor_us=floor, GBps=bw, TFLOPs=_first(row, "TFLOPs"),
+                         rel_err=_first(row, "rel_err"),
+                         error=row.get("error") or (None if t else "no time recorded"),
+                         bytes=nbytes, flops=_first(row, "flops")))
+    return out

@@ -1,0 +1,146 @@
+"""The findings in plain words, one short list per results file, for the top of a report.
+
+Each function answers one of ddprobe's questions from the rows: is the drafter still
+accepting at long context, what bounds each phase, how far from the floor each step is,
+and what the split verify path buys over the paged one.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..results import Result
+from ..units import fmt_bandwidth, fmt_ratio, fmt_time, fmt_tokens
+from . import bench
+from .plots_gpu import phase_means
+
+FINE = 0.8  # commit length at the longest context at least this share of the shortest's: drafter fine
+
+
+def _span(ctxs: list[int]) -> str:
+    return f"{fmt_tokens(min(ctxs))}-{fmt_tokens(max(ctxs))}" if len(set(ctxs)) > 1 else fmt_tokens(ctxs[0])
+
+
+def commit(result: Result) -> list[str]:
+    by_text = defaultdict(list)
+    for r in result.rows:
+        if isinstance(r.get("commit_len"), (int, float)):
+            by_text[r.get("text", "?")].append(r)
+    out = []
+    for text, rs in sorted(by_text.items()):
+        rs.sort(key=lambda r: r["ctx"])
+        a, b = rs[0], rs[-1]
+        where = f"{a['commit_len']:.2f} at {fmt_tokens(a['ctx'])}" + \
+            (f", {b['commit_len']:.2f} at {fmt_tokens(b['ctx'])}" if b is not a else "")
+        if text == "novel":
+            out.append(f"Novel text: commit length {where} (about 1 is expected: nothing to predict).")
+        elif max(r["commit_len"] for r in rs) < 1.5:
+            out.append(f"Drafter NOT accepting on {text} text even at short context: commit length {where}; "
+                       "the drafter is untrained or does not match the target.")
+        elif b["commit_len"] >= FINE * a["commit_len"]:
+            out.append(f"Drafter fine at long context on {text} text: commit length {where}.")
+        else:
+            out.append(f"Drafter degrades at long context on {text} text: commit length {where} "
+                       f"({b['commit_len'] / a['commit_len'] - 1:+.0%}).")
+    return out or ["No commit-length cells recorded."]
+
+
+def floor(result: Result) -> list[str]:
+    rows = sorted((r for r in result.rows if isinstance(r.get("ctx"), int)), key=lambda r: r["ctx"])
+    if not rows:
+        return ["No floor rows recorded."]
+    out = []
+    comp = [r["ctx"] for r in rows if r.get("bound") == "compute"]
+    if not comp:
+        out.append(f"Verify is memory-bound at every context ({_span([r['ctx'] for r in rows])}).")
+    elif len(comp) == len(rows):
+        out.append(f"Verify is compute-bound at every context ({_span(comp)}).")
+    else:
+        out.append(f"Verify is memory-bound below {fmt_tokens(min(comp))} and compute-bound from there.")
+    meas = [r for r in rows if r.get("step_ms")]
+    if meas:
+        r = meas[-1]
+        bw = result.config.get("bw_Bps")
+        line = (f"Gap to the floor at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
+                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)}")
+        if r.get("eff_bw_GBps"):
+            line += f" (effective {fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}" + \
+                    (f" of {fmt_bandwidth(bw)})" if bw else ")")
+        if r.get("gap_if_rows_reread"):
+            line += f"; still {fmt_ratio(r['gap_if_rows_reread'])} if every verify row re-read the cache"
+        out.append(line + ".")
+    return out
+
+
+def bench_verify(result: Result) -> list[str]:
+    es = [e for e in bench.entries(result) if e.time_us]
+    if not es:
+        return ["No timed benchmark entries (every path failed or none ran)."]
+    copy, mm = bench.ceilings(result)
+    out = []
+    for heads in sorted({e.heads for e in es if e.kind == "layer"}, key=lambda h: h or 0):
+        layer = [e for e in es if e.kind == "layer" and e.heads == heads]
+        bounds = {e.ctx: bench.bound(e, copy, mm) for e in layer}
+        comp = sorted(c for c, b in bounds.items() if b == "compute")
+        kind = ("compute-bound at every context" if comp and len(comp) == len(bounds) else
+                f"memory-bound below {fmt_tokens(comp[0])}, compute-bound from there" if comp else
+                "memory-bound at every context" if any(bounds.values()) else "bound unknown (no ceilings)")
+        top = max(e.ctx for e in layer)
+        at = {e.path: e for e in layer if e.ctx == top}
+        best = min(at.values(), key=lambda e: e.time_us)
+        line = (f"{heads} heads: {kind}; at {fmt_tokens(top)} the fastest path is {best.path}, "
+                f"{fmt_time(best.time_us * 1e-6)} per layer")
+        if best.gap:
+            line += f", {fmt_ratio(best.gap)} the floor"
+        if best.GBps:
+            line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
+                                                             else ")")
+        out.append(line + ".")
+        if "split" in at and "paged" in at:
+            p, s = at["paged"], at["split"]
+            out.append(f"{heads} heads: split buys {fmt_ratio(p.time_us / s.time_us)} over paged at "
+                       f"{fmt_tokens(top)} ({fmt_time(p.time_us * 1e-6)} -> {fmt_time(s.time_us * 1e-6)} per layer).")
+    for e in sorted((e for e in es if e.kind == "step"), key=lambda e: (e.ctx, e.path)):
+        line = f"Whole verify step at {fmt_tokens(e.ctx)}, {e.heads} heads, {e.path}: {fmt_time(e.time_us * 1e-6)}"
+        out.append(line + (f", {fmt_ratio(e.gap)} the floor {fmt_time(e.floor_us * 1e-6)}." if e.gap else "."))
+    bad = [e for e in bench.entries(result) if e.error]
+    if bad:
+        out.append(f"{len(bad)} entr{'y' if len(bad) == 1 else 'ies'} failed: "
+                   + ", ".join(sorted({e.path for e in bad})) + ".")
+    return out
+
+
+def _verdict(m: dict[str, float]) -> str:
+    tensor, dram, sm = (m.get(k, 0.0) for k in ("gpm_tensor_util_pct", "gpm_dram_bw_util_pct", "gpm_sm_util_pct"))
+    if tensor >= 50:
+        return "compute-bound"
+    if dram >= 50:
+        return "bandwidth-bound"
+    if sm < 20:
+        return "latency-bound (pipes and memory mostly idle)"
+    return "mixed (no pipe saturated)"
+
+
+def gpu_util(result: Result) -> list[str]:
+    per_phase = result.summary.get("per_phase") if isinstance(result.summary, dict) else None
+    if not per_phase:  # derive a verdict from the samples
+        per_phase = [{"gpu": g, "phase": p, "verdict": _verdict(m),
+                      "evidence": f"tensor {m.get('gpm_tensor_util_pct', 0):.1f}%, DRAM "
+                                  f"{m.get('gpm_dram_bw_util_pct', 0):.1f}%, SM {m.get('gpm_sm_util_pct', 0):.1f}%"}
+                     for (g, p), m in sorted(phase_means(result.rows).items(), key=str) if p != "idle"]
+    groups = defaultdict(list)
+    for d in per_phase:
+        if isinstance(d, dict):
+            groups[(d.get("phase", "?"), d.get("verdict", "?"), d.get("evidence", ""))].append(str(d.get("gpu", "?")))
+    out = [f"{phase} (GPU {', '.join(gpus)}): {verdict}" + (f" - {ev}." if ev else ".")
+           for (phase, verdict, ev), gpus in sorted(groups.items(), key=lambda kv: (kv[0][0] != "prefill", kv[0]))]
+    return out or ["No telemetry samples recorded."]
+
+
+BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util}
+
+
+def findings(result: Result) -> list[str]:
+    fn = BY_KIND.get(result.kind)
+    if fn is None:
+        return [f"{len(result.rows)} row(s) of kind {result.kind!r}; this report has no analysis for it yet."]
+    return fn(result)

@@ -1,0 +1,151 @@
+"""The CI regression gate: compare two benchmark results entry by entry.
+
+Entries match on (kind, path, context, heads, GPU). An entry regresses when its effective
+bandwidth (its speed, from time where no bandwidth is recorded) drops by more than
+``max_drop``, when it failed in the current run, or when it falls under an absolute floor
+(``min_bw_Bps``, ``min_fraction_of_floor``). A baseline entry absent from the current run
+fails the gate too. Entries only in the current run are shown as new and pass.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..results import Result
+from ..units import DDProbeError, fmt_bandwidth, fmt_time, fmt_tokens
+from . import bench
+from .load import load_one
+
+COLUMNS = ["status", "path", "heads", "ctx", "GPU", "baseline", "current", "time", "baseline bw", "current bw",
+           "bw", "of floor", "why"]
+
+
+def parse_fraction(text: str | float, what: str = "--max-drop") -> float:
+    """'10%' -> 0.1, '0.1' -> 0.1; a bare number must lie in [0, 1)."""
+    s = str(text).strip()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%?)", s)
+    if not m:
+        raise DDProbeError(f"bad {what} {text!r}: expected a percentage (10%) or a fraction (0.1)")
+    v = float(m.group(1)) / (100 if m.group(2) else 1)
+    if not 0 <= v < 1:
+        raise DDProbeError(f"bad {what} {text!r}: must be at least 0 and below 100%")
+    return v
+
+
+@dataclass
+class GateRow:
+    key: tuple
+    base: bench.Entry | None
+    cur: bench.Entry | None
+    drop: float | None = None  # fraction of speed lost vs the baseline (negative: faster)
+    status: str = "ok"  # ok, new, REGRESSED, MISSING, FAILED, BELOW
+    why: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        kind, path, ctx, heads, gpu = self.key
+        return f"{'step ' if kind == 'step' else ''}{path} heads={heads} ctx={fmt_tokens(ctx)} on {gpu}"
+
+    def fail(self, status: str, why: str) -> None:
+        self.status = status if self.status in ("ok", "new") else self.status
+        self.why.append(why)
+
+
+@dataclass
+class GateOutcome:
+    rows: list[GateRow]
+    max_drop: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[GateRow]:
+        return [r for r in self.rows if r.status not in ("ok", "new")]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def _drop(base: bench.Entry, cur: bench.Entry) -> float:
+    if base.GBps and cur.GBps:
+        return 1.0 - cur.GBps / base.GBps
+    return 1.0 - base.time_us / cur.time_us
+
+
+def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bps: float | None = None,
+            min_fraction_of_floor: float | None = None, paths: list[str] | None = None,
+            ctxs: list[int] | None = None) -> GateOutcome:
+    for r, name in ((current, "current"), (baseline, "baseline")):
+        if r.kind not in bench.BENCH_KINDS:
+            raise DDProbeError(f"{name} results are of kind {r.kind!r}; the gate compares benchmark results "
+                               f"({', '.join(bench.BENCH_KINDS)})")
+
+    def keep(e: bench.Entry) -> bool:
+        return (not paths or e.path in paths) and (not ctxs or e.ctx in ctxs)
+
+    base = {e.key: e for e in bench.entries(baseline) if keep(e)}
+    cur = {e.key: e for e in bench.entries(current) if keep(e)}
+    if not base:
+        raise DDProbeError("the baseline has no benchmark entries" + (" matching --paths/--ctx" if paths or ctxs
+                                                                        else ""))
+    rows = []
+    for key in sorted(set(base) | set(cur), key=lambda k: (k[0], k[1], k[3] or 0, k[2], k[4])):
+        b, c = base.get(key), cur.get(key)
+        row = GateRow(key, b, c, status="ok" if b else "new")
+        if c is None:
+            row.fail("MISSING", "baseline entry missing in the current run")
+        elif not c.time_us:
+            row.fail("FAILED", f"failed in the current run: {c.error}")
+        elif b is not None and b.time_us:
+            row.drop = _drop(b, c)
+            if row.drop > max_drop:
+                row.fail("REGRESSED", f"{row.drop:.1%} slower than the baseline (limit {max_drop:.0%})")
+        if c is not None and c.time_us:
+            if min_bw_Bps and c.GBps is not None and c.GBps * 1e9 < min_bw_Bps:
+                row.fail("BELOW", f"{fmt_bandwidth(c.GBps * 1e9)} under --min-bw {fmt_bandwidth(min_bw_Bps)}")
+            f = c.fraction_of_floor
+            if min_fraction_of_floor and f is not None and f < min_fraction_of_floor:
+                row.fail("BELOW", f"{f:.2f} of the floor under --min-fraction-of-floor {min_fraction_of_floor:g}")
+        rows.append(row)
+    out = GateOutcome(rows, max_drop)
+    gb, gc = bench.gpu_name(baseline), bench.gpu_name(current)
+    if gb != gc and all(r.status == "MISSING" or r.status == "new" for r in rows):
+        out.notes.append(f"no entries match: the baseline ran on {gb or 'no GPU'}, the current run on "
+                         f"{gc or 'no GPU'}")
+    return out
+
+
+def compare_files(current: str | Path, baseline: str | Path, **kw) -> GateOutcome:
+    return compare(load_one(current), load_one(baseline), **kw)
+
+
+def table_rows(outcome: GateOutcome) -> list[list[str]]:
+    """Formatted cells per entry, in COLUMNS order, for the CLI's table."""
+    def t(e):
+        return fmt_time(e.time_us * 1e-6) if e and e.time_us else "-"
+
+    def bw(e):
+        return fmt_bandwidth(e.GBps * 1e9) if e and e.GBps else "-"
+
+    def pct(a, b):
+        return f"{b / a - 1:+.1%}" if a and b else "-"
+
+    out = []
+    for r in outcome.rows:
+        kind, path, ctx, heads, gpu = r.key
+        frac = r.cur.fraction_of_floor if r.cur else None
+        out.append([r.status, ("step " if kind == "step" else "") + path, str(heads), fmt_tokens(ctx), str(gpu),
+                    t(r.base), t(r.cur), pct(r.base and r.base.time_us, r.cur and r.cur.time_us),
+                    bw(r.base), bw(r.cur), pct(r.base and r.base.GBps, r.cur and r.cur.GBps),
+                    f"{frac:.2f}" if frac else "-", "; ".join(r.why)])
+    return out
+
+
+def summary_lines(outcome: GateOutcome) -> list[str]:
+    """One line per failing entry, naming it, then the verdict."""
+    lines = [f"{r.status}: {r.label}: {'; '.join(r.why)}" for r in outcome.failures] + outcome.notes
+    n, bad = len(outcome.rows), len(outcome.failures)
+    lines.append(f"gate passed: {n} entr{'y' if n == 1 else 'ies'} within {outcome.max_drop:.0%}" if not bad else
+                 f"gate FAILED: {bad} of {n} entr{'y' if n == 1 else 'ies'} regressed or missing")
+    return lines

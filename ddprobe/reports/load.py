@@ -1,0 +1,74 @@
+"""Read results files for reports and the gate: files or folders, every error naming its file.
+
+Besides ddprobe results files (``ddprobe.result/1``) this reads the raw JSON that
+``benchmarks/bench_verify.py`` writes (``meta``, ``ceilings``, ``results``) as a
+``bench-verify`` result, so a benchmark run can be reported before it is converted.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..results import SCHEMA, Result, RunMeta
+from ..units import DDProbeError
+
+
+def _from_raw_bench(d: dict[str, Any], source: str) -> Result:
+    """bench_verify.py's own document -> Result(kind="bench-verify")."""
+    m, ceil = d.get("meta") or {}, d.get("ceilings") or {}
+    if not isinstance(m, dict) or not isinstance(ceil, dict) or not isinstance(d.get("results"), list):
+        raise DDProbeError(f"{source}: malformed benchmark file (meta, ceilings and results expected)")
+    gpu = m.get("gpu")
+    meta = RunMeta(date_utc=str(m.get("date", "?")), host=str(m.get("host", "?")), ddprobe_version="?",
+                   git_sha=m.get("git_sha"), python=str(m.get("python", "?")), torch=m.get("torch"),
+                   triton=m.get("triton"), platform=str(m.get("platform", "?")),
+                   gpus=[{"index": 0, "name": gpu, "driver": m.get("driver")}] if gpu else [],
+                   command=str(m.get("command", "?")))
+    summary = {"copy_GBps": ceil.get("copy_GBps"),
+               "matmul_TFLOPs": ceil.get("matmul_TFLOPs", ceil.get("bf16_mm_TFLOPs"))}
+    config = {k: v for k, v in m.items() if k not in ("date", "gpu", "torch", "triton", "python", "command")}
+    return Result(kind="bench-verify", meta=meta, config={**config, **summary}, rows=list(d["results"]),
+                  summary=summary)
+
+
+def load_one(path: str | os.PathLike) -> Result:
+    """One results file; a ``DDProbeError`` naming the file when it is missing, not JSON or not a results file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DDProbeError(f"results file {path} not found" if not path.exists() else f"{path}: not a file")
+    try:
+        d = json.loads(path.read_text())
+    except OSError as e:
+        raise DDProbeError(f"cannot read results file {path}: {e.strerror or e}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
+        raise DDProbeError(f"{path}: not valid JSON ({where})") from None
+    if isinstance(d, dict) and d.get("schema") != SCHEMA and "results" in d and "ceilings" in d:
+        return _from_raw_bench(d, str(path))
+    result = Result.from_dict(d, source=str(path))
+    if not isinstance(result.kind, str) or not all(isinstance(r, dict) for r in result.rows):
+        raise DDProbeError(f"{path}: malformed results file (kind must be a string and rows objects)")
+    return result
+
+
+def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Files as given; a folder means every ``*.json`` in it (sorted, not recursive)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.glob("*.json") if q.is_file() and not q.name.startswith("."))
+            if not found:
+                raise DDProbeError(f"{p}: folder holds no results files (*.json)")
+            out += found
+        else:
+            out.append(p)
+    if not out:
+        raise DDProbeError("no results files given")
+    return out
+
+
+def load_all(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, Result]]:
+    """Every results file under ``paths``, in order, each loaded or an error naming it."""
+    return [(p, load_one(p)) for p in expand(paths)]

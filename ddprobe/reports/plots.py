@@ -1,0 +1,154 @@
+"""Plots for reports, drawn with matplotlib's Agg canvas straight to PNG bytes (no pyplot, no display).
+
+Each function takes rows already read from a results file and returns ``Figure``s; the
+section builders decide which to draw. Axes carry units; context axes are log base 2.
+"""
+from __future__ import annotations
+
+import io
+from collections import defaultdict
+from dataclasses import dataclass
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure as MplFigure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+from ..units import fmt_tokens
+from .bench import Entry
+
+PHASE_COLORS = {"prefill": "#f6c85f", "decode": "#9dd9d2", "idle": "#eeeeee"}
+
+
+@dataclass
+class Figure:
+    name: str  # file stem, unique within a report
+    title: str
+    png: bytes
+
+
+def _new(nrows: int = 1, ncols: int = 1, w: float = 7.0, h: float = 3.8):
+    fig = MplFigure(figsize=(w * ncols if ncols > 1 else w, h * nrows), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _ctx_axis(ax) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=12))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_tokens(int(v)) if v >= 1 else f"{v:g}"))
+    ax.set_xlabel("context (tokens)")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def commit_length(rows: list[dict], name: str) -> Figure:
+    fig, axs = _new()
+    ax = axs[0][0]
+    lines = defaultdict(list)
+    for r in rows:
+        if isinstance(r.get("commit_len"), (int, float)):
+            lines[(r.get("text", "?"), r.get("backend"))].append(r)
+    multi = len({b for _, b in lines}) > 1
+    for (text, backend), rs in sorted(lines.items(), key=lambda kv: str(kv[0])):
+        rs.sort(key=lambda r: r["ctx"])
+        xs = [r["ctx"] for r in rs]
+        ax.plot(xs, [r["commit_len"] for r in rs], marker="o", label=f"{text} ({backend})" if multi else text)
+        if all(isinstance(r.get("commit_len_p10"), (int, float)) for r in rs):
+            ax.fill_between(xs, [r["commit_len_p10"] for r in rs], [r["commit_len_p90"] for r in rs], alpha=0.15)
+    _ctx_axis(ax)
+    ax.set_ylabel("commit length (tokens / verify step)")
+    ax.set_ylim(bottom=0)
+    ax.legend(title="text", fontsize="small")
+    ax.set_title("Commit length vs context (band: p10-p90)")
+    return Figure(name, "Commit length vs context, one line per text kind", _png(fig))
+
+
+def _by_path(es: list[Entry]) -> dict[str, list[Entry]]:
+    out = defaultdict(list)
+    for e in es:
+        out[e.path].append(e)
+    return {p: sorted(v, key=lambda e: e.ctx) for p, v in sorted(out.items())}
+
+
+def _floor_line(ax, es: list[Entry], scale: float = 1.0) -> None:
+    floor = {e.ctx: e.floor_us * scale for e in es if e.floor_us}
+    if floor:
+        xs = sorted(floor)
+        ax.plot(xs, [floor[x] for x in xs], "k--", lw=2, label="floor")
+
+
+def bench_time(es: list[Entry], name: str, title: str, step: bool = False) -> Figure:
+    """Time vs context per path on log axes, one panel per head count, the floor dashed."""
+    groups = sorted({e.heads for e in es}, key=lambda h: h or 0)
+    fig, axs = _new(1, len(groups), w=6.0 if len(groups) > 1 else 7.0)
+    scale, unit = (1e-3, "ms") if step else (1.0, "us")
+    for ax, heads in zip(axs[0], groups):
+        sub = [e for e in es if e.heads == heads]
+        for path, pes in _by_path(sub).items():
+            ok = [e for e in pes if e.time_us]
+            ax.plot([e.ctx for e in ok], [e.time_us * scale for e in ok], marker="o", label=path)
+        _floor_line(ax, sub, scale)
+        _ctx_axis(ax)
+        ax.set_yscale("log")
+        ax.set_ylabel(f"time per {'step' if step else 'layer call'} ({unit})")
+        ax.set_title(f"{heads} heads" if heads else "")
+        ax.legend(fontsize="small")
+    fig.suptitle(title)
+    return Figure(name, title, _png(fig))
+
+
+def bench_bandwidth(es: list[Entry], ceiling_GBps: float | None, name: str) -> Figure:
+    """Achieved bandwidth vs context per path (log), the measured copy ceiling drawn."""
+    groups = sorted({e.heads for e in es}, key=lambda h: h or 0)
+    fig, axs = _new(1, len(groups), w=6.0 if len(groups) > 1 else 7.0)
+    for ax, heads in zip(axs[0], groups):
+        for path, pes in _by_path([e for e in es if e.heads == heads]).items():
+            ok = [e for e in pes if e.GBps]
+            ax.plot([e.ctx for e in ok], [e.GBps for e in ok], marker="o", label=path)
+        if ceiling_GBps:
+            ax.axhline(ceiling_GBps, color="k", ls="--", lw=2, label=f"measured ceiling {ceiling_GBps:,.0f} GB/s")
+        _ctx_axis(ax)
+        ax.set_yscale("log")
+        ax.set_ylabel("effective bandwidth (GB/s)")
+        ax.set_title(f"{heads} heads" if heads else "")
+        ax.legend(fontsize="small")
+    title = "Achieved bandwidth vs context"
+    fig.suptitle(title)
+    return Figure(name, title, _png(fig))
+
+
+def floor_time(rows: list[dict], name: str) -> Figure:
+    fig, axs = _new()
+    ax = axs[0][0]
+    rows = sorted(rows, key=lambda r: r["ctx"])
+    ax.plot([r["ctx"] for r in rows], [r["floor_ms"] for r in rows], "k--", lw=2, marker="o", label="floor")
+    meas = [r for r in rows if r.get("step_ms")]
+    if meas:
+        ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], marker="s", label="measured step")
+    _ctx_axis(ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("verify step (ms)")
+    ax.legend(fontsize="small")
+    ax.set_title("Verify step vs context: measured and floor")
+    return Figure(name, "Verify step time vs context with the floor", _png(fig))
+
+
+def floor_bandwidth(rows: list[dict], bw_Bps: float | None, name: str) -> Figure:
+    fig, axs = _new()
+    ax = axs[0][0]
+    meas = sorted((r for r in rows if r.get("eff_bw_GBps")), key=lambda r: r["ctx"])
+    ax.plot([r["ctx"] for r in meas], [r["eff_bw_GBps"] for r in meas], marker="o", label="effective")
+    if bw_Bps:
+        ax.axhline(bw_Bps / 1e9, color="k", ls="--", lw=2, label=f"bandwidth used for the floor {bw_Bps / 1e9:,.0f} GB/s")
+    _ctx_axis(ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("effective bandwidth (GB/s)")
+    ax.legend(fontsize="small")
+    ax.set_title("Effective bandwidth of the measured step vs context")
+    return Figure(name, "Effective bandwidth vs context with the ceiling", _png(fig))

@@ -1,0 +1,101 @@
+"""GPU telemetry plots: timelines per GPU with phases shaded, per-GPU bars of pipe use and power."""
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import fmean
+
+from matplotlib.patches import Patch
+
+from .plots import PHASE_COLORS, Figure, _new, _png
+
+# (row key, label); the power fraction is derived from power_W / power_limit_W
+SERIES = [("gpm_tensor_util_pct", "tensor"), ("gpm_dram_bw_util_pct", "DRAM bw"), ("gpm_sm_util_pct", "SM"),
+          ("power_pct", "power / limit"), ("util_gpu_pct", "nvidia-smi util")]
+BARS = [("gpm_tensor_util_pct", "tensor"), ("gpm_dram_bw_util_pct", "DRAM bw"), ("gpm_sm_util_pct", "SM"),
+        ("power_pct", "power / limit")]
+
+
+def _val(r: dict, key: str) -> float | None:
+    if key == "power_pct":
+        p, lim = r.get("power_W"), r.get("power_limit_W")
+        return 100.0 * p / lim if isinstance(p, (int, float)) and isinstance(lim, (int, float)) and lim else None
+    v = r.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def by_gpu(rows: list[dict]) -> dict:
+    out = defaultdict(list)
+    for r in rows:
+        if isinstance(r.get("t_s"), (int, float)):
+            out[r.get("gpu", 0)].append(r)
+    return {g: sorted(v, key=lambda r: r["t_s"]) for g, v in sorted(out.items(), key=lambda kv: str(kv[0]))}
+
+
+def _phase_spans(rs: list[dict]) -> list[tuple[float, float, str]]:
+    spans: list[tuple[float, float, str]] = []
+    for i, r in enumerate(rs):
+        end = rs[i + 1]["t_s"] if i + 1 < len(rs) else r["t_s"]
+        phase = str(r.get("phase", "idle"))
+        if spans and spans[-1][2] == phase:
+            spans[-1] = (spans[-1][0], end, phase)
+        else:
+            spans.append((r["t_s"], end, phase))
+    return spans
+
+
+def timelines(rows: list[dict], name: str) -> Figure:
+    gpus = by_gpu(rows)
+    fig, axs = _new(len(gpus), 1, w=8.0, h=2.8)
+    for ax, (gpu, rs) in zip(axs[:, 0], gpus.items()):
+        phases = set()
+        for t0, t1, phase in _phase_spans(rs):
+            ax.axvspan(t0, t1, color=PHASE_COLORS.get(phase, "#dddddd"), alpha=0.5, lw=0)
+            phases.add(phase)
+        handles = []
+        for key, label in SERIES:
+            pts = [(r["t_s"], _val(r, key)) for r in rs if _val(r, key) is not None]
+            if pts:
+                handles += ax.plot([p[0] for p in pts], [p[1] for p in pts], label=label, lw=1.4)
+        handles += [Patch(color=PHASE_COLORS.get(p, "#dddddd"), alpha=0.5, label=p) for p in sorted(phases)]
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("%")
+        ax.set_title(f"GPU {gpu}", loc="left", fontsize="medium")
+        ax.grid(True, alpha=0.3)
+        ax.legend(handles=handles, fontsize="x-small", ncol=4, loc="upper right")
+    axs[-1][0].set_xlabel("time (s)")
+    title = "Telemetry timeline per GPU (phases shaded)"
+    fig.suptitle(title)
+    return Figure(name, title, _png(fig))
+
+
+def phase_means(rows: list[dict]) -> dict[tuple, dict[str, float]]:
+    """(gpu, phase) -> mean of each bar metric over that phase's samples."""
+    acc: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        for key, _ in BARS:
+            v = _val(r, key)
+            if v is not None:
+                acc[(r.get("gpu", 0), str(r.get("phase", "idle")))][key].append(v)
+    return {k: {m: fmean(v) for m, v in d.items()} for k, d in acc.items()}
+
+
+def bars(rows: list[dict], name: str) -> Figure:
+    means = phase_means(rows)
+    phases = [p for p in ("prefill", "decode") if any(k[1] == p for k in means)] or \
+        sorted({k[1] for k in means})
+    fig, axs = _new(1, len(phases), w=5.0 if len(phases) > 1 else 7.0)
+    for ax, phase in zip(axs[0], phases):
+        gpus = sorted({k[0] for k in means if k[1] == phase}, key=str)
+        width = 0.8 / len(BARS)
+        for j, (key, label) in enumerate(BARS):
+            xs = [i + (j - (len(BARS) - 1) / 2) * width for i in range(len(gpus))]
+            ax.bar(xs, [means[(g, phase)].get(key, 0.0) for g in gpus], width, label=label)
+        ax.set_xticks(range(len(gpus)), [f"GPU {g}" for g in gpus])
+        ax.set_ylim(0, 105)
+        ax.set_ylabel("mean %")
+        ax.set_title(phase)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize="x-small")
+    title = "Tensor, DRAM, SM and power fraction per GPU"
+    fig.suptitle(title)
+    return Figure(name, title, _png(fig))

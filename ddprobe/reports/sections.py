@@ -1,0 +1,156 @@
+"""One report section per results file: run metadata, findings, tables and plots.
+
+Known kinds get their own tables and plots; any other kind gets a generic table of its
+rows, so a results file from a probe this module has not heard of still renders.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..results import Result
+from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
+from . import bench, plots, plots_gpu
+from .findings import findings
+from .plots import Figure
+
+TITLES = {"commit": "Commit length", "floor": "Bandwidth floor", "bench-verify": "Verify-attention benchmark",
+          "gpu-util": "GPU utilization"}
+GENERIC_ROWS, GENERIC_COLS = 50, 12
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    kind: str
+    source: str
+    meta: list[tuple[str, str]]
+    findings: list[str]
+    tables: list[Table] = field(default_factory=list)
+    figures: list[Figure] = field(default_factory=list)
+
+
+def _f(v, spec: str = ".3g", none: str = "-") -> str:
+    return none if not isinstance(v, (int, float)) or isinstance(v, bool) else format(v, spec)
+
+
+def meta_rows(path: Path, r: Result) -> list[tuple[str, str]]:
+    m = r.meta
+    names = sorted({str(g.get("name")) for g in m.gpus}) if m.gpus else []
+    drivers = sorted({str(g.get("driver")) for g in m.gpus if g.get("driver")})
+    gpu = ", ".join(f"{n} x{sum(1 for g in m.gpus if str(g.get('name')) == n)}" if len(m.gpus) > 1 else n
+                    for n in names) or "none (CPU)"
+    return [("file", path.name), ("kind", r.kind), ("date (UTC)", m.date_utc), ("host", m.host), ("GPU", gpu),
+            ("driver", ", ".join(drivers) or "-"),
+            ("ddprobe", f"{m.ddprobe_version}" + (f" ({m.git_sha[:10]})" if m.git_sha else "")),
+            ("python", m.python), ("torch", m.torch or "-"), ("triton", m.triton or "-"), ("platform", m.platform),
+            ("command", m.command)]
+
+
+def _commit(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
+    rows = sorted((x for x in r.rows if "commit_len" in x), key=lambda x: (str(x.get("text")), x.get("ctx", 0)))
+    t = Table("Commit length per text kind and context",
+              ["text", "ctx", "prompt", "commit len", "p10-p90", "accepted", "drafts", "steps", "ms/step", "tok/s"],
+              [[str(x.get("text")), fmt_tokens(x["ctx"]), _f(x.get("prompt_tokens"), "d"), _f(x["commit_len"], ".2f"),
+                f"{_f(x.get('commit_len_p10'), '.0f')}-{_f(x.get('commit_len_p90'), '.0f')}",
+                _f(x.get("accepted_depth"), ".2f"), _f(x.get("drafts_per_step"), ".1f"), _f(x.get("verify_steps"), "d"),
+                _f(x.get("decode_ms_per_step"), ".1f"), _f(x.get("tokens_per_s"), ".1f")] for x in rows])
+    return [t], [plots.commit_length(rows, f"{sid}-commit-length")] if rows else []
+
+
+def _floor(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
+    rows = sorted((x for x in r.rows if isinstance(x.get("ctx"), int)), key=lambda x: x["ctx"])
+    t = Table(f"Floor per GPU ({r.config.get('model', '?')}, {r.config.get('queries', '?')} rows, tp "
+              f"{r.config.get('tp', '?')}, {fmt_bandwidth(r.config['bw_Bps']) if r.config.get('bw_Bps') else '?'})",
+              ["ctx", "KV", "read", "floor", "bound", "step", "eff bw", "gap", "re-read gap"],
+              [[fmt_tokens(x["ctx"]), fmt_bytes(x["kv_GB"] * 1e9), fmt_bytes(x["read_GB"] * 1e9),
+                fmt_time(x["floor_ms"] / 1e3), str(x.get("bound")),
+                fmt_time(x["step_ms"] / 1e3) if x.get("step_ms") else "-",
+                fmt_bandwidth(x["eff_bw_GBps"] * 1e9) if x.get("eff_bw_GBps") else "-",
+                fmt_ratio(x["gap"]) if x.get("gap") else "-",
+                fmt_ratio(x["gap_if_rows_reread"]) if x.get("gap_if_rows_reread") else "-"] for x in rows])
+    figs = [plots.floor_time(rows, f"{sid}-step-time")]
+    if any(x.get("eff_bw_GBps") for x in rows):
+        figs.append(plots.floor_bandwidth(rows, r.config.get("bw_Bps"), f"{sid}-bandwidth"))
+    return [t], figs
+
+
+def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
+    es = bench.entries(r)
+    copy, mm = bench.ceilings(r)
+    layer = sorted((e for e in es if e.kind == "layer"), key=lambda e: (e.heads or 0, e.path, e.ctx))
+    step = sorted((e for e in es if e.kind == "step"), key=lambda e: (e.heads or 0, e.path, e.ctx))
+
+    def cells(e: bench.Entry) -> list[str]:
+        t = e.time_us * 1e-6 if e.time_us else None
+        return [e.path, str(e.heads), fmt_tokens(e.ctx), fmt_time(t) if t else f"failed: {e.error}",
+                fmt_time(e.floor_us * 1e-6) if e.floor_us else "-", fmt_ratio(e.gap) if e.gap else "-",
+                fmt_bandwidth(e.GBps * 1e9) if e.GBps else "-",
+                f"{e.GBps / copy:.0%}" if e.GBps and copy else "-", _f(e.TFLOPs, ".1f"), _f(e.rel_err, ".1e")]
+
+    cols = ["path", "heads", "ctx", "time", "floor", "gap", "eff bw", "of ceiling", "TFLOP/s", "rel err"]
+    note = (f"Measured ceilings: copy {fmt_bandwidth(copy * 1e9) if copy else '?'}, bf16 matmul "
+            f"{_f(mm, '.0f')} TFLOP/s.")
+    tables = [Table("Per layer call", cols, [cells(e) for e in layer], note)] if layer else []
+    figs = []
+    if layer:
+        figs += [plots.bench_time(layer, f"{sid}-time", "Verify time per layer vs context (floor dashed)"),
+                 plots.bench_bandwidth(layer, copy, f"{sid}-bandwidth")]
+    if step:
+        tables.append(Table("Whole verify step (all layers)", cols, [cells(e) for e in step]))
+        figs.append(plots.bench_time(step, f"{sid}-step", "Whole verify step vs context (floor dashed)", step=True))
+    return tables, figs
+
+
+def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
+    means = plots_gpu.phase_means(r.rows)
+    keys = [k for k, _ in plots_gpu.BARS]
+    t = Table("Mean per GPU and phase", ["GPU", "phase"] + [label for _, label in plots_gpu.BARS],
+              [[str(g), p] + [f"{m[k]:.1f}%" if k in m else "-" for k in keys]
+               for (g, p), m in sorted(means.items(), key=str)])
+    tables = [t]
+    per_phase = r.summary.get("per_phase") if isinstance(r.summary, dict) else None
+    if per_phase:
+        tables.insert(0, Table("Verdict per GPU and phase", ["GPU", "phase", "verdict", "evidence"],
+                               [[str(d.get("gpu", "?")), str(d.get("phase", "?")), str(d.get("verdict", "?")),
+                                 str(d.get("evidence", ""))] for d in per_phase if isinstance(d, dict)]))
+    figs = [plots_gpu.timelines(r.rows, f"{sid}-timeline"), plots_gpu.bars(r.rows, f"{sid}-bars")] \
+        if plots_gpu.by_gpu(r.rows) else []
+    return tables, figs
+
+
+def _generic(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
+    cols: list[str] = []
+    for x in r.rows:
+        cols += [k for k in x if k not in cols]
+    shown = cols[:GENERIC_COLS]
+    note = (f"First {GENERIC_ROWS} of {len(r.rows)} rows. " if len(r.rows) > GENERIC_ROWS else "") + \
+        (f"{len(cols) - len(shown)} more column(s) in the file." if len(cols) > len(shown) else "")
+    rows = [[_f(x.get(c), ".4g", "") if isinstance(x.get(c), (int, float)) else str(x.get(c, "")) for c in shown]
+            for x in r.rows[:GENERIC_ROWS]]
+    return [Table(f"Rows ({r.kind})", shown, rows, note.strip())], []
+
+
+BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util}
+
+
+def build(path: Path, result: Result, index: int) -> Section:
+    sid = f"s{index + 1}-" + re.sub(r"[^a-z0-9]+", "-", result.kind.lower()).strip("-")
+    try:
+        tables, figs = BUILDERS.get(result.kind, _generic)(result, sid)
+        found = findings(result)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+        raise DDProbeError(f"{path}: malformed {result.kind} results ({type(e).__name__}: {e})") from None
+    title = TITLES.get(result.kind, f"Results of kind {result.kind!r}")
+    return Section(id=sid, title=f"{title}: {path.name}", kind=result.kind, source=str(path),
+                   meta=meta_rows(path, result), findings=found, tables=tables, figures=figs)
