@@ -24,6 +24,7 @@ class Figure:
     name: str  # file stem, unique within a report
     title: str
     png: bytes
+    wide: bool = False  # spans the whole page width (several panels)
 
 
 def _new(nrows: int = 1, ncols: int = 1, w: float = 7.0, h: float = 3.8):
@@ -80,7 +81,7 @@ def _floor_line(ax, es: list[Entry], scale: float = 1.0) -> None:
     floor = {e.ctx: e.floor_us * scale for e in es if e.floor_us}
     if floor:
         xs = sorted(floor)
-        ax.plot(xs, [floor[x] for x in xs], "k--", lw=2, label="floor")
+        ax.plot(xs, [floor[x] for x in xs], "k--", lw=2, marker="_", ms=18, mew=2, label="floor")
 
 
 def bench_time(es: list[Entry], name: str, title: str, step: bool = False) -> Figure:
@@ -100,7 +101,7 @@ def bench_time(es: list[Entry], name: str, title: str, step: bool = False) -> Fi
         ax.set_title(f"{heads} heads" if heads else "")
         ax.legend(fontsize="small")
     fig.suptitle(title)
-    return Figure(name, title, _png(fig))
+    return Figure(name, title, _png(fig), wide=len(groups) > 1)
 
 
 def bench_bandwidth(es: list[Entry], ceiling_GBps: float | None, name: str) -> Figure:
@@ -120,7 +121,7 @@ def bench_bandwidth(es: list[Entry], ceiling_GBps: float | None, name: str) -> F
         ax.legend(fontsize="small")
     title = "Achieved bandwidth vs context"
     fig.suptitle(title)
-    return Figure(name, title, _png(fig))
+    return Figure(name, title, _png(fig), wide=len(groups) > 1)
 
 
 def floor_time(rows: list[dict], name: str) -> Figure:

@@ -65,7 +65,7 @@ def timelines(rows: list[dict], name: str) -> Figure:
     axs[-1][0].set_xlabel("time (s)")
     title = "Telemetry timeline per GPU (phases shaded)"
     fig.suptitle(title)
-    return Figure(name, title, _png(fig))
+    return Figure(name, title, _png(fig), wide=len(gpus) > 2)
 
 
 def phase_means(rows: list[dict]) -> dict[tuple, dict[str, float]]:
@@ -98,4 +98,4 @@ def bars(rows: list[dict], name: str) -> Figure:
         ax.legend(fontsize="x-small")
     title = "Tensor, DRAM, SM and power fraction per GPU"
     fig.suptitle(title)
-    return Figure(name, title, _png(fig))
+    return Figure(name, title, _png(fig), wide=len(phases) > 1)

@@ -1,0 +1,138 @@
+"""`ddprobe gate`: equal results pass, a planted 20% drop and a missing entry fail with exit 1 and name
+the entry; absolute floors; filters; bad inputs."""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+from ddprobe.reports import gate
+from ddprobe.results import Result
+from ddprobe.units import DDProbeError
+
+BASE = Path(__file__).parent / "data" / "bench-verify-synthetic.json"
+runner = CliRunner()
+
+
+def _write(tmp_path, name, edit=None) -> Path:
+    d = json.loads(BASE.read_text())
+    if edit:
+        edit(d)
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+def _row(d, path="split", ctx=131072, heads=8, kind=None):
+    return next(r for r in d["rows"] if r["path"] == path and r["ctx"] == ctx and r["heads"] == heads
+                and r.get("kind") == kind)
+
+
+def _slow(factor, **where):
+    def edit(d):
+        r = _row(d, **where)
+        r["time_us"] *= factor
+        r["GBps"] /= factor
+        r.get("TFLOPs") and r.update(TFLOPs=r["TFLOPs"] / factor)
+    return edit
+
+
+def gate_cli(*args):
+    return runner.invoke(app, ["gate", *map(str, args)])
+
+
+def test_equal_results_pass(tmp_path):
+    cur = _write(tmp_path, "cur.json")
+    r = gate_cli(cur, "--baseline", BASE)
+    assert r.exit_code == 0, r.output
+    n = len(json.loads(BASE.read_text())["rows"])
+    assert f"gate passed: {n} entries within 10%" in r.output and "REGRESSED" not in r.output
+    assert r.output.count(" ok ") >= n  # every entry in the table with its change
+
+
+def test_planted_20_percent_drop_fails(tmp_path):
+    cur = _write(tmp_path, "cur.json", _slow(1.25))  # 1.25x the time = 20% less bandwidth
+    r = gate_cli(cur, "--baseline", BASE)
+    assert r.exit_code == 1
+    assert "REGRESSED: split heads=8 ctx=128k on NVIDIA H200: 20.0% slower than the baseline (limit 10%)" \
+        in r.output
+    assert "gate FAILED: 1 of" in r.output and "-20.0%" in r.output and "+25.0%" in r.output
+    assert gate_cli(cur, "--baseline", BASE, "--max-drop", "25%").exit_code == 0
+    assert gate_cli(cur, "--baseline", BASE, "--paths", "paged").exit_code == 0  # filter leaves it out
+
+
+def test_small_drop_and_speedup_pass(tmp_path):
+    cur = _write(tmp_path, "cur.json", lambda d: (_slow(1.05)(d), _slow(0.5, path="paged")(d)))
+    assert gate_cli(cur, "--baseline", BASE).exit_code == 0
+
+
+def test_missing_entry_fails_and_names_it(tmp_path):
+    def drop(d):
+        d["rows"].remove(_row(d, path="flex", ctx=32768, heads=64))
+    cur = _write(tmp_path, "cur.json", drop)
+    r = gate_cli(cur, "--baseline", BASE)
+    assert r.exit_code == 1
+    assert "MISSING: flex heads=64 ctx=32k on NVIDIA H200: baseline entry missing in the current run" in r.output
+    # the reverse (a new entry in the current run) passes
+    assert gate_cli(BASE, "--baseline", cur).exit_code == 0
+
+
+def test_failed_entry_and_step_regression(tmp_path):
+    def edit(d):
+        r = _row(d, path="sdpa", ctx=1024, heads=8)
+        r.pop("time_us")
+        r["error"] = "OutOfMemoryError: CUDA out of memory"
+        _slow(1.5, kind="step")(d)
+    r = gate_cli(_write(tmp_path, "cur.json", edit), "--baseline", BASE)
+    assert r.exit_code == 1
+    assert "FAILED: sdpa heads=8 ctx=1k on NVIDIA H200: failed in the current run: OutOfMemoryError" in r.output
+    assert "REGRESSED: step split heads=8 ctx=128k" in r.output
+
+
+def test_absolute_floors(tmp_path):
+    cur = _write(tmp_path, "cur.json")
+    ok = gate_cli(cur, "--baseline", BASE, "--paths", "split", "--ctx", "128k,256k", "--min-bw", "0.5TB/s")
+    assert ok.exit_code == 0, ok.output
+    r = gate_cli(cur, "--baseline", BASE, "--paths", "split", "--ctx", "128k", "--min-bw", "3.5TB/s")
+    assert r.exit_code == 1 and "2.82 TB/s under --min-bw 3.5 TB/s" in r.output
+    r = gate_cli(cur, "--baseline", BASE, "--paths", "split", "--min-fraction-of-floor", "0.8")
+    assert r.exit_code == 1 and "of the floor under --min-fraction-of-floor 0.8" in r.output
+    assert gate_cli(cur, "--baseline", BASE, "--paths", "split", "--min-fraction-of-floor", "0.02").exit_code == 0
+
+
+def test_other_gpu_matches_nothing(tmp_path):
+    cur = _write(tmp_path, "cur.json", lambda d: d["meta"]["gpus"][0].update(name="NVIDIA H100 80GB HBM3"))
+    r = gate_cli(cur, "--baseline", BASE)
+    assert r.exit_code == 1 and "baseline ran on NVIDIA H200, the current run on NVIDIA H100 80GB HBM3" in r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-drop", "150%"], "bad --max-drop"), (["--max-drop", "ten"], "bad --max-drop"),
+    (["--min-bw", "fast"], "bad bandwidth"), (["--min-fraction-of-floor", "2"], "must be in (0, 1]"),
+    (["--paths", "nosuch"], "no benchmark entries matching"),
+])
+def test_bad_options(args, message):
+    r = gate_cli(BASE, "--baseline", BASE, *args)
+    assert r.exit_code == 1 and message in r.output and "Traceback" not in r.output
+
+
+def test_bad_files(tmp_path):
+    r = gate_cli(tmp_path / "missing.json", "--baseline", BASE)
+    assert r.exit_code == 1 and "missing.json" in r.output
+    floor = Path(__file__).parent / "data" / "floor-rtx-pro-6000-tp8.json"
+    r = gate_cli(floor, "--baseline", BASE)
+    assert r.exit_code == 1 and "of kind 'floor'" in r.output
+
+
+def test_library_outcome():
+    base = Result.load(BASE)
+    cur = copy.deepcopy(base)
+    next(r for r in cur.rows if r["path"] == "split" and r["heads"] == 64 and r["ctx"] == 4096)["GBps"] *= 0.8
+    out = gate.compare(cur, base, max_drop=0.1)
+    assert not out.passed and [r.label for r in out.failures] == ["split heads=64 ctx=4k on NVIDIA H200"]
+    assert out.failures[0].drop == pytest.approx(0.2)
+    assert gate.parse_fraction("0.1") == gate.parse_fraction("10%") == pytest.approx(0.1)
+    with pytest.raises(DDProbeError):
+        gate.parse_fraction("10")

@@ -1,0 +1,207 @@
+"""Reports from the recorded results files in tests/data: HTML and markdown render, every section and
+image is there, metadata is shown, errors name the file, and the HTML loads in headless Chromium."""
+import base64
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+from ddprobe.reports import load, render
+from ddprobe.units import DDProbeError
+
+DATA = Path(__file__).parent / "data"
+FILES = sorted(DATA.glob("*.json"))
+KINDS = {"commit", "floor", "bench-verify", "gpu-util"}
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One report from every file in tests/data, written as HTML and as markdown (plots drawn once)."""
+    out = tmp_path_factory.mktemp("report")
+    report = render.build([DATA], command="ddprobe report tests/data")
+    return report, render.write(report, out / "report.html"), render.write(report, out / "report.md")
+
+
+def test_fixtures_cover_every_kind():
+    assert {load.load_one(f).kind for f in FILES} >= KINDS
+
+
+def test_html_is_self_contained_with_every_section_and_plot(built):
+    report, (html_path, *rest), _ = built
+    assert rest == []  # one file, nothing beside it
+    html = html_path.read_text()
+    assert {s.kind for s in report.sections} >= KINDS and len(report.sections) == len(FILES)
+    for s in report.sections:
+        assert f'<section id="{s.id}"' in html and s.findings and s.figures
+    srcs = re.findall(r'<img src="([^"]+)"', html)
+    assert len(srcs) == sum(len(s.figures) for s in report.sections) >= 8
+    for src in srcs:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(PNG)
+    assert not re.search(r'(src|href)="(https?:)?//', html) and "<link" not in html and "<script" not in html
+    assert 'name="viewport"' in html
+
+
+def test_summary_says_the_findings_in_words(built):
+    html = built[1][0].read_text()
+    summary = html[html.index('id="summary"'):html.index("<nav>")]
+    assert "memory-bound at every context" in summary and "compute-bound" in summary  # bound type
+    assert "split buys" in summary and "over paged" in summary  # what the split path buys
+    assert "the floor" in summary and "192x" in summary  # gap to the floor (floor file: 1.43 s at 185k)
+    assert "Drafter NOT accepting" in summary  # random-weight tiny engine: commit length 1
+    assert "decode (GPU 0, 1): latency-bound" in summary  # per phase, from gpu-util
+
+
+def test_metadata_shown_for_every_result(built):
+    html = built[1][0].read_text()
+    for f in FILES:
+        meta = load.load_one(f).meta
+        sec = html[html.index(f"<th>file</th><td>{f.name}</td>"):]
+        sec = sec[:sec.index("</table>")]
+        for label in ("GPU", "driver", "torch", "triton", "python", "date (UTC)", "command"):
+            assert f"<th>{label}</th>" in sec
+        assert meta.date_utc in sec and meta.python in sec
+        if meta.gpus:
+            assert meta.gpus[0]["name"] in sec and meta.gpus[0]["driver"] in sec
+    assert "NVIDIA H200 x2" in html and "none (CPU)" in html
+
+
+def test_markdown_with_images_in_a_folder_beside_it(built):
+    report, _, (md_path, *images) = built
+    md = md_path.read_text()
+    assert len(images) == sum(len(s.figures) for s in report.sections)
+    for img in images:
+        assert img.parent == md_path.parent / "report_files" and img.read_bytes().startswith(PNG)
+        assert f"](report_files/{img.name})" in md
+    for s in report.sections:
+        assert f"## {s.title}" in md
+    assert "| path | heads | ctx | time |" in md and "## Summary" in md
+
+
+def test_subset_and_unknown_kind_render(tmp_path):
+    unknown = json.loads((DATA / "commit-tiny-cpu.json").read_text())
+    unknown.update(kind="mystery-probe", rows=[{"a_ms": 1.5, "b": "x|y"}, {"a_ms": 2, "c": [1, 2]}])
+    (tmp_path / "u.json").write_text(json.dumps(unknown))
+    out = tmp_path / "sub.md"
+    render.write_report([DATA / "floor-rtx-pro-6000-tp8.json", tmp_path / "u.json"], out)
+    md = out.read_text()
+    assert "Bandwidth floor" in md and "mystery-probe" in md and "no analysis for it yet" in md
+    assert "x\\|y" in md  # pipes escaped in markdown cells
+
+
+def test_raw_bench_verify_output_is_read(tmp_path):
+    """benchmarks/bench_verify.py's own JSON (meta/ceilings/results, `us`, `step61`) reads as bench-verify."""
+    raw = {"meta": {"date": "2026-11-29", "gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0",
+                    "python": "3.12.3", "command": "bench_verify.py", "sm_count": 132},
+           "ceilings": {"copy_GBps": 4240.0, "bf16_mm_TFLOPs": 790.0},
+           "results": [{"ctx": 131072, "heads": 8, "rows": 9, "path": "split", "bytes": 1.5e8, "flops": 2e10,
+                        "floor_us": 35.6, "us": 46.0, "GBps": 3260.0, "rel_err": 3e-3},
+                       {"ctx": 131072, "heads": 8, "rows": 9, "path": "paged", "bytes": 1.5e8, "floor_us": 35.6,
+                        "error": "OutOfResources: shared memory"},
+                       {"kind": "step61", "ctx": 131072, "heads": 8, "path": "split", "step_ms": 2.9,
+                        "floor_ms": 2.2, "GBps": 3100.0, "bytes": 9e9}]}
+    (tmp_path / "raw.json").write_text(json.dumps(raw))
+    r = load.load_one(tmp_path / "raw.json")
+    assert r.kind == "bench-verify" and r.meta.gpus[0]["name"] == "NVIDIA H200"
+    report = render.build([tmp_path / "raw.json"])
+    text = " ".join(report.sections[0].findings)
+    assert "fastest path is split" in text and "1 entry failed: paged" in text and "2.9 ms" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "not found"), ("{oops", "not valid JSON"), ('{"hello": 1}', "not a ddprobe results file"),
+    ('{"schema": "ddprobe.result/1", "kind": "floor"}', "malformed results file"),
+])
+def test_bad_files_are_named(tmp_path, content, message):
+    f = tmp_path / "bad.json"
+    if content is not None:
+        f.write_text(content)
+    with pytest.raises(DDProbeError, match=message) as e:
+        render.write_report([DATA / "commit-tiny-cpu.json", f], tmp_path / "r.html")
+    assert str(f) in str(e.value)
+
+
+def test_malformed_rows_of_a_known_kind_are_named(tmp_path):
+    d = json.loads((DATA / "floor-rtx-pro-6000-tp8.json").read_text())
+    d["rows"][0].pop("kv_GB")
+    (tmp_path / "floor.json").write_text(json.dumps(d))
+    with pytest.raises(DDProbeError, match=r"floor\.json: malformed floor results"):
+        render.build([tmp_path / "floor.json"])
+
+
+def test_cli_report_and_errors(tmp_path):
+    runner = CliRunner()
+    r = runner.invoke(app, ["report", str(DATA / "commit-tiny-cpu.json"), "-o", str(tmp_path / "c.md")])
+    assert r.exit_code == 0, r.output
+    assert "report written to" in r.output and (tmp_path / "c_files").is_dir()
+    r = runner.invoke(app, ["report", str(tmp_path / "nope.json"), "-o", str(tmp_path / "x.html")])
+    assert r.exit_code == 1 and "nope.json" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["report", str(DATA), "-o", str(tmp_path / "x.pdf")])
+    assert r.exit_code == 1 and "use .html or .md" in r.output
+    (tmp_path / "empty").mkdir()
+    r = runner.invoke(app, ["report", str(tmp_path / "empty")])
+    assert r.exit_code == 1 and "holds no results files" in r.output
+
+
+def test_reports_never_import_torch():
+    code = ("import sys, ddprobe.reports.render, ddprobe.reports.gate, ddprobe.reports.sections; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- the HTML in a real browser ----------------------------------------------------------------------
+
+CHECK = """<script>
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var secs = Array.prototype.slice.call(document.querySelectorAll('section'));
+  var out = {
+    images: imgs.length,
+    loaded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
+    shown: imgs.filter(function (i) { return i.getBoundingClientRect().width > 100; }).length,
+    sections: secs.filter(function (s) { return s.getBoundingClientRect().height > 0; }).map(function (s) {
+      return s.id; }),
+    overflow: document.documentElement.scrollWidth - window.innerWidth
+  };
+  var pre = document.createElement('pre');
+  pre.id = 'ddprobe-check';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@pytest.mark.parametrize("width", [390, 1400], ids=["phone", "wide"])
+def test_html_in_headless_chromium(built, tmp_path, width):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
+    report, (html_path,), _ = built
+    page = tmp_path / "page.html"
+    page.write_text(html_path.read_text().replace("</body>", CHECK + "\n</body>"))
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", "--host-resolver-rules=MAP * ~NOTFOUND",  # no network
+           f"--window-size={width},900", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+    m = re.search(r'<pre id="ddprobe-check">(.*?)</pre>', dom)
+    assert m, f"the check script did not run; chromium printed {dom[:300]!r}"
+    got = json.loads(m.group(1).replace("&quot;", '"'))
+    n = sum(len(s.figures) for s in report.sections)
+    assert got["images"] == n and got["loaded"] == n and got["shown"] == n
+    assert got["sections"] == ["summary"] + [s.id for s in report.sections]
+    assert got["overflow"] <= 0, "page wider than the window: tables or images overflow"
