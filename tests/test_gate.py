@@ -136,3 +136,16 @@ def test_library_outcome():
     assert gate.parse_fraction("0.1") == gate.parse_fraction("10%") == pytest.approx(0.1)
     with pytest.raises(DDProbeError):
         gate.parse_fraction("10")
+
+
+def test_real_h200_benchmark_gates_against_itself_and_a_slower_copy(tmp_path):
+    real = Path(__file__).parent / "data" / "bench-verify-h200-raw.json"
+    assert gate_cli(real, "--baseline", real).exit_code == 0
+    d = json.loads(real.read_text())
+    for r in d["results"]:
+        if r["path"] == "split" and r.get("kind") is None:
+            r["us"] *= 1.25
+            r["GBps"] /= 1.25
+    (tmp_path / "slow.json").write_text(json.dumps(d))
+    r = gate_cli(tmp_path / "slow.json", "--baseline", real)
+    assert r.exit_code == 1 and "gate FAILED: 6 of 20 entries" in r.output
