@@ -16,7 +16,7 @@ from ddprobe.engine import Engine, ModelConfig
 from ddprobe.engine.tree import build_tree, target_picks, walk
 
 V, L, B, START = 8, 3, 6, 0
-N = 6000
+N = 4000
 
 
 def chi2_limit(df: int, z: float = 3.719) -> float:
@@ -102,7 +102,7 @@ def small_engine(**kw) -> Engine:
 
 
 def test_engine_sampling_matches_target_marginals():
-    eng, prompt, n = small_engine(), [1, 2, 3], 160
+    eng, prompt, n = small_engine(), [1, 2, 3], 120
     p1 = torch.softmax(eng.next_token_logits(prompt), -1)
     p2 = {a: torch.softmax(eng.next_token_logits(prompt + [a]), -1) for a in range(V)}
     x2 = sum(p1[a] * p2[a] for a in range(V))  # exact marginal of generated token 2

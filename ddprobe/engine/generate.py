@@ -30,26 +30,33 @@ class Engine:
     def __init__(self, config: ModelConfig | str = "tiny", attn: str = "reference", kv_layout: str | None = None,
                  budget: int = 8, *, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
                  shuffle_slots: bool = False, poison: bool = False, tree_shape: str = "ddtree",
-                 max_ctx: int | None = None, prefill_score_bytes: float = 256e6):
+                 max_ctx: int | None = None, prefill_attn: str = "reference",
+                 prefill_score_bytes: float | None = None):
         self.config = ModelConfig.from_name(config) if isinstance(config, str) else config
         if budget < 1:
             raise ValueError(f"budget must be >= 1, got {budget}")
         if tree_shape not in TREE_SHAPES:
             raise ValueError(f"unknown tree shape {tree_shape!r}; known: {', '.join(TREE_SHAPES)}")
         self.path = kernels.get_path(attn)
-        self.prefill_path = kernels.get_path("reference")
+        self.prefill_path = kernels.get_path(prefill_attn)
         want = self.path.layout
         if kv_layout is None:
             kv_layout = "paged" if want == "any" else want
         if kv_layout not in LAYOUTS:
             raise ValueError(f"unknown kv layout {kv_layout!r}; known: {', '.join(LAYOUTS)}")
-        if want != "any" and kv_layout != want:
-            raise ValueError(f"attention path {attn!r} needs kv_layout={want!r}, got {kv_layout!r}")
+        for name, p in ((attn, self.path), (prefill_attn, self.prefill_path)):
+            if p.layout != "any" and kv_layout != p.layout:
+                raise ValueError(f"attention path {name!r} needs kv_layout={p.layout!r}, got {kv_layout!r}")
         self.attn, self.kv_layout, self.budget, self.tree_shape = attn, kv_layout, budget, tree_shape
         self.device, self.dtype, self.seed = torch.device(device), dtype, seed
         self.shuffle_slots, self.poison = shuffle_slots, poison
         self.max_ctx = max_ctx or self.config.max_ctx
+        # prefill chunking: the reference path holds fp32 scores [chunk, H, prefix + chunk];
+        # the fast paths take at most 64 rows per call
+        if prefill_score_bytes is None:
+            prefill_score_bytes = 2e9 if self.device.type == "cuda" else 256e6
         self.prefill_score_bytes = prefill_score_bytes
+        self.prefill_max_rows = 512 if prefill_attn == "reference" else 64
         target = TargetModel(self.config.target)
         drafter = Drafter(self.config.drafter, self.config.target)
         self.model = nn.ModuleDict({"target": target, "drafter": drafter})  # state_dict keys target.* / drafter.*
@@ -101,9 +108,10 @@ class Engine:
             raise ValueError(f"context beyond the cache: prompt {len(prompt_ids)} + max_new_tokens {max_new_tokens} "
                              f"+ {rows} verify rows = {need} > max_ctx {self.max_ctx}")
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """A fresh latent KV cache of ``capacity`` token rows (default max_ctx)."""
         t = self.config.target
-        return KVCache(t.num_layers, self.max_ctx, t.kv_dim, self.kv_layout, dtype=self.dtype, device=self.device,
+        return KVCache(t.num_layers, capacity or self.max_ctx, t.kv_dim, self.kv_layout, dtype=self.dtype, device=self.device,
                        shuffle=self.shuffle_slots, seed=self.seed, poison=self.poison)
 
     def _forward(self, kv: KVCache, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor, path):
@@ -127,7 +135,7 @@ class Engine:
         while kv.committed < n:
             c0 = kv.committed
             per_row = t.num_heads * 4 * (c0 + 512) + 1  # fp32 score bytes of one query row
-            chunk = int(max(1, min(512, n - c0, self.prefill_score_bytes // per_row)))
+            chunk = int(max(1, min(self.prefill_max_rows, n - c0, self.prefill_score_bytes // per_row)))
             mask = torch.ones(chunk, chunk, dtype=torch.bool, device=self.device).tril_()
             pos = torch.arange(c0, c0 + chunk, dtype=torch.int64, device=self.device)
             logits, feats = self._forward(kv, ids[c0: c0 + chunk], pos, mask, self.prefill_path)
@@ -148,8 +156,9 @@ class Engine:
         gen = None
         if temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
-        kv = self.new_cache()
-        dctx = self.drafter.new_context(self.max_ctx)
+        need = len(prompt_ids) + max_new_tokens + self.budget + 1  # sized to the request, <= max_ctx
+        kv = self.new_cache(need)
+        dctx = self.drafter.new_context(need)
         t0 = self._now()
         last = self.prefill(kv, prompt_ids, dctx)
         bonus = target_picks(last[None], temperature, gen)[0]
@@ -191,7 +200,7 @@ class Engine:
     def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
         """Plain greedy decoding of the target: one token per step through the same attention path."""
         self._check(prompt_ids, max_new_tokens, 1)
-        kv = self.new_cache()
+        kv = self.new_cache(len(prompt_ids) + max_new_tokens + 1)
         tok = int(self.prefill(kv, prompt_ids).argmax())
         out = [tok]
         one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
@@ -207,4 +216,4 @@ class Engine:
     def next_token_logits(self, ids: list[int]) -> torch.Tensor:
         """Full recompute: the target's logits [V] for the token after ``ids``."""
         self._check(ids, 1, 0)
-        return self.prefill(self.new_cache(), ids)
+        return self.prefill(self.new_cache(len(ids)), ids)
