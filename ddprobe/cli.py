@@ -289,6 +289,8 @@ def gate(
                                                                  "split,paged (default: all).")] = None,
     ctx: Annotated[Optional[str], typer.Option("--ctx", help="Gate only these contexts, k = 1024 (default: all).")]
     = None,
+    heads: Annotated[Optional[str], typer.Option("--heads", help="Gate only these head counts, e.g. 8 "
+                                                                 "(default: all).")] = None,
 ):
     """Fail (exit 1) when a benchmark entry regressed against the baseline or is missing from the run."""
     from .reports.gate import COLUMNS, compare_files, parse_fraction, summary_lines, table_rows
@@ -299,7 +301,8 @@ def gate(
                             min_bw_Bps=parse_bandwidth(min_bw) if min_bw else None,
                             min_fraction_of_floor=min_fraction_of_floor,
                             paths=[p.strip() for p in paths.split(",") if p.strip()] if paths else None,
-                            ctxs=parse_token_list(ctx) if ctx else None)
+                            ctxs=parse_token_list(ctx) if ctx else None,
+                            heads=[int(h) for h in parse_token_list(heads)] if heads else None)
     t = Table(title=f"gate: {current} vs baseline {baseline}", title_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False)
     for c in COLUMNS:

@@ -97,6 +97,10 @@ def test_absolute_floors(tmp_path):
     assert ok.exit_code == 0, ok.output
     r = gate_cli(cur, "--baseline", BASE, "--paths", "split", "--ctx", "128k", "--min-bw", "3.5TB/s")
     assert r.exit_code == 1 and "2.82 TB/s under --min-bw 3.5 TB/s" in r.output
+    assert gate_cli(cur, "--baseline", BASE, "--paths", "split", "--heads", "64", "--ctx", "128k", "--min-bw",
+                    "0.5TB/s").exit_code == 0
+    assert gate_cli(cur, "--baseline", BASE, "--paths", "split", "--heads", "8", "--ctx", "128k", "--min-bw",
+                    "3.5TB/s").exit_code == 1
     r = gate_cli(cur, "--baseline", BASE, "--paths", "split", "--min-fraction-of-floor", "0.8")
     assert r.exit_code == 1 and "of the floor under --min-fraction-of-floor 0.8" in r.output
     assert gate_cli(cur, "--baseline", BASE, "--paths", "split", "--min-fraction-of-floor", "0.02").exit_code == 0

@@ -75,20 +75,20 @@ def _drop(base: bench.Entry, cur: bench.Entry) -> float:
 
 def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bps: float | None = None,
             min_fraction_of_floor: float | None = None, paths: list[str] | None = None,
-            ctxs: list[int] | None = None) -> GateOutcome:
+            ctxs: list[int] | None = None, heads: list[int] | None = None) -> GateOutcome:
     for r, name in ((current, "current"), (baseline, "baseline")):
         if r.kind not in bench.BENCH_KINDS:
             raise DDProbeError(f"{name} results are of kind {r.kind!r}; the gate compares benchmark results "
                                f"({', '.join(bench.BENCH_KINDS)})")
 
     def keep(e: bench.Entry) -> bool:
-        return (not paths or e.path in paths) and (not ctxs or e.ctx in ctxs)
+        return (not paths or e.path in paths) and (not ctxs or e.ctx in ctxs) and (not heads or e.heads in heads)
 
     base = {e.key: e for e in bench.entries(baseline) if keep(e)}
     cur = {e.key: e for e in bench.entries(current) if keep(e)}
     if not base:
-        raise DDProbeError("the baseline has no benchmark entries" + (" matching --paths/--ctx" if paths or ctxs
-                                                                        else ""))
+        raise DDProbeError("the baseline has no benchmark entries" + (" matching --paths/--ctx/--heads"
+                                                                        if paths or ctxs or heads else ""))
     rows = []
     for key in sorted(set(base) | set(cur), key=lambda k: (k[0], k[1], k[3] or 0, k[2], k[4])):
         b, c = base.get(key), cur.get(key)
