@@ -16,6 +16,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 from ..units import fmt_tokens
 from .bench import Entry
 
+PATH_COLORS = {"paged": "C1", "split": "C3", "flex": "C0", "sdpa": "C2", "reference": "C4"}  # same in every plot
 PHASE_COLORS = {"prefill": "#f6c85f", "decode": "#9dd9d2", "idle": "#eeeeee"}
 
 
@@ -93,7 +94,8 @@ def bench_time(es: list[Entry], name: str, title: str, step: bool = False) -> Fi
         sub = [e for e in es if e.heads == heads]
         for path, pes in _by_path(sub).items():
             ok = [e for e in pes if e.time_us]
-            ax.plot([e.ctx for e in ok], [e.time_us * scale for e in ok], marker="o", label=path)
+            ax.plot([e.ctx for e in ok], [e.time_us * scale for e in ok], marker="o", label=path,
+                    color=PATH_COLORS.get(path))
         _floor_line(ax, sub, scale)
         _ctx_axis(ax)
         ax.set_yscale("log")
@@ -111,7 +113,8 @@ def bench_bandwidth(es: list[Entry], ceiling_GBps: float | None, name: str) -> F
     for ax, heads in zip(axs[0], groups):
         for path, pes in _by_path([e for e in es if e.heads == heads]).items():
             ok = [e for e in pes if e.GBps]
-            ax.plot([e.ctx for e in ok], [e.GBps for e in ok], marker="o", label=path)
+            ax.plot([e.ctx for e in ok], [e.GBps for e in ok], marker="o", label=path,
+                    color=PATH_COLORS.get(path))
         if ceiling_GBps:
             ax.axhline(ceiling_GBps, color="k", ls="--", lw=2, label=f"measured ceiling {ceiling_GBps:,.0f} GB/s")
         _ctx_axis(ax)
@@ -146,7 +149,8 @@ def floor_bandwidth(rows: list[dict], bw_Bps: float | None, name: str) -> Figure
     meas = sorted((r for r in rows if r.get("eff_bw_GBps")), key=lambda r: r["ctx"])
     ax.plot([r["ctx"] for r in meas], [r["eff_bw_GBps"] for r in meas], marker="o", label="effective")
     if bw_Bps:
-        ax.axhline(bw_Bps / 1e9, color="k", ls="--", lw=2, label=f"bandwidth used for the floor {bw_Bps / 1e9:,.0f} GB/s")
+        ax.axhline(bw_Bps / 1e9, color="k", ls="--", lw=2,
+                   label=f"bandwidth used for the floor {bw_Bps / 1e9:,.0f} GB/s")
     _ctx_axis(ax)
     ax.set_yscale("log")
     ax.set_ylabel("effective bandwidth (GB/s)")
