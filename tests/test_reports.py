@@ -181,18 +181,16 @@ window.addEventListener('load', function () {
 </script>"""
 
 
-def _chromium() -> str | None:
+@pytest.fixture(scope="module")
+def browser() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         if shutil.which(name):
             return shutil.which(name)
-    return None
+    pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
 
 
 @pytest.mark.parametrize("width", [390, 1400], ids=["phone", "wide"])
-def test_html_in_headless_chromium(built, tmp_path, width):
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
+def test_html_in_headless_chromium(browser, built, tmp_path, width):
     report, (html_path,), _ = built
     page = tmp_path / "page.html"
     page.write_text(html_path.read_text().replace("</body>", CHECK + "\n</body>"))
