@@ -258,18 +258,28 @@ def bench_step(args, ceil, results):
     bytes_step = K2["layers"] * (n * D * 2 + q.numel() * 2 + R * heads * V * 2)
     flops_step = K2["layers"] * 2 * R * heads * n * (D + V)
     floor = max(bytes_step / (ceil["copy_GBps"] * 1e9), flops_step / (ceil["bf16_mm_TFLOPs"] * 1e12))
-    for name in [p for p in args.paths if p in ("split", "paged")]:
+    todo = [(name, "") for name in args.paths if name in ("split", "paged") and name not in args.step_skip]
+    todo += [("split", v) for v in args.step_variants if v]
+    for name, var in todo:
         mod = get_path(name)
-        pl = mod.plan(ctx, mask, slots if name == "paged" else None, V)
+        saved = dict(mod.TUNING)
+        for kv_ in [t for t in var.split(",") if "=" in t]:
+            k_, v_ = kv_.split("=")
+            mod.TUNING[k_] = int(v_)
+        label = name if not var else f"{name}[{var}]"
+        try:
+            pl = mod.plan(ctx, mask, slots if name == "paged" else None, V)
 
-        def step(mod=mod, pl=pl):
-            for kv in caches:
-                mod.run(q, kv, pl, sm_scale)
-        t = timed_graph(step, 1, min_s=0.5, max_reps=10)
-        rec = dict(kind="step61", ctx=ctx, heads=heads, path=name, step_ms=t * 1e3, floor_ms=floor * 1e3, gap=t / floor,
+            def step(mod=mod, pl=pl):
+                for kv in caches:
+                    mod.run(q, kv, pl, sm_scale)
+            t = timed_graph(step, 1, min_s=0.5, max_reps=10)
+        finally:
+            mod.TUNING.clear(); mod.TUNING.update(saved)
+        rec = dict(kind="step61", ctx=ctx, heads=heads, path=label, step_ms=t * 1e3, floor_ms=floor * 1e3, gap=t / floor,
                    GBps=bytes_step / t / 1e9, bytes=bytes_step)
         results.append(rec)
-        print(f"  step61 ctx={ctx} {name:<8} {t*1e3:9.2f} ms floor {floor*1e3:.2f} ms gap {t/floor:.2f}", flush=True)
+        print(f"  step61 ctx={ctx} {label:<8} {t*1e3:9.2f} ms floor {floor*1e3:.2f} ms gap {t/floor:.2f}", flush=True)
     del caches
     torch.cuda.empty_cache()
 
@@ -308,9 +318,15 @@ def main() -> int:
     ap.add_argument("--step-ctx", type=parse_ctx, default=[128 * 1024])
     ap.add_argument("--flex-budget-s", type=float, default=150)
     ap.add_argument("--paged-max-ctx", type=parse_ctx, default=[256 * 1024])
+    ap.add_argument("--paged-heads", default="", help="time paged only at these head counts (default: all)")
+    ap.add_argument("--step-variants", default="", help="';'-separated split TUNING overrides also timed in the 61-layer step")
+    ap.add_argument("--step-skip", default="", help="paths left out of the 61-layer step, e.g. 'paged'")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_verify.json"))
     args = ap.parse_args()
     args.step_ctx = args.step_ctx[0]
+    args.step_variants = args.step_variants.split(";") if args.step_variants else []
+    args.step_skip = [p for p in args.step_skip.split(",") if p]
+    paged_heads = [int(h) for h in args.paged_heads.split(",") if h]
     args.paths = [p for p in args.paths.split(",") if p]
     args.variants = [v for v in args.variants.split(";")] if args.variants else [""]
     args.paged_variants = [v for v in args.paged_variants.split(";")] if args.paged_variants else [""]
@@ -335,7 +351,7 @@ def main() -> int:
     for heads in [int(h) for h in args.heads.split(",")]:
         for ctx in parse_ctx(args.ctx):
             keep = args.paths
-            if ctx > args.paged_max_ctx[0]:
+            if ctx > args.paged_max_ctx[0] or (paged_heads and heads not in paged_heads):
                 args.paths = [p for p in keep if p != "paged"]
             bench_point(ctx, heads, args, ceil, results, flex_state)
             args.paths = keep
@@ -347,14 +363,16 @@ def main() -> int:
         json.dump(doc, f, indent=1, default=str)
     # short table last
     print(f"\nceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 mm {ceil['bf16_mm_TFLOPs']:.0f} TFLOP/s; flex: {flex_state['failed']}")
-    print(f"{'ctx':>7} {'H':>3} {'path':<24} {'us':>9} {'GB/s':>7} {'TF/s':>6} {'floor':>7} {'gap':>6} {'err':>8}")
+    print(f"{'ctx':>7} {'H':>3} {'path':<40} {'us':>9} {'GB/s':>7} {'TF/s':>6} {'floor':>7} {'gap':>6} {'err':>8}")
     for r in results:
         if r.get("kind") == "step61":
             print(f"step61 {r['ctx']:>7} {r['path']:<10} {r['step_ms']:.2f} ms floor {r['floor_ms']:.2f} ms gap {r['gap']:.2f} {r['GBps']:.0f} GB/s")
         elif "us" in r:
-            print(f"{r['ctx']:>7} {r['heads']:>3} {r['path']:<24} {r['us']:9.1f} {r['GBps']:7.0f} {r['TFLOPs']:6.1f} {r['floor_us']:7.1f} {r['gap']:6.2f} {r['rel_err']:8.1e}")
+            km = r.get("kernels", {}).get("prefix", {})
+            res = f" regs {km.get('n_regs')} spill {km.get('n_spills')} smem {km.get('shared')}" if km else ""
+            print(f"{r['ctx']:>7} {r['heads']:>3} {r['path']:<40} {r['us']:9.1f} {r['GBps']:7.0f} {r['TFLOPs']:6.1f} {r['floor_us']:7.1f} {r['gap']:6.2f} {r['rel_err']:8.1e}{res}")
         else:
-            print(f"{r['ctx']:>7} {r['heads']:>3} {r['path']:<24} ERROR {r.get('error','')[:80]}")
+            print(f"{r['ctx']:>7} {r['heads']:>3} {r['path']:<40} ERROR {r.get('error','')[:80]}")
     return 0
 
 

@@ -97,6 +97,35 @@ def test_split_row_tilings(tail, monkeypatch):
     check("split", 200, 8, "fork", 8, torch.float16)
 
 
+@pytest.mark.parametrize("tma", [0, 1])
+@pytest.mark.parametrize("block_n,tail", [(64, 2), (32, 1), (32, 0)])
+def test_split_tile_loads(tma, block_n, tail, monkeypatch):
+    """KV tiles through tensor descriptors (TMA, rows past the prefix zero-filled) or pointer
+    loads, 64- or 32-token tiles; a prefix that ends mid-tile; bf16 and the k2 width too."""
+    from ddprobe.engine.kernels import split
+    monkeypatch.setitem(split.TUNING, "tma", tma)
+    monkeypatch.setitem(split.TUNING, "block_n", block_n)
+    monkeypatch.setitem(split.TUNING, "tail", tail)
+    check("split", 201, 8, "lopsided", 8, torch.float16)
+    if block_n == 64 and tail == 2:
+        check("split", 77, 8, "fork", 8, torch.bfloat16)
+        check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64)
+
+
+def test_split_tma_fallback(monkeypatch):
+    """A kv whose rows are not 16-byte aligned cannot be described: pointer loads instead."""
+    from ddprobe.engine.kernels import split
+    monkeypatch.setitem(split.TUNING, "tma", 1)
+    q, kv, _, mask = make_inputs("split", 50, 8, "fork", 2, torch.float16)
+    kv_odd = torch.full((kv.shape[0], kv.shape[1] + 4), float("nan"), dtype=kv.dtype, device=kv.device)
+    kv_odd[:, :kv.shape[1]] = kv
+    kv_view = kv_odd[:, :kv.shape[1]]  # row stride 100 halfs = 200 bytes
+    assert not split._tma_ok(kv_view) and split._tma_ok(kv)
+    out = split.run(q, kv_view, split.plan(50, mask, None, 64), 0.1)
+    ref = reference.run(q, kv, reference.plan(50, mask, None, 64), 0.1)
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.float16]
+
+
 @pytest.mark.parametrize("ratio", [2, 3])
 def test_split_tail_ratio(ratio, monkeypatch):
     """The 16-row tail program takes `ratio` main chunks per split; its spare splits are empty."""

@@ -6,6 +6,9 @@ Two launches per layer, metadata built once per step in ``plan``:
      tile is read from memory once for every head and row; the prefix is cut into chunks
      so that every SM streams its own part of the context. Each program writes a
      normalized partial output [Hq, v_dim] (fp32) and its log2-sum-exp.
+     KV tiles come through two host tensor descriptors (latent [BLOCK_N, 512], rope [BLOCK_N, 64])
+     on Hopper (bulk copies completing on mbarriers; rows past the prefix read as zeros), or
+     through masked pointer loads elsewhere (TUNING["tma"] = 0).
      Tiling: a main block of BLOCK_Q rows (64 -> one Hopper warpgroup MMA) plus an
      optional TAIL block (16) in the same program, so 72 rows (8 heads x 9) cost 80 rows
      of tensor work rather than 128; the latent tile is loaded once and used both as K
@@ -19,8 +22,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._common import check_dims, check_rows, dot_flags, kernel_meta, next_pow2, sm_count
+from ._common import check_dims, check_rows, dot_flags, interpreting, kernel_meta, next_pow2, sm_count
 from .plan import VerifyPlan, check_plan_args, check_run_args
 
 name = "split"
@@ -38,6 +42,7 @@ TUNING = {
     "block_q": 0,         # force the main row block (0: auto)
     "warps_128": 16,      # num_warps when the row block is 128
     "tail_ratio": 1,      # tail=2: the 16-row program takes this many main chunks per split
+    "tma": 1,             # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
     "merge_block_m": 16,
     "merge_split_chunk": 8,
 }
@@ -80,11 +85,12 @@ def _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, of
 
 
 @triton.jit
-def _prefix_rows(Q, KV, O_part, LSE_part, q0, start, end,
+def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile)."""
+                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile).
+    TMA: tiles come through host tensor descriptors (bulk copies; rows >= prefix_len read as 0)."""
     offs_v = tl.arange(0, V_DIM)
     offs_pe = V_DIM + tl.arange(0, PE_DIM)
     offs_q = q0 + tl.arange(0, BLOCK_Q)
@@ -101,9 +107,13 @@ def _prefix_rows(Q, KV, O_part, LSE_part, q0, start, end,
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
-        k_ptr = KV + offs_n[:, None] * stride_kv
-        k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
-        k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
+        if TMA:
+            k_lat = KD_lat.load([n0, 0])
+            k_pe = KD_pe.load([n0, 0])
+        else:
+            k_ptr = KV + offs_n[:, None] * stride_kv
+            k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
+            k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
         if UPCAST:
             k_lat = k_lat.to(tl.float32)
             k_pe = k_pe.to(tl.float32)
@@ -117,11 +127,12 @@ def _prefix_rows(Q, KV, O_part, LSE_part, q0, start, end,
 
 @triton.jit
 def _split_prefix_kernel(
-    Q, KV, O_part, LSE_part,
+    Q, KV, KD_lat, KD_pe, O_part, LSE_part,
     stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
     prefix_len, chunk, tail_chunk, tail_splits, Hq, H, qk_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
@@ -136,21 +147,21 @@ def _split_prefix_kernel(
             if pid_s < tail_splits:
                 t_start = pid_s * tail_chunk
                 t_end = tl.minimum(t_start + tail_chunk, prefix_len)
-                _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, t_start, t_end,
+                _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, pid_q * BLOCK_Q, t_start, t_end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA)
             else:
                 offs_t = pid_q * BLOCK_Q + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
                          mask=offs_t < Hq)
         else:
-            _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
+            _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC)
+                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA)
     else:
-        _prefix_rows(Q, KV, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
+        _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC)
+                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
 
 
 @triton.jit
@@ -261,7 +272,7 @@ def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
     tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
     return dict(block_q=block_q, tail=tail, tail_program=tail_prog, n_qb=n_qb, block_n=block_n,
                 num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=t["num_stages"])
+                num_warps=warps, num_stages=t["num_stages"], tma=int(t["tma"]))
 
 
 def plan(prefix_len: int, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512) -> VerifyPlan:
@@ -283,6 +294,13 @@ def _config(p: VerifyPlan, heads: int) -> dict:
         cfg = choose_config(p.prefix_len, heads * p.num_rows, p.extra["sm_count"])
         p.extra["configs"][heads] = cfg
     return cfg
+
+
+def _tma_ok(kv: torch.Tensor) -> bool:
+    """Tensor descriptors need Hopper or later (or the interpreter) and 16-byte aligned rows."""
+    if kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16:
+        return False
+    return interpreting() or (kv.is_cuda and torch.cuda.get_device_capability(kv.device)[0] >= 9)
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> torch.Tensor:
@@ -307,12 +325,19 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
     upcast, prec = dot_flags(q.dtype)
     qk_scale = sm_scale * LOG2E
     if ns > 0:
+        kd_lat = kd_pe = kv
+        if cfg["tma"] and _tma_ok(kv):
+            # rows >= prefix_len are outside the descriptors: the copy engine fills them with zeros
+            kd_lat = TensorDescriptor(kv, [p.prefix_len, p.v_dim], [kv.stride(0), 1], [cfg["block_n"], p.v_dim])
+            kd_pe = TensorDescriptor(kv[:, p.v_dim:], [p.prefix_len, pe], [kv.stride(0), 1], [cfg["block_n"], pe])
+        use_tma = kd_lat is not kv
         k = _split_prefix_kernel[(cfg["n_qb"], ns)](
-            q, kv, o_part, lse_part,
+            q, kv, kd_lat, kd_pe, o_part, lse_part,
             q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
             p.prefix_len, cfg["chunk"], cfg["tail_chunk"], cfg["tail_splits"], hq, h, qk_scale,
             V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"], BLOCK_N=cfg["block_n"],
-            UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            UPCAST=upcast, PREC=prec, TMA=use_tma,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
     bm = TUNING["merge_block_m"]
     n_mb = triton.cdiv(hq, bm)
