@@ -142,11 +142,14 @@ _ENGINE_HELP = "Engine backend:"
 
 
 def _engine_backend(preset: str, attn: str, budget: int, device: str, dtype: str, seed: int, heads: Optional[int],
-                    max_ctx: Optional[int]):
+                    max_ctx: Optional[int], weights: str = "auto"):
     from .probes.engine_backend import EngineBackend
 
     return EngineBackend(preset=preset, attn=attn, budget=budget, device=device, dtype=dtype, seed=seed, heads=heads,
-                         max_ctx=max_ctx)
+                         max_ctx=max_ctx, weights=weights)
+
+
+_WEIGHTS_HELP = "auto (the preset's trained weights when shipped: tiny), trained, or random (from --seed)."
 
 
 @app.command()
@@ -170,6 +173,7 @@ def commit(
     heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2: 8 = one TP shard, 64 = all).",
                                                  rich_help_panel=_ENGINE_HELP)] = None,
     seed: Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")] = 0,
+    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP, rich_help_panel=_ENGINE_HELP)] = "auto",
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file, written after every cell "
                                                                      "(default ddprobe-results/commit-<time>.json).")]
     = None,
@@ -194,7 +198,8 @@ def commit(
         raise DDProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     need = max(ctxs) + max_new_tokens + budget + 1 + 64
     be = make_backend(backend, url, timeout,
-                      engine_factory=lambda: _engine_backend(preset, attn, budget, device, dtype, seed, heads, need))
+                      engine_factory=lambda: _engine_backend(preset, attn, budget, device, dtype, seed, heads, need,
+                                                             weights))
     check_contexts(be, ctxs, max_new_tokens)  # before any file is written
     path = json_path or Path("ddprobe-results") / f"commit-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": seed, **be.describe()}
@@ -239,6 +244,7 @@ def serve(
     dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.")] = "fp32",
     heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2 preset).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Weights seed.")] = 0,
+    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP)] = "auto",
     max_ctx: Annotated[Optional[str], typer.Option("--max-ctx", help="KV capacity in tokens, allocated up front "
                                                                       "(default: 8k or the preset's limit).")] = None,
     spec: Annotated[bool, typer.Option("--spec/--no-spec", help="DDTree speculative decoding, or plain greedy "
@@ -250,7 +256,8 @@ def serve(
 
     if not 0 < port < 65536:
         raise DDProbeError(f"--port must be in 1..65535, got {port}")
-    be = _engine_backend(preset, attn, budget, device, dtype, seed, heads, parse_tokens(max_ctx) if max_ctx else None)
+    be = _engine_backend(preset, attn, budget, device, dtype, seed, heads, parse_tokens(max_ctx) if max_ctx else None,
+                         weights)
     err.print(f"ddprobe serve: {preset} ({attn}, budget {budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec)

@@ -109,7 +109,7 @@ def test_server_rejects_bad_requests_with_json_4xx(served):
     assert r.status_code == 422 and r.json()
     r = requests.post(url + "/v1/completions", json={"model": "nope", "prompt": "the cat"}, timeout=30)
     assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
-    r = requests.post(url + "/generate", json={"input_ids": [5] * 5000}, timeout=30)
+    r = requests.post(url + "/generate", json={"input_ids": [5] * 9000}, timeout=30)
     assert r.status_code == 400 and "context beyond the cache" in r.json()["error"]["message"]
     assert proc.poll() is None  # still serving
 
@@ -223,7 +223,7 @@ def test_cli_commit_engine_and_errors(tmp_path):
     assert res.config["backend"] == "engine" and res.config["preset"] == "tiny"
     assert all(1 <= row["commit_len"] <= 8 for row in res.rows) and csv.read_text().startswith("backend,")
     for args, msg in [(["--ctx", "12q"], "bad token count '12q'"),
-                      (["--ctx", "64k"], "supports 4096 tokens of context"),
+                      (["--ctx", "64k"], "supports 32768 tokens of context"),
                       (["--text", "poetry"], "unknown text kind 'poetry'"),
                       (["--budget", "0", "--ctx", "200"], "budget must be >= 1"),
                       (["--backend", "vllm"], "needs --url"),

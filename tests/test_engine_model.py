@@ -13,6 +13,7 @@ import torch
 
 from ddprobe.engine import Engine, KVCache, ModelConfig
 from ddprobe.engine.kernels import get_path
+from ddprobe.engine.config import YarnConfig
 from ddprobe.engine.layers import init_random
 from ddprobe.engine.mla import MLAttention, make_rope
 from ddprobe.engine.rope import Rope, apply_rope, inv_freq
@@ -56,7 +57,7 @@ def test_rope_is_relative_and_yarn_blends_frequencies():
         return float((apply_rope(q[None], cq, sq) * apply_rope(k[None], ck, sk)).sum())
 
     assert math.isclose(dot(7, 3), dot(1007, 1003), rel_tol=1e-9)
-    yarn = ModelConfig.from_name("tiny").target.yarn  # factor 4 from 1024: dims 0-1 kept, 9+ divided
+    yarn = YarnConfig(factor=4.0, original_max_position=1024)  # dims 0-1 kept, 10+ divided by the factor
     plain, scaled = inv_freq(32, 10000.0), inv_freq(32, 10000.0, yarn)
     assert torch.allclose(scaled[:2], plain[:2]) and torch.allclose(scaled[10:], plain[10:] / 4)
 
@@ -101,7 +102,7 @@ def test_weights_round_trip_and_features():
     b.load_state_dict(a.state_dict())
     assert a.greedy_reference([1, 2, 3], 12) == b.greedy_reference([1, 2, 3], 12)
     assert all(k.startswith(("target.", "drafter.")) for k in a.state_dict())
-    assert a.target.feature_dim == 2 * 64
+    assert a.target.feature_dim == len(a.config.target.feature_layers) * a.config.target.hidden_size
 
 
 SCRIPT = textwrap.dedent("""

@@ -1,7 +1,8 @@
 """Model configs and named presets (gpt-fast style): ``ModelConfig.from_name("tiny" | "k2")``.
 
 ``tiny``: a few layers, small widths, vocabulary 256; CPU-friendly, every width a power of two
->= 16 where the Triton paths need it (latent 64 + rope 32 = 96-wide latent row, v_dim 64).
+>= 16 where the Triton paths need it (latent 64 + rope 32 = 96-wide latent row, v_dim 64);
+trained weights ship in ddprobe/engine/weights/tiny.
 ``k2``: Kimi K2.6's attention shapes exactly (61 layers, latent 512 + rope 64 = 576-wide row,
 qk_nope 128, v_head 128, heads as a parameter, vocabulary 163840, YaRN x64 from 4096); the hidden
 size is shrunk and the MoE is replaced by a small dense MLP. See docs/engine.md.
@@ -125,17 +126,19 @@ class ModelConfig:
 
 
 def _tiny() -> ModelConfig:
+    # Trained and shipped (ddprobe/engine/weights/tiny, examples/train_tiny.py): trained on
+    # 512-token sequences with YaRN x64 from 512 already applied, so it runs to 32k positions.
     target = TargetConfig(
-        vocab_size=256, hidden_size=64, num_layers=3, num_heads=4,
+        vocab_size=256, hidden_size=128, num_layers=4, num_heads=4,
         kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
-        intermediate_size=128, rope_theta=10000.0,
-        yarn=YarnConfig(factor=4.0, original_max_position=1024, mscale=1.0, mscale_all_dim=1.0),
-        feature_layers=(0, 2),
+        intermediate_size=256, rope_theta=10000.0,
+        yarn=YarnConfig(factor=64.0, original_max_position=512, mscale=1.0, mscale_all_dim=1.0),
+        feature_layers=(1, 3),
     )
     drafter = DrafterConfig(
-        num_layers=2, num_heads=4, head_dim=16, intermediate_size=128, block_size=8,
-        sliding_window=64, full_attn_layer=-1,
-        yarn=YarnConfig(factor=8.0, original_max_position=512),
+        num_layers=2, num_heads=4, head_dim=32, intermediate_size=256, block_size=8,
+        sliding_window=128, full_attn_layer=-1,
+        yarn=YarnConfig(factor=64.0, original_max_position=512),
     )
     return ModelConfig("tiny", target, drafter, max_ctx=4096)
 

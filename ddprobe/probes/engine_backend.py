@@ -7,6 +7,7 @@ from .backends import BackendError, GenStats
 
 DTYPES = ("fp32", "bf16", "fp16", "fp64")
 DEFAULT_MAX_CTX = 8192
+WEIGHTS = ("auto", "trained", "random")  # auto: the preset's shipped weights when it has them
 
 
 class EngineBackend:
@@ -15,13 +16,17 @@ class EngineBackend:
     name = "engine"
 
     def __init__(self, preset: str = "tiny", attn: str = "reference", budget: int = 8, device: str = "cpu",
-                 dtype: str = "fp32", seed: int = 0, heads: int | None = None, max_ctx: int | None = None):
+                 dtype: str = "fp32", seed: int = 0, heads: int | None = None, max_ctx: int | None = None,
+                 weights: str = "auto"):
         import torch
 
         from ..engine.config import ModelConfig
         from ..engine.generate import Engine
+        from ..engine import weights as shipped
         from ..engine.tokenizer import WordTokenizer
 
+        if weights not in WEIGHTS:
+            raise BackendError(f"unknown weights {weights!r}; known: {', '.join(WEIGHTS)}")
         if dtype not in DTYPES:
             raise BackendError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -36,11 +41,16 @@ class EngineBackend:
             tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                       "fp64": torch.float64}[dtype]
             self.engine = Engine(cfg, attn=attn, budget=budget, device=device, dtype=tdtype, seed=seed)
+            trained = weights == "trained" or (weights == "auto" and shipped.has_weights(preset)
+                                               and shipped.config_mismatch(preset, cfg) is None)
+            if trained:
+                shipped.load_into(self.engine, preset)
         except ValueError as e:  # the engine's own checks: unknown preset/path, bad budget...
             if isinstance(e, BackendError):
                 raise
             raise BackendError(str(e)) from None
-        self.tokenizer = WordTokenizer.default()
+        self.weights = "trained" if trained else f"random (seed {seed})"
+        self.tokenizer = shipped.load_tokenizer(preset) if trained else WordTokenizer.default()
         self.preset, self.attn, self.budget, self.device, self.dtype, self.seed = preset, attn, budget, device, \
             dtype, seed
 
@@ -61,7 +71,7 @@ class EngineBackend:
         t = self.engine.config.target
         return {"backend": self.name, "preset": self.preset, "attn": self.attn, "kv_layout": self.engine.kv_layout,
                 "budget": self.budget, "block_size": self.engine.config.drafter.block_size, "device": self.device,
-                "dtype": self.dtype, "seed": self.seed, "layers": t.num_layers, "heads": t.num_heads,
+                "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
                 "kv_row": t.kv_dim, "vocab": t.vocab_size}
 
     def generate(self, input_ids: list[int], max_new_tokens: int) -> GenStats:

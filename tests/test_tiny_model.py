@@ -1,0 +1,104 @@
+"""The shipped trained `tiny` model pair: files, loading, the predictable/novel contrast, losslessness,
+and the training code (same functions as the engine, deterministic from a seed)."""
+import shutil
+
+import pytest
+import torch
+
+from ddprobe.engine import weights
+from ddprobe.engine.config import ModelConfig
+from ddprobe.engine.generate import Engine
+from ddprobe.engine.train import drafter_forward_train, target_forward_train, train_drafter, train_target
+from ddprobe.engine.traindata import TensorStream, make_dataset
+from ddprobe.probes.commit import prompt_ids
+from ddprobe.probes.engine_backend import EngineBackend
+
+# Changing the shipped weights means retraining (examples/train_tiny.py) and updating this digest.
+MODEL_SHA256 = "8ac422496fd9cf93889c2a4805abbe5a0e62dce1d1b625ff8cd7572eea205fd1"
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return EngineBackend(preset="tiny", max_ctx=2048)
+
+
+def test_shipped_files_and_checksums(tmp_path):
+    d = weights.preset_dir("tiny")
+    assert weights.has_weights("tiny")
+    weights.verify("tiny")
+    assert weights.sha256(d / "model.safetensors") == MODEL_SHA256
+    assert sum(f.stat().st_size for f in d.iterdir()) < 20e6
+    bad = tmp_path / "tiny"
+    shutil.copytree(d, bad)
+    data = bytearray((bad / "model.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (bad / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="model.safetensors: checksum mismatch"):
+        weights.verify(bad)
+
+
+def test_loading_path(backend):
+    assert backend.weights == "trained"
+    assert len(backend.tokenizer) <= backend.engine.config.target.vocab_size
+    assert backend.tokenizer.decode(backend.tokenize("The cat sat on the mat.")) == "The cat sat on the mat."
+    # random weights differ; a config the weights were not trained for is refused, not silently used
+    rnd = EngineBackend(preset="tiny", weights="random", max_ctx=2048)
+    assert rnd.weights.startswith("random")
+    ids = backend.tokenize("the cat sat on the")
+    assert not torch.equal(backend.engine.next_token_logits(ids), rnd.engine.next_token_logits(ids))
+    with pytest.raises(ValueError, match="trained for another config.*num_heads"):
+        weights.load_into(Engine(ModelConfig.from_name("tiny", heads=2)), "tiny")
+
+
+def test_predictable_vs_novel_at_1k(backend):
+    pred = backend.generate(prompt_ids(backend, "predictable", 1024), 64)
+    novel = backend.generate(prompt_ids(backend, "novel", 1024), 64)
+    assert pred.commit_len >= 6.5, pred.commit_lens
+    assert novel.commit_len <= 2.0, novel.commit_lens
+
+
+def test_trained_ddtree_is_lossless(backend):
+    eng = backend.engine
+    for kind in ("predictable", "recall"):
+        ids = prompt_ids(backend, kind, 600, seed=2)
+        res = eng.generate(ids, 96)
+        assert res.mean_commit_len > 2  # real acceptance, not one token per step
+        assert res.tokens == eng.greedy_reference(ids, 96)
+
+
+def test_training_forwards_compute_the_engine_functions():
+    cfg = ModelConfig.from_name("tiny", drafter_sliding_window=8)
+    eng = Engine(cfg, dtype=torch.float64, seed=3, max_ctx=256)
+    toks = torch.randint(0, cfg.target.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    logits, feats = target_forward_train(eng.target, toks)
+    for b in range(2):  # the engine's causal prefill of each sequence
+        kv = eng.new_cache()
+        eng.prefill(kv, toks[b].tolist())
+        assert torch.allclose(eng.next_token_logits(toks[b].tolist()), logits[b, -1].double(), atol=1e-5)
+    anchors = torch.tensor([[3, 20], [30, 40]])  # 20, 30, 40 exceed the window of 8
+    logp = drafter_forward_train(eng.drafter, eng.target, toks, feats, anchors)
+    for b in range(2):
+        for k in range(2):
+            a = int(anchors[b, k])
+            dctx = eng.drafter.new_context(64)
+            eng.drafter.append_context(dctx, feats[b, :a], torch.arange(a))
+            ref = eng.drafter(dctx, toks[b, a], eng.target.embed_tokens, eng.target.lm_head)
+            assert torch.allclose(ref, logp[b, k].double(), atol=1e-5)
+
+
+def test_training_is_deterministic_and_learns():
+    data = make_dataset(64, 32, seed=1, chunk=16)
+    assert torch.equal(data, make_dataset(64, 32, seed=1, chunk=16, workers=2))  # workers do not change the data
+    assert not torch.equal(data, make_dataset(64, 32, seed=2, chunk=16))
+
+    def run():
+        eng = Engine("tiny", seed=0, max_ctx=128)
+        tl = train_target(eng.target, TensorStream(data, 0), 12, 4, lr=3e-3, log_every=1)
+        dl = train_drafter(eng.drafter, eng.target, TensorStream(data, 1), 3, 4, anchors=4, log_every=1)
+        return eng, tl, dl
+
+    a, tla, dla = run()
+    b, tlb, dlb = run()
+    assert tla.loss == tlb.loss and dla.loss == dlb.loss
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert tla.loss[-1] < tla.loss[0] - 0.5
