@@ -263,6 +263,116 @@ def serve(
     run_server(be, host=host, port=port, spec=spec)
 
 
+@app.command("gpu-util")
+@_errors_exit_1
+def gpu_util(
+    prompt_len: Annotated[str, typer.Option("--prompt-len", help="Prompt tokens, k = 1024.")] = "64k",
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded (novel text: about one "
+                                                                       "per verify step).")] = 100,
+    period: Annotated[str, typer.Option("--period", help="Sampling period; bare numbers are ms.")] = "200ms",
+    text: Annotated[str, typer.Option("--text", help="Prompt text kind: novel, predictable, recall.")] = "novel",
+    backend: Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
+                                                           "this host: its GPUs are sampled).")] = "engine",
+    url: Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")] = 600.0,
+    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.", rich_help_panel=_ENGINE_HELP)]
+    = "k2",
+    attn: Annotated[str, typer.Option("--attn", help="Verify-attention path: reference, paged, split.",
+                                      rich_help_panel=_ENGINE_HELP)] = "paged",
+    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes.", rich_help_panel=_ENGINE_HELP)] = 8,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_ENGINE_HELP)] = "cuda",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.", rich_help_panel=_ENGINE_HELP)] = "bf16",
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2: 8 = one TP shard).",
+                                                 rich_help_panel=_ENGINE_HELP)] = 8,
+    seed: Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")] = 0,
+    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP, rich_help_panel=_ENGINE_HELP)] = "auto",
+    deep: Annotated[bool, typer.Option("--deep", help="Also run Nsight Compute (ncu --clock-control none) over a "
+                                                      "few verify kernels of a decode step, when ncu is "
+                                                      "installed.")] = False,
+    replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
+                                                                    "(no GPU needed).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "
+                                                                     "ddprobe-results/gpu-util-<time>.json).")]
+    = None,
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the timeline as CSV.")] = None,
+):
+    """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
+    import datetime as dt
+    import tempfile
+
+    from .probes import texts
+    from .probes.backends import make_backend
+    from .probes.gpu_util import deep_child_args, deep_ncu, replay as replay_result, run_gpu_util
+    from .probes.telemetry import require_nvml
+    from .results import Result, ResultWriter, RunMeta
+    from .units import parse_time, parse_tokens
+
+    path = json_path or Path("ddprobe-results") / f"gpu-util-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    if replay is not None:
+        res = replay_result(Result.load(replay))
+        ResultWriter(res, path, csv_path)
+    else:
+        n_prompt, period_s = parse_tokens(prompt_len), parse_time(period, default_unit="ms")
+        if text not in texts.KINDS:
+            raise DDProbeError(f"unknown text kind {text!r}; known: {', '.join(texts.KINDS)}")
+        names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
+        err.print(f"sampling {len(names)} GPU(s) every {period_s * 1e3:.0f} ms: {', '.join(sorted(set(names)))}")
+        need = n_prompt + decode_tokens + budget + 1 + 64
+        be = make_backend(backend, url, timeout,
+                          engine_factory=lambda: _engine_backend(preset, attn, budget, device, dtype, seed, heads,
+                                                                 need, weights))
+        config = {"prompt_len": n_prompt, "decode_tokens": decode_tokens, **be.describe()}
+        writer = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(), config=config), path, csv_path)
+        res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=text, seed=seed,
+                           on_event=lambda m: err.print(f"[dim]{m}[/]"))
+        if deep:
+            with tempfile.TemporaryDirectory() as tmp:
+                child = [sys.executable, "-m", "ddprobe.cli", *deep_child_args(sys.argv[1:]), "--json",
+                         str(Path(tmp) / "child.json")]
+                res.summary["deep"] = deep_ncu(child, attn)
+            writer.flush()
+
+    s = res.summary
+    t = Table(title="gpu-util: median/p90 per GPU and phase", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    cols = [("util_gpu_pct", "smi util"), ("gpm_sm_util_pct", "SM"), ("gpm_tensor_util_pct", "tensor"),
+            ("gpm_dram_bw_util_pct", "DRAM"), ("util_mem_pct", "mem ctl"), ("power_pct", "power/limit"),
+            ("sm_clock_MHz", "SM MHz")]
+    for c in ["GPU", "phase", "n"] + [c for _, c in cols] + ["verdict"]:
+        t.add_column(c, justify="left" if c in ("phase", "verdict") else "right", no_wrap=True)
+
+    def cell(sig):
+        m, p = sig.get("median"), sig.get("p90")
+        return "-" if m is None else "/".join(f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}" for v in (m, p))
+
+    for d in s.get("per_phase", []):
+        t.add_row(str(d["gpu"]), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in cols],
+                  d["verdict"])
+    out.print(t)
+    for d in s.get("per_phase", []):
+        if d["phase"] != "idle":
+            out.print(f"GPU {d['gpu']} {d['phase']}: {d['evidence']}", highlight=False, soft_wrap=True)
+    nums = []
+    if s.get("decode_step_ms"):
+        nums.append(f"decode step {s['decode_step_ms']:.4g} ms (median)")
+    if s.get("eff_bw_GBps"):
+        nums.append(f"effective KV bandwidth {fmt_bandwidth(s['eff_bw_GBps'] * 1e9)} "
+                    f"({fmt_bytes(s['kv_GB_per_step'] * 1e9)} per step)")
+    if s.get("gap"):
+        nums.append(f"{fmt_ratio(s['gap'])} the floor {s['floor_ms']:.3g} ms")
+    if s.get("energy_J_per_token"):
+        nums.append(f"{s['energy_J_per_token']:.3g} J per decoded token")
+    if nums:
+        out.print("; ".join(nums) + ".", highlight=False)
+    if isinstance(s.get("deep"), dict):
+        deep_d = s["deep"]
+        out.print(f"ncu: {deep_d['skipped']}" if "skipped" in deep_d else
+                  "ncu: " + "; ".join(f"{k.get('kernel')}: {k.get('time_us', 0):.4g} us, tensor "
+                                      f"{k.get('tensor_pct')}%, DRAM {k.get('dram_pct')}%"
+                                      for k in deep_d["kernels"]), highlight=False, soft_wrap=True)
+    out.print(f"{len(res.rows)} sample(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+
+
 @app.command()
 @_errors_exit_1
 def report(

@@ -1,0 +1,181 @@
+"""GPU-utilization probe: is the GPU doing work during decode?
+
+``run_gpu_util`` drives one decode-heavy request (novel text: each step commits about one token)
+through any backend while ``telemetry.Sampler`` samples every GPU, marks the phases (prefill from
+the request start, decode from the first token, idle after the end) and returns a ``Result`` of
+kind ``gpu-util``: rows = the timeline (one per GPU per tick), summary = ``gpu_verdict.analyze``
+(per GPU and phase: medians, p90s, verdict and evidence; decode step time, effective bandwidth,
+energy per token). ``replay`` re-analyses a saved timeline anywhere. ``deep_ncu`` (optional) reads
+Nsight Compute metrics for a few verify kernels of a decode step.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+import time
+from typing import Any, Callable
+
+from ..results import Result, ResultWriter
+from ..units import DDProbeError
+from .backends import Backend
+from .commit import prompt_ids
+from .floor import GPUS
+from .gpu_verdict import analyze
+from .telemetry import DEFAULT_PERIOD_S, NvmlReader, NvmlUnavailable, Sampler
+
+KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
+NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
+NCU_KERNELS = {"paged": "regex:_paged_verify", "split": "regex:_split_prefix|_tree_merge"}
+IDLE_LEAD_S = 0.5  # idle samples before and after the request: the baseline
+
+
+def gpu_spec_for(name: str | None):
+    """The floor calculator's GPU spec whose name an NVML device name matches, else None."""
+    n = (name or "").lower().replace(" ", "")
+    for key in sorted(GPUS, key=len, reverse=True):  # h200 before h20
+        if key.replace("-", "") in n.replace("-", ""):
+            return GPUS[key]
+    return None
+
+
+def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
+    """What the request measured, plus the KV bytes per token the backend knows (engine: layers x row x dtype)."""
+    d = backend.describe() if hasattr(backend, "describe") else {}
+    kv_tok = None
+    if all(k in d for k in ("layers", "kv_row", "dtype")) and d["dtype"] in KV_DTYPE_BYTES:
+        kv_tok = d["layers"] * d["kv_row"] * KV_DTYPE_BYTES[d["dtype"]]
+    spec = gpu_spec_for(gpu_name)
+    return {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
+            "verify_steps": st.verify_steps, "commit_len": st.commit_len, "prefill_s": st.prefill_s,
+            "decode_s": st.decode_s, "e2e_s": st.e2e_s, "step_ms": [t * 1e3 for t in st.step_times_s],
+            "verify_ms_mean": st.extra.get("verify_ms_mean"), "kv_B_per_token": kv_tok,
+            "gpu": gpu_name, "gpu_bw_Bps": spec.bw_Bps if spec else None,
+            "gpu_bw_source": f"{spec.label} datasheet" if spec else None}
+
+
+def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s: float, writer: ResultWriter,
+                 text: str = "novel", seed: int = 0, reader_factory: Callable[[], Any] = NvmlReader,
+                 on_event: Callable[[str], None] | None = None) -> Result:
+    """Sample every GPU during one request of ``prompt_len`` tokens + ``decode_tokens``; the Result (kind
+    "gpu-util") holds the timeline rows and the ``analyze`` summary. Raises ``NvmlUnavailable`` (one line)
+    before the request when NVML sees no GPU."""
+    if decode_tokens < 2:
+        raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
+    say = on_event or (lambda msg: None)
+    ids = prompt_ids(backend, text, prompt_len, seed)
+    sampler = Sampler(period_s, reader_factory=reader_factory).start()
+    if not sampler.available:
+        sampler.stop()
+        raise NvmlUnavailable(sampler.sources["nvml"].removeprefix("missing: "))
+    try:
+        time.sleep(IDLE_LEAD_S)
+        say(f"prefill {len(ids)} tokens, then decode {decode_tokens}...")
+        t0 = sampler.now()
+        sampler.mark("prefill", t0)
+        st = backend.generate(ids, decode_tokens)
+        t_end = sampler.now()
+        if st.prefill_s is not None:
+            sampler.mark("decode", t0 + st.prefill_s)  # first token
+        else:  # a server without a first-token time: prefill and decode share one phase
+            sampler.markers[-1] = (t0, "request")
+        sampler.mark("idle", t_end)
+        time.sleep(IDLE_LEAD_S)
+    finally:
+        rows = sampler.stop()
+    res = writer.result
+    gpu_name = sampler.gpus[0]["name"] if sampler.gpus else None
+    req = request_info(backend, st, gpu_name)
+    res.config.update({"prompt_len": prompt_len, "decode_tokens": decode_tokens, "text": text, "period_s": period_s,
+                       "interval_s": period_s, "gpm": any(v.startswith("ok") for k, v in sampler.sources.items()
+                                                          if k.startswith("gpm_")),
+                       "sources": dict(sampler.sources), "sampled_gpus": sampler.gpus})
+    for r in rows:
+        res.rows.append(r)
+    res.summary = {**analyze(rows, req, sampler.sources), "request": req,
+                   "markers": [[round(t, 4), p] for t, p in sampler.markers]}
+    writer.flush()
+    return res
+
+
+def replay(result: Result) -> Result:
+    """Re-analyse a saved gpu-util timeline (phases as recorded); returns a new Result with a fresh summary."""
+    if result.kind != "gpu-util":
+        raise DDProbeError(f"--replay needs a gpu-util results file, got kind {result.kind!r}")
+    if not result.rows:
+        raise DDProbeError("--replay: the file holds no telemetry samples")
+    old = result.summary if isinstance(result.summary, dict) else {}
+    req = old.get("request") if isinstance(old.get("request"), dict) else {}
+    sources = result.config.get("sources") if isinstance(result.config.get("sources"), dict) else {}
+    summary = {**analyze(result.rows, req, sources), "request": req, "markers": old.get("markers", [])}
+    return Result(kind="gpu-util", meta=result.meta, config=dict(result.config), rows=list(result.rows),
+                  summary=summary)
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
+    """ncu --csv output (one line per kernel and metric) -> one dict per kernel launch with the metric values."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    kernels: dict[str, dict[str, Any]] = {}
+    for rec in csv.DictReader(io.StringIO("\n".join(lines))):
+        key = rec.get("ID", "?")
+        k = kernels.setdefault(key, {"id": key, "kernel": rec.get("Kernel Name")})
+        name, unit, val = rec.get("Metric Name"), rec.get("Metric Unit", ""), rec.get("Metric Value", "")
+        try:
+            v: Any = float(str(val).replace(",", ""))
+        except ValueError:
+            v = val
+        if name == "gpu__time_duration.sum" and isinstance(v, float):
+            v = v / {"nsecond": 1e3, "usecond": 1.0, "msecond": 1e-3}.get(unit, 1.0)
+            k["time_us"] = v
+        elif name and name.startswith("sm__pipe_tensor"):
+            k["tensor_pct"] = v
+        elif name and name.startswith("dram__throughput"):
+            k["dram_pct"] = v
+    return list(kernels.values())
+
+
+def deep_ncu(child_cmd: list[str], attn: str, count: int = 4, timeout_s: float = 300) -> dict[str, Any]:
+    """Nsight Compute (``--clock-control none``) over ``count`` verify kernels of a decode step of ``child_cmd``
+    (a shorter run of the same request). The verify kernels run only in decode, so a kernel-name filter
+    picks decode-step kernels. Returns {"kernels": [...]} or {"skipped": why}."""
+    ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if shutil.os.path.exists("/usr/local/cuda/bin/ncu")
+                                  else None)
+    if ncu is None:
+        return {"skipped": "ncu not found on PATH or in /usr/local/cuda/bin"}
+    if attn not in NCU_KERNELS:
+        return {"skipped": f"--deep knows the verify kernels of the paged and split paths, not {attn!r}"}
+    cmd = [ncu, "--clock-control", "none", "--csv", "--metrics", ",".join(NCU_METRICS), "-k", NCU_KERNELS[attn],
+           "--launch-count", str(count), *child_cmd]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"skipped": f"ncu failed: {e}", "command": " ".join(cmd)}
+    kernels = parse_ncu_csv(p.stdout)
+    if not kernels:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
+        return {"skipped": f"ncu returned no kernel metrics: {tail[0]}", "command": " ".join(cmd)}
+    return {"kernels": kernels, "command": " ".join(cmd), "period": "one decode step's first kernels"}
+
+
+
+
+
+def deep_child_args(argv: list[str], decode_tokens: int = 4) -> list[str]:
+    """The same ``gpu-util`` command for ncu's child run: fewer decode tokens, no files, no --deep, no replay."""
+    drop_flag = {"--deep"}
+    drop_value = {"--json", "--csv", "--decode-tokens", "--replay"}
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in drop_flag:
+            continue
+        if name in drop_value:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out + ["--decode-tokens", str(decode_tokens)]

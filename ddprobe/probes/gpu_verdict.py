@@ -1,0 +1,201 @@
+"""Analysis of a telemetry timeline: per GPU and phase, median and p90 of each signal, and a verdict.
+
+Verdicts: compute-bound, bandwidth-bound, latency-bound (busy by nvidia-smi yet low SM activity,
+tensor, DRAM and power), idle, or mixed (busy, no unit near its limit). Thresholds come from what
+the lent H200 returned (docs/gpu-util.md, device-facts): bf16 matmul tensor 94% / DRAM 17% / power
+~100% of the limit; streaming read DRAM 62% / tensor 0%; paged verify SM 5%, tensor 0.8%, DRAM 0.5%,
+power 20% of the limit while nvidia-smi said 100%. A missing signal stays None: it is never read as 0,
+and without GPM the verdict falls back to power and NVML memory utilization, saying what was missing.
+Nothing here imports torch or pynvml.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+# ---- thresholds (percent) -------------------------------------------------------------------
+IDLE_UTIL_PCT = 10.0  # nvidia-smi util below this: nothing is running
+BUSY_UTIL_PCT = 50.0  # nvidia-smi util at or above this: "busy" by nvidia-smi
+TENSOR_BOUND_PCT = 40.0  # GPM any-tensor util: matmul 94, split verify 43 (tensor-limited), stream 0.04
+SIMT_BOUND_PCT = 40.0  # GPM FP32/FP16 (CUDA-core) util: compute-bound without tensor cores
+DRAM_BOUND_PCT = 40.0  # GPM DRAM bw util: stream 62, gather 52, split verify 25, matmul 17
+LOW_SM_PCT = 20.0  # latency-bound needs GPM SM util below this (paged verify 5.3; split 92)
+LOW_TENSOR_PCT = 10.0  # ... tensor below this (paged 0.8)
+LOW_DRAM_PCT = 10.0  # ... DRAM below this (paged 0.5)
+LOW_POWER_PCT = 40.0  # ... power below this share of the enforced limit (paged 20%, idle 18%, stream 84%)
+# fallback without GPM: NVML memory util (memory-controller busy time) and power share of the limit
+NVML_MEM_BOUND_PCT = 50.0  # stream 79, matmul 24, split verify 33, paged 1
+HIGH_POWER_PCT = 70.0  # matmul ~100% of the limit, split verify 97%
+NVML_MEM_LOW_PCT = 10.0
+
+SIGNALS = ["power_W", "power_avg_W", "power_pct", "sm_clock_MHz", "mem_clock_MHz", "util_gpu_pct", "util_mem_pct",
+           "mem_used_GB", "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_tensor_util_pct", "gpm_hmma_util_pct",
+           "gpm_dram_bw_util_pct", "gpm_fp32_util_pct", "gpm_fp16_util_pct"]
+GPM_CORE = ["gpm_sm_util_pct", "gpm_tensor_util_pct", "gpm_dram_bw_util_pct"]
+PHASE_ORDER = {"idle": 0, "prefill": 1, "request": 2, "decode": 3}
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def quantile(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def signal(r: dict[str, Any], key: str) -> float | None:
+    """A row's value of ``key`` (``power_pct`` = power / enforced limit), None where missing."""
+    if key == "power_pct":
+        p, lim = _num(r.get("power_W")), _num(r.get("power_limit_W"))
+        return 100.0 * p / lim if p is not None and lim else None
+    return _num(r.get(key))
+
+
+def stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Median and p90 of every signal over ``rows``; both None where no row has it."""
+    out = {}
+    for key in SIGNALS:
+        xs = [v for v in (signal(r, key) for r in rows) if v is not None]
+        out[key] = {"median": quantile(xs, 0.5), "p90": quantile(xs, 0.9), "n": len(xs)}
+    return out
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0f}%" if v >= 10 else f"{v:.1f}%" if v >= 0.1 else f"{v:.2f}%"
+
+
+def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | None = None) -> tuple[str, str, str]:
+    """(verdict, evidence sentence, basis) from a phase's medians; basis is ``gpm`` or ``power+nvml``."""
+    m = {k: v["median"] for k, v in s.items()}
+    util, power, mem = m["util_gpu_pct"], m["power_pct"], m["util_mem_pct"]
+    sm, tensor, dram = m["gpm_sm_util_pct"], m["gpm_tensor_util_pct"], m["gpm_dram_bw_util_pct"]
+    simt = max([v for v in (m["gpm_fp32_util_pct"], m["gpm_fp16_util_pct"]) if v is not None], default=None)
+    smi = f"nvidia-smi says {_fmt(util)} busy" if util is not None else "nvidia-smi utilization missing"
+    pw = f"power {_fmt(power)} of the limit" if power is not None else "power missing"
+    if all(v is not None for v in (sm, tensor, dram)):
+        pipes = f"SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}"
+        if (util is not None and util < IDLE_UTIL_PCT) or (util is None and sm < 1.0):
+            return "idle", f"{smi}; {pipes}: idle", "gpm"
+        if tensor >= TENSOR_BOUND_PCT and tensor / TENSOR_BOUND_PCT >= dram / DRAM_BOUND_PCT:
+            return "compute-bound", f"tensor pipes {_fmt(tensor)} busy (DRAM {_fmt(dram)}, {pw}): compute-bound", "gpm"
+        if dram >= DRAM_BOUND_PCT:
+            return "bandwidth-bound", f"DRAM bandwidth {_fmt(dram)} of peak (tensor pipes {_fmt(tensor)}, {pw}): " \
+                                      "bandwidth-bound", "gpm"
+        if simt is not None and simt >= SIMT_BOUND_PCT:
+            return "compute-bound", f"FP32/FP16 pipes {_fmt(simt)} busy, tensor {_fmt(tensor)}, DRAM {_fmt(dram)}: " \
+                                    "compute-bound on CUDA cores", "gpm"
+        low_power = power is None or power < LOW_POWER_PCT
+        if sm < LOW_SM_PCT and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power:
+            lead = f"{smi}, but" if util is not None and util >= BUSY_UTIL_PCT else f"{smi};"
+            return "latency-bound", f"{lead} SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: " \
+                                    "latency-bound", "gpm"
+        return "mixed", f"{smi}; {pipes}: busy but no unit near its limit (mixed)", "gpm"
+    # fallback: no (or partial) GPM
+    gone = [k.replace("gpm_", "").replace("_pct", "") for k, v in (("gpm_sm_util_pct", sm), ("gpm_tensor_util_pct",
+                                                                                             tensor),
+                                                                   ("gpm_dram_bw_util_pct", dram)) if v is None]
+    why = (sources or {}).get("gpm") or (sources or {}).get("gpm_tensor_util_pct")
+    miss = f"GPM {', '.join(gone)} missing" + (f" ({why})" if why and not why.startswith("ok") else "")
+    memtxt = f"memory controller {_fmt(mem)}" if mem is not None else "memory util missing"
+    ev = f"{smi}, {pw}, {memtxt}; {miss}, so from power and NVML utilization only"
+    if util is None and power is None:
+        return "unknown", f"no utilization or power reading; {miss}", "none"
+    if util is not None and util < IDLE_UTIL_PCT:
+        return "idle", f"{ev}: idle", "power+nvml"
+    if mem is not None and mem >= NVML_MEM_BOUND_PCT:
+        return "bandwidth-bound", f"{ev}: probably bandwidth-bound", "power+nvml"
+    if power is not None and power >= HIGH_POWER_PCT:
+        return "compute-bound", f"{ev}: probably compute-bound", "power+nvml"
+    if power is not None and power < LOW_POWER_PCT and (mem is None or mem < NVML_MEM_LOW_PCT) and \
+            (util is None or util >= BUSY_UTIL_PCT):
+        return "latency-bound", f"{ev}: probably latency-bound", "power+nvml"
+    return "mixed", f"{ev}: busy, no clear limit (mixed)", "power+nvml"
+
+
+def _energy(rows_all: list[dict[str, Any]], phase_rows: list[dict[str, Any]]) -> tuple[float | None, str | None]:
+    """Joules a GPU spent in a phase: energy-counter difference (else power x window); rows are one GPU's."""
+    if not phase_rows:
+        return None, None
+    first, last = phase_rows[0], phase_rows[-1]
+    i = next(k for k, r in enumerate(rows_all) if r is first)
+    before = rows_all[i - 1] if i > 0 else None
+    e0 = _num(before.get("energy_J")) if before else None
+    e1 = _num(last.get("energy_J"))
+    if e0 is not None and e1 is not None and e1 >= e0:
+        return e1 - e0, "energy counter"
+    pts = [(_num(r.get("power_W")), _num(r.get("window_s"))) for r in phase_rows]
+    if all(p is not None and w is not None for p, w in pts):
+        return sum(p * w for p, w in pts), "power x time"
+    return None, None
+
+
+def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
+            sources: dict[str, str] | None = None) -> dict[str, Any]:
+    """Summary of a timeline: ``per_phase`` records (gpu, phase, samples, verdict, evidence, basis, signals,
+    energy_J) and, from ``request`` (what the load's driver measured), ``decode_step_ms``, ``eff_bw_GBps``,
+    ``energy_J_per_token`` and the floor comparison. Works on any saved timeline (``--replay``)."""
+    request = request or {}
+    by_gpu: dict[Any, list[dict]] = defaultdict(list)
+    for r in rows:
+        if _num(r.get("t_s")) is not None:
+            by_gpu[r.get("gpu", 0)].append(r)
+    per_phase, decode_J, any_decode_J = [], 0.0, False
+    for gpu, rs in sorted(by_gpu.items(), key=lambda kv: str(kv[0])):
+        rs.sort(key=lambda r: r["t_s"])
+        phases: dict[str, list[dict]] = defaultdict(list)
+        for r in rs:
+            phases[str(r.get("phase") or "idle")].append(r)
+        for phase, prs in sorted(phases.items(), key=lambda kv: (PHASE_ORDER.get(kv[0], 9), kv[0])):
+            s = stats(prs)
+            v, ev, basis = verdict(s, sources)
+            joules, how = _energy(rs, prs) if phase != "idle" else (None, None)
+            if phase in ("decode", "request") and joules is not None:
+                decode_J, any_decode_J = decode_J + joules, True
+            per_phase.append({"gpu": gpu, "phase": phase, "samples": len(prs),
+                              "t0_s": prs[0]["t_s"], "t1_s": prs[-1]["t_s"], "verdict": v, "evidence": ev,
+                              "basis": basis, "energy_J": joules, "energy_method": how,
+                              "signals": s})
+    out: dict[str, Any] = {"per_phase": per_phase}
+    out.update(_request_numbers(request, decode_J if any_decode_J else None))
+    dec = [d for d in per_phase if d["phase"] == "decode"] or [d for d in per_phase if d["phase"] == "request"]
+    out["verdict"] = dec[0]["verdict"] if dec else None
+    out["evidence"] = dec[0]["evidence"] if dec else None
+    return out
+
+
+def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, Any]:
+    """decode_step_ms, effective bandwidth, energy per token and the floor from what the request measured."""
+    steps = [x for x in (req.get("step_ms") or []) if _num(x) is not None]
+    verify_steps, decode_s = _num(req.get("verify_steps")), _num(req.get("decode_s"))
+    step_ms = quantile(steps, 0.5) if steps else (decode_s * 1e3 / verify_steps if decode_s and verify_steps
+                                                  else None)
+    out: dict[str, Any] = {"decode_step_ms": step_ms, "decode_step_p90_ms": quantile(steps, 0.9) if steps else None,
+                           "verify_ms_mean": _num(req.get("verify_ms_mean")), "kv_GB_per_step": None,
+                           "eff_bw_GBps": None, "verify_eff_bw_GBps": None, "floor_ms": None, "gap": None,
+                           "energy_J_per_token": None, "decode_energy_J": decode_J}
+    kv_tok, prompt = _num(req.get("kv_B_per_token")), _num(req.get("prompt_tokens"))
+    done = _num(req.get("completion_tokens")) or 0.0
+    if kv_tok and prompt:
+        nbytes = kv_tok * (prompt + done / 2)  # committed context at the middle of decode
+        out["kv_GB_per_step"] = nbytes / 1e9
+        if step_ms:
+            out["eff_bw_GBps"] = nbytes / (step_ms / 1e3) / 1e9
+        if out["verify_ms_mean"]:
+            out["verify_eff_bw_GBps"] = nbytes / (out["verify_ms_mean"] / 1e3) / 1e9
+        bw = _num(req.get("gpu_bw_Bps"))
+        if bw:
+            out["floor_ms"] = nbytes / bw * 1e3
+            if step_ms:
+                out["gap"] = step_ms / out["floor_ms"]
+    tokens = done - 1 if done > 1 else None  # the first token comes out of prefill
+    if decode_J is not None and tokens:
+        out["energy_J_per_token"] = decode_J / tokens
+    return out

@@ -1,0 +1,296 @@
+"""GPU telemetry through NVML: a background sampler over every GPU, with phase markers.
+
+Per GPU per tick (``Sampler.period_s``, default 0.2 s) one row, keys carrying units:
+instant and average power, the enforced power limit, the energy counter, SM and memory
+clocks with the clock-event reasons (power cap, thermal), NVML utilization (gpu, memory),
+memory used, and on Hopper and newer the GPM metrics over the window between this tick's
+sample and the previous one (SM utilization and occupancy, any-tensor and HMMA
+utilization, DRAM bandwidth utilization, FP32/FP16 utilization).
+
+Every NVML call is wrapped: a missing function, an ``NVMLError`` or a GPM metric whose own
+``nvmlReturn`` is not success records ``None`` (never 0) and the reason in ``sources``.
+``pynvml`` (package nvidia-ml-py) is imported lazily; nothing here imports torch.
+
+Phases: the driver of the load calls ``mark("prefill")``, ``mark("decode")`` (first token),
+``mark("idle")`` (request end); ``assign_phases`` gives each row the phase in force at the
+middle of its window, so GPM numbers (which cover the window) land where they were earned.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+from ..units import DDProbeError
+
+DEFAULT_PERIOD_S = 0.2
+
+# (row key, pynvml constant name): GPM metrics read over two consecutive samples
+GPM_METRICS = [
+    ("gpm_sm_util_pct", "NVML_GPM_METRIC_SM_UTIL"),
+    ("gpm_sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
+    ("gpm_tensor_util_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
+    ("gpm_hmma_util_pct", "NVML_GPM_METRIC_HMMA_TENSOR_UTIL"),
+    ("gpm_dram_bw_util_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
+    ("gpm_fp32_util_pct", "NVML_GPM_METRIC_FP32_UTIL"),
+    ("gpm_fp16_util_pct", "NVML_GPM_METRIC_FP16_UTIL"),
+]
+# clock-event reason bits (values of nvmlClocksEventReason*; the older names are ThrottleReason*)
+REASONS = {"power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40, "power_brake": 0x80,
+           "idle": 0x1}
+# nvmlFieldValue_t.valueType -> the union member holding the value
+_VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+NUMERIC_KEYS = ["power_W", "power_avg_W", "power_limit_W", "energy_J", "sm_clock_MHz", "mem_clock_MHz",
+                "util_gpu_pct", "util_mem_pct", "mem_used_GB"] + [k for k, _ in GPM_METRICS]
+
+
+class NvmlUnavailable(DDProbeError):
+    pass
+
+
+def _reason(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}".strip().rstrip(":")
+
+
+class NvmlReader:
+    """One NVML session over every visible GPU; ``read(i)`` returns one row of readings for GPU ``i``."""
+
+    def __init__(self, nvml: Any = None):
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError as e:
+                raise NvmlUnavailable(f"no NVIDIA GPU visible to NVML: pynvml (nvidia-ml-py) is not installed "
+                                      f"({e})") from None
+        self.nvml = nvml
+        try:
+            nvml.nvmlInit()
+        except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded...
+            raise NvmlUnavailable(f"no NVIDIA GPU visible to NVML: {_reason(e)}") from None
+        try:
+            n = nvml.nvmlDeviceGetCount()
+            self.handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        except Exception as e:
+            self.close()
+            raise NvmlUnavailable(f"no NVIDIA GPU visible to NVML: {_reason(e)}") from None
+        if not self.handles:
+            self.close()
+            raise NvmlUnavailable("no NVIDIA GPU visible to NVML: the driver lists 0 devices")
+        self.sources: dict[str, str] = {}  # signal -> "ok" or why it is missing
+        self._gpm_prev: list[Any] = [None] * len(self.handles)
+        self._gpm_ok = [self._gpm_supported(i) for i in range(len(self.handles))]
+
+    def close(self) -> None:
+        for s in getattr(self, "_gpm_prev", []):
+            if s is not None:
+                self._call("gpm_free", lambda s=s: self.nvml.nvmlGpmSampleFree(s))
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run one NVML call; on any failure record why under ``what`` and return None."""
+        try:
+            v = fn()
+        except Exception as e:  # NVMLError_NotSupported, AttributeError (old pynvml), FunctionNotFound...
+            self.sources.setdefault(what, f"missing: {_reason(e)}")
+            return None
+        self.sources.setdefault(what, "ok")
+        return v
+
+    def _const(self, name: str):
+        return getattr(self.nvml, name, None)
+
+    def _gpm_supported(self, i: int) -> bool:
+        sup = self._call("gpm", lambda: self.nvml.nvmlGpmQueryDeviceSupport(self.handles[i]))
+        if sup is None:
+            return False
+        if not getattr(sup, "isSupportedDevice", 0):
+            self.sources["gpm"] = "missing: nvmlGpmQueryDeviceSupport says this GPU has no GPM (before Hopper?)"
+            return False
+        return True
+
+    def name(self, i: int) -> str:
+        n = self._call("name", lambda: self.nvml.nvmlDeviceGetName(self.handles[i]))
+        return n.decode() if isinstance(n, bytes) else str(n)
+
+    # ---- one tick ------------------------------------------------------------------------
+    def read(self, i: int) -> dict[str, Any]:
+        nv, h = self.nvml, self.handles[i]
+        row: dict[str, Any] = {k: None for k in NUMERIC_KEYS}
+        row["clock_reasons"] = None
+        fields = [(k, self._const(c)) for k, c in (("power_W", "NVML_FI_DEV_POWER_INSTANT"),
+                                                   ("power_avg_W", "NVML_FI_DEV_POWER_AVERAGE"))]
+        vals = self._call("field_values", lambda: nv.nvmlDeviceGetFieldValues(h, [f for _, f in fields
+                                                                                     if f is not None]))
+        for j, (key, fid) in enumerate(k for k in fields if k[1] is not None):
+            if vals is None:
+                break
+            v = vals[j]
+            if v.nvmlReturn != 0:
+                self.sources.setdefault(key, f"missing: field value returned NVML code {v.nvmlReturn}")
+                continue
+            self.sources.setdefault(key, "ok (nvmlDeviceGetFieldValues)")
+            raw = getattr(v.value, _VALUE_FIELDS.get(v.valueType, "dVal"))
+            row[key] = float(raw) / 1e3  # mW -> W
+        if row["power_W"] is None:  # older drivers: the plain (averaged) power reading
+            mw = self._call("power_usage", lambda: nv.nvmlDeviceGetPowerUsage(h))
+            row["power_W"] = None if mw is None else mw / 1e3
+        lim = self._call("power_limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
+        row["power_limit_W"] = None if lim is None else lim / 1e3
+        mj = self._call("energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h))
+        row["energy_J"] = None if mj is None else mj / 1e3
+        row["sm_clock_MHz"] = self._call("sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        row["mem_clock_MHz"] = self._call("mem_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+        get_reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        bits = self._call("clock_reasons", lambda: get_reasons(h))
+        if bits is not None:
+            row["clock_reasons"] = ",".join(n for n, b in REASONS.items() if bits & b) or "none"
+        u = self._call("util", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        if u is not None:
+            row["util_gpu_pct"], row["util_mem_pct"] = float(u.gpu), float(u.memory)
+        m = self._call("memory", lambda: nv.nvmlDeviceGetMemoryInfo(h))
+        row["mem_used_GB"] = None if m is None else m.used / 1e9
+        if self._gpm_ok[i]:
+            row.update(self._gpm(i))
+        return row
+
+    def _gpm(self, i: int) -> dict[str, float | None]:
+        nv = self.nvml
+        out: dict[str, float | None] = {}
+        cur = self._call("gpm", lambda: nv.nvmlGpmSampleAlloc())
+        if cur is None or self._call("gpm", lambda: nv.nvmlGpmSampleGet(self.handles[i], cur)) is None:
+            return out
+        prev, self._gpm_prev[i] = self._gpm_prev[i], cur
+        if prev is None:  # the first tick only opens the window
+            return out
+        try:
+            mg = nv.c_nvmlGpmMetricsGet_t()
+            mg.version = nv.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(GPM_METRICS)
+            mg.sample1, mg.sample2 = prev, cur
+            for j, (_, cname) in enumerate(GPM_METRICS):
+                mg.metrics[j].metricId = getattr(nv, cname)
+            res = self._call("gpm", lambda: nv.nvmlGpmMetricsGet(mg))
+        finally:
+            self._call("gpm_free", lambda: nv.nvmlGpmSampleFree(prev))
+        if res is None:
+            return out
+        for j, (key, cname) in enumerate(GPM_METRICS):
+            met = res.metrics[j]
+            if met.nvmlReturn != 0:  # checked per metric: unsupported stays missing, never 0
+                self.sources.setdefault(key, f"missing: {cname} returned NVML code {met.nvmlReturn}")
+                out[key] = None
+            else:
+                self.sources.setdefault(key, f"ok ({cname})")
+                out[key] = float(met.value)
+        return out
+
+
+class Sampler:
+    """Background thread sampling every GPU each ``period_s``; ``mark(phase)`` from the load's driver.
+
+    ``reader_factory`` (tests) replaces ``NvmlReader``. Without NVML the thread does not start:
+    ``available`` is False and ``sources["nvml"]`` says why.
+    """
+
+    def __init__(self, period_s: float = DEFAULT_PERIOD_S, reader_factory: Callable[[], Any] = NvmlReader,
+                 clock: Callable[[], float] = time.perf_counter):
+        if not 0 < period_s <= 60:
+            raise DDProbeError(f"sampling period must be in (0, 60] s, got {period_s}")
+        self.period_s, self._factory, self._clock = period_s, reader_factory, clock
+        self.rows: list[dict[str, Any]] = []
+        self.markers: list[tuple[float, str]] = []
+        self.sources: dict[str, str] = {}
+        self.gpus: list[dict[str, Any]] = []
+        self.available = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = 0.0
+        self._reader = None
+
+    def now(self) -> float:
+        """Seconds since the sampler started (the clock of ``t_s`` and of the markers)."""
+        return self._clock() - self._t0
+
+    def mark(self, phase: str, t: float | None = None) -> None:
+        self.markers.append((self.now() if t is None else t, phase))
+
+    def start(self) -> "Sampler":
+        self._t0 = self._clock()
+        try:
+            self._reader = self._factory()
+        except NvmlUnavailable as e:
+            self.sources["nvml"] = f"missing: {e}"
+            return self
+        self.available = True
+        self.sources["nvml"] = "ok"
+        self.gpus = [{"index": i, "name": self._reader.name(i)} for i in range(len(self._reader.handles))]
+        self._tick()  # opens the GPM windows at t = 0
+        self._thread = threading.Thread(target=self._run, name="ddprobe-telemetry", daemon=True)
+        self._thread.start()
+        return self
+
+    def _tick(self) -> None:
+        t = self.now()
+        for i in range(len(self.gpus)):
+            row = {"t_s": round(t, 4), "gpu": i, "window_s": None, "phase": None}
+            row.update(self._reader.read(i))
+            prev = next((r for r in reversed(self.rows) if r["gpu"] == i), None)
+            row["window_s"] = round(t - prev["t_s"], 4) if prev else 0.0
+            self.rows.append(row)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._tick()
+
+    def stop(self) -> list[dict[str, Any]]:
+        """Stop the thread, take one last sample, give each row its phase; returns the rows."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+            self._tick()
+        if self._reader is not None:
+            self.sources.update(self._reader.sources)
+            self._reader.close()
+            self._reader = None
+        assign_phases(self.rows, self.markers)
+        return self.rows
+
+    def __enter__(self) -> "Sampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def phase_at(t: float, markers: list[tuple[float, str]]) -> str:
+    """The phase of the latest marker at or before ``t``; ``idle`` before the first."""
+    phase = "idle"
+    for tm, p in sorted(markers, key=lambda m: m[0]):
+        if tm <= t:
+            phase = p
+        else:
+            break
+    return phase
+
+
+def assign_phases(rows: list[dict[str, Any]], markers: list[tuple[float, str]]) -> list[dict[str, Any]]:
+    """Set each row's ``phase`` from the markers, at the middle of the row's window (``t_s - window_s / 2``)."""
+    for r in rows:
+        w = r.get("window_s") or 0.0
+        r["phase"] = phase_at(r["t_s"] - w / 2, markers)
+    return rows
+
+
+def require_nvml(reader_factory: Callable[[], Any] = NvmlReader) -> list[str]:
+    """Names of the GPUs NVML sees; raises ``NvmlUnavailable`` ("no NVIDIA GPU visible to NVML: ...") if none."""
+    reader = reader_factory()
+    try:
+        return [reader.name(i) for i in range(len(reader.handles))]
+    finally:
+        reader.close()
