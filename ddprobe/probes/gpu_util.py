@@ -58,10 +58,11 @@ def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
 
 def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s: float, writer: ResultWriter,
                  text: str = "novel", seed: int = 0, reader_factory: Callable[[], Any] = NvmlReader,
-                 on_event: Callable[[str], None] | None = None) -> Result:
+                 on_event: Callable[[str], None] | None = None, warmup: bool = True) -> Result:
     """Sample every GPU during one request of ``prompt_len`` tokens + ``decode_tokens``; the Result (kind
     "gpu-util") holds the timeline rows and the ``analyze`` summary. Raises ``NvmlUnavailable`` (one line)
-    before the request when NVML sees no GPU."""
+    before the request when NVML sees no GPU. ``warmup`` first runs a short request (first 256 prompt tokens,
+    3 new) so kernel compilation does not land in the sampled decode."""
     if decode_tokens < 2:
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
     say = on_event or (lambda msg: None)
@@ -71,6 +72,12 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
         sampler.stop()
         raise NvmlUnavailable(sampler.sources["nvml"].removeprefix("missing: "))
     try:
+        if warmup:
+            say("warm-up request (256 tokens, 3 new): kernels compile outside the sampled request")
+            t_w = sampler.now()
+            backend.generate(ids[:256], 3)
+            sampler.mark("warmup", t_w)
+            sampler.mark("idle")
         time.sleep(IDLE_LEAD_S)
         say(f"prefill {len(ids)} tokens, then decode {decode_tokens}...")
         t0 = sampler.now()

@@ -33,7 +33,7 @@ SIGNALS = ["power_W", "power_avg_W", "power_pct", "sm_clock_MHz", "mem_clock_MHz
            "mem_used_GB", "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_tensor_util_pct", "gpm_hmma_util_pct",
            "gpm_dram_bw_util_pct", "gpm_fp32_util_pct", "gpm_fp16_util_pct"]
 GPM_CORE = ["gpm_sm_util_pct", "gpm_tensor_util_pct", "gpm_dram_bw_util_pct"]
-PHASE_ORDER = {"idle": 0, "prefill": 1, "request": 2, "decode": 3}
+PHASE_ORDER = {"idle": 0, "warmup": 0.5, "prefill": 1, "request": 2, "decode": 3}
 
 
 def _num(v: Any) -> float | None:
@@ -99,10 +99,9 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
                                     "latency-bound", "gpm"
         return "mixed", f"{smi}; {pipes}: busy but no unit near its limit (mixed)", "gpm"
     # fallback: no (or partial) GPM
-    gone = [k.replace("gpm_", "").replace("_pct", "") for k, v in (("gpm_sm_util_pct", sm), ("gpm_tensor_util_pct",
-                                                                                             tensor),
-                                                                   ("gpm_dram_bw_util_pct", dram)) if v is None]
-    why = (sources or {}).get("gpm") or (sources or {}).get("gpm_tensor_util_pct")
+    gone = [name for name, v in (("SM", sm), ("tensor", tensor), ("DRAM", dram)) if v is None]
+    why = (sources or {}).get("gpm") or (sources or {}).get("gpm_tensor_util_pct") or ""
+    why = why.removeprefix("missing: ")
     miss = f"GPM {', '.join(gone)} missing" + (f" ({why})" if why and not why.startswith("ok") else "")
     memtxt = f"memory controller {_fmt(mem)}" if mem is not None else "memory util missing"
     ev = f"{smi}, {pw}, {memtxt}; {miss}, so from power and NVML utilization only"
@@ -167,7 +166,8 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
     out.update(_request_numbers(request, decode_J if any_decode_J else None))
     dec = [d for d in per_phase if d["phase"] == "decode"] or [d for d in per_phase if d["phase"] == "request"]
     out["verdict"] = dec[0]["verdict"] if dec else None
-    out["evidence"] = dec[0]["evidence"] if dec else None
+    out["evidence"] = dec[0]["evidence"] if dec else \
+        "no sample fell in the decode phase: shorten the sampling period or decode more tokens"
     return out
 
 

@@ -1,0 +1,301 @@
+"""gpu-util: NVML reader (fake NVML), sampler and phases, verdicts on recorded timelines, the probe end to end
+on the tiny engine with a fake reader, and the CLI (live mode without a GPU, --replay)."""
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+from ddprobe.probes import gpu_verdict as gv
+from ddprobe.probes.gpu_util import deep_child_args, gpu_spec_for, parse_ncu_csv, replay, run_gpu_util
+from ddprobe.probes.telemetry import GPM_METRICS, NvmlReader, NvmlUnavailable, Sampler, assign_phases, phase_at
+from ddprobe.results import Result, ResultWriter, RunMeta
+
+DATA = Path(__file__).parent / "data"
+SYNTH = DATA / "gpu-util-synthetic.json"
+
+
+# ---- a fake pynvml ------------------------------------------------------------------------------
+class FakeNvml:
+    """Enough of pynvml for NvmlReader: 2 GPUs, GPM with FP16_UTIL unsupported, no average-power field."""
+    NVML_FI_DEV_POWER_INSTANT, NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_GPM_METRICS_GET_VERSION = 186, 0, 2, 1
+
+    def __init__(self, gpm=True):
+        self.gpm, self.t = gpm, 0
+        for j, (_, cname) in enumerate(GPM_METRICS):
+            setattr(self, cname, 100 + j)
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): pass
+    def nvmlDeviceGetCount(self): return 2
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H200"
+
+    def nvmlDeviceGetFieldValues(self, h, ids):
+        return [SimpleNamespace(nvmlReturn=0, valueType=1, value=SimpleNamespace(uiVal=142000)) for _ in ids]
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h): return 700000
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self.t += 1
+        return 1000 * self.t * 142
+    def nvmlDeviceGetClockInfo(self, h, which): return 1980 if which == 0 else 3201
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return 0x4  # power cap
+    def nvmlDeviceGetUtilizationRates(self, h): return SimpleNamespace(gpu=100, memory=1)
+    def nvmlDeviceGetMemoryInfo(self, h): return SimpleNamespace(used=40e9)
+
+    def nvmlGpmQueryDeviceSupport(self, h):
+        if not self.gpm:
+            raise RuntimeError("NVMLError_NotSupported: Not Supported")
+        return SimpleNamespace(isSupportedDevice=1)
+
+    def nvmlGpmSampleAlloc(self): return object()
+    def nvmlGpmSampleGet(self, h, s): return s
+    def nvmlGpmSampleFree(self, s): pass
+
+    def c_nvmlGpmMetricsGet_t(self):
+        return SimpleNamespace(metrics=[SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(8)])
+
+    def nvmlGpmMetricsGet(self, mg):
+        for m in mg.metrics[:mg.numMetrics]:
+            unsupported = m.metricId == self.NVML_GPM_METRIC_FP16_UTIL
+            m.nvmlReturn, m.value = (3, 0.0) if unsupported else (0, float(m.metricId - 99))
+        return mg
+
+
+def test_reader_records_each_metric_or_why_it_is_missing():
+    r = NvmlReader(FakeNvml())
+    first, second = r.read(0), r.read(0)
+    assert first["gpm_sm_util_pct"] is None  # the first tick only opens the GPM window
+    assert second["gpm_sm_util_pct"] == 1.0 and second["gpm_tensor_util_pct"] == 3.0
+    assert second["gpm_fp16_util_pct"] is None  # its own nvmlReturn failed: missing, not 0
+    assert "code 3" in r.sources["gpm_fp16_util_pct"] and r.sources["gpm_sm_util_pct"].startswith("ok")
+    assert second["power_W"] == 142.0 and second["power_limit_W"] == 700.0 and second["sm_clock_MHz"] == 1980
+    assert second["clock_reasons"] == "power_cap" and second["util_gpu_pct"] == 100.0
+    assert second["power_avg_W"] is None  # FakeNvml has no NVML_FI_DEV_POWER_AVERAGE constant
+
+
+def test_reader_without_gpm_keeps_gpm_null_and_says_why():
+    r = NvmlReader(FakeNvml(gpm=False))
+    r.read(1)
+    row = r.read(1)
+    assert all(row[k] is None for k, _ in GPM_METRICS)
+    assert "NotSupported" in r.sources["gpm"]
+
+
+def test_no_nvml_on_this_machine_is_recorded_not_raised():
+    s = Sampler(0.05).start()
+    if s.available:
+        s.stop()
+        pytest.skip("an NVIDIA GPU is visible here")
+    s.stop()
+    assert s.sources["nvml"].startswith("missing: no NVIDIA GPU visible to NVML")
+    assert s.rows == []
+
+
+# ---- sampler and phases -------------------------------------------------------------------------
+class FakeReader:
+    def __init__(self):
+        self.handles, self.sources, self.t = [0, 1], {"gpm": "ok"}, 0.0
+
+    def name(self, i): return "NVIDIA H200"
+    def close(self): pass
+
+    def read(self, i):
+        self.t += 1
+        return {"power_W": 140.0, "power_limit_W": 700.0, "energy_J": self.t * 10, "util_gpu_pct": 100.0,
+                "util_mem_pct": 1.0, "gpm_sm_util_pct": 5.0, "gpm_tensor_util_pct": 0.8,
+                "gpm_dram_bw_util_pct": 0.5, "gpm_fp32_util_pct": 1.0, "gpm_fp16_util_pct": None}
+
+
+def test_sampler_thread_ticks_every_gpu_and_assigns_phases():
+    import time
+    s = Sampler(0.01, reader_factory=FakeReader).start()
+    s.mark("prefill")
+    time.sleep(0.05)
+    s.mark("decode")
+    time.sleep(0.05)
+    s.mark("idle")
+    rows = s.stop()
+    assert {r["gpu"] for r in rows} == {0, 1}
+    assert {r["phase"] for r in rows} >= {"prefill", "decode"}
+    assert all(r["phase"] == phase_at(r["t_s"] - r["window_s"] / 2, s.markers) for r in rows)
+
+
+def test_phase_from_window_middle():
+    markers = [(1.0, "prefill"), (3.0, "decode"), (6.0, "idle")]
+    rows = [{"t_s": t, "window_s": 0.5} for t in (0.5, 1.2, 3.2, 3.3, 6.1, 6.3)]
+    assert [r["phase"] for r in assign_phases(rows, markers)] == ["idle", "idle", "prefill", "decode", "decode",
+                                                                 "idle"]
+
+
+# ---- verdicts -----------------------------------------------------------------------------------
+def _rows(n=8, **sig):
+    base = {"util_gpu_pct": 100.0, "util_mem_pct": 1.0, "power_W": 140.0, "power_limit_W": 700.0,
+            "gpm_sm_util_pct": 5.3, "gpm_tensor_util_pct": 0.8, "gpm_dram_bw_util_pct": 0.5,
+            "gpm_fp32_util_pct": 1.0, "gpm_fp16_util_pct": 0.5, "window_s": 0.2}
+    base.update(sig)
+    return [dict(base, t_s=i * 0.2, gpu=0, phase="decode", energy_J=1000 + 28 * i) for i in range(n)]
+
+
+@pytest.mark.parametrize("sig, want", [
+    ({}, "latency-bound"),  # the paged verify on the H200
+    (dict(gpm_tensor_util_pct=93.7, gpm_sm_util_pct=96.5, gpm_dram_bw_util_pct=17, power_W=700), "compute-bound"),
+    (dict(gpm_tensor_util_pct=0.04, gpm_sm_util_pct=73.7, gpm_dram_bw_util_pct=61.6, power_W=590),
+     "bandwidth-bound"),
+    (dict(gpm_tensor_util_pct=43.1, gpm_sm_util_pct=92.1, gpm_dram_bw_util_pct=25.3, power_W=682), "compute-bound"),
+    (dict(util_gpu_pct=0, gpm_sm_util_pct=0, gpm_tensor_util_pct=0, gpm_dram_bw_util_pct=0, power_W=124), "idle"),
+    (dict(gpm_sm_util_pct=60, gpm_tensor_util_pct=20, gpm_dram_bw_util_pct=25, power_W=400), "mixed"),
+    (dict(gpm_fp32_util_pct=70, gpm_sm_util_pct=90, gpm_tensor_util_pct=0, gpm_dram_bw_util_pct=10, power_W=500),
+     "compute-bound"),
+])
+def test_each_verdict_with_gpm(sig, want):
+    d = gv.analyze(_rows(**sig))["per_phase"][0]
+    assert d["verdict"] == want and d["basis"] == "gpm"
+    assert want in d["evidence"]
+
+
+def test_latency_sentence_names_the_contradiction():
+    ev = gv.analyze(_rows())["per_phase"][0]["evidence"]
+    assert ev.startswith("nvidia-smi says 100% busy, but") and "tensor pipes 0.8%" in ev and "power 20% of the " \
+                                                                                           "limit" in ev
+
+
+NO_GPM = {k: None for k, _ in GPM_METRICS}
+
+
+@pytest.mark.parametrize("sig, want", [
+    (dict(util_mem_pct=1.0), "latency-bound"),
+    (dict(util_mem_pct=79.0, power_W=590), "bandwidth-bound"),
+    (dict(util_mem_pct=24.0, power_W=700), "compute-bound"),
+    (dict(util_gpu_pct=0.0, power_W=124), "idle"),
+])
+def test_each_verdict_without_gpm_says_what_was_missing(sig, want):
+    d = gv.analyze(_rows(**{**NO_GPM, **sig}), sources={"gpm": "missing: NotSupported"})["per_phase"][0]
+    assert d["verdict"] == want and d["basis"] == "power+nvml"
+    assert "GPM SM, tensor, DRAM missing (NotSupported)" in d["evidence"]
+    if want != "idle":
+        assert "probably" in d["evidence"]
+    assert d["signals"]["gpm_tensor_util_pct"] == {"median": None, "p90": None, "n": 0}
+
+
+def test_null_is_never_read_as_zero():
+    # busy by nvidia-smi, low power, memory controller 40%, GPM missing: read as 0, SM/tensor/DRAM would
+    # say latency-bound with GPM evidence; read as missing, it is the weaker power+nvml "mixed"
+    d = gv.analyze(_rows(**{**NO_GPM, "util_mem_pct": 40.0}))["per_phase"][0]
+    assert d["verdict"] == "mixed" and d["basis"] == "power+nvml"
+    assert "tensor pipes 0" not in d["evidence"]
+
+
+def test_missing_samples_within_a_metric_are_skipped():
+    rows = _rows()
+    for r in rows[:5]:
+        r["gpm_tensor_util_pct"] = None
+    for r in rows[5:]:
+        r["gpm_tensor_util_pct"] = 2.0
+    s = gv.analyze(rows)["per_phase"][0]["signals"]["gpm_tensor_util_pct"]
+    assert s["median"] == 2.0 and s["n"] == 3
+
+
+def test_request_numbers_bandwidth_energy_floor():
+    req = {"prompt_tokens": 32768, "completion_tokens": 49, "verify_steps": 48, "step_ms": [150.0, 160.0, 170.0],
+           "kv_B_per_token": 61 * 576 * 2, "gpu_bw_Bps": 4.8e12, "verify_ms_mean": 140.0}
+    rows = _rows()
+    rows[0]["phase"] = "idle"  # the counter difference starts at the last sample before decode
+    s = gv.analyze(rows, req)
+    nbytes = 61 * 1152 * (32768 + 24.5)
+    assert s["decode_step_ms"] == 160.0
+    assert s["eff_bw_GBps"] == pytest.approx(nbytes / 0.16 / 1e9)
+    assert s["floor_ms"] == pytest.approx(nbytes / 4.8e12 * 1e3) and s["gap"] == pytest.approx(160 / s["floor_ms"])
+    assert s["energy_J_per_token"] == pytest.approx(28 * 7 / 48)  # counter over the decode rows / decoded tokens
+    assert s["verdict"] == "latency-bound"
+    rows[0]["energy_J"] = None  # no counter: power x window over the decode rows
+    assert gv.analyze(rows, req)["energy_J_per_token"] == pytest.approx(140 * 0.2 * 7 / 48)
+
+
+def test_gpu_spec_for_nvml_names():
+    assert gpu_spec_for("NVIDIA H200").name == "h200" and gpu_spec_for("NVIDIA H20").name == "h20"
+    assert gpu_spec_for("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000"
+    assert gpu_spec_for("Tesla T4") is None and gpu_spec_for(None) is None
+
+
+# ---- the probe end to end (tiny engine on the CPU, fake reader) ----------------------------------
+def test_run_gpu_util_on_the_tiny_engine_with_a_fake_reader(tmp_path):
+    from ddprobe.probes.engine_backend import EngineBackend
+
+    be = EngineBackend(preset="tiny", max_ctx=1024)
+    w = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config=be.describe()),
+                     tmp_path / "g.json")
+    res = run_gpu_util(be, 256, 6, 0.01, w, reader_factory=FakeReader)
+    phases = {r["phase"] for r in res.rows}
+    assert {"idle", "prefill", "decode"} <= phases
+    s = res.summary
+    assert s["request"]["kv_B_per_token"] == be.describe()["layers"] * be.describe()["kv_row"] * 4
+    assert s["decode_step_ms"] > 0 and s["eff_bw_GBps"] > 0 and s["energy_J_per_token"] > 0
+    assert s["verdict"] == "latency-bound"
+    saved = Result.load(tmp_path / "g.json")
+    assert saved.kind == "gpu-util" and len(saved.rows) == len(res.rows) and saved.summary["per_phase"]
+    assert [m[1] for m in s["markers"]] == ["warmup", "idle", "prefill", "decode", "idle"]
+
+
+def test_run_gpu_util_without_nvml_raises_one_line(tmp_path):
+    def none():
+        raise NvmlUnavailable("no NVIDIA GPU visible to NVML: test")
+
+    w = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False)))
+    be = SimpleNamespace(tokenize=lambda t: list(range(len(t.split()))), name="fake")
+    with pytest.raises(NvmlUnavailable, match="^no NVIDIA GPU visible to NVML: test$"):
+        run_gpu_util(be, 64, 4, 0.01, w, reader_factory=none)
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+def test_cli_live_without_gpu_exits_1_with_one_line(tmp_path):
+    if Sampler(0.05).start().available:
+        pytest.skip("an NVIDIA GPU is visible here")
+    r = CliRunner().invoke(app, ["gpu-util", "--prompt-len", "1k", "--json", str(tmp_path / "x.json")])
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no NVIDIA GPU visible to NVML:")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_replay_writes_json_and_csv(tmp_path):
+    r = CliRunner().invoke(app, ["gpu-util", "--replay", str(SYNTH), "--json", str(tmp_path / "r.json"), "--csv",
+                                 str(tmp_path / "r.csv")])
+    assert r.exit_code == 0, r.output
+    assert "latency-bound" in r.output and "compute-bound" in r.output
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["kind"] == "gpu-util" and len(d["rows"]) == 162
+    assert {p["verdict"] for p in d["summary"]["per_phase"] if p["phase"] == "decode"} == {"latency-bound"}
+    assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("t_s,gpu,phase,power_W")
+
+
+def test_cli_replay_rejects_other_kinds(tmp_path):
+    r = CliRunner().invoke(app, ["gpu-util", "--replay", str(DATA / "commit-tiny-cpu.json"), "--json",
+                                 str(tmp_path / "r.json")])
+    assert r.exit_code == 1 and "needs a gpu-util results file" in r.output
+
+
+def test_replay_equals_fresh_analysis_and_report_renders(tmp_path):
+    from ddprobe.reports import render
+
+    res = replay(Result.load(SYNTH))
+    assert res.summary["per_phase"] == gv.analyze(res.rows)["per_phase"]
+    res.save(tmp_path / "gpu-util-replayed.json")
+    for f in [tmp_path / "gpu-util-replayed.json", *sorted(DATA.glob("gpu-util-h200-*.json"))]:
+        written = render.write_report([f], tmp_path / f"{f.stem}.md")
+        text = written[0].read_text()
+        assert "latency-bound" in text or "bound" in text
+
+
+def test_deep_helpers():
+    argv = ["gpu-util", "--prompt-len", "32k", "--deep", "--json", "a.json", "--decode-tokens=48", "--attn", "paged"]
+    assert deep_child_args(argv) == ["gpu-util", "--prompt-len", "32k", "--attn", "paged", "--decode-tokens", "4"]
+    text = ('==PROF== Connected\n"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+            '"0","_paged_verify_kernel","dram__throughput.avg.pct_of_peak_sustained_elapsed","%","0.61"\n'
+            '"0","_paged_verify_kernel","gpu__time_duration.sum","msecond","2.50"\n'
+            '"0","_paged_verify_kernel","sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed","%","0.9"\n')
+    k = parse_ncu_csv(text)
+    assert k == [{"id": "0", "kernel": "_paged_verify_kernel", "dram_pct": 0.61, "time_us": 2500.0,
+                  "tensor_pct": 0.9}]
