@@ -299,3 +299,20 @@ def test_deep_helpers():
     k = parse_ncu_csv(text)
     assert k == [{"id": "0", "kernel": "_paged_verify_kernel", "dram_pct": 0.61, "time_us": 2500.0,
                   "tensor_pct": 0.9}]
+
+
+def test_busy_less_than_half_the_time_with_low_units_is_idle_waiting_on_the_host():
+    d = gv.analyze(_rows(util_gpu_pct=25.0, gpm_dram_bw_util_pct=1.8, gpm_sm_util_pct=6.6))["per_phase"][0]
+    assert d["verdict"] == "idle" and "waiting on the host" in d["evidence"]
+    d = gv.analyze(_rows(**{**NO_GPM, "util_gpu_pct": 25.0}))["per_phase"][0]
+    assert d["verdict"] == "idle" and d["basis"] == "power+nvml"
+
+
+@pytest.mark.parametrize("path, want", [("paged", "latency-bound"), ("split", "idle")])
+def test_h200_timelines_replay(path, want):
+    f = DATA / f"gpu-util-h200-{path}.json"
+    res = replay(Result.load(f))
+    by_phase = {d["phase"]: d for d in res.summary["per_phase"]}
+    assert by_phase["prefill"]["verdict"] == "compute-bound" and by_phase["decode"]["verdict"] == want
+    assert res.summary["eff_bw_GBps"] < 100 and res.summary["gap"] > 100  # far off the floor either way
+    assert all(r["gpm_tensor_util_pct"] is not None for r in res.rows if r["phase"] == "decode")

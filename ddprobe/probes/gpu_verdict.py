@@ -16,7 +16,8 @@ from typing import Any
 
 # ---- thresholds (percent) -------------------------------------------------------------------
 IDLE_UTIL_PCT = 10.0  # nvidia-smi util below this: nothing is running
-BUSY_UTIL_PCT = 50.0  # nvidia-smi util at or above this: "busy" by nvidia-smi
+BUSY_UTIL_PCT = 50.0  # nvidia-smi util at or above this: "busy" by nvidia-smi; below it, with every unit low,
+# the GPU is mostly idle between kernels, waiting on the host (H200 split decode of the k2 engine: util 25%)
 TENSOR_BOUND_PCT = 40.0  # GPM any-tensor util: matmul 94, split verify 43 (tensor-limited), stream 0.04
 SIMT_BOUND_PCT = 40.0  # GPM FP32/FP16 (CUDA-core) util: compute-bound without tensor cores
 DRAM_BOUND_PCT = 40.0  # GPM DRAM bw util: stream 62, gather 52, split verify 25, matmul 17
@@ -69,7 +70,7 @@ def stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
 
 
 def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0f}%" if v >= 10 else f"{v:.1f}%" if v >= 0.1 else f"{v:.2f}%"
+    return "n/a" if v is None else "0%" if v == 0 else f"{v:.0f}%" if v >= 10 else f"{v:.1f}%" if v >= 0.1 else f"{v:.2f}%"
 
 
 def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | None = None) -> tuple[str, str, str]:
@@ -93,6 +94,11 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
             return "compute-bound", f"FP32/FP16 pipes {_fmt(simt)} busy, tensor {_fmt(tensor)}, DRAM {_fmt(dram)}: " \
                                     "compute-bound on CUDA cores", "gpm"
         low_power = power is None or power < LOW_POWER_PCT
+        if sm < LOW_SM_PCT and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power and \
+                util is not None and util < BUSY_UTIL_PCT:
+            return "idle", f"nvidia-smi says {_fmt(util)} busy (a kernel ran {_fmt(util)} of the time); SM " \
+                           f"{_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: mostly idle, waiting " \
+                           "on the host (launch overhead or CPU work between kernels)", "gpm"
         if sm < LOW_SM_PCT and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power:
             lead = f"{smi}, but" if util is not None and util >= BUSY_UTIL_PCT else f"{smi};"
             return "latency-bound", f"{lead} SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: " \
@@ -116,6 +122,8 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
     if power is not None and power < LOW_POWER_PCT and (mem is None or mem < NVML_MEM_LOW_PCT) and \
             (util is None or util >= BUSY_UTIL_PCT):
         return "latency-bound", f"{ev}: probably latency-bound", "power+nvml"
+    if power is not None and power < LOW_POWER_PCT and util is not None and util < BUSY_UTIL_PCT:
+        return "idle", f"{ev}: mostly idle, probably waiting on the host", "power+nvml"
     return "mixed", f"{ev}: busy, no clear limit (mixed)", "power+nvml"
 
 
