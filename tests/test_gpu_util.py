@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 from ddprobe.cli import app
 from ddprobe.probes import gpu_verdict as gv
 from ddprobe.probes.gpu_util import deep_child_args, gpu_spec_for, parse_ncu_csv, replay, run_gpu_util
-from ddprobe.probes.telemetry import GPM_METRICS, NvmlReader, NvmlUnavailable, Sampler, assign_phases, phase_at
+from ddprobe.probes.sampler import Sampler, assign_phases, phase_at
+from ddprobe.probes.telemetry import GPM_METRICS, NvmlReader, NvmlUnavailable
 from ddprobe.results import Result, ResultWriter, RunMeta
 
 DATA = Path(__file__).parent / "data"

@@ -1,7 +1,7 @@
 """GPU-utilization probe: is the GPU doing work during decode?
 
 ``run_gpu_util`` drives one decode-heavy request (novel text: each step commits about one token)
-through any backend while ``telemetry.Sampler`` samples every GPU, marks the phases (prefill from
+through any backend while ``sampler.Sampler`` samples every GPU, marks the phases (prefill from
 the request start, decode from the first token, idle after the end) and returns a ``Result`` of
 kind ``gpu-util``: rows = the timeline (one per GPU per tick), summary = ``gpu_verdict.analyze``
 (per GPU and phase: medians, p90s, verdict and evidence; decode step time, effective bandwidth,
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import shutil
 import subprocess
 import time
@@ -23,7 +24,8 @@ from .backends import Backend
 from .commit import prompt_ids
 from .floor import GPUS
 from .gpu_verdict import analyze
-from .telemetry import DEFAULT_PERIOD_S, NvmlReader, NvmlUnavailable, Sampler
+from .sampler import Sampler
+from .telemetry import NvmlReader, NvmlUnavailable
 
 KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
 NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
@@ -147,7 +149,7 @@ def deep_ncu(child_cmd: list[str], attn: str, count: int = 4, timeout_s: float =
     """Nsight Compute (``--clock-control none``) over ``count`` verify kernels of a decode step of ``child_cmd``
     (a shorter run of the same request). The verify kernels run only in decode, so a kernel-name filter
     picks decode-step kernels. Returns {"kernels": [...]} or {"skipped": why}."""
-    ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if shutil.os.path.exists("/usr/local/cuda/bin/ncu")
+    ncu = shutil.which("ncu") or ("/usr/local/cuda/bin/ncu" if os.path.exists("/usr/local/cuda/bin/ncu")
                                   else None)
     if ncu is None:
         return {"skipped": "ncu not found on PATH or in /usr/local/cuda/bin"}

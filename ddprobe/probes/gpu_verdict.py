@@ -70,7 +70,9 @@ def stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
 
 
 def _fmt(v: float | None) -> str:
-    return "n/a" if v is None else "0%" if v == 0 else f"{v:.0f}%" if v >= 10 else f"{v:.1f}%" if v >= 0.1 else f"{v:.2f}%"
+    if v is None:
+        return "n/a"
+    return "0%" if v == 0 else f"{v:.0f}%" if v >= 10 else f"{v:.1f}%" if v >= 0.1 else f"{v:.2f}%"
 
 
 def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | None = None) -> tuple[str, str, str]:
