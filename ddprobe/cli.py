@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -434,6 +435,63 @@ def gate(
     out.print(verdict, highlight=False)
     if not outcome.passed:
         raise typer.Exit(1)
+
+
+@app.command()
+@_errors_exit_1
+def diagnose(
+    ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for every results file and the "
+                                                                      "report (default ddprobe-diagnose-<time>).")]
+    = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per commit cell.")] = 64,
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded under telemetry.")] = 64,
+    backend: Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm.")] = "engine",
+    url: Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")] = 600.0,
+    model: Annotated[str, typer.Option("--model", help="Floor model preset for a server backend.")] = "kimi-k2.6",
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Floor GPU preset (default: the GPU NVML sees).")]
+    = None,
+    bw: Annotated[Optional[str], typer.Option("--bw", help="Floor bandwidth instead, e.g. 4.8TB/s.")] = None,
+    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.", rich_help_panel=_ENGINE_HELP)]
+    = "tiny",
+    attn: Annotated[str, typer.Option("--attn", help="Engine verify path for the probes: reference, paged, split.",
+                                      rich_help_panel=_ENGINE_HELP)] = "reference",
+    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes.", rich_help_panel=_ENGINE_HELP)] = 8,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_ENGINE_HELP)] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.", rich_help_panel=_ENGINE_HELP)] = "fp32",
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2 preset).",
+                                                 rich_help_panel=_ENGINE_HELP)] = None,
+    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP, rich_help_panel=_ENGINE_HELP)] = "auto",
+    seed: Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")] = 0,
+):
+    """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
+    import datetime as dt
+
+    from .probes.backends import make_backend
+    from .probes.commit import check_contexts
+    from .probes.diagnose import Diagnose, DiagnoseOptions
+    from .probes.floor import get_gpu
+
+    ctxs = parse_token_list(ctx)
+    if gpu:
+        get_gpu(gpu)  # unknown names fail before anything runs
+    bw_Bps = parse_bandwidth(bw) if bw else None
+    if max_new_tokens < 1 or decode_tokens < 1:
+        raise DDProbeError("--max-new-tokens and --decode-tokens must be at least 1")
+    need = max(ctxs) + max(max_new_tokens, decode_tokens) + budget + 1 + 64
+    be = make_backend(backend, url, timeout, engine_factory=lambda: _engine_backend(
+        preset, attn, budget, device, dtype, seed, heads, need, weights))
+    check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))
+    folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
+                           bw_Bps=bw_Bps, model=model, seed=seed)
+    report = folder / "report.html"
+    claims = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False)).run(report)
+    for c in claims:
+        out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
+                  + escape(c.text), highlight=False)
+    out.print(f"report: {report}", highlight=False)
 
 
 def main():  # console-script entry point

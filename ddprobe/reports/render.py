@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -17,7 +17,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from .. import __version__
 from ..units import DDProbeError
-from . import load, sections
+from . import diagnosis, load, sections
 
 FORMATS = {".html": "html", ".htm": "html", ".md": "md"}
 
@@ -28,13 +28,16 @@ class Report:
     generated_utc: str
     command: str
     sections: list[sections.Section]
+    diagnosis: list[diagnosis.Claim] = field(default_factory=list)  # diagnose's first screen; empty otherwise
 
 
-def build(paths: Iterable[str | os.PathLike], command: str = "", title: str = "ddprobe report") -> Report:
+def build(paths: Iterable[str | os.PathLike], command: str = "", title: str = "ddprobe report",
+          with_diagnosis: bool = False) -> Report:
     loaded = load.load_all(paths)
     built = [sections.build(p, r, i) for i, (p, r) in enumerate(loaded)]
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    return Report(title=title, generated_utc=now, command=command, sections=built)
+    claims = diagnosis.diagnose([r for _, r in loaded]) if with_diagnosis else []
+    return Report(title=title, generated_utc=now, command=command, sections=built, diagnosis=claims)
 
 
 def _env(fmt: str) -> Environment:

@@ -1,0 +1,169 @@
+"""`ddprobe diagnose`: the whole investigation in one run, ending in a written diagnosis.
+
+Steps, each writing its results file into the output folder as soon as it has numbers:
+1. commit: commit length on predictable and novel text at every context;
+2. gpu-util: telemetry during a decode-heavy request at the longest context (needs an NVIDIA GPU);
+3. floor: the bandwidth floor of the measured decode step (needs a GPU's bandwidth: detected, or
+   ``--gpu``/``--bw``);
+4. verify: `paged` vs `split` verify attention at the engine's shapes (embedded engine on a GPU);
+then the report, whose first screen is the diagnosis. A step that cannot run here is recorded as
+skipped with the reason and the others still run; ``diagnose.json`` records every step's status.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..results import Result, ResultWriter, RunMeta
+from ..units import DDProbeError
+from .backends import Backend
+from .commit import run_commit_probe
+from .floor import FloorInput, floor_table, get_gpu
+from .models import ModelSpec, get_model
+
+GPU_NAMES = {"H200": "h200", "H100": "h100", "B200": "b200", "RTX PRO 6000": "rtx-pro-6000", "A100": "a100",
+             "H20": "h20", "L40S": "l40s", "MI300X": "mi300x"}
+
+
+@dataclass
+class DiagnoseOptions:
+    ctxs: list[int]
+    max_new_tokens: int = 64
+    decode_tokens: int = 64
+    gpu: str | None = None  # a floor GPU preset
+    bw_Bps: float | None = None
+    model: str = "kimi-k2.6"  # the floor's model for HTTP backends
+    seed: int = 0
+
+
+def detect_gpu_preset(meta: RunMeta) -> str | None:
+    """The floor preset of the first NVIDIA GPU NVML sees, if ddprobe knows it."""
+    name = meta.gpu_name or ""
+    for key, preset in GPU_NAMES.items():
+        if key.lower() in name.lower():
+            return preset
+    return None
+
+
+def engine_model_spec(backend) -> ModelSpec:
+    """The floor's view of the embedded engine's target (MLA, its exact attention shapes)."""
+    t = backend.engine.config.target
+    return ModelSpec(name=f"engine-{backend.preset}", attention="mla", num_layers=t.num_layers,
+                     hidden_size=t.hidden_size, num_heads=t.num_heads, vocab_size=t.vocab_size,
+                     kv_lora_rank=t.kv_lora_rank, qk_rope_head_dim=t.qk_rope_head_dim,
+                     qk_nope_head_dim=t.qk_nope_head_dim, v_head_dim=t.v_head_dim, q_lora_rank=t.q_lora_rank,
+                     intermediate_size=t.intermediate_size)
+
+
+class Diagnose:
+    def __init__(self, backend: Backend, opts: DiagnoseOptions, out_dir: Path, say: Callable[[str], None] = print):
+        self.backend, self.opts, self.out, self.say = backend, opts, Path(out_dir), say
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.meta = RunMeta.collect()
+        self.record = ResultWriter(Result(kind="diagnose", meta=self.meta,
+                                          config={"ctx": opts.ctxs, **backend.describe()}), self.out / "diagnose.json")
+        self.files: dict[str, Path] = {}
+        self.commit_rows: list[dict] = []
+        self.util: Result | None = None
+
+    def _step(self, name: str, fn: Callable[[], tuple[str, str] | None]) -> None:
+        t0 = time.perf_counter()
+        self.say(f"{name}: running...")
+        try:
+            out = fn()
+            status, reason = out if out else ("ok", "")
+        except DDProbeError as e:
+            status, reason = "failed", str(e)
+        except KeyboardInterrupt:
+            self.record.add({"step": name, "status": "interrupted", "reason": "interrupted by the user",
+                             "file": None, "seconds": time.perf_counter() - t0})
+            raise
+        except Exception as e:  # a bug or a GPU error in one step must not lose the others
+            status, reason = "failed", f"{type(e).__name__}: {e}".splitlines()[0]
+            (self.out / f"{name}.error.txt").write_text(traceback.format_exc())
+        self.record.add({"step": name, "status": status, "reason": reason,
+                         "file": self.files[name].name if name in self.files else None,
+                         "seconds": time.perf_counter() - t0})
+        self.say(f"{name}: {status}" + (f": {reason}" if reason else ""))
+
+    # ---- steps ------------------------------------------------------------------------
+    def commit(self):
+        path = self.files["commit"] = self.out / "commit.json"
+        w = ResultWriter(Result(kind="commit", meta=self.meta, config={
+            "ctx": self.opts.ctxs, "text": ["predictable", "novel"], "max_new_tokens": self.opts.max_new_tokens,
+            **self.backend.describe()}), path)
+        self.commit_rows = run_commit_probe(self.backend, self.opts.ctxs, ["predictable", "novel"],
+                                            self.opts.max_new_tokens, w, seed=self.opts.seed)
+
+    def gpu_util(self):
+        if not self.meta.gpus:
+            return "skipped", "no NVIDIA GPU visible to NVML on this machine"
+        try:
+            from .gpu_util import run_gpu_util
+        except ImportError as e:
+            return "skipped", f"the gpu-util probe is not available ({e})"
+        path = self.files["gpu-util"] = self.out / "gpu-util.json"
+        w = ResultWriter(Result(kind="gpu-util", meta=self.meta, config=self.backend.describe()), path)
+        self.util = run_gpu_util(self.backend, max(self.opts.ctxs), self.opts.decode_tokens, 0.1, w, text="novel")
+
+    def _measured_step(self) -> tuple[int, float, str] | None:
+        if self.util is not None and self.util.summary.get("decode_step_ms"):
+            return max(self.opts.ctxs), float(self.util.summary["decode_step_ms"]), "gpu-util decode"
+        novel = [r for r in self.commit_rows if r["text"] == "novel" and r.get("decode_ms_per_step")]
+        if novel:
+            r = max(novel, key=lambda r: r["ctx"])
+            return r["ctx"], float(r["decode_ms_per_step"]), "commit probe, novel text"
+        return None
+
+    def floor(self):
+        preset = self.opts.gpu or (None if self.opts.bw_Bps else detect_gpu_preset(self.meta))
+        if preset is None and self.opts.bw_Bps is None:
+            return "skipped", "no GPU detected and no --gpu or --bw given: no bandwidth to compare with"
+        gpu = get_gpu(preset) if preset else None
+        bw = self.opts.bw_Bps or gpu.bw_Bps
+        step = self._measured_step()
+        if step is None:
+            return "skipped", "no decode step was measured (the commit probe did not finish)"
+        ctx, step_ms, source = step
+        spec = engine_model_spec(self.backend) if self.backend.name == "engine" else get_model(self.opts.model)
+        queries = int(self.backend.describe().get("budget", 8)) + 1
+        inp = FloorInput(model=spec, bw_Bps=bw, queries=queries, flops_per_s=gpu.bf16_flops if gpu else None)
+        rows = floor_table(inp, [ctx], [step_ms])
+        path = self.files["floor"] = self.out / "floor.json"
+        Result(kind="floor", meta=self.meta, rows=[r.to_dict() for r in rows],
+               config={"model": spec.name, "queries": queries, "tp": 1, "gpu": preset, "bw_Bps": bw,
+                       "flops_per_s": inp.flops_per_s, "step_source": source}).save(path)
+
+    def verify(self):
+        b = self.backend
+        if b.name != "engine":
+            return "skipped", "the paged vs split comparison runs on the embedded engine only"
+        if not str(b.device).startswith("cuda"):
+            return "skipped", "the embedded engine runs on the CPU (--device cpu): Triton kernels need a GPU"
+        from .verify_compare import compare
+
+        t = b.engine.config.target
+        path = self.files["verify"] = self.out / "verify.json"
+        w = ResultWriter(Result(kind="bench-verify", meta=self.meta, config={"source": "ddprobe diagnose"}), path)
+        _, summary = compare(self.opts.ctxs, t.num_heads, b.budget + 1, t.kv_lora_rank, t.qk_rope_head_dim,
+                             t.sm_scale, on_row=w.add)
+        w.result.summary.update(summary)
+        w.flush()
+
+    def run(self, report: Path) -> list:
+        """Run every step, write the report; returns the diagnosis claims."""
+        try:
+            for name, fn in (("commit", self.commit), ("gpu-util", self.gpu_util), ("floor", self.floor),
+                             ("verify", self.verify)):
+                self._step(name, fn)
+        finally:  # interrupted or not, the report shows what was measured
+            from ..reports.render import build, write
+
+            files = [self.out / "diagnose.json"] + [p for p in self.files.values() if p.exists()]
+            built = build(files, command=self.meta.command, title="ddprobe diagnosis", with_diagnosis=True)
+            write(built, report)
+        return built.diagnosis
+

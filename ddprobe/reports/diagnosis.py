@@ -1,0 +1,147 @@
+"""The diagnosis in plain words: the first screen of ``ddprobe diagnose``'s report.
+
+Four claims, each with its number or marked skipped with the reason: the drafter, the GPU during
+decode, the floor, and what would help. Built from the results files of one diagnose run (commit,
+gpu-util, floor, bench-verify) and its ``diagnose`` record of which steps ran.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..results import Result
+from ..units import fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
+from . import bench
+
+FINE = 0.8  # commit length at a context at least this share of the shortest context's: still accepting
+NOVEL_MAX = 2.5  # novel text above this commit length is not novel any more (the continuation loops)
+TOPICS = ("drafter", "gpu", "floor", "help")
+
+
+@dataclass
+class Claim:
+    topic: str
+    title: str
+    text: str
+    status: str  # "ok", "skipped" or "failed"
+
+
+def _by_kind(results: list[Result]) -> dict[str, Result]:
+    return {r.kind: r for r in results}
+
+
+def _step_reason(record: Result | None, step: str) -> tuple[str, str]:
+    for row in (record.rows if record else []):
+        if row.get("step") == step:
+            return row.get("status", "skipped"), row.get("reason") or ""
+    return "skipped", "this step did not run"
+
+
+def _series(rows: list[dict], text: str) -> list[dict]:
+    return sorted((r for r in rows if r.get("text") == text and isinstance(r.get("commit_len"), (int, float))),
+                  key=lambda r: r["ctx"])
+
+
+def _list(rs: list[dict]) -> str:
+    return " / ".join(f"{r['commit_len']:.2f}" for r in rs) + " at " + " / ".join(fmt_tokens(r["ctx"]) for r in rs)
+
+
+def drafter(commit: Result | None, record: Result | None) -> Claim:
+    title = "Is the drafter broken at long context?"
+    if commit is None:
+        status, why = _step_reason(record, "commit")
+        return Claim("drafter", title, f"Commit probe: {why}", status)
+    block = commit.config.get("block_size")
+    pred, novel = _series(commit.rows, "predictable"), _series(commit.rows, "novel")
+    parts = []
+    if pred:
+        first = pred[0]["commit_len"]
+        low = [r for r in pred if r["commit_len"] < FINE * first]
+        of = f" of {block}" if block else ""
+        if first < 1.5:
+            parts.append(f"The drafter does not accept even at short context: commit length {_list(pred)} on "
+                         f"predictable text (untrained drafter, or not matched to the target).")
+        elif not low:
+            parts.append(f"No: on predictable text the drafter accepts well at every context, commit length "
+                         f"{_list(pred)}{of}.")
+        else:
+            parts.append(f"Yes, from {fmt_tokens(low[0]['ctx'])}: on predictable text commit length falls to "
+                         f"{low[0]['commit_len']:.2f} (from {first:.2f} at {fmt_tokens(pred[0]['ctx'])}; "
+                         f"all: {_list(pred)}).")
+    if novel and max(r["commit_len"] for r in novel) <= NOVEL_MAX:
+        parts.append(f"Novel text is simply unpredictable: commit length {_list(novel)}.")
+    elif novel:
+        parts.append(f"Novel text commits {_list(novel)}: the model's continuation repeats itself, so the drafter "
+                     f"predicts it; this text does not measure unpredictable prose.")
+    return Claim("drafter", title, " ".join(parts) or "No commit-length cells were measured.",
+                 "ok" if parts else "failed")
+
+
+def gpu(util: Result | None, record: Result | None) -> Claim:
+    title = "Is the GPU busy during decode?"
+    if util is None:
+        status, why = _step_reason(record, "gpu-util")
+        return Claim("gpu", title, f"Telemetry: {why}", status)
+    per_phase = [p for p in (util.summary.get("per_phase") or []) if isinstance(p, dict)]
+    decode = [p for p in per_phase if p.get("phase") == "decode"] or per_phase
+    if not decode:
+        return Claim("gpu", title, "No telemetry was recorded during decode.", "failed")
+    lines = [f"GPU {p.get('gpu', '?')}: {p.get('verdict', '?')}: {p.get('evidence', '')}".rstrip(": ")
+             for p in decode]
+    return Claim("gpu", title, " ".join(s if s.endswith(".") else s + "." for s in lines), "ok")
+
+
+def _step_row(floor: Result) -> dict | None:
+    meas = [r for r in floor.rows if r.get("step_ms")]
+    return max(meas, key=lambda r: r["ctx"]) if meas else None
+
+
+def floor_claim(floor: Result | None, record: Result | None) -> Claim:
+    title = "How far from physics?"
+    r = _step_row(floor) if floor else None
+    if r is None:
+        status, why = _step_reason(record, "floor")
+        return Claim("floor", title, f"Floor: {why}", status)
+    bw = floor.config.get("bw_Bps")
+    text = (f"At {fmt_tokens(r['ctx'])} each verify step must read {fmt_bytes(r['read_GB'] * 1e9)} "
+            f"({r['kv_B_per_token']:,.0f} B of KV per token); at {fmt_bandwidth(bw)} the floor is "
+            f"{fmt_time(r['floor_ms'] / 1e3)} ({r['bound']}-bound). The measured step takes "
+            f"{fmt_time(r['step_ms'] / 1e3)}: {fmt_ratio(r['gap'])} the floor, an effective bandwidth of "
+            f"{fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}")
+    if r.get("gap_if_rows_reread"):
+        text += f", still {fmt_ratio(r['gap_if_rows_reread'])} off if every verify row re-read the cache"
+    return Claim("floor", title, text + ".", "ok")
+
+
+def help_claim(commit: Result | None, floor: Result | None, verify: Result | None, record: Result | None) -> Claim:
+    title = "What would help?"
+    parts = []
+    novel = _series(commit.rows, "novel") if commit else []
+    r = _step_row(floor) if floor else None
+    if r is not None and r["gap"] > 2:
+        tok = f"{novel[-1]['commit_len']:.2f} tokens" if novel else "few tokens"
+        parts.append(f"Throughput: batch more requests. A single request commits {tok} per step while the step runs "
+                     f"{fmt_ratio(r['gap'])} above its floor: it waits on latency rather than moving bytes, so more requests "
+                     f"can share each step at little extra time.")
+    es = [e for e in bench.entries(verify) if e.time_us] if verify else []
+    paths = {(e.path, e.ctx): e for e in es}
+    ctxs = sorted({c for p, c in paths if p == "split" and ("paged", c) in paths})
+    if ctxs:
+        c = ctxs[-1]
+        p, s = paths[("paged", c)], paths[("split", c)]
+        parts.append(f"Latency of one request: a better verify kernel. The split path is measured "
+                     f"{fmt_ratio(p.time_us / s.time_us)} faster than the page_size=1 (paged) path at {fmt_tokens(c)} "
+                     f"({fmt_time(p.time_us * 1e-6)} -> {fmt_time(s.time_us * 1e-6)} per layer, "
+                     f"{fmt_bandwidth(s.GBps * 1e9)} against {fmt_bandwidth(p.GBps * 1e9)}).")
+    else:
+        status, why = _step_reason(record, "verify")
+        parts.append(f"Latency of one request: a better verify kernel (split-K over the prefix plus a masked tree "
+                     f"pass); its measured gain was {status}: {why}")
+    return Claim("help", title, " ".join(parts), "ok" if ctxs or r is not None else "skipped")
+
+
+def diagnose(results: list[Result]) -> list[Claim]:
+    """The four claims from one diagnose run's results (any of them may be missing)."""
+    k = _by_kind(results)
+    record = k.get("diagnose")
+    return [drafter(k.get("commit"), record), gpu(k.get("gpu-util"), record), floor_claim(k.get("floor"), record),
+            help_claim(k.get("commit"), k.get("floor"), k.get("bench-verify"), record)]
