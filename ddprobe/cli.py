@@ -139,7 +139,7 @@ def floor(
         out.print(f"results written to {save}")
 
 
-_ENGINE_HELP = "Engine backend:"
+_ENGINE_HELP = "Engine backend"
 
 
 def _engine_backend(preset: str, attn: str, budget: int, device: str, dtype: str, seed: int, heads: Optional[int],
@@ -152,6 +152,24 @@ def _engine_backend(preset: str, attn: str, budget: int, device: str, dtype: str
 
 _WEIGHTS_HELP = "auto (the preset's trained weights when shipped: tiny), trained, or random (from --seed)."
 
+# Options shared by the commands that drive a backend: one definition, one help text.
+BackendOpt = Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
+                                                           "this host).")]
+UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm, e.g. "
+                                                             "http://127.0.0.1:30000.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")]
+PresetOpt = Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.", rich_help_panel=_ENGINE_HELP)]
+AttnOpt = Annotated[str, typer.Option("--attn", help="Verify-attention path: reference, paged, split.",
+                                      rich_help_panel=_ENGINE_HELP)]
+BudgetOpt = Annotated[int, typer.Option("--budget", help="Draft-tree nodes (verify rows = budget + 1).",
+                                        rich_help_panel=_ENGINE_HELP)]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_ENGINE_HELP)]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.", rich_help_panel=_ENGINE_HELP)]
+HeadsOpt = Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2: 8 = one tensor-parallel "
+                                                                 "shard, 64 = all).", rich_help_panel=_ENGINE_HELP)]
+WeightsOpt = Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP, rich_help_panel=_ENGINE_HELP)]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")]
+
 
 @app.command()
 @_errors_exit_1
@@ -159,22 +177,17 @@ def commit(
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
     text: Annotated[str, typer.Option("--text", help="Text kinds: predictable, novel, recall.")] = "predictable,novel",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per cell.")] = 128,
-    backend: Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm.")] = "engine",
-    url: Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm, e.g. "
-                                                             "http://127.0.0.1:30000.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")] = 600.0,
-    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.", rich_help_panel=_ENGINE_HELP)]
-    = "tiny",
-    attn: Annotated[str, typer.Option("--attn", help="Verify-attention path: reference, paged, split.",
-                                      rich_help_panel=_ENGINE_HELP)] = "reference",
-    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes (verify rows = budget + 1).",
-                                        rich_help_panel=_ENGINE_HELP)] = 8,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_ENGINE_HELP)] = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.", rich_help_panel=_ENGINE_HELP)] = "fp32",
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2: 8 = one TP shard, 64 = all).",
-                                                 rich_help_panel=_ENGINE_HELP)] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")] = 0,
-    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP, rich_help_panel=_ENGINE_HELP)] = "auto",
+    backend: BackendOpt = "engine",
+    url: UrlOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    preset: PresetOpt = "tiny",
+    attn: AttnOpt = "reference",
+    budget: BudgetOpt = 8,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "fp32",
+    heads: HeadsOpt = None,
+    seed: SeedOpt = 0,
+    weights: WeightsOpt = "auto",
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file, written after every cell "
                                                                      "(default ddprobe-results/commit-<time>.json).")]
     = None,
@@ -238,14 +251,14 @@ def commit(
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port.")] = 30000,
-    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.")] = "tiny",
-    attn: Annotated[str, typer.Option("--attn", help="Verify-attention path: reference, paged, split.")] = "reference",
-    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes.")] = 8,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.")] = "fp32",
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2 preset).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Weights seed.")] = 0,
-    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP)] = "auto",
+    preset: PresetOpt = "tiny",
+    attn: AttnOpt = "reference",
+    budget: BudgetOpt = 8,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "fp32",
+    heads: HeadsOpt = None,
+    seed: SeedOpt = 0,
+    weights: WeightsOpt = "auto",
     max_ctx: Annotated[Optional[str], typer.Option("--max-ctx", help="KV capacity in tokens, allocated up front "
                                                                       "(default: 8k or the preset's limit).")] = None,
     spec: Annotated[bool, typer.Option("--spec/--no-spec", help="DDTree speculative decoding, or plain greedy "
@@ -272,21 +285,17 @@ def gpu_util(
                                                                        "per verify step).")] = 100,
     period: Annotated[str, typer.Option("--period", help="Sampling period; bare numbers are ms.")] = "200ms",
     text: Annotated[str, typer.Option("--text", help="Prompt text kind: novel, predictable, recall.")] = "novel",
-    backend: Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
-                                                           "this host: its GPUs are sampled).")] = "engine",
-    url: Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")] = 600.0,
-    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.", rich_help_panel=_ENGINE_HELP)]
-    = "k2",
-    attn: Annotated[str, typer.Option("--attn", help="Verify-attention path: reference, paged, split.",
-                                      rich_help_panel=_ENGINE_HELP)] = "paged",
-    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes.", rich_help_panel=_ENGINE_HELP)] = 8,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_ENGINE_HELP)] = "cuda",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.", rich_help_panel=_ENGINE_HELP)] = "bf16",
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2: 8 = one TP shard).",
-                                                 rich_help_panel=_ENGINE_HELP)] = 8,
-    seed: Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")] = 0,
-    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP, rich_help_panel=_ENGINE_HELP)] = "auto",
+    backend: BackendOpt = "engine",
+    url: UrlOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    preset: PresetOpt = "k2",
+    attn: AttnOpt = "paged",
+    budget: BudgetOpt = 8,
+    device: DeviceOpt = "cuda",
+    dtype: DtypeOpt = "bf16",
+    heads: HeadsOpt = 8,
+    seed: SeedOpt = 0,
+    weights: WeightsOpt = "auto",
     deep: Annotated[bool, typer.Option("--deep", help="Also run Nsight Compute (ncu --clock-control none) over a "
                                                       "few verify kernels of a decode step, when ncu is "
                                                       "installed.")] = False,
@@ -446,24 +455,21 @@ def diagnose(
     = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per commit cell.")] = 64,
     decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded under telemetry.")] = 64,
-    backend: Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm.")] = "engine",
-    url: Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm.")] = None,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")] = 600.0,
+    backend: BackendOpt = "engine",
+    url: UrlOpt = None,
+    timeout: TimeoutOpt = 600.0,
     model: Annotated[str, typer.Option("--model", help="Floor model preset for a server backend.")] = "kimi-k2.6",
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="Floor GPU preset (default: the GPU NVML sees).")]
     = None,
     bw: Annotated[Optional[str], typer.Option("--bw", help="Floor bandwidth instead, e.g. 4.8TB/s.")] = None,
-    preset: Annotated[str, typer.Option("--preset", help="Engine preset: tiny or k2.", rich_help_panel=_ENGINE_HELP)]
-    = "tiny",
-    attn: Annotated[str, typer.Option("--attn", help="Engine verify path for the probes: reference, paged, split.",
-                                      rich_help_panel=_ENGINE_HELP)] = "reference",
-    budget: Annotated[int, typer.Option("--budget", help="Draft-tree nodes.", rich_help_panel=_ENGINE_HELP)] = 8,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.", rich_help_panel=_ENGINE_HELP)] = "cpu",
-    dtype: Annotated[str, typer.Option("--dtype", help="fp32, bf16, fp16.", rich_help_panel=_ENGINE_HELP)] = "fp32",
-    heads: Annotated[Optional[int], typer.Option("--heads", help="Attention heads (k2 preset).",
-                                                 rich_help_panel=_ENGINE_HELP)] = None,
-    weights: Annotated[str, typer.Option("--weights", help=_WEIGHTS_HELP, rich_help_panel=_ENGINE_HELP)] = "auto",
-    seed: Annotated[int, typer.Option("--seed", help="Weights seed (engine) and text seed.")] = 0,
+    preset: PresetOpt = "tiny",
+    attn: AttnOpt = "reference",
+    budget: BudgetOpt = 8,
+    device: DeviceOpt = "cpu",
+    dtype: DtypeOpt = "fp32",
+    heads: HeadsOpt = None,
+    weights: WeightsOpt = "auto",
+    seed: SeedOpt = 0,
 ):
     """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
     import datetime as dt

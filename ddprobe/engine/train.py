@@ -109,63 +109,59 @@ def _lr(step: int, steps: int, peak: float, warmup: int = 50) -> float:
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
-def train_target(target: TargetModel, stream, steps: int, batch: int, lr: float = 3e-3, log_every: int = 25,
-                 on_log=None) -> TrainLog:
-    """Next-token cross-entropy on the stream's sequences."""
-    opt = torch.optim.AdamW(target.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
-    target.train().requires_grad_(True)
+def _fit(module: torch.nn.Module, name: str, steps: int, lr: float, loss_at, log_every: int, on_log) -> TrainLog:
+    """AdamW with warm-up + cosine and gradient clipping; ``loss_at(step)`` returns the batch loss."""
+    module.train().requires_grad_(True)
+    opt = torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     log, t0 = TrainLog(), time.perf_counter()
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = _lr(step, steps, lr)
-        tokens = stream.batch(batch).to(target.lm_head.weight.device)
-        logits, _ = target_forward_train(target, tokens)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+        loss = loss_at(step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
         opt.step()
         if step % log_every == 0 or step == steps - 1:
             log.step.append(step)
             log.loss.append(loss.item())
             if on_log:
-                on_log("target", step, log.loss[-1])
+                on_log(name, step, log.loss[-1])
     log.seconds = time.perf_counter() - t0
-    target.eval().requires_grad_(False)
+    module.eval().requires_grad_(False)
     return log
+
+
+def train_target(target: TargetModel, stream, steps: int, batch: int, lr: float = 3e-3, log_every: int = 25,
+                 on_log=None) -> TrainLog:
+    """Next-token cross-entropy on the stream's sequences."""
+    dev = target.lm_head.weight.device
+
+    def loss_at(step: int) -> torch.Tensor:
+        tokens = stream.batch(batch).to(dev)
+        logits, _ = target_forward_train(target, tokens)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+
+    return _fit(target, "target", steps, lr, loss_at, log_every, on_log)
 
 
 def train_drafter(drafter: Drafter, target: TargetModel, stream, steps: int, batch: int, anchors: int = 16,
                   lr: float = 3e-3, seed: int = 0, log_every: int = 25, on_log=None) -> TrainLog:
     """Cross-entropy of the drafter's L positions against the stream's next L tokens; target frozen."""
     target.eval().requires_grad_(False)
-    drafter.train().requires_grad_(True)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(seed)
     n_draft = drafter.cfg.block_size - 1
     dev = target.lm_head.weight.device
-    log, t0 = TrainLog(), time.perf_counter()
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, lr)
+    offs = torch.arange(1, n_draft + 1, device=dev)
+
+    def loss_at(step: int) -> torch.Tensor:
         tokens = stream.batch(batch).to(dev)
         b, t = tokens.shape
         with torch.no_grad():
             _, feats = target_forward_train(target, tokens)
         anc = torch.randint(1, t - n_draft, (b, anchors), generator=gen).to(dev)
         logp = drafter_forward_train(drafter, target, tokens, feats, anc)  # [B, K, L, V]
-        offs = torch.arange(1, n_draft + 1, device=dev)
         labels = tokens.gather(1, (anc[..., None] + offs).reshape(b, -1)).view(b, anchors, -1)
-        loss = F.nll_loss(logp.reshape(-1, logp.shape[-1]), labels.reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        if step % log_every == 0 or step == steps - 1:
-            log.step.append(step)
-            log.loss.append(loss.item())
-            if on_log:
-                on_log("drafter", step, log.loss[-1])
-    log.seconds = time.perf_counter() - t0
-    drafter.eval().requires_grad_(False)
-    return log
+        return F.nll_loss(logp.reshape(-1, logp.shape[-1]), labels.reshape(-1))
+
+    return _fit(drafter, "drafter", steps, lr, loss_at, log_every, on_log)
