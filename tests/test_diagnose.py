@@ -13,6 +13,7 @@ from ddprobe.probes.diagnose import Diagnose, DiagnoseOptions
 from ddprobe.probes.engine_backend import EngineBackend
 from ddprobe.reports.diagnosis import TOPICS
 from ddprobe.results import Result
+from ddprobe.units import fmt_ratio
 from test_reports import CHECK, browser  # noqa: F401  (the browser fixture)
 
 
@@ -47,7 +48,7 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     status, text = claims["floor"]
     floor = Result.load(out / "floor.json").rows[0]
     assert status == "ok" and floor["ctx"] == 1024 and floor["step_ms"] > 0
-    assert f"{floor['gap']:.3g}x the floor" in text and "effective bandwidth" in text
+    assert f"{fmt_ratio(floor['gap'])} the floor" in text and "effective bandwidth" in text
     status, text = claims["help"]
     assert "batch more requests" in text and "skipped: the embedded engine runs on the CPU" in text
     # the same claims on the terminal
