@@ -40,10 +40,19 @@ def _errors_exit_1(fn):
         try:
             return fn(*args, **kwargs)
         except DDProbeError as e:
-            err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+        except OSError as e:  # a results file or folder that cannot be written
+            where = f" {e.filename}" if e.filename else ""
+            err.print(f"[bold red]error:[/] cannot write{escape(where)}: {escape(e.strerror or str(e))}",
+                      highlight=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def _num_or_dash(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def _version(value: bool):
@@ -208,18 +217,19 @@ def commit(
     bad = [k for k in kinds if k not in texts.KINDS]
     if bad or not kinds:
         raise DDProbeError(f"unknown text kind {(bad or [text])[0]!r}; known: {', '.join(texts.KINDS)}")
-    if max_new_tokens < 1:
-        raise DDProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     need = max(ctxs) + max_new_tokens + budget + 1 + 64
     be = make_backend(backend, url, timeout,
                       engine_factory=lambda: _engine_backend(preset, attn, budget, device, dtype, seed, heads, need,
                                                              weights))
     check_contexts(be, ctxs, max_new_tokens)  # before any file is written
+    if getattr(be, "note", None):
+        err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
     path = json_path or Path("ddprobe-results") / f"commit-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
     config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": seed, **be.describe()}
     writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(), config=config), path, csv_path)
 
-    table = Table(title=f"commit length ({be.name}{': ' + url if url else ''})", title_justify="left",
+    where = url if url else f"{config.get('preset')}, {config.get('attn')}, {config.get('weights')} weights"
+    table = Table(title=f"commit length ({be.name}: {where})", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     for c in ["text", "ctx", "prompt", "commit len", "p10-p90", "accepted", "drafts", "steps", "ms/step", "tok/s",
               "prefill"]:
@@ -270,6 +280,14 @@ def serve(
 
     if not 0 < port < 65536:
         raise DDProbeError(f"--port must be in 1..65535, got {port}")
+    import socket
+
+    try:  # fail here, in one line, rather than in uvicorn after the engine is built
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise DDProbeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     be = _engine_backend(preset, attn, budget, device, dtype, seed, heads, parse_tokens(max_ctx) if max_ctx else None,
                          weights)
     err.print(f"ddprobe serve: {preset} ({attn}, budget {budget}, {'DDTree' if spec else 'greedy'}) on "
@@ -377,7 +395,7 @@ def gpu_util(
     if isinstance(s.get("deep"), dict):
         deep_d = s["deep"]
         out.print(f"ncu: {deep_d['skipped']}" if "skipped" in deep_d else
-                  "ncu: " + "; ".join(f"{k.get('kernel')}: {k.get('time_us', 0):.4g} us, tensor "
+                  "ncu: " + "; ".join(f"{k.get('kernel')}: {_num_or_dash(k.get('time_us'), '.4g')} us, tensor "
                                       f"{k.get('tensor_pct')}%, DRAM {k.get('dram_pct')}%"
                                       for k in deep_d["kernels"]), highlight=False, soft_wrap=True)
     out.print(f"{len(res.rows)} sample(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
@@ -478,17 +496,23 @@ def diagnose(
     from .probes.commit import check_contexts
     from .probes.diagnose import Diagnose, DiagnoseOptions
     from .probes.floor import get_gpu
+    from .probes.models import get_model
 
     ctxs = parse_token_list(ctx)
     if gpu:
         get_gpu(gpu)  # unknown names fail before anything runs
+    if backend != "engine":
+        get_model(model)
     bw_Bps = parse_bandwidth(bw) if bw else None
-    if max_new_tokens < 1 or decode_tokens < 1:
-        raise DDProbeError("--max-new-tokens and --decode-tokens must be at least 1")
+    if decode_tokens < 2:
+        raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
     need = max(ctxs) + max(max_new_tokens, decode_tokens) + budget + 1 + 64
     be = make_backend(backend, url, timeout, engine_factory=lambda: _engine_backend(
         preset, attn, budget, device, dtype, seed, heads, need, weights))
-    check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))
+    check_contexts(be, ctxs, max_new_tokens)
+    check_contexts(be, ctxs, decode_tokens)
+    if getattr(be, "note", None):
+        err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
     folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
                            bw_Bps=bw_Bps, model=model, seed=seed)

@@ -72,6 +72,17 @@ def _gpus() -> list[dict[str, Any]]:
             pass
 
 
+def _finite(obj: Any) -> Any:
+    """NaN and infinities become null: JSON has no such numbers, and a missing value is not a number."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
 @dataclass
 class RunMeta:
     date_utc: str
@@ -121,21 +132,27 @@ class Result:
     schema: str = SCHEMA
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _finite(dataclasses.asdict(self))
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        return json.dumps(self.to_dict(), indent=2, default=str, allow_nan=False)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (temp file + rename): a reader never sees half a file."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as e:
+            raise DDProbeError(f"cannot write results file {path}: {e.strerror or e}") from None
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(self.to_json())
                 f.write("\n")
             os.replace(tmp, path)
+        except IsADirectoryError:
+            Path(tmp).unlink(missing_ok=True)
+            raise DDProbeError(f"cannot write results file {path}: it is a directory") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -93,3 +93,28 @@ def test_malformed_configs(tmp_path):
     partial.write_text(json.dumps({"hidden_size": 4096}))
     r = run("floor", "--config", str(partial))
     assert r.exit_code == 1 and "no 'num_hidden_layers'" in r.output
+
+
+def test_help_and_floor_never_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from typer.testing import CliRunner; from ddprobe.cli import app; r = CliRunner(); "
+            "assert r.invoke(app, ['--help']).exit_code == 0; "
+            "assert r.invoke(app, ['floor', '--ctx', '1k', '--json']).exit_code == 0; "
+            "assert r.invoke(app, ['report', 'tests/data/floor-rtx-pro-6000-tp8.json', '-o', sys.argv[1]]).exit_code == 0; "
+            "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'GPU library imported'")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([sys.executable, "-c", code, f"{d}/r.html"], check=True, timeout=120)
+
+
+def test_serve_port_in_use_is_one_line():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        r = runner.invoke(app, ["serve", "--port", str(s.getsockname()[1])])
+    assert r.exit_code == 1 and "cannot listen on 127.0.0.1" in r.output and "Traceback" not in r.output

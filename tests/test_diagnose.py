@@ -50,7 +50,8 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     assert status == "ok" and floor["ctx"] == 1024 and floor["step_ms"] > 0
     assert f"{fmt_ratio(floor['gap'])} the floor" in text and "effective bandwidth" in text
     status, text = claims["help"]
-    assert "batch more requests" in text and "skipped: the embedded engine runs on the CPU" in text
+    assert "batch more requests" in text and "no telemetry here" in text
+    assert "skipped: the embedded engine runs on the CPU" in text
     # the same claims on the terminal
     assert "Is the drafter broken at long context? No: on predictable text" in " ".join(printed.split())
 
@@ -99,3 +100,28 @@ def test_bad_input_is_one_line(tmp_path):
         r = CliRunner().invoke(app, ["diagnose", *args, "--out-dir", str(tmp_path / "x")])
         assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, (args, r.output)
     assert not (tmp_path / "x").exists()
+
+
+def test_claims_from_recorded_h200_and_investigation_files():
+    from ddprobe.reports.diagnosis import diagnose
+
+    data = [Result.load(f"tests/data/{n}") for n in
+            ("commit-tiny-cpu.json", "floor-rtx-pro-6000-tp8.json", "gpu-util-h200-paged.json")]
+    claims = {c.topic: c for c in diagnose(data)}
+    assert claims["gpu"].status == "ok" and "latency-bound" in claims["gpu"].text
+    assert "nvidia-smi says 95% busy" in claims["gpu"].text
+    assert claims["floor"].status == "ok" and "192x the floor" in claims["floor"].text  # 1430 ms at 185k
+    assert "telemetry says the GPU is latency-bound" in claims["help"].text
+
+
+def test_missing_gpm_metrics_are_not_zero():
+    from ddprobe.reports import findings
+
+    r = Result.load("tests/data/gpu-util-h200-paged.json")
+    r.summary = {}
+    for row in r.rows:
+        for k in row:
+            if k.startswith("gpm_"):
+                row[k] = None
+    text = " ".join(findings.gpu_util(r))
+    assert "GPM SM, tensor, DRAM missing" in text and "tensor pipes 0" not in text

@@ -53,3 +53,10 @@ def test_load_errors_name_the_file(tmp_path):
     broken.write_text(json.dumps({"schema": SCHEMA, "kind": "floor", "meta": {"date_utc": "x"}}))
     with pytest.raises(DDProbeError, match="broken.json: malformed results file"):
         Result.load(broken)
+
+
+def test_non_finite_numbers_become_null(tmp_path):
+    r = Result(kind="commit", meta=RunMeta.collect(command="x"), rows=[{"commit_len": float("nan"),
+                                                                         "gap": float("inf"), "ok": 1.5}])
+    back = Result.load(r.save(tmp_path / "r.json"))
+    assert back.rows == [{"commit_len": None, "gap": None, "ok": 1.5}]

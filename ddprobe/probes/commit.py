@@ -45,8 +45,8 @@ def _at_least(backend: Backend, make: Callable[[int], str], n: int) -> list[int]
 
 def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, slack: int = 64) -> int | None:
     """Raise before anything runs if a context does not fit what the backend allows."""
-    if max_new_tokens < 1:
-        raise DDProbeError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if max_new_tokens < 2:  # the first token comes from the prefill: commit length needs a verify step
+        raise DDProbeError(f"--max-new-tokens must be at least 2, got {max_new_tokens}")
     limit = backend.max_context()
     if limit is not None:
         too_long = [c for c in ctxs if c + max_new_tokens + slack > limit]

@@ -21,11 +21,8 @@ from ..results import Result, ResultWriter, RunMeta
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import run_commit_probe
-from .floor import FloorInput, floor_table, get_gpu
+from .floor import FloorInput, floor_table, get_gpu, gpu_spec_for
 from .models import ModelSpec, get_model
-
-GPU_NAMES = {"H200": "h200", "H100": "h100", "B200": "b200", "RTX PRO 6000": "rtx-pro-6000", "A100": "a100",
-             "H20": "h20", "L40S": "l40s", "MI300X": "mi300x"}
 
 
 @dataclass
@@ -41,11 +38,8 @@ class DiagnoseOptions:
 
 def detect_gpu_preset(meta: RunMeta) -> str | None:
     """The floor preset of the first NVIDIA GPU NVML sees, if ddprobe knows it."""
-    name = meta.gpu_name or ""
-    for key, preset in GPU_NAMES.items():
-        if key.lower() in name.lower():
-            return preset
-    return None
+    spec = gpu_spec_for(meta.gpu_name)
+    return spec.name if spec else None
 
 
 def engine_model_spec(backend) -> ModelSpec:

@@ -1,6 +1,7 @@
 """The reference DDTree engine in-process, behind the probes' backend interface."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .backends import BackendError, GenStats
@@ -31,6 +32,10 @@ class EngineBackend:
             raise BackendError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError(f"--device {device}: no CUDA GPU is visible to torch")
+        if attn != "reference" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET", "0") in ("",
+                                                                                                          "0"):
+            raise BackendError(f"--attn {attn} runs Triton kernels: use --device cuda (or TRITON_INTERPRET=1 to "
+                               "run them slowly on the CPU)")
         try:
             cfg = ModelConfig.from_name(preset, heads=heads)
             self.limit = self._position_limit(cfg)
@@ -41,8 +46,11 @@ class EngineBackend:
             tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                       "fp64": torch.float64}[dtype]
             self.engine = Engine(cfg, attn=attn, budget=budget, device=device, dtype=tdtype, seed=seed)
-            trained = weights == "trained" or (weights == "auto" and shipped.has_weights(preset)
-                                               and shipped.config_mismatch(preset, cfg) is None)
+            misfit = shipped.config_mismatch(preset, cfg) if shipped.has_weights(preset) else None
+            trained = weights == "trained" or (weights == "auto" and shipped.has_weights(preset) and misfit is None)
+            # auto with shipped weights that do not fit this config: say so, never silently go random
+            self.note = (f"random weights: the shipped {preset} weights do not fit this config ({misfit}); "
+                         f"commit length will be near 1" if weights == "auto" and misfit else None)
             if trained:
                 shipped.load_into(self.engine, preset)
         except ValueError as e:  # the engine's own checks: unknown preset/path, bad budget...

@@ -44,6 +44,15 @@ def get_gpu(name: str) -> GpuSpec:
     return GPUS[key]
 
 
+def gpu_spec_for(name: str | None) -> GpuSpec | None:
+    """The preset whose name an NVML device name matches ("NVIDIA H200" -> h200), else None."""
+    n = (name or "").lower().replace(" ", "").replace("-", "")
+    for key in sorted(GPUS, key=len, reverse=True):  # h200 before h20
+        if key.replace("-", "") in n:
+            return GPUS[key]
+    return None
+
+
 @dataclass(frozen=True)
 class FloorInput:
     model: ModelSpec

@@ -22,7 +22,7 @@ from ..results import Result, ResultWriter
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import prompt_ids
-from .floor import GPUS
+from .floor import gpu_spec_for
 from .gpu_verdict import analyze
 from .sampler import Sampler
 from .telemetry import NvmlReader, NvmlUnavailable
@@ -32,15 +32,6 @@ NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"
                "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
 NCU_KERNELS = {"paged": "regex:_paged_verify", "split": "regex:_split_prefix|_tree_merge"}
 IDLE_LEAD_S = 0.5  # idle samples before and after the request: the baseline
-
-
-def gpu_spec_for(name: str | None):
-    """The floor calculator's GPU spec whose name an NVML device name matches, else None."""
-    n = (name or "").lower().replace(" ", "")
-    for key in sorted(GPUS, key=len, reverse=True):  # h200 before h20
-        if key.replace("-", "") in n.replace("-", ""):
-            return GPUS[key]
-    return None
 
 
 def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:

@@ -82,7 +82,7 @@ def gpu(util: Result | None, record: Result | None) -> Claim:
         status, why = _step_reason(record, "gpu-util")
         return Claim("gpu", title, f"Telemetry: {why}", status)
     per_phase = [p for p in (util.summary.get("per_phase") or []) if isinstance(p, dict)]
-    decode = [p for p in per_phase if p.get("phase") == "decode"] or per_phase
+    decode = _decode_phases(util) or per_phase
     if not decode:
         return Claim("gpu", title, "No telemetry was recorded during decode.", "failed")
     lines = [f"GPU {p.get('gpu', '?')}: {p.get('verdict', '?')}: {p.get('evidence', '')}".rstrip(": ")
@@ -112,16 +112,31 @@ def floor_claim(floor: Result | None, record: Result | None) -> Claim:
     return Claim("floor", title, text + ".", "ok")
 
 
-def help_claim(commit: Result | None, floor: Result | None, verify: Result | None, record: Result | None) -> Claim:
+def _decode_phases(util: Result | None) -> list[dict]:
+    per_phase = [p for p in ((util.summary.get("per_phase") if util else None) or []) if isinstance(p, dict)]
+    return [p for p in per_phase if p.get("phase") == "decode"]
+
+
+def help_claim(commit: Result | None, floor: Result | None, verify: Result | None, record: Result | None,
+               util: Result | None = None) -> Claim:
     title = "What would help?"
     parts = []
     novel = _series(commit.rows, "novel") if commit else []
     r = _step_row(floor) if floor else None
     if r is not None and r["gap"] > 2:
         tok = f"{novel[-1]['commit_len']:.2f} tokens" if novel else "few tokens"
-        parts.append(f"Throughput: batch more requests. A single request commits {tok} per step while the step runs "
-                     f"{fmt_ratio(r['gap'])} above its floor: it waits on latency rather than moving bytes, so more requests "
-                     f"can share each step at little extra time.")
+        head = (f"Throughput: batch more requests. A single request commits {tok} per step while the step runs "
+                f"{fmt_ratio(r['gap'])} above its floor")
+        verdicts = [str(p.get("verdict", "")) for p in _decode_phases(util)]
+        if any(v.startswith(("latency", "idle")) for v in verdicts):
+            parts.append(f"{head}, and telemetry says the GPU is {verdicts[0]} during decode: it waits rather than "
+                         f"moves bytes, so more requests can share each step at little extra time.")
+        elif verdicts:
+            parts.append(f"{head}; telemetry says the GPU is {verdicts[0]} during decode, so batching pays only "
+                         f"until that unit saturates.")
+        else:
+            parts.append(f"{head}; more requests would share each step's reads and launches (no telemetry here "
+                         f"to say what the step waits on).")
     es = [e for e in bench.entries(verify) if e.time_us] if verify else []
     paths = {(e.path, e.ctx): e for e in es}
     ctxs = sorted({c for p, c in paths if p == "split" and ("paged", c) in paths})
@@ -144,4 +159,4 @@ def diagnose(results: list[Result]) -> list[Claim]:
     k = _by_kind(results)
     record = k.get("diagnose")
     return [drafter(k.get("commit"), record), gpu(k.get("gpu-util"), record), floor_claim(k.get("floor"), record),
-            help_claim(k.get("commit"), k.get("floor"), k.get("bench-verify"), record)]
+            help_claim(k.get("commit"), k.get("floor"), k.get("bench-verify"), record, k.get("gpu-util"))]

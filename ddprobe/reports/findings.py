@@ -11,7 +11,6 @@ from collections import defaultdict
 from ..results import Result
 from ..units import fmt_bandwidth, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
-from .plots_gpu import phase_means
 
 FINE = 0.8  # commit length at the longest context at least this share of the shortest's: drafter fine
 
@@ -109,29 +108,18 @@ def bench_verify(result: Result) -> list[str]:
     return out
 
 
-def _verdict(m: dict[str, float]) -> str:
-    tensor, dram, sm = (m.get(k, 0.0) for k in ("gpm_tensor_util_pct", "gpm_dram_bw_util_pct", "gpm_sm_util_pct"))
-    if tensor >= 50:
-        return "compute-bound"
-    if dram >= 50:
-        return "bandwidth-bound"
-    if sm < 20:
-        return "latency-bound (pipes and memory mostly idle)"
-    return "mixed (no pipe saturated)"
-
-
 def gpu_util(result: Result) -> list[str]:
     per_phase = result.summary.get("per_phase") if isinstance(result.summary, dict) else None
-    if not per_phase:  # derive a verdict from the samples
-        per_phase = [{"gpu": g, "phase": p, "verdict": _verdict(m),
-                      "evidence": f"tensor {m.get('gpm_tensor_util_pct', 0):.1f}%, DRAM "
-                                  f"{m.get('gpm_dram_bw_util_pct', 0):.1f}%, SM {m.get('gpm_sm_util_pct', 0):.1f}%"}
-                     for (g, p), m in sorted(phase_means(result.rows).items(), key=str) if p != "idle"]
+    if not per_phase:  # no stored analysis: the probe's own verdict rules on the samples (missing stays missing)
+        from ..probes.gpu_verdict import analyze  # plain Python, no torch
+
+        per_phase = analyze(result.rows, None, result.config.get("sources"))["per_phase"]
     groups = defaultdict(list)
     for d in per_phase:
-        if isinstance(d, dict):
+        if isinstance(d, dict) and d.get("phase") != "idle":
             groups[(d.get("phase", "?"), d.get("verdict", "?"), d.get("evidence", ""))].append(str(d.get("gpu", "?")))
-    out = [f"{phase} (GPU {', '.join(gpus)}): {verdict}" + (f" - {ev}." if ev else ".")
+    out = [f"{phase} (GPU {', '.join(gpus)}): {verdict}" + (f" - {ev}." if ev and not ev.endswith(".") else
+                                                             (f" - {ev}" if ev else "."))
            for (phase, verdict, ev), gpus in sorted(groups.items(), key=lambda kv: (kv[0][0] != "prefill", kv[0]))]
     return out or ["No telemetry samples recorded."]
 

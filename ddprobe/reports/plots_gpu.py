@@ -89,7 +89,9 @@ def bars(rows: list[dict], name: str) -> Figure:
         width = 0.8 / len(BARS)
         for j, (key, label) in enumerate(BARS):
             xs = [i + (j - (len(BARS) - 1) / 2) * width for i in range(len(gpus))]
-            ax.bar(xs, [means[(g, phase)].get(key, 0.0) for g in gpus], width, label=label)
+            vals = [means[(g, phase)].get(key) for g in gpus]  # None: not measured, no bar
+            ax.bar([x for x, v in zip(xs, vals) if v is not None], [v for v in vals if v is not None], width,
+                   label=label + ("" if all(v is not None for v in vals) else " (n/a on some GPUs)"))
         ax.set_xticks(range(len(gpus)), [f"GPU {g}" for g in gpus])
         ax.set_ylim(0, 105)
         ax.set_ylabel("mean %")

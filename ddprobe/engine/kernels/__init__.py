@@ -30,7 +30,10 @@ def get_path(name: str):
     """Return the verify-attention path called ``name`` (ValueError lists the known ones)."""
     if name not in _PATHS:
         raise ValueError(f"unknown attention path {name!r}; known: {', '.join(_PATHS)}")
-    return importlib.import_module(_PATHS[name], __name__)
+    try:
+        return importlib.import_module(_PATHS[name], __name__)
+    except ImportError as e:  # no Triton, or one too old for the fast paths
+        raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.4): {e}") from None
 
 
 __all__ = ["VerifyPlan", "available", "get_path"]
