@@ -125,3 +125,17 @@ def test_missing_gpm_metrics_are_not_zero():
                 row[k] = None
     text = " ".join(findings.gpu_util(r))
     assert "GPM SM, tensor, DRAM missing" in text and "tensor pipes 0" not in text
+
+
+def test_summary_and_diagnosis_judge_the_drafter_alike():
+    from ddprobe.reports import findings
+    from ddprobe.reports.diagnosis import drafter
+    from ddprobe.results import RunMeta
+
+    rows = [{"text": "predictable", "ctx": c, "commit_len": v} for c, v in ((1024, 8.0), (16384, 4.0), (65536, 7.9))]
+    rows += [{"text": "novel", "ctx": c, "commit_len": v} for c, v in ((1024, 5.0), (65536, 1.2))]
+    r = Result(kind="commit", meta=RunMeta.collect(command="t", probe_gpu=False), rows=rows)
+    lines = " ".join(findings.commit(r))
+    claim = drafter(r, None).text
+    assert "degrades on predictable text from 16k" in lines and "Yes, from 16k" in claim  # a mid-context dip
+    assert "repeats itself" in lines and "repeats itself" in claim  # novel text that loops is called out by both

@@ -7,7 +7,6 @@ tokens/s and prefill time. Cells are written to the results file as they finish.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any, Callable
 
@@ -56,13 +55,6 @@ def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, slack
     return limit
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    pos = (len(s) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: str) -> dict[str, Any]:
     """One results row; keys carry units."""
     row: dict[str, Any] = {
@@ -75,8 +67,9 @@ def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: st
     }
     if st.commit_lens:
         row["commit_len_std"] = statistics.pstdev(st.commit_lens)
-        row["commit_len_p10"] = _quantile(st.commit_lens, 0.1)
-        row["commit_len_p90"] = _quantile(st.commit_lens, 0.9)
+        deciles = statistics.quantiles(st.commit_lens, n=10, method="inclusive") if len(st.commit_lens) > 1 \
+            else [float(st.commit_lens[0])] * 9
+        row["commit_len_p10"], row["commit_len_p90"] = deciles[0], deciles[8]
     if st.decode_s and st.verify_steps:
         row["decode_ms_per_step"] = st.decode_s * 1e3 / st.verify_steps
         row["tokens_per_s"] = st.completion_tokens / st.decode_s

@@ -11,8 +11,8 @@ from collections import defaultdict
 from ..results import Result
 from ..units import fmt_bandwidth, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
+from .diagnosis import FINE, NOVEL_MAX
 
-FINE = 0.8  # commit length at the longest context at least this share of the shortest's: drafter fine
 
 
 def _span(ctxs: list[int]) -> str:
@@ -20,6 +20,7 @@ def _span(ctxs: list[int]) -> str:
 
 
 def commit(result: Result) -> list[str]:
+    """One line per text kind, judged by the same rules as the diagnosis (``diagnosis.FINE``, ``NOVEL_MAX``)."""
     by_text = defaultdict(list)
     for r in result.rows:
         if isinstance(r.get("commit_len"), (int, float)):
@@ -30,16 +31,20 @@ def commit(result: Result) -> list[str]:
         a, b = rs[0], rs[-1]
         where = f"{a['commit_len']:.2f} at {fmt_tokens(a['ctx'])}" + \
             (f", {b['commit_len']:.2f} at {fmt_tokens(b['ctx'])}" if b is not a else "")
+        low = [r for r in rs if r["commit_len"] < FINE * a["commit_len"]]
         if text == "novel":
-            out.append(f"Novel text: commit length {where} (about 1 is expected: nothing to predict).")
+            out.append(f"Novel text: commit length {where} (about 1 is expected: nothing to predict)."
+                       if max(r["commit_len"] for r in rs) <= NOVEL_MAX else
+                       f"Novel text: commit length {where}: the continuation repeats itself, so the drafter "
+                       "predicts it.")
         elif max(r["commit_len"] for r in rs) < 1.5:
             out.append(f"Drafter NOT accepting on {text} text even at short context: commit length {where}; "
                        "the drafter is untrained or does not match the target.")
-        elif b["commit_len"] >= FINE * a["commit_len"]:
+        elif not low:
             out.append(f"Drafter fine at long context on {text} text: commit length {where}.")
         else:
-            out.append(f"Drafter degrades at long context on {text} text: commit length {where} "
-                       f"({b['commit_len'] / a['commit_len'] - 1:+.0%}).")
+            out.append(f"Drafter degrades on {text} text from {fmt_tokens(low[0]['ctx'])}: commit length "
+                       f"{low[0]['commit_len']:.2f} there ({where}).")
     return out or ["No commit-length cells recorded."]
 
 
