@@ -139,3 +139,31 @@ def test_summary_and_diagnosis_judge_the_drafter_alike():
     claim = drafter(r, None).text
     assert "degrades on predictable text from 16k" in lines and "Yes, from 16k" in claim  # a mid-context dip
     assert "repeats itself" in lines and "repeats itself" in claim  # novel text that loops is called out by both
+
+
+@pytest.mark.parametrize("run, want", [
+    # k2 shapes (61 layers, 8 heads, random weights) with the paged path: the investigation's picture
+    ("k2", {"drafter": "does not accept even at short context", "gpu": "nvidia-smi says 93% busy",
+            "floor": "353x the floor", "help": "50.8x faster than the page_size=1 (paged) path at 32k"}),
+    # the shipped tiny pair: the drafter claim answers "no"
+    ("tiny", {"drafter": "commit length 8.00 / 8.00 / 8.00 at 1k / 8k / 24k", "gpu": "latency-bound",
+              "floor": "5,322x the floor", "help": "31.1x faster"}),
+])
+def test_recorded_h200_diagnose_runs(run, want):
+    """The two H200 runs of docs/diagnose.md: every step ran, and the claims rebuilt from their files say
+    what the recorded first screen says (the report.html beside them holds the same text)."""
+    from pathlib import Path
+
+    from ddprobe.reports.diagnosis import diagnose
+
+    folder = Path(__file__).parents[1] / "examples" / "diagnose-h200" / run
+    results = [Result.load(f) for f in sorted(folder.glob("*.json"))]
+    record = next(r for r in results if r.kind == "diagnose")
+    assert [(r["step"], r["status"]) for r in record.rows] == [
+        ("commit", "ok"), ("gpu-util", "ok"), ("floor", "ok"), ("verify", "ok")]
+    assert record.meta.gpus[0]["name"] == "NVIDIA H200"
+    claims = {c.topic: c for c in diagnose(results)}
+    html = claims_of((folder / "report.html").read_text())
+    for topic, text in want.items():
+        assert claims[topic].status == "ok" and text in claims[topic].text, claims[topic].text
+        assert html[topic][0] == "ok" and text in html[topic][1]
