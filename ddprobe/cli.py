@@ -317,6 +317,9 @@ def gpu_util(
     deep: Annotated[bool, typer.Option("--deep", help="Also run Nsight Compute (ncu --clock-control none) over a "
                                                       "few verify kernels of a decode step, when ncu is "
                                                       "installed.")] = False,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="First run a short request (256 tokens, "
+                                                                     "3 new) so kernels compile outside the "
+                                                                     "sampled one.")] = True,
     replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
                                                                     "(no GPU needed).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "
@@ -352,7 +355,7 @@ def gpu_util(
         config = {"prompt_len": n_prompt, "decode_tokens": decode_tokens, **be.describe()}
         writer = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(), config=config), path, csv_path)
         res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=text, seed=seed,
-                           on_event=lambda m: err.print(f"[dim]{m}[/]"))
+                           on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup)
         if deep:
             with tempfile.TemporaryDirectory() as tmp:
                 child = [sys.executable, "-m", "ddprobe.cli", *deep_child_args(sys.argv[1:]), "--json",

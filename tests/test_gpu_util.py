@@ -292,7 +292,9 @@ def test_replay_equals_fresh_analysis_and_report_renders(tmp_path):
 
 def test_deep_helpers():
     argv = ["gpu-util", "--prompt-len", "32k", "--deep", "--json", "a.json", "--decode-tokens=48", "--attn", "paged"]
-    assert deep_child_args(argv) == ["gpu-util", "--prompt-len", "32k", "--attn", "paged", "--decode-tokens", "4"]
+    assert deep_child_args(argv) == ["gpu-util", "--prompt-len", "32k", "--attn", "paged", "--decode-tokens", "4",
+                                     "--no-warmup"]
+    assert deep_child_args(["gpu-util", "--warmup", "--deep"]) == ["gpu-util", "--decode-tokens", "4", "--no-warmup"]
     text = ('==PROF== Connected\n"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
             '"0","_paged_verify_kernel","dram__throughput.avg.pct_of_peak_sustained_elapsed","%","0.61"\n'
             '"0","_paged_verify_kernel","gpu__time_duration.sum","msecond","2.50"\n'
@@ -300,6 +302,13 @@ def test_deep_helpers():
     k = parse_ncu_csv(text)
     assert k == [{"id": "0", "kernel": "_paged_verify_kernel", "dram_pct": 0.61, "time_us": 2500.0,
                   "tensor_pct": 0.9}]
+    # the H200's ncu wrote the short unit: 33,440 ns is 33.44 us (read as 33,440 us before)
+    for unit, value, want in [("ns", "33,440", 33.44), ("nsecond", "33,440", 33.44), ("us", "632.26", 632.26),
+                              ("ms", "2.5", 2500.0)]:
+        got = parse_ncu_csv(text.replace('"msecond","2.50"', f'"{unit}","{value}"'))[0]["time_us"]
+        assert got == pytest.approx(want)
+    odd = parse_ncu_csv(text.replace('"msecond"', '"cycle"'))[0]
+    assert odd["time_us"] is None and odd["time_unit"] == "cycle"
 
 
 def test_busy_less_than_half_the_time_with_low_units_is_idle_waiting_on_the_host():

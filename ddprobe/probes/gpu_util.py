@@ -114,6 +114,10 @@ def replay(result: Result) -> Result:
                   summary=summary)
 
 
+NCU_TIME_TO_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+                  "second": 1e6, "s": 1e6}
+
+
 def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
     """ncu --csv output (one line per kernel and metric) -> one dict per kernel launch with the metric values."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
@@ -127,8 +131,11 @@ def parse_ncu_csv(text: str) -> list[dict[str, Any]]:
         except ValueError:
             v = val
         if name == "gpu__time_duration.sum" and isinstance(v, float):
-            v = v / {"nsecond": 1e3, "usecond": 1.0, "msecond": 1e-3}.get(unit, 1.0)
-            k["time_us"] = v
+            # ncu writes the unit long ("nsecond") or short ("ns") depending on version and options
+            scale = NCU_TIME_TO_US.get(unit)
+            k["time_us"] = v * scale if scale is not None else None
+            if scale is None:
+                k["time_unit"] = unit
         elif name and name.startswith("sm__pipe_tensor"):
             k["tensor_pct"] = v
         elif name and name.startswith("dram__throughput"):
@@ -163,8 +170,10 @@ def deep_ncu(child_cmd: list[str], attn: str, count: int = 4, timeout_s: float =
 
 
 def deep_child_args(argv: list[str], decode_tokens: int = 4) -> list[str]:
-    """The same ``gpu-util`` command for ncu's child run: fewer decode tokens, no files, no --deep, no replay."""
-    drop_flag = {"--deep"}
+    """The same ``gpu-util`` command for ncu's child run: fewer decode tokens, no files, no --deep, no replay,
+    and no warm-up request, so the first verify kernels ncu sees are the measured decode's, at the prompt's
+    context (a warm-up's would run at 256 tokens)."""
+    drop_flag = {"--deep", "--warmup", "--no-warmup"}
     drop_value = {"--json", "--csv", "--decode-tokens", "--replay"}
     out, skip = [], False
     for a in argv:
@@ -178,4 +187,4 @@ def deep_child_args(argv: list[str], decode_tokens: int = 4) -> list[str]:
             skip = "=" not in a
             continue
         out.append(a)
-    return out + ["--decode-tokens", str(decode_tokens)]
+    return out + ["--decode-tokens", str(decode_tokens), "--no-warmup"]
