@@ -326,3 +326,14 @@ def test_h200_timelines_replay(path, want):
     assert by_phase["prefill"]["verdict"] == "compute-bound" and by_phase["decode"]["verdict"] == want
     assert res.summary["eff_bw_GBps"] < 100 and res.summary["gap"] > 100  # far off the floor either way
     assert all(r["gpm_tensor_util_pct"] is not None for r in res.rows if r["phase"] == "decode")
+
+
+def test_h200_deep_run_reads_the_measured_decode():
+    """The H200 --deep run (k2, 8 heads, 8k prompt, paged): ncu's kernels are the measured decode's, at 8k
+    (about 0.63 ms each, as the benchmark times paged at 8k), not the warm-up's at 256 tokens (33 us)."""
+    r = Result.load(DATA / "gpu-util-h200-deep-paged.json")
+    deep = r.summary["deep"]
+    assert "--no-warmup" in deep["command"] and len(deep["kernels"]) == 4
+    for k in deep["kernels"]:
+        assert k["kernel"] == "_paged_verify_kernel" and 500 < k["time_us"] < 800
+        assert k["dram_pct"] < 1 and k["tensor_pct"] < 2  # the paged kernel idles the GPU under ncu too

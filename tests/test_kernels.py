@@ -133,6 +133,17 @@ def test_split_tail_ratio(ratio, monkeypatch):
     monkeypatch.setitem(split.TUNING, "tail_ratio", ratio)
     monkeypatch.setitem(split.TUNING, "min_chunk", 64)
     check("split", 400, 8, "lopsided", 8, torch.float16)
+    # the spare splits never write their partial output: whatever the buffer holds (NaN here) must not
+    # reach the result; the plan keeps its partial buffers, so poison them and run again
+    q, kv, _, mask = make_inputs("split", 400, 8, "lopsided", 8, torch.float16)
+    plan = split.plan(400, mask, None, 64)
+    first = split.run(q, kv, plan, 0.125)
+    cfg = split._config(plan, 8)
+    assert cfg["tail_splits"] < cfg["num_splits"]  # there are spare splits
+    for buf in plan.extra["buffers"].values():
+        buf[0].fill_(float("nan"))
+    again = split.run(q, kv, plan, 0.125)
+    assert torch.isfinite(again).all() and torch.equal(first, again)
 
 
 def test_split_many_blocks_and_splits(monkeypatch):

@@ -205,26 +205,27 @@ def _tree_merge_kernel(
     o_t = tl.dot(p.to(v_new.dtype), v_new, input_precision=PREC) / l_t[:, None]
     lse_t = m_t + tl.log2(l_t)
 
-    # merge: out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over splits and the tree part
-    big = lse_t
+    # merge, one online pass: out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the splits and the
+    # tree part, the running max M starting at the tree part's lse (finite: every row sees itself). The
+    # partial loads of a chunk do not depend on each other or on the running state (an empty split's
+    # O_part was never written: its value is discarded with tl.where, not masked on lse, which would
+    # chain a second global load behind the first), so they can be in flight together.
+    m = lse_t
+    acc = o_t
+    wsum = tl.full([BLOCK_M], 1.0, tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
-        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :],
-                      mask=(offs_s < num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
-        big = tl.maximum(big, tl.max(lse, 0))
-    w_t = tl.exp2(lse_t - big)
-    acc = o_t * w_t[:, None]
-    wsum = w_t
-    for s0 in range(0, num_splits, SPLIT_CHUNK):
-        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
-        s_ok = offs_s < num_splits
-        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :],
-                      mask=s_ok[:, None] & q_ok[None, :], other=float("-inf"))
-        w = tl.exp2(lse - big[None, :])  # [SPLIT_CHUNK, BLOCK_M]
+        ok = (offs_s < num_splits)[:, None] & q_ok[None, :]
+        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
         o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                    mask=(s_ok[:, None] & q_ok[None, :] & (lse > float("-inf")))[:, :, None], other=0.0)
-        acc += tl.sum(w[:, :, None] * o, 0)
-        wsum += tl.sum(w, 0)
+                    mask=ok[:, :, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        alpha = tl.exp2(m - m_new)
+        w = tl.exp2(lse - m_new[None, :])  # [SPLIT_CHUNK, BLOCK_M], 0 for empty splits
+        o = tl.where((lse > float("-inf"))[:, :, None], o, 0.0)
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
+        wsum = wsum * alpha + tl.sum(w, 0)
+        m = m_new
     out = acc / wsum[:, None]
     o_ptr = Out + row[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
