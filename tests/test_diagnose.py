@@ -143,11 +143,11 @@ def test_summary_and_diagnosis_judge_the_drafter_alike():
 
 @pytest.mark.parametrize("run, want", [
     # k2 shapes (61 layers, 8 heads, random weights) with the paged path: the investigation's picture
-    ("k2", {"drafter": "does not accept even at short context", "gpu": "nvidia-smi says 93% busy",
-            "floor": "353x the floor", "help": "50.8x faster than the page_size=1 (paged) path at 32k"}),
+    ("k2", {"drafter": "does not accept even at short context", "gpu": "nvidia-smi says 94% busy",
+            "floor": "349x the floor", "help": "56.3x faster than the page_size=1 (paged) path at 32k"}),
     # the shipped tiny pair: the drafter claim answers "no"
     ("tiny", {"drafter": "commit length 8.00 / 8.00 / 8.00 at 1k / 8k / 24k", "gpu": "latency-bound",
-              "floor": "5,322x the floor", "help": "31.1x faster"}),
+              "floor": "5,317x the floor", "help": "43.6x faster"}),
 ])
 def test_recorded_h200_diagnose_runs(run, want):
     """The two H200 runs of docs/diagnose.md: every step ran, and the claims rebuilt from their files say

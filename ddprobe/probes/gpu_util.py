@@ -30,7 +30,7 @@ from .telemetry import NvmlReader, NvmlUnavailable
 KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
 NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
-NCU_KERNELS = {"paged": "regex:_paged_verify", "split": "regex:_split_prefix|_tree_merge"}
+NCU_KERNELS = {"paged": "regex:_paged_verify", "split": "regex:_split_prefix|_merge_kernel"}
 IDLE_LEAD_S = 0.5  # idle samples before and after the request: the baseline
 
 

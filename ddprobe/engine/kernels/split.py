@@ -1,7 +1,7 @@
 """`split`: the fix. Split-K over the contiguous prefix + masked tree pass + one merge.
 
 Two launches per layer, metadata built once per step in ``plan``:
-  1. ``_split_prefix_kernel``, grid (q blocks, splits): heads x rows are folded into one
+  1. ``_split_prefix_kernel``, grid (q blocks, splits + 1): heads x rows are folded into one
      dimension of Hq = H * R query rows (row hq = r * H + h), so each [BLOCK_N, 576] latent
      tile is read from memory once for every head and row; the prefix is cut into chunks
      so that every SM streams its own part of the context. Each program writes a
@@ -9,13 +9,15 @@ Two launches per layer, metadata built once per step in ``plan``:
      KV tiles come through two host tensor descriptors (latent [BLOCK_N, 512], rope [BLOCK_N, 64])
      on Hopper (bulk copies completing on mbarriers; rows past the prefix read as zeros), or
      through masked pointer loads elsewhere (TUNING["tma"] = 0).
-     Tiling: a main block of BLOCK_Q rows (64 -> one Hopper warpgroup MMA) plus an
-     optional TAIL block (16) in the same program, so 72 rows (8 heads x 9) cost 80 rows
-     of tensor work rather than 128; the latent tile is loaded once and used both as K
-     (with the rope tile) and as V.
-  2. ``_tree_merge_kernel``, grid (Hq blocks, v_dim blocks): attention of every query row
-     over the R new rows under the per-row ancestor bitmask (R <= 64 columns: one tile),
-     fused with the log-sum-exp merge of all prefix splits; writes the output in q's dtype.
+     Tiling: a main block of BLOCK_Q rows (64 -> one Hopper warpgroup MMA) plus, for 72 rows
+     (8 heads x 9), a separate 16-row program (or 16 more rows in the same program), so they
+     cost 80 rows of tensor work rather than 128; the latent tile is loaded once and used both
+     as K (with the rope tile) and as V.
+     The last split index is the tree part: one short program per q block attends its rows
+     over the R new rows under the per-row ancestor bitmask (R <= 64 columns: one tile) and
+     writes it as one more partial, beside the prefix splits.
+  2. ``_merge_kernel``, grid (Hq blocks, v_dim blocks): the log-sum-exp merge of the prefix
+     partials and the tree part in one online pass; writes the output in q's dtype.
 """
 from __future__ import annotations
 
@@ -126,92 +128,116 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
 
 
 @triton.jit
-def _split_prefix_kernel(
-    Q, KV, KD_lat, KD_pe, O_part, LSE_part,
-    stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
-    prefix_len, chunk, tail_chunk, tail_splits, Hq, H, qk_scale,
-    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-    TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    TMA: tl.constexpr,
-):
-    # q blocks fastest: the programs of one split run together and share each KV tile in L2
-    pid_q = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    start = pid_s * chunk
-    end = tl.minimum(start + chunk, prefix_len)
-    if TAIL_PROGRAM > 0:
-        # the last q block is a narrow program of TAIL_PROGRAM rows (e.g. rows 64..71 of 72); it is
-        # cheaper per token, so it takes longer chunks (tail_chunk) and fewer splits; the
-        # programs left over mark their split empty (lse = -inf) and exit at once
-        if pid_q == tl.num_programs(0) - 1:
-            if pid_s < tail_splits:
-                t_start = pid_s * tail_chunk
-                t_end = tl.minimum(t_start + tail_chunk, prefix_len)
-                _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, pid_q * BLOCK_Q, t_start, t_end,
-                             stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA)
-            else:
-                offs_t = pid_q * BLOCK_Q + tl.arange(0, TAIL_PROGRAM)
-                tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
-                         mask=offs_t < Hq)
-        else:
-            _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
-                         stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA)
-    else:
-        _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, pid_q * BLOCK_Q, start, end,
-                     stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
-
-
-@triton.jit
-def _tree_merge_kernel(
-    Q, KV, Bits, O_part, LSE_part, Out,
-    stride_qr, stride_qh, stride_kv, stride_or, stride_oh, stride_ps, stride_pq,
-    prefix_len, R, Hq, H, num_splits, qk_scale,
-    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_R: tl.constexpr, SPLIT_CHUNK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _tree_rows(Q, KV, Bits, O_part, LSE_part, q0, prefix_len, R, split,
+               stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale,
+               V_DIM: tl.constexpr, PE_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_R: tl.constexpr,
+               UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Query rows q0 + [0, ROWS) over the R new rows (cache rows prefix_len .. prefix_len + R - 1)
+    under the per-row ancestor bitmask; written as one more partial (output and lse) at ``split``."""
+    offs_q = q0 + tl.arange(0, ROWS)
     q_ok = offs_q < Hq
-    row = offs_q // H
-    offs_d = tl.arange(0, V_DIM)
+    offs_v = tl.arange(0, V_DIM)
     offs_pe = V_DIM + tl.arange(0, PE_DIM)
-    q_lat, q_pe = _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_d, offs_pe, UPCAST)
-
-    # tree part: all rows over the R new rows (cache rows prefix_len .. prefix_len+R-1)
+    q_lat, q_pe = _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
     offs_c = tl.arange(0, BLOCK_R)
     c_ok = offs_c < R
     k_ptr = KV + (prefix_len + offs_c)[:, None] * stride_kv
-    k_lat = tl.load(k_ptr + offs_d[None, :], mask=c_ok[:, None], other=0.0)
+    k_lat = tl.load(k_ptr + offs_v[None, :], mask=c_ok[:, None], other=0.0)
     k_pe = tl.load(k_ptr + offs_pe[None, :], mask=c_ok[:, None], other=0.0)
     if UPCAST:
         k_lat = k_lat.to(tl.float32)
         k_pe = k_pe.to(tl.float32)
     s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PREC)
     s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
-    bits = tl.load(Bits + row, mask=q_ok, other=1)
+    bits = tl.load(Bits + offs_q // H, mask=q_ok, other=1)  # padded rows see new row 0: finite
     see = (((bits[:, None] >> offs_c[None, :].to(tl.int64)) & 1) != 0) & c_ok[None, :]
     s = tl.where(see, s * qk_scale, float("-inf"))
-    m_t = tl.max(s, 1)
-    p = tl.exp2(s - m_t[:, None])
-    l_t = tl.sum(p, 1)
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_new = tl.load(k_ptr + offs_v[None, :], mask=c_ok[:, None], other=0.0)
-    if UPCAST:
-        v_new = v_new.to(tl.float32)
-    o_t = tl.dot(p.to(v_new.dtype), v_new, input_precision=PREC) / l_t[:, None]
-    lse_t = m_t + tl.log2(l_t)
+    m = tl.max(s, 1)
+    p = tl.exp2(s - m[:, None])
+    l = tl.sum(p, 1)
+    acc = tl.dot(p.to(k_lat.dtype), k_lat, input_precision=PREC)
+    _store_partial(O_part, LSE_part, split, offs_q, Hq, stride_ps, stride_pq, offs_v, m, l, acc)
 
-    # merge, one online pass: out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the splits and the
-    # tree part, the running max M starting at the tree part's lse (finite: every row sees itself). The
-    # partial loads of a chunk do not depend on each other or on the running state (an empty split's
-    # O_part was never written: its value is discarded with tl.where, not masked on lse, which would
-    # chain a second global load behind the first), so they can be in flight together.
-    m = lse_t
-    acc = o_t
+
+@triton.jit
+def _split_prefix_kernel(
+    Q, KV, KD_lat, KD_pe, Bits, O_part, LSE_part,
+    stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
+    prefix_len, R, chunk, tail_chunk, tail_splits, Hq, H, qk_scale,
+    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
+    TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr,
+    PREC: tl.constexpr, TMA: tl.constexpr,
+):
+    # q blocks fastest: the programs of one split run together and share each KV tile in L2
+    pid_q = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    num_splits = tl.num_programs(1) - 1  # the last split index is the tree part
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, prefix_len)
+    q0 = pid_q * BLOCK_Q
+    if pid_s == num_splits:
+        # the tree part, one short program per q block, running beside the prefix splits
+        if TAIL_PROGRAM > 0:
+            if pid_q == tl.num_programs(0) - 1:
+                _tree_rows(Q, KV, Bits, O_part, LSE_part, q0, prefix_len, R, pid_s, stride_qr, stride_qh,
+                           stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, V_DIM, PE_DIM, TAIL_PROGRAM,
+                           BLOCK_R, UPCAST, PREC)
+            else:
+                _tree_rows(Q, KV, Bits, O_part, LSE_part, q0, prefix_len, R, pid_s, stride_qr, stride_qh,
+                           stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, V_DIM, PE_DIM, BLOCK_Q,
+                           BLOCK_R, UPCAST, PREC)
+        else:
+            _tree_rows(Q, KV, Bits, O_part, LSE_part, q0, prefix_len, R, pid_s, stride_qr, stride_qh,
+                       stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, V_DIM, PE_DIM, BLOCK_Q,
+                       BLOCK_R, UPCAST, PREC)
+            if TAIL > 0:
+                _tree_rows(Q, KV, Bits, O_part, LSE_part, q0 + BLOCK_Q, prefix_len, R, pid_s, stride_qr,
+                           stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, V_DIM, PE_DIM, TAIL,
+                           BLOCK_R, UPCAST, PREC)
+    elif TAIL_PROGRAM > 0:
+        # the last q block is a narrow program of TAIL_PROGRAM rows (e.g. rows 64..71 of 72); with
+        # tail_ratio > 1 it takes longer chunks (tail_chunk) and fewer splits; the programs left
+        # over mark their split empty (lse = -inf) and exit at once
+        if pid_q == tl.num_programs(0) - 1:
+            if pid_s < tail_splits:
+                t_start = pid_s * tail_chunk
+                t_end = tl.minimum(t_start + tail_chunk, prefix_len)
+                _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, t_start, t_end,
+                             stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA)
+            else:
+                offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
+                tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
+                         mask=offs_t < Hq)
+        else:
+            _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
+                         stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA)
+    else:
+        _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
+                     stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
+
+
+@triton.jit
+def _merge_kernel(
+    O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+):
+    """out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the prefix splits 0 .. num_splits - 1
+    and the tree part at index num_splits, in one online pass whose running max M starts at the tree
+    part's lse (finite: every row sees itself). The partial loads of a chunk depend neither on each
+    other nor on the running state: an empty split's O_part was never written, so its value is
+    discarded with tl.where rather than masked on its lse (which would chain a second global load
+    behind the first)."""
+    pid_m = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_ok = offs_q < Hq
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    m = tl.load(LSE_part + num_splits * Hq + offs_q, mask=q_ok, other=0.0)
+    acc = tl.load(O_part + num_splits * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
+                  mask=q_ok[:, None], other=0.0)
     wsum = tl.full([BLOCK_M], 1.0, tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
@@ -227,7 +253,7 @@ def _tree_merge_kernel(
         wsum = wsum * alpha + tl.sum(w, 0)
         m = m_new
     out = acc / wsum[:, None]
-    o_ptr = Out + row[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
+    o_ptr = Out + (offs_q // H)[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
 
 
@@ -317,42 +343,37 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
     ns = cfg["num_splits"]
     key = (h, q.device)
     bufs = p.extra["buffers"].get(key)
-    if bufs is None:
-        bufs = (torch.empty(max(ns, 1), hq, p.v_dim, dtype=torch.float32, device=q.device),
-                torch.empty(max(ns, 1), hq, dtype=torch.float32, device=q.device))
+    if bufs is None:  # partials of the ns prefix splits, then the tree part's at index ns
+        bufs = (torch.empty(ns + 1, hq, p.v_dim, dtype=torch.float32, device=q.device),
+                torch.empty(ns + 1, hq, dtype=torch.float32, device=q.device))
         p.extra["buffers"][key] = bufs
     o_part, lse_part = bufs
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     upcast, prec = dot_flags(q.dtype)
     qk_scale = sm_scale * LOG2E
-    if ns > 0:
-        kd_lat = kd_pe = kv
-        if cfg["tma"] and _tma_ok(kv):
-            # rows >= prefix_len are outside the descriptors: the copy engine fills them with zeros
-            kd_lat = TensorDescriptor(kv, [p.prefix_len, p.v_dim], [kv.stride(0), 1], [cfg["block_n"], p.v_dim])
-            kd_pe = TensorDescriptor(kv[:, p.v_dim:], [p.prefix_len, pe], [kv.stride(0), 1], [cfg["block_n"], pe])
-        use_tma = kd_lat is not kv
-        k = _split_prefix_kernel[(cfg["n_qb"], ns)](
-            q, kv, kd_lat, kd_pe, o_part, lse_part,
-            q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
-            p.prefix_len, cfg["chunk"], cfg["tail_chunk"], cfg["tail_splits"], hq, h, qk_scale,
-            V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"], BLOCK_N=cfg["block_n"],
-            UPCAST=upcast, PREC=prec, TMA=use_tma,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        )
+    kd_lat = kd_pe = kv
+    if ns > 0 and cfg["tma"] and _tma_ok(kv):
+        # rows >= prefix_len are outside the descriptors: the copy engine fills them with zeros
+        kd_lat = TensorDescriptor(kv, [p.prefix_len, p.v_dim], [kv.stride(0), 1], [cfg["block_n"], p.v_dim])
+        kd_pe = TensorDescriptor(kv[:, p.v_dim:], [p.prefix_len, pe], [kv.stride(0), 1], [cfg["block_n"], pe])
+    k = _split_prefix_kernel[(cfg["n_qb"], ns + 1)](
+        q, kv, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part,
+        q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
+        p.prefix_len, r, cfg["chunk"], cfg["tail_chunk"], cfg["tail_splits"], hq, h, qk_scale,
+        V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"],
+        BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)), UPCAST=upcast, PREC=prec, TMA=kd_lat is not kv,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if COLLECT_META:
+        LAST_META["prefix"] = kernel_meta(k)
     bm = TUNING["merge_block_m"]
     n_mb = triton.cdiv(hq, bm)
     bv = p.v_dim
     while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
         bv //= 2
-    if COLLECT_META and ns > 0:
-        LAST_META["prefix"] = kernel_meta(k)
-    k = _tree_merge_kernel[(n_mb, p.v_dim // bv)](
-        q, kv, p.extra["bits"], o_part, lse_part, out,
-        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1),
-        p.prefix_len, r, hq, h, ns, qk_scale,
-        V_DIM=p.v_dim, PE_DIM=pe, BLOCK_M=bm, BLOCK_V=bv, BLOCK_R=max(16, next_pow2(r)),
-        SPLIT_CHUNK=TUNING["merge_split_chunk"], UPCAST=upcast, PREC=prec, num_warps=4, num_stages=2,
+    k = _merge_kernel[(n_mb, p.v_dim // bv)](
+        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), hq, h, ns,
+        BLOCK_M=bm, BLOCK_V=bv, SPLIT_CHUNK=TUNING["merge_split_chunk"], num_warps=4, num_stages=2,
     )
     if COLLECT_META:
         LAST_META["merge"] = kernel_meta(k)
