@@ -29,17 +29,18 @@ if not torch.cuda.is_available():
 
 from ddprobe.engine.kernels import get_path, reference  # noqa: E402
 from ddprobe.engine.kernels.trees import shape_mask  # noqa: E402
+from ddprobe.units import UnitError, parse_token_list  # noqa: E402
+
+
+def token_list(text: str) -> list[int]:
+    """argparse type: '1k,16k' -> [1024, 16384]; a bad value is argparse's one-line usage error."""
+    try:
+        return parse_token_list(text)
+    except UnitError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 K2 = dict(layers=61, v_dim=512, rope=64)
 L2_BYTES = 50 * 2**20
-
-
-def parse_ctx(s: str) -> list[int]:
-    out = []
-    for t in s.split(","):
-        t = t.strip().lower()
-        out.append(int(float(t[:-1]) * 1024) if t.endswith("k") else int(t))
-    return out
 
 
 def timed_graph(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> float:
@@ -305,7 +306,7 @@ def smoke(args) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ctx", default="1k,4k,16k,32k,64k,128k,256k")
+    ap.add_argument("--ctx", type=token_list, default="1k,4k,16k,32k,64k,128k,256k")
     ap.add_argument("--heads", default="8,64")
     ap.add_argument("--paths", default="paged,split,flex,sdpa")
     ap.add_argument("--variants", default="", help="';'-separated split TUNING overrides, e.g. 'tail=1;tail=0,block_n=32'")
@@ -315,9 +316,9 @@ def main() -> int:
     ap.add_argument("--tree", default="lopsided")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-step", action="store_true")
-    ap.add_argument("--step-ctx", type=parse_ctx, default=[128 * 1024])
+    ap.add_argument("--step-ctx", type=token_list, default=[128 * 1024])
     ap.add_argument("--flex-budget-s", type=float, default=150)
-    ap.add_argument("--paged-max-ctx", type=parse_ctx, default=[256 * 1024])
+    ap.add_argument("--paged-max-ctx", type=token_list, default=[256 * 1024])
     ap.add_argument("--paged-heads", default="", help="time paged only at these head counts (default: all)")
     ap.add_argument("--step-variants", default="", help="';'-separated split TUNING overrides also timed in the 61-layer step")
     ap.add_argument("--step-skip", default="", help="paths left out of the 61-layer step, e.g. 'paged'")
@@ -349,7 +350,7 @@ def main() -> int:
     flex_state = {"failed": None, "spent": 0.0}
     doc = dict(meta=meta, ceilings=ceil, results=results, flex=flex_state)
     for heads in [int(h) for h in args.heads.split(",")]:
-        for ctx in parse_ctx(args.ctx):
+        for ctx in args.ctx:
             keep = args.paths
             if ctx > args.paged_max_ctx[0] or (paged_heads and heads not in paged_heads):
                 args.paths = [p for p in keep if p != "paged"]

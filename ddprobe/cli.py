@@ -441,11 +441,12 @@ def gate(
                                                                  "(default: all).")] = None,
 ):
     """Fail (exit 1) when a benchmark entry regressed against the baseline or is missing from the run."""
-    from .reports.gate import COLUMNS, compare_files, parse_fraction, summary_lines, table_rows
+    from .reports.gate import COLUMNS, compare_files, summary_lines, table_rows
+    from .units import parse_fraction
 
     if min_fraction_of_floor is not None and not 0 < min_fraction_of_floor <= 1:
         raise DDProbeError(f"--min-fraction-of-floor must be in (0, 1], got {min_fraction_of_floor}")
-    outcome = compare_files(current, baseline, max_drop=parse_fraction(max_drop),
+    outcome = compare_files(current, baseline, max_drop=parse_fraction(max_drop, "--max-drop"),
                             min_bw_Bps=parse_bandwidth(min_bw) if min_bw else None,
                             min_fraction_of_floor=min_fraction_of_floor,
                             paths=[p.strip() for p in paths.split(",") if p.strip()] if paths else None,

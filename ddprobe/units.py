@@ -74,6 +74,18 @@ def _parse_list(text: str, parse, what: str) -> list:
     return out
 
 
+def parse_fraction(text: str | float, what: str = "fraction") -> float:
+    """'10%' -> 0.1, '0.1' -> 0.1; a bare number must lie in [0, 1)."""
+    t = str(text).strip()
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%?)", t)
+    if not m:
+        raise UnitError(f"bad {what} {text!r}: expected a percentage (10%) or a fraction (0.1)")
+    v = float(m.group(1)) / (100 if m.group(2) else 1)
+    if not 0 <= v < 1:
+        raise UnitError(f"bad {what} {text!r}: must be at least 0 and below 100%")
+    return v
+
+
 def parse_token_list(text: str) -> list[int]:
     """'1k,16k,64k,128k' -> [1024, 16384, 65536, 131072]."""
     return _parse_list(text, parse_tokens, "token count")

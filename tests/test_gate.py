@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from ddprobe.cli import app
 from ddprobe.reports import gate
 from ddprobe.results import Result
-from ddprobe.units import DDProbeError
+from ddprobe.units import DDProbeError, parse_fraction
 
 BASE = Path(__file__).parent / "data" / "bench-verify-synthetic.json"
 runner = CliRunner()
@@ -137,9 +137,9 @@ def test_library_outcome():
     out = gate.compare(cur, base, max_drop=0.1)
     assert not out.passed and [r.label for r in out.failures] == ["split heads=64 ctx=4k on NVIDIA H200"]
     assert out.failures[0].drop == pytest.approx(0.2)
-    assert gate.parse_fraction("0.1") == gate.parse_fraction("10%") == pytest.approx(0.1)
-    with pytest.raises(DDProbeError):
-        gate.parse_fraction("10")
+    assert parse_fraction("0.1") == parse_fraction("10%") == pytest.approx(0.1)
+    with pytest.raises(DDProbeError, match="bad --max-drop '10': must be at least 0 and below 100%"):
+        parse_fraction("10", "--max-drop")
 
 
 def test_real_h200_benchmark_gates_against_itself_and_a_slower_copy(tmp_path):

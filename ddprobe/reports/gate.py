@@ -8,7 +8,6 @@ fails the gate too. Entries only in the current run are shown as new and pass.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,18 +18,6 @@ from .load import load_one
 
 COLUMNS = ["status", "path", "heads", "ctx", "GPU", "baseline", "current", "time", "baseline bw", "current bw",
            "bw", "of floor", "why"]
-
-
-def parse_fraction(text: str | float, what: str = "--max-drop") -> float:
-    """'10%' -> 0.1, '0.1' -> 0.1; a bare number must lie in [0, 1)."""
-    s = str(text).strip()
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(%?)", s)
-    if not m:
-        raise DDProbeError(f"bad {what} {text!r}: expected a percentage (10%) or a fraction (0.1)")
-    v = float(m.group(1)) / (100 if m.group(2) else 1)
-    if not 0 <= v < 1:
-        raise DDProbeError(f"bad {what} {text!r}: must be at least 0 and below 100%")
-    return v
 
 
 @dataclass
