@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 
 from ddprobe.engine.kernels import get_path, reference  # noqa: E402
 from ddprobe.engine.kernels.trees import shape_mask  # noqa: E402
+from ddprobe.probes.verify_compare import timed_graph  # noqa: E402
 from ddprobe.units import UnitError, parse_token_list  # noqa: E402
 
 
@@ -41,32 +42,6 @@ def token_list(text: str) -> list[int]:
 
 K2 = dict(layers=61, v_dim=512, rope=64)
 L2_BYTES = 50 * 2**20
-
-
-def timed_graph(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> float:
-    """Capture fn() (which makes n_calls layer calls) in a CUDA graph; median seconds per call."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-    first = e0.elapsed_time(e1) / 1e3
-    reps = int(max(3, min(max_reps, min_s / max(first, 1e-6))))
-    ts = []
-    for _ in range(reps):
-        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1e3)
-    del g
-    return statistics.median(ts) / n_calls
 
 
 def ceilings() -> dict:

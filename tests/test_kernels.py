@@ -146,6 +146,17 @@ def test_split_tail_ratio(ratio, monkeypatch):
     assert torch.isfinite(again).all() and torch.equal(first, again)
 
 
+@pytest.mark.parametrize("heads,budget", [(12, 8), (8, 12), (2, 63)])
+def test_split_rows_81_to_128_use_64_row_blocks(heads, budget):
+    """Hq in (80, 128] (12 heads x 9, 8 heads x 13, 2 heads x 64) takes two 64-row blocks: a 128-row block
+    does not compile for sm_90 at 576 wide (ptxas wants 158 registers, 16 warps allow 128)."""
+    from ddprobe.engine.kernels import split
+    hq = heads * (budget + 1)
+    cfg = split.choose_config(300, hq, 132)
+    assert 80 < hq <= 128 and cfg["block_q"] == 64 and cfg["n_qb"] == 2 and cfg["num_warps"] == 8
+    check("split", 100, budget, "lopsided", heads, torch.float16)
+
+
 def test_split_many_blocks_and_splits(monkeypatch):
     """Hq = 16 x 9 = 144 rows: three 64-row blocks, several splits."""
     from ddprobe.engine.kernels import split

@@ -278,9 +278,9 @@ def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
         block_q, tail, n_qb = 64, 16, 1
     elif hq <= 80 and t["tail"] == 2:
         block_q, tail, n_qb, tail_prog = 64, 0, 2, 16
-    elif hq <= 128:
+    elif hq <= 80:  # tail=0: pad to one 128-row block (an experiment: it does not compile for sm_90 at 576 wide)
         block_q, tail, n_qb = 128, 0, 1
-    else:
+    else:  # 64-row blocks (a 128-row block needs more registers than sm_90 gives 16 warps)
         block_q, tail, n_qb = 64, 0, triton.cdiv(hq, 64)
     if block_q >= 128:
         warps = t["warps_128"]
