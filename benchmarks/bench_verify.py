@@ -29,7 +29,7 @@ if not torch.cuda.is_available():
 
 from ddprobe.engine.kernels import get_path, reference  # noqa: E402
 from ddprobe.engine.kernels.trees import shape_mask  # noqa: E402
-from ddprobe.probes.verify_compare import timed_graph  # noqa: E402
+from ddprobe.probes.verify_compare import n_cache_sets, timed_graph  # noqa: E402
 from ddprobe.units import UnitError, parse_token_list  # noqa: E402
 
 
@@ -130,9 +130,7 @@ def bench_point(ctx, heads, args, ceil, results, flex_state):
     V = K2["v_dim"]
     n = ctx + R
     layer_bytes = n * D * 2
-    n_sets = int(min(96, max(2, math.ceil(3 * L2_BYTES / layer_bytes))))
-    if args.quick:
-        n_sets = int(min(n_sets, 48))
+    n_sets = n_cache_sets(layer_bytes, L2_BYTES, most=48 if args.quick else 96)
     g = torch.Generator(device=dev).manual_seed(ctx * 131 + heads)
     kvs = [torch.randn(n, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(n_sets)]
     qs = [torch.randn(R, heads, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(n_sets)]

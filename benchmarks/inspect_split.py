@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddprobe.engine.kernels import get_path, split  # noqa: E402
 from ddprobe.engine.kernels.trees import shape_mask  # noqa: E402
-from ddprobe.units import parse_tokens  # noqa: E402
+from ddprobe.units import UnitError, parse_tokens  # noqa: E402
 
 CLASSES = ["HGMMA", "HMMA", "UTMALDG", "LDGSTS", "LDG", "SYNCS", "BAR", "WARPGROUP.DEPBAR", "WARPGROUP.ARRIVE",
            "MUFU.EX2", "LDS", "LDSM", "STS", "SHFL", "FMUL", "FFMA", "FADD", "FMNMX", "BRA"]
@@ -61,7 +61,11 @@ def main() -> int:
     ap.add_argument("--path", default="split", help="split, or paged (a shuffled page_size=1 pool) to profile it")
     ap.add_argument("--sass-out", default=None, help="folder for <kernel>.sass.gz and histogram.json")
     a = ap.parse_args()
-    ctx, rows, d, v = parse_tokens(a.ctx), 9, 576, 512
+    try:
+        ctx = parse_tokens(a.ctx)
+    except UnitError as e:
+        ap.error(str(e))  # one usage line, exit 2
+    rows, d, v = 9, 576, 512
     g = torch.Generator(device="cuda").manual_seed(0)
     kv = torch.randn(ctx + rows, d, device="cuda", dtype=torch.bfloat16, generator=g)
     q = torch.randn(rows, a.heads, d, device="cuda", dtype=torch.bfloat16, generator=g)

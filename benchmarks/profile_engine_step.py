@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddprobe.engine.config import ModelConfig  # noqa: E402
 from ddprobe.engine.generate import Engine  # noqa: E402
 from ddprobe.engine.kernels.trees import shape_mask  # noqa: E402
-from ddprobe.units import parse_tokens  # noqa: E402
+from ddprobe.units import UnitError, parse_tokens  # noqa: E402
 
 
 def forward_once(eng: Engine, kv, rows: int, mask) -> None:
@@ -104,7 +104,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default="profile_engine_step.json")
     a = ap.parse_args()
-    ctx = parse_tokens(a.ctx)
+    try:
+        ctx = parse_tokens(a.ctx)
+    except UnitError as e:
+        ap.error(str(e))  # one usage line, exit 2
     out = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}, "results": []}
     for attn in a.paths.split(","):
