@@ -108,3 +108,53 @@ def test_walk_follows_matching_children():
     assert walk(tree, [2, 9, 4, 9, 5]) == ([0, 2, 4], 5)  # root picks 2 -> b picks 4 -> d picks 5
     assert walk(tree, [1, 3, 0, 6, 0]) == ([0, 1, 3], 6)
     assert walk(tree, [8, 0, 0, 0, 0]) == ([0], 8)  # nothing accepted: the pick is the bonus
+
+
+def reference_order(logp: torch.Tensor, budget: int) -> list[tuple[int, ...]]:
+    """Oracle for the tie rule: every prefix over the top-k tokens per depth (k = min(budget, V), ranks as
+    torch.topk gives them), sorted by (-summed log-prob, rank path), the first ``budget`` as token tuples."""
+    depth, vocab = logp.shape
+    k = min(budget, vocab)
+    vals, idx = torch.topk(logp.double(), k, dim=-1)
+    allp = []
+    for d in range(1, depth + 1):
+        for ranks in itertools.product(range(k), repeat=d):
+            score = 0.0
+            for i, r in enumerate(ranks):
+                score += float(vals[i, r])
+            allp.append((-score, ranks))
+    allp.sort()
+    return [tuple(int(idx[i, r]) for i, r in enumerate(ranks)) for _, ranks in allp[:budget]]
+
+
+def rows_as_prefixes(tree) -> list[tuple[int, ...]]:
+    return prefixes(tree)  # row order kept: row i -> its token path from the root
+
+
+def test_exact_ties_break_by_rank_path():
+    # every token equally likely at both depths: all 2-token prefixes tie; the rank path decides
+    logp = torch.full((2, 3), -math.log(3.0), dtype=torch.float64)
+    tree = build_tree(logp, 7, bonus=0)
+    want = reference_order(logp, 7)
+    assert rows_as_prefixes(tree) == want
+    assert [len(p) for p in want] == [1, 1, 1, 2, 2, 2, 2]  # depth 1 first (higher score), then (0,0), (0,1)...
+    # a tie between a depth-2 prefix and a depth-1 sibling: log(1/2) + log(1) == log(1/2)
+    logp = torch.log(torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64))
+    tree = build_tree(logp, 3, bonus=0)
+    assert rows_as_prefixes(tree) == reference_order(logp, 3)
+
+
+@pytest.mark.parametrize("scale", [0.1, 0.3])
+def test_bf16_rounded_distributions_match_the_reference_order(scale):
+    """bf16-rounded drafter log-probs tie often; row order and node set must equal the reference's."""
+    g = torch.Generator().manual_seed(17)
+    tied_cases = 0
+    for case in range(150):
+        depth, vocab = 1 + case % 4, 3 + case % 6
+        budget = 2 + (case * 7) % 12
+        logp = torch.log_softmax(scale * torch.randn(depth, vocab, generator=g), dim=-1).bfloat16().float()
+        tree = build_tree(logp, budget, bonus=5)
+        want = reference_order(logp, budget)
+        assert rows_as_prefixes(tree) == want, (case, logp)
+        tied_cases += len(set(tree.scores[1:])) < tree.size
+    assert tied_cases >= 20  # the test exercises ties, not only distinct scores

@@ -8,6 +8,13 @@ The best tree of B nodes is the B most probable prefixes under the product of th
 marginals. Best-first search: a heap over prefixes by summed log-prob starts with the root's first
 child; each pop pushes the popped node's next sibling (same parent, next-ranked token at that
 depth) and its first child (depth + 1, top token). Only the top min(B, V) tokens per depth matter.
+
+Ties: prefixes of equal summed log-prob are ordered by their rank path (the tuple of top-k ranks
+from depth 1 down, ranks as ``torch.topk`` returns them), lexicographically smaller first, as the
+DDTree reference code does (heap key ``(-score, ranks)``). With bf16-rounded drafter logits exact
+ties are common; without this rule the row order (and at the budget's edge the node set) would
+depend on push order. The pop order is then exactly the sort of all top-k prefixes by
+``(-score, ranks)``: a node's parent and previous sibling always sort before it.
 """
 from __future__ import annotations
 
@@ -82,19 +89,17 @@ def build_tree(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree
         for d in range(min(budget, depth_max)):
             tokens.append(idx[d][0]); parents.append(d); depths.append(d + 1); scores.append(scores[-1] + vals[d][0])
         return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores))
-    # heap entries: (-score, tie, d (0-based position), rank, parent row, parent score)
-    tie = 0
-    heap = [(-vals[0][0], tie, 0, 0, 0, 0.0)]
+    # heap entries: (-score, rank path, d (0-based position), rank, parent row, parent score);
+    # rank paths are unique, so equal scores never fall through to the later fields
+    heap = [(-vals[0][0], (0,), 0, 0, 0, 0.0)]
     while heap and len(tokens) <= budget:
-        neg, _, d, r, parent, pscore = heapq.heappop(heap)
+        neg, ranks, d, r, parent, pscore = heapq.heappop(heap)
         row = len(tokens)
         tokens.append(idx[d][r]); parents.append(parent); depths.append(d + 1); scores.append(-neg)
         if r + 1 < k:  # next sibling
-            tie += 1
-            heapq.heappush(heap, (-(pscore + vals[d][r + 1]), tie, d, r + 1, parent, pscore))
+            heapq.heappush(heap, (-(pscore + vals[d][r + 1]), ranks[:-1] + (r + 1,), d, r + 1, parent, pscore))
         if d + 1 < depth_max:  # first child
-            tie += 1
-            heapq.heappush(heap, (-(-neg + vals[d + 1][0]), tie, d + 1, 0, row, -neg))
+            heapq.heappush(heap, (-(-neg + vals[d + 1][0]), ranks + (0,), d + 1, 0, row, -neg))
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores))
 
 
