@@ -4,7 +4,10 @@ Every probe and benchmark writes a ``Result``: what kind of measurement it is, t
 metadata of the run (date, host, versions, GPU, command), the configuration, and rows
 (one dict per measured cell, keys carrying their units: ``step_ms``, ``kv_GB``...).
 ``ResultWriter`` rewrites the file atomically after every row, so an interrupted run
-keeps everything it measured. Nothing here imports torch.
+keeps everything it measured, and writes nothing until there is a row (a run that fails
+before its first cell leaves no empty file behind). Files get the user's umask, like any
+file the shell creates. ``load(path).frame()`` gives the rows as a pandas DataFrame when
+pandas is installed (it is not a dependency). Nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -26,6 +30,37 @@ from . import __version__
 from .units import DDProbeError
 
 SCHEMA = "ddprobe.result/1"
+# keys a row of these kinds must carry, with the JSON types allowed (None: null allowed)
+ROW_KEYS: dict[str, dict[str, tuple]] = {
+    "gpu-util": {"t_s": (int, float), "gpu": (int,)},
+    "commit": {"ctx": (int,), "text": (str,), "commit_len": (int, float, type(None))},
+}
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process umask (read by setting and restoring it: there is no getter)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def check_rows(rows: Any, kind: str, source: str) -> list[dict[str, Any]]:
+    """Rows must be JSON objects, and rows of a known kind must carry its keys with the right types;
+    otherwise one line naming the file and the row (1-based)."""
+    if not isinstance(rows, list):
+        raise DDProbeError(f"{source}: 'rows' is not a list")
+    need = ROW_KEYS.get(kind, {})
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise DDProbeError(f"{source}: row {i} is not an object (got {type(row).__name__}: {str(row)[:40]!r})")
+        for key, types in need.items():
+            v = row.get(key, ...)
+            if v is ... or isinstance(v, bool) or not isinstance(v, types):
+                got = "missing" if v is ... else f"{type(v).__name__} {str(v)[:40]!r}"
+                raise DDProbeError(f"{source}: row {i} of this {kind} file has a bad {key!r} ({got})")
+    return rows
 
 
 def _pkg_version(name: str) -> str | None:
@@ -146,6 +181,7 @@ class Result:
         except OSError as e:
             raise DDProbeError(f"cannot write results file {path}: {e.strerror or e}") from None
         try:
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; results are ordinary files
             with os.fdopen(fd, "w") as f:
                 f.write(self.to_json())
                 f.write("\n")
@@ -164,23 +200,29 @@ class Result:
             raise DDProbeError(f"{source}: not a ddprobe results file (schema {SCHEMA!r} missing)")
         try:
             meta = RunMeta(**d["meta"])
-            return cls(kind=d["kind"], meta=meta, config=d.get("config", {}), rows=list(d.get("rows", [])),
+            kind = d["kind"]
+            rows = check_rows(d.get("rows", []), kind, source)
+            return cls(kind=kind, meta=meta, config=d.get("config", {}), rows=list(rows),
                        summary=d.get("summary", {}), schema=d["schema"])
         except (KeyError, TypeError) as e:
             raise DDProbeError(f"{source}: malformed results file ({e})") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Result":
-        path = Path(path)
+        from .jsonfile import read_json  # one reader of user-given JSON: non-UTF-8, bad JSON -> one line
+
+        return cls.from_dict(read_json(path, "results file"), source=str(Path(path)))
+
+    def frame(self):
+        """The rows as a pandas DataFrame (one column per key; ``attrs`` holds kind, meta and config).
+        Needs pandas, which ddprobe does not depend on."""
         try:
-            text = path.read_text()
-        except OSError as e:
-            raise DDProbeError(f"cannot read results file {path}: {e.strerror or e}") from None
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DDProbeError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-        return cls.from_dict(d, source=str(path))
+            import pandas as pd
+        except ImportError:
+            raise DDProbeError("Result.frame() needs pandas (pip install pandas); the rows are in .rows") from None
+        df = pd.DataFrame(self.rows)
+        df.attrs.update(kind=self.kind, meta=dataclasses.asdict(self.meta), config=self.config)
+        return df
 
     def to_csv(self, path: str | os.PathLike) -> Path:
         import csv
@@ -198,11 +240,17 @@ class Result:
         return path
 
 
+def load(path: str | os.PathLike) -> Result:
+    """A saved results file: ``ddprobe.results.load("commit.json").frame()`` for pandas."""
+    return Result.load(path)
+
+
 class ResultWriter:
     """Append rows to a Result and rewrite its file after each one (write as you go).
 
     ``path`` may be None (keep in memory only). A ``.csv`` twin is written too when
-    ``csv_path`` is given.
+    ``csv_path`` is given. Nothing is written while the result has neither rows nor a
+    summary: a run that fails before measuring anything leaves no file.
     """
 
     def __init__(self, result: Result, path: str | os.PathLike | None = None,
@@ -217,6 +265,8 @@ class ResultWriter:
         self.flush()
 
     def flush(self) -> None:
+        if not (self.result.rows or self.result.summary):
+            return
         if self.path:
             self.result.save(self.path)
         if self.csv_path:

@@ -27,7 +27,7 @@ def test_round_trip(tmp_path):
 def test_writer_writes_every_row_as_it_goes(tmp_path):
     path, csv_path = tmp_path / "cells.json", tmp_path / "cells.csv"
     w = ResultWriter(Result(kind="commit", meta=RunMeta.collect(command="x")), path, csv_path)
-    assert Result.load(path).rows == []
+    assert not path.exists()  # nothing measured yet: no file
     w.add({"ctx": 1024, "text": "predictable", "commit_len": 7.5})
     assert Result.load(path).rows == [{"ctx": 1024, "text": "predictable", "commit_len": 7.5}]
     w.add({"ctx": 2048, "text": "novel", "commit_len": 1.1, "extra": [1, 2]})
@@ -56,7 +56,68 @@ def test_load_errors_name_the_file(tmp_path):
 
 
 def test_non_finite_numbers_become_null(tmp_path):
-    r = Result(kind="commit", meta=RunMeta.collect(command="x"), rows=[{"commit_len": float("nan"),
+    r = Result(kind="commit", meta=RunMeta.collect(command="x"), rows=[{"ctx": 1, "text": "novel",
+                                                                         "commit_len": float("nan"),
                                                                          "gap": float("inf"), "ok": 1.5}])
     back = Result.load(r.save(tmp_path / "r.json"))
-    assert back.rows == [{"commit_len": None, "gap": None, "ok": 1.5}]
+    assert back.rows == [{"ctx": 1, "text": "novel", "commit_len": None, "gap": None, "ok": 1.5}]
+
+
+def test_files_follow_the_umask(tmp_path):
+    import os
+    old = os.umask(0o022)
+    try:
+        p = Result(kind="floor", meta=RunMeta.collect(command="x"), rows=[{"ctx": 1}]).save(tmp_path / "a.json")
+        assert p.stat().st_mode & 0o777 == 0o644  # mkstemp alone gives 0600
+        os.umask(0o077)
+        p = Result(kind="floor", meta=RunMeta.collect(command="x"), rows=[{"ctx": 1}]).save(tmp_path / "b.json")
+        assert p.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_no_file_until_there_is_something_to_keep(tmp_path):
+    path = tmp_path / "cells.json"
+    w = ResultWriter(Result(kind="commit", meta=RunMeta.collect(command="x")), path)
+    w.flush()
+    assert not path.exists()  # a run that fails before its first cell leaves no 0-row file
+    w.add({"ctx": 1024, "text": "novel", "commit_len": 1.5})
+    assert Result.load(path).rows[0]["ctx"] == 1024
+
+
+@pytest.mark.parametrize("kind,rows,msg", [
+    ("commit", [{"ctx": 1024, "text": "novel", "commit_len": 1.5}, "garbage"], "row 2 is not an object"),
+    ("commit", [{"ctx": "1k", "text": "novel", "commit_len": 1.5}], "row 1 of this commit file has a bad 'ctx'"),
+    ("commit", [{"ctx": 1024, "text": "novel"}], "row 1 of this commit file has a bad 'commit_len' \\(missing\\)"),
+    ("gpu-util", [{"t_s": 0.0, "gpu": 0}, {"t_s": "soon", "gpu": 0}], "row 2 of this gpu-util file has a bad 't_s'"),
+    ("floor", 7, "'rows' is not a list"),
+])
+def test_garbage_rows_name_the_file_and_row(tmp_path, kind, rows, msg):
+    good = Result(kind=kind, meta=RunMeta.collect(command="x")).to_dict()
+    good["rows"] = rows
+    p = tmp_path / "g.json"
+    p.write_text(json.dumps(good))
+    with pytest.raises(DDProbeError, match=f"g.json: {msg}"):
+        Result.load(p)
+
+
+def test_non_utf8_file_is_one_line(tmp_path):
+    p = tmp_path / "bin.json"
+    p.write_bytes(b"\xff\xfe{\x00")
+    with pytest.raises(DDProbeError, match="bin.json: not UTF-8"):
+        Result.load(p)
+
+
+def test_frame_with_pandas_or_one_line_without(tmp_path):
+    from ddprobe import results
+    rows = [{"ctx": 1024, "text": "predictable", "commit_len": 7.5}, {"ctx": 1024, "text": "novel", "commit_len": 1.6}]
+    p = Result(kind="commit", meta=RunMeta.collect(command="x"), rows=rows).save(tmp_path / "c.json")
+    try:
+        import pandas  # noqa: F401  (not a dependency: either branch is the behaviour)
+    except ImportError:
+        with pytest.raises(DDProbeError, match="needs pandas"):
+            results.load(p).frame()
+        return
+    df = results.load(p).frame()
+    assert list(df["text"]) == ["predictable", "novel"] and df["commit_len"].sum() == pytest.approx(9.1)
+    assert df.attrs["kind"] == "commit" and df.attrs["meta"]["command"] == "x"
