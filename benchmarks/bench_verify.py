@@ -29,7 +29,7 @@ if not torch.cuda.is_available():
 
 from ddprobe.engine.kernels import get_path, reference  # noqa: E402
 from ddprobe.engine.kernels.trees import shape_mask  # noqa: E402
-from ddprobe.probes.verify_compare import n_cache_sets, timed_graph  # noqa: E402
+from ddprobe.timing import n_cache_sets, timed_graph  # noqa: E402
 from ddprobe.units import UnitError, parse_token_list  # noqa: E402
 
 

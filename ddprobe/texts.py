@@ -54,7 +54,7 @@ def predictable(min_words: int) -> str:
     return " ".join([PREDICTABLE_SENTENCE] * reps)
 
 
-def _sentence(rng: random.Random) -> str:
+def sentence(rng: random.Random) -> str:
     def phrase() -> str:
         return f"{rng.choice(DETERMINERS)} {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
 
@@ -70,7 +70,7 @@ def novel(min_words: int, seed: int = 0) -> str:
     out: list[str] = []
     n = 0
     while n < min_words:
-        s = _sentence(rng)
+        s = sentence(rng)
         out.append(s)
         n += _words(s)
     return " ".join(out)

@@ -73,8 +73,11 @@ def test_config_files_match_presets(tmp_path):
     (["--step-ms", "-5"], "bad time"),
     (["--step-ms", "1,2", "--ctx", "1k,2k,4k"], "one per context"),
     (["--tflops", "0"], "--tflops must be greater than zero"),
-    (["--include-weights", "--weight-dtype", "fp7"], "unknown weight dtype"),
+    (["--include-weights", "--weight-dtype", "fp7"], "unknown dtype 'fp7'"),
     (["--config", "/nonexistent/config.json"], "cannot read config"),
+    (["--ctx", "1e300"], "beyond any model"),
+    (["--tp", "3"], "tp 3 does not divide the model's 64 attention heads"),
+    (["--model", "qwen3-8b", "--tp", "3"], "tp 3 does not divide the model's 32 attention heads"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args, fragment):
     r = run("floor", *args)
@@ -93,6 +96,33 @@ def test_malformed_configs(tmp_path):
     partial.write_text(json.dumps({"hidden_size": 4096}))
     r = run("floor", "--config", str(partial))
     assert r.exit_code == 1 and "no 'num_hidden_layers'" in r.output
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"head_dim": -128}, "'head_dim' must be a positive integer, got -128"),
+    ({"num_key_value_heads": -8}, "'num_key_value_heads' must be a positive integer, got -8"),
+    ({"num_key_value_heads": 5}, "num_heads 32 is not a multiple of num_key_value_heads 5".replace(
+        "num_key_value_heads 5", "num_kv_heads 5")),
+    ({"intermediate_size": "big"}, "'intermediate_size' must be a positive integer"),
+])
+def test_config_values_validated(tmp_path, change, fragment):
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(LLAMA_CONFIG | change))
+    r = run("floor", "--config", str(cfg))
+    assert r.exit_code == 1, r.output
+    assert fragment in r.output and str(cfg) in r.output
+    assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_non_utf8_and_nan_configs_are_one_line(tmp_path):
+    binary = tmp_path / "bad.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage\x80")
+    r = run("floor", "--config", str(binary))
+    assert r.exit_code == 1 and "not UTF-8 text" in r.output and "Traceback" not in r.output
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps(LLAMA_CONFIG).replace("14336", "NaN"))
+    r = run("floor", "--config", str(nan))
+    assert r.exit_code == 1 and "NaN is not valid JSON" in r.output
 
 
 def test_help_and_floor_never_import_torch():
@@ -118,3 +148,13 @@ def test_serve_port_in_use_is_one_line():
         s.listen()
         r = runner.invoke(app, ["serve", "--port", str(s.getsockname()[1])])
     assert r.exit_code == 1 and "cannot listen on 127.0.0.1" in r.output and "Traceback" not in r.output
+
+
+def test_python_dash_m_ddprobe():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "floor", "--ctx", "1k", "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["rows"][0]["kv_B_per_token"] == 61 * 576 * 2

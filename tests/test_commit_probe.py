@@ -13,7 +13,7 @@ import requests
 from typer.testing import CliRunner
 
 from ddprobe.cli import app
-from ddprobe.probes import texts
+from ddprobe import texts
 from ddprobe.probes.backends import BackendError, SGLangBackend, VLLMBackend
 from ddprobe.probes.commit import prompt_ids, run_commit_probe
 from ddprobe.probes.engine_backend import EngineBackend

@@ -8,8 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from ddprobe.cli import app
-from ddprobe.probes import gpu_verdict as gv
-from ddprobe.probes.gpu_util import deep_child_args, gpu_spec_for, parse_ncu_csv, replay, run_gpu_util
+from ddprobe import gpu_verdict as gv
+from ddprobe.probes.gpu_util import parse_ncu_csv, replay, run_gpu_util
+from ddprobe.shapes import gpu_spec_for
 from ddprobe.probes.sampler import Sampler, assign_phases, phase_at
 from ddprobe.probes.telemetry import GPM_METRICS, NvmlReader, NvmlUnavailable
 from ddprobe.results import Result, ResultWriter, RunMeta
@@ -292,10 +293,6 @@ def test_replay_equals_fresh_analysis_and_report_renders(tmp_path):
 
 
 def test_deep_helpers():
-    argv = ["gpu-util", "--prompt-len", "32k", "--deep", "--json", "a.json", "--decode-tokens=48", "--attn", "paged"]
-    assert deep_child_args(argv) == ["gpu-util", "--prompt-len", "32k", "--attn", "paged", "--decode-tokens", "4",
-                                     "--no-warmup"]
-    assert deep_child_args(["gpu-util", "--warmup", "--deep"]) == ["gpu-util", "--decode-tokens", "4", "--no-warmup"]
     text = ('==PROF== Connected\n"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
             '"0","_paged_verify_kernel","dram__throughput.avg.pct_of_peak_sustained_elapsed","%","0.61"\n'
             '"0","_paged_verify_kernel","gpu__time_duration.sum","msecond","2.50"\n'

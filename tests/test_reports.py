@@ -3,7 +3,6 @@ image is there, metadata is shown, errors name the file, and the HTML loads in h
 import base64
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,12 +53,25 @@ def test_summary_says_the_findings_in_words(built):
     summary = html[html.index('id="summary"'):html.index("<nav>")]
     assert "memory-bound at every context" in summary and "compute-bound" in summary  # bound type
     assert "split buys" in summary and "over paged" in summary  # what the split path buys
-    assert "the floor" in summary and "192x" in summary  # gap to the floor (floor file: 1.43 s at 185k)
+    # gap to the floor, from the floor file's inputs: K2.6 at 185k = 189,440 tokens x 70,272 B = 13.3 GB; at
+    # 1.792 TB/s that is 7.43 ms; the measured 1430 ms step is 192x that
+    assert round(1430 / (189440 * 70272 / 1.792e12 * 1e3)) == 192
+    assert "the floor" in summary and "192x" in summary
     assert "Drafter NOT accepting" in summary  # random-weight tiny engine: commit length 1
     assert "decode (GPU 0, 1): latency-bound" in summary  # per phase, from gpu-util
-    # the real H200 run (bench_verify.py's raw JSON): split 71x faster than paged at 128k, 8 heads
-    assert "8 heads: split buys 71.3x over paged at 128k (9.96 ms -&gt; 140 us per layer)" in summary
-    assert "Whole verify step at 128k, 8 heads, paged: 605 ms, 276x the floor 2.19 ms." in summary
+    # the real H200 run (bench_verify.py's raw JSON), its numbers read here from the file and the ratios
+    # worked out by hand: paged 9955.5 us / split 139.6 us per layer = 71.3x at 128k and 8 heads; the
+    # 61-layer paged step 604.8 ms against its 2.19 ms floor = 276x.
+    raw = json.loads((DATA / "bench-verify-h200-raw.json").read_text())["results"]
+    at = {(r.get("kind"), r["path"]): r for r in raw if r.get("ctx") == 131072 and r.get("heads") == 8}
+    paged_us, split_us = at[(None, "paged")]["us"], at[(None, "split")]["us"]
+    assert round(paged_us / split_us, 1) == 71.3
+    assert f"8 heads: split buys {paged_us / split_us:.1f}x over paged at 128k ({paged_us / 1e3:.2f} ms -&gt; " \
+           f"{split_us:.0f} us per layer)" in summary
+    step = at[("step61", "paged")]
+    assert round(step["step_ms"] / step["floor_ms"]) == 276
+    assert f"Whole verify step at 128k, 8 heads, paged: {step['step_ms']:.0f} ms, " \
+           f"{step['step_ms'] / step['floor_ms']:.0f}x the floor {step['floor_ms']:.2f} ms." in summary
 
 
 def test_metadata_shown_for_every_result(built):
@@ -161,47 +173,10 @@ def test_reports_never_import_torch():
 
 # ---- the HTML in a real browser ----------------------------------------------------------------------
 
-CHECK = """<script>
-window.addEventListener('load', function () {
-  var imgs = Array.prototype.slice.call(document.images);
-  var secs = Array.prototype.slice.call(document.querySelectorAll('section'));
-  var out = {
-    images: imgs.length,
-    loaded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
-    shown: imgs.filter(function (i) { return i.getBoundingClientRect().width > 100; }).length,
-    sections: secs.filter(function (s) { return s.getBoundingClientRect().height > 0; }).map(function (s) {
-      return s.id; }),
-    overflow: document.documentElement.scrollWidth - window.innerWidth
-  };
-  var pre = document.createElement('pre');
-  pre.id = 'ddprobe-check';
-  pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-});
-</script>"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        if shutil.which(name):
-            return shutil.which(name)
-    pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
-
-
 @pytest.mark.parametrize("width", [390, 1400], ids=["phone", "wide"])
-def test_html_in_headless_chromium(browser, built, tmp_path, width):
+def test_html_in_headless_chromium(load_in_browser, built, width):
     report, (html_path,), _ = built
-    page = tmp_path / "page.html"
-    page.write_text(html_path.read_text().replace("</body>", CHECK + "\n</body>"))
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", "--host-resolver-rules=MAP * ~NOTFOUND",  # no network
-           f"--window-size={width},900", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
-    m = re.search(r'<pre id="ddprobe-check">(.*?)</pre>', dom)
-    assert m, f"the check script did not run; chromium printed {dom[:300]!r}"
-    got = json.loads(m.group(1).replace("&quot;", '"'))
+    got = load_in_browser(html_path.read_text(), width)
     n = sum(len(s.figures) for s in report.sections)
     assert got["images"] == n and got["loaded"] == n and got["shown"] == n
     assert got["sections"] == ["summary"] + [s.id for s in report.sections]

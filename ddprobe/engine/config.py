@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+
+from ..shapes import AttnShape
 
 
 @dataclass(frozen=True)
@@ -49,15 +52,22 @@ class TargetConfig:
     rms_eps: float = 1e-6
     feature_layers: tuple[int, ...] = (0,)  # layer outputs handed to the drafter
 
+    @cached_property
+    def attn_shape(self) -> AttnShape:
+        """The attention shape in ddprobe's one vocabulary of facts (bytes per token, FLOPs, floors)."""
+        return AttnShape("mla", num_layers=self.num_layers, num_heads=self.num_heads,
+                         kv_lora_rank=self.kv_lora_rank, qk_rope_head_dim=self.qk_rope_head_dim,
+                         qk_nope_head_dim=self.qk_nope_head_dim, v_head_dim=self.v_head_dim)
+
     @property
     def kv_dim(self) -> int:
         """Width of one latent cache row: D = kv_lora_rank + qk_rope_head_dim (576 for K2)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
+        return self.attn_shape.kv_row
 
     @property
     def sm_scale(self) -> float:
         """MLA softmax scale: 1/sqrt(nope + rope), times YaRN mscale^2."""
-        s = 1.0 / math.sqrt(self.qk_nope_head_dim + self.qk_rope_head_dim)
+        s = self.attn_shape.sm_scale
         if self.yarn is not None:
             s *= get_mscale(self.yarn.factor, self.yarn.mscale_all_dim) ** 2
         return s

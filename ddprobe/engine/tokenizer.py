@@ -27,7 +27,7 @@ class WordTokenizer:
 
     @classmethod
     def default(cls) -> "WordTokenizer":
-        from ..probes.texts import WORDS  # the probe texts' closed vocabulary
+        from ..texts import WORDS  # the probe texts' closed vocabulary
 
         return cls(list(WORDS))
 

@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from ..probes import texts
+from .. import texts
 from .tokenizer import WordTokenizer
 
 REPEAT_PROMPT = "Repeat the passage from the start:"
@@ -34,7 +34,7 @@ class TextStream:
     def _novel(self, n_tokens: int) -> list[int]:
         out: list[int] = []
         while len(out) < n_tokens:
-            out += self.tok.encode(texts._sentence(self.rng))
+            out += self.tok.encode(texts.sentence(self.rng))
         return out
 
     def sequence(self) -> list[int]:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from ..results import ResultWriter
 from ..units import DDProbeError
-from . import texts
+from .. import texts
 from .backends import Backend, GenStats
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..results import Result, ResultWriter, RunMeta
+from ..shapes import get_gpu, gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import run_commit_probe
-from .floor import FloorInput, floor_table, get_gpu, gpu_spec_for
-from .models import ModelSpec, get_model
+from .floor import FloorInput, floor_table
+from .models import get_model
 
 
 @dataclass
@@ -40,16 +41,6 @@ def detect_gpu_preset(meta: RunMeta) -> str | None:
     """The floor preset of the first NVIDIA GPU NVML sees, if ddprobe knows it."""
     spec = gpu_spec_for(meta.gpu_name)
     return spec.name if spec else None
-
-
-def engine_model_spec(backend) -> ModelSpec:
-    """The floor's view of the embedded engine's target (MLA, its exact attention shapes)."""
-    t = backend.engine.config.target
-    return ModelSpec(name=f"engine-{backend.preset}", attention="mla", num_layers=t.num_layers,
-                     hidden_size=t.hidden_size, num_heads=t.num_heads, vocab_size=t.vocab_size,
-                     kv_lora_rank=t.kv_lora_rank, qk_rope_head_dim=t.qk_rope_head_dim,
-                     qk_nope_head_dim=t.qk_nope_head_dim, v_head_dim=t.v_head_dim, q_lora_rank=t.q_lora_rank,
-                     intermediate_size=t.intermediate_size)
 
 
 class Diagnose:
@@ -122,42 +113,45 @@ class Diagnose:
         if step is None:
             return "skipped", "no decode step was measured (the commit probe did not finish)"
         ctx, step_ms, source = step
-        spec = engine_model_spec(self.backend) if self.backend.name == "engine" else get_model(self.opts.model)
+        attention = getattr(self.backend, "attention", None)  # the embedded engine knows its own shape and dtype
+        if attention is not None:
+            shape, kv_dtype, _ = attention()
+            name = f"engine-{self.backend.describe().get('preset', '?')}"
+        else:
+            shape, kv_dtype, name = get_model(self.opts.model).attn, "bf16", self.opts.model
         queries = int(self.backend.describe().get("budget", 8)) + 1
-        inp = FloorInput(model=spec, bw_Bps=bw, queries=queries, flops_per_s=gpu.bf16_flops if gpu else None)
+        inp = FloorInput(attn=shape, bw_Bps=bw, queries=queries, kv_dtype=kv_dtype,
+                         flops_per_s=gpu.bf16_flops if gpu else None)
         rows = floor_table(inp, [ctx], [step_ms])
         path = self.files["floor"] = self.out / "floor.json"
         Result(kind="floor", meta=self.meta, rows=[r.to_dict() for r in rows],
-               config={"model": spec.name, "queries": queries, "tp": 1, "gpu": preset, "bw_Bps": bw,
-                       "flops_per_s": inp.flops_per_s, "step_source": source}).save(path)
+               config={"model": name, "queries": queries, "tp": 1, "gpu": preset, "bw_Bps": bw,
+                       "flops_per_s": inp.flops_per_s, "kv_dtype": inp.kv_dtype, "step_source": source}).save(path)
 
     def verify(self):
         b = self.backend
-        if b.name != "engine":
+        attention = getattr(b, "attention", None)
+        if attention is None:
             return "skipped", "the paged vs split comparison runs on the embedded engine only"
-        if not str(b.device).startswith("cuda"):
+        if not str(b.describe().get("device")).startswith("cuda"):
             return "skipped", "the embedded engine runs on the CPU (--device cpu): Triton kernels need a GPU"
         from .verify_compare import compare
 
-        t = b.engine.config.target
+        shape, _, sm_scale = attention()
         path = self.files["verify"] = self.out / "verify.json"
         w = ResultWriter(Result(kind="bench-verify", meta=self.meta, config={"source": "ddprobe diagnose"}), path)
-        _, summary = compare(self.opts.ctxs, t.num_heads, b.budget + 1, t.kv_lora_rank, t.qk_rope_head_dim,
-                             t.sm_scale, on_row=w.add)
+        _, summary = compare(self.opts.ctxs, shape.num_heads, int(b.describe()["budget"]) + 1, shape.v_dim,
+                             shape.rope_dim, sm_scale, on_row=w.add)
         w.result.summary.update(summary)
         w.flush()
 
-    def run(self, report: Path) -> list:
-        """Run every step, write the report; returns the diagnosis claims."""
-        try:
-            for name, fn in (("commit", self.commit), ("gpu-util", self.gpu_util), ("floor", self.floor),
-                             ("verify", self.verify)):
-                self._step(name, fn)
-        finally:  # interrupted or not, the report shows what was measured
-            from ..reports.render import build, write
+    def run(self) -> None:
+        """Run every step in order; each writes its file as soon as it has numbers."""
+        for name, fn in (("commit", self.commit), ("gpu-util", self.gpu_util), ("floor", self.floor),
+                         ("verify", self.verify)):
+            self._step(name, fn)
 
-            files = [self.out / "diagnose.json"] + [p for p in self.files.values() if p.exists()]
-            built = build(files, command=self.meta.command, title="ddprobe diagnosis", with_diagnosis=True)
-            write(built, report)
-        return built.diagnosis
+    def written(self) -> list[Path]:
+        """The results files written so far, diagnose.json first (what the report reads)."""
+        return [self.out / "diagnose.json"] + [p for p in self.files.values() if p.exists()]
 

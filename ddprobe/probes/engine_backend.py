@@ -75,6 +75,11 @@ class EngineBackend:
     def max_context(self) -> int | None:
         return min(self.limit, self.engine.max_ctx)
 
+    def attention(self):
+        """(AttnShape, KV dtype name, softmax scale) of the target: what floors and kernel comparisons need."""
+        t = self.engine.config.target
+        return t.attn_shape, self.dtype, t.sm_scale
+
     def describe(self) -> dict[str, Any]:
         t = self.engine.config.target
         return {"backend": self.name, "preset": self.preset, "attn": self.attn, "kv_layout": self.engine.kv_layout,

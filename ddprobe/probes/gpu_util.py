@@ -19,15 +19,14 @@ import time
 from typing import Any, Callable
 
 from ..results import Result, ResultWriter
+from ..shapes import gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import prompt_ids
-from .floor import gpu_spec_for
-from .gpu_verdict import analyze
+from ..gpu_verdict import analyze
 from .sampler import Sampler
 from .telemetry import NvmlReader, NvmlUnavailable
 
-KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp64": 8}
 NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
 NCU_KERNELS = {"paged": "regex:_paged_verify", "split": "regex:_split_prefix|_merge_kernel"}
@@ -35,11 +34,13 @@ IDLE_LEAD_S = 0.5  # idle samples before and after the request: the baseline
 
 
 def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
-    """What the request measured, plus the KV bytes per token the backend knows (engine: layers x row x dtype)."""
-    d = backend.describe() if hasattr(backend, "describe") else {}
+    """What the request measured, plus the KV bytes per token when the backend knows its attention shape
+    (the embedded engine does; a server does not say)."""
+    attention = getattr(backend, "attention", None)
     kv_tok = None
-    if all(k in d for k in ("layers", "kv_row", "dtype")) and d["dtype"] in KV_DTYPE_BYTES:
-        kv_tok = d["layers"] * d["kv_row"] * KV_DTYPE_BYTES[d["dtype"]]
+    if attention is not None:
+        shape, kv_dtype, _ = attention()
+        kv_tok = shape.kv_bytes_per_token(kv_dtype)
     spec = gpu_spec_for(gpu_name)
     return {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
             "verify_steps": st.verify_steps, "commit_len": st.commit_len, "prefill_s": st.prefill_s,
@@ -164,27 +165,3 @@ def deep_ncu(child_cmd: list[str], attn: str, count: int = 4, timeout_s: float =
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
         return {"skipped": f"ncu returned no kernel metrics: {tail[0]}", "command": " ".join(cmd)}
     return {"kernels": kernels, "command": " ".join(cmd), "period": "one decode step's first kernels"}
-
-
-
-
-
-def deep_child_args(argv: list[str], decode_tokens: int = 4) -> list[str]:
-    """The same ``gpu-util`` command for ncu's child run: fewer decode tokens, no files, no --deep, no replay,
-    and no warm-up request, so the first verify kernels ncu sees are the measured decode's, at the prompt's
-    context (a warm-up's would run at 256 tokens)."""
-    drop_flag = {"--deep", "--warmup", "--no-warmup"}
-    drop_value = {"--json", "--csv", "--decode-tokens", "--replay"}
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        name = a.split("=", 1)[0]
-        if name in drop_flag:
-            continue
-        if name in drop_value:
-            skip = "=" not in a
-            continue
-        out.append(a)
-    return out + ["--decode-tokens", str(decode_tokens), "--no-warmup"]

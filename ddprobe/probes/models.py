@@ -11,26 +11,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..shapes import KIMI_K2, AttnShape
 from ..units import DDProbeError
 
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """A whole model for the floor: its attention shape (``ddprobe.shapes.AttnShape``, the one place
+    bytes and FLOPs per token are defined) plus what parameter counts need."""
+
     name: str
-    attention: str  # "mla" or "gqa"
-    num_layers: int
+    attn: AttnShape
     hidden_size: int
-    num_heads: int
     vocab_size: int
-    # MLA (DeepSeek-V3 family): one latent row of kv_lora_rank + qk_rope_head_dim per token per layer
-    kv_lora_rank: int = 0
-    qk_rope_head_dim: int = 0
-    qk_nope_head_dim: int = 0
-    v_head_dim: int = 0
     q_lora_rank: int = 0
-    # GQA: num_kv_heads keys and values of head_dim per token per layer
-    num_kv_heads: int = 0
-    head_dim: int = 0
     # MLP / MoE
     intermediate_size: int = 0
     moe_intermediate_size: int = 0
@@ -40,46 +34,23 @@ class ModelSpec:
     first_k_dense_replace: int = 0
     tie_word_embeddings: bool = False
 
-    # ---- KV cache -----------------------------------------------------------
-    def kv_values_per_token_layer(self) -> int:
-        """Values one token stores per layer: 576 for MLA (512 latent + 64 rope)."""
-        if self.attention == "mla":
-            return self.kv_lora_rank + self.qk_rope_head_dim
-        return 2 * self.num_kv_heads * self.head_dim
+    @property
+    def num_layers(self) -> int:
+        return self.attn.num_layers
 
-    def kv_bytes_per_token(self, kv_bytes: float = 2.0, tp: int = 1) -> float:
-        """KV bytes per token (all layers) held by ONE GPU under tensor parallel ``tp``.
-
-        MLA's latent row is shared by all heads, so every GPU keeps all of it; GQA
-        splits KV heads across GPUs (replicated once tp exceeds the KV heads)."""
-        per_layer = self.kv_values_per_token_layer()
-        if self.attention == "gqa":
-            per_layer = 2 * self.head_dim * max(1, self.num_kv_heads // tp)
-        return per_layer * kv_bytes * self.num_layers
-
-    # ---- attention FLOPs ----------------------------------------------------
-    def attn_flops_per_token(self, queries: int, tp: int = 1) -> float:
-        """FLOPs per context token per step for ``queries`` rows on one GPU (all layers).
-
-        MLA absorbed decode: every head does a 576-wide dot (QK) and a 512-wide
-        accumulate (PV) per context token; GQA: head_dim each."""
-        heads = max(1, self.num_heads // tp)
-        if self.attention == "mla":
-            per_head = 2 * (self.kv_lora_rank + self.qk_rope_head_dim) + 2 * self.kv_lora_rank
-        else:
-            per_head = 4 * self.head_dim
-        return per_head * heads * queries * self.num_layers
+    @property
+    def num_heads(self) -> int:
+        return self.attn.num_heads
 
     # ---- parameters ---------------------------------------------------------
     def _attn_params(self) -> int:
-        h, n = self.hidden_size, self.num_heads
-        if self.attention == "mla":
-            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n * qk) if self.q_lora_rank else h * n * qk
-            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank \
-                + self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)
-            return q + kv + n * self.v_head_dim * h
-        kvh, d = self.num_kv_heads, self.head_dim
+        a, h, n, ql = self.attn, self.hidden_size, self.num_heads, self.q_lora_rank
+        if a.kind == "mla":
+            qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+            q = (h * ql + ql + ql * n * qk) if ql else h * n * qk
+            kv = h * a.kv_row + a.kv_lora_rank + a.kv_lora_rank * n * (a.qk_nope_head_dim + a.v_head_dim)
+            return q + kv + n * a.v_head_dim * h
+        kvh, d = a.num_kv_heads, a.head_dim
         return h * n * d + 2 * h * kvh * d + n * d * h
 
     def _layer_params(self, layer: int, active: bool) -> int:
@@ -106,22 +77,26 @@ class ModelSpec:
 
 
 def _deepseek_v3_family(name: str, heads: int, experts: int, vocab: int, first_dense: int) -> ModelSpec:
+    attn = AttnShape("mla", num_layers=61, num_heads=heads, kv_lora_rank=512, qk_rope_head_dim=64,
+                     qk_nope_head_dim=128, v_head_dim=128)
     return ModelSpec(
-        name=name, attention="mla", num_layers=61, hidden_size=7168, num_heads=heads, vocab_size=vocab,
-        kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536,
+        name=name, attn=attn, hidden_size=7168, vocab_size=vocab, q_lora_rank=1536,
         intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=experts, num_experts_per_tok=8,
         n_shared_experts=1, first_k_dense_replace=first_dense,
     )
 
 
+def _gqa(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, inter: int) -> ModelSpec:
+    attn = AttnShape("gqa", num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads)
+    return ModelSpec(name=name, attn=attn, hidden_size=hidden, vocab_size=vocab, intermediate_size=inter)
+
+
 PRESETS: dict[str, ModelSpec] = {
-    "kimi-k2.6": _deepseek_v3_family("kimi-k2.6", heads=64, experts=384, vocab=163840, first_dense=1),
-    "kimi-k2": _deepseek_v3_family("kimi-k2", heads=64, experts=384, vocab=163840, first_dense=1),
+    "kimi-k2.6": _deepseek_v3_family("kimi-k2.6", heads=KIMI_K2.num_heads, experts=384, vocab=163840, first_dense=1),
+    "kimi-k2": _deepseek_v3_family("kimi-k2", heads=KIMI_K2.num_heads, experts=384, vocab=163840, first_dense=1),
     "deepseek-v3": _deepseek_v3_family("deepseek-v3", heads=128, experts=256, vocab=129280, first_dense=3),
-    "qwen3-8b": ModelSpec(name="qwen3-8b", attention="gqa", num_layers=36, hidden_size=4096, num_heads=32,
-                          vocab_size=151936, num_kv_heads=8, head_dim=128, intermediate_size=12288),
-    "llama-3.1-8b": ModelSpec(name="llama-3.1-8b", attention="gqa", num_layers=32, hidden_size=4096, num_heads=32,
-                              vocab_size=128256, num_kv_heads=8, head_dim=128, intermediate_size=14336),
+    "qwen3-8b": _gqa("qwen3-8b", 36, 4096, 32, 8, 151936, 12288),
+    "llama-3.1-8b": _gqa("llama-3.1-8b", 32, 4096, 32, 8, 128256, 14336),
 }
 
 
@@ -141,41 +116,53 @@ def _need(cfg: dict[str, Any], key: str, source: str) -> int:
     return value
 
 
+def _opt(cfg: dict[str, Any], key: str, source: str, default: int = 0, *aliases: str) -> int:
+    """An optional size: absent or null means ``default``; present, it must be a positive integer."""
+    for k in (key, *aliases):
+        if cfg.get(k) is not None:
+            return _need(cfg, k, source)
+    return default
+
+
 def model_from_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face style config.json (MLA when it has kv_lora_rank, else GQA).
 
-    Multimodal configs that nest the language model under ``text_config`` are unwrapped."""
+    Multimodal configs that nest the language model under ``text_config`` are unwrapped. Every size
+    must be a positive integer; a bad value is one error naming the file and the key."""
+    from ..jsonfile import read_json
+
     path = Path(path)
-    try:
-        cfg = json.loads(path.read_text())
-    except OSError as e:
-        raise DDProbeError(f"cannot read config {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise DDProbeError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    cfg = read_json(path, what="config")
     if not isinstance(cfg, dict):
         raise DDProbeError(f"{path}: expected a JSON object")
     if isinstance(cfg.get("text_config"), dict):
         cfg = cfg["text_config"]
     src = str(path)
     name = cfg.get("_name_or_path") or cfg.get("model_type") or path.stem
+    layers, heads = _need(cfg, "num_hidden_layers", src), _need(cfg, "num_attention_heads", src)
+    hidden = _need(cfg, "hidden_size", src)
     common = dict(
-        name=str(name), num_layers=_need(cfg, "num_hidden_layers", src), hidden_size=_need(cfg, "hidden_size", src),
-        num_heads=_need(cfg, "num_attention_heads", src), vocab_size=_need(cfg, "vocab_size", src),
-        intermediate_size=int(cfg.get("intermediate_size") or 0),
+        name=str(name), hidden_size=hidden, vocab_size=_need(cfg, "vocab_size", src),
+        intermediate_size=_opt(cfg, "intermediate_size", src),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-    )
-    moe = dict(
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0),
-        n_routed_experts=int(cfg.get("n_routed_experts") or cfg.get("num_experts") or 0),
-        num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0),
-        n_shared_experts=int(cfg.get("n_shared_experts") or 0),
+        moe_intermediate_size=_opt(cfg, "moe_intermediate_size", src),
+        n_routed_experts=_opt(cfg, "n_routed_experts", src, 0, "num_experts"),
+        num_experts_per_tok=_opt(cfg, "num_experts_per_tok", src),
+        n_shared_experts=_opt(cfg, "n_shared_experts", src),
         first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
     )
-    if cfg.get("kv_lora_rank"):
-        return ModelSpec(
-            attention="mla", kv_lora_rank=_need(cfg, "kv_lora_rank", src),
-            qk_rope_head_dim=_need(cfg, "qk_rope_head_dim", src), qk_nope_head_dim=_need(cfg, "qk_nope_head_dim", src),
-            v_head_dim=_need(cfg, "v_head_dim", src), q_lora_rank=int(cfg.get("q_lora_rank") or 0), **common, **moe)
-    kv_heads = int(cfg.get("num_key_value_heads") or common["num_heads"])
-    head_dim = int(cfg.get("head_dim") or common["hidden_size"] // common["num_heads"])
-    return ModelSpec(attention="gqa", num_kv_heads=kv_heads, head_dim=head_dim, **common, **moe)
+    try:
+        if cfg.get("kv_lora_rank") is not None:
+            attn = AttnShape("mla", num_layers=layers, num_heads=heads, kv_lora_rank=_need(cfg, "kv_lora_rank", src),
+                             qk_rope_head_dim=_need(cfg, "qk_rope_head_dim", src),
+                             qk_nope_head_dim=_need(cfg, "qk_nope_head_dim", src),
+                             v_head_dim=_need(cfg, "v_head_dim", src))
+            return ModelSpec(attn=attn, q_lora_rank=_opt(cfg, "q_lora_rank", src), **common)
+        attn = AttnShape("gqa", num_layers=layers, num_heads=heads,
+                         num_kv_heads=_opt(cfg, "num_key_value_heads", src, heads),
+                         head_dim=_opt(cfg, "head_dim", src, hidden // heads))
+    except DDProbeError as e:
+        if str(e).startswith(src):
+            raise
+        raise DDProbeError(f"{src}: {e}") from None
+    return ModelSpec(attn=attn, **common)

@@ -12,54 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_graph
+
 PATHS = ("paged", "split")
-
-
-def copy_bandwidth_Bps(torch, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy, bytes read + written per second (median of do_bench)."""
-    from triton.testing import do_bench
-
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
-    return 2 * a.numel() * 2 / (ms * 1e-3)
-
-
-def timed_graph(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> float:
-    """Capture fn() (which makes n_calls layer calls) in a CUDA graph and replay it; median seconds per
-    call. Replay leaves out the host's launch work; fn should touch more distinct caches than L2 holds
-    (replay does not flush L2). Also used by benchmarks/bench_verify.py."""
-    import statistics
-
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()  # noqa: E702
-    first = e0.elapsed_time(e1) / 1e3
-    reps = int(max(3, min(max_reps, min_s / max(first, 1e-6))))
-    ts = []
-    for _ in range(reps):
-        e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()  # noqa: E702
-        ts.append(e0.elapsed_time(e1) / 1e3)
-    del g
-    return statistics.median(ts) / n_calls
-
-
-def n_cache_sets(per_set: int, l2: int = 60 << 20, most: int = 1024) -> int:
-    """Distinct caches to cycle through so that together they hold 3x the L2 (at least 2, at most ``most``)."""
-    return max(2, min(most, -(-3 * l2 // per_set)))
 
 
 def compare(ctxs: list[int], heads: int, rows: int, v_dim: int, rope_dim: int, sm_scale: float,

@@ -116,7 +116,7 @@ def bench_verify(result: Result) -> list[str]:
 def gpu_util(result: Result) -> list[str]:
     per_phase = result.summary.get("per_phase") if isinstance(result.summary, dict) else None
     if not per_phase:  # no stored analysis: the probe's own verdict rules on the samples (missing stays missing)
-        from ..probes.gpu_verdict import analyze  # plain Python, no torch
+        from ..gpu_verdict import analyze  # plain Python, no torch
 
         per_phase = analyze(result.rows, None, result.config.get("sources"))["per_phase"]
     groups = defaultdict(list)

@@ -14,6 +14,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from .shapes import floor_s
+
 # ---- thresholds (percent) -------------------------------------------------------------------
 IDLE_UTIL_PCT = 10.0  # nvidia-smi util below this: nothing is running
 BUSY_UTIL_PCT = 50.0  # nvidia-smi util at or above this: "busy" by nvidia-smi; below it, with every unit low,
@@ -202,7 +204,7 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, A
             out["verify_eff_bw_GBps"] = nbytes / (out["verify_ms_mean"] / 1e3) / 1e9
         bw = _num(req.get("gpu_bw_Bps"))
         if bw:
-            out["floor_ms"] = nbytes / bw * 1e3
+            out["floor_ms"] = floor_s(nbytes, bw_Bps=bw)[0] * 1e3
             if step_ms:
                 out["gap"] = step_ms / out["floor_ms"]
     tokens = done - 1 if done > 1 else None  # the first token comes out of prefill

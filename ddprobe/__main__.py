@@ -1,0 +1,4 @@
+"""``python -m ddprobe``: the same command line as the ``ddprobe`` script."""
+from .cli import main
+
+main()

@@ -1,0 +1,128 @@
+"""`ddprobe commit` (commit length across contexts) and `ddprobe serve` (the engine over HTTP)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from ..units import DDProbeError, fmt_tokens, parse_token_list
+from .app import app
+from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
+    kv_capacity, num_or_dash, out, results_path, text_kinds
+
+# (header, narrow header, cell) per column; narrow terminals (< 100 columns) get the short headers and
+# lose the columns marked None there.
+_COLUMNS = [
+    ("text", "text", lambda r: r["text"]),
+    ("ctx", "ctx", lambda r: fmt_tokens(r["ctx"])),
+    ("prompt", None, lambda r: str(r["prompt_tokens"])),
+    ("commit len", "commit", lambda r: f"{r['commit_len']:.2f}"),
+    ("p10-p90", "p10-90", lambda r: "-" if r["commit_len_p10"] is None
+        else f"{r['commit_len_p10']:.0f}-{r['commit_len_p90']:.0f}"),
+    ("accepted", None, lambda r: f"{r['accepted_depth']:.2f}"),  # = commit len - 1: dropped when narrow
+    ("drafts", None, lambda r: num_or_dash(r["drafts_per_step"], ".1f")),
+    ("steps", "steps", lambda r: str(r["verify_steps"])),
+    ("ms/step", "ms/step", lambda r: num_or_dash(r["decode_ms_per_step"], ".1f")),
+    ("tok/s", "tok/s", lambda r: num_or_dash(r["tokens_per_s"], ".1f")),
+    ("prefill", "prefill", lambda r: "-" if r["prefill_s"] is None else f"{r['prefill_s']:.2f} s"),
+]
+
+
+def commit_table(title: str, narrow: bool) -> tuple[Table, callable]:
+    """The commit table and a function adding one row to it; ``narrow`` fits an 80-column terminal."""
+    cols = [(n if not narrow else short, cell) for n, short, cell in _COLUMNS if not (narrow and short is None)]
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=narrow)
+    for name, _ in cols:
+        table.add_column(name, justify="left" if name == "text" else "right", no_wrap=True)
+    return table, lambda row: table.add_row(*[cell(row) for _, cell in cols])
+
+
+def announce(eng: EngineOptions, be) -> None:
+    """Say what ``auto`` chose and any note the backend has (random weights...)."""
+    if be.name == "engine" and eng.chosen():
+        err.print(f"engine: {eng.chosen()}", highlight=False)
+    if getattr(be, "note", None):
+        err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
+
+
+@app.command()
+@errors_exit_1
+@engine_options()
+def commit(
+    ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
+    text: Annotated[str, typer.Option("--text", help="Text kinds: predictable, novel, recall.")] = "predictable,novel",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per cell.")] = 128,
+    backend: BackendOpt = "engine",
+    url: UrlOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file, written after every cell "
+                                                                     "(default ddprobe-results/commit-<time>.json).")]
+    = None,
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the cells as CSV.")] = None,
+    *, eng: EngineOptions,
+):
+    """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
+    from rich.live import Live
+
+    from ..probes.backends import make_backend
+    from ..probes.commit import check_contexts, run_commit_probe
+    from ..results import Result, ResultWriter, RunMeta
+
+    ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
+    kinds = text_kinds(text)
+    need = kv_capacity(max(ctxs), max_new_tokens, eng.budget)
+    be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(need))
+    check_contexts(be, ctxs, max_new_tokens)  # before any file is written
+    announce(eng, be)
+    path = results_path(json_path, "commit")
+    config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": eng.seed, **be.describe()}
+    writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(), config=config), path, csv_path)
+
+    where = url if url else f"{config.get('preset')}, {config.get('attn')}, {config.get('weights')} weights"
+    table, add = commit_table(f"commit length ({be.name}: {where})", narrow=columns() < 100)
+    with Live(table, console=out, refresh_per_second=4, transient=False) as live:
+        def start(kind, c, n):
+            live.console.print(f"[dim]{kind} @ {fmt_tokens(c)}: prefill {n} tokens, decode {max_new_tokens}...[/]")
+
+        try:
+            run_commit_probe(be, ctxs, kinds, max_new_tokens, writer, seed=eng.seed, on_start=start, on_cell=add)
+        finally:
+            n = len(writer.result.rows)
+            live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+
+
+@app.command()
+@errors_exit_1
+@engine_options()
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 30000,
+    max_ctx: Annotated[Optional[str], typer.Option("--max-ctx", help="KV capacity in tokens, allocated up front "
+                                                                      "(default: 8k or the preset's limit).")] = None,
+    spec: Annotated[bool, typer.Option("--spec/--no-spec", help="DDTree speculative decoding, or plain greedy "
+                                                                "decoding without spec counters.")] = True,
+    *, eng: EngineOptions,
+):
+    """Serve the reference engine over HTTP: SGLang /generate, OpenAI /v1/completions, /tokenize, /metrics."""
+    import socket
+
+    from ..server import serve as run_server
+    from ..units import parse_tokens
+
+    if not 0 < port < 65536:
+        raise DDProbeError(f"--port must be in 1..65535, got {port}")
+    try:  # fail here, in one line, rather than in uvicorn after the engine is built
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise DDProbeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    be = eng.backend(parse_tokens(max_ctx) if max_ctx else None)
+    announce(eng, be)
+    err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
+              f"http://{host}:{port}")
+    run_server(be, host=host, port=port, spec=spec)

@@ -1,0 +1,80 @@
+"""`ddprobe diagnose`: the whole investigation in one command, ending in one report."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.markup import escape
+
+from ..units import DDProbeError, parse_bandwidth, parse_token_list
+from .app import app
+from .commit import announce
+from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+    kv_capacity, out
+
+
+@app.command()
+@errors_exit_1
+@engine_options()
+def diagnose(
+    ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
+    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for every results file and the "
+                                                                      "report (default ddprobe-diagnose-<time>).")]
+    = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per commit cell.")] = 64,
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded under telemetry.")] = 64,
+    backend: BackendOpt = "engine",
+    url: UrlOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    model: Annotated[str, typer.Option("--model", help="Floor model preset for a server backend.")] = "kimi-k2.6",
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Floor GPU preset (default: the GPU NVML sees).")]
+    = None,
+    bw: Annotated[Optional[str], typer.Option("--bw", help="Floor bandwidth instead, e.g. 4.8TB/s.")] = None,
+    *, eng: EngineOptions,
+):
+    """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
+    import datetime as dt
+
+    from ..probes.backends import make_backend
+    from ..probes.commit import check_contexts
+    from ..probes.diagnose import Diagnose, DiagnoseOptions
+    from ..probes.models import get_model
+    from ..shapes import get_gpu
+
+    ctxs = list(dict.fromkeys(parse_token_list(ctx)))
+    if gpu:
+        get_gpu(gpu)  # unknown names fail before anything runs
+    if backend != "engine":
+        get_model(model)
+    bw_Bps = parse_bandwidth(bw) if bw else None
+    if decode_tokens < 2:
+        raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
+    need = kv_capacity(max(ctxs), max(max_new_tokens, decode_tokens), eng.budget)
+    be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(need))
+    check_contexts(be, ctxs, max_new_tokens)
+    check_contexts(be, ctxs, decode_tokens)
+    announce(eng, be)
+    folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
+                           bw_Bps=bw_Bps, model=model, seed=eng.seed)
+    report_path = folder / "report.html"
+    run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
+    claims = run_and_report(run, report_path)
+    for c in claims:
+        out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
+                  + escape(c.text), highlight=False)
+    out.print(f"report: {report_path}", highlight=False)
+
+
+def run_and_report(run, report_path: Path) -> list:
+    """Run every diagnose step, then write the report from the files written, also when a step or the
+    user interrupts (the report shows what was measured); returns the diagnosis claims."""
+    from ..reports.render import build, write
+
+    try:
+        run.run()
+    finally:
+        built = build(run.written(), command=run.meta.command, title="ddprobe diagnosis", with_diagnosis=True)
+        write(built, report_path)
+    return built.diagnosis

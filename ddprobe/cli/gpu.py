@@ -1,0 +1,127 @@
+"""`ddprobe gpu-util`: is the GPU doing work during decode?"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
+from .app import app
+from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+    kv_capacity, num_or_dash, out, results_path, text_kinds
+
+SIGNALS = [("util_gpu_pct", "smi util"), ("gpm_sm_util_pct", "SM"), ("gpm_tensor_util_pct", "tensor"),
+           ("gpm_dram_bw_util_pct", "DRAM"), ("util_mem_pct", "mem ctl"), ("power_pct", "power/limit"),
+           ("sm_clock_MHz", "SM MHz")]
+DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
+
+
+@app.command("gpu-util")
+@errors_exit_1
+@engine_options(preset="k2", attn="paged", device="cuda", dtype="bf16", heads=8)
+def gpu_util(
+    prompt_len: Annotated[str, typer.Option("--prompt-len", help="Prompt tokens, k = 1024.")] = "64k",
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded (novel text: about one "
+                                                                       "per verify step).")] = 100,
+    period: Annotated[str, typer.Option("--period", help="Sampling period; bare numbers are ms.")] = "200ms",
+    text: Annotated[str, typer.Option("--text", help="Prompt text kind: novel, predictable, recall.")] = "novel",
+    backend: BackendOpt = "engine",
+    url: UrlOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    deep: Annotated[bool, typer.Option("--deep", help="Also run Nsight Compute (ncu --clock-control none) over a "
+                                                      "few verify kernels of a decode step, when ncu is "
+                                                      "installed.")] = False,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="First run a short request (256 tokens, "
+                                                                     "3 new) so kernels compile outside the "
+                                                                     "sampled one.")] = True,
+    replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
+                                                                    "(no GPU needed).")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "
+                                                                     "ddprobe-results/gpu-util-<time>.json).")]
+    = None,
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the timeline as CSV.")] = None,
+    *, eng: EngineOptions,
+):
+    """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
+    import tempfile
+
+    from ..probes.backends import make_backend
+    from ..probes.gpu_util import deep_ncu, replay as replay_result, run_gpu_util
+    from ..probes.telemetry import require_nvml
+    from ..results import Result, ResultWriter, RunMeta
+    from ..units import parse_time, parse_tokens
+
+    path = results_path(json_path, "gpu-util")
+    if replay is not None:
+        res = replay_result(Result.load(replay))
+        ResultWriter(res, path, csv_path)
+    else:
+        n_prompt, period_s = parse_tokens(prompt_len), parse_time(period, default_unit="ms")
+        kinds = text_kinds(text)
+        if len(kinds) > 1:
+            raise DDProbeError(f"--text takes one kind for gpu-util, got {text!r}")
+        kind = kinds[0]
+        names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
+        err.print(f"sampling {len(names)} GPU(s) every {period_s * 1e3:.0f} ms: {', '.join(sorted(set(names)))}")
+        need = kv_capacity(n_prompt, decode_tokens, eng.budget)
+        be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(need))
+        config = {"prompt_len": n_prompt, "decode_tokens": decode_tokens, **be.describe()}
+        writer = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(), config=config), path, csv_path)
+        res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,
+                           on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup)
+        if deep:
+            with tempfile.TemporaryDirectory() as tmp:
+                # the same request, shorter, without files of its own or a warm-up: ncu's first verify
+                # kernels are then the measured decode's, at the prompt's context
+                child = [sys.executable, "-m", "ddprobe", "gpu-util", "--prompt-len", str(n_prompt),
+                         "--decode-tokens", str(DEEP_DECODE_TOKENS), "--no-warmup", "--period", period,
+                         "--text", kind, "--backend", backend, "--timeout", str(timeout),
+                         *(["--url", url] if url else []), *eng.args(), "--json", str(Path(tmp) / "child.json")]
+                res.summary["deep"] = deep_ncu(child, eng.attn)
+            writer.flush()
+    print_summary(res)
+    out.print(f"{len(res.rows)} sample(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+
+
+def print_summary(res) -> None:
+    """The per-GPU, per-phase table, the evidence lines and the step numbers."""
+    s = res.summary
+    t = Table(title="gpu-util: median/p90 per GPU and phase", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for c in ["GPU", "phase", "n"] + [c for _, c in SIGNALS] + ["verdict"]:
+        t.add_column(c, justify="left" if c in ("phase", "verdict") else "right", no_wrap=True)
+
+    def cell(sig):
+        m, p = sig.get("median"), sig.get("p90")
+        return "-" if m is None else "/".join(f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}" for v in (m, p))
+
+    for d in s.get("per_phase", []):
+        t.add_row(str(d["gpu"]), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
+                  d["verdict"])
+    out.print(t)
+    for d in s.get("per_phase", []):
+        if d["phase"] != "idle":
+            out.print(f"GPU {d['gpu']} {d['phase']}: {d['evidence']}", highlight=False, soft_wrap=True)
+    nums = []
+    if s.get("decode_step_ms"):
+        nums.append(f"decode step {s['decode_step_ms']:.4g} ms (median)")
+    if s.get("eff_bw_GBps"):
+        nums.append(f"effective KV bandwidth {fmt_bandwidth(s['eff_bw_GBps'] * 1e9)} "
+                    f"({fmt_bytes(s['kv_GB_per_step'] * 1e9)} per step)")
+    if s.get("gap"):
+        nums.append(f"{fmt_ratio(s['gap'])} the floor {s['floor_ms']:.3g} ms")
+    if s.get("energy_J_per_token"):
+        nums.append(f"{s['energy_J_per_token']:.3g} J per decoded token")
+    if nums:
+        out.print("; ".join(nums) + ".", highlight=False)
+    deep_d = s.get("deep")
+    if isinstance(deep_d, dict):
+        out.print(f"ncu: {deep_d['skipped']}" if "skipped" in deep_d else
+                  "ncu: " + "; ".join(f"{k.get('kernel')}: {num_or_dash(k.get('time_us'), '.4g')} us, tensor "
+                                      f"{k.get('tensor_pct')}%, DRAM {k.get('dram_pct')}%"
+                                      for k in deep_d["kernels"]), highlight=False, soft_wrap=True)
+

@@ -1,0 +1,178 @@
+"""What several commands share, defined once: the error wrapper, the consoles, the backend options,
+and the engine options as one dataclass (``EngineOptions``) that a decorator adds to a command.
+
+``@engine_options(preset="k2", ...)`` appends the eight engine options to a Typer command's
+signature (with per-command defaults) and hands the command one ``eng: EngineOptions``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from ..units import DDProbeError
+
+# Piped output (CI logs, files) gets a wide page instead of rich's default 80 columns, unless COLUMNS says.
+out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 132)
+err = Console(stderr=True, width=None if sys.stderr.isatty() or os.environ.get("COLUMNS") else 200)
+
+def columns() -> int:
+    """Width of the terminal we print to, now (COLUMNS wins, as rich and the shells agree)."""
+    env = os.environ.get("COLUMNS", "")
+    return int(env) if env.isdigit() else out.width
+
+
+# Room the KV capacity keeps beyond prompt + new tokens: the tree's budget + 1 rows and a margin.
+CONTEXT_SLACK = 64
+
+
+def kv_capacity(longest_ctx: int, new_tokens: int, budget: int) -> int:
+    """Tokens of KV a request of ``longest_ctx`` + ``new_tokens`` needs, verify rows and slack included."""
+    return longest_ctx + new_tokens + budget + 1 + CONTEXT_SLACK
+
+
+def num_or_dash(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def errors_exit_1(fn):
+    """Turn a domain error into one line on stderr and exit code 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DDProbeError as e:
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+        except OSError as e:  # a results file or folder that cannot be written
+            where = f" {e.filename}" if e.filename else ""
+            err.print(f"[bold red]error:[/] cannot write{escape(where)}: {escape(e.strerror or str(e))}",
+                      highlight=False, soft_wrap=True)
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def text_kinds(text: str) -> list[str]:
+    """Comma-separated probe text kinds, checked against the known ones (one line when unknown)."""
+    from .. import texts
+
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in texts.KINDS]
+    if bad or not kinds:
+        raise DDProbeError(f"unknown text kind {(bad or [text])[0]!r}; known: {', '.join(texts.KINDS)}")
+    return list(dict.fromkeys(kinds))
+
+
+BackendOpt = Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
+                                                           "this host).")]
+UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm, e.g. "
+                                                             "http://127.0.0.1:30000.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")]
+
+_PANEL = "Engine backend"
+_ENGINE_OPTS = {  # field -> (annotation, flag, help)
+    "preset": (str, "--preset", "Engine preset: tiny or k2."),
+    "attn": (str, "--attn", "Verify-attention path: reference, paged, split."),
+    "budget": (int, "--budget", "Draft-tree nodes (verify rows = budget + 1)."),
+    "device": (str, "--device", "auto (cuda when a GPU is visible, else cpu), cpu or cuda."),
+    "dtype": (str, "--dtype", "auto (bf16 on cuda, fp32 on cpu), fp32, bf16, fp16."),
+    "heads": (Optional[int], "--heads", "Attention heads (k2: 8 = one tensor-parallel shard, 64 = all)."),
+    "weights": (str, "--weights", "auto (the preset's trained weights when shipped: tiny), trained, or random "
+                                  "(from --seed)."),
+    "seed": (int, "--seed", "Weights seed (engine) and text seed."),
+}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The embedded engine a command builds when ``--backend engine``."""
+
+    preset: str = "tiny"
+    attn: str = "reference"
+    budget: int = 8
+    device: str = "auto"
+    dtype: str = "auto"
+    heads: Optional[int] = None
+    weights: str = "auto"
+    seed: int = 0
+
+    def resolved(self) -> "EngineOptions":
+        """``auto`` device and dtype made concrete: cuda when torch sees a GPU, else cpu; bf16 on cuda, fp32 on cpu."""
+        device, dtype = self.device, self.dtype
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if dtype == "auto":
+            dtype = "bf16" if device.startswith("cuda") else "fp32"
+        return dataclasses.replace(self, device=device, dtype=dtype)
+
+    def chosen(self) -> str | None:
+        """One line saying what ``auto`` chose, or None when nothing was automatic."""
+        if self.device != "auto" and self.dtype != "auto":
+            return None
+        r = self.resolved()
+        return f"device {r.device}, dtype {r.dtype} (auto)"
+
+    def backend(self, max_ctx: Optional[int]):
+        from ..probes.engine_backend import EngineBackend
+
+        r = self.resolved()
+        return EngineBackend(preset=r.preset, attn=r.attn, budget=r.budget, device=r.device, dtype=r.dtype,
+                             seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights)
+
+    def args(self) -> list[str]:
+        """The command-line options that rebuild this engine (for a child process)."""
+        out_ = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                out_ += [_ENGINE_OPTS[f.name][1], str(v)]
+        return out_
+
+
+def engine_options(**defaults):
+    """Add the engine options to a Typer command (``defaults`` override EngineOptions' per command);
+    the command receives them as one ``eng: EngineOptions`` keyword."""
+    unknown = set(defaults) - set(_ENGINE_OPTS)
+    if unknown:
+        raise TypeError(f"unknown engine options {sorted(unknown)}")
+    base = EngineOptions(**defaults)
+
+    def deco(fn):
+        sig = inspect.signature(fn, eval_str=True)
+        params = [p for p in sig.parameters.values() if p.name != "eng"]
+        for name, (typ, flag, help_) in _ENGINE_OPTS.items():
+            ann = Annotated[typ, typer.Option(flag, help=help_, rich_help_panel=_PANEL)]
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name),
+                                            annotation=ann))
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            eng = EngineOptions(**{k: kwargs.pop(k) for k in _ENGINE_OPTS if k in kwargs})
+            return fn(*args, eng=eng, **kwargs)
+
+        wrapper.__signature__ = sig.replace(parameters=params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        del wrapper.__wrapped__  # typer must read the new signature, not fn's
+        return wrapper
+
+    return deco
+
+
+def results_path(given: Optional[Path], kind: str) -> Path:
+    """The results file: the one given, else ddprobe-results/<kind>-<time>.json."""
+    import datetime as dt
+
+    return given or Path("ddprobe-results") / f"{kind}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"

@@ -1,0 +1,78 @@
+"""`ddprobe report` (HTML/markdown from results files) and `ddprobe gate` (CI regression gate)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from ..units import DDProbeError, parse_bandwidth, parse_token_list
+from .app import app
+from .options import err, errors_exit_1, out
+
+
+@app.command()
+@errors_exit_1
+def report(
+    results: Annotated[list[Path], typer.Argument(help="Results files (JSON from any probe or benchmark); a folder "
+                                                       "means every *.json in it.")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Report file: .html (one self-contained file) or .md "
+                                                               "(images in <name>_files/ beside it).")]
+    = Path("report.html"),
+):
+    """Write one report (summary, tables, plots) from results files."""
+    from ..reports.render import write_report
+
+    written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    extra = f" and {len(written) - 1} image(s) in {written[1].parent}" if len(written) > 1 else ""
+    out.print(f"report written to {written[0]}{extra}")
+
+
+@app.command()
+@errors_exit_1
+def gate(
+    current: Annotated[Path, typer.Argument(help="Benchmark results of this run (JSON).")],
+    baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Committed benchmark results to compare with.")],
+    max_drop: Annotated[str, typer.Option("--max-drop", help="Largest allowed loss of effective bandwidth (speed) "
+                                                             "per entry: 10% or 0.1.")] = "10%",
+    min_bw: Annotated[Optional[str], typer.Option("--min-bw", help="Absolute floor on each entry's effective "
+                                                                   "bandwidth, e.g. 3.5TB/s.")] = None,
+    min_fraction_of_floor: Annotated[Optional[float], typer.Option("--min-fraction-of-floor",
+                                                                   help="Absolute floor on floor time / measured "
+                                                                        "time per entry, e.g. 0.8.")] = None,
+    paths: Annotated[Optional[str], typer.Option("--paths", help="Gate only these attention paths, e.g. "
+                                                                 "split,paged (default: all).")] = None,
+    ctx: Annotated[Optional[str], typer.Option("--ctx", help="Gate only these contexts, k = 1024 (default: all).")]
+    = None,
+    heads: Annotated[Optional[str], typer.Option("--heads", help="Gate only these head counts, e.g. 8 "
+                                                                 "(default: all).")] = None,
+):
+    """Fail (exit 1) when a benchmark entry regressed against the baseline or is missing from the run."""
+    from ..reports.gate import COLUMNS, compare_files, summary_lines, table_rows
+    from ..units import parse_fraction
+
+    if min_fraction_of_floor is not None and not 0 < min_fraction_of_floor <= 1:
+        raise DDProbeError(f"--min-fraction-of-floor must be in (0, 1], got {min_fraction_of_floor}")
+    outcome = compare_files(current, baseline, max_drop=parse_fraction(max_drop, "--max-drop"),
+                            min_bw_Bps=parse_bandwidth(min_bw) if min_bw else None,
+                            min_fraction_of_floor=min_fraction_of_floor,
+                            paths=[p.strip() for p in paths.split(",") if p.strip()] if paths else None,
+                            ctxs=parse_token_list(ctx) if ctx else None,
+                            heads=[int(h) for h in parse_token_list(heads)] if heads else None)
+    t = Table(title=f"gate: {current} vs baseline {baseline}", title_justify="left", box=box.SIMPLE_HEAD,
+              pad_edge=False)
+    for c in COLUMNS:
+        t.add_column(c, justify="left" if c in ("status", "path", "GPU", "why") else "right", no_wrap=c != "why")
+    styles = {"ok": "", "new": "cyan"}
+    for cells in table_rows(outcome):
+        t.add_row(*cells, style=styles.get(cells[0], "bold red"))
+    out.print(t)
+    *lines, verdict = summary_lines(outcome)
+    for line in lines:
+        err.print(line, highlight=False, soft_wrap=True)
+    out.print(verdict, highlight=False)
+    if not outcome.passed:
+        raise typer.Exit(1)

@@ -1,0 +1,31 @@
+"""Read a JSON file a user handed us: every way it can be wrong is one line naming the file."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .units import DDProbeError
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    """The parsed JSON of ``path``; DDProbeError (one line) when it cannot be read, is not UTF-8
+    text, or is not valid JSON (NaN/Infinity literals included: they are not JSON)."""
+    p = Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise DDProbeError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise DDProbeError(f"{p}: not UTF-8 text (byte {e.start}); is this a JSON {what}?") from None
+
+    def no_constant(name: str):
+        raise ValueError(f"{name} is not valid JSON")
+
+    try:
+        return json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as e:
+        raise DDProbeError(f"{p}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    except ValueError as e:
+        raise DDProbeError(f"{p}: {e}") from None

@@ -1,0 +1,57 @@
+"""Shared fixtures: a headless browser that loads a report and says what it saw, and the test data folder."""
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+
+# Injected before </body>: reports what the browser loaded and laid out, as JSON in a <pre>.
+CHECK = """<script>
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var secs = Array.prototype.slice.call(document.querySelectorAll('section'));
+  var out = {
+    images: imgs.length,
+    loaded: imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length,
+    shown: imgs.filter(function (i) { return i.getBoundingClientRect().width > 100; }).length,
+    sections: secs.filter(function (s) { return s.getBoundingClientRect().height > 0; }).map(function (s) {
+      return s.id; }),
+    overflow: document.documentElement.scrollWidth - window.innerWidth
+  };
+  var pre = document.createElement('pre');
+  pre.id = 'ddprobe-check';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+@pytest.fixture(scope="session")
+def browser() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium; .ci/run installs it)")
+
+
+@pytest.fixture
+def load_in_browser(browser, tmp_path):
+    """load(html_text, width) -> what the page reported after loading in headless Chromium (no network)."""
+
+    def load(html: str, width: int = 1400) -> dict:
+        page = tmp_path / f"page-{width}.html"
+        page.write_text(html.replace("</body>", CHECK + "\n</body>"))
+        cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               f"--user-data-dir={tmp_path / 'profile'}", "--host-resolver-rules=MAP * ~NOTFOUND",
+               f"--window-size={width},900", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()]
+        dom = subprocess.run(cmd, capture_output=True, text=True, timeout=60).stdout
+        m = re.search(r'<pre id="ddprobe-check">(.*?)</pre>', dom)
+        assert m, f"the check script did not run; chromium printed {dom[:300]!r}"
+        return json.loads(m.group(1).replace("&quot;", '"'))
+
+    return load

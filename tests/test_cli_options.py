@@ -1,0 +1,73 @@
+"""The engine options, defined once: every engine command has all eight with its own defaults, `auto` picks
+the device here (no GPU: cpu and fp32), and the options a child process gets rebuild the same engine."""
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+from ddprobe.cli.options import CONTEXT_SLACK, EngineOptions, engine_options, kv_capacity
+
+ENGINE_FLAGS = ["--preset", "--attn", "--budget", "--device", "--dtype", "--heads", "--weights", "--seed"]
+
+
+@pytest.mark.parametrize("command", ["commit", "serve", "gpu-util", "diagnose"])
+def test_every_engine_command_has_the_eight_options(command):
+    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    for flag in ENGINE_FLAGS:
+        assert flag in r.output, (command, flag)
+
+
+def test_defaults_per_command_and_round_trip():
+    seen = {}
+    probe = typer.Typer()
+
+    @probe.command()
+    @engine_options(preset="k2", heads=8)
+    def cmd(n: int = 1, *, eng: EngineOptions):
+        seen["eng"], seen["n"] = eng, n
+
+    r = CliRunner().invoke(probe, [])
+    assert r.exit_code == 0, r.output
+    assert seen["eng"] == EngineOptions(preset="k2", heads=8)
+    want = EngineOptions(preset="tiny", attn="split", budget=4, device="cpu", dtype="fp16", heads=2,
+                         weights="random", seed=3)
+    r = CliRunner().invoke(probe, ["--n", "5", *want.args()])  # what a child process is handed
+    assert r.exit_code == 0, r.output
+    assert seen["eng"] == want and seen["n"] == 5
+
+
+def test_auto_resolves_to_cpu_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: auto picks cuda")
+    r = EngineOptions().resolved()
+    assert (r.device, r.dtype) == ("cpu", "fp32")
+    assert EngineOptions().chosen() == "device cpu, dtype fp32 (auto)"
+    assert EngineOptions(device="cuda", dtype="bf16").chosen() is None
+    assert EngineOptions(device="cuda").resolved().dtype == "bf16"
+
+
+def test_capacity_slack_written_out():
+    # 16k prompt + 128 new + 9 verify rows (budget 8 + 1) + the slack
+    assert kv_capacity(16384, 128, 8) == 16384 + 128 + 9 + CONTEXT_SLACK
+
+
+def test_commit_table_fits_80_columns(tmp_path):
+    r = CliRunner().invoke(app, ["commit", "--ctx", "256", "--text", "predictable", "--max-new-tokens", "16",
+                                 "--json", str(tmp_path / "c.json")], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stdout.splitlines() if "written to" not in line]  # (a long path wraps anyway)
+    assert max(len(line.rstrip()) for line in lines) <= 80, "\n".join(lines)
+    assert any(line.lstrip().startswith("predictable") for line in lines)
+    assert "commit" in r.stdout and "p10-90" in r.stdout
+
+
+def test_duplicate_contexts_run_once(tmp_path):
+    from ddprobe.results import Result
+
+    r = CliRunner().invoke(app, ["commit", "--ctx", "256,256", "--text", "predictable,predictable",
+                                 "--max-new-tokens", "8", "--json", str(tmp_path / "c.json")])
+    assert r.exit_code == 0, r.output
+    assert [(row["text"], row["ctx"]) for row in Result.load(tmp_path / "c.json").rows] == [("predictable", 256)]
