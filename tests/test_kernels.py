@@ -7,13 +7,14 @@ fp32 1e-4, fp16 3e-3, bf16 1.5e-2 (the output is rounded to the input dtype).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton")
 
@@ -22,6 +23,25 @@ from ddprobe.engine.kernels.trees import SHAPES, ancestor_mask, shape_mask  # no
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
+# On CPU the kernels run under Triton's interpreter, which triton.jit picks when triton itself is
+# imported: so this module re-runs itself in one child pytest with TRITON_INTERPRET=1 set for that
+# child alone (nothing leaks into the other tests' environment or subprocesses).
+CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+needs_kernels = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child (test_under_interpreter)")
+
+
+@pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
+def test_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
+                           "-W", "ignore::RuntimeWarning", __file__],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[1])
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+PATHS = {name: get_path(name) for name in ("paged", "split")} if CHILD else {}
 
 
 def make_inputs(path, ctx, budget, shape, heads, dtype, v_dim=64, rope=32, seed=0, poison=7):
@@ -45,10 +65,15 @@ def make_inputs(path, ctx, budget, shape, heads, dtype, v_dim=64, rope=32, seed=
     return q.to(DEV), kv.to(dtype).to(DEV), (slots.to(DEV) if slots is not None else None), mask.to(DEV)
 
 
-def check(path, ctx, budget, shape, heads, dtype, v_dim=64, rope=32, sm_scale=0.125):
+def tune(**kw):
+    """A split tuning with some knobs changed (the plan holds it; nothing global moves)."""
+    return dataclasses.replace(PATHS["split"].DEFAULT_TUNING, **kw)
+
+
+def check(path, ctx, budget, shape, heads, dtype, v_dim=64, rope=32, sm_scale=0.125, tuning=None):
     q, kv, slots, mask = make_inputs(path, ctx, budget, shape, heads, dtype, v_dim, rope)
     m = get_path(path)
-    out = m.run(q, kv, m.plan(ctx, mask, slots, v_dim), sm_scale)
+    out = m.run(q, kv, m.plan(ctx, mask, slots, v_dim, tuning=tuning), sm_scale)
     ref = reference.run(q, kv, reference.plan(ctx, mask, slots, v_dim), sm_scale)
     assert out.shape == (budget + 1, heads, v_dim) and out.dtype == dtype
     assert torch.isfinite(out).all(), "NaN/inf in output: a poisoned slot was read"
@@ -79,43 +104,43 @@ def test_paths_registered():
 
 @pytest.mark.parametrize("path", ["paged", "split"])
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", CASES)
+@needs_kernels
 def test_matches_reference(path, ctx, budget, shape, heads, dtype):
     check(path, ctx, budget, shape, heads, dtype)
 
 
 @pytest.mark.parametrize("path", ["paged", "split"])
+@needs_kernels
 def test_k2_width(path):
     """The real row: 512 latent + 64 rope."""
     check(path, 17, 8, "lopsided", 2, torch.float16, v_dim=512, rope=64)
 
 
 @pytest.mark.parametrize("tail", [0, 1, 2])
-def test_split_row_tilings(tail, monkeypatch):
+@needs_kernels
+def test_split_row_tilings(tail):
     """72 folded rows (8 heads x 9): padded to 128, 64 + 16 in one program, or a 16-row program."""
-    from ddprobe.engine.kernels import split
-    monkeypatch.setitem(split.TUNING, "tail", tail)
-    check("split", 200, 8, "fork", 8, torch.float16)
+    check("split", 200, 8, "fork", 8, torch.float16, tuning=tune(tail=tail))
 
 
 @pytest.mark.parametrize("tma", [0, 1])
 @pytest.mark.parametrize("block_n,tail", [(64, 2), (32, 1), (32, 0)])
-def test_split_tile_loads(tma, block_n, tail, monkeypatch):
-    """KV tiles through tensor descriptors (TMA, rows past the prefix zero-filled) or pointer
-    loads, 64- or 32-token tiles; a prefix that ends mid-tile; bf16 and the k2 width too."""
-    from ddprobe.engine.kernels import split
-    monkeypatch.setitem(split.TUNING, "tma", tma)
-    monkeypatch.setitem(split.TUNING, "block_n", block_n)
-    monkeypatch.setitem(split.TUNING, "tail", tail)
-    check("split", 201, 8, "lopsided", 8, torch.float16)
+@needs_kernels
+def test_split_tile_loads(tma, block_n, tail):
+    """KV tiles through tensor descriptors (TMA: full tiles; the prefix's last partial tile through
+    pointer loads) or pointer loads, 64- or 32-token tiles; a prefix that ends mid-tile; bf16 and the
+    k2 width too."""
+    t = tune(tma=tma, block_n=block_n, tail=tail)
+    check("split", 201, 8, "lopsided", 8, torch.float16, tuning=t)
     if block_n == 64 and tail == 2:
-        check("split", 77, 8, "fork", 8, torch.bfloat16)
-        check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64)
+        check("split", 77, 8, "fork", 8, torch.bfloat16, tuning=t)
+        check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
 
 
-def test_split_tma_fallback(monkeypatch):
+@needs_kernels
+def test_split_tma_fallback():
     """A kv whose rows are not 16-byte aligned cannot be described: pointer loads instead."""
-    from ddprobe.engine.kernels import split
-    monkeypatch.setitem(split.TUNING, "tma", 1)
+    split = PATHS["split"]
     q, kv, _, mask = make_inputs("split", 50, 8, "fork", 2, torch.float16)
     kv_odd = torch.full((kv.shape[0], kv.shape[1] + 4), float("nan"), dtype=kv.dtype, device=kv.device)
     kv_odd[:, :kv.shape[1]] = kv
@@ -127,44 +152,44 @@ def test_split_tma_fallback(monkeypatch):
 
 
 @pytest.mark.parametrize("ratio", [2, 3])
-def test_split_tail_ratio(ratio, monkeypatch):
+@needs_kernels
+def test_split_tail_ratio(ratio):
     """The 16-row tail program takes `ratio` main chunks per split; its spare splits are empty."""
-    from ddprobe.engine.kernels import split
-    monkeypatch.setitem(split.TUNING, "tail_ratio", ratio)
-    monkeypatch.setitem(split.TUNING, "min_chunk", 64)
-    check("split", 400, 8, "lopsided", 8, torch.float16)
+    split = PATHS["split"]
+    t = tune(tail_ratio=ratio, min_chunk=64)
+    check("split", 400, 8, "lopsided", 8, torch.float16, tuning=t)
     # the spare splits never write their partial output: whatever the buffer holds (NaN here) must not
-    # reach the result; the plan keeps its partial buffers, so poison them and run again
+    # reach the result; a plan built for 8 heads holds its partial buffers, so poison them and run again
     q, kv, _, mask = make_inputs("split", 400, 8, "lopsided", 8, torch.float16)
-    plan = split.plan(400, mask, None, 64)
+    plan = split.plan(400, mask, None, 64, tuning=t, heads=8)
     first = split.run(q, kv, plan, 0.125)
-    cfg = split._config(plan, 8)
+    cfg = split.config_for(plan, 8)
     assert cfg["tail_splits"] < cfg["num_splits"]  # there are spare splits
-    for buf in plan.extra["buffers"].values():
-        buf[0].fill_(float("nan"))
+    plan.extra["partials"][0].fill_(float("nan"))
     again = split.run(q, kv, plan, 0.125)
     assert torch.isfinite(again).all() and torch.equal(first, again)
 
 
 @pytest.mark.parametrize("heads,budget", [(12, 8), (8, 12), (2, 63)])
+@needs_kernels
 def test_split_rows_81_to_128_use_64_row_blocks(heads, budget):
     """Hq in (80, 128] (12 heads x 9, 8 heads x 13, 2 heads x 64) takes two 64-row blocks: a 128-row block
     does not compile for sm_90 at 576 wide (ptxas wants 158 registers, 16 warps allow 128)."""
-    from ddprobe.engine.kernels import split
+    split = PATHS["split"]
     hq = heads * (budget + 1)
     cfg = split.choose_config(300, hq, 132)
     assert 80 < hq <= 128 and cfg["block_q"] == 64 and cfg["n_qb"] == 2 and cfg["num_warps"] == 8
     check("split", 100, budget, "lopsided", heads, torch.float16)
 
 
-def test_split_many_blocks_and_splits(monkeypatch):
+@needs_kernels
+def test_split_many_blocks_and_splits():
     """Hq = 16 x 9 = 144 rows: three 64-row blocks, several splits."""
-    from ddprobe.engine.kernels import split
-    monkeypatch.setitem(split.TUNING, "min_chunk", 64)
-    check("split", 250, 8, "lopsided", 16, torch.float16)
+    check("split", 250, 8, "lopsided", 16, torch.float16, tuning=tune(min_chunk=64))
 
 
 @pytest.mark.parametrize("path", ["paged", "split"])
+@needs_kernels
 def test_tree_mask_is_applied(path):
     """star and chain differ only in the tree mask: outputs must differ, each matching reference."""
     a = check(path, 5, 8, "star", 2, torch.float32)
@@ -173,6 +198,7 @@ def test_tree_mask_is_applied(path):
     assert torch.allclose(a[:2], b[:2], atol=1e-4)  # root and first child see the same columns
 
 
+@needs_kernels
 def test_noncontiguous_q():
     q, kv, _, mask = make_inputs("split", 40, 8, "fork", 4, torch.float16)
     big = torch.zeros(q.shape[0], q.shape[1] * 2, q.shape[2], dtype=q.dtype, device=q.device)
@@ -184,8 +210,9 @@ def test_noncontiguous_q():
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.float16]
 
 
+@needs_kernels
 def test_plan_reused_across_layers():
-    from ddprobe.engine.kernels import split
+    split = PATHS["split"]
     _, kv0, _, mask = make_inputs("split", 90, 8, "lopsided", 4, torch.float16, seed=1)
     p = split.plan(90, mask, None, 64)
     for seed in (2, 3):
@@ -195,6 +222,7 @@ def test_plan_reused_across_layers():
         assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.float16]
 
 
+@needs_kernels
 def test_errors():
     paged, split = get_path("paged"), get_path("split")
     big = torch.ones(65, 65, dtype=torch.bool).tril()
@@ -227,3 +255,74 @@ def test_tree_shapes():
     assert shape_mask("star", 4).sum() == 5 + 4
     with pytest.raises(ValueError):
         ancestor_mask([-1, 2, 0])
+
+
+@pytest.mark.parametrize("path", ["reference", "paged", "split"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@needs_kernels
+def test_device_plan_reads_lengths_from_tensors(path, dtype):
+    """One device plan (bound 260 columns of prefix) reused over growing contexts: the caller
+    rewrites prefix_t, the tree mask and the slot table in place and calls refresh(); every step
+    matches a fresh host plan through the reference. Rows past prefix + R are NaN, so any read
+    beyond the length in device memory fails."""
+    m, r, heads, bound, v = get_path(path), 9, 8, 260, 64
+    g = torch.Generator().manual_seed(11)
+    prefix_t = torch.zeros(1, dtype=torch.int32, device=DEV)
+    mask_buf = torch.eye(r, dtype=torch.bool, device=DEV)
+    slot_buf = torch.zeros(bound + r, dtype=torch.int64, device=DEV) if path != "split" else None
+    plan = m.plan(prefix_t, mask_buf, slot_buf, v, heads=heads, max_prefix=bound)
+    keys = set(plan.extra)
+    for ctx, shape in ((0, "star"), (5, "lopsided"), (130, "fork"), (200, "chain"), (260, "lopsided")):
+        q = torch.randn(r, heads, v + 32, generator=g).to(dtype).to(DEV)
+        pool = bound + r + 7
+        kv = torch.full((pool, v + 32), float("nan"))
+        if path == "split":
+            kv[: ctx + r] = torch.randn(ctx + r, v + 32, generator=g)
+            slots = None
+        else:
+            slots = torch.randperm(pool, generator=g)[: ctx + r]
+            kv[slots] = torch.randn(ctx + r, v + 32, generator=g)
+            slot_buf[: ctx + r] = slots.to(DEV)
+        kv = kv.to(dtype).to(DEV)
+        mask = shape_mask(shape, r - 1, DEV)
+        prefix_t.fill_(ctx)
+        mask_buf.copy_(mask)
+        m.refresh(plan)
+        out = m.run(q, kv, plan, 0.125)
+        ref = reference.run(q, kv, reference.plan(ctx, mask, slots.to(DEV) if slots is not None else None, v), 0.125)
+        assert torch.isfinite(out).all(), f"{path} ctx={ctx}: read a row past the device length"
+        err = float((out.float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL[dtype], f"{path} device plan ctx={ctx} {shape}: rel err {err:.2e}"
+    assert set(plan.extra) == keys  # nothing was memoized into the plan by run()
+
+
+@needs_kernels
+def test_tuning_is_held_by_the_plan_and_meta_is_opt_in():
+    split, paged = PATHS["split"], PATHS["paged"]
+    mask = shape_mask("fork", 8, DEV)
+    t = tune(tail=1, block_n=32)
+    p = split.plan(100, mask, None, 64, tuning=t, heads=8)
+    assert p.tuning is t and split.config_for(p, 8)["tail"] == 16 and split.config_for(p, 8)["block_n"] == 32
+    assert split.DEFAULT_TUNING.tail == 2 and split.plan(100, mask, None, 64).tuning == split.DEFAULT_TUNING
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.tail = 0
+    with pytest.raises(ValueError, match="SplitTuning"):
+        split.plan(100, mask, None, 64, tuning=paged.DEFAULT_TUNING)
+    q, kv, slots, _ = make_inputs("paged", 100, 8, "fork", 2, torch.float16)
+    meta: dict = {}
+    paged.run(q, kv, paged.plan(100, mask, slots, 64, tuning=paged.PagedTuning(num_stages=1)), 0.1, meta=meta)
+    assert set(meta) == {"paged"} and "n_regs" in meta["paged"]
+    q, kv, _, _ = make_inputs("split", 100, 8, "fork", 2, torch.float16)
+    split.run(q, kv, p, 0.1)  # no meta asked: nothing recorded anywhere
+    split.run(q, kv, p, 0.1, meta=meta)
+    assert {"prefix", "merge"} <= set(meta)
+
+
+@needs_kernels
+def test_device_plan_errors():
+    split = PATHS["split"]
+    mask = shape_mask("chain", 3, DEV)
+    with pytest.raises(ValueError, match="max_prefix"):
+        split.plan(torch.zeros(1, dtype=torch.int32, device=DEV), mask)
+    with pytest.raises(ValueError, match="int32"):
+        split.plan(torch.zeros(1, dtype=torch.int64, device=DEV), mask, max_prefix=10)

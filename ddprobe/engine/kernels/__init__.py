@@ -4,8 +4,16 @@ Every path is a module (or object) with:
   name:   str
   layout: "paged" (needs the page_size=1 token pool: plan.slots), "contiguous"
           (needs the committed prefix as one run of rows: plan.slots is None) or "any"
-  plan(prefix_len, tree_mask, slots=None, v_dim=512) -> VerifyPlan   # once per step
-  run(q [R,H,D], kv [slots,D], plan, sm_scale) -> out [R,H,v_dim]      # once per layer
+  plan(prefix_len, tree_mask, slots=None, v_dim=512, *, tuning=None, heads=None, max_prefix=None)
+      -> VerifyPlan                                                    # once per step (or once per request)
+  refresh(plan) -> None          # device plans: rebuild derived buffers after the caller rewrote
+                                 # prefix_t / tree_mask / slots in place (fixed shapes, capturable)
+  run(q [R,H,D], kv [slots,D], plan, sm_scale, *, meta=None) -> out [R,H,v_dim]   # once per layer
+prefix_len is an int (host plan) or a [1] int32 device tensor with max_prefix (device plan: the
+kernels read the length from memory, so a CUDA graph of the forward replays at any length up to
+max_prefix). tuning: the path's frozen dataclass (split.SplitTuning, paged.PagedTuning), held by
+the plan; heads (optional): size per-head configs and buffers inside plan(). meta: a dict that
+receives the compiled kernels' reports (registers, spills, shared memory, wgmma count).
 Triton is imported lazily by the fast paths, so this package imports anywhere.
 """
 from __future__ import annotations
@@ -19,6 +27,7 @@ _PATHS = {
     "reference": ".reference",
     "paged": ".paged",  # SGLang's page_size=1 Triton verify, faithfully rendered (needs triton)
     "split": ".split",  # split-K over the contiguous prefix + masked tree pass + fused merge (needs triton)
+    "split_ws": ".split_ws",  # split with a warp-specialized Gluon prefix kernel (sm_90 only)
 }
 
 

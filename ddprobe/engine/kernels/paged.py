@@ -14,24 +14,64 @@ is loaded once and used for both products, which can only help this path.)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from ._common import check_dims, check_rows, dot_flags, kernel_meta
-from .plan import VerifyPlan, check_plan_args, check_run_args
-from .reference import full_mask
+from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "paged"
 layout = "paged"
 
 BLOCK_M = 32  # query rows per program (SGLang's choice for 576-wide heads on sm_80+/sm_90)
 BLOCK_N = 64  # KV tokens per block
-NUM_WARPS = 8
-NUM_STAGES = 2  # SGLang launches with 1; 2 is faster here (benchmarked both), so the baseline is not a strawman
-TUNING = {"num_warps": NUM_WARPS, "num_stages": NUM_STAGES}  # the benchmark may try others
-COLLECT_META = False
-LAST_META: dict = {}
+
+
+@dataclass(frozen=True)
+class PagedTuning:
+    """Launch knobs. SGLang launches with num_stages=1; 2 is faster here (benchmarked both), so
+    the baseline is not a strawman."""
+
+    num_warps: int = 8
+    num_stages: int = 2
+
+
+DEFAULT_TUNING = PagedTuning()
+
+
+@triton.jit
+def _stage(q_lat, q_pe, KV, rtt, Mask, row_base, col0, n_cols, offs_m, m_ok, ext, stride_kv, qk_scale,
+           m_i, l_i, acc, offs_v, offs_pe, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """One of SGLang's two loops: columns col0 .. col0 + n_cols of the request, KV blocks of
+    BLOCK_N tokens gathered one token at a time through the req_to_token row, masked by the flat
+    custom mask (row_base[m] + column)."""
+    for n0 in range(0, n_cols, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < n_cols
+        idx = tl.load(rtt + col0 + offs_n, mask=n_ok, other=0).to(tl.int64)
+        k_ptr = KV + idx[:, None] * stride_kv
+        k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
+        k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
+        if UPCAST:
+            k_lat = k_lat.to(tl.float32)
+            k_pe = k_pe.to(tl.float32)
+        s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PREC)
+        s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
+        s = s * qk_scale
+        cm = tl.load(Mask + row_base[:, None] + col0 + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0)
+        ok = ((cm != 0) | (offs_m[:, None] >= ext)) & n_ok[None, :]
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision=PREC)
+        m_i = m_new
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -66,89 +106,73 @@ def _paged_verify_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, V_DIM], tl.float32)
     rtt = ReqToToken + req * stride_rtt
-
-    # stage 1: the committed prefix, gathered through the req_to_token table
-    for n0 in range(0, prefix, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < prefix
-        idx = tl.load(rtt + offs_n, mask=n_ok, other=0).to(tl.int64)
-        k_ptr = KV + idx[:, None] * stride_kv
-        k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
-        k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
-        if UPCAST:
-            k_lat = k_lat.to(tl.float32)
-            k_pe = k_pe.to(tl.float32)
-        s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PREC)
-        s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
-        s = s * qk_scale
-        cm = tl.load(Mask + mask_off + offs_m[:, None] * total + offs_n[None, :],
-                     mask=m_ok[:, None] & n_ok[None, :], other=0)
-        ok = ((cm != 0) | (offs_m[:, None] >= ext)) & n_ok[None, :]
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision=PREC)
-        m_i = m_new
-
-    # stage 2: the new (extend) rows under the tree mask
-    for n0 in range(0, ext, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < ext
-        idx = tl.load(rtt + prefix + offs_n, mask=n_ok, other=0).to(tl.int64)
-        k_ptr = KV + idx[:, None] * stride_kv
-        k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
-        k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
-        if UPCAST:
-            k_lat = k_lat.to(tl.float32)
-            k_pe = k_pe.to(tl.float32)
-        s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PREC)
-        s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
-        s = s * qk_scale
-        cm = tl.load(Mask + mask_off + offs_m[:, None] * total + prefix + offs_n[None, :],
-                     mask=m_ok[:, None] & n_ok[None, :], other=0)
-        ok = ((cm != 0) | (offs_m[:, None] >= ext)) & n_ok[None, :]
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision=PREC)
-        m_i = m_new
+    row_base = mask_off + offs_m.to(tl.int64) * total
+    # stage 1: the committed prefix; stage 2: the new (extend) rows under the tree mask
+    m_i, l_i, acc = _stage(q_lat, q_pe, KV, rtt, Mask, row_base, 0, prefix, offs_m, m_ok, ext, stride_kv, qk_scale,
+                           m_i, l_i, acc, offs_v, offs_pe, BLOCK_N, UPCAST, PREC)
+    m_i, l_i, acc = _stage(q_lat, q_pe, KV, rtt, Mask, row_base, prefix, ext, offs_m, m_ok, ext, stride_kv, qk_scale,
+                           m_i, l_i, acc, offs_v, offs_pe, BLOCK_N, UPCAST, PREC)
 
     out = acc / l_i[:, None]
     o_ptr = Out + (ext_start + offs_m)[:, None] * stride_or + head * stride_oh + offs_v[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=m_ok[:, None])
 
 
-def plan(prefix_len: int, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512) -> VerifyPlan:
-    """Build SGLang's metadata once per step: req_to_token row, flat custom mask, indptrs."""
-    check_plan_args(prefix_len, tree_mask, slots)
+def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
+         tuning: PagedTuning | None = None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
+    """Build SGLang's metadata once per step: req_to_token row, flat custom mask, indptrs.
+    prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix`` (device plan:
+    buffers sized for max_prefix, refreshed in place by ``refresh``). ``heads`` is not needed."""
+    tuning = DEFAULT_TUNING if tuning is None else tuning
+    if not isinstance(tuning, PagedTuning):
+        raise ValueError(f"the paged path takes a PagedTuning, got {type(tuning).__name__}")
+    dev = tree_mask.device
+    bound, prefix_t, dynamic = split_prefix_arg(prefix_len, max_prefix, dev)
+    check_plan_args(bound, tree_mask, slots)
     if slots is None:
         raise ValueError("the paged path needs the page_size=1 token pool: pass slots")
+    if not dynamic:
+        check_diagonal(tree_mask)
     r = int(tree_mask.shape[0])
     check_rows(r, name)
-    dev = slots.device
-    p0 = VerifyPlan(prefix_len=prefix_len, tree_mask=tree_mask, slots=slots, v_dim=v_dim)
-    n = prefix_len + r
+    n = bound + r
     i32 = dict(dtype=torch.int32, device=dev)
     extra = {
-        "req_to_token": slots[:n].to(torch.int32).reshape(1, n).contiguous(),  # [batch=1, max_len]
-        "custom_mask": full_mask(p0).to(dev).to(torch.uint8).reshape(-1).contiguous(),  # flat [R * n]
+        "req_to_token": torch.empty(1, n, **i32),  # [batch=1, max_len]
+        "custom_mask": torch.empty(r * n, dtype=torch.uint8, device=dev),  # flat [R * (prefix + R)]
         "mask_indptr": torch.zeros(1, dtype=torch.int64, device=dev),
-        "prefix_lens": torch.tensor([prefix_len], **i32),
         "extend_lens": torch.tensor([r], **i32),
         "extend_start_loc": torch.zeros(1, **i32),
         "batch": 1,
     }
-    return VerifyPlan(prefix_len=prefix_len, tree_mask=tree_mask, slots=slots, v_dim=v_dim, extra=extra)
+    p = VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=slots, v_dim=v_dim, prefix_t=prefix_t,
+                   dynamic=dynamic, tuning=tuning, extra=extra)
+    refresh(p)
+    return p
 
 
-def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> torch.Tensor:
-    """q [R, H, D], kv [pool, D] -> out [R, H, v_dim] in q's dtype."""
+def refresh(p: VerifyPlan) -> None:
+    """Rebuild the req_to_token row and the flat mask from slots, tree_mask and prefix_t, with
+    fixed-shape device ops (capturable in a CUDA graph). Row i of the flat mask starts at
+    i * (prefix + R): the prefix columns are 1, then row i of the tree mask."""
+    e, r = p.extra, p.num_rows
+    n = p.num_cols
+    e["req_to_token"][0].copy_(p.slots[:n])
+    if not p.dynamic:
+        full = torch.cat([torch.ones(r, p.prefix_len, dtype=torch.bool, device=p.tree_mask.device), p.tree_mask], 1)
+        e["custom_mask"].copy_(full.reshape(-1))
+        return
+    total = p.prefix_t.to(torch.int64) + r
+    flat = torch.arange(r * n, device=p.tree_mask.device)
+    row, col = flat // total, flat % total
+    rel = col - p.prefix_t.to(torch.int64)
+    tree = p.tree_mask[row.clamp(max=r - 1), rel.clamp(0, r - 1)]
+    e["custom_mask"].copy_(((rel < 0) | tree) & (row < r))
+
+
+def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
+    """q [R, H, D], kv [pool, D] -> out [R, H, v_dim] in q's dtype. ``meta``: a dict to receive
+    the compiled kernel's report under "paged" (registers, spills, shared memory, wgmma count)."""
     check_run_args(q, kv, p)
     check_dims(q, kv, p.v_dim, name)
     if p.slots is None or "req_to_token" not in p.extra:
@@ -156,17 +180,17 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
     r, h, d = q.shape
     pe = d - p.v_dim
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
-    e = p.extra
+    e, t = p.extra, p.tuning
     upcast, prec = dot_flags(q.dtype)
     grid = (e["batch"], h, triton.cdiv(r, BLOCK_M))
     k = _paged_verify_kernel[grid](
-        q, kv, out, e["req_to_token"], e["prefix_lens"], e["extend_lens"], e["extend_start_loc"],
+        q, kv, out, e["req_to_token"], p.prefix_t, e["extend_lens"], e["extend_start_loc"],
         e["mask_indptr"], e["custom_mask"],
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), e["req_to_token"].stride(0),
         sm_scale * 1.4426950408889634,
         V_DIM=p.v_dim, PE_DIM=pe, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=upcast, PREC=prec,
-        num_warps=TUNING["num_warps"], num_stages=TUNING["num_stages"],
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )
-    if COLLECT_META:
-        LAST_META["paged"] = kernel_meta(k)
+    if meta is not None:
+        meta["paged"] = kernel_meta(k)
     return out

@@ -2,7 +2,18 @@
 
 A plan is built once per verify step (``path.plan(...)``) and reused by every layer
 (``path.run(q, kv, plan, sm_scale)``): the tree mask, the token-pool slots and any
-path-specific metadata do not change between layers.
+path-specific metadata do not change between layers, and nothing in a plan changes after
+``plan()`` returns (no buffers or configs are memoized on first use).
+
+Two kinds of plan, one type:
+- **host plan**: ``plan(prefix_len: int, ...)``. The prefix length is known on the host; the
+  kernels still read it from ``prefix_t`` (a one-element device tensor built by ``plan``).
+- **device plan**: ``plan(prefix_t, ..., max_prefix=N)`` with ``prefix_t`` a one-element int32
+  device tensor. Every buffer is sized for ``max_prefix`` (grids, partials, flat masks), the
+  kernels read the actual length from ``prefix_t``, and the caller rewrites the *contents* of
+  ``prefix_t``, ``tree_mask`` and ``slots`` between steps, then calls ``path.refresh(plan)`` to
+  rebuild the derived device buffers with fixed-shape ops. Nothing in a device plan depends on a
+  host value that changes from step to step, so a CUDA graph of the forward replays it.
 """
 from __future__ import annotations
 
@@ -16,7 +27,8 @@ import torch
 class VerifyPlan:
     """Metadata of one verify step, shared by all layers.
 
-    prefix_len: committed tokens before the new rows (the tree's context).
+    prefix_len: committed tokens before the new rows (host plans); for device plans the bound
+                ``max_prefix`` every buffer is sized for (the actual length is in prefix_t).
     tree_mask:  [R, R] bool on the device; row i may attend to new row j
                 (j is i or an ancestor of i). Row 0 is the bonus token (the root).
     slots:      [prefix_len + R] int64 token-pool slot of every column, prefix first,
@@ -24,13 +36,19 @@ class VerifyPlan:
                 layout: column c lives in cache row c.
     v_dim:      values per row that are V (the latent, 512 for MLA); the rest of the
                 576-wide row is the rope part of K.
-    extra:      path-specific metadata built at plan time (flat masks, split tables).
+    prefix_t:   [1] int32 on the device: the actual prefix length the kernels read.
+    dynamic:    True for device plans (prefix_t may be less than prefix_len).
+    tuning:     the path's frozen tuning dataclass (None for paths without knobs).
+    extra:      path-specific device buffers built by ``plan`` (never filled later).
     """
 
     prefix_len: int
     tree_mask: torch.Tensor
     slots: torch.Tensor | None = None
     v_dim: int = 512
+    prefix_t: torch.Tensor | None = None
+    dynamic: bool = False
+    tuning: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -39,23 +57,45 @@ class VerifyPlan:
 
     @property
     def num_cols(self) -> int:
+        """Columns the plan covers: prefix (or its bound) + R."""
         return self.prefix_len + self.num_rows
 
 
+def split_prefix_arg(prefix_len, max_prefix: int | None, device) -> tuple[int, torch.Tensor, bool]:
+    """(bound, prefix_t on ``device``, dynamic) from an int or a one-element device tensor."""
+    if isinstance(prefix_len, torch.Tensor):
+        if prefix_len.numel() != 1 or prefix_len.dtype != torch.int32:
+            raise ValueError(f"a device prefix length must be a one-element int32 tensor, got "
+                             f"{tuple(prefix_len.shape)} {prefix_len.dtype}")
+        if max_prefix is None or max_prefix < 0:
+            raise ValueError("a device prefix length needs max_prefix >= 0 (the bound buffers are sized for)")
+        if prefix_len.device != torch.device(device):
+            raise ValueError(f"prefix_len on {prefix_len.device} but tree_mask on {device}")
+        return int(max_prefix), prefix_len.view(1), True
+    prefix_len = int(prefix_len)
+    if prefix_len < 0:
+        raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
+    return prefix_len, torch.tensor([prefix_len], dtype=torch.int32, device=device), False
+
+
 def check_plan_args(prefix_len: int, tree_mask: torch.Tensor, slots: torch.Tensor | None) -> None:
-    """Shared argument checks for every path's ``plan``."""
+    """Shared argument checks for every path's ``plan`` (prefix_len: the host value or bound)."""
     if prefix_len < 0:
         raise ValueError(f"prefix_len must be >= 0, got {prefix_len}")
     if tree_mask.dim() != 2 or tree_mask.shape[0] != tree_mask.shape[1] or tree_mask.shape[0] < 1:
         raise ValueError(f"tree_mask must be [R, R] with R >= 1, got {tuple(tree_mask.shape)}")
     if tree_mask.dtype != torch.bool:
         raise ValueError(f"tree_mask must be bool, got {tree_mask.dtype}")
-    if not bool(tree_mask.diagonal().all()):
-        raise ValueError("tree_mask must let every row see itself")
     if slots is not None:
         want = prefix_len + tree_mask.shape[0]
         if slots.dim() != 1 or slots.shape[0] < want:
             raise ValueError(f"slots must be 1-D with at least prefix_len + R = {want} entries, got {tuple(slots.shape)}")
+
+
+def check_diagonal(tree_mask: torch.Tensor) -> None:
+    """Host plans only (reads the mask on the host): every row must see itself."""
+    if not bool(tree_mask.diagonal().all()):
+        raise ValueError("tree_mask must let every row see itself")
 
 
 def check_run_args(q: torch.Tensor, kv: torch.Tensor, plan: VerifyPlan) -> None:

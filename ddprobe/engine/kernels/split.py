@@ -8,7 +8,11 @@ Two launches per layer, metadata built once per step in ``plan``:
      normalized partial output [Hq, v_dim] (fp32) and its log2-sum-exp.
      KV tiles come through two host tensor descriptors (latent [BLOCK_N, 512], rope [BLOCK_N, 64])
      on Hopper (bulk copies completing on mbarriers; rows past the prefix read as zeros), or
-     through masked pointer loads elsewhere (TUNING["tma"] = 0).
+     through masked pointer loads elsewhere (tuning tma=0). The prefix length is read from device
+     memory (plan.prefix_t) and each program derives its chunk from it, so one launch serves any
+     length up to the plan's bound (a CUDA graph replays it as the context grows); full tiles come
+     through the descriptors (which span all kv rows), the last partial tile of the prefix
+     through masked pointer loads, so no row past the prefix is ever read.
      Tiling: a main block of BLOCK_Q rows (64 -> one Hopper warpgroup MMA) plus, for 72 rows
      (8 heads x 9), a separate 16-row program (or 16 more rows in the same program), so they
      cost 80 rows of tensor work rather than 128; the latent tile is loaded once and used both
@@ -21,35 +25,41 @@ Two launches per layer, metadata built once per step in ``plan``:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._common import check_dims, check_rows, dot_flags, interpreting, kernel_meta, next_pow2, sm_count
-from .plan import VerifyPlan, check_plan_args, check_run_args
+from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "split"
 layout = "contiguous"
 
 LOG2E = 1.4426950408889634
-# Tuning knobs (the benchmark may override them); see choose_config.
-TUNING = {
-    "block_n": 64,        # KV tokens per tile
-    "num_warps": 8,
-    "num_stages": 2,
-    "min_chunk": 64,      # fewest prefix tokens per split
-    "ctas_per_sm": 1,     # target programs per SM for the prefix kernel
-    "tail": 2,            # 64 < Hq <= 80: 0 pad to 128 rows, 1 one program 64 + 16 rows, 2 a separate 16-row program
-    "block_q": 0,         # force the main row block (0: auto)
-    "warps_128": 16,      # num_warps when the row block is 128
-    "tail_ratio": 1,      # tail=2: the 16-row program takes this many main chunks per split
-    "tma": 1,             # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
-    "merge_block_m": 16,
-    "merge_split_chunk": 8,
-}
-COLLECT_META = False  # the benchmark sets this to record each compiled kernel's report
-LAST_META: dict = {}
+
+
+@dataclass(frozen=True)
+class SplitTuning:
+    """Tuning knobs, fixed per plan (see choose_config)."""
+
+    block_n: int = 64         # KV tokens per tile
+    num_warps: int = 8
+    num_stages: int = 2
+    min_chunk: int = 64       # fewest prefix tokens per split
+    ctas_per_sm: int = 1      # target programs per SM for the prefix kernel
+    tail: int = 2             # 64 < Hq <= 80: 0 pad to 128 rows, 1 one program 64 + 16 rows, 2 a separate 16-row program
+    block_q: int = 0          # force the main row block (0: auto)
+    warps_128: int = 16       # num_warps when the row block is 128
+    tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
+    tma: int = 1              # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
+    merge_block_m: int = 16
+    merge_split_chunk: int = 8
+
+
+DEFAULT_TUNING = SplitTuning()
 
 
 @triton.jit
@@ -87,12 +97,27 @@ def _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, of
 
 
 @triton.jit
+def _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    """Rows n0 .. n0 + BLOCK_N through masked pointer loads (rows >= end read as zeros)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < end
+    k_ptr = KV + offs_n.to(tl.int64)[:, None] * stride_kv
+    k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
+    k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
+    if UPCAST:
+        k_lat = k_lat.to(tl.float32)
+        k_pe = k_pe.to(tl.float32)
+    return k_lat, k_pe, n_ok
+
+
+@triton.jit
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile).
-    TMA: tiles come through host tensor descriptors (bulk copies; rows >= prefix_len read as 0)."""
+    TMA: full tiles come through host tensor descriptors (bulk copies), the last partial tile
+    through masked pointer loads; otherwise every tile through pointer loads."""
     offs_v = tl.arange(0, V_DIM)
     offs_pe = V_DIM + tl.arange(0, PE_DIM)
     offs_q = q0 + tl.arange(0, BLOCK_Q)
@@ -106,22 +131,29 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
         m_t = tl.full([TAIL], float("-inf"), tl.float32)
         l_t = tl.zeros([TAIL], tl.float32)
         acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
-        if TMA:
+    if TMA:
+        n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
+        for n0 in range(start, n_full, BLOCK_N):
             k_lat = KD_lat.load([n0, 0])
             k_pe = KD_pe.load([n0, 0])
-        else:
-            k_ptr = KV + offs_n[:, None] * stride_kv
-            k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
-            k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
-        if UPCAST:
-            k_lat = k_lat.to(tl.float32)
-            k_pe = k_pe.to(tl.float32)
-        m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
-        if TAIL > 0:
-            m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
+            if UPCAST:
+                k_lat = k_lat.to(tl.float32)
+                k_pe = k_pe.to(tl.float32)
+            n_ok = tl.full([BLOCK_N], 1, tl.int1)
+            m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
+            if TAIL > 0:
+                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
+        if n_full < end:
+            k_lat, k_pe, n_ok = _load_tile(KV, n_full, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
+            m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
+            if TAIL > 0:
+                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
+    else:
+        for n0 in range(start, end, BLOCK_N):
+            k_lat, k_pe, n_ok = _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
+            m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
+            if TAIL > 0:
+                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
     _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc)
     if TAIL > 0:
         _store_partial(O_part, LSE_part, pid_s, offs_t, Hq, stride_ps, stride_pq, offs_v, m_t, l_t, acc_t)
@@ -163,15 +195,21 @@ def _tree_rows(Q, KV, Bits, O_part, LSE_part, q0, prefix_len, R, split,
 def _split_prefix_kernel(
     Q, KV, KD_lat, KD_pe, Bits, O_part, LSE_part,
     stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
-    prefix_len, R, chunk, tail_chunk, tail_splits, Hq, H, qk_scale,
+    PrefixLen, R, min_chunk, Hq, H, qk_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-    TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, UPCAST: tl.constexpr,
-    PREC: tl.constexpr, TMA: tl.constexpr,
+    TAIL_PROGRAM: tl.constexpr, TAIL_RATIO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
     pid_s = tl.program_id(1)
     num_splits = tl.num_programs(1) - 1  # the last split index is the tree part
+    # the chunk follows the prefix length in device memory: the splits share whatever is there
+    prefix_len = tl.load(PrefixLen)
+    chunk = tl.cdiv(tl.cdiv(prefix_len, tl.maximum(num_splits, 1)), BLOCK_N) * BLOCK_N
+    chunk = tl.maximum(chunk, min_chunk)
+    tail_chunk = chunk * TAIL_RATIO
+    tail_splits = tl.cdiv(prefix_len, tail_chunk)
     start = pid_s * chunk
     end = tl.minimum(start + chunk, prefix_len)
     q0 = pid_q * BLOCK_Q
@@ -257,70 +295,101 @@ def _merge_kernel(
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
 
 
-def mask_bits(tree_mask: torch.Tensor) -> torch.Tensor:
-    """[R, R] bool -> [R] int64 with bit j of row i set when row i sees new row j (R <= 64)."""
-    r = tree_mask.shape[0]
-    weights = torch.tensor([1 << j if j < 63 else -(1 << 63) for j in range(r)], dtype=torch.int64)
-    return (tree_mask.cpu().to(torch.int64) * weights).sum(dim=1)
+def bit_weights(r: int, device) -> torch.Tensor:
+    """[R] int64: 1 << j (bit 63 as the int64 minimum)."""
+    return torch.tensor([1 << j if j < 63 else -(1 << 63) for j in range(r)], dtype=torch.int64, device=device)
 
 
-def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
-    """Row tiling and split count for Hq folded query rows (pure function of shapes)."""
-    t = TUNING
-    warps = t["num_warps"]
+def mask_bits(tree_mask: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """[R, R] bool -> [R] int64 on the mask's device, bit j of row i set when row i sees new
+    row j (R <= 64). Fixed-shape device ops: no host round trip."""
+    w = bit_weights(tree_mask.shape[0], tree_mask.device) if weights is None else weights
+    return (tree_mask.to(torch.int64) * w).sum(dim=1)
+
+
+def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFAULT_TUNING) -> dict:
+    """Row tiling and split count for Hq folded query rows (pure function of shapes and tuning).
+    prefix_len is the plan's bound: the split count is sized for it."""
+    t = tuning
+    warps = t.num_warps
     tail_prog = 0
-    if t["block_q"]:
-        block_q, tail = t["block_q"], 0
+    if t.block_q:
+        block_q, tail = t.block_q, 0
         n_qb = triton.cdiv(hq, block_q)
     elif hq <= 64:
         block_q, tail, n_qb = max(16, next_pow2(hq)), 0, 1
-    elif hq <= 80 and t["tail"] == 1:
+    elif hq <= 80 and t.tail == 1:
         block_q, tail, n_qb = 64, 16, 1
-    elif hq <= 80 and t["tail"] == 2:
+    elif hq <= 80 and t.tail == 2:
         block_q, tail, n_qb, tail_prog = 64, 0, 2, 16
     elif hq <= 80:  # tail=0: pad to one 128-row block (an experiment: it does not compile for sm_90 at 576 wide)
         block_q, tail, n_qb = 128, 0, 1
     else:  # 64-row blocks (a 128-row block needs more registers than sm_90 gives 16 warps)
         block_q, tail, n_qb = 64, 0, triton.cdiv(hq, 64)
     if block_q >= 128:
-        warps = t["warps_128"]
-    block_n = t["block_n"]
-    ratio = max(1, int(t["tail_ratio"])) if tail_prog else 1
+        warps = t.warps_128
+    block_n = t.block_n
+    ratio = max(1, int(t.tail_ratio)) if tail_prog else 1
     if prefix_len == 0:
         num_splits, chunk = 0, block_n
     else:
-        ctas = sms * t["ctas_per_sm"]
+        ctas = sms * t.ctas_per_sm
         # with a tail program of 1/ratio the work per token: main splits + tail splits = ctas
         target = max(1, ctas * ratio // (ratio + 1)) if tail_prog else max(1, ctas // n_qb)
-        num_splits = max(1, min(target, triton.cdiv(prefix_len, t["min_chunk"])))
+        num_splits = max(1, min(target, triton.cdiv(prefix_len, t.min_chunk)))
         chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), block_n) * block_n
         num_splits = triton.cdiv(prefix_len, chunk)
     tail_chunk = chunk * ratio
     tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
-    return dict(block_q=block_q, tail=tail, tail_program=tail_prog, n_qb=n_qb, block_n=block_n,
+    return dict(block_q=block_q, tail=tail, tail_program=tail_prog, tail_ratio=ratio, n_qb=n_qb, block_n=block_n,
                 num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=t["num_stages"], tma=int(t["tma"]))
+                num_warps=warps, num_stages=t.num_stages, tma=int(t.tma))
 
 
-def plan(prefix_len: int, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512) -> VerifyPlan:
-    """Per-step metadata: ancestor bitmask on the device, SM count; tile/split configs and
-    partial buffers are memoized per head count in ``extra`` on first use."""
-    check_plan_args(prefix_len, tree_mask, slots)
+def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
+         tuning: SplitTuning | None = None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
+    """Per-step metadata: the ancestor bitmask on the device, the SM count; with ``heads`` also
+    the tile/split config and the partial buffers (else run() derives them per call, nothing is
+    memoized). prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix``
+    (device plan: splits and buffers sized for max_prefix; ``refresh`` rebuilds the bitmask)."""
+    tuning = DEFAULT_TUNING if tuning is None else tuning
+    if not isinstance(tuning, SplitTuning):
+        raise ValueError(f"the split path takes a SplitTuning, got {type(tuning).__name__}")
+    dev = tree_mask.device
+    bound, prefix_t, dynamic = split_prefix_arg(prefix_len, max_prefix, dev)
+    check_plan_args(bound, tree_mask, slots)
     if slots is not None:
         raise ValueError("the split path reads the contiguous layout: the prefix in rows 0..prefix_len-1, then the R new rows (slots=None)")
+    if not dynamic:
+        check_diagonal(tree_mask)
     r = int(tree_mask.shape[0])
     check_rows(r, name)
-    dev = tree_mask.device
-    extra = {"bits": mask_bits(tree_mask).to(dev), "sm_count": sm_count(dev), "configs": {}, "buffers": {}}
-    return VerifyPlan(prefix_len=prefix_len, tree_mask=tree_mask, slots=None, v_dim=v_dim, extra=extra)
+    w = bit_weights(r, dev)
+    extra = {"bit_weights": w, "bits": mask_bits(tree_mask, w), "sm_count": sm_count(dev)}
+    if heads is not None:
+        extra["heads"] = heads
+        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning)
+        extra["partials"] = _partials(cfg["num_splits"], heads * r, v_dim, dev)
+    return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
+                      dynamic=dynamic, tuning=tuning, extra=extra)
 
 
-def _config(p: VerifyPlan, heads: int) -> dict:
-    cfg = p.extra["configs"].get(heads)
-    if cfg is None:
-        cfg = choose_config(p.prefix_len, heads * p.num_rows, p.extra["sm_count"])
-        p.extra["configs"][heads] = cfg
-    return cfg
+def refresh(p: VerifyPlan) -> None:
+    """Rebuild the bitmask from tree_mask (device plans, after the caller rewrote it in place)."""
+    p.extra["bits"].copy_(mask_bits(p.tree_mask, p.extra["bit_weights"]))
+
+
+def _partials(ns: int, hq: int, v_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs and log2-sum-exps of the ns prefix splits, then the tree part's at index ns."""
+    return (torch.empty(ns + 1, hq, v_dim, dtype=torch.float32, device=device),
+            torch.empty(ns + 1, hq, dtype=torch.float32, device=device))
+
+
+def config_for(p: VerifyPlan, heads: int) -> dict:
+    """The tile/split config run() uses for ``heads`` (the plan's, when it was built for them)."""
+    if p.extra.get("heads") == heads:
+        return p.extra["config"]
+    return choose_config(p.prefix_len, heads * p.num_rows, p.extra["sm_count"], p.tuning)
 
 
 def _tma_ok(kv: torch.Tensor) -> bool:
@@ -330,8 +399,9 @@ def _tma_ok(kv: torch.Tensor) -> bool:
     return interpreting() or (kv.is_cuda and torch.cuda.get_device_capability(kv.device)[0] >= 9)
 
 
-def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> torch.Tensor:
-    """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype."""
+def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
+    """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a
+    dict to receive the compiled kernels' reports under "prefix" and "merge"."""
     check_run_args(q, kv, p)
     check_dims(q, kv, p.v_dim, name)
     if "bits" not in p.extra:
@@ -339,42 +409,40 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float) -> to
     r, h, d = q.shape
     pe = d - p.v_dim
     hq = r * h
-    cfg = _config(p, h)
+    t = p.tuning
+    cfg = config_for(p, h)
     ns = cfg["num_splits"]
-    key = (h, q.device)
-    bufs = p.extra["buffers"].get(key)
-    if bufs is None:  # partials of the ns prefix splits, then the tree part's at index ns
-        bufs = (torch.empty(ns + 1, hq, p.v_dim, dtype=torch.float32, device=q.device),
-                torch.empty(ns + 1, hq, dtype=torch.float32, device=q.device))
-        p.extra["buffers"][key] = bufs
-    o_part, lse_part = bufs
+    planned = p.extra.get("heads") == h and p.extra["partials"][0].device == q.device
+    o_part, lse_part = p.extra["partials"] if planned else _partials(ns, hq, p.v_dim, q.device)
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     upcast, prec = dot_flags(q.dtype)
     qk_scale = sm_scale * LOG2E
     kd_lat = kd_pe = kv
     if ns > 0 and cfg["tma"] and _tma_ok(kv):
-        # rows >= prefix_len are outside the descriptors: the copy engine fills them with zeros
-        kd_lat = TensorDescriptor(kv, [p.prefix_len, p.v_dim], [kv.stride(0), 1], [cfg["block_n"], p.v_dim])
-        kd_pe = TensorDescriptor(kv[:, p.v_dim:], [p.prefix_len, pe], [kv.stride(0), 1], [cfg["block_n"], pe])
+        # full tiles only (the last partial tile of the prefix goes through pointer loads)
+        kd_lat = TensorDescriptor(kv, [kv.shape[0], p.v_dim], [kv.stride(0), 1], [cfg["block_n"], p.v_dim])
+        kd_pe = TensorDescriptor(kv[:, p.v_dim:], [kv.shape[0], pe], [kv.stride(0), 1], [cfg["block_n"], pe])
+    # host plans: the kernel's chunk equals the config's; device plans: at least min_chunk tokens
+    min_chunk = triton.cdiv(t.min_chunk, cfg["block_n"]) * cfg["block_n"] if p.dynamic else cfg["block_n"]
     k = _split_prefix_kernel[(cfg["n_qb"], ns + 1)](
         q, kv, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part,
         q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
-        p.prefix_len, r, cfg["chunk"], cfg["tail_chunk"], cfg["tail_splits"], hq, h, qk_scale,
+        p.prefix_t, r, min_chunk, hq, h, qk_scale,
         V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"],
-        BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)), UPCAST=upcast, PREC=prec, TMA=kd_lat is not kv,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        TAIL_RATIO=cfg["tail_ratio"], BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)), UPCAST=upcast,
+        PREC=prec, TMA=kd_lat is not kv, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if COLLECT_META:
-        LAST_META["prefix"] = kernel_meta(k)
-    bm = TUNING["merge_block_m"]
+    if meta is not None:
+        meta["prefix"] = kernel_meta(k)
+    bm = t.merge_block_m
     n_mb = triton.cdiv(hq, bm)
     bv = p.v_dim
     while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
         bv //= 2
     k = _merge_kernel[(n_mb, p.v_dim // bv)](
         o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), hq, h, ns,
-        BLOCK_M=bm, BLOCK_V=bv, SPLIT_CHUNK=TUNING["merge_split_chunk"], num_warps=4, num_stages=2,
+        BLOCK_M=bm, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, num_warps=4, num_stages=2,
     )
-    if COLLECT_META:
-        LAST_META["merge"] = kernel_meta(k)
+    if meta is not None:
+        meta["merge"] = kernel_meta(k)
     return out
