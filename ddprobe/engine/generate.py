@@ -147,9 +147,13 @@ class Engine:
     # ---- decoding ------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
-                 seed: int | None = None, proposer: Proposer | None = None) -> GenerateResult:
+                 seed: int | None = None, proposer: Proposer | None = None,
+                 on_tokens: Callable[[list[int], StepRecord | None], None] | None = None) -> GenerateResult:
         """DDTree speculative decoding. ``proposer`` (tests) replaces the drafter: called with
-        (context_len, bonus) it returns log-probs [L, V] for the L positions after the bonus."""
+        (context_len, bonus) it returns log-probs [L, V] for the L positions after the bonus.
+        ``on_tokens`` (servers: streaming, cancellation) is called with the prefill's token and None,
+        then after every verify step with the tokens it committed and its record; what it raises
+        stops the generation and propagates."""
         self._check(prompt_ids, max_new_tokens, self.budget + 1)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -164,6 +168,8 @@ class Engine:
         bonus = target_picks(last[None], temperature, gen)[0]
         prefill_ms = (self._now() - t0) * 1e3
         out, steps = [bonus], []
+        if on_tokens is not None:
+            on_tokens([bonus], None)
         embed, head = self.target.embed_tokens, self.target.lm_head
         while len(out) < max_new_tokens:
             ctx_len = kv.committed
@@ -193,6 +199,8 @@ class Engine:
                 step=len(steps), context_len=ctx_len, tree_size=tree.size, accepted_depth=len(path) - 1,
                 commit_len=len(path), draft_ms=(t1 - t0) * 1e3, tree_ms=(t2 - t1) * 1e3,
                 verify_ms=(t3 - t2) * 1e3, commit_ms=(t4 - t3) * 1e3))
+            if on_tokens is not None:
+                on_tokens(out[len(out) - len(path):], steps[-1])
         return GenerateResult(out[:max_new_tokens], steps, prompt_len=len(prompt_ids), prefill_ms=prefill_ms,
                               attn=self.attn, kv_layout=self.kv_layout, budget=self.budget)
 
