@@ -1,0 +1,143 @@
+"""`split_ws`: `split`'s algorithm with a warp-specialized Gluon prefix kernel (Hopper only).
+
+Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..P-1, then the R new rows):
+  1. ``_ws_gluon.ws_prefix_kernel``, grid (cdiv(Hq, 64), splits + 1): per 64 folded query rows and chunk of
+     the prefix, a TMA loader warp feeding a ring of KV stages, warpgroup 0 doing S and the softmax and half
+     of P V, warpgroup 1 the other half of P V (see that module). The last split index is the tree part.
+  2. `split`'s ``_merge_kernel``: the log-sum-exp merge of the partials (same buffers, same layout).
+It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the
+MLA widths the kernel is written for (v_dim 512, rope 64, rope a power of two); anything else is a one-line
+ValueError. There is no interpreter path: Gluon does not run under TRITON_INTERPRET; `split` is the
+CPU-tested path with the same results, and tests/test_kernels_gpu.py checks this one on the GPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ._common import check_dims, check_rows, interpreting, kernel_meta, sm_count
+from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
+from .split import LOG2E, _merge_kernel, _partials, mask_bits
+
+name = "split_ws"
+layout = "contiguous"
+
+BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
+BLOCK_N = 64     # KV tokens per tile
+STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
+PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
+LOAD_REGS = 40   # registers per thread of the loader warp
+MIN_CHUNK = 64
+MERGE_BLOCK_M, MERGE_SPLIT_CHUNK = 16, 8
+
+
+def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
+    """None when this path can run these tensors, else the reason (one line)."""
+    if interpreting():
+        return "Gluon kernels do not run under TRITON_INTERPRET (use 'split' there)"
+    if not (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)):
+        return "needs an sm_90 GPU (H100/H200: wgmma, TMA, mbarriers)"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16 or fp16 q and kv, got {q.dtype}"
+    if v_dim != 512 or q.shape[2] - v_dim != 64:
+        return f"is written for MLA rows of 512 + 64, got {v_dim} + {q.shape[2] - v_dim}"
+    if kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16:
+        return "needs 16-byte aligned kv rows"
+    return None
+
+
+def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
+    """Splits so that all programs (row blocks x (splits + the tree part)) fit one wave on the SMs."""
+    n_qb = triton.cdiv(hq, BLOCK_M)
+    if prefix_len == 0:
+        return dict(n_qb=n_qb, num_splits=0, chunk=BLOCK_N)
+    target = max(1, sms // n_qb - 1)
+    num_splits = max(1, min(target, triton.cdiv(prefix_len, MIN_CHUNK)))
+    chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
+    return dict(n_qb=n_qb, num_splits=triton.cdiv(prefix_len, chunk), chunk=chunk)
+
+
+def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
+         tuning=None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
+    """Per-step metadata (as `split`): the ancestor bitmask on the device, the SM count; with ``heads``
+    also the split config and the partial buffers (else run() derives them per call). Host plans only:
+    the Gluon kernel takes the prefix length as a launch argument. No tuning knobs (``tuning`` must be None)."""
+    if tuning is not None:
+        raise ValueError("the split_ws path has no tuning knobs (tuning=None)")
+    if isinstance(prefix_len, torch.Tensor) or max_prefix is not None:
+        raise ValueError("the split_ws path takes a host prefix length (an int), not a device plan")
+    dev = tree_mask.device
+    bound, prefix_t, _ = split_prefix_arg(prefix_len, None, dev)
+    check_plan_args(bound, tree_mask, slots)
+    if slots is not None:
+        raise ValueError("the split_ws path reads the contiguous layout (slots=None)")
+    check_diagonal(tree_mask)
+    r = int(tree_mask.shape[0])
+    check_rows(r, name)
+    extra = {"path": name, "bits": mask_bits(tree_mask), "sm_count": sm_count(dev)}
+    if heads is not None:
+        extra["heads"] = heads
+        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"])
+        extra["partials"] = _partials(cfg["num_splits"], heads * r, v_dim, dev)
+    return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t, extra=extra)
+
+
+def refresh(p: VerifyPlan) -> None:
+    """Rebuild the bitmask from tree_mask after the caller rewrote it in place."""
+    p.extra["bits"].copy_(mask_bits(p.tree_mask))
+
+
+def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dt = gl.bfloat16 if kv.dtype == torch.bfloat16 else gl.float16
+    v, pe = p.v_dim, kv.shape[1] - p.v_dim
+    rows = p.num_cols  # rows past the prefix and the tree read as zeros
+
+    def desc(t, shape, block):
+        return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
+    return (desc(q2, [q2.shape[0], v], [BLOCK_M, v]), desc(q2[:, v:], [q2.shape[0], pe], [BLOCK_M, pe]),
+            desc(kv, [rows, v], [BLOCK_N, v]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
+
+
+def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
+    """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a dict
+    to receive the compiled kernels' reports under "prefix" and "merge"."""
+    check_run_args(q, kv, p)
+    check_dims(q, kv, p.v_dim, name)
+    if p.extra.get("path") != name:
+        raise ValueError("plan was not built by split_ws.plan")
+    why = supported(q, kv, p.v_dim)
+    if why:
+        raise ValueError(f"the {name} path {why}")
+    from ._ws_gluon import ws_prefix_kernel  # Gluon: imported only where it can run
+
+    r, h, d = q.shape
+    hq = r * h
+    planned = p.extra.get("heads") == h and p.extra["partials"][0].device == q.device
+    cfg = p.extra["config"] if planned else choose_config(p.prefix_len, hq, p.extra["sm_count"])
+    ns = cfg["num_splits"]
+    o_part, lse_part = p.extra["partials"] if planned else _partials(ns, hq, p.v_dim, q.device)
+    q2 = q.reshape(hq, d)  # row hq = r * H + h
+    if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
+        q2 = q2.contiguous()
+    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p)
+    k = ws_prefix_kernel[(cfg["n_qb"], ns + 1)](
+        qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
+        p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
+        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, num_warps=4,
+    )
+    out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
+    n_mb = triton.cdiv(hq, MERGE_BLOCK_M)
+    bv = p.v_dim
+    while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
+        bv //= 2
+    k2 = _merge_kernel[(n_mb, p.v_dim // bv)](
+        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), hq, h, ns,
+        BLOCK_M=MERGE_BLOCK_M, BLOCK_V=bv, SPLIT_CHUNK=MERGE_SPLIT_CHUNK, num_warps=4, num_stages=2,
+    )
+    if meta is not None:
+        meta["prefix"], meta["merge"] = kernel_meta(k), kernel_meta(k2)
+    return out

@@ -1,0 +1,132 @@
+"""The GPU-only verify path `split_ws` (Gluon, sm_90) and `split` in bf16 on the GPU, vs the fp32 reference.
+
+Gluon kernels do not run under TRITON_INTERPRET, so these tests need an H100/H200: on any other machine
+they are skipped with the reason (the CPU tests in test_kernels.py cover `split`, which computes the same
+thing). Inputs as in test_kernels.py: fresh random q and cache rows, every cache row past prefix + R
+poisoned with NaN (a read past the plan's columns shows up as NaN in the output), all four tree shapes,
+budgets 1 to 63, 1 to 64 heads (9 to 576 folded rows: one and several 64-row blocks, the 72-row case
+padded to 128), prefixes that end mid-tile, no prefix at all, and the k2 width (512 latent + 64 rope).
+Tolerances (relative Frobenius error): bf16 1e-2, fp16 3e-3 (outputs rounded to the input dtype;
+measured about 1e-3 and 3e-4).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddprobe.engine.kernels import get_path, reference
+from ddprobe.engine.kernels.trees import shape_mask
+
+pytest.importorskip("triton")
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+gpu = pytest.mark.skipif(not HOPPER, reason="split_ws is a Gluon kernel for sm_90 (H100/H200): no such GPU here, "
+                                            "and Gluon does not run under TRITON_INTERPRET")
+TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
+V, PE = 512, 64
+
+
+def make_inputs(ctx, budget, shape, heads, dtype, seed=0, poison=70):
+    g = torch.Generator().manual_seed(seed * 1000 + ctx * 7 + budget * 3 + heads)
+    r = budget + 1
+    n = ctx + r
+    q = torch.randn(r, heads, V + PE, generator=g).to(dtype)
+    kv = torch.full((n + poison, V + PE), float("nan"))
+    kv[:n] = torch.randn(n, V + PE, generator=g)
+    return q.cuda(), kv.to(dtype).cuda(), shape_mask(shape, budget, "cuda")
+
+
+def check(path, ctx, budget, shape, heads, dtype, sm_scale=0.0722):
+    q, kv, mask = make_inputs(ctx, budget, shape, heads, dtype)
+    m = get_path(path)
+    out = m.run(q, kv, m.plan(ctx, mask, None, V), sm_scale)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), sm_scale)
+    assert out.shape == (budget + 1, heads, V) and out.dtype == dtype
+    assert torch.isfinite(out).all(), "NaN/inf in output: a poisoned row was read"
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < TOL[dtype], f"{path} ctx={ctx} B={budget} {shape} H={heads} {dtype}: rel err {err:.2e}"
+    return err
+
+
+CASES = [
+    # ctx, budget, shape, heads, dtype
+    (0, 8, "lopsided", 8, torch.bfloat16),
+    (1, 8, "chain", 8, torch.bfloat16),
+    (17, 1, "star", 1, torch.bfloat16),
+    (63, 8, "fork", 8, torch.float16),
+    (64, 8, "lopsided", 64, torch.bfloat16),
+    (65, 32, "star", 2, torch.bfloat16),
+    (300, 63, "lopsided", 1, torch.bfloat16),
+    (1000, 8, "lopsided", 8, torch.bfloat16),
+    (4097, 8, "fork", 64, torch.bfloat16),
+    (33000, 8, "lopsided", 8, torch.bfloat16),
+    (20000, 8, "chain", 16, torch.float16),
+]
+
+
+@gpu
+@pytest.mark.parametrize("path", ["split_ws", "split"])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", CASES)
+def test_matches_reference(path, ctx, budget, shape, heads, dtype):
+    check(path, ctx, budget, shape, heads, dtype)
+
+
+@gpu
+def test_tree_mask_is_applied():
+    """Same inputs, star vs chain: different outputs, each equal to its own reference."""
+    outs = []
+    for shape in ("star", "chain"):
+        q, kv, mask = make_inputs(500, 8, "star", 8, torch.bfloat16)
+        mask = shape_mask(shape, 8, "cuda")
+        m = get_path("split_ws")
+        out = m.run(q, kv, m.plan(500, mask, None, V), 0.07)
+        ref = reference.run(q, kv, reference.plan(500, mask, None, V), 0.07)
+        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+        outs.append(out.float())
+    assert (outs[0][1:] - outs[1][1:]).abs().max() > 1e-2
+
+
+@gpu
+def test_plan_reused_across_layers_with_poisoned_partials():
+    """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
+    are fully rewritten by every layer (no stale split is merged)."""
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(5000, 8, "lopsided", 8, torch.bfloat16)
+    p = m.plan(5000, mask, None, V, heads=8)
+    for layer in range(3):
+        kv_l = kv.clone()
+        kv_l[: 5000 + 9] = torch.randn(5009, V + PE, device="cuda").to(kv.dtype)
+        out = m.run(q, kv_l, p, 0.07)
+        ref = reference.run(q, kv_l, reference.plan(5000, mask, None, V), 0.07)
+        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+        for buf in p.extra["partials"]:
+            buf.fill_(float("nan"))
+
+
+@gpu
+def test_unsupported_inputs_are_one_line_errors():
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(100, 8, "fork", 2, torch.bfloat16)
+    with pytest.raises(ValueError, match="bf16 or fp16"):
+        m.run(q.float(), kv.float(), m.plan(100, mask, None, V), 0.1)
+    with pytest.raises(ValueError, match="512 \\+ 64"):
+        m.run(q[..., :96].contiguous(), kv[:, :96].contiguous(), m.plan(100, mask, None, 64), 0.1)
+    with pytest.raises(ValueError, match="host prefix length"):
+        m.plan(torch.tensor([100], dtype=torch.int32, device="cuda"), mask, None, V, max_prefix=200)
+    with pytest.raises(ValueError, match="not built by split_ws"):
+        m.run(q, kv, get_path("split").plan(100, mask, None, V), 0.1)
+
+
+def test_refuses_without_hopper(monkeypatch):
+    """On a machine without an sm_90 GPU (CPU CI) the path says why in one line instead of crashing."""
+    if HOPPER:
+        pytest.skip("this machine has the GPU the path needs")
+    m = get_path("split_ws")
+    mask = shape_mask("fork", 8)
+    q, kv = torch.randn(9, 2, V + PE, dtype=torch.bfloat16), torch.randn(120, V + PE, dtype=torch.bfloat16)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="sm_90"):
+        m.run(q, kv, m.plan(100, mask, None, V), 0.1)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        m.run(q, kv, m.plan(100, mask, None, V), 0.1)
