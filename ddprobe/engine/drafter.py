@@ -45,24 +45,32 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(dim, cfg.rms_eps)
         self.mlp = SwiGLU(dim, cfg.intermediate_size)
 
+    def _heads(self, y: torch.Tensor) -> torch.Tensor:  # [..., T, H * hd] -> [..., T, H, hd]
+        return y.view(*y.shape[:-1], self.cfg.num_heads, self.cfg.head_dim)
+
     def kv(self, h: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """h [T, dim] -> roped k, v [T, H, hd]."""
-        t, hh, hd = h.shape[0], self.cfg.num_heads, self.cfg.head_dim
-        k = apply_rope(self.k_proj(h).view(t, hh, hd), cos, sin)
-        return k, self.v_proj(h).view(t, hh, hd)
+        """h [..., T, dim] (normed) -> roped k, v [..., T, H, hd]."""
+        return apply_rope(self._heads(self.k_proj(h)), cos, sin), self._heads(self.v_proj(h))
+
+    def q(self, h: torch.Tensor, cos, sin) -> torch.Tensor:
+        """h [..., T, dim] (normed) -> roped q [..., T, H, hd]."""
+        return apply_rope(self._heads(self.q_proj(h)), cos, sin)
+
+    def finish(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Residual after attention (o [..., T, H, hd]) and the MLP."""
+        x = x + self.o_proj(o.flatten(-2))
+        return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward(self, x, cos, sin, ctx_k, ctx_v) -> torch.Tensor:
         """x [Lb, dim] block; ctx_k/ctx_v [n, H, hd] (already windowed) -> [Lb, dim]."""
-        lb, hh, hd = x.shape[0], self.cfg.num_heads, self.cfg.head_dim
         h = self.input_layernorm(x)
-        q = apply_rope(self.q_proj(h).view(lb, hh, hd), cos, sin)  # [Lb, H, hd]
+        q = self.q(h, cos, sin)  # [Lb, H, hd]
         bk, bv = self.kv(h, cos, sin)
         k = torch.cat([ctx_k, bk], dim=0)  # [n + Lb, H, hd]
         v = torch.cat([ctx_v, bv], dim=0)
-        s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)  # no mask: non-causal block
+        s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.cfg.head_dim)  # no mask: non-causal block
         o = torch.einsum("hqk,khd->qhd", torch.softmax(s.float(), dim=-1).to(v.dtype), v)
-        x = x + self.o_proj(o.reshape(lb, hh * hd))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.finish(x, o)
 
 
 class Drafter(nn.Module):

@@ -37,37 +37,62 @@ class MLAttention(nn.Module):
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (nope + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
 
-    def _q(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, H, nope + rope]
+    def _q(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., H, nope + rope]
         if self.cfg.q_lora_rank:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         else:
             q = self.q_proj(x)
-        return q.view(x.shape[0], self.cfg.num_heads, -1)
+        return q.view(*x.shape[:-1], self.cfg.num_heads, -1)
+
+    def _w_b(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """W_UK [H, nope, C] and W_UV [H, v, C] out of kv_b_proj."""
+        cfg = self.cfg
+        w_b = self.kv_b_proj.weight.view(cfg.num_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
+        return w_b[:, :cfg.qk_nope_head_dim], w_b[:, cfg.qk_nope_head_dim:]
 
     def latent_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden] -> cache rows [T, D] = [RMSNorm(c_kv) (C), rope(k_pe) (rope)]."""
+        """x [..., T, hidden] -> cache rows [..., T, D] = [RMSNorm(c_kv) (C), rope(k_pe) (rope)]."""
         c = self.cfg.kv_lora_rank
-        kv_a = self.kv_a_proj_with_mqa(x)  # [T, D]
-        c_kv = self.kv_a_layernorm(kv_a[:, :c])  # [T, C]
-        k_pe = apply_rope(kv_a[:, c:], cos, sin)  # [T, rope]
+        kv_a = self.kv_a_proj_with_mqa(x)  # [..., T, D]
+        c_kv = self.kv_a_layernorm(kv_a[..., :c])  # [..., T, C]
+        k_pe = apply_rope(kv_a[..., None, c:], cos, sin)[..., 0, :]  # [..., T, rope] (one shared "head")
         return torch.cat([c_kv, k_pe], dim=-1)
+
+    def absorbed_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [..., T, hidden] -> queries in the latent space [..., T, H, D] = [q_nope @ W_UK, rope(q_pe)]."""
+        nope = self.cfg.qk_nope_head_dim
+        q = self._q(x)  # [..., T, H, nope + rope]
+        w_uk, _ = self._w_b()
+        q_lat = torch.einsum("...hn,hnc->...hc", q[..., :nope], w_uk)  # [..., T, H, C]
+        return torch.cat([q_lat, apply_rope(q[..., nope:], cos, sin)], dim=-1)
+
+    def output(self, o_lat: torch.Tensor) -> torch.Tensor:
+        """Attention output in the latent space [..., T, H, C] -> [..., T, hidden] (W_UV, then o_proj)."""
+        _, w_uv = self._w_b()
+        o = torch.einsum("...hc,hvc->...hv", o_lat, w_uv)  # [..., T, H, v]
+        return self.o_proj(o.flatten(-2))
 
     def forward(self, x, cos, sin, kv_layer, write_idx, plan, path) -> torch.Tensor:
         """x [T, hidden]; cos/sin [T, rope]; kv_layer [slots, D] (this layer's cache, written in
         place at write_idx [T]); plan: VerifyPlan for the T rows; path: attention path module.
         Returns [T, hidden]."""
-        cfg = self.cfg
-        t, h, nope, c = x.shape[0], cfg.num_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank
         kv_layer[write_idx] = self.latent_rows(x, cos, sin).to(kv_layer.dtype)
-        q = self._q(x)  # [T, H, nope + rope]
-        q_nope, q_pe = q[..., :nope], apply_rope(q[..., nope:], cos, sin)
-        w_b = self.kv_b_proj.weight.view(h, nope + cfg.v_head_dim, c)
-        w_uk, w_uv = w_b[:, :nope, :], w_b[:, nope:, :]  # [H, nope, C], [H, v, C]
-        q_lat = torch.einsum("thn,hnc->thc", q_nope, w_uk)  # [T, H, C]
-        q_abs = torch.cat([q_lat, q_pe], dim=-1).to(kv_layer.dtype).contiguous()  # [T, H, D]
-        o_lat = path.run(q_abs, kv_layer, plan, cfg.sm_scale).to(x.dtype)  # [T, H, C]
-        o = torch.einsum("thc,hvc->thv", o_lat, w_uv)  # [T, H, v]
-        return self.o_proj(o.reshape(t, h * cfg.v_head_dim))
+        q_abs = self.absorbed_q(x, cos, sin).to(kv_layer.dtype).contiguous()  # [T, H, D]
+        o_lat = path.run(q_abs, kv_layer, plan, self.cfg.sm_scale).to(x.dtype)  # [T, H, C]
+        return self.output(o_lat)
+
+    def causal(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Dense causal self-attention over whole sequences, no cache: x [B, T, hidden] -> [B, T, hidden].
+        The same function as ``forward`` over a prefix (training uses it); SDPA never materializes scores
+        when its fused kernels apply."""
+        import torch.nn.functional as F
+
+        c = self.cfg.kv_lora_rank
+        rows = self.latent_rows(x, cos, sin)  # [B, T, D]
+        q = self.absorbed_q(x, cos, sin).transpose(-3, -2)  # [B, H, T, D]
+        k = rows.unsqueeze(-3).expand(*q.shape[:-2], *rows.shape[-2:])  # [B, H, T, D]: one row for all heads
+        o = F.scaled_dot_product_attention(q, k, k[..., :c], is_causal=True, scale=self.cfg.sm_scale)
+        return self.output(o.transpose(-3, -2))
 
 
 def make_rope(cfg: TargetConfig) -> Rope:

@@ -61,9 +61,10 @@ class Rope:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, dim] (or [T, dim]), cos/sin [T, dim] -> rotated x, same shape."""
-    if x.dim() == 3:
-        cos, sin = cos[:, None, :], sin[:, None, :]
+    """x [..., T, H, dim] or [..., T, dim]; cos/sin [..., T, dim] (or [T, dim]) -> rotated x, same shape.
+    A head axis in x (one more dimension than cos) is broadcast over; the leading dims broadcast too."""
+    if x.dim() > cos.dim():
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rot * sin

@@ -23,7 +23,14 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, kv_layer, write_idx, plan, path) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_layer, write_idx, plan, path)
+        return self._block(x, lambda h: self.self_attn(h, cos, sin, kv_layer, write_idx, plan, path))
+
+    def causal(self, x, cos, sin) -> torch.Tensor:
+        """Whole sequences [B, T, hidden], causal, no cache (training)."""
+        return self._block(x, lambda h: self.self_attn.causal(h, cos, sin))
+
+    def _block(self, x, attend) -> torch.Tensor:
+        x = x + attend(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -53,14 +60,23 @@ class TargetModel(nn.Module):
         Returns (hidden [T, hidden] after the final norm, features [T, n_feat * hidden])."""
         x = self.embed_tokens(tokens)  # [T, hidden]
         cos, sin = self.rope.cos_sin(positions, x.dtype)  # [T, rope]
-        feats = []
-        want = set(self.cfg.feature_layers)
+        return self._run(x, lambda i, layer, x: layer(x, cos, sin, kv_buffer[i], write_idx, plan, path))
+
+    def forward_causal(self, tokens: torch.Tensor):
+        """tokens [B, T] at positions 0..T-1, causal, no cache -> (hidden [B, T, hidden] after the final norm,
+        features [B, T, n_feat * hidden]). The function ``forward`` computes over a prefix; training uses it."""
+        x = self.embed_tokens(tokens)
+        cos, sin = self.rope.cos_sin(torch.arange(tokens.shape[-1], device=tokens.device), x.dtype)
+        return self._run(x, lambda i, layer, x: layer.causal(x, cos, sin))
+
+    def _run(self, x, step):
+        """Every layer in order (``step(i, layer, x)``), collecting the drafter features."""
+        feats = {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, kv_buffer[i], write_idx, plan, path)
-            if i in want:
-                feats.append(x)
-        ordered = [feats[sorted(want).index(i)] for i in self.cfg.feature_layers]
-        return self.norm(x), torch.cat(ordered, dim=-1)
+            x = step(i, layer, x)
+            if i in self.cfg.feature_layers:
+                feats[i] = x
+        return self.norm(x), torch.cat([feats[i] for i in self.cfg.feature_layers], dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, V] float32+
         out = self.lm_head(hidden)

@@ -17,44 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from .drafter import Drafter
-from .rope import apply_rope
 from .target import TargetModel
 
 
-def _rope_bt(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, d] with cos/sin [T, d] (or [B, T, d]) -> roped x."""
-    if cos.dim() == 2:
-        cos, sin = cos[None], sin[None]
-    return x * cos[:, :, None] + torch.cat([-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]], -1) \
-        * sin[:, :, None]
-
-
 def target_forward_train(target: TargetModel, tokens: torch.Tensor):
-    """tokens [B, T] -> (logits [B, T, V], features [B, T, n_feat * hidden]); causal, positions 0..T-1."""
-    cfg = target.cfg
-    b, t = tokens.shape
-    h, nope, c, r, v = cfg.num_heads, cfg.qk_nope_head_dim, cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.v_head_dim
-    x = target.embed_tokens(tokens)  # [B, T, hidden]
-    cos, sin = target.rope.cos_sin(torch.arange(t, device=tokens.device), x.dtype)  # [T, r]
-    feats = {}
-    for i, layer in enumerate(target.layers):
-        attn = layer.self_attn
-        hn = layer.input_layernorm(x)
-        kv_a = attn.kv_a_proj_with_mqa(hn)  # [B, T, D]
-        rows = torch.cat([attn.kv_a_layernorm(kv_a[..., :c]), _rope_bt(kv_a[..., None, c:], cos, sin)[..., 0, :]], -1)
-        q = attn._q(hn.reshape(b * t, -1)).view(b, t, h, nope + r)
-        w_b = attn.kv_b_proj.weight.view(h, nope + v, c)
-        q_lat = torch.einsum("bthn,hnc->bthc", q[..., :nope], w_b[:, :nope])  # absorbed: [B, T, H, C]
-        q_abs = torch.cat([q_lat, _rope_bt(q[..., nope:], cos, sin)], -1).transpose(1, 2)  # [B, H, T, D]
-        k = rows[:, None].expand(b, h, t, rows.shape[-1])
-        o = F.scaled_dot_product_attention(q_abs, k, k[..., :c], is_causal=True, scale=cfg.sm_scale)  # [B,H,T,C]
-        o = torch.einsum("bhtc,hvc->bthv", o, w_b[:, nope:]).reshape(b, t, h * v)
-        x = x + attn.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-        if i in cfg.feature_layers:
-            feats[i] = x
-    features = torch.cat([feats[i] for i in cfg.feature_layers], -1)
-    return target.lm_head(target.norm(x)), features
+    """tokens [B, T] -> (logits [B, T, V], features [B, T, n_feat * hidden]); causal, positions 0..T-1.
+    The engine's own causal forward (``TargetModel.forward_causal``)."""
+    hidden, features = target.forward_causal(tokens)
+    return target.lm_head(hidden), features
 
 
 def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.Tensor, features: torch.Tensor,
@@ -63,7 +33,7 @@ def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.T
     (1 <= a, a + L < T) -> log-probs [B, K, L, V] of the L tokens after each bonus."""
     cfg = drafter.cfg
     b, t = tokens.shape
-    k_n, lb, hh, hd = anchors.shape[1], cfg.block_size, cfg.num_heads, cfg.head_dim
+    k_n, lb = anchors.shape[1], cfg.block_size
     dev, dim = tokens.device, target.cfg.hidden_size
     ctx = drafter.hidden_norm(drafter.fc(features))  # [B, T, dim]
     cos_c, sin_c = drafter.rope.cos_sin(torch.arange(t, device=dev), ctx.dtype)
@@ -80,18 +50,15 @@ def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.T
     own = (blk[:, None] == blk[None, :]).expand(b, -1, -1)
     full_mask = torch.cat([before, own], -1)
     win_mask = torch.cat([before & (col >= a - cfg.sliding_window), own], -1)
-    for i, layer in enumerate(drafter.layers):
-        ck = _rope_bt(layer.k_proj(ctx).view(b, t, hh, hd), cos_c, sin_c)
-        cv = layer.v_proj(ctx).view(b, t, hh, hd)
+    for i, layer in enumerate(drafter.layers):  # the engine's layer, its attention batched with masks
+        ck, cv = layer.kv(ctx, cos_c, sin_c)  # [B, T, H, hd]
         hn = layer.input_layernorm(x)
-        q = _rope_bt(layer.q_proj(hn).view(b, k_n * lb, hh, hd), cos_b, sin_b)
-        bk = _rope_bt(layer.k_proj(hn).view(b, k_n * lb, hh, hd), cos_b, sin_b)
-        bv = layer.v_proj(hn).view(b, k_n * lb, hh, hd)
+        q = layer.q(hn, cos_b, sin_b)  # [B, K*Lb, H, hd]
+        bk, bv = layer.kv(hn, cos_b, sin_b)
         keys, vals = torch.cat([ck, bk], 1).transpose(1, 2), torch.cat([cv, bv], 1).transpose(1, 2)
         mask = full_mask if i == drafter.full_layer else win_mask
         o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None])  # [B,H,KLb,hd]
-        x = x + layer.o_proj(o.transpose(1, 2).reshape(b, k_n * lb, hh * hd))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = layer.finish(x, o.transpose(1, 2))
     logits = target.lm_head(drafter.norm(x.view(b, k_n, lb, dim)[:, :, 1:]))  # [B, K, L, V]
     return torch.log_softmax(logits.float(), -1)
 
