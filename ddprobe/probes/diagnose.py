@@ -140,8 +140,7 @@ class Diagnose:
         shape, _, sm_scale = attention()
         path = self.files["verify"] = self.out / "verify.json"
         w = ResultWriter(Result(kind="bench-verify", meta=self.meta, config={"source": "ddprobe diagnose"}), path)
-        _, summary = compare(self.opts.ctxs, shape.num_heads, int(b.describe()["budget"]) + 1, shape.v_dim,
-                             shape.rope_dim, sm_scale, on_row=w.add)
+        _, summary = compare(self.opts.ctxs, shape, int(b.describe()["budget"]) + 1, sm_scale, on_row=w.add)
         w.result.summary.update(summary)
         w.flush()
 

@@ -7,7 +7,7 @@ from the config, so a Hugging Face ``config.json`` works the same way as a prese
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +77,7 @@ class ModelSpec:
 
 
 def _deepseek_v3_family(name: str, heads: int, experts: int, vocab: int, first_dense: int) -> ModelSpec:
-    attn = AttnShape("mla", num_layers=61, num_heads=heads, kv_lora_rank=512, qk_rope_head_dim=64,
-                     qk_nope_head_dim=128, v_head_dim=128)
+    attn = replace(KIMI_K2, num_heads=heads)  # the family's attention: K2's with its own head count
     return ModelSpec(
         name=name, attn=attn, hidden_size=7168, vocab_size=vocab, q_lora_rank=1536,
         intermediate_size=18432, moe_intermediate_size=2048, n_routed_experts=experts, num_experts_per_tok=8,

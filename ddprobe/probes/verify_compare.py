@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..shapes import AttnShape, floor_s
 from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_graph
 
 PATHS = ("paged", "split")
 
 
-def compare(ctxs: list[int], heads: int, rows: int, v_dim: int, rope_dim: int, sm_scale: float,
+def compare(ctxs: list[int], shape: AttnShape, rows: int, sm_scale: float,
             on_row=None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Time every path at every context; returns (rows, summary with the copy ceiling)."""
+    """Time every path at every context for one layer of ``shape`` (its heads, latent and rope widths) in
+    bf16; returns (rows, summary with the copy ceiling)."""
     import torch
 
     from ..engine import kernels
@@ -28,15 +30,16 @@ def compare(ctxs: list[int], heads: int, rows: int, v_dim: int, rope_dim: int, s
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA GPU visible to torch")
     dev = "cuda"
-    d = v_dim + rope_dim
+    heads, v_dim, d = shape.num_heads, shape.v_dim, shape.kv_row
+    row_bytes = shape.kv_bytes_per_token("bf16", layers=1)
     copy = copy_bandwidth_Bps(torch)
     mask = shape_mask("lopsided", rows - 1, dev)  # DDTree's typical shape
     ref = kernels.get_path("reference")
     out: list[dict[str, Any]] = []
     for ctx in ctxs:
         n = ctx + rows
-        per_set = n * d * 2
-        n_sets = n_cache_sets(per_set)
+        nbytes = n * row_bytes  # one layer's latent cache: what every path must read
+        n_sets = n_cache_sets(nbytes)
         caches = [torch.randn(n, d, device=dev, dtype=torch.bfloat16) for _ in range(n_sets)]
         q = torch.randn(rows, heads, d, device=dev, dtype=torch.bfloat16)
         slots = torch.randperm(n, device=dev)
@@ -46,7 +49,6 @@ def compare(ctxs: list[int], heads: int, rows: int, v_dim: int, rope_dim: int, s
             p[slots] = c
             pools.append(p)
         oracle = ref.run(q, caches[0], ref.plan(ctx, mask, None, v_dim), sm_scale).float()
-        nbytes = n * d * 2
         for name in PATHS:
             path = kernels.get_path(name)
             plan = path.plan(ctx, mask, slots if path.layout == "paged" else None, v_dim)
@@ -61,7 +63,7 @@ def compare(ctxs: list[int], heads: int, rows: int, v_dim: int, rope_dim: int, s
             t = timed_graph(many, len(kvs), min_s=0.1)
             row = {"path": name, "ctx": ctx, "heads": heads, "rows": rows, "time_us": t * 1e6, "n_sets": len(kvs),
                    "bytes": nbytes,
-                   "GBps": nbytes / t / 1e9, "floor_us": nbytes / copy * 1e6, "rel_err": err,
+                   "GBps": nbytes / t / 1e9, "floor_us": floor_s(nbytes, bw_Bps=copy)[0] * 1e6, "rel_err": err,
                    "gpu": torch.cuda.get_device_name()}
             out.append(row)
             if on_row:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results import Result
+from ..shapes import floor_s
 
 BENCH_KINDS = ("bench-verify",)
 
@@ -75,7 +76,7 @@ def bound(e: Entry, copy_GBps: float | None, matmul_TFLOPs: float | None) -> str
     """"memory" or "compute": which floor term is larger for this entry's bytes and FLOPs."""
     if not (e.bytes and e.flops and copy_GBps and matmul_TFLOPs):
         return None
-    return "compute" if e.flops / (matmul_TFLOPs * 1e12) > e.bytes / (copy_GBps * 1e9) else "memory"
+    return floor_s(e.bytes, e.flops, bw_Bps=copy_GBps * 1e9, flops_per_s=matmul_TFLOPs * 1e12)[1]
 
 
 def gpu_name(result: Result) -> str | None:

@@ -135,12 +135,8 @@ def floor_time(rows: list[dict], name: str) -> Figure:
     meas = [r for r in rows if r.get("step_ms")]
     if meas:
         ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], marker="s", label="measured step")
-    _ctx_axis(ax)
-    ax.set_yscale("log")
-    ax.set_ylabel("verify step (ms)")
-    ax.legend(fontsize="small")
-    ax.set_title("Verify step vs context: measured and floor")
-    return Figure(name, "Verify step time vs context with the floor", _png(fig))
+    return _log_ctx_figure(fig, ax, "verify step (ms)", "Verify step vs context: measured and floor", name,
+                           "Verify step time vs context with the floor")
 
 
 def floor_bandwidth(rows: list[dict], bw_Bps: float | None, name: str) -> Figure:
@@ -151,9 +147,15 @@ def floor_bandwidth(rows: list[dict], bw_Bps: float | None, name: str) -> Figure
     if bw_Bps:
         ax.axhline(bw_Bps / 1e9, color="k", ls="--", lw=2,
                    label=f"bandwidth used for the floor {bw_Bps / 1e9:,.0f} GB/s")
+    return _log_ctx_figure(fig, ax, "effective bandwidth (GB/s)", "Effective bandwidth of the measured step vs context",
+                           name, "Effective bandwidth vs context with the ceiling")
+
+
+def _log_ctx_figure(fig, ax, ylabel: str, title: str, name: str, caption: str) -> Figure:
+    """One axis over context (log y), its legend and title, as a Figure."""
     _ctx_axis(ax)
     ax.set_yscale("log")
-    ax.set_ylabel("effective bandwidth (GB/s)")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize="small")
-    ax.set_title("Effective bandwidth of the measured step vs context")
-    return Figure(name, "Effective bandwidth vs context with the ceiling", _png(fig))
+    ax.set_title(title)
+    return Figure(name, caption, _png(fig))
