@@ -1,20 +1,30 @@
 """``ddprobe serve``: the reference engine over HTTP, speaking the protocols the probes read.
 
-- SGLang native: ``POST /generate`` (``input_ids`` or ``text``) with ``meta_info`` fields
-  ``prompt_tokens``, ``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``,
-  ``spec_accept_histogram``, ``e2e_latency``; ``GET /get_model_info``.
-- OpenAI / vLLM: ``POST /v1/completions``, ``GET /v1/models``, ``POST /tokenize``, and
-  ``GET /metrics`` in Prometheus text with vLLM's spec-decode counter names.
-- ``--no-spec`` serves plain greedy decoding (no speculative counters), like a server
-  without speculative decoding.
+- SGLang native: ``POST /generate`` (``input_ids`` or ``text``; ``stream: true`` for server-sent events,
+  one per verify step, each with the text so far and ``meta_info``) with ``meta_info`` fields
+  ``prompt_tokens``, ``completion_tokens``, ``spec_verify_ct``, ``spec_accept_histogram`` (index =
+  draft tokens accepted in a step), ``commit_len`` = ``spec_accept_length`` (per-step mean of tokens
+  committed, a step cut by the limit counted as committed: never above min(budget, L) + 1) and
+  ``sglang_accept_length`` (SGLang's completion_tokens / spec_verify_ct); ``GET /get_model_info``.
+- OpenAI / vLLM: ``POST /v1/completions`` (``stream: true``: OpenAI's server-sent events, one chunk per
+  verify step, then ``data: [DONE]``), ``GET /v1/models``, ``POST /tokenize``, and ``GET /metrics``
+  in Prometheus text with vLLM's counter names (spec decode, request success, tokens, queue gauges).
+- The engine works on its own thread (``server_worker``): ``/health`` and ``/metrics`` answer from the
+  event loop at once whatever the load; a client that disconnects cancels its request between verify
+  steps (or before it starts); ``stop`` strings and ``stop_token_ids`` end the output.
+- Requests are strict (``server_models``): bad or unsupported input is a 400 with one error body.
 FastAPI/uvicorn/prometheus-client are the optional ``server`` extra.
 """
-import threading
+
+import asyncio
+import json
 import time
 import uuid
-from typing import Any, Optional, Union
+from typing import Any
 
 from .units import DDProbeError
+
+POLL_S = 0.1  # how often a waiting request checks that its client is still there
 
 
 def _need_server_extra():
@@ -27,145 +37,226 @@ def _need_server_extra():
                            "pip install 'ddprobe[server]'") from None
 
 
+def spec_meta(st, max_commit: int) -> dict[str, Any]:
+    """SGLang-style speculative fields of one request, commit length defined once (see module doc)."""
+    hist = [0] * max_commit
+    for c in st.commit_lens:
+        hist[c - 1] += 1
+    steps = st.verify_steps
+    drafts = st.extra.get("tree_nodes", 0)
+    return {"spec_verify_ct": steps, "spec_accept_histogram": hist, "spec_correct_drafts_histogram": hist,
+            "commit_len": st.commit_len if steps else 0.0, "spec_accept_length": st.commit_len if steps else 0.0,
+            "sglang_accept_length": st.sglang_accept_length if steps else 0.0,
+            "spec_num_correct_drafts": sum(c - 1 for c in st.commit_lens), "spec_num_proposed_drafts": drafts,
+            "spec_accept_rate": sum(c - 1 for c in st.commit_lens) / drafts if drafts else 0.0}
+
+
 def build_app(backend, spec: bool = True, model_name: str | None = None):
-    """FastAPI app around an ``EngineBackend`` (one request at a time: the engine is not reentrant)."""
+    """FastAPI app around an ``EngineBackend``."""
     _need_server_extra()
-    from fastapi import FastAPI, HTTPException, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse
-    from prometheus_client import CollectorRegistry, Counter, generate_latest
-    from pydantic import BaseModel, Field
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    engine = backend.engine
+    from . import server_models as m
+    from .server_metrics import Metrics
+    from .server_worker import EngineWorker, Job, cut_at_stop
+
     name = model_name or f"ddprobe-{backend.preset}"
-    lock = threading.Lock()
-    registry = CollectorRegistry()
-    labels = {"model_name": name, "engine": "0"}
-
-    def counter(metric: str, doc: str) -> Counter:
-        return Counter(metric, doc, list(labels), registry=registry).labels(**labels)
-
-    prompt_tokens = counter("vllm:prompt_tokens", "Prefill tokens processed.")
-    generation_tokens = counter("vllm:generation_tokens", "Generation tokens processed.")
-    if spec:
-        accepted = counter("vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens.")
-        drafts = counter("vllm:spec_decode_num_drafts", "Draft proposals (verify steps).")
-        draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.")
-
+    metrics = Metrics(name, spec)
+    worker = EngineWorker(backend, spec, on_done=lambda job, st: metrics.finished(st))
+    metrics.gauges(lambda: worker.running, lambda: worker.waiting)
+    max_commit = backend.max_commit()
     app = FastAPI(title="ddprobe serve", version="1")
+    app.state.worker = worker
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException):
-        return JSONResponse({"error": {"message": exc.detail, "code": exc.status_code}}, status_code=exc.status_code)
+    class ApiError(Exception):
+        def __init__(self, code: int, message: str, param: str | None = None):
+            self.code, self.message, self.param = code, message, param
 
-    def run(ids: list[int], max_new: int, temperature: float) -> dict[str, Any]:
+    def err(code: int, message: str, param: str | None = None) -> JSONResponse:
+        kind = "not_found_error" if code == 404 else "server_error" if code >= 500 else "invalid_request_error"
+        return JSONResponse(m.error_body(message, code, param, kind), status_code=code)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return err(exc.code, exc.message, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        msg, param = m.validation_message(exc.errors())
+        return err(400, msg, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        return err(exc.status_code, str(exc.detail))
+
+    def check_ids(ids: list[int]) -> list[int]:
         if not ids:
-            raise HTTPException(400, "empty prompt")
-        vocab = engine.config.target.vocab_size
-        if any((not isinstance(i, int)) or i < 0 or i >= vocab for i in ids):
-            raise HTTPException(400, f"token ids must be integers in [0, {vocab})")
-        t0 = time.perf_counter()
-        with lock:
-            try:
-                if spec:
-                    res = engine.generate(ids, max_new, temperature=temperature)
-                    tokens, steps = res.tokens, res.steps
-                else:
-                    tokens, steps = engine.greedy_reference(ids, max_new), []
-            except ValueError as e:
-                raise HTTPException(400, str(e)) from None
-        e2e = time.perf_counter() - t0
-        prompt_tokens.inc(len(ids))
-        generation_tokens.inc(len(tokens))
-        out = {"tokens": tokens, "steps": steps, "e2e": e2e}
+            raise ApiError(400, "empty prompt", "input_ids")
+        vocab = backend.describe()["vocab"]
+        if any(i < 0 or i >= vocab for i in ids):
+            raise ApiError(400, f"token ids must be integers in [0, {vocab})", "input_ids")
+        return ids
+
+    def new_job(ids, max_new, temperature, stop, stop_ids=(), seed=None) -> Job:
+        if not spec and temperature > 0:
+            raise ApiError(400, "this server decodes greedily (--no-spec): temperature must be 0", "temperature")
+        if stop_ids and any(i < 0 for i in stop_ids):
+            raise ApiError(400, "stop_token_ids must be non-negative", "stop_token_ids")
+        return worker.submit(Job(check_ids(ids), max_new, temperature, list(stop or []), list(stop_ids or []), seed))
+
+    async def events(request: Request, job: Job):
+        """The job's events as they come; cancels the job if the client goes away (checked every POLL_S)."""
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(job.events.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    continue
+                if kind == "error":
+                    raise ApiError(400, value)
+                yield kind, value
+                if kind == "done":
+                    return
+        finally:
+            job.cancel.set()  # no-op once done; otherwise stops the engine at its next step
+
+    async def started(request: Request, job: Job):
+        """The job's events for a stream, after its first one: an engine error before any token (e.g. a
+        context beyond the cache) is still a plain 400, not a broken stream."""
+        agen = events(request, job)
+        try:
+            first = await agen.__anext__()
+        except StopAsyncIteration:
+            first = None
+
+        async def rest():
+            if first is not None:
+                yield first
+                async for ev in agen:
+                    yield ev
+        return rest()
+
+    def texts(job: Job, toks: list[int]) -> str:
+        return cut_at_stop(backend.decode(toks), job.stop)
+
+    def finish_reason(st) -> str:
+        return st.extra.get("finish_reason", "length")
+
+    def meta_of(job: Job, st, rid: str, t0: float) -> dict[str, Any]:
+        fr = finish_reason(st)
+        meta = {"id": rid, "finish_reason": {"type": fr, **({"length": job.max_new} if fr == "length" else {})},
+                "prompt_tokens": len(job.ids), "completion_tokens": st.completion_tokens, "cached_tokens": 0,
+                "e2e_latency": time.perf_counter() - t0}
         if spec:
-            acc = sum(s.accepted_depth for s in steps)
-            accepted.inc(acc)
-            drafts.inc(len(steps))
-            draft_tokens.inc(sum(s.tree_size for s in steps))
-        return out
+            meta.update(spec_meta(st, max_commit))
+        return meta
 
-    def ids_of(text: Optional[str], ids: Optional[list[int]]) -> list[int]:
-        if ids is not None:
-            return ids
-        if text is None:
-            raise HTTPException(400, "give input_ids or text")
-        return backend.tokenize(text)
-
-    class SamplingParams(BaseModel):
-        max_new_tokens: int = Field(128, ge=1)
-        temperature: float = Field(0.0, ge=0.0)
-        ignore_eos: bool = True
-
-    class GenerateRequest(BaseModel):
-        text: Optional[str] = None
-        input_ids: Optional[list[int]] = None
-        sampling_params: SamplingParams = SamplingParams()
-
-    class TokenizeRequest(BaseModel):
-        prompt: str
-        model: Optional[str] = None
-        add_special_tokens: bool = False
-
-    class CompletionRequest(BaseModel):
-        model: Optional[str] = None
-        prompt: Union[str, list[int]]
-        max_tokens: int = Field(16, ge=1)
-        temperature: float = Field(1.0, ge=0.0)
-        ignore_eos: bool = True
+    def sse(obj) -> str:
+        return "data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n"
 
     @app.get("/health")
-    def health():
-        return {"status": "ok"}
+    async def health():
+        return {"status": "ok", "running": worker.running, "waiting": worker.waiting}
 
     @app.get("/get_model_info")
-    def model_info():
+    async def model_info():
         return {"model_path": name, "tokenizer_path": "word-level", "is_generation": True,
                 "max_context_length": backend.max_context(), "speculative_algorithm": "DDTREE" if spec else None,
                 "engine": backend.describe()}
 
     @app.get("/v1/models")
-    def models():
+    async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "ddprobe",
                                             "max_model_len": backend.max_context()}]}
 
     @app.post("/tokenize")
-    def tokenize(req: TokenizeRequest):
+    async def tokenize(req: m.TokenizeRequest):
         ids = backend.tokenize(req.prompt)
         return {"tokens": ids, "count": len(ids), "max_model_len": backend.max_context()}
 
     @app.post("/generate")
-    def generate(req: GenerateRequest):
-        ids = ids_of(req.text, req.input_ids)
-        sp = req.sampling_params
-        r = run(ids, sp.max_new_tokens, sp.temperature)
-        meta: dict[str, Any] = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": sp.max_new_tokens},
-                                "prompt_tokens": len(ids), "completion_tokens": len(r["tokens"]),
-                                "cached_tokens": 0, "e2e_latency": r["e2e"]}
-        if spec:
-            steps = r["steps"]
-            hist = [0] * (engine.num_draft + 1)
-            for s in steps:
-                hist[s.commit_len - 1] += 1
-            meta.update(spec_verify_ct=len(steps),
-                        spec_accept_length=len(r["tokens"]) / len(steps) if steps else 0.0,
-                        spec_accept_histogram=hist)
-        return {"text": backend.tokenizer.decode(r["tokens"]), "output_ids": r["tokens"], "meta_info": meta}
+    async def generate(req: m.GenerateRequest, request: Request):
+        sp, t0, rid = req.sampling_params, time.perf_counter(), req.rid or uuid.uuid4().hex
+        ids = req.input_ids if req.input_ids is not None else backend.tokenize(req.text)
+        job = new_job(ids, sp.max_new_tokens, sp.temperature, sp.stop, sp.stop_token_ids)
+        if req.stream:
+            evs = await started(request, job)
+
+            async def chunks():
+                toks: list[int] = []
+                try:
+                    async for kind, value in evs:
+                        if kind == "tokens":
+                            toks.extend(value)
+                            yield sse({"text": texts(job, toks), "output_ids": list(toks),
+                                       "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": len(job.ids),
+                                                     "completion_tokens": len(toks)}})
+                        else:
+                            yield sse({"text": texts(job, value.tokens), "output_ids": value.tokens,
+                                       "meta_info": meta_of(job, value, rid, t0)})
+                    yield sse("[DONE]")
+                finally:
+                    job.cancel.set()
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        async for kind, value in events(request, job):
+            if kind == "done":
+                return {"text": texts(job, value.tokens), "output_ids": value.tokens,
+                        "meta_info": meta_of(job, value, rid, t0)}
+        return err(499, "client closed the request")
 
     @app.post("/v1/completions")
-    def completions(req: CompletionRequest):
+    async def completions(req: m.CompletionRequest, request: Request):
         if req.model is not None and req.model != name:
-            raise HTTPException(404, f"model {req.model!r} does not exist; this server has {name!r}")
+            raise ApiError(404, f"model {req.model!r} does not exist; this server has {name!r}", "model")
         ids = backend.tokenize(req.prompt) if isinstance(req.prompt, str) else req.prompt
-        r = run(ids, req.max_tokens, req.temperature)
-        return {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
-                "model": name, "choices": [{"index": 0, "text": backend.tokenizer.decode(r["tokens"]),
-                                            "finish_reason": "length", "logprobs": None}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(r["tokens"]),
-                          "total_tokens": len(ids) + len(r["tokens"])}}
+        job = new_job(ids, req.max_tokens, req.temperature, req.stop, seed=req.seed)
+        cid, created = "cmpl-" + uuid.uuid4().hex, int(time.time())
+
+        def body(choice: dict, usage=None) -> dict:
+            return {"id": cid, "object": "text_completion", "created": created, "model": name,
+                    "choices": [choice] if choice else [], "usage": usage}
+
+        def usage(st) -> dict:
+            return {"prompt_tokens": len(ids), "completion_tokens": st.completion_tokens,
+                    "total_tokens": len(ids) + st.completion_tokens}
+
+        if req.stream:
+            evs = await started(request, job)
+
+            async def chunks():
+                sent, toks = "", []
+                try:
+                    async for kind, value in evs:
+                        if kind == "tokens":
+                            toks.extend(value)
+                            text = texts(job, toks)
+                            if len(text) > len(sent):
+                                yield sse(body({"index": 0, "text": text[len(sent):], "finish_reason": None,
+                                                "logprobs": None}))
+                                sent = text
+                        else:
+                            yield sse(body({"index": 0, "text": "", "finish_reason": finish_reason(value),
+                                            "logprobs": None}))
+                            if req.stream_options and req.stream_options.include_usage:
+                                yield sse(body({}, usage(value)))
+                    yield sse("[DONE]")
+                finally:
+                    job.cancel.set()
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        async for kind, value in events(request, job):
+            if kind == "done":
+                return body({"index": 0, "text": texts(job, value.tokens), "finish_reason": finish_reason(value),
+                             "logprobs": None}, usage(value))
+        return err(499, "client closed the request")
 
     @app.get("/metrics")
-    def metrics():
-        return PlainTextResponse(generate_latest(registry).decode(), media_type="text/plain; version=0.0.4")
+    async def metrics_text():
+        return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
 
     return app
 

@@ -91,27 +91,15 @@ def test_http_backends_match_in_process_engine(served, engine):
         assert a["verify_steps"] == b["verify_steps"] == c["verify_steps"]
         assert a["commit_len"] == pytest.approx(b["commit_len"]) == pytest.approx(c["commit_len"])
         assert a["commit_len_p90"] == b["commit_len_p90"]
+        for row in (a, b, c):  # one definition: per-step mean, the prefill's token in no step, cut steps as cut
+            assert row["commit_len"] == pytest.approx((row["completion_tokens"] - 1) / row["verify_steps"])
+            assert row["sglang_accept_length"] == pytest.approx(row["completion_tokens"] / row["verify_steps"])
     # the server decodes the very same tokens as the in-process engine
     ids = prompt_ids(engine, "novel", CTX)
     remote = requests.post(url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": NEW}},
                            timeout=60).json()
     assert remote["output_ids"] == engine.generate(ids, NEW).tokens
     assert sum(remote["meta_info"]["spec_accept_histogram"]) == remote["meta_info"]["spec_verify_ct"]
-
-
-def test_server_rejects_bad_requests_with_json_4xx(served):
-    url, proc = served
-    r = requests.post(url + "/generate", json={"input_ids": []}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["message"] == "empty prompt"
-    r = requests.post(url + "/generate", json={"input_ids": [10**9]}, timeout=30)
-    assert r.status_code == 400 and "token ids" in r.json()["error"]["message"]
-    r = requests.post(url + "/generate", data="garbage", headers={"content-type": "application/json"}, timeout=30)
-    assert r.status_code == 422 and r.json()
-    r = requests.post(url + "/v1/completions", json={"model": "nope", "prompt": "the cat"}, timeout=30)
-    assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
-    r = requests.post(url + "/generate", json={"input_ids": [5] * 9000}, timeout=30)
-    assert r.status_code == 400 and "context beyond the cache" in r.json()["error"]["message"]
-    assert proc.poll() is None  # still serving
 
 
 def test_interrupted_run_keeps_measured_cells(tmp_path, engine):

@@ -4,6 +4,11 @@ For every (context length, text kind) cell: a prompt of exactly ``ctx`` tokens c
 backend's own tokenizer, then a greedy decode of ``max_new_tokens``; the cell reports commit
 length (mean, spread), accepted depth, drafts per step, verify steps, decode time per step,
 tokens/s and prefill time. Cells are written to the results file as they finish.
+
+``commit_len``: the per-step mean of tokens committed (accepted depth + 1), a step cut by the token
+limit counted as the tokens it actually committed; the prefill's first token belongs to no step, so
+commit_len = (completion_tokens - 1) / verify_steps. ``sglang_accept_length``: SGLang's
+completion_tokens / verify_steps, which counts the prefill's token (higher by 1 / verify_steps).
 """
 from __future__ import annotations
 
@@ -61,6 +66,7 @@ def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: st
         "backend": backend, "text": kind, "ctx": ctx, "prompt_tokens": st.prompt_tokens,
         "max_new_tokens": max_new_tokens, "completion_tokens": st.completion_tokens,
         "verify_steps": st.verify_steps, "commit_len": st.commit_len, "accepted_depth": st.commit_len - 1,
+        "sglang_accept_length": st.sglang_accept_length,
         "commit_len_std": None, "commit_len_p10": None, "commit_len_p90": None,
         "drafts_per_step": st.drafts_per_step, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
         "e2e_s": st.e2e_s, "decode_ms_per_step": None, "tokens_per_s": None,

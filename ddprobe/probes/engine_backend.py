@@ -1,12 +1,23 @@
-"""The reference DDTree engine in-process, behind the probes' backend interface."""
+"""The reference DDTree engine in-process, behind the probes' backend interface.
+
+Commit length is computed here from the engine's step records, one rule for every backend and
+the server: each verify step counts the tokens it put into the output (accepted depth + 1), a
+step cut by the token limit (or by a stop string) counting only the tokens it actually committed;
+the first token, which comes from the prefill, belongs to no step. So the per-step mean equals
+(completion_tokens - 1) / verify_steps, never above min(budget, L) + 1.
+"""
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
-from .backends import BackendError, GenStats
+from ..shapes import dtype_name
+from ..units import DDProbeError
+from .backends import BackendError, GenStats, StopGeneration
 
-DTYPES = ("fp32", "bf16", "fp16", "fp64")
+ENGINE_DTYPES = ("fp32", "bf16", "fp16", "fp64")  # what the engine runs in (sizes: ddprobe.shapes)
 DEFAULT_MAX_CTX = 8192
 WEIGHTS = ("auto", "trained", "random")  # auto: the preset's shipped weights when it has them
 
@@ -26,10 +37,19 @@ class EngineBackend:
         from ..engine import weights as shipped
         from ..engine.tokenizer import WordTokenizer
 
+        from ..engine import kernels
+
         if weights not in WEIGHTS:
             raise BackendError(f"unknown weights {weights!r}; known: {', '.join(WEIGHTS)}")
-        if dtype not in DTYPES:
-            raise BackendError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
+        try:
+            canon = dtype_name(dtype)
+        except DDProbeError:
+            canon = None
+        if canon not in ENGINE_DTYPES:
+            raise BackendError(f"unknown dtype {dtype!r} for the engine; known: {', '.join(ENGINE_DTYPES)}")
+        dtype = canon
+        if attn not in kernels.available():
+            raise BackendError(f"unknown attention path {attn!r}; known: {', '.join(kernels.available())}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError(f"--device {device}: no CUDA GPU is visible to torch")
         if attn != "reference" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET", "0") in ("",
@@ -43,8 +63,8 @@ class EngineBackend:
                 raise BackendError(f"the {preset} preset supports {self.limit} tokens of context, asked for {max_ctx}")
             # KV capacity is allocated up front: without a request, keep it modest
             cfg = cfg.with_overrides(max_ctx=max_ctx if max_ctx is not None else min(self.limit, DEFAULT_MAX_CTX))
-            tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-                      "fp64": torch.float64}[dtype]
+            tdtype = next(d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+                          if dtype_name(d) == dtype)
             self.engine = Engine(cfg, attn=attn, budget=budget, device=device, dtype=tdtype, seed=seed)
             misfit = shipped.config_mismatch(preset, cfg) if shipped.has_weights(preset) else None
             trained = weights == "trained" or (weights == "auto" and shipped.has_weights(preset) and misfit is None)
@@ -87,19 +107,74 @@ class EngineBackend:
                 "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
                 "kv_row": t.kv_dim, "vocab": t.vocab_size}
 
-    def generate(self, input_ids: list[int], max_new_tokens: int) -> GenStats:
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def max_commit(self) -> int:
+        """Most tokens one verify step can commit: min(budget, L) + 1 (L = block size - 1)."""
+        return min(self.budget, self.engine.num_draft) + 1
+
+    def generate(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 on_tokens: Callable[[list[int]], None] | None = None, seed: int | None = None) -> GenStats:
+        """DDTree decode of ``max_new_tokens``. ``on_tokens`` gets the tokens as they are committed (the
+        prefill's first, then each verify step's, cut at the limit); a ``StopGeneration`` it raises ends
+        the decode at that step and is recorded as ``extra["finish_reason"]``."""
+        toks: list[int] = []
+        steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
+        t0, t_first = time.perf_counter(), []
+
+        def hook(new: list[int], tree_size: int | None = None) -> None:
+            if not t_first:
+                t_first.append(time.perf_counter())
+            else:
+                steps.append((0, tree_size or 0))
+            new = new[:max_new_tokens - len(toks)]
+            toks.extend(new)
+            if steps:
+                steps[-1] = (len(new), steps[-1][1])
+            if on_tokens is not None and new:
+                on_tokens(new)
+
+        streaming = "on_tokens" in inspect.signature(self.engine.generate).parameters
+        finish, res = "length", None
         try:
-            res = self.engine.generate(input_ids, max_new_tokens, temperature=0.0)
+            if streaming:
+                res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed,
+                                           on_tokens=hook)
+            else:  # an engine without the per-step hook: the same accounting from its records, after the fact
+                res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed)
+                hook(res.tokens[:1])
+                at = 1
+                for s in res.steps:
+                    hook(res.tokens[at:at + s.commit_len], s.tree_size)
+                    at += s.commit_len
         except ValueError as e:
             raise BackendError(str(e)) from None
-        steps = res.steps
+        except StopGeneration as e:
+            finish = e.reason
+            if e.keep is not None:
+                del toks[e.keep:]
+        # the one commit-length rule: what each step put into the output, after any cut (limit, stop)
+        kept, left = [], len(toks) - 1
+        for n, _ in steps:
+            kept.append(min(n, max(left, 0)))
+            left -= kept[-1]
+        while kept and kept[-1] == 0:  # steps whose every token was cut away
+            kept.pop()
+        records = res.steps[:len(kept)] if res is not None else []
         return GenStats(
-            prompt_tokens=res.prompt_len, completion_tokens=len(res.tokens), verify_steps=len(steps),
-            commit_lens=[s.commit_len for s in steps],
-            drafts_per_step=sum(s.tree_size for s in steps) / len(steps) if steps else None,
-            prefill_s=res.prefill_ms / 1e3, decode_s=res.decode_ms / 1e3,
-            e2e_s=(res.prefill_ms + res.decode_ms) / 1e3, tokens=list(res.tokens),
-            step_times_s=[s.step_ms / 1e3 for s in steps],
-            extra={"verify_ms_mean": sum(s.verify_ms for s in steps) / len(steps) if steps else None,
-                   "draft_ms_mean": sum(s.draft_ms for s in steps) / len(steps) if steps else None},
-        )
+            prompt_tokens=len(input_ids), completion_tokens=len(toks), verify_steps=len(kept), commit_lens=kept,
+            drafts_per_step=sum(t for _, t in steps[:len(kept)]) / len(kept) if kept else None,
+            prefill_s=res.prefill_ms / 1e3 if res is not None else (t_first[0] - t0 if t_first else None),
+            decode_s=sum(r.step_ms for r in records) / 1e3 if records else None,
+            e2e_s=time.perf_counter() - t0, tokens=list(toks), step_times_s=[r.step_ms / 1e3 for r in records],
+            extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
+                   "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
+                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish})
+
+    def greedy(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
+        """Plain greedy decoding of the target (no drafts): ``serve --no-spec``."""
+        try:
+            return self.engine.greedy_reference(input_ids, max_new_tokens)
+        except ValueError as e:
+            raise BackendError(str(e)) from None

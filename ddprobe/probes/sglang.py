@@ -1,0 +1,69 @@
+"""SGLang's native ``/generate``: per-request ``meta_info`` (``spec_verify_ct``, ``completion_tokens``,
+``spec_correct_drafts_histogram`` / its older alias ``spec_accept_histogram``, index = draft tokens
+accepted in a step). commit_len = (completion_tokens - 1) / spec_verify_ct; SGLang's own
+``spec_accept_length`` (= completion_tokens / spec_verify_ct) is kept as ``sglang_accept_length``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .backends import BackendError, GenStats
+from .http import _field, _Http
+
+
+class SGLangBackend(_Http):
+    name = "sglang"
+
+    def tokenize(self, text: str) -> list[int]:
+        d = self._call("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+        return list(_field(d, "tokens", f"{self.url}/tokenize", list))
+
+    def max_context(self) -> int | None:
+        for path, key in (("/get_model_info", "max_context_length"), ("/get_model_info", "context_length"),
+                          ("/v1/models", None)):
+            d = self._get_optional(path)
+            if key and isinstance(d, dict) and isinstance(d.get(key), int):
+                return d[key]
+            if key is None and isinstance(d, dict) and d.get("data"):
+                v = d["data"][0].get("max_model_len")
+                if isinstance(v, int):
+                    return v
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "url": self.url, "model_info": self._get_optional("/get_model_info")}
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> GenStats:
+        where = f"{self.url}/generate"
+        body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                                              "ignore_eos": True}}
+        t0 = time.perf_counter()
+        d = self._call("POST", "/generate", body)
+        e2e = time.perf_counter() - t0
+        meta = d.get("meta_info") if isinstance(d, dict) else None
+        if not isinstance(meta, dict):
+            raise BackendError(f"{where}: answer has no meta_info")
+        if "spec_verify_ct" not in meta:
+            raise BackendError(f"{where}: the server reports no speculative-decoding counters (meta_info has no "
+                               "spec_verify_ct): is speculative decoding enabled?")
+        completion = int(_field(meta, "completion_tokens", where))
+        verify = int(_field(meta, "spec_verify_ct", where))
+        if verify <= 0:
+            raise BackendError(f"{where}: spec_verify_ct is {verify}: no verify step ran")
+        if completion < 1:
+            raise BackendError(f"{where}: completion_tokens is {completion}")
+        stats = GenStats(prompt_tokens=int(meta.get("prompt_tokens", len(input_ids))), completion_tokens=completion,
+                         verify_steps=verify, e2e_s=float(meta.get("e2e_latency", e2e)),
+                         commit_mean=(completion - 1) / verify)
+        hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
+        if isinstance(hist, list) and hist and all(isinstance(h, int) and not isinstance(h, bool) for h in hist):
+            # SGLang: histogram[i] = verify steps that accepted i draft tokens (committed i + 1); the spread only
+            stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
+        proposed = meta.get("spec_num_proposed_drafts", meta.get("spec_proposed_drafts"))
+        if isinstance(proposed, (int, float)) and not isinstance(proposed, bool):
+            stats.drafts_per_step = proposed / verify
+        for key in ("spec_accept_length", "spec_accept_rate"):
+            if isinstance(meta.get(key), (int, float)):
+                stats.extra["reported_" + key] = meta[key]
+        return stats

@@ -1,0 +1,132 @@
+"""vLLM's OpenAI ``/v1/completions`` with the spec-decode counters of ``/metrics`` (server-wide: the
+backend checks that only its own request moved them; see ``VLLMBackend.other_traffic``)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .backends import BackendError, GenStats
+from .http import _field, _Http
+
+
+class VLLMBackend(_Http):
+    name = "vllm"
+    ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+    DRAFTS = "vllm:spec_decode_num_drafts"
+    DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+    SUCCESS = "vllm:request_success"  # label finished_reason; one more per finished request
+    GEN_TOKENS = "vllm:generation_tokens"
+    GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    RETRIES = 2  # attempts after the first when another client's traffic is seen
+
+    def __init__(self, url: str, timeout_s: float = 600.0, model: str | None = None):
+        super().__init__(url, timeout_s)
+        self._model = model
+        self._models: dict | None = None
+
+    def _model_card(self) -> dict:
+        if self._models is None:
+            d = self._call("GET", "/v1/models")
+            data = d.get("data") if isinstance(d, dict) else None
+            if not data or not isinstance(data, list) or not isinstance(data[0], dict):
+                raise BackendError(f"{self.url}/v1/models: lists no model")
+            self._models = data[0]
+            if self._model is None:
+                self._model = str(data[0].get("id"))
+        return self._models
+
+    def tokenize(self, text: str) -> list[int]:
+        self._model_card()
+        d = self._call("POST", "/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": False})
+        return list(_field(d, "tokens", f"{self.url}/tokenize", list))
+
+    def max_context(self) -> int | None:
+        v = self._model_card().get("max_model_len")
+        return v if isinstance(v, int) else None
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "url": self.url, "model": self._model_card().get("id")}
+
+    def spec_counters(self) -> dict[str, float]:
+        """Sum of each counter (``_total`` samples) and gauge we read, over all label sets."""
+        text = self._call("GET", "/metrics", expect_json=False)
+        totals = parse_metrics(text, f"{self.url}/metrics", counters=(self.ACCEPTED, self.DRAFTS, self.DRAFT_TOKENS,
+                                                                       self.SUCCESS, self.GEN_TOKENS),
+                               gauges=self.GAUGES)
+        missing = [n for n in (self.ACCEPTED, self.DRAFTS) if n not in totals]
+        if missing:
+            raise BackendError(f"{self.url}/metrics: the server reports no speculative-decoding counters "
+                               f"({', '.join(m + '_total' for m in missing)} missing): is speculative decoding on?")
+        return totals
+
+    def other_traffic(self, before: dict, after: dict, completion_tokens: int) -> str | None:
+        """Why the counters moved by more than this one request (None when they did not or cannot tell)."""
+        why = []
+        busy = [g.split(":")[1] for g in self.GAUGES if before.get(g)]
+        if busy:
+            why.append(f"{', '.join(busy)} > 0 before the request")
+        if self.SUCCESS in after:
+            n = after[self.SUCCESS] - before.get(self.SUCCESS, 0.0)
+            if round(n) != 1:
+                why.append(f"request_success_total +{n:g} (expected +1)")
+        if self.GEN_TOKENS in after:
+            n = after[self.GEN_TOKENS] - before.get(self.GEN_TOKENS, 0.0)
+            if round(n) != completion_tokens:
+                why.append(f"generation_tokens_total +{n:g} (this request: {completion_tokens})")
+        return "; ".join(why) or None
+
+    def generate(self, input_ids: list[int], max_new_tokens: int) -> GenStats:
+        seen = ""
+        for _ in range(1 + self.RETRIES):
+            stats, seen = self._generate_once(input_ids, max_new_tokens)
+            if stats is not None:
+                return stats
+            time.sleep(0.5)
+        raise BackendError(f"{self.url}/metrics: other clients' traffic during each of {1 + self.RETRIES} attempts "
+                           f"({seen}); vLLM's spec-decode counters are server-wide, so this cell's commit length "
+                           "cannot be told apart: run on a server nobody else is using")
+
+    def _generate_once(self, input_ids: list[int], max_new_tokens: int) -> tuple[GenStats | None, str]:
+        where = f"{self.url}/v1/completions"
+        self._model_card()
+        before = self.spec_counters()
+        body = {"model": self._model, "prompt": input_ids, "max_tokens": max_new_tokens, "temperature": 0.0,
+                "ignore_eos": True}
+        t0 = time.perf_counter()
+        d = self._call("POST", "/v1/completions", body)
+        e2e = time.perf_counter() - t0
+        after = self.spec_counters()
+        usage = _field(d, "usage", where, dict)
+        completion = int(_field(usage, "completion_tokens", where))
+        traffic = self.other_traffic(before, after, completion)
+        if traffic:
+            return None, traffic
+        accepted = after[self.ACCEPTED] - before[self.ACCEPTED]
+        drafts = after[self.DRAFTS] - before[self.DRAFTS]
+        if drafts <= 0:
+            raise BackendError(f"{self.url}/metrics: no draft was counted during the request (speculative "
+                               "decoding off?)")
+        stats = GenStats(prompt_tokens=int(_field(usage, "prompt_tokens", where)), completion_tokens=completion,
+                         verify_steps=int(round(drafts)), accepted_tokens=accepted, e2e_s=e2e)
+        if self.DRAFT_TOKENS in after:
+            stats.drafts_per_step = (after[self.DRAFT_TOKENS] - before[self.DRAFT_TOKENS]) / drafts
+        if self.SUCCESS not in after and self.GEN_TOKENS not in after:
+            stats.extra["traffic_check"] = "unavailable: /metrics has no request_success or generation_tokens"
+        return stats, ""
+
+
+def parse_metrics(text: str, where: str, counters=(), gauges=()) -> dict[str, float]:
+    """Prometheus text -> {name: value summed over label sets} for the named counters (their ``_total``
+    samples) and gauges, read with prometheus-client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            if fam.name in counters:
+                out[fam.name] = sum(s.value for s in fam.samples if s.name == fam.name + "_total")
+            elif fam.name in gauges:
+                out[fam.name] = sum(s.value for s in fam.samples if s.name == fam.name)
+    except ValueError as e:
+        raise BackendError(f"{where}: not Prometheus text ({e})") from None
+    return out

@@ -1,0 +1,123 @@
+"""The engine's own worker thread for ``ddprobe serve``: one request at a time, off the event loop.
+
+Requests queue as ``Job``s. The worker runs each through the backend's ``generate`` with an
+``on_tokens`` hook that, between verify steps, (1) stops the decode when the job was cancelled
+(the client went away) or a stop string / stop token appeared, and (2) hands the new tokens to the
+event loop (one event per verify step: what streaming sends). A job cancelled while still queued
+never starts. Counters are updated before the job's last event, so a client that has its answer
+reads ``/metrics`` that include it. Nothing here imports FastAPI.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .probes.backends import BackendError, GenStats, StopGeneration
+
+
+@dataclass
+class Job:
+    ids: list[int]
+    max_new: int
+    temperature: float = 0.0
+    stop: list[str] = field(default_factory=list)
+    stop_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    events: asyncio.Queue | None = None  # ("tokens", [ids]) ... then ("done", GenStats) or ("error", message)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def post(self, kind: str, value: Any) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+def stop_cut(text_of: Callable[[list[int]], str], toks: list[int], stop: list[str], stop_ids: list[int],
+             checked: int) -> int | None:
+    """How many tokens to keep if a stop applies, else None. A stop token ends the output after it
+    (``stop_token_ids``); a stop string ends it at the token that completed it (the server then returns
+    the text before the string, as OpenAI does). Only tokens past ``checked`` can complete a new stop."""
+    for i in range(checked, len(toks)):
+        if toks[i] in stop_ids:
+            return i + 1
+    if stop and any(s in text_of(toks) for s in stop):
+        return next(k for k in range(max(checked, 1), len(toks) + 1) if any(s in text_of(toks[:k]) for s in stop))
+    return None
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """The text before the first stop string (all of it when none occurs)."""
+    hits = [text.find(s) for s in stop if s in text]
+    return text[:min(hits)] if hits else text
+
+
+class EngineWorker:
+    """One thread that owns the engine; ``submit`` from the event loop, await ``job.events``."""
+
+    def __init__(self, backend, spec: bool = True, on_done: Callable[[Job, GenStats], None] | None = None):
+        self.backend, self.spec, self.on_done = backend, spec, on_done
+        self._q: queue.Queue[Job | None] = queue.Queue()
+        self.running = 0
+        self._thread = threading.Thread(target=self._loop, name="ddprobe-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._q.qsize()
+
+    def submit(self, job: Job) -> Job:
+        job.loop = asyncio.get_running_loop()
+        job.events = asyncio.Queue()
+        self._q.put(job)
+        return job
+
+    def close(self) -> None:
+        self._q.put(None)
+
+    def _loop(self) -> None:
+        while (job := self._q.get()) is not None:
+            if job.cancel.is_set():
+                continue  # the client left while the job was queued
+            self.running = 1
+            try:
+                stats = self._run(job)
+            except BackendError as e:
+                job.post("error", str(e))
+            except Exception as e:  # never let one request kill the worker
+                job.post("error", f"internal error: {type(e).__name__}: {e}")
+            else:
+                if self.on_done is not None:
+                    self.on_done(job, stats)
+                job.post("done", stats)
+            finally:
+                self.running = 0
+
+    def _run(self, job: Job) -> GenStats:
+        if not self.spec:  # plain greedy: no steps to stop between
+            toks = self.backend.greedy(job.ids, job.max_new)
+            cut = stop_cut(self.backend.decode, toks, job.stop, job.stop_ids, 0)
+            if cut is not None:
+                toks = toks[:cut]
+            job.post("tokens", toks)
+            return GenStats(prompt_tokens=len(job.ids), completion_tokens=len(toks), verify_steps=0, tokens=toks,
+                            extra={"finish_reason": "stop" if cut else "length"})
+        sent: list[int] = []
+
+        def on_tokens(new: list[int]) -> None:
+            if job.cancel.is_set():
+                raise StopGeneration("abort")
+            checked = len(sent)
+            sent.extend(new)
+            cut = stop_cut(self.backend.decode, sent, job.stop, job.stop_ids, checked) \
+                if job.stop or job.stop_ids else None
+            if cut is not None:
+                keep = cut
+                if keep > checked:
+                    job.post("tokens", sent[checked:keep])
+                raise StopGeneration("stop", keep=keep)
+            job.post("tokens", new)
+
+        return self.backend.generate(job.ids, job.max_new, temperature=job.temperature, on_tokens=on_tokens,
+                                     seed=job.seed)
