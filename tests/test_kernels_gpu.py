@@ -130,3 +130,16 @@ def test_refuses_without_hopper(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="TRITON_INTERPRET"):
         m.run(q, kv, m.plan(100, mask, None, V), 0.1)
+
+
+@gpu
+@pytest.mark.parametrize("pipe", [1, 2])
+@pytest.mark.parametrize("ctx,budget,shape,heads", [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64)])
+def test_other_schedules_match_reference(pipe, ctx, budget, shape, heads):
+    """Warpgroup 0's other schedules (S of the next tile issued early) and longer chunks give the same results."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    q, kv, mask = make_inputs(ctx, budget, shape, heads, torch.bfloat16)
+    m = get_path("split_ws")
+    out = m.run(q, kv, m.plan(ctx, mask, None, V, tuning=WsTuning(pipe=pipe, min_chunk=256)), 0.0722)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]

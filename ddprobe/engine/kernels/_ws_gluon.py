@@ -27,6 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
+    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -49,14 +50,57 @@ def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, 
 
 
 @gluon.jit
+def _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES: gl.constexpr):
+    """Wait for tile i, issue S = Q_lat K_lat^T + Q_pe K_pe^T asynchronously (a wgmma token)."""
+    st = i % STAGES
+    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
+    s = warpgroup_mma(q_lat_s, k_lat_s.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    return warpgroup_mma(q_pe_s, k_pe_s.index(st).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end, is_tree,
+                  qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
+                  STAGES: gl.constexpr):
+    """Tile i's scores -> online softmax; P and alpha handed to warpgroup 1; O[:, :HALF] rescaled and
+    P V[:, :HALF] issued asynchronously (returned as a wgmma token)."""
+    n0 = start + i * BLOCK_N
+    if is_tree | (n0 + BLOCK_N > end):  # only the tree part and a chunk's last tile need a mask
+        offs_n = n0 + offs_n0
+        c = gl.minimum(gl.maximum(offs_n - start, 0), 63).to(gl.int64)
+        see = (((bits[:, None] >> c[None, :]) & 1) != 0) & (offs_n < end)[None, :]
+        s = gl.where(see, s * qk_scale, float("-inf"))
+    else:
+        s = s * qk_scale
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    k_lat = k_lat_s.index(i % STAGES)
+    p16 = p.to(k_lat.dtype)
+    # hand P and alpha to warpgroup 1 once it has finished with the previous ones
+    mbarrier.wait(p_free, (i & 1) ^ 1)
+    p_s.store(p16)
+    a_s.store(alpha)
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.arrive(p_ready, count=1)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    acc = warpgroup_mma(gl.convert_layout(p16, p_dot), k_lat.slice(0, HALF, dim=1), acc, is_async=True)
+    return m_new, l_i, acc
+
+
+@gluon.jit
 def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_free, p_ready, p_free,
                 Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, is_tree, Hq, H,
-                qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr):
+                qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr,
+                PIPE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
-    p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -71,34 +115,40 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
     # the tree part's ancestor bits (padded rows see new row 0: finite); prefix splits see every column
     bits = gl.load(Bits + rows // H, mask=(rows < Hq) & is_tree, other=-1)
     mbarrier.wait(q_bar, 0)
-    for i in range(n_tiles):
-        st = i % STAGES
-        mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
-        k_lat = k_lat_s.index(st)
-        s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_pe_s, k_pe_s.index(st).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        offs_n = start + i * BLOCK_N + offs_n0
-        c = gl.minimum(gl.maximum(offs_n - start, 0), 63).to(gl.int64)
-        see = (((bits[:, None] >> c[None, :]) & 1) != 0) & (offs_n < end)[None, :]
-        s = gl.where(see, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        p16 = p.to(k_lat.dtype)
-        # hand P and alpha to warpgroup 1 once it has finished with the previous ones
-        mbarrier.wait(p_free, (i & 1) ^ 1)
-        p_s.store(p16)
-        a_s.store(alpha)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(p_ready, count=1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p16, p_dot), k_lat.slice(0, HALF, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(kv_free.index(st), count=1)
+    if PIPE == 1:
+        # S of tile i + 1 is issued before the softmax of tile i, so the tensor cores compute it meanwhile
+        s_cur = warpgroup_mma_wait(num_outstanding=0,
+                                   deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, 0, STAGES), ))
+        for i in range(n_tiles):
+            if i + 1 < n_tiles:
+                s_nxt = _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i + 1, STAGES)
+            else:
+                s_nxt = warpgroup_mma_init(s_zero)
+            m_i, l_i, acc = _softmax_step(s_cur, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
+                                          start, end, is_tree, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+            s_cur, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
+            mbarrier.arrive(kv_free.index(i % STAGES), count=1)
+    elif PIPE == 2:
+        # S of tile i + 1 is issued right behind P V of tile i, before waiting for it (no issue gap)
+        s = warpgroup_mma_wait(num_outstanding=0,
+                               deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, 0, STAGES), ))
+        for i in range(n_tiles):
+            m_i, l_i, acc = _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
+                                          start, end, is_tree, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+            if i + 1 < n_tiles:
+                s_nxt = _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i + 1, STAGES)
+            else:
+                s_nxt = warpgroup_mma_init(s_zero)
+            s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
+            mbarrier.arrive(kv_free.index(i % STAGES), count=1)
+    else:
+        for i in range(n_tiles):
+            s = warpgroup_mma_wait(num_outstanding=0,
+                                   deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES), ))
+            m_i, l_i, acc = _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
+                                          start, end, is_tree, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            mbarrier.arrive(kv_free.index(i % STAGES), count=1)
     inv_l = 1.0 / l_i
     mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
     a_s.store(inv_l)
@@ -143,7 +193,7 @@ def _pv_wg(k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, strid
 def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
                      prefix_len, R, chunk, Hq, H, qk_scale,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
-                     STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
+                     STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr):
     """Grid (cdiv(Hq, 64), num_splits + 1); split index num_splits is the tree part."""
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
@@ -179,7 +229,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     gl.warp_specialize([
         (_softmax_wg, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_free, p_ready, p_free,
                        Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, is_tree,
-                       Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES)),
+                       Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE)),
         (_pv_wg, (k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, q0, pid_s, n_tiles,
                   Hq, BLOCK_M, HALF, STAGES)),
         (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,

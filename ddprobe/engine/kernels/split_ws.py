@@ -12,6 +12,8 @@ CPU-tested path with the same results, and tests/test_kernels_gpu.py checks this
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
@@ -27,8 +29,20 @@ BLOCK_N = 64     # KV tokens per tile
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
-MIN_CHUNK = 64
 MERGE_BLOCK_M, MERGE_SPLIT_CHUNK = 16, 8
+
+
+@dataclass(frozen=True)
+class WsTuning:
+    """Knobs of the Gluon prefix kernel, fixed per plan."""
+
+    pipe: int = 0       # warpgroup 0's schedule: 0 S, softmax, P V strictly in order; 1 S of tile i + 1 issued
+                        # before the softmax of tile i (two S accumulators: spills at the 168 registers a thread
+                        # gets, 1.5x slower on the H200); 2 S of tile i + 1 issued right behind P V of tile i
+    min_chunk: int = 64  # fewest prefix tokens per split
+
+
+DEFAULT_TUNING = WsTuning()
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
@@ -46,13 +60,13 @@ def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
     return None
 
 
-def choose_config(prefix_len: int, hq: int, sms: int) -> dict:
+def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64) -> dict:
     """Splits so that all programs (row blocks x (splits + the tree part)) fit one wave on the SMs."""
     n_qb = triton.cdiv(hq, BLOCK_M)
     if prefix_len == 0:
         return dict(n_qb=n_qb, num_splits=0, chunk=BLOCK_N)
     target = max(1, sms // n_qb - 1)
-    num_splits = max(1, min(target, triton.cdiv(prefix_len, MIN_CHUNK)))
+    num_splits = max(1, min(target, triton.cdiv(prefix_len, min_chunk)))
     chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
     return dict(n_qb=n_qb, num_splits=triton.cdiv(prefix_len, chunk), chunk=chunk)
 
@@ -61,9 +75,10 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
          tuning=None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
     """Per-step metadata (as `split`): the ancestor bitmask on the device, the SM count; with ``heads``
     also the split config and the partial buffers (else run() derives them per call). Host plans only:
-    the Gluon kernel takes the prefix length as a launch argument. No tuning knobs (``tuning`` must be None)."""
-    if tuning is not None:
-        raise ValueError("the split_ws path has no tuning knobs (tuning=None)")
+    the Gluon kernel takes the prefix length as a launch argument."""
+    tuning = DEFAULT_TUNING if tuning is None else tuning
+    if not isinstance(tuning, WsTuning):
+        raise ValueError(f"the split_ws path takes a WsTuning, got {type(tuning).__name__}")
     if isinstance(prefix_len, torch.Tensor) or max_prefix is not None:
         raise ValueError("the split_ws path takes a host prefix length (an int), not a device plan")
     dev = tree_mask.device
@@ -77,9 +92,10 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     extra = {"path": name, "bits": mask_bits(tree_mask), "sm_count": sm_count(dev)}
     if heads is not None:
         extra["heads"] = heads
-        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"])
+        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning.min_chunk)
         extra["partials"] = _partials(cfg["num_splits"], heads * r, v_dim, dev)
-    return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t, extra=extra)
+    return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
+                      tuning=tuning, extra=extra)
 
 
 def refresh(p: VerifyPlan) -> None:
@@ -116,7 +132,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     r, h, d = q.shape
     hq = r * h
     planned = p.extra.get("heads") == h and p.extra["partials"][0].device == q.device
-    cfg = p.extra["config"] if planned else choose_config(p.prefix_len, hq, p.extra["sm_count"])
+    cfg = p.extra["config"] if planned else choose_config(p.prefix_len, hq, p.extra["sm_count"], p.tuning.min_chunk)
     ns = cfg["num_splits"]
     o_part, lse_part = p.extra["partials"] if planned else _partials(ns, hq, p.v_dim, q.device)
     q2 = q.reshape(hq, d)  # row hq = r * H + h
@@ -127,7 +143,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
         qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
         p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
-        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, num_warps=4,
+        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=p.tuning.pipe, num_warps=4,
     )
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     n_mb = triton.cdiv(hq, MERGE_BLOCK_M)
