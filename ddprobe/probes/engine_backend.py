@@ -123,7 +123,9 @@ class EngineBackend:
         steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
         t0, t_first = time.perf_counter(), []
 
-        def hook(new: list[int], tree_size: int | None = None) -> None:
+        def hook(new: list[int], tree_size=None) -> None:
+            if not isinstance(tree_size, int):  # an engine that passes the step's record
+                tree_size = getattr(tree_size, "tree_size", 0)
             if not t_first:
                 t_first.append(time.perf_counter())
             else:

@@ -1,0 +1,244 @@
+"""`ddprobe serve` under load and bad input: a real uvicorn server on 127.0.0.1 (tiny engine, one per
+module), real clients (requests, the openai package's streaming client)."""
+import concurrent.futures as cf
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+from ddprobe.probes.commit import prompt_ids
+from ddprobe.probes.engine_backend import EngineBackend
+
+uvicorn = pytest.importorskip("uvicorn")
+
+
+class Served:
+    def __init__(self, backend, **kw):
+        from ddprobe.server import build_app
+
+        self.backend = backend
+        self.app = build_app(backend, **kw)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        t0 = time.time()
+        while not self.server.started:
+            assert time.time() - t0 < 30, "server did not start"
+            time.sleep(0.02)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.app.state.worker.close()
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Served(EngineBackend(preset="tiny", seed=0))
+    yield s
+    s.close()
+
+
+def predictable(backend, n=64):
+    return prompt_ids(backend, "predictable", n)
+
+
+def post(url, path, body, **kw):
+    return requests.post(url + path, json=body, timeout=kw.pop("timeout", 60), **kw)
+
+
+def assert_error(r, code, *words):
+    """The one error body: {"error": {"message", "type", "param", "code"}}, one line."""
+    assert r.status_code == code, r.text
+    e = r.json()["error"]
+    assert set(e) == {"message", "type", "param", "code"} and e["code"] == code and "\n" not in e["message"]
+    for w in words:
+        assert w in e["message"], e["message"]
+
+
+@pytest.mark.parametrize("path,raw,field", [
+    ("/generate", '{"input_ids": [5, 6], "sampling_params": {"temperature": NaN}}', "temperature"),
+    ("/generate", '{"input_ids": [5, 6], "sampling_params": {"max_new_tokens": Infinity}}', "max_new_tokens"),
+    ("/v1/completions", '{"prompt": [5, 6], "max_tokens": NaN}', "max_tokens"),
+    ("/v1/completions", '{"prompt": [5, 6], "temperature": -Infinity}', "temperature"),
+])
+def test_non_finite_numbers_are_a_400_not_a_500(srv, path, raw, field):
+    r = requests.post(srv.url + path, data=raw, headers={"content-type": "application/json"}, timeout=30)
+    assert_error(r, 400, field, "finite")
+
+
+@pytest.mark.parametrize("path,body,words", [
+    ("/v1/completions", {"prompt": [5, 6], "n": 2}, ["n=2", "not supported"]),
+    ("/v1/completions", {"prompt": [5, 6], "logprobs": 1}, ["logprobs", "not supported"]),
+    ("/v1/completions", {"prompt": [5, 6], "best_of": 3}, ["best_of"]),
+    ("/v1/completions", {"prompt": [5, 6], "frobnicate": True}, ["frobnicate", "unknown field"]),
+    ("/v1/completions", {"prompt": [[5, 6], [7]]}, ["one prompt per request"]),
+    ("/generate", {"input_ids": [5, 6], "sampling_params": {"top_p": 0.5}}, ["top_p"]),
+    ("/generate", {"input_ids": [5, 6], "sampling_params": {"n": 3}}, ["n=3"]),
+    ("/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 0}}, ["max_new_tokens"]),
+    ("/generate", {"input_ids": [5, 6], "return_logprob": True}, ["return_logprob"]),
+    ("/generate", {"input_ids": [5, 6], "typo_field": 1}, ["typo_field", "unknown field"]),
+    ("/generate", {"input_ids": []}, ["empty prompt"]),
+    ("/generate", {"text": "the cat", "input_ids": [5]}, ["exactly one of input_ids or text"]),
+    ("/generate", {"input_ids": [10 ** 9]}, ["token ids"]),
+    ("/generate", {"input_ids": [5] * 9000}, ["context beyond the cache"]),
+    ("/generate", {"input_ids": [5] * 9000, "stream": True}, ["context beyond the cache"]),
+])
+def test_unsupported_or_bad_fields_are_refused_never_ignored(srv, path, body, words):
+    assert_error(post(srv.url, path, body), 400, *words)
+
+
+def test_one_error_shape_for_every_failure(srv):
+    assert_error(post(srv.url, "/v1/completions", {"model": "nope", "prompt": "the cat"}), 404, "does not exist")
+    assert_error(requests.get(srv.url + "/no/such/route", timeout=30), 404)
+    assert_error(requests.post(srv.url + "/generate", data="garbage", headers={"content-type": "application/json"},
+                               timeout=30), 400)
+    assert_error(requests.get(srv.url + "/generate", timeout=30), 405)
+
+
+def test_openai_client_streams_one_chunk_per_step_and_refuses_n(srv):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    ids = predictable(srv.backend)
+    whole = client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=40, temperature=0)
+    chunks = list(client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=40, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text and len(text) > 20
+    steps = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 40}}).json()
+    # the prefill's token, then one chunk per verify step, then the finish chunk (and usage)
+    assert len([c for c in chunks if c.choices]) == 1 + steps["meta_info"]["spec_verify_ct"] + 1
+    assert chunks[-1].usage.completion_tokens == 40 and whole.choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError, match="n=2"):
+        client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=4, n=2)
+    with pytest.raises(openai.BadRequestError, match="unknown field"):
+        client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=4, extra_body={"guided_json": {}})
+
+
+def test_generate_streams_server_sent_events_with_spec_meta(srv):
+    ids = predictable(srv.backend)
+    r = requests.post(srv.url + "/generate", json={"input_ids": ids, "stream": True,
+                                                   "sampling_params": {"max_new_tokens": 30}}, stream=True, timeout=60)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [ln[len(b"data: "):] for ln in r.iter_lines() if ln.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    last = chunks[-1]
+    assert last["meta_info"]["spec_verify_ct"] == len(chunks) - 2  # prefill chunk + one per step + final
+    lens = [len(c["output_ids"]) for c in chunks]
+    assert lens == sorted(lens) and lens[-1] == 30 and last["meta_info"]["finish_reason"]["type"] == "length"
+    plain = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 30}}).json()
+    assert last["text"] == plain["text"] and last["output_ids"] == plain["output_ids"]
+
+
+def test_stop_strings_and_stop_tokens_end_the_output(srv):
+    ids = predictable(srv.backend)
+    full = post(srv.url, "/v1/completions", {"prompt": ids, "max_tokens": 40, "temperature": 0}).json()
+    text = full["choices"][0]["text"]
+    word = "mat"
+    assert word in text
+    r = post(srv.url, "/v1/completions", {"prompt": ids, "max_tokens": 40, "temperature": 0, "stop": [word]}).json()
+    assert r["choices"][0]["text"] == text[:text.index(word)] and r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] < 40
+    g = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 40}}).json()
+    tok = g["output_ids"][5]
+    s = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 40,
+                                                                        "stop_token_ids": [tok]}}).json()
+    assert s["output_ids"] == g["output_ids"][:g["output_ids"].index(tok) + 1]
+    assert s["meta_info"]["finish_reason"]["type"] == "stop"
+    m = s["meta_info"]
+    assert m["commit_len"] == pytest.approx((m["completion_tokens"] - 1) / m["spec_verify_ct"])
+
+
+def test_commit_length_one_definition_and_bounded(srv):
+    """max_new_tokens 9 on predictable text: the prefill's token + one step of 8; the step's commit is 8
+    (never above min(budget, L) + 1), SGLang's completion/verify is 9 and kept as its own field."""
+    ids = predictable(srv.backend, 200)
+    for n in (9, 12, 64):
+        m = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": n}}).json()["meta_info"]
+        assert m["spec_accept_length"] <= 8  # budget 8, block 8 (L = 7): min(8, 7) + 1 tokens a step at most
+        assert m["spec_accept_length"] == m["commit_len"] and srv.backend.max_commit() == 8
+        assert m["commit_len"] == pytest.approx((n - 1) / m["spec_verify_ct"])
+        assert m["sglang_accept_length"] == pytest.approx(n / m["spec_verify_ct"])
+        hist = m["spec_accept_histogram"]
+        assert sum(hist) == m["spec_verify_ct"] and sum((i + 1) * c for i, c in enumerate(hist)) == n - 1
+    assert m["spec_verify_ct"] > 1
+
+
+def test_abandoned_request_is_cancelled(srv):
+    """A client gives up after 1 s on 8000 new tokens: the engine stops at its next step; the next
+    short request is answered at once, and /metrics counts the abort."""
+    ids = prompt_ids(srv.backend, "novel", 64)
+    with pytest.raises(requests.exceptions.ReadTimeout):
+        post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8000}}, timeout=1.0)
+    t0 = time.perf_counter()
+    r = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}, timeout=30)
+    assert r.status_code == 200 and time.perf_counter() - t0 < 5.0
+    assert 'finished_reason="abort"' in requests.get(srv.url + "/metrics", timeout=5).text
+
+
+def test_health_and_metrics_answer_under_100_concurrent_requests(srv):
+    ids = prompt_ids(srv.backend, "novel", 32)
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 6}}
+    with cf.ThreadPoolExecutor(100) as pool:
+        futs = [pool.submit(post, srv.url, "/generate", body, timeout=120) for _ in range(100)]
+        time.sleep(0.5)
+        waits = []
+        for path in ("/health", "/metrics", "/health"):
+            t0 = time.perf_counter()
+            assert requests.get(srv.url + path, timeout=30).status_code == 200
+            waits.append(time.perf_counter() - t0)
+        assert max(waits) < 1.0, waits
+        assert requests.get(srv.url + "/health", timeout=30).json()["waiting"] > 0  # the load was really there
+        codes = [f.result().status_code for f in futs]
+    assert codes == [200] * 100
+
+
+def test_no_spec_server_refuses_sampling_it_cannot_do():
+    s = Served(EngineBackend(preset="tiny", seed=0), spec=False)
+    try:
+        ids = predictable(s.backend, 32)
+        assert_error(post(s.url, "/generate", {"input_ids": ids, "sampling_params": {"temperature": 0.7}}), 400,
+                     "greedily")
+        g = post(s.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}}).json()
+        assert len(g["output_ids"]) == 8 and "spec_verify_ct" not in g["meta_info"]
+        assert "spec_decode" not in requests.get(s.url + "/metrics", timeout=5).text
+    finally:
+        s.close()
+
+
+
+def test_vllm_backend_sees_another_clients_traffic(srv):
+    """The vLLM backend reads server-wide counters: with another client decoding at the same time it must
+    fail the cell in one line (it once reported novel text 2.21 instead of 1.62 here), alone it must agree
+    with the per-request SGLang answer."""
+    from ddprobe.probes.backends import BackendError
+    from ddprobe.probes.sglang import SGLangBackend
+    from ddprobe.probes.vllm import VLLMBackend
+
+    ids = prompt_ids(srv.backend, "novel", 128)
+    alone = VLLMBackend(srv.url).generate(ids, 24)
+    assert alone.commit_len == pytest.approx(SGLangBackend(srv.url).generate(ids, 24).commit_len)
+    stop, done = threading.Event(), []
+
+    def other_client():
+        other = prompt_ids(srv.backend, "predictable", 64)
+        while not stop.is_set():
+            post(srv.url, "/generate", {"input_ids": other, "sampling_params": {"max_new_tokens": 16}})
+            done.append(1)
+
+    t = threading.Thread(target=other_client, daemon=True)
+    t.start()
+    try:
+        while not done:
+            time.sleep(0.02)
+        with pytest.raises(BackendError, match="other clients' traffic") as e:
+            VLLMBackend(srv.url).generate(ids, 24)
+        assert "\n" not in str(e.value)
+    finally:
+        stop.set()
+        t.join(timeout=30)
