@@ -133,13 +133,33 @@ def test_refuses_without_hopper(monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("pipe", [1, 2])
+@pytest.mark.parametrize("pipe,fold", [(1, 1), (2, 1), (0, 0)])
 @pytest.mark.parametrize("ctx,budget,shape,heads", [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64)])
-def test_other_schedules_match_reference(pipe, ctx, budget, shape, heads):
-    """Warpgroup 0's other schedules (S of the next tile issued early) and longer chunks give the same results."""
+def test_other_schedules_match_reference(pipe, fold, ctx, budget, shape, heads):
+    """Warpgroup 0's other schedules (S of the next tile issued early), the tree part as a program of its
+    own, and longer chunks give the same results."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     q, kv, mask = make_inputs(ctx, budget, shape, heads, torch.bfloat16)
     m = get_path("split_ws")
-    out = m.run(q, kv, m.plan(ctx, mask, None, V, tuning=WsTuning(pipe=pipe, min_chunk=256)), 0.0722)
+    out = m.run(q, kv, m.plan(ctx, mask, None, V, tuning=WsTuning(pipe=pipe, min_chunk=256, fold_tree=fold)), 0.0722)
     ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("fold", [0, 1])
+def test_split_config_covers_the_prefix_in_one_wave(fold):
+    """Host-side tiling (runs anywhere): chunks of whole tiles that cover the prefix exactly once, and at
+    most one program per SM whenever the row blocks leave room for one split each."""
+    from ddprobe.engine.kernels.split_ws import BLOCK_N, choose_config
+    for sms in (132, 114):
+        for prefix in (0, 1, 63, 64, 65, 1000, 1024, 8192, 131072, 262144):
+            for hq in (9, 72, 144, 576, 1152):
+                c = choose_config(prefix, hq, sms, 64, fold)
+                assert c["n_qb"] == -(-hq // 64) and c["grid_splits"] == c["num_splits"] + (1 - fold)
+                assert c["chunk"] % BLOCK_N == 0
+                if prefix:
+                    assert (c["num_splits"] - 1) * c["chunk"] < prefix <= c["num_splits"] * c["chunk"]
+                    if c["n_qb"] * 2 <= sms:
+                        assert c["n_qb"] * c["grid_splits"] <= sms
+                else:
+                    assert c["grid_splits"] == 1

@@ -15,8 +15,9 @@ The 64 x 512 fp32 accumulator is split over the two warpgroups (128 registers ea
 computes the second half of P V while warpgroup 0 already computes S of the next tile. At the end
 warpgroup 0 passes 1 / l through the same handshake, both store their half of the normalized partial
 (fp32), and warpgroup 0 stores the log2-sum-exp: the layout `split`'s merge kernel reads.
-The tree part is the split index ``num_splits`` of the grid: one tile starting at prefix_len, masked by the
-per-row ancestor bitmask (bit j of row r: row r sees new row j).
+The tree part (the R new rows, columns prefix_len .. prefix_len + R - 1, masked by the per-row ancestor
+bitmask: bit j of row r set when row r sees new row j) is folded into the last prefix split (FOLD), whose
+partial therefore always has a finite log-sum-exp, or is one more split index of its own (FOLD = 0).
 """
 from __future__ import annotations
 
@@ -59,17 +60,17 @@ def _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES: gl.c
 
 
 @gluon.jit
-def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end, is_tree,
+def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end, prefix_len,
                   qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
                   STAGES: gl.constexpr):
     """Tile i's scores -> online softmax; P and alpha handed to warpgroup 1; O[:, :HALF] rescaled and
     P V[:, :HALF] issued asynchronously (returned as a wgmma token)."""
     n0 = start + i * BLOCK_N
-    if is_tree | (n0 + BLOCK_N > end):  # only the tree part and a chunk's last tile need a mask
+    if n0 + BLOCK_N > gl.minimum(end, prefix_len):  # only tiles reaching the tree columns or the chunk's end
         offs_n = n0 + offs_n0
-        c = gl.minimum(gl.maximum(offs_n - start, 0), 63).to(gl.int64)
-        see = (((bits[:, None] >> c[None, :]) & 1) != 0) & (offs_n < end)[None, :]
-        s = gl.where(see, s * qk_scale, float("-inf"))
+        c = gl.minimum(gl.maximum(offs_n - prefix_len, 0), 63).to(gl.int64)
+        see = (offs_n < prefix_len)[None, :] | (((bits[:, None] >> c[None, :]) & 1) != 0)
+        s = gl.where(see & (offs_n < end)[None, :], s * qk_scale, float("-inf"))
     else:
         s = s * qk_scale
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -94,7 +95,7 @@ def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready
 
 @gluon.jit
 def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_free, p_ready, p_free,
-                Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, is_tree, Hq, H,
+                Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
                 qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr,
                 PIPE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -112,8 +113,8 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     offs_n0 = gl.arange(0, BLOCK_N, col_s)
     rows = q0 + gl.arange(0, BLOCK_M, row_s)
-    # the tree part's ancestor bits (padded rows see new row 0: finite); prefix splits see every column
-    bits = gl.load(Bits + rows // H, mask=(rows < Hq) & is_tree, other=-1)
+    # the ancestor bits of each row over the tree columns prefix_len + j (padded rows see them all: finite)
+    bits = gl.load(Bits + rows // H, mask=rows < Hq, other=-1)
     mbarrier.wait(q_bar, 0)
     if PIPE == 1:
         # S of tile i + 1 is issued before the softmax of tile i, so the tensor cores compute it meanwhile
@@ -125,7 +126,7 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
             else:
                 s_nxt = warpgroup_mma_init(s_zero)
             m_i, l_i, acc = _softmax_step(s_cur, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
-                                          start, end, is_tree, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
             s_cur, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
             mbarrier.arrive(kv_free.index(i % STAGES), count=1)
     elif PIPE == 2:
@@ -134,7 +135,7 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
                                deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, 0, STAGES), ))
         for i in range(n_tiles):
             m_i, l_i, acc = _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
-                                          start, end, is_tree, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
             if i + 1 < n_tiles:
                 s_nxt = _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i + 1, STAGES)
             else:
@@ -146,7 +147,7 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
             s = warpgroup_mma_wait(num_outstanding=0,
                                    deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES), ))
             m_i, l_i, acc = _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
-                                          start, end, is_tree, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(kv_free.index(i % STAGES), count=1)
     inv_l = 1.0 / l_i
@@ -193,15 +194,21 @@ def _pv_wg(k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, strid
 def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
                      prefix_len, R, chunk, Hq, H, qk_scale,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
-                     STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr):
-    """Grid (cdiv(Hq, 64), num_splits + 1); split index num_splits is the tree part."""
+                     STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr,
+                     FOLD: gl.constexpr):
+    """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
+    (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits."""
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
-    num_splits = gl.num_programs(1) - 1
     q0 = pid_q * BLOCK_M
-    is_tree = pid_s == num_splits
-    start = gl.where(is_tree, prefix_len, pid_s * chunk)
-    end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    if FOLD:
+        last = pid_s == gl.num_programs(1) - 1
+        start = pid_s * chunk
+        end = gl.where(last, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    else:
+        is_tree = pid_s == gl.num_programs(1) - 1
+        start = gl.where(is_tree, prefix_len, pid_s * chunk)
+        end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
     n_tiles = gl.cdiv(end - start, BLOCK_N)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
@@ -228,7 +235,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
 
     gl.warp_specialize([
         (_softmax_wg, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_free, p_ready, p_free,
-                       Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, is_tree,
+                       Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len,
                        Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE)),
         (_pv_wg, (k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, q0, pid_s, n_tiles,
                   Hq, BLOCK_M, HALF, STAGES)),

@@ -40,6 +40,7 @@ class WsTuning:
                         # before the softmax of tile i (two S accumulators: spills at the 168 registers a thread
                         # gets, 1.5x slower on the H200); 2 S of tile i + 1 issued right behind P V of tile i
     min_chunk: int = 64  # fewest prefix tokens per split
+    fold_tree: int = 1  # 1: the last prefix split also attends the R tree columns (no program of its own)
 
 
 DEFAULT_TUNING = WsTuning()
@@ -60,15 +61,18 @@ def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
     return None
 
 
-def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64) -> dict:
-    """Splits so that all programs (row blocks x (splits + the tree part)) fit one wave on the SMs."""
+def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_tree: int = 1) -> dict:
+    """Splits so that all programs (row blocks x splits, + the tree part unless folded) fit one wave.
+    ``grid_splits`` is the grid's second dimension; the merge combines ``grid_splits`` partials."""
     n_qb = triton.cdiv(hq, BLOCK_M)
+    extra = 0 if fold_tree else 1
     if prefix_len == 0:
-        return dict(n_qb=n_qb, num_splits=0, chunk=BLOCK_N)
-    target = max(1, sms // n_qb - 1)
+        return dict(n_qb=n_qb, num_splits=1 - extra, chunk=BLOCK_N, grid_splits=1)
+    target = max(1, sms // n_qb - extra)
     num_splits = max(1, min(target, triton.cdiv(prefix_len, min_chunk)))
     chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
-    return dict(n_qb=n_qb, num_splits=triton.cdiv(prefix_len, chunk), chunk=chunk)
+    ns = triton.cdiv(prefix_len, chunk)
+    return dict(n_qb=n_qb, num_splits=ns, chunk=chunk, grid_splits=ns + extra)
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -92,8 +96,8 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     extra = {"path": name, "bits": mask_bits(tree_mask), "sm_count": sm_count(dev)}
     if heads is not None:
         extra["heads"] = heads
-        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning.min_chunk)
-        extra["partials"] = _partials(cfg["num_splits"], heads * r, v_dim, dev)
+        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning.min_chunk, tuning.fold_tree)
+        extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       tuning=tuning, extra=extra)
 
@@ -132,18 +136,19 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     r, h, d = q.shape
     hq = r * h
     planned = p.extra.get("heads") == h and p.extra["partials"][0].device == q.device
-    cfg = p.extra["config"] if planned else choose_config(p.prefix_len, hq, p.extra["sm_count"], p.tuning.min_chunk)
-    ns = cfg["num_splits"]
-    o_part, lse_part = p.extra["partials"] if planned else _partials(ns, hq, p.v_dim, q.device)
+    t = p.tuning
+    cfg = p.extra["config"] if planned else choose_config(p.prefix_len, hq, p.extra["sm_count"], t.min_chunk, t.fold_tree)
+    gs = cfg["grid_splits"]  # partials 0 .. gs - 1; the merge starts from the last (finite lse: the tree columns)
+    o_part, lse_part = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device)
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
     qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p)
-    k = ws_prefix_kernel[(cfg["n_qb"], ns + 1)](
+    k = ws_prefix_kernel[(cfg["n_qb"], gs)](
         qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
         p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
-        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=p.tuning.pipe, num_warps=4,
+        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=t.fold_tree, num_warps=4,
     )
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     n_mb = triton.cdiv(hq, MERGE_BLOCK_M)
@@ -151,7 +156,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
         bv //= 2
     k2 = _merge_kernel[(n_mb, p.v_dim // bv)](
-        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), hq, h, ns,
+        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), hq, h, gs - 1,
         BLOCK_M=MERGE_BLOCK_M, BLOCK_V=bv, SPLIT_CHUNK=MERGE_SPLIT_CHUNK, num_warps=4, num_stages=2,
     )
     if meta is not None:
