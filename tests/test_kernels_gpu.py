@@ -146,7 +146,7 @@ def test_other_schedules_match_reference(pipe, fold, ctx, budget, shape, heads):
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
 
 
-@pytest.mark.parametrize("fold", [0, 1])
+@pytest.mark.parametrize("fold", [0, 1, -1])
 def test_split_config_covers_the_prefix_in_one_wave(fold):
     """Host-side tiling (runs anywhere): chunks of whole tiles that cover the prefix exactly once, and at
     most one program per SM whenever the row blocks leave room for one split each."""
@@ -155,7 +155,8 @@ def test_split_config_covers_the_prefix_in_one_wave(fold):
         for prefix in (0, 1, 63, 64, 65, 1000, 1024, 8192, 131072, 262144):
             for hq in (9, 72, 144, 576, 1152):
                 c = choose_config(prefix, hq, sms, 64, fold)
-                assert c["n_qb"] == -(-hq // 64) and c["grid_splits"] == c["num_splits"] + (1 - fold)
+                assert c["fold"] == (fold if fold >= 0 else int(c["n_qb"] >= 4))
+                assert c["n_qb"] == -(-hq // 64) and c["grid_splits"] == c["num_splits"] + (1 - c["fold"])
                 assert c["chunk"] % BLOCK_N == 0
                 if prefix:
                     assert (c["num_splits"] - 1) * c["chunk"] < prefix <= c["num_splits"] * c["chunk"]

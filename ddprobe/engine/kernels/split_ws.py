@@ -40,7 +40,10 @@ class WsTuning:
                         # before the softmax of tile i (two S accumulators: spills at the 168 registers a thread
                         # gets, 1.5x slower on the H200); 2 S of tile i + 1 issued right behind P V of tile i
     min_chunk: int = 64  # fewest prefix tokens per split
-    fold_tree: int = 1  # 1: the last prefix split also attends the R tree columns (no program of its own)
+    fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
+                         # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
+                         # (64 heads: one split more, 6% faster at 128k; 8 heads: the longer last split
+                         # costs more than the 2 programs it saves, 1-14% slower; docs/perf.md round 4)
 
 
 DEFAULT_TUNING = WsTuning()
@@ -61,18 +64,23 @@ def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
     return None
 
 
+def folds(n_qb: int, fold_tree: int) -> bool:
+    """Whether the tree part rides on the last prefix split (fold_tree -1: from 4 row blocks of 64 up)."""
+    return n_qb >= 4 if fold_tree < 0 else bool(fold_tree)
+
+
 def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_tree: int = 1) -> dict:
     """Splits so that all programs (row blocks x splits, + the tree part unless folded) fit one wave.
     ``grid_splits`` is the grid's second dimension; the merge combines ``grid_splits`` partials."""
     n_qb = triton.cdiv(hq, BLOCK_M)
-    extra = 0 if fold_tree else 1
+    extra = 0 if folds(n_qb, fold_tree) else 1
     if prefix_len == 0:
-        return dict(n_qb=n_qb, num_splits=1 - extra, chunk=BLOCK_N, grid_splits=1)
+        return dict(n_qb=n_qb, num_splits=1 - extra, chunk=BLOCK_N, grid_splits=1, fold=1 - extra)
     target = max(1, sms // n_qb - extra)
     num_splits = max(1, min(target, triton.cdiv(prefix_len, min_chunk)))
     chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
     ns = triton.cdiv(prefix_len, chunk)
-    return dict(n_qb=n_qb, num_splits=ns, chunk=chunk, grid_splits=ns + extra)
+    return dict(n_qb=n_qb, num_splits=ns, chunk=chunk, grid_splits=ns + extra, fold=1 - extra)
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -148,7 +156,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
         qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
         p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
-        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=t.fold_tree, num_warps=4,
+        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], num_warps=4,
     )
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     n_mb = triton.cdiv(hq, MERGE_BLOCK_M)
