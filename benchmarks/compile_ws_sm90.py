@@ -1,0 +1,89 @@
+"""Compile split_ws's Gluon prefix kernel for sm_90a on a machine without a GPU (no driver needed).
+
+    pip install --no-deps --target /tmp/t36 triton==3.6.0     # the device's Triton, beside the local one
+    TRITON36=/tmp/t36 python benchmarks/compile_ws_sm90.py --pipe 0 --fold 1 --out /tmp/ws
+
+Prints the shared memory, the wgmma count, the named barriers and setmaxnreg budgets of the PTX, and ptxas's
+registers, stack and spills; writes the PTX, TTGIR and cubin (for cuobjdump -sass) to --out. A bad option is
+argparse's one-line usage error; a Triton that is not 3.6 or a missing ptxas is one line and exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pipe", type=int, choices=(0, 1, 2), default=0)
+    ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
+    ap.add_argument("--out", default="/tmp/ws_sm90")
+    args = ap.parse_args()
+    sys.path.insert(0, os.environ.get("TRITON36", "/tmp/t36"))
+    import triton
+    if not triton.__version__.startswith("3.6"):
+        print(f"compile_ws_sm90: needs Triton 3.6 on TRITON36, found {triton.__version__}", file=sys.stderr)
+        return 1
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    class NoGpu:  # what the launcher asks of a driver before it compiles
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            import torch
+            return torch.device("cpu")
+
+    driver.set_active(NoGpu())
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import torch
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ddprobe.engine.kernels import _ws_gluon
+
+    hq, v, pe, rows = 72, 512, 64, 4096
+    q2 = torch.zeros(hq, v + pe, dtype=torch.bfloat16)
+    kv = torch.zeros(rows, v + pe, dtype=torch.bfloat16)
+
+    def desc(t, shape, block):
+        return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
+    k = _ws_gluon.ws_prefix_kernel.warmup(
+        desc(q2, [hq, v], [64, v]), desc(q2[:, v:], [hq, pe], [64, pe]), desc(kv, [rows, v], [64, v]),
+        desc(kv[:, v:], [rows, pe], [64, pe]), torch.zeros(9, dtype=torch.int64), torch.zeros(3, hq, v),
+        torch.zeros(3, hq), hq * v, v, 4000, 9, 2048, hq, 8, 0.1, grid=(2, 3),
+        BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe, STAGES=2, PV_REGS=232, LOAD_REGS=40, PIPE=args.pipe,
+        FOLD=args.fold, num_warps=4)
+    os.makedirs(args.out, exist_ok=True)
+    ptx = k.asm["ptx"]
+    for name, data in (("ws.ptx", ptx), ("ws.ttgir", k.asm["ttgir"])):
+        with open(os.path.join(args.out, name), "w") as f:
+            f.write(data)
+    with open(os.path.join(args.out, "ws.cubin"), "wb") as f:
+        f.write(k.asm["cubin"])
+    bars = sorted(set(re.findall(r"bar\.sync\s+([^;]+);", ptx)))
+    regs = sorted(set(re.findall(r"setmaxnreg[.\w]+\s+(\d+)", ptx)), key=int)
+    print(f"shared {k.metadata.shared} B, {k.metadata.num_warps} warps, wgmma {ptx.count('wgmma.mma_async')}, "
+          f"named barriers {bars}, setmaxnreg {regs}")
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        print(f"compile_ws_sm90: no ptxas at {ptxas}", file=sys.stderr)
+        return 1
+    out = subprocess.run([ptxas, "-arch=sm_90a", "-v", os.path.join(args.out, "ws.ptx"), "-o",
+                          os.path.join(args.out, "ptxas.cubin")], capture_output=True, text=True)
+    print("\n".join(line.strip() for line in (out.stdout + out.stderr).splitlines() if "spill" in line or "Used" in line))
+    return out.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
