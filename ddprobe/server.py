@@ -24,7 +24,7 @@ from typing import Any
 
 from .units import DDProbeError
 
-POLL_S = 0.1  # how often a waiting request checks that its client is still there
+POLL_S = 0.2  # how often a waiting request checks that its client is still there
 
 
 def _need_server_extra():
@@ -109,20 +109,23 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
 
     async def events(request: Request, job: Job):
         """The job's events as they come; cancels the job if the client goes away (checked every POLL_S)."""
+        getter = asyncio.ensure_future(job.events.get())
         try:
             while True:
-                try:
-                    kind, value = await asyncio.wait_for(job.events.get(), POLL_S)
-                except asyncio.TimeoutError:
+                done, _ = await asyncio.wait({getter}, timeout=POLL_S)
+                if not done:
                     if await request.is_disconnected():
                         return
                     continue
+                kind, value = getter.result()
                 if kind == "error":
                     raise ApiError(400, value)
                 yield kind, value
                 if kind == "done":
                     return
+                getter = asyncio.ensure_future(job.events.get())
         finally:
+            getter.cancel()
             job.cancel.set()  # no-op once done; otherwise stops the engine at its next step
 
     async def started(request: Request, job: Job):

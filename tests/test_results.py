@@ -121,3 +121,9 @@ def test_frame_with_pandas_or_one_line_without(tmp_path):
     df = results.load(p).frame()
     assert list(df["text"]) == ["predictable", "novel"] and df["commit_len"].sum() == pytest.approx(9.1)
     assert df.attrs["kind"] == "commit" and df.attrs["meta"]["command"] == "x"
+
+
+def test_results_folder_is_ignored_by_git():
+    from pathlib import Path
+    lines = (Path(__file__).parent.parent / ".gitignore").read_text().split()
+    assert "ddprobe-results/" in lines  # the commands' default output folder never lands in a commit
