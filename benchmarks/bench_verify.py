@@ -106,47 +106,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
-# ---------------------------------------------------------------- peers (benchmark only)
-def sdpa_peer(prefix, mask, heads, v_dim):
-    """SDPA over the contiguous cache with a dense bool mask; heads x rows folded (MQA)."""
-    import torch.nn.functional as F
-    full = torch.cat([torch.ones(mask.shape[0], prefix, dtype=torch.bool, device=mask.device), mask], 1)
-    dense = full.repeat_interleave(heads, dim=0)[None, None]  # [1,1,Hq,n] row hq = r*H+h
-
-    def run(q, kv, sm_scale):
-        r, h, d = q.shape
-        n = prefix + r
-        qf = q.reshape(1, 1, r * h, d)
-        k = kv[:n].view(1, 1, n, d)
-        v = kv[:n, :v_dim].unsqueeze(0).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qf, k, v, attn_mask=dense, scale=sm_scale)
-        return o.view(r, h, v_dim)
-    return run
-
-
-def flex_peer(prefix, mask, heads, v_dim):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    r = mask.shape[0]
-    n = prefix + r
-    tree = mask
-
-    def mask_mod(b, h, qi, ki):
-        row = qi // heads
-        col = (ki - prefix).clamp(min=0)
-        return (ki < prefix) | tree[row, col]
-    bm = create_block_mask(mask_mod, 1, 1, r * heads, n, device=mask.device)
-    fa = torch.compile(flex_attention, dynamic=False)
-
-    def run(q, kv, sm_scale):
-        rr, h, d = q.shape
-        qf = q.reshape(1, 1, rr * h, d)
-        k = kv[:n].view(1, 1, n, d)
-        v = kv[:n, :v_dim].unsqueeze(0).unsqueeze(0)
-        o = fa(qf, k, v, block_mask=bm, scale=sm_scale, kernel_options={"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1})
-        return o.view(rr, h, v_dim)
-    return run
-
-
 # ---------------------------------------------------------------- one (ctx, heads) point
 def bench_point(ctx, heads, args, ceil, results, flex_state):
     dev = "cuda"
@@ -193,14 +152,14 @@ def bench_point(ctx, heads, args, ceil, results, flex_state):
                 results.append(dict(ctx=ctx, heads=heads, rows=R, path=name, skipped=str(e)))
                 print(f"  ctx={ctx:>7} H={heads:>2} {name:<28} skipped: {e}", flush=True)
         elif name == "sdpa":
-            pf = sdpa_peer(ctx, mask, heads, V)
+            pf = peers.sdpa_peer(ctx, mask, heads, V)
             todo.append(("sdpa", lambda q, kv, f=pf: f(q, kv, sm_scale), None))
         elif name == "flex":
             if flex_state["failed"] or flex_state["spent"] > args.flex_budget_s:
                 continue
             try:
                 t0 = time.time()
-                pf = flex_peer(ctx, mask, heads, V)
+                pf = peers.flex_peer(ctx, mask, heads, V)
                 todo.append(("flex", lambda q, kv, f=pf: f(q, kv, sm_scale), None))
                 flex_state["spent"] += time.time() - t0
             except Exception as e:  # noqa: BLE001

@@ -2,6 +2,9 @@
 
     pip install 'ddprobe[peers]'     # sgl-flash-mla (SGLang's FlashMLA fork) and flashinfer-python
 
+Also PyTorch's own attention as weaker peers: ``sdpa_peer`` (scaled_dot_product_attention with a dense bool
+mask) and ``flex_peer`` (FlexAttention with a block mask), heads x rows folded into one query dimension.
+
 Imported lazily by benchmarks/bench_verify.py. ``make(name, ...)`` builds everything a peer needs once
 (workspace, page table, plan) and returns ``run(q [R, H, D], kv [rows, D]) -> out [R, H, v_dim]``; when the
 library is missing, the GPU is not one it runs on, or it refuses the shape, it raises ``PeerUnavailable``
@@ -89,6 +92,47 @@ def _flashinfer(backend: str, prefix: int, rows: int, heads: int, v_dim: int, pe
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return w.run(q_nope=q[..., :v_dim], q_pe=q[..., v_dim:], ckv_cache=c[..., :v_dim], kpe_cache=c[..., v_dim:])
+    return run
+
+
+# ---------------------------------------------------------------- PyTorch's own attention (weak peers)
+def sdpa_peer(prefix, mask, heads, v_dim):
+    """SDPA over the contiguous cache with a dense bool mask; heads x rows folded (MQA)."""
+    import torch.nn.functional as F
+    full = torch.cat([torch.ones(mask.shape[0], prefix, dtype=torch.bool, device=mask.device), mask], 1)
+    dense = full.repeat_interleave(heads, dim=0)[None, None]  # [1,1,Hq,n] row hq = r*H+h
+
+    def run(q, kv, sm_scale):
+        r, h, d = q.shape
+        n = prefix + r
+        qf = q.reshape(1, 1, r * h, d)
+        k = kv[:n].view(1, 1, n, d)
+        v = kv[:n, :v_dim].unsqueeze(0).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qf, k, v, attn_mask=dense, scale=sm_scale)
+        return o.view(r, h, v_dim)
+    return run
+
+
+def flex_peer(prefix, mask, heads, v_dim):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    r = mask.shape[0]
+    n = prefix + r
+    tree = mask
+
+    def mask_mod(b, h, qi, ki):
+        row = qi // heads
+        col = (ki - prefix).clamp(min=0)
+        return (ki < prefix) | tree[row, col]
+    bm = create_block_mask(mask_mod, 1, 1, r * heads, n, device=mask.device)
+    fa = torch.compile(flex_attention, dynamic=False)
+
+    def run(q, kv, sm_scale):
+        rr, h, d = q.shape
+        qf = q.reshape(1, 1, rr * h, d)
+        k = kv[:n].view(1, 1, n, d)
+        v = kv[:n, :v_dim].unsqueeze(0).unsqueeze(0)
+        o = fa(qf, k, v, block_mask=bm, scale=sm_scale, kernel_options={"BLOCK_M": 32, "BLOCK_N": 32, "num_stages": 1})
+        return o.view(rr, h, v_dim)
     return run
 
 

@@ -164,3 +164,27 @@ def test_split_config_covers_the_prefix_in_one_wave(fold):
                         assert c["n_qb"] * c["grid_splits"] <= sms
                 else:
                     assert c["grid_splits"] == 1
+
+
+def test_benchmark_peers_say_why_they_cannot_run():
+    """benchmarks/peers.py: without a Hopper GPU (or without the libraries) every production peer raises
+    PeerUnavailable with a one-line reason, which bench_verify records; the SDPA peer matches the reference."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location("peers", pathlib.Path(__file__).parents[1] / "benchmarks" / "peers.py")
+    peers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peers)
+    assert peers.rows_for(1) == 64 and peers.rows_for(64) == 64 and peers.rows_for(65) == 128
+    with pytest.raises(ValueError, match="unknown peer"):
+        peers.make("flashmla3", 100, 9, 8, V, PE, 0.07)
+    if not HOPPER:
+        for name in peers.PEERS:
+            with pytest.raises(peers.PeerUnavailable) as e:
+                peers.make(name, 100, 9, 8, V, PE, 0.07)
+            assert "\n" not in str(e.value) and name.split("-")[0] in str(e.value)
+    mask = shape_mask("lopsided", 8)
+    q, kv = torch.randn(9, 4, 96), torch.randn(309, 96)
+    out = peers.sdpa_peer(300, mask, 4, 64)(q, kv, 0.1)
+    ref = reference.run(q, kv, reference.plan(300, mask, None, 64), 0.1)
+    assert float((out - ref).norm() / ref.norm()) < 1e-5
