@@ -177,6 +177,7 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
     out: dict[str, Any] = {"per_phase": per_phase}
     out.update(_request_numbers(request, decode_J if any_decode_J else None))
     dec = [d for d in per_phase if d["phase"] == "decode"] or [d for d in per_phase if d["phase"] == "request"]
+    dec = [d for d in dec if d["verdict"] != "idle"] or dec  # several GPUs: the headline is a working one's
     out["verdict"] = dec[0]["verdict"] if dec else None
     out["evidence"] = dec[0]["evidence"] if dec else \
         "no sample fell in the decode phase: shorten the sampling period or decode more tokens"
