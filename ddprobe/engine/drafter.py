@@ -61,14 +61,18 @@ class DrafterLayer(nn.Module):
         x = x + self.o_proj(o.flatten(-2))
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v) -> torch.Tensor:
-        """x [Lb, dim] block; ctx_k/ctx_v [n, H, hd] (already windowed) -> [Lb, dim]."""
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_ok: torch.Tensor | None = None) -> torch.Tensor:
+        """x [Lb, dim] block; ctx_k/ctx_v [n, H, hd] (already windowed) -> [Lb, dim].
+        ctx_ok [n] bool (static step): which context rows count; the others are masked out."""
         h = self.input_layernorm(x)
         q = self.q(h, cos, sin)  # [Lb, H, hd]
         bk, bv = self.kv(h, cos, sin)
         k = torch.cat([ctx_k, bk], dim=0)  # [n + Lb, H, hd]
         v = torch.cat([ctx_v, bv], dim=0)
         s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(self.cfg.head_dim)  # no mask: non-causal block
+        if ctx_ok is not None:
+            ok = torch.cat([ctx_ok, torch.ones(x.shape[0], dtype=torch.bool, device=ctx_ok.device)])
+            s = s.masked_fill(~ok, float("-inf"))
         o = torch.einsum("hqk,khd->qhd", torch.softmax(s.float(), dim=-1).to(v.dtype), v)
         return self.finish(x, o)
 
@@ -108,18 +112,58 @@ class Drafter(nn.Module):
             ctx.v[i, ctx.n: ctx.n + k] = vv
         ctx.n += k
 
-    def forward(self, ctx: DrafterContext, bonus: torch.Tensor, embed: nn.Embedding, head: nn.Linear) -> torch.Tensor:
-        """bonus: 0-d int64 token at position ctx.n -> log-probs [L, V] (float32 or float64) of the
-        L positions after it."""
-        cfg, n = self.cfg, ctx.n
-        lb = cfg.block_size
-        x = torch.cat([embed(bonus.view(1)), self.mask_embedding.expand(lb - 1, -1)], dim=0)  # [Lb, dim]
-        pos = torch.arange(n, n + lb, dtype=torch.int64, device=x.device)
-        cos, sin = self.rope.cos_sin(pos, x.dtype)
+    def append_static(self, ctx: DrafterContext, features: torch.Tensor, positions: torch.Tensor,
+                      dest: torch.Tensor) -> None:
+        """Fixed shapes (a CUDA graph replays it): the K/V of all T rows (features [T, n_feat * dim] at
+        positions [T]) go to context rows dest [T] (device int64); the caller keeps ctx.n."""
+        h = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))  # [T, dim]
+        cos, sin = self.rope.cos_sin(positions, h.dtype)
         for i, layer in enumerate(self.layers):
-            lo = 0 if i == self.full_layer else max(0, n - cfg.sliding_window)
-            x = layer(x, cos, sin, ctx.k[i, lo:n], ctx.v[i, lo:n])
+            kk, vv = layer.kv(h, cos, sin)
+            ctx.k[i].index_copy_(0, dest, kk)
+            ctx.v[i].index_copy_(0, dest, vv)
+
+    def _block(self, bonus: torch.Tensor, n, embed: nn.Embedding):
+        lb = self.cfg.block_size
+        x = torch.cat([embed(bonus.view(1)), self.mask_embedding.expand(lb - 1, -1)], dim=0)  # [Lb, dim]
+        pos = torch.arange(lb, dtype=torch.int64, device=x.device) + n
+        return x, self.rope.cos_sin(pos, x.dtype)
+
+    def _logprobs(self, x: torch.Tensor, head: nn.Linear) -> torch.Tensor:
         logits = head(self.norm(x[1:]))  # [L, V]
         if logits.dtype != torch.float64:
             logits = logits.float()
         return torch.log_softmax(logits, dim=-1)
+
+    def forward_static(self, ctx: DrafterContext, n: torch.Tensor, bonus: torch.Tensor, embed: nn.Embedding,
+                       head: nn.Linear, k: int, fused=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward() with fixed shapes for a CUDA graph, then the top-k of the log-probs (values,
+        indices [L, k]): n [1] int64 device (context tokens held). Windowed layers gather the last
+        sliding_window rows (rows before 0 masked), the full layer attends over the whole capacity
+        with rows >= n masked. fused: a fuse.Fused whose compiled layer and head replace the plain calls."""
+        from .fuse import drafter_head, drafter_layer
+
+        call, top = (fused.drafter_layer, fused.drafter_head) if fused is not None else (drafter_layer, drafter_head)
+        cfg, cap = self.cfg, ctx.capacity
+        x, (cos, sin) = self._block(bonus, n, embed)
+        w = min(cfg.sliding_window, cap)
+        win = torch.arange(w, dtype=torch.int64, device=x.device) + (n - w)
+        win_ok, win = win >= 0, win.clamp(min=0)
+        full_ok = torch.arange(cap, dtype=torch.int64, device=x.device) < n
+        for i, layer in enumerate(self.layers):
+            if i == self.full_layer:
+                x = call(layer, x, cos, sin, ctx.k[i], ctx.v[i], full_ok)
+            else:
+                x = call(layer, x, cos, sin, ctx.k[i].index_select(0, win), ctx.v[i].index_select(0, win), win_ok)
+        return top(self, x, head, k)
+
+    def forward(self, ctx: DrafterContext, bonus: torch.Tensor, embed: nn.Embedding, head: nn.Linear) -> torch.Tensor:
+        """bonus: 0-d int64 token at position ctx.n -> log-probs [L, V] (float32 or float64) of the
+        L positions after it."""
+        cfg, n = self.cfg, ctx.n
+        x, (cos, sin) = self._block(bonus, n, embed)
+        for i, layer in enumerate(self.layers):
+            lo = 0 if i == self.full_layer else max(0, n - cfg.sliding_window)
+            x = layer(x, cos, sin, ctx.k[i, lo:n], ctx.v[i, lo:n])
+        return self._logprobs(x, head)
+

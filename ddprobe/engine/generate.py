@@ -1,11 +1,15 @@
 """The engine: models + KV cache + the DDTree generate loop (draft, tree build, verify, walk, commit).
 
     eng = Engine("tiny", attn="reference", kv_layout="paged", budget=8)
+    eng.warmup()                                              # {"warmup_s": ..., "what": ...}
     res = eng.generate([1, 2, 3], max_new_tokens=64)          # GenerateResult(tokens, steps, ...)
     ref = eng.greedy_reference([1, 2, 3], max_new_tokens=64)  # plain greedy, one token per step
 
 Verify and single-token decode use the selected attention path (``kernels.get_path(attn)``);
 prefill goes through the reference path in causal chunks sized to bound the score memory.
+graphs (default: on for CUDA, off on CPU): decode steps run on the static buffers and device plan
+of a ``graphs.StaticStep`` kept per capacity and captured as CUDA graphs once; on CPU graphs=True
+runs that same static step eagerly (what the tests compare with the eager loop).
 """
 from __future__ import annotations
 
@@ -18,10 +22,13 @@ from torch import nn
 from . import kernels
 from .config import ModelConfig
 from .drafter import Drafter, DrafterContext
+from .fuse import Fused
+from .graphs import StaticStep
 from .kv_cache import LAYOUTS, KVCache
-from .records import GenerateResult, StepRecord
+from .loop import decode_eager, decode_static
+from .records import GenerateResult
 from .target import TargetModel
-from .tree import TREE_SHAPES, build_tree, target_picks, walk
+from .tree import TREE_SHAPES, target_picks
 
 Proposer = Callable[[int, int], torch.Tensor]  # (context_len, bonus) -> log-probs [L, V]
 
@@ -31,7 +38,7 @@ class Engine:
                  budget: int = 8, *, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
                  shuffle_slots: bool = False, poison: bool = False, tree_shape: str = "ddtree",
                  max_ctx: int | None = None, prefill_attn: str = "reference",
-                 prefill_score_bytes: float | None = None):
+                 prefill_score_bytes: float | None = None, graphs: bool | None = None):
         self.config = ModelConfig.from_name(config) if isinstance(config, str) else config
         if budget < 1:
             raise ValueError(f"budget must be >= 1, got {budget}")
@@ -50,6 +57,12 @@ class Engine:
         self.attn, self.kv_layout, self.budget, self.tree_shape = attn, kv_layout, budget, tree_shape
         self.device, self.dtype, self.seed = torch.device(device), dtype, seed
         self.shuffle_slots, self.poison = shuffle_slots, poison
+        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
+        self._static: StaticStep | None = None  # the captured step, reused while a request fits
+        # graph mode on CUDA: the model around the attention goes through torch.compile (fuse.py)
+        self.fuse = self.graphs and self.device.type == "cuda"
+        self._fused: Fused | None = None
+        self.compile_error: str | None = None  # why torch.compile was given up, if it was
         self.max_ctx = max_ctx or self.config.max_ctx
         # prefill chunking: the reference path holds fp32 scores [chunk, H, prefix + chunk];
         # the fast paths take at most 64 rows per call
@@ -145,14 +158,62 @@ class Engine:
         return logits[-1]
 
     # ---- decoding ------------------------------------------------------------------------
+    def _static_for(self, need: int) -> tuple[StaticStep, str, float]:
+        """The StaticStep for a request of ``need`` tokens: the held one when it fits, else a new
+        one (captured on CUDA). Returns (step, what was captured, capture ms)."""
+        st = self._static
+        if st is not None and st.capacity >= need:
+            st.reset()
+            return st, "", 0.0
+        self._static = None  # free the old buffers and graphs first
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if self.fuse and self._fused is None:
+            self._fused = Fused()
+        st = StaticStep(self, need, self._fused if self.fuse else None)
+        cap_ms, what = 0.0, ""
+        if self.device.type == "cuda":
+            try:
+                cap_ms = st.capture() * 1e3
+            except Exception as e:  # noqa: BLE001  torch.compile failed (its warm-up runs precede capture)
+                if st.fused is None or not st.fused.compiled:
+                    raise
+                self.compile_error = f"{type(e).__name__}: {e}"[:300]
+                self._fused = Fused(compile=False)
+                st = StaticStep(self, need, self._fused)
+                cap_ms = st.capture() * 1e3
+            what = "verify+commit+draft"
+        self._static = st
+        return st, what, cap_ms
+
+    @torch.no_grad()
+    def warmup(self, capacity: int | None = None, prompt_len: int = 8) -> dict:
+        """Compile and (graphs on CUDA) capture, then run one throwaway step, before anything is
+        measured. capacity: the largest request (prompt + new tokens + budget + 1) to come
+        (default max_ctx); later requests up to it replay the same graphs. Returns
+        {"warmup_s": seconds, "what": "compile + capture" | "compile", "capacity": tokens}."""
+        cap = min(self.max_ctx, capacity or self.max_ctx)
+        need = prompt_len + 2 + self.budget + 1
+        if cap < need:
+            raise ValueError(f"warm-up capacity {cap} below one short request ({need} tokens)")
+        t0 = time.perf_counter()
+        if self.graphs:
+            self._static_for(cap)
+        prompt = [i % self.config.target.vocab_size for i in range(prompt_len)]
+        self.generate(prompt, 2)  # prefill and decode compile here (Triton, cuBLAS), one step runs
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        what = "compile + capture" if self.graphs and self.device.type == "cuda" else "compile"
+        return {"warmup_s": time.perf_counter() - t0, "what": what, "capacity": cap}
+
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  seed: int | None = None, proposer: Proposer | None = None,
-                 on_tokens: Callable[[list[int], StepRecord | None], None] | None = None) -> GenerateResult:
+                 on_tokens: Callable[[list[int], int], None] | None = None) -> GenerateResult:
         """DDTree speculative decoding. ``proposer`` (tests) replaces the drafter: called with
         (context_len, bonus) it returns log-probs [L, V] for the L positions after the bonus.
-        ``on_tokens`` (servers: streaming, cancellation) is called with the prefill's token and None,
-        then after every verify step with the tokens it committed and its record; what it raises
+        on_tokens(tokens, tree_size) (servers: streaming, cancellation) is called with the prefill's
+        token (tree size 0), then after every verify step with the tokens it committed; what it raises
         stops the generation and propagates."""
         self._check(prompt_ids, max_new_tokens, self.budget + 1)
         if temperature < 0:
@@ -161,48 +222,23 @@ class Engine:
         if temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
         need = len(prompt_ids) + max_new_tokens + self.budget + 1  # sized to the request, <= max_ctx
-        kv = self.new_cache(need)
-        dctx = self.drafter.new_context(need)
+        if self.graphs:
+            st, captured, cap_ms = self._static_for(need)
+            kv, dctx = st.kv, st.dctx
+        else:
+            kv, dctx = self.new_cache(need), self.drafter.new_context(need)
         t0 = self._now()
         last = self.prefill(kv, prompt_ids, dctx)
         bonus = target_picks(last[None], temperature, gen)[0]
         prefill_ms = (self._now() - t0) * 1e3
-        out, steps = [bonus], []
-        if on_tokens is not None:
-            on_tokens([bonus], None)
-        embed, head = self.target.embed_tokens, self.target.lm_head
-        while len(out) < max_new_tokens:
-            ctx_len = kv.committed
-            t0 = self._now()
-            if proposer is None:
-                logp = self.drafter(dctx, torch.tensor(bonus, device=self.device), embed, head)  # [L, V]
-            else:
-                logp = proposer(ctx_len, bonus)
-            t1 = self._now()
-            tree = build_tree(logp, self.budget, bonus, self.tree_shape)
-            mask = tree.ancestor_mask(self.device)  # [R, R]
-            positions = tree.positions(ctx_len, self.device)  # [R]
-            tokens = torch.tensor(tree.tokens, dtype=torch.int64, device=self.device)
-            t2 = self._now()
-            logits, feats = self._forward(kv, tokens, positions, mask, self.path)  # [R, V], [R, F]
-            picks = target_picks(logits, temperature, gen)
-            t3 = self._now()
-            path, nxt = walk(tree, picks)
-            kv.commit(path)
-            keep = torch.tensor(path, dtype=torch.int64, device=self.device)
-            self.drafter.append_context(dctx, feats[keep], positions[keep])
-            out.extend(tree.tokens[r] for r in path[1:])
-            out.append(nxt)
-            bonus = nxt
-            t4 = self._now()
-            steps.append(StepRecord(
-                step=len(steps), context_len=ctx_len, tree_size=tree.size, accepted_depth=len(path) - 1,
-                commit_len=len(path), draft_ms=(t1 - t0) * 1e3, tree_ms=(t2 - t1) * 1e3,
-                verify_ms=(t3 - t2) * 1e3, commit_ms=(t4 - t3) * 1e3))
-            if on_tokens is not None:
-                on_tokens(out[len(out) - len(path):], steps[-1])
+        if self.graphs:
+            out, steps = decode_static(self, st, bonus, max_new_tokens, temperature, gen, proposer, captured, cap_ms,
+                                       on_tokens=on_tokens)
+        else:
+            out, steps = decode_eager(self, kv, dctx, bonus, max_new_tokens, temperature, gen, proposer,
+                                      on_tokens=on_tokens)
         return GenerateResult(out[:max_new_tokens], steps, prompt_len=len(prompt_ids), prefill_ms=prefill_ms,
-                              attn=self.attn, kv_layout=self.kv_layout, budget=self.budget)
+                              attn=self.attn, kv_layout=self.kv_layout, budget=self.budget, graphs=self.graphs)
 
     @torch.no_grad()
     def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -30,17 +30,34 @@ class KVCache:
         self.device = torch.device(device)
         fill = float("nan") if poison else 0.0
         self.buffer = torch.full((num_layers, capacity, dim), fill, dtype=dtype, device=self.device)  # [layers, slots, D]
+        self.shuffle, self.seed = shuffle, seed
+        # paged: [max_requests, capacity]: slot of every committed token; -1 = none
+        self.req_to_token = (torch.full((max_requests, capacity), -1, dtype=torch.int64, device=self.device)
+                             if layout == "paged" else None)
+        self.reset(refill=False)
+
+    def reset(self, refill: bool = True) -> None:
+        """Empty the cache for a new request (same buffers: a captured CUDA graph stays valid).
+        refill: NaN-poison every row again (poison=True)."""
         self.committed = 0  # committed tokens of request 0
         self._pending: torch.Tensor | None = None  # write_idx of the reserved, uncommitted rows
-        if layout == "paged":
-            # [max_requests, capacity]: slot of every committed token; -1 = none
-            self.req_to_token = torch.full((max_requests, capacity), -1, dtype=torch.int64, device=self.device)
-            order = torch.arange(capacity, dtype=torch.int64)
-            if shuffle:
-                order = order[torch.randperm(capacity, generator=torch.Generator().manual_seed(seed))]
+        if refill and self.poison:
+            self.buffer.fill_(float("nan"))
+        if self.layout == "paged":
+            order = torch.arange(self.capacity, dtype=torch.int64)
+            if self.shuffle:
+                order = order[torch.randperm(self.capacity, generator=torch.Generator().manual_seed(self.seed))]
             self._free = order.tolist()[::-1]  # pop() from the end -> allocation in `order`
-        else:
-            self.req_to_token = None
+
+    def take_slots(self, n: int) -> list[int]:
+        """Static step (paged): n free slots, host side; the caller returns the unused ones with
+        ``give_back``."""
+        if n > len(self._free):
+            raise ValueError(f"context beyond the cache: {self.committed} committed + {n} new rows > capacity {self.capacity}")
+        return [self._free.pop() for _ in range(n)]
+
+    def give_back(self, slots: list[int]) -> None:
+        self._free.extend(slots[::-1])
 
     @property
     def free_slots(self) -> int:

@@ -72,14 +72,18 @@ class MLAttention(nn.Module):
         o = torch.einsum("...hc,hvc->...hv", o_lat, w_uv)  # [..., T, H, v]
         return self.o_proj(o.flatten(-2))
 
+    def attend(self, q_abs, rows, kv_layer, write_idx, plan, path) -> torch.Tensor:
+        """Write the new rows [T, D] into kv_layer at write_idx [T], then the attention of q_abs
+        [T, H, D] through ``path`` -> o_lat [T, H, C] in the cache's dtype."""
+        kv_layer[write_idx] = rows.to(kv_layer.dtype)
+        return path.run(q_abs.to(kv_layer.dtype).contiguous(), kv_layer, plan, self.cfg.sm_scale)
+
     def forward(self, x, cos, sin, kv_layer, write_idx, plan, path) -> torch.Tensor:
         """x [T, hidden]; cos/sin [T, rope]; kv_layer [slots, D] (this layer's cache, written in
         place at write_idx [T]); plan: VerifyPlan for the T rows; path: attention path module.
         Returns [T, hidden]."""
-        kv_layer[write_idx] = self.latent_rows(x, cos, sin).to(kv_layer.dtype)
-        q_abs = self.absorbed_q(x, cos, sin).to(kv_layer.dtype).contiguous()  # [T, H, D]
-        o_lat = path.run(q_abs, kv_layer, plan, self.cfg.sm_scale).to(x.dtype)  # [T, H, C]
-        return self.output(o_lat)
+        o_lat = self.attend(self.absorbed_q(x, cos, sin), self.latent_rows(x, cos, sin), kv_layer, write_idx, plan, path)
+        return self.output(o_lat.to(x.dtype))
 
     def causal(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Dense causal self-attention over whole sequences, no cache: x [B, T, hidden] -> [B, T, hidden].

@@ -11,7 +11,13 @@ class StepRecord:
     commit_len = accepted_depth + 1 (bonus included); drafts = tree_size = nodes proposed (root
     not counted); context_len = committed tokens before the step (the verify prefix length).
     verify_ms includes the target's picks; commit_ms includes the walk, the KV commit and the
-    drafter's context append.
+    drafter's context append. On a GPU the four times come from CUDA events (the GPU's timeline
+    between phase boundaries, so host work the GPU waits on is inside them).
+    graphs: the step replayed captured CUDA graphs (or, on CPU, ran the static-buffer step they
+    record). captured: what was captured just before this step ("" when nothing was: warm-up
+    did it, or graphs are off), and capture_ms how long that took (not part of step_ms).
+    host_ms (static steps): the host's own work in the step, i.e. its wall time less the time it
+    waited for the GPU's two answers (top-k for the tree, picks for the walk); None when eager.
     """
 
     step: int
@@ -23,6 +29,10 @@ class StepRecord:
     tree_ms: float
     verify_ms: float
     commit_ms: float
+    graphs: bool = False
+    captured: str = ""
+    capture_ms: float = 0.0
+    host_ms: float | None = None
 
     @property
     def drafts(self) -> int:
@@ -48,6 +58,7 @@ class GenerateResult:
     attn: str = "reference"
     kv_layout: str = "paged"
     budget: int = 0
+    graphs: bool = False
 
     @property
     def mean_commit_len(self) -> float:
@@ -61,7 +72,7 @@ class GenerateResult:
     def to_dict(self) -> dict:
         return {
             "tokens": list(self.tokens), "prompt_len": self.prompt_len, "prefill_ms": self.prefill_ms,
-            "attn": self.attn, "kv_layout": self.kv_layout, "budget": self.budget,
+            "attn": self.attn, "kv_layout": self.kv_layout, "budget": self.budget, "graphs": self.graphs,
             "mean_commit_len": self.mean_commit_len, "decode_ms": self.decode_ms,
             "steps": [s.to_dict() for s in self.steps],
         }

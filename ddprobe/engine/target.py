@@ -14,6 +14,17 @@ from .layers import RMSNorm, SwiGLU, init_random
 from .mla import MLAttention, make_rope
 
 
+def layer_pre(layer: "DecoderLayer", x, cos, sin):
+    """Everything of a layer before its attention: (cache rows [T, D], absorbed queries [T, H, D])."""
+    h = layer.input_layernorm(x)
+    return layer.self_attn.latent_rows(h, cos, sin), layer.self_attn.absorbed_q(h, cos, sin)
+
+
+def layer_post(layer: "DecoderLayer", x, o_lat):
+    """Everything after it: the attention output back to the residual, then the MLP block."""
+    return layer.finish(x + layer.self_attn.output(o_lat.to(x.dtype)))
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
@@ -22,15 +33,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, kv_layer, write_idx, plan, path) -> torch.Tensor:
-        return self._block(x, lambda h: self.self_attn(h, cos, sin, kv_layer, write_idx, plan, path))
+    def forward(self, x, cos, sin, kv_layer, write_idx, plan, path, fused=None) -> torch.Tensor:
+        """fused: (pre, post) replacing layer_pre / layer_post (torch.compile'd in graph mode)."""
+        pre, post = fused or (layer_pre, layer_post)
+        rows, q_abs = pre(self, x, cos, sin)
+        return post(self, x, self.self_attn.attend(q_abs, rows, kv_layer, write_idx, plan, path))
 
     def causal(self, x, cos, sin) -> torch.Tensor:
         """Whole sequences [B, T, hidden], causal, no cache (training)."""
-        return self._block(x, lambda h: self.self_attn.causal(h, cos, sin))
+        return self.finish(x + self.self_attn.causal(self.input_layernorm(x), cos, sin))
 
-    def _block(self, x, attend) -> torch.Tensor:
-        x = x + attend(self.input_layernorm(x))
+    def finish(self, x) -> torch.Tensor:
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -54,13 +67,14 @@ class TargetModel(nn.Module):
     def init_weights(self, seed: int) -> None:
         init_random(self, seed)
 
-    def forward(self, tokens, positions, kv_buffer, write_idx, plan, path):
+    def forward(self, tokens, positions, kv_buffer, write_idx, plan, path, fused=None):
         """tokens [T] int64, positions [T] int64, kv_buffer [layers, slots, D] (written in place),
-        write_idx [T] int64 (where this call's rows go), plan: VerifyPlan over the T rows.
+        write_idx [T] int64 (where this call's rows go), plan: VerifyPlan over the T rows;
+        fused: compiled (layer_pre, layer_post) or None.
         Returns (hidden [T, hidden] after the final norm, features [T, n_feat * hidden])."""
         x = self.embed_tokens(tokens)  # [T, hidden]
         cos, sin = self.rope.cos_sin(positions, x.dtype)  # [T, rope]
-        return self._run(x, lambda i, layer, x: layer(x, cos, sin, kv_buffer[i], write_idx, plan, path))
+        return self._run(x, lambda i, layer, x: layer(x, cos, sin, kv_buffer[i], write_idx, plan, path, fused))
 
     def forward_causal(self, tokens: torch.Tensor):
         """tokens [B, T] at positions 0..T-1, causal, no cache -> (hidden [B, T, hidden] after the final norm,

@@ -1,0 +1,248 @@
+"""The engine at GPU speed (issue 13): decode steps replayed as CUDA graphs vs eager, in one call.
+
+  1. equality: tiny preset (fp32, shipped weights) with reference/paged/split, graphs vs eager:
+     greedy tokens; k2 (bf16, random weights) short generate, graphs vs eager tokens.
+  2. k2 preset, --heads heads, bf16, budget 8, random weights, a context of random latent rows at
+     each --ctxs (a step's time does not depend on the values; no 128k prefill): per path, warm-up
+     (compile + capture) timed on its own, then two cells of --steps steps each (first cell vs
+     second); phase times from CUDA events, host ms per step from the step records.
+  3. eager steps at the first context (the engine before graphs), same state.
+  4. torch.profiler over graph-replayed steps: GPU time per step by kernel class and the step's
+     wall time over the sum of its kernels.
+  5. tiny preset on CUDA: two cells of a real prompt, graphs and eager.
+
+    PYTHONPATH=$PWD python benchmarks/bench_engine.py --out $OUT/bench_engine.json
+
+Writes the JSON as it goes; prints a short table last.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ddprobe.engine import weights as shipped  # noqa: E402
+from ddprobe.engine.config import ModelConfig  # noqa: E402
+from ddprobe.engine.generate import Engine  # noqa: E402
+from ddprobe.engine.kernels import get_path  # noqa: E402
+from ddprobe.engine.loop import decode_eager, decode_static  # noqa: E402
+from ddprobe.units import UnitError, parse_tokens  # noqa: E402
+
+PHASES = ("draft_ms", "tree_ms", "verify_ms", "commit_ms")
+
+
+def med(steps, key):
+    vals = [getattr(s, key) for s in steps if getattr(s, key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summary(steps) -> dict:
+    out = {k: med(steps, k) for k in PHASES + ("host_ms",)}
+    out["step_ms"] = statistics.median(s.step_ms for s in steps)
+    out["n"] = len(steps)
+    return out
+
+
+def with_path(eng: Engine, attn: str) -> Engine:
+    """The same weights behind another attention path (benchmark only: a shallow copy)."""
+    e = copy.copy(eng)
+    e.attn, e.path, e._static = attn, get_path(attn), None
+    e.kv_layout = "paged" if attn == "paged" else "contiguous"
+    return e
+
+
+def synthetic(st, ctx: int) -> None:
+    """A committed context of ctx random latent rows (and drafter K/V): timing only."""
+    st.reset()
+    st.kv.buffer.normal_()
+    if st.paged:
+        st.kv.req_to_token[0, :ctx] = torch.tensor(st.kv.take_slots(ctx), device=st.kv.device)
+    st.kv.committed = ctx
+    st.dctx.k.normal_()
+    st.dctx.v.normal_()
+    st.dctx.n = ctx
+
+
+def equality(rec: dict) -> None:
+    prompt = [(i * 37 + 11) % 256 for i in range(100)]
+    for attn in ("reference", "paged", "split"):
+        toks = {}
+        for g in (False, True):
+            eng = Engine("tiny", attn=attn, device="cuda", dtype=torch.float32, graphs=g, max_ctx=512)
+            shipped.load_into(eng, "tiny")
+            toks[g] = eng.generate(prompt, 96).tokens
+        rec[f"tiny_{attn}_tokens_equal"] = toks[False] == toks[True]
+
+
+def k2_engine(heads: int, cap: int) -> Engine:
+    cfg = ModelConfig.from_name("k2", heads=heads).with_overrides(max_ctx=cap)
+    return Engine(cfg, attn="split", device="cuda", dtype=torch.bfloat16, seed=0, graphs=True)
+
+
+def profile_steps(eng: Engine, st, ctx: int, steps: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    synthetic(st, ctx)
+    decode_static(eng, st, 1, 3, 0.0, None, None)  # settle
+    synthetic(st, ctx)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _, recs = decode_static(eng, st, 1, steps + 1, 0.0, None, None)
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    classes = {"attention": 0.0, "gemm": 0.0, "copy": 0.0, "other": 0.0}
+    count, names = 0, {}
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        t = ev.device_time / 1e3 / steps
+        n = ev.name
+        low = n.lower()
+        if any(k in n for k in ("_split_prefix_kernel", "_merge_kernel", "_paged_verify_kernel")):
+            c = "attention"
+        elif any(k in low for k in ("gemm", "nvjet", "cutlass", "xmma", "gemv", "splitk")):
+            c = "gemm"
+        elif "memcpy" in low or "memset" in low:
+            c = "copy"
+        else:
+            c = "other"
+        classes[c] += t
+        names[n] = names.get(n, 0.0) + t
+        count += 1
+    busy = sum(classes.values())
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {"ctx": ctx, "steps": steps, "kernel_ms_per_step": busy, "by_class_ms": classes, "kernels_per_step": count / steps,
+            "wall_ms_per_step": wall, "event_step_ms": summary(recs)["step_ms"], "wall_over_kernels": wall / busy if busy else None,
+            "top_kernels_ms": top}
+
+
+def run_k2(a, out: dict, save) -> None:
+    ctxs = [parse_tokens(c) for c in a.ctxs.split(",")]
+    cap = max(ctxs) + a.steps * 2 * 9 + 64
+    t0 = time.perf_counter()
+    base = k2_engine(a.heads, cap)
+    out["k2_init_s"] = time.perf_counter() - t0
+    # equality on k2 (bf16): a short real prompt, graphs vs eager
+    prompt = [(i * 7919 + 13) % base.config.target.vocab_size for i in range(64)]
+    ge = base.generate(prompt, 12).tokens
+    base.graphs = False
+    ee = base.generate(prompt, 12).tokens
+    base.graphs = True
+    base._static = None
+    out["k2_split_tokens_equal"] = ge == ee
+    out["k2_split_tokens"] = {"graphs": ge, "eager": ee}
+    save()
+    for attn in a.paths.split(","):
+        for fuse in ((True, False) if attn == "split" else (True,)):
+            eng = base if attn == "split" else with_path(base, attn)
+            eng._static, eng.fuse = None, fuse
+            torch.cuda.empty_cache()
+            w = eng.warmup(capacity=cap)
+            st = eng._static
+            r = {"attn": attn, "fuse": fuse, "compiled": bool(st.fused and st.fused.compiled),
+                 "compile_error": eng.compile_error, "warmup": w, "cells": {}}
+            out["k2"].append(r)
+            for ctx in (ctxs if fuse else ctxs[:1]):
+                n = a.steps if attn == "split" or ctx <= 32768 else max(4, a.steps // 3)
+                cells = []
+                for _ in range(2):
+                    synthetic(st, ctx)
+                    _, recs = decode_static(eng, st, 1, n + 1, 0.0, None, None)
+                    cells.append(summary(recs))
+                r["cells"][ctx] = cells
+                save()
+            if fuse:  # eager steps at the first context, same weights and state
+                synthetic(st, ctxs[0])
+                _, recs = decode_eager(eng, st.kv, st.dctx, 1, max(4, a.steps // 3) + 1, 0.0, None, None)
+                r["eager"] = {ctxs[0]: summary(recs)}
+                save()
+            r["profile"] = [profile_steps(eng, st, ctx, 5) for ctx in (ctxs if fuse else ctxs[:1])]
+            save()
+            eng._static = None
+            st = None
+            torch.cuda.empty_cache()
+
+
+def run_tiny(out: dict, save) -> None:
+    prompt = [(i * 37 + 11) % 256 for i in range(1024)]
+    for attn in ("split", "paged"):
+        for g in (True, False):
+            eng = Engine("tiny", attn=attn, device="cuda", dtype=torch.float32, graphs=g, max_ctx=2048)
+            shipped.load_into(eng, "tiny")
+            w = eng.warmup(capacity=1024 + 64 + 9)
+            cells = [summary(eng.generate(prompt, 64).steps) for _ in range(2)]
+            out["tiny"].append({"attn": attn, "graphs": g, "warmup": w, "cells": cells,
+                                "compiled": bool(eng._fused and eng._fused.compiled), "compile_error": eng.compile_error})
+            save()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ctxs", default="32k,128k")
+    ap.add_argument("--paths", default="split,paged")
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--out", default="bench_engine.json")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: equality,k2,tiny")
+    a = ap.parse_args()
+    try:
+        [parse_tokens(c) for c in a.ctxs.split(",")]
+    except UnitError as e:
+        ap.error(str(e))
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    out = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+                    "command": " ".join(sys.argv)}, "equality": {}, "k2": [], "tiny": []}
+    try:
+        import triton
+        out["meta"]["triton"] = triton.__version__
+    except ImportError:
+        pass
+
+    def save():
+        Path(a.out).write_text(json.dumps(out, indent=1, default=str))
+
+    skip = set(a.skip.split(","))
+    with torch.no_grad():
+        if "equality" not in skip:
+            equality(out["equality"])
+            save()
+        if "tiny" not in skip:
+            run_tiny(out, save)
+        if "k2" not in skip:
+            run_k2(a, out, save)
+    print(json.dumps(out["equality"]))
+    print(f"{'model':5} {'path':6} {'ctx':>7} {'graphs':>6} {'cell1 ms':>9} {'cell2 ms':>9} {'draft':>6} {'tree':>6} "
+          f"{'verify':>7} {'commit':>7} {'host':>6} {'warmup s':>8}")
+    for r in out["tiny"]:
+        c1, c2 = r["cells"]
+        print(f"{'tiny':5} {r['attn']:6} {'1k':>7} {str(r['graphs']):>6} {c1['step_ms']:9.2f} {c2['step_ms']:9.2f} "
+              f"{c2['draft_ms']:6.2f} {c2['tree_ms']:6.2f} {c2['verify_ms']:7.2f} {c2['commit_ms']:7.2f} "
+              f"{(c2['host_ms'] or 0):6.2f} {r['warmup']['warmup_s']:8.1f}")
+    for r in out["k2"]:
+        for ctx, (c1, c2) in r["cells"].items():
+            print(f"{'k2':5} {r['attn'] + ('' if r['fuse'] else '-nf'):6} {ctx:>7} {'True':>6} {c1['step_ms']:9.2f} {c2['step_ms']:9.2f} "
+                  f"{c2['draft_ms']:6.2f} {c2['tree_ms']:6.2f} {c2['verify_ms']:7.2f} {c2['commit_ms']:7.2f} "
+                  f"{c2['host_ms']:6.2f} {r['warmup']['warmup_s']:8.1f}")
+        for ctx, e in r.get("eager", {}).items():
+            print(f"{'k2':5} {r['attn']:6} {ctx:>7} {'False':>6} {e['step_ms']:9.2f} {'':>9} {e['draft_ms']:6.2f} "
+                  f"{e['tree_ms']:6.2f} {e['verify_ms']:7.2f} {e['commit_ms']:7.2f}")
+        for p in r.get("profile", []):
+            c = p["by_class_ms"]
+            print(f"   profile {r['attn']} {p['ctx']}: kernels {p['kernel_ms_per_step']:.2f} ms/step ({p['kernels_per_step']:.0f}): "
+                  f"attn {c['attention']:.2f} gemm {c['gemm']:.2f} copy {c['copy']:.2f} other {c['other']:.2f}; "
+                  f"wall {p['wall_ms_per_step']:.2f} (x{p['wall_over_kernels']:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

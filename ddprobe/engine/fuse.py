@@ -1,0 +1,42 @@
+"""torch.compile of the model around the attention calls, for graph mode on CUDA.
+
+After CUDA graphs remove the host, a verify step still runs about 53 small kernels per layer (norms,
+rope, casts, concatenations, residual adds), a few microseconds each. Inductor fuses them. The
+compiled functions are the engine's own (``target.layer_pre`` / ``layer_post``, the drafter layer,
+the two heads), compiled once for all layers ("regional" compilation: the layer is an argument,
+so the 61 layers share one graph), with fixed shapes (a static step always has R rows). The
+attention path is never compiled: it runs between ``pre`` and ``post``. On CPU nothing is
+compiled; the same functions run as written.
+"""
+from __future__ import annotations
+
+import torch
+
+from .target import layer_post, layer_pre
+
+
+def drafter_head(drafter, x: torch.Tensor, head, k: int):
+    """Drafter block output -> top-k (values, indices) of its log-probs [L, k]."""
+    return torch.topk(drafter._logprobs(x, head).double(), k, dim=-1)
+
+
+def verify_head(target, hidden: torch.Tensor):
+    """Final hidden [R, hidden] -> (logits [R, V] float, greedy picks [R])."""
+    logits = target.logits(hidden)
+    return logits, logits.argmax(dim=-1)
+
+
+def drafter_layer(layer, x, cos, sin, ctx_k, ctx_v, ctx_ok):
+    return layer(x, cos, sin, ctx_k, ctx_v, ctx_ok)
+
+
+class Fused:
+    """The compiled functions (or the plain ones: ``Fused(compile=False)``)."""
+
+    def __init__(self, compile: bool = True):
+        wrap = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if compile else (lambda f: f)
+        self.compiled = compile
+        self.layer = (wrap(layer_pre), wrap(layer_post))
+        self.drafter_layer = wrap(drafter_layer)
+        self.drafter_head = wrap(drafter_head)
+        self.verify_head = wrap(verify_head)

@@ -1,0 +1,149 @@
+"""Static decode steps (what CUDA graphs replay) against the eager loop, on CPU.
+
+graphs=True on CPU runs the same fixed-shape step functions a GPU captures (graphs.StaticStep:
+device plans that read the prefix length from a tensor, padded R rows, permuting commit), so
+greedy tokens must be identical to the eager engine and verify logits equal within tolerance, at
+budgets 1, 8 and 32 on both KV layouts; the kernels' device plans are tested in test_kernels.py.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from ddprobe.engine import Engine
+from ddprobe.engine.graphs import ancestor_bits, tree_from_topk
+from ddprobe.engine.tree import build_tree
+
+PROMPT = [int(t) for t in torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(5))]
+N_NEW = 96
+
+
+def engine(layout: str, budget: int, graphs: bool, **kw) -> Engine:
+    kw.setdefault("poison", True)
+    return Engine("tiny", kv_layout=layout, budget=budget, dtype=torch.float64, seed=0, max_ctx=512,
+                  shuffle_slots=layout == "paged", graphs=graphs, **kw)
+
+
+def recording(eng: Engine) -> list:
+    """Keep every verify's logits (the target's own output, recorded on the way out)."""
+    seen, logits = [], eng.target.logits
+
+    def record(hidden):
+        out = logits(hidden)
+        seen.append(out.detach().clone())
+        return out
+
+    eng.target.logits = record
+    return seen
+
+
+def oracle(seq: list[int], num_draft: int, vocab: int = 256):
+    """Drafts that put the greedy continuation at rank 0, 1 or 3, or nowhere: every accepted depth."""
+
+    def propose(ctx_len: int, bonus: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(ctx_len)
+        logits = 3 * torch.randn(num_draft, vocab, generator=g, dtype=torch.float64)
+        for d in range(num_draft):
+            pos, rank = ctx_len + 1 + d, [0, 0, 1, 3, -1][(ctx_len + d) % 5]
+            if pos < len(seq) and rank >= 0:
+                order = logits[d].argsort(descending=True)
+                true, other = seq[pos], int(order[rank])
+                logits[d, true], logits[d, other] = logits[d, other].clone(), logits[d, true].clone()
+        return torch.log_softmax(logits, dim=-1)
+
+    return propose
+
+
+@pytest.fixture(scope="module")
+def greedy() -> list[int]:
+    return engine("paged", 8, False).greedy_reference(PROMPT, N_NEW)
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+@pytest.mark.parametrize("budget", [1, 8, 32])
+def test_static_step_equals_eager(greedy, layout, budget):
+    runs = {}
+    for graphs in (False, True):
+        eng = engine(layout, budget, graphs)
+        seen = recording(eng)
+        res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft))
+        runs[graphs] = (res, seen)
+    (eager, le), (static, ls) = runs[False], runs[True]
+    assert static.tokens == eager.tokens == greedy
+    assert [s.commit_len for s in static.steps] == [s.commit_len for s in eager.steps]
+    assert max(s.accepted_depth for s in static.steps) >= (1 if budget == 1 else 3)
+    assert all(s.graphs and s.host_ms is not None for s in static.steps) and not eager.steps[0].graphs
+    assert len(le) == len(ls)  # prefill chunks and verify steps, in order
+    for a, b in zip(le, ls):  # the static verify runs R = budget + 1 rows: compare the tree's rows
+        b = b[: a.shape[0]]
+        assert (a - b).abs().max() <= 1e-6 * a.abs().max(), "verify logits differ beyond fp32 attention rounding"
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_static_drafter_and_chain_trees(layout):
+    """The real drafter (its static forward over the whole capacity, masked) and chain trees of
+    min(B, L) nodes padded to B + 1 rows: same tokens and the same trees (commit lengths)."""
+    for kw in ({"budget": 8}, {"budget": 12, "tree_shape": "chain"}):
+        a = engine(layout, graphs=False, **kw).generate(PROMPT, 48)
+        b = engine(layout, graphs=True, **kw).generate(PROMPT, 48)
+        assert a.tokens == b.tokens
+        assert [(s.tree_size, s.commit_len) for s in a.steps] == [(s.tree_size, s.commit_len) for s in b.steps]
+
+
+def test_static_state_is_reused_and_resized():
+    eng = engine("contiguous", 8, True)
+    info = eng.warmup(capacity=80)
+    assert info["what"] == "compile" and info["warmup_s"] > 0 and info["capacity"] == 80
+    st = eng._static
+    first = eng.generate(PROMPT, 30)  # 20 + 30 + 9 rows fit in 80
+    assert eng._static is st and first.steps[0].captured == ""  # same buffers, nothing new
+    assert eng.generate(PROMPT, 30).tokens == first.tokens  # a reused state starts clean
+    longer = eng.generate(PROMPT, 60)  # 20 + 60 + 9 > 80: a bigger state
+    assert eng._static is not st and eng._static.capacity >= 89
+    assert longer.tokens[:30] == first.tokens
+
+
+def test_sampling_through_the_static_step():
+    a = engine("paged", 8, False).generate(PROMPT, 30, temperature=1.0, seed=3)
+    b = engine("paged", 8, True).generate(PROMPT, 30, temperature=1.0, seed=3)
+    assert a.tokens == b.tokens  # same generator draws, same logits
+
+
+def test_tree_from_topk_is_build_tree():
+    g = torch.Generator().manual_seed(2)
+    for budget, shape in ((8, "ddtree"), (32, "ddtree"), (5, "chain")):
+        logp = torch.log_softmax(torch.randn(7, 256, generator=g, dtype=torch.float64), -1)
+        k = 1 if shape == "chain" else budget
+        vals, idx = torch.topk(logp, k, dim=-1)
+        assert tree_from_topk(vals, idx, budget, 42, shape) == build_tree(logp, budget, 42, shape)
+    assert ancestor_bits([-1, 0, 1, 0]) == [1, 3, 7, 9]
+    assert ancestor_bits([-1] + list(range(63)))[-1] == -1  # bit 63 as the int64 sign
+
+
+SCRIPT = textwrap.dedent("""
+    import torch
+    from ddprobe.engine import Engine
+    prompt = [5, 17, 42, 9, 77, 3]
+    ref = Engine("tiny", dtype=torch.float32, max_ctx=128).greedy_reference(prompt, 10)
+    for attn in ("paged", "split"):
+        eng = Engine("tiny", attn=attn, budget=4, dtype=torch.float32, poison=True, shuffle_slots=True,
+                     max_ctx=128, graphs=True)
+        assert eng.generate(prompt, 10).tokens == ref, attn
+    print("ok")
+""")
+
+
+def test_triton_paths_through_the_static_step():
+    """paged and split with device plans inside the engine's static step (CPU: the interpreter,
+    in a child process so the switch stays there)."""
+    pytest.importorskip("triton")
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
