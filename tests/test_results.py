@@ -127,3 +127,18 @@ def test_results_folder_is_ignored_by_git():
     from pathlib import Path
     lines = (Path(__file__).parent.parent / ".gitignore").read_text().split()
     assert "ddprobe-results/" in lines  # the commands' default output folder never lands in a commit
+
+
+@pytest.mark.parametrize("cmd", [["gpu-util", "--replay"], ["report"]])
+def test_cli_refuses_garbage_rows_naming_file_and_row(tmp_path, cmd):
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+    d = Result(kind="gpu-util", meta=RunMeta.collect(command="x")).to_dict()
+    d["rows"] = [{"t_s": 0.0, "gpu": 0}, {"t_s": "garbage", "gpu": 0}]
+    p = tmp_path / "junk.json"
+    p.write_text(json.dumps(d))
+    args = [*cmd, str(p)] + (["-o", str(tmp_path / "r.md")] if cmd == ["report"] else [])
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 1 and "junk.json: row 2 of this gpu-util file has a bad 't_s'" in r.output
+    assert "Traceback" not in r.output
