@@ -37,20 +37,6 @@ def _need_server_extra():
                            "pip install 'ddprobe[server]'") from None
 
 
-def spec_meta(st, max_commit: int) -> dict[str, Any]:
-    """SGLang-style speculative fields of one request, commit length defined once (see module doc)."""
-    hist = [0] * max_commit
-    for c in st.commit_lens:
-        hist[c - 1] += 1
-    steps = st.verify_steps
-    drafts = st.extra.get("tree_nodes", 0)
-    return {"spec_verify_ct": steps, "spec_accept_histogram": hist, "spec_correct_drafts_histogram": hist,
-            "commit_len": st.commit_len if steps else 0.0, "spec_accept_length": st.commit_len if steps else 0.0,
-            "sglang_accept_length": st.sglang_accept_length if steps else 0.0,
-            "spec_num_correct_drafts": sum(c - 1 for c in st.commit_lens), "spec_num_proposed_drafts": drafts,
-            "spec_accept_rate": sum(c - 1 for c in st.commit_lens) / drafts if drafts else 0.0}
-
-
 def build_app(backend, spec: bool = True, model_name: str | None = None):
     """FastAPI app around an ``EngineBackend``."""
     _need_server_extra()
@@ -60,7 +46,7 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     from . import server_models as m
-    from .server_metrics import Metrics
+    from .server_metrics import Metrics, spec_meta
     from .server_worker import EngineWorker, Job, cut_at_stop
 
     name = model_name or f"ddprobe-{backend.preset}"

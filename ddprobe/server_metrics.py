@@ -7,7 +7,7 @@ abort), and with speculative decoding ``vllm:spec_decode_num_drafts`` (verify st
 ``vllm:spec_decode_num_accepted_tokens`` (tokens committed minus one per step, a cut step counted
 as committed: so 1 + accepted / drafts is the commit length). Gauges
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``. prometheus-client is the
-``server`` extra.
+``server`` extra. ``spec_meta``: the SGLang-style speculative fields of one request's ``meta_info``.
 """
 from __future__ import annotations
 
@@ -63,3 +63,17 @@ class Metrics:
 
         with self._lock:
             return generate_latest(self.registry).decode()
+
+
+def spec_meta(st, max_commit: int) -> dict[str, Any]:
+    """SGLang-style speculative fields of one request, commit length defined once (see module doc)."""
+    hist = [0] * max_commit
+    for c in st.commit_lens:
+        hist[c - 1] += 1
+    steps = st.verify_steps
+    drafts = st.extra.get("tree_nodes", 0)
+    return {"spec_verify_ct": steps, "spec_accept_histogram": hist, "spec_correct_drafts_histogram": hist,
+            "commit_len": st.commit_len if steps else 0.0, "spec_accept_length": st.commit_len if steps else 0.0,
+            "sglang_accept_length": st.sglang_accept_length if steps else 0.0,
+            "spec_num_correct_drafts": sum(c - 1 for c in st.commit_lens), "spec_num_proposed_drafts": drafts,
+            "spec_accept_rate": sum(c - 1 for c in st.commit_lens) / drafts if drafts else 0.0}
