@@ -139,8 +139,13 @@ def fmt_tokens(n: int) -> str:
 
 
 def _scaled(value: float, steps: list[tuple[float, str]], digits: int = 3) -> str:
-    for size, name in steps:
+    """``value`` in the largest unit it reaches, to ``digits`` significant digits; a value that rounds up to
+    1000 of a unit (999.7 GB/s) is written in the next one (1 TB/s), never as '1e+03'."""
+    for i, (size, name) in enumerate(steps):
         if abs(value) >= size:
+            shown = float(f"{value / size:.{digits}g}")
+            if abs(shown) >= 1000 and i > 0:
+                size, name = steps[i - 1]
             return f"{value / size:.{digits}g} {name}"
     size, name = steps[-1]
     return f"{value / size:.{digits}g} {name}"

@@ -157,3 +157,15 @@ def test_real_h200_benchmark_gates_against_itself_and_a_slower_copy(tmp_path):
     r = gate_cli(tmp_path / "slow.json", "--baseline", real)
     entries = sum(1 for x in d["results"] if "path" in x and x.get("ctx") is not None)  # every timed entry
     assert slowed >= 2 and r.exit_code == 1 and f"gate FAILED: {slowed} of {entries} entries" in r.output
+
+
+def test_path_names_with_brackets_print_as_text(tmp_path):
+    """Variant rows (split_ws[fold_tree=0]) are names, not rich markup: the table shows them whole."""
+    def rename(d):
+        for r in d["rows"]:
+            if r["path"] == "split":
+                r["path"] = "split_ws[fold_tree=0]"
+    cur = _write(tmp_path, "cur.json", rename)
+    r = runner.invoke(app, ["gate", str(cur), "--baseline", str(cur)], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "split_ws[fold_tree=0]" in r.output

@@ -84,3 +84,12 @@ def test_formatting():
     assert fmt_time(2e-5) == "20 us"
     assert fmt_ratio(139.6) == "140x"
     assert fmt_ratio(15.46) == "15.5x"
+
+
+def test_values_that_round_up_take_the_next_unit():
+    from ddprobe.units import fmt_bandwidth, fmt_bytes, fmt_time
+
+    # 999.7 GB/s to three digits is 1000 GB/s: written as 1 TB/s, never as '1e+03 GB/s'
+    assert fmt_bandwidth(999.7e9) == "1 TB/s" and fmt_bandwidth(999.4e9) == "999 GB/s"
+    assert fmt_time(0.99996) == "1 s" and fmt_bytes(999_999) == "1 MB"
+    assert "e+" not in fmt_bandwidth(999.95e6)

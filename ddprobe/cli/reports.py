@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich import box
+from rich.markup import escape
 from rich.table import Table
 
 from ..units import DDProbeError, parse_bandwidth, parse_token_list
@@ -67,8 +68,8 @@ def gate(
     for c in COLUMNS:
         t.add_column(c, justify="left" if c in ("status", "path", "GPU", "why") else "right", no_wrap=c != "why")
     styles = {"ok": "", "new": "cyan"}
-    for cells in table_rows(outcome):
-        t.add_row(*cells, style=styles.get(cells[0], "bold red"))
+    for cells in table_rows(outcome):  # path names like split_ws[fold_tree=0] are text, not rich markup
+        t.add_row(*map(escape, cells), style=styles.get(cells[0], "bold red"))
     out.print(t)
     *lines, verdict = summary_lines(outcome)
     for line in lines:
