@@ -209,6 +209,7 @@ def test_cli_commit_engine_and_errors(tmp_path):
     res = Result.load(path)
     assert [(row["text"], row["ctx"]) for row in res.rows] == [("predictable", 200), ("novel", 200)]
     assert res.config["backend"] == "engine" and res.config["preset"] == "tiny"
+    assert "(completion_tokens - 1) / verify_steps" in res.summary["definitions"]["commit_len"]
     assert all(1 <= row["commit_len"] <= 8 for row in res.rows) and csv.read_text().startswith("backend,")
     for args, msg in [(["--ctx", "12q"], "bad token count '12q'"),
                       (["--ctx", "64k"], "supports 32768 tokens of context"),

@@ -21,6 +21,14 @@ from .. import texts
 from .backends import Backend, GenStats
 
 
+DEFINITIONS = {
+    "commit_len": "per-step mean of tokens committed (accepted depth + 1); a step cut by the token limit counts the "
+                  "tokens it actually committed; the prefill's first token belongs to no step: "
+                  "(completion_tokens - 1) / verify_steps",
+    "sglang_accept_length": "SGLang's completion_tokens / spec_verify_ct (counts the prefill's token)",
+}
+
+
 def prompt_ids(backend: Backend, kind: str, ctx: int, seed: int = 0) -> list[int]:
     """Exactly ``ctx`` token ids of text ``kind`` in the backend's tokenizer."""
     if kind not in texts.KINDS:
@@ -101,6 +109,7 @@ def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_ne
                 on_start(kind, ctx, len(ids))
             stats = backend.generate(ids, max_new_tokens)
             row = cell_row(kind, ctx, max_new_tokens, stats, backend.name)
+            writer.result.summary.setdefault("definitions", DEFINITIONS)  # with the first row, never alone
             writer.add(row)
             rows.append(row)
             if on_cell:
