@@ -23,7 +23,7 @@ from ddprobe.gpu_verdict import analyze
 from ddprobe.probes.sampler import Sampler
 from ddprobe.results import Result, RunMeta
 
-LOAD_S, IDLE_S, PERIOD_S = 4.0, 1.0, 0.2
+LOAD_S, IDLE_S, PERIOD_S = 3.0, 0.8, 0.2
 
 
 def matmul_load(dev: str, stop: threading.Event) -> None:
@@ -81,7 +81,7 @@ def tick_cost(n: int = 50) -> float:
     return dt
 
 
-def step_overhead(runs: int = 4) -> dict:
+def step_overhead(runs: int = 3) -> dict:
     from ddprobe.probes.commit import prompt_ids
     from ddprobe.probes.engine_backend import EngineBackend
 
@@ -92,7 +92,7 @@ def step_overhead(runs: int = 4) -> dict:
     for i in range(2 * runs):
         sampled = i % 2 == 0
         s = Sampler(PERIOD_S).start() if sampled else None
-        st = be.generate(ids, 96)
+        st = be.generate(ids, 64)
         if s:
             s.stop()
         (with_s if sampled else without).append(statistics.median(st.step_times_s) * 1e3)
