@@ -119,15 +119,17 @@ def profile_steps(eng: Engine, st, ctx: int, steps: int) -> dict:
         names[n] = names.get(n, 0.0) + t
         count += 1
     busy = sum(classes.values())
+    cpu = sorted(((k.key, k.self_cpu_time_total / 1e3 / steps, k.count / steps) for k in prof.key_averages()),
+                 key=lambda t: -t[1])[:12]
     top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
     return {"ctx": ctx, "steps": steps, "kernel_ms_per_step": busy, "by_class_ms": classes, "kernels_per_step": count / steps,
             "wall_ms_per_step": wall, "event_step_ms": summary(recs)["step_ms"], "wall_over_kernels": wall / busy if busy else None,
-            "top_kernels_ms": top}
+            "top_kernels_ms": top, "cpu_self_ms": cpu}
 
 
 def run_k2(a, out: dict, save) -> None:
     ctxs = [parse_tokens(c) for c in a.ctxs.split(",")]
-    cap = max(ctxs) + a.steps * 2 * 9 + 64
+    cap = max(ctxs) + (a.steps + 2) * 9 + 64
     t0 = time.perf_counter()
     base = k2_engine(a.heads, cap)
     out["k2_init_s"] = time.perf_counter() - t0
@@ -144,14 +146,16 @@ def run_k2(a, out: dict, save) -> None:
     for attn in a.paths.split(","):
         for fuse in ((True, False) if attn == "split" else (True,)):
             eng = base if attn == "split" else with_path(base, attn)
-            eng._static, eng.fuse = None, fuse
-            torch.cuda.empty_cache()
-            w = eng.warmup(capacity=cap)
-            st = eng._static
-            r = {"attn": attn, "fuse": fuse, "compiled": bool(st.fused and st.fused.compiled),
-                 "compile_error": eng.compile_error, "warmup": w, "cells": {}}
+            eng.fuse = fuse
+            r = {"attn": attn, "fuse": fuse, "warmup": {}, "cells": {}, "profile": []}
             out["k2"].append(r)
             for ctx in (ctxs if fuse else ctxs[:1]):
+                eng._static = None
+                torch.cuda.empty_cache()
+                # the state sized to the request (prompt + new tokens + rows), as generate() sizes it
+                r["warmup"][ctx] = eng.warmup(capacity=ctx + (a.steps + 2) * 9 + 64)
+                st = eng._static
+                r["compiled"], r["compile_error"] = bool(st.fused and st.fused.compiled), eng.compile_error
                 n = a.steps if attn == "split" or ctx <= 32768 else max(4, a.steps // 3)
                 cells = []
                 for _ in range(2):
@@ -160,28 +164,50 @@ def run_k2(a, out: dict, save) -> None:
                     cells.append(summary(recs))
                 r["cells"][ctx] = cells
                 save()
-            if fuse:  # eager steps at the first context, same weights and state
-                synthetic(st, ctxs[0])
-                _, recs = decode_eager(eng, st.kv, st.dctx, 1, max(4, a.steps // 3) + 1, 0.0, None, None)
-                r["eager"] = {ctxs[0]: summary(recs)}
+                if fuse and ctx == ctxs[0]:
+                    r["logits_vs_plain"] = logits_check(eng, st, ctx)
+                    synthetic(st, ctx)  # eager steps, same weights and state
+                    _, recs = decode_eager(eng, st.kv, st.dctx, 1, max(4, a.steps // 3) + 1, 0.0, None, None)
+                    r["eager"] = {ctx: summary(recs)}
+                r["profile"].append(profile_steps(eng, st, ctx, 5))
                 save()
-            r["profile"] = [profile_steps(eng, st, ctx, 5) for ctx in (ctxs if fuse else ctxs[:1])]
-            save()
             eng._static = None
-            st = None
             torch.cuda.empty_cache()
+
+
+def logits_check(eng: Engine, st, ctx: int) -> dict:
+    """One verify step on the same inputs: the captured graph (compiled layers) against the same
+    static step run eagerly with the plain functions: relative error of the logits, argmax agreement."""
+    from ddprobe.engine.graphs import tree_from_topk
+
+    synthetic(st, ctx)
+    st.write_commit(list(range(st.rows)), ctx, 0, 1)
+    vals, idx = st.run("draft")
+    tree = tree_from_topk(vals.cpu(), idx.cpu(), eng.budget, 1, eng.tree_shape)
+    widx = st.write_step(tree, ctx)
+    graph = st.run("verify")[0].clone()
+    fused, st.fused = st.fused, None
+    plain = st._verify()[0]
+    st.fused = fused
+    if st.paged:
+        st.kv.give_back(widx)
+    err = float((graph - plain).norm() / plain.norm())
+    return {"rel_err": err, "argmax_equal": float((graph.argmax(-1) == plain.argmax(-1)).float().mean())}
 
 
 def run_tiny(out: dict, save) -> None:
     prompt = [(i * 37 + 11) % 256 for i in range(1024)]
     for attn in ("split", "paged"):
         for g in (True, False):
-            eng = Engine("tiny", attn=attn, device="cuda", dtype=torch.float32, graphs=g, max_ctx=2048)
+            eng = Engine("tiny", attn=attn, device="cuda", dtype=torch.bfloat16, graphs=g, max_ctx=2048)
             shipped.load_into(eng, "tiny")
             w = eng.warmup(capacity=1024 + 64 + 9)
             cells = [summary(eng.generate(prompt, 64).steps) for _ in range(2)]
-            out["tiny"].append({"attn": attn, "graphs": g, "warmup": w, "cells": cells,
-                                "compiled": bool(eng._fused and eng._fused.compiled), "compile_error": eng.compile_error})
+            rec = {"attn": attn, "graphs": g, "warmup": w, "cells": cells,
+                   "compiled": bool(eng._fused and eng._fused.compiled), "compile_error": eng.compile_error}
+            if g:
+                rec["profile"] = profile_steps(eng, eng._static, 1024, 10)
+            out["tiny"].append(rec)
             save()
 
 
@@ -228,11 +254,19 @@ def main() -> int:
         print(f"{'tiny':5} {r['attn']:6} {'1k':>7} {str(r['graphs']):>6} {c1['step_ms']:9.2f} {c2['step_ms']:9.2f} "
               f"{c2['draft_ms']:6.2f} {c2['tree_ms']:6.2f} {c2['verify_ms']:7.2f} {c2['commit_ms']:7.2f} "
               f"{(c2['host_ms'] or 0):6.2f} {r['warmup']['warmup_s']:8.1f}")
+    for r in out["tiny"]:
+        if "profile" in r:
+            p, c = r["profile"], r["profile"]["by_class_ms"]
+            print(f"   profile tiny {r['attn']}: kernels {p['kernel_ms_per_step']:.2f} ms/step ({p['kernels_per_step']:.0f}): "
+                  f"attn {c['attention']:.2f} gemm {c['gemm']:.2f} copy {c['copy']:.2f} other {c['other']:.2f}; "
+                  f"event step {p['event_step_ms']:.2f}")
     for r in out["k2"]:
         for ctx, (c1, c2) in r["cells"].items():
             print(f"{'k2':5} {r['attn'] + ('' if r['fuse'] else '-nf'):6} {ctx:>7} {'True':>6} {c1['step_ms']:9.2f} {c2['step_ms']:9.2f} "
                   f"{c2['draft_ms']:6.2f} {c2['tree_ms']:6.2f} {c2['verify_ms']:7.2f} {c2['commit_ms']:7.2f} "
-                  f"{c2['host_ms']:6.2f} {r['warmup']['warmup_s']:8.1f}")
+                  f"{c2['host_ms']:6.2f} {r['warmup'][ctx]['warmup_s']:8.1f}")
+        if "logits_vs_plain" in r:
+            print(f"   {r['attn']}: graph (compiled) vs plain static step logits: {r['logits_vs_plain']}")
         for ctx, e in r.get("eager", {}).items():
             print(f"{'k2':5} {r['attn']:6} {ctx:>7} {'False':>6} {e['step_ms']:9.2f} {'':>9} {e['draft_ms']:6.2f} "
                   f"{e['tree_ms']:6.2f} {e['verify_ms']:7.2f} {e['commit_ms']:7.2f}")

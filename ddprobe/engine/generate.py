@@ -57,7 +57,10 @@ class Engine:
         self.attn, self.kv_layout, self.budget, self.tree_shape = attn, kv_layout, budget, tree_shape
         self.device, self.dtype, self.seed = torch.device(device), dtype, seed
         self.shuffle_slots, self.poison = shuffle_slots, poison
-        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
+        # graphs need a path that reads the prefix length from device memory (device plans)
+        self.graphs = (self.device.type == "cuda" and self._device_plans()) if graphs is None else bool(graphs)
+        if self.graphs and not self._device_plans():
+            raise ValueError(f"attention path {attn!r} takes host plans only: use graphs=False")
         self._static: StaticStep | None = None  # the captured step, reused while a request fits
         # graph mode on CUDA: the model around the attention goes through torch.compile (fuse.py)
         self.fuse = self.graphs and self.device.type == "cuda"
@@ -74,6 +77,17 @@ class Engine:
         drafter = Drafter(self.config.drafter, self.config.target)
         self.model = nn.ModuleDict({"target": target, "drafter": drafter})  # state_dict keys target.* / drafter.*
         self.init_weights(seed)
+
+    def _device_plans(self) -> bool:
+        """Does the verify path take device plans (what a captured step needs)?"""
+        dev = self.device
+        try:
+            self.path.plan(torch.zeros(1, dtype=torch.int32, device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev),
+                           torch.zeros(1, dtype=torch.int64, device=dev) if self.kv_layout == "paged" else None,
+                           16, max_prefix=0)
+        except (ValueError, TypeError):
+            return False
+        return True
 
     # ---- weights -------------------------------------------------------------------------
     @property

@@ -29,7 +29,7 @@ class EngineBackend:
 
     def __init__(self, preset: str = "tiny", attn: str = "reference", budget: int = 8, device: str = "cpu",
                  dtype: str = "fp32", seed: int = 0, heads: int | None = None, max_ctx: int | None = None,
-                 weights: str = "auto"):
+                 weights: str = "auto", graphs: bool | None = None):
         import torch
 
         from ..engine.config import ModelConfig
@@ -65,7 +65,7 @@ class EngineBackend:
             cfg = cfg.with_overrides(max_ctx=max_ctx if max_ctx is not None else min(self.limit, DEFAULT_MAX_CTX))
             tdtype = next(d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
                           if dtype_name(d) == dtype)
-            self.engine = Engine(cfg, attn=attn, budget=budget, device=device, dtype=tdtype, seed=seed)
+            self.engine = Engine(cfg, attn=attn, budget=budget, device=device, dtype=tdtype, seed=seed, graphs=graphs)
             misfit = shipped.config_mismatch(preset, cfg) if shipped.has_weights(preset) else None
             trained = weights == "trained" or (weights == "auto" and shipped.has_weights(preset) and misfit is None)
             # auto with shipped weights that do not fit this config: say so, never silently go random
@@ -105,7 +105,15 @@ class EngineBackend:
         return {"backend": self.name, "preset": self.preset, "attn": self.attn, "kv_layout": self.engine.kv_layout,
                 "budget": self.budget, "block_size": self.engine.config.drafter.block_size, "device": self.device,
                 "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
-                "kv_row": t.kv_dim, "vocab": t.vocab_size}
+                "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs}
+
+    def warmup(self, capacity: int | None = None) -> dict:
+        """Compile, capture (CUDA graphs) and one throwaway step before anything is measured: the
+        engine's ``warmup`` ({"warmup_s", "what", "capacity"}); capacity: the largest request to come."""
+        try:
+            return self.engine.warmup(capacity)
+        except ValueError as e:
+            raise BackendError(str(e)) from None
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
