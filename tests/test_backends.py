@@ -1,5 +1,5 @@
 """The HTTP backends parsed against recorded response shapes of real SGLang (/generate meta_info with its
-spec fields) and real vLLM (/metrics with vllm:spec_decode_* counters), served from tests/data/ by a plain
+spec fields) and real vLLM (/metrics with vllm:spec_decode_* counters), served from tests/data/recorded/ by a plain
 loopback HTTP server. Where the files come from is written in each of them. Expected numbers are worked
 out here by hand from the recorded fields."""
 import http.server
@@ -13,7 +13,7 @@ from ddprobe.probes.backends import BackendError
 from ddprobe.probes.sglang import SGLangBackend
 from ddprobe.probes.vllm import VLLMBackend, parse_metrics
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "data" / "recorded"
 SGLANG = json.loads((DATA / "sglang-generate-spec.json").read_text())
 METRICS = {k: (DATA / f"vllm-metrics-{k}.txt").read_text() for k in ("before", "after", "after-busy")}
 
