@@ -9,7 +9,10 @@ For each path: a `k2` engine (random weights, bf16) with a prompt of --ctx token
 
     PYTHONPATH=$PWD python benchmarks/profile_engine_step.py --ctx 8k --paths paged,split --out $OUT/profile.json
 
-Prints a short table last; the JSON holds everything (the cProfile text too).
+Prints a short table last; the JSON holds everything (the cProfile text too). Parts 2-4 profile the eager
+forward (host plans, no graphs): what the engine did before CUDA graphs. `generate` in part 1 uses graphs
+unless --no-graphs. Decode steps replayed as CUDA graphs, their host time and kernel mix:
+benchmarks/bench_engine.py.
 """
 from __future__ import annotations
 
@@ -41,9 +44,9 @@ def forward_once(eng: Engine, kv, rows: int, mask) -> None:
     kv.commit([0])
 
 
-def profile_path(attn: str, ctx: int, tokens: int, iters: int, heads: int) -> dict:
+def profile_path(attn: str, ctx: int, tokens: int, iters: int, heads: int, graphs: bool = True) -> dict:
     cfg = ModelConfig.from_name("k2", heads=heads).with_overrides(max_ctx=ctx + tokens + iters + 64)
-    eng = Engine(cfg, attn=attn, device="cuda", dtype=torch.bfloat16, seed=0)
+    eng = Engine(cfg, attn=attn, device="cuda", dtype=torch.bfloat16, seed=0, graphs=graphs)
     prompt = torch.randint(0, cfg.target.vocab_size, (ctx,), generator=torch.Generator().manual_seed(0)).tolist()
     t0 = time.perf_counter()
     res = eng.generate(prompt, tokens)  # compiles the kernels too
@@ -103,6 +106,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--out", default="profile_engine_step.json")
+    ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="generate with CUDA graphs (part 1); the forward profile is always eager")
     a = ap.parse_args()
     try:
         ctx = parse_tokens(a.ctx)
@@ -111,7 +116,7 @@ def main() -> int:
     out = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                     "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}, "results": []}
     for attn in a.paths.split(","):
-        r = profile_path(attn, ctx, a.tokens, a.iters, a.heads)
+        r = profile_path(attn, ctx, a.tokens, a.iters, a.heads, a.graphs)
         out["results"].append(r)
         Path(a.out).write_text(json.dumps(out, indent=1))
         print(r["cprofile"][:4000])
