@@ -12,7 +12,7 @@ as committed: so 1 + accepted / drafts is the commit length). Gauges
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 FINISH_REASONS = ("length", "stop", "abort")
 
