@@ -98,7 +98,7 @@ def test_static_drafter_and_chain_trees(layout):
 def test_static_state_is_reused_and_resized():
     eng = engine("contiguous", 8, True)
     info = eng.warmup(capacity=80)
-    assert info["what"] == "compile" and info["warmup_s"] > 0 and info["capacity"] == 80
+    assert info["what"] == "first step" and info["warmup_s"] > 0 and info["capacity"] == 80
     st = eng._static
     first = eng.generate(PROMPT, 30)  # 20 + 30 + 9 rows fit in 80
     assert eng._static is st and first.steps[0].captured == ""  # same buffers, nothing new

@@ -205,7 +205,8 @@ class Engine:
         """Compile and (graphs on CUDA) capture, then run one throwaway step, before anything is
         measured. capacity: the largest request (prompt + new tokens + budget + 1) to come
         (default max_ctx); later requests up to it replay the same graphs. Returns
-        {"warmup_s": seconds, "what": "compile + capture" | "compile", "capacity": tokens}."""
+        {"warmup_s": seconds, "what": "compile + capture" (CUDA graphs) | "compile" (CUDA, eager) |
+        "first step" (CPU), "capacity": tokens}."""
         cap = min(self.max_ctx, capacity or self.max_ctx)
         need = prompt_len + 2 + self.budget + 1
         if cap < need:
@@ -217,7 +218,8 @@ class Engine:
         self.generate(prompt, 2)  # prefill and decode compile here (Triton, cuBLAS), one step runs
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        what = "compile + capture" if self.graphs and self.device.type == "cuda" else "compile"
+        cuda = self.device.type == "cuda"
+        what = ("compile + capture" if self.graphs else "compile") if cuda else "first step"
         return {"warmup_s": time.perf_counter() - t0, "what": what, "capacity": cap}
 
     @torch.no_grad()

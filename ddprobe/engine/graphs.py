@@ -25,7 +25,7 @@ import time
 import torch
 
 from .fuse import Fused, verify_head
-from .tree import DraftTree, build_tree, walk
+from .tree import DraftTree, build_tree
 
 NAMES = ("verify", "commit", "draft")
 
@@ -207,13 +207,3 @@ class StaticStep:
             self.kv.give_back([widx[j] for j in range(r) if j not in on_path])
         self.kv.committed += k
         self.dctx.n += k
-
-    def host_topk(self, vals: torch.Tensor, idx: torch.Tensor):
-        return vals.to("cpu", non_blocking=False), idx.to("cpu", non_blocking=False)
-
-
-def picks_list(picks: torch.Tensor, n: int) -> list[int]:
-    return picks[:n].tolist()
-
-
-__all__ = ["StaticStep", "tree_from_topk", "ancestor_bits", "walk", "picks_list"]
