@@ -3,7 +3,8 @@
 Public API:
     ModelConfig.from_name("tiny" | "k2", heads=None, **overrides)
     Engine(config="tiny", attn="reference", kv_layout=None, budget=8, *, device, dtype, seed,
-           shuffle_slots, poison, tree_shape, max_ctx)
+           shuffle_slots, poison, tree_shape, max_ctx, graphs=None)   # graphs: CUDA graphs (None: on for CUDA)
+    Engine.warmup(capacity=None) -> {"warmup_s", "what", "capacity"}   # compile + capture before measuring
     Engine.generate(prompt_ids, max_new_tokens, temperature=0.0, seed=None) -> GenerateResult
     Engine.greedy_reference(prompt_ids, max_new_tokens) -> list[int]
     build_tree(logp [L, V], budget, bonus, shape) -> DraftTree; walk(tree, picks) -> (path, bonus)
