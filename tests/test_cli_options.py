@@ -1,4 +1,4 @@
-"""The engine options, defined once: every engine command has all eight with its own defaults, `auto` picks
+"""The engine options, defined once: every engine command has all of them with its own defaults, `auto` picks
 the device here (no GPU: cpu and fp32), and the options a child process gets rebuild the same engine."""
 import pytest
 import typer
@@ -7,11 +7,11 @@ from typer.testing import CliRunner
 from ddprobe.cli import app
 from ddprobe.cli.options import CONTEXT_SLACK, EngineOptions, engine_options, kv_capacity
 
-ENGINE_FLAGS = ["--preset", "--attn", "--budget", "--device", "--dtype", "--heads", "--weights", "--seed"]
+ENGINE_FLAGS = ["--preset", "--attn", "--budget", "--device", "--dtype", "--heads", "--weights", "--seed", "--graphs"]
 
 
 @pytest.mark.parametrize("command", ["commit", "serve", "gpu-util", "diagnose"])
-def test_every_engine_command_has_the_eight_options(command):
+def test_every_engine_command_has_the_engine_options(command):
     r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     for flag in ENGINE_FLAGS:
@@ -31,10 +31,12 @@ def test_defaults_per_command_and_round_trip():
     assert r.exit_code == 0, r.output
     assert seen["eng"] == EngineOptions(preset="k2", heads=8)
     want = EngineOptions(preset="tiny", attn="split", budget=4, device="cpu", dtype="fp16", heads=2,
-                         weights="random", seed=3)
+                         weights="random", seed=3, graphs=False)
     r = CliRunner().invoke(probe, ["--n", "5", *want.args()])  # what a child process is handed
     assert r.exit_code == 0, r.output
     assert seen["eng"] == want and seen["n"] == 5
+    r = CliRunner().invoke(probe, ["--graphs"])
+    assert r.exit_code == 0 and seen["eng"].graphs is True
 
 
 def test_auto_resolves_to_cpu_without_a_gpu():
@@ -61,6 +63,7 @@ def test_commit_table_fits_80_columns(tmp_path):
     lines = [line for line in r.stdout.splitlines() if "written to" not in line]  # (a long path wraps anyway)
     assert max(len(line.rstrip()) for line in lines) <= 80, "\n".join(lines)
     assert any(line.lstrip().startswith("predictable") for line in lines)
+    assert "warm-up" in r.stderr and "first step" in r.stderr  # its own line, before the measured cells
     assert "commit" in r.stdout and "p10-90" in r.stdout
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 from ..units import DDProbeError, fmt_tokens, parse_token_list
 from .app import app
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
-    kv_capacity, num_or_dash, out, results_path, text_kinds
+    kv_capacity, num_or_dash, out, results_path, text_kinds, warm_up
 
 # (header, narrow header, cell) per column; narrow terminals (< 100 columns) get the short headers and
 # lose the columns marked None there.
@@ -78,8 +78,10 @@ def commit(
     be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(need))
     check_contexts(be, ctxs, max_new_tokens)  # before any file is written
     announce(eng, be)
+    warm = warm_up(be, need)  # outside every measured cell
     path = results_path(json_path, "commit")
-    config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": eng.seed, **be.describe()}
+    config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": eng.seed, **be.describe(),
+              **({"warmup": warm} if warm else {})}
     writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(), config=config), path, csv_path)
 
     where = url if url else f"{config.get('preset')}, {config.get('attn')}, {config.get('weights')} weights"
@@ -123,6 +125,7 @@ def serve(
         raise DDProbeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     be = eng.backend(parse_tokens(max_ctx) if max_ctx else None)
     announce(eng, be)
+    warm_up(be, None)  # the first request is then served at speed
     err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec)

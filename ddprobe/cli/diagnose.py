@@ -11,7 +11,7 @@ from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
 from .commit import announce
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
-    kv_capacity, out
+    kv_capacity, out, warm_up
 
 
 @app.command()
@@ -55,6 +55,7 @@ def diagnose(
     check_contexts(be, ctxs, max_new_tokens)
     check_contexts(be, ctxs, decode_tokens)
     announce(eng, be)
+    warm_up(be, need)  # outside every measured step
     folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
                            bw_Bps=bw_Bps, model=model, seed=eng.seed)

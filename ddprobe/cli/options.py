@@ -91,6 +91,8 @@ _ENGINE_OPTS = {  # field -> (annotation, flag, help)
     "weights": (str, "--weights", "auto (the preset's trained weights when shipped: tiny), trained, or random "
                                   "(from --seed)."),
     "seed": (int, "--seed", "Weights seed (engine) and text seed."),
+    "graphs": (Optional[bool], "--graphs/--no-graphs", "Replay decode steps as CUDA graphs (default: on for cuda, "
+                                                       "off on cpu)."),
 }
 
 
@@ -106,6 +108,7 @@ class EngineOptions:
     heads: Optional[int] = None
     weights: str = "auto"
     seed: int = 0
+    graphs: Optional[bool] = None
 
     def resolved(self) -> "EngineOptions":
         """``auto`` device and dtype made concrete: cuda when torch sees a GPU, else cpu; bf16 on cuda, fp32 on cpu."""
@@ -130,15 +133,17 @@ class EngineOptions:
 
         r = self.resolved()
         return EngineBackend(preset=r.preset, attn=r.attn, budget=r.budget, device=r.device, dtype=r.dtype,
-                             seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights)
+                             seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights, graphs=r.graphs)
 
     def args(self) -> list[str]:
         """The command-line options that rebuild this engine (for a child process)."""
         out_ = []
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if v is not None:
-                out_ += [_ENGINE_OPTS[f.name][1], str(v)]
+            v, flag = getattr(self, f.name), _ENGINE_OPTS[f.name][1]
+            if isinstance(v, bool):  # a --on/--off pair
+                out_.append(flag.split("/")[0 if v else 1])
+            elif v is not None:
+                out_ += [flag, str(v)]
         return out_
 
 
@@ -169,6 +174,16 @@ def engine_options(**defaults):
         return wrapper
 
     return deco
+
+
+def warm_up(be, capacity: Optional[int]) -> Optional[dict]:
+    """Compile, capture and one throwaway step before anything is measured (backends that can: the engine),
+    said in its own line; returns what the backend reported, for the results file."""
+    if not hasattr(be, "warmup"):
+        return None
+    done = be.warmup(capacity)
+    err.print(f"warm-up {done['warmup_s']:.1f} s: {done['what']}", highlight=False)
+    return done
 
 
 def results_path(given: Optional[Path], kind: str) -> Path:

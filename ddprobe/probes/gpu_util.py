@@ -67,9 +67,13 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
         raise NvmlUnavailable(sampler.sources["nvml"].removeprefix("missing: "))
     try:
         if warmup:
-            say("warm-up request (256 tokens, 3 new): kernels compile outside the sampled request")
             t_w = sampler.now()
-            backend.generate(ids[:256], 3)
+            if hasattr(backend, "warmup"):  # the engine: compile, capture and one throwaway step
+                done = backend.warmup(None)
+                say(f"warm-up {done['warmup_s']:.1f} s: {done['what']}")
+            else:
+                say("warm-up request (256 tokens, 3 new): kernels compile outside the sampled request")
+                backend.generate(ids[:256], 3)
             sampler.mark("warmup", t_w)
             sampler.mark("idle")
         time.sleep(IDLE_LEAD_S)
