@@ -11,7 +11,13 @@
      wall time over the sum of its kernels.
   5. tiny preset on CUDA: two cells of a real prompt, graphs and eager.
 
+With graphs the step builds the tree and walks on the device (one device-to-host copy per step);
+--tree both also times the host tree (two copies per step) on the same captured state, and the
+profile counts the device-to-host copies per step. Order: k2, equality, tiny.
+
     PYTHONPATH=$PWD python benchmarks/bench_engine.py --out $OUT/bench_engine.json
+    # short: split only, compiled only, no tiny timing
+    PYTHONPATH=$PWD python benchmarks/bench_engine.py --paths split --fuse on --skip tiny --out ...
 
 Writes the JSON as it goes; prints a short table last.
 """
@@ -45,7 +51,7 @@ def med(steps, key):
 
 
 def summary(steps) -> dict:
-    out = {k: med(steps, k) for k in PHASES + ("host_ms",)}
+    out = {k: med(steps, k) for k in PHASES + ("host_ms", "d2h")}
     out["step_ms"] = statistics.median(s.step_ms for s in steps)
     out["n"] = len(steps)
     return out
@@ -100,10 +106,12 @@ def profile_steps(eng: Engine, st, ctx: int, steps: int) -> dict:
         torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1e3 / steps
     classes = {"attention": 0.0, "gemm": 0.0, "copy": 0.0, "other": 0.0}
-    count, names = 0, {}
+    count, names, d2h = 0, {}, 0
     for ev in prof.events():
         if ev.device_type.name != "CUDA":
             continue
+        if "DtoH" in ev.name or "Device -> Pageable" in ev.name or "Device -> Pinned" in ev.name:
+            d2h += 1
         t = ev.device_time / 1e3 / steps
         n = ev.name
         low = n.lower()
@@ -122,7 +130,8 @@ def profile_steps(eng: Engine, st, ctx: int, steps: int) -> dict:
     cpu = sorted(((k.key, k.self_cpu_time_total / 1e3 / steps, k.count / steps) for k in prof.key_averages()),
                  key=lambda t: -t[1])[:12]
     top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
-    return {"ctx": ctx, "steps": steps, "kernel_ms_per_step": busy, "by_class_ms": classes, "kernels_per_step": count / steps,
+    return {"ctx": ctx, "steps": steps, "device_tree": eng.device_tree, "d2h_per_step": d2h / steps,
+            "kernel_ms_per_step": busy, "by_class_ms": classes, "kernels_per_step": count / steps,
             "wall_ms_per_step": wall, "event_step_ms": summary(recs)["step_ms"], "wall_over_kernels": wall / busy if busy else None,
             "top_kernels_ms": top, "cpu_self_ms": cpu}
 
@@ -144,10 +153,10 @@ def run_k2(a, out: dict, save) -> None:
     out["k2_split_tokens"] = {"graphs": ge, "eager": ee}
     save()
     for attn in a.paths.split(","):
-        for fuse in ((True, False) if attn == "split" else (True,)):
+        for fuse in ((True, False) if attn == "split" and a.fuse == "both" else (True,)):
             eng = base if attn == "split" else with_path(base, attn)
             eng.fuse = fuse
-            r = {"attn": attn, "fuse": fuse, "warmup": {}, "cells": {}, "profile": []}
+            r = {"attn": attn, "fuse": fuse, "warmup": {}, "cells": {}, "cells_host_tree": {}, "profile": []}
             out["k2"].append(r)
             for ctx in (ctxs if fuse else ctxs[:1]):
                 eng._static = None
@@ -157,19 +166,27 @@ def run_k2(a, out: dict, save) -> None:
                 st = eng._static
                 r["compiled"], r["compile_error"] = bool(st.fused and st.fused.compiled), eng.compile_error
                 n = a.steps if attn == "split" or ctx <= 32768 else max(4, a.steps // 3)
-                cells = []
-                for _ in range(2):
-                    synthetic(st, ctx)
-                    _, recs = decode_static(eng, st, 1, n + 1, 0.0, None, None)
-                    cells.append(summary(recs))
-                r["cells"][ctx] = cells
-                save()
+                modes = {"device": (True,), "host": (False,), "both": (True, False)}[a.tree]
+                for dt in modes:  # the same captured graphs serve both
+                    eng.device_tree = dt
+                    cells = []
+                    for _ in range(2):
+                        synthetic(st, ctx)
+                        _, recs = decode_static(eng, st, 1, n + 1, 0.0, None, None)
+                        cells.append(summary(recs))
+                    r["cells" if dt else "cells_host_tree"][ctx] = cells
+                    save()
+                eng.device_tree = modes[0]
                 if fuse and ctx == ctxs[0]:
                     r["logits_vs_plain"] = logits_check(eng, st, ctx)
                     synthetic(st, ctx)  # eager steps, same weights and state
                     _, recs = decode_eager(eng, st.kv, st.dctx, 1, max(4, a.steps // 3) + 1, 0.0, None, None)
                     r["eager"] = {ctx: summary(recs)}
                 r["profile"].append(profile_steps(eng, st, ctx, 5))
+                if a.tree == "both" and ctx == ctxs[0]:
+                    eng.device_tree = False
+                    r["profile"].append(profile_steps(eng, st, ctx, 5))
+                    eng.device_tree = True
                 save()
             eng._static = None
             torch.cuda.empty_cache()
@@ -219,6 +236,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", default="bench_engine.json")
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: equality,k2,tiny")
+    ap.add_argument("--fuse", choices=("both", "on"), default="both", help="split: compiled and plain, or compiled only")
+    ap.add_argument("--tree", choices=("both", "device", "host"), default="both",
+                    help="k2 cells with the tree on the device, on the host, or both")
     a = ap.parse_args()
     try:
         [parse_tokens(c) for c in a.ctxs.split(",")]
@@ -239,13 +259,13 @@ def main() -> int:
 
     skip = set(a.skip.split(","))
     with torch.no_grad():
+        if "k2" not in skip:
+            run_k2(a, out, save)
         if "equality" not in skip:
             equality(out["equality"])
             save()
         if "tiny" not in skip:
             run_tiny(out, save)
-        if "k2" not in skip:
-            run_k2(a, out, save)
     print(json.dumps(out["equality"]))
     print(f"{'model':5} {'path':6} {'ctx':>7} {'graphs':>6} {'cell1 ms':>9} {'cell2 ms':>9} {'draft':>6} {'tree':>6} "
           f"{'verify':>7} {'commit':>7} {'host':>6} {'warmup s':>8}")
@@ -261,10 +281,11 @@ def main() -> int:
                   f"attn {c['attention']:.2f} gemm {c['gemm']:.2f} copy {c['copy']:.2f} other {c['other']:.2f}; "
                   f"event step {p['event_step_ms']:.2f}")
     for r in out["k2"]:
-        for ctx, (c1, c2) in r["cells"].items():
-            print(f"{'k2':5} {r['attn'] + ('' if r['fuse'] else '-nf'):6} {ctx:>7} {'True':>6} {c1['step_ms']:9.2f} {c2['step_ms']:9.2f} "
-                  f"{c2['draft_ms']:6.2f} {c2['tree_ms']:6.2f} {c2['verify_ms']:7.2f} {c2['commit_ms']:7.2f} "
-                  f"{c2['host_ms']:6.2f} {r['warmup'][ctx]['warmup_s']:8.1f}")
+        for key, tag in (("cells", ""), ("cells_host_tree", "-ht")):
+            for ctx, (c1, c2) in r.get(key, {}).items():
+                print(f"{'k2':5} {r['attn'] + ('' if r['fuse'] else '-nf') + tag:9} {ctx:>7} {'True':>6} {c1['step_ms']:9.2f} "
+                      f"{c2['step_ms']:9.2f} {c2['draft_ms']:6.2f} {c2['tree_ms']:6.2f} {c2['verify_ms']:7.2f} "
+                      f"{c2['commit_ms']:7.2f} {c2['host_ms']:6.2f} {r['warmup'][ctx]['warmup_s']:8.1f} d2h {c2['d2h']}")
         if "logits_vs_plain" in r:
             print(f"   {r['attn']}: graph (compiled) vs plain static step logits: {r['logits_vs_plain']}")
         for ctx, e in r.get("eager", {}).items():
@@ -274,7 +295,8 @@ def main() -> int:
             c = p["by_class_ms"]
             print(f"   profile {r['attn']} {p['ctx']}: kernels {p['kernel_ms_per_step']:.2f} ms/step ({p['kernels_per_step']:.0f}): "
                   f"attn {c['attention']:.2f} gemm {c['gemm']:.2f} copy {c['copy']:.2f} other {c['other']:.2f}; "
-                  f"wall {p['wall_ms_per_step']:.2f} (x{p['wall_over_kernels']:.2f})")
+                  f"wall {p['wall_ms_per_step']:.2f} (x{p['wall_over_kernels']:.2f}); device_tree {p['device_tree']} "
+                  f"d2h copies/step {p['d2h_per_step']:.1f}")
     return 0
 
 

@@ -3,7 +3,9 @@
 graphs=True on CPU runs the same fixed-shape step functions a GPU captures (graphs.StaticStep:
 device plans that read the prefix length from a tensor, padded R rows, permuting commit), so
 greedy tokens must be identical to the eager engine and verify logits equal within tolerance, at
-budgets 1, 8 and 32 on both KV layouts; the kernels' device plans are tested in test_kernels.py.
+budgets 1, 8 and 32 on both KV layouts, with the tree built and walked on the device (the default
+at temperature 0: tree_device.py, one read back per step) and on the host (device_tree=False, and
+sampling); the kernels' device plans are tested in test_kernels.py.
 """
 from __future__ import annotations
 
@@ -68,20 +70,24 @@ def greedy() -> list[int]:
 @pytest.mark.parametrize("budget", [1, 8, 32])
 def test_static_step_equals_eager(greedy, layout, budget):
     runs = {}
-    for graphs in (False, True):
-        eng = engine(layout, budget, graphs)
+    for graphs, device_tree in ((False, True), (True, True), (True, False)):
+        eng = engine(layout, budget, graphs, device_tree=device_tree)
         seen = recording(eng)
         res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft))
-        runs[graphs] = (res, seen)
-    (eager, le), (static, ls) = runs[False], runs[True]
-    assert static.tokens == eager.tokens == greedy
-    assert [s.commit_len for s in static.steps] == [s.commit_len for s in eager.steps]
-    assert max(s.accepted_depth for s in static.steps) >= (1 if budget == 1 else 3)
-    assert all(s.graphs and s.host_ms is not None for s in static.steps) and not eager.steps[0].graphs
-    assert len(le) == len(ls)  # prefill chunks and verify steps, in order
-    for a, b in zip(le, ls):  # the static verify runs R = budget + 1 rows: compare the tree's rows
-        b = b[: a.shape[0]]
-        assert (a - b).abs().max() <= 1e-6 * a.abs().max(), "verify logits differ beyond fp32 attention rounding"
+        runs[graphs, device_tree] = (res, seen)
+    eager, le = runs[False, True]
+    assert eager.tokens == greedy and not eager.steps[0].graphs and eager.steps[0].d2h is None
+    for device_tree in (True, False):
+        static, ls = runs[True, device_tree]
+        assert static.tokens == greedy
+        assert [(s.tree_size, s.commit_len) for s in static.steps] == [(s.tree_size, s.commit_len) for s in eager.steps]
+        assert max(s.accepted_depth for s in static.steps) >= (1 if budget == 1 else 3)
+        assert all(s.graphs and s.host_ms is not None for s in static.steps)
+        assert {s.d2h for s in static.steps} == {1 if device_tree else 2}
+        assert len(le) == len(ls)  # prefill chunks and verify steps, in order
+        for a, b in zip(le, ls):  # the static verify runs R = budget + 1 rows: compare the tree's rows
+            b = b[: a.shape[0]]
+            assert (a - b).abs().max() <= 1e-6 * a.abs().max(), "verify logits differ beyond fp32 attention rounding"
 
 
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
@@ -112,6 +118,21 @@ def test_sampling_through_the_static_step():
     a = engine("paged", 8, False).generate(PROMPT, 30, temperature=1.0, seed=3)
     b = engine("paged", 8, True).generate(PROMPT, 30, temperature=1.0, seed=3)
     assert a.tokens == b.tokens  # same generator draws, same logits
+    assert {s.d2h for s in b.steps} == {2}  # sampling keeps the tree and the walk on the host
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_device_tree_state_and_streaming(layout):
+    """Device tree: the host's counters follow the device (committed, drafter context), a reused
+    state starts clean, streaming sees every step's tokens, and a second request equals the first."""
+    eng = engine(layout, 8, True)
+    chunks = []
+    res = eng.generate(PROMPT, 40, on_tokens=lambda toks, size: chunks.append(list(toks)))
+    st = eng._static
+    assert sum(chunks, []) == res.tokens[:sum(map(len, chunks))] and len(chunks) == len(res.steps) + 1
+    assert st.kv.committed == len(PROMPT) + sum(s.commit_len for s in res.steps) and st.dctx.n == st.kv.committed
+    assert eng.generate(PROMPT, 40).tokens == res.tokens
+    assert res.tokens == engine(layout, 8, False).generate(PROMPT, 40).tokens
 
 
 def test_tree_from_topk_is_build_tree():

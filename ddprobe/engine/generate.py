@@ -10,6 +10,8 @@ prefill goes through the reference path in causal chunks sized to bound the scor
 graphs (default: on for CUDA, off on CPU): decode steps run on the static buffers and device plan
 of a ``graphs.StaticStep`` kept per capacity and captured as CUDA graphs once; on CPU graphs=True
 runs that same static step eagerly (what the tests compare with the eager loop).
+device_tree (default on; static steps at temperature 0 only): the tree build and the walk run on
+the device (``tree_device.py``), one device-to-host copy per step; sampling keeps them on the host.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class Engine:
                  budget: int = 8, *, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
                  shuffle_slots: bool = False, poison: bool = False, tree_shape: str = "ddtree",
                  max_ctx: int | None = None, prefill_attn: str = "reference",
-                 prefill_score_bytes: float | None = None, graphs: bool | None = None):
+                 prefill_score_bytes: float | None = None, graphs: bool | None = None, device_tree: bool = True):
         self.config = ModelConfig.from_name(config) if isinstance(config, str) else config
         if budget < 1:
             raise ValueError(f"budget must be >= 1, got {budget}")
@@ -62,6 +64,8 @@ class Engine:
         if self.graphs and not self._device_plans():
             raise ValueError(f"attention path {attn!r} takes host plans only: use graphs=False")
         self._static: StaticStep | None = None  # the captured step, reused while a request fits
+        # static steps at temperature 0: tree build and walk on the device, one copy back per step
+        self.device_tree = bool(device_tree)
         # graph mode on CUDA: the model around the attention goes through torch.compile (fuse.py)
         self.fuse = self.graphs and self.device.type == "cuda"
         self._fused: Fused | None = None
@@ -196,7 +200,7 @@ class Engine:
                 self._fused = Fused(compile=False)
                 st = StaticStep(self, need, self._fused)
                 cap_ms = st.capture() * 1e3
-            what = "verify+commit+draft"
+            what = "draft+tree+verify+walk+commit"
         self._static = st
         return st, what, cap_ms
 

@@ -13,10 +13,23 @@ plan (kernels read the prefix length from ``prefix_t``), and three step function
   paged: the slot table), append every row's drafter K/V at its permuted place (rows past the
   accepted ones are overwritten later), NaN-poison the rejected rows when asked.
 
-On CUDA each is captured once (``capture``) and replayed; on CPU the same functions run eagerly,
-which is what the CPU tests compare with the eager engine. Per step the host writes two small
-int64 buffers (one copy each) and reads two (the top-k for the tree build, the picks for the
-walk): the tree build and the walk stay on the host (tree.build_tree, tree.walk).
+Two ways to run a step over them:
+
+- device tree (``eng.device_tree``, greedy): ``draft -> tree -> verify -> walk -> commit`` with no
+  host round trip in between. ``tree`` builds the DDTree on the device from the draft's top-k
+  (``tree_device.build_tree_device``: the same tree as ``tree.build_tree``) and fills the verify
+  inputs; ``walk`` (``tree_device.walk_device``) writes ``commit_in`` (permutation, prefix,
+  accepted count, next bonus) and ``out_buf`` (the committed tokens, their count, the tree size,
+  a finite-logits flag): the one device-to-host copy of the step. The write slots need no host
+  either: paged, the slot table's tail past the prefix is filled with every free slot when decoding
+  starts, so a step writes at ``tab[prefix:prefix + R]`` and the commit's permutation leaves the
+  rejected slots right after the new prefix for the next step.
+- host tree (sampling, ``device_tree=False``): the host reads the top-k, builds the tree
+  (tree.build_tree), writes ``step_in`` which ``unpack`` turns into the verify inputs, reads the
+  picks (or samples the logits), walks (tree.walk) and writes ``commit_in``.
+
+On CUDA each function is captured once (``capture``) and replayed; on CPU the same functions run
+eagerly, which is what the CPU tests compare with the eager engine.
 """
 from __future__ import annotations
 
@@ -26,8 +39,9 @@ import torch
 
 from .fuse import Fused, verify_head
 from .tree import DraftTree, build_tree
+from .tree_device import DeviceTree, build_tree_device, walk_device
 
-NAMES = ("verify", "commit", "draft")
+NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")
 
 
 def tree_from_topk(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus: int, shape: str) -> DraftTree:
@@ -64,35 +78,87 @@ class StaticStep:
         self.step_in = torch.zeros(4 * r + 1, **i64)  # tokens, depths, bits, write slots, prefix
         self.commit_in = torch.zeros(r + 3, **i64)  # perm, prefix before, accepted, bonus
         self.prefix_t = torch.zeros(1, dtype=torch.int32, device=dev)
+        # the verify's inputs (written by ``unpack`` from step_in, or by ``tree`` on the device)
+        self.tokens = torch.zeros(r, **i64)
+        self.widx = torch.zeros(r, **i64)
+        self.prefix = torch.zeros(1, **i64)
         self.positions = torch.zeros(r, **i64)
         self.tree_mask = torch.eye(r, dtype=torch.bool, device=dev)
+        # the device tree as the walk reads it, and the step's one answer to the host:
+        # committed tokens [R], their count, the tree size, logits finite (1/0)
+        self.dtree = DeviceTree(torch.zeros(r, **i64), torch.full((r,), -1, **i64), torch.zeros(r, **i64),
+                                torch.eye(r, dtype=torch.bool, device=dev), torch.zeros(r, dtype=torch.bool, device=dev),
+                                torch.zeros(r, dtype=torch.float64, device=dev), torch.zeros((), **i64))
+        self.out_buf = torch.zeros(r + 3, **i64)
         slots = self.kv.req_to_token[0] if self.paged else None
         self.plan = eng.path.plan(self.prefix_t, self.tree_mask, slots, t.kv_lora_rank, heads=t.num_heads,
                                   max_prefix=self.max_prefix)
         self.topk = 1 if eng.tree_shape == "chain" else min(eng.budget, t.vocab_size)
+        L = eng.config.drafter.num_draft
+        self.dvals = torch.zeros(L, self.topk, dtype=torch.float64, device=dev)  # the draft's top-k
+        self.didx = torch.zeros(L, self.topk, **i64)
         self.cuda = self.eng.device.type == "cuda"
         pin = dict(pin_memory=True) if self.cuda else {}
         self.step_host = torch.zeros(4 * r + 1, dtype=torch.int64, **pin)
         self.commit_host = torch.zeros(r + 3, dtype=torch.int64, **pin)
+        self.out_host = torch.zeros(r + 3, dtype=torch.int64, **pin)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.out: dict[str, tuple] = {}
-        self.feats = None
+        self.feats = self.logits = self.picks = None
 
     # ---- the three step functions (fixed shapes; what a graph records) ----------------------
-    def _verify(self):
-        eng, r, si = self.eng, self.rows, self.step_in
-        tokens, depths, bits, widx, prefix = si[:r], si[r:2 * r], si[2 * r:3 * r], si[3 * r:4 * r], si[4 * r:]
-        self.prefix_t.copy_(prefix)
+    def _unpack(self):
+        """Host tree: step_in (tokens, depths, ancestor bits, write slots, prefix) -> verify inputs."""
+        r, si = self.rows, self.step_in
+        depths, bits, prefix = si[r:2 * r], si[2 * r:3 * r], si[4 * r:]
+        self.tokens.copy_(si[:r])
+        self.widx.copy_(si[3 * r:4 * r])
+        self.prefix.copy_(prefix)
         self.positions.copy_(depths + prefix)
         self.tree_mask.copy_(((bits[:, None] >> self.ar[None, :]) & 1) != 0)
+        return ()
+
+    def _tree(self):
+        """Device tree: the draft's top-k and commit_in (prefix, accepted, bonus of the last step)
+        -> the DDTree (tree_device.build_tree_device) and the verify inputs."""
+        r, ci = self.rows, self.commit_in
+        prefix = ci[r:r + 1] + ci[r + 1:r + 2]
+        t = build_tree_device(self.dvals, self.didx, self.eng.budget, ci[r + 2:r + 3])
+        d = self.dtree
+        for dst, src in ((d.tokens, t.tokens), (d.parents, t.parents), (d.depths, t.depths), (d.mask, t.mask),
+                         (d.valid, t.valid), (d.size, t.size), (self.tokens, t.tokens), (self.tree_mask, t.mask),
+                         (self.prefix, prefix), (self.positions, t.depths + prefix)):
+            dst.copy_(src)
+        slots = prefix + self.ar
+        self.widx.copy_(self.kv.req_to_token[0][slots] if self.paged else slots)
+        return ()
+
+    def _verify(self):
+        eng, prefix, widx = self.eng, self.prefix, self.widx
+        self.prefix_t.copy_(prefix)
         if self.paged:
             self.kv.req_to_token[0].index_copy_(0, prefix + self.ar, widx)
         eng.path.refresh(self.plan)
         f = self.fused
-        hidden, feats = eng.target(tokens, self.positions, self.kv.buffer, widx, self.plan, eng.path,
+        hidden, feats = eng.target(self.tokens, self.positions, self.kv.buffer, widx, self.plan, eng.path,
                                    f.layer if f is not None else None)
         logits, picks = (f.verify_head if f is not None else verify_head)(eng.target, hidden)
         return logits, feats, picks
+
+    def _walk(self):
+        """Device tree, greedy: tree_device.walk_device over the picks -> commit_in and out_buf."""
+        r, d = self.rows, self.dtree
+        w = walk_device(d, self.picks)
+        self.commit_in[:r].copy_(w.perm)
+        self.commit_in[r:r + 1].copy_(self.prefix)
+        self.commit_in[r + 1].copy_(w.count)
+        self.commit_in[r + 2:r + 3].copy_(w.bonus)
+        self.out_buf[:r].copy_(w.out)
+        self.out_buf[r].copy_(w.count)
+        self.out_buf[r + 1].copy_(d.size)
+        if self.eng.poison:  # NaN in a tree row's logits: attention read outside the plan
+            self.out_buf[r + 2].copy_(torch.where(d.valid[:, None], self.logits.isfinite(), True).all())
+        return ()
 
     def _commit(self):
         r, ci, buf = self.rows, self.commit_in, self.kv.buffer
@@ -116,8 +182,16 @@ class StaticStep:
     def _draft(self):
         eng, r, ci = self.eng, self.rows, self.commit_in
         n = ci[r:r + 1] + ci[r + 1:r + 2]
-        return eng.drafter.forward_static(self.dctx, n, ci[r + 2:r + 3], eng.target.embed_tokens, eng.target.lm_head,
-                                          self.topk, self.fused)
+        vals, idx = eng.drafter.forward_static(self.dctx, n, ci[r + 2:r + 3], eng.target.embed_tokens,
+                                               eng.target.lm_head, self.topk, self.fused)
+        self.dvals.copy_(vals)
+        self.didx.copy_(idx)
+        return self.dvals, self.didx
+
+    def set_draft(self, vals: torch.Tensor, idx: torch.Tensor) -> None:
+        """A proposer's top-k [L, k] in place of the draft's (tests)."""
+        self.dvals.copy_(vals)
+        self.didx.copy_(idx)
 
     def run(self, name: str):
         if name in self.graphs:
@@ -125,7 +199,7 @@ class StaticStep:
             return self.out[name]
         out = getattr(self, "_" + name)()
         if name == "verify":
-            self.feats = out[1]
+            self.logits, self.feats, self.picks = out
         return out
 
     # ---- capture ------------------------------------------------------------------------------
@@ -139,17 +213,19 @@ class StaticStep:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
+                self._benign_inputs()
                 for name in NAMES:
                     self.run(name)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
+        self._benign_inputs()
         for name in NAMES:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 out = getattr(self, "_" + name)()
             self.graphs[name], self.out[name] = g, out
-            if name == "verify":
-                self.feats = out[1]  # the commit graph reads the verify graph's static output
+            if name == "verify":  # the walk and commit graphs read the verify graph's static outputs
+                self.logits, self.feats, self.picks = out
         torch.cuda.synchronize()
         self.reset()
         return time.perf_counter() - t0
@@ -160,6 +236,7 @@ class StaticStep:
         slots = self.kv.take_slots(r) if self.paged else list(range(r))
         if self.paged:
             self.kv.give_back(slots)
+            self.kv.req_to_token[0, :r] = torch.tensor(slots, device=self.kv.device)  # the device tree's slots
         self.step_host.zero_()
         self.step_host[2 * r:3 * r] = torch.tensor(ancestor_bits([-1] * r))  # every row sees itself
         self.step_host[3 * r:4 * r] = torch.tensor(slots)
@@ -180,7 +257,8 @@ class StaticStep:
         self.commit_in.copy_(h, non_blocking=self.cuda)
 
     def write_step(self, tree: DraftTree, prefix: int) -> list[int]:
-        """Pad the tree to R rows, take write slots, fill step_in; returns the write slots."""
+        """Pad the tree to R rows, take write slots, fill step_in and unpack it into the verify's
+        inputs; returns the write slots."""
         r, n = self.rows, tree.num_rows
         pad = r - n
         tokens = list(tree.tokens) + [0] * pad
@@ -189,7 +267,24 @@ class StaticStep:
         widx = self.kv.take_slots(r) if self.paged else list(range(prefix, prefix + r))
         self.step_host.copy_(torch.tensor(tokens + depths + bits + widx + [prefix]))
         self.step_in.copy_(self.step_host, non_blocking=self.cuda)
+        self.run("unpack")
         return widx
+
+    def start_device(self, bonus: int) -> None:
+        """Device tree: before the first step, commit_in (no permutation, prefix, 0 accepted, the
+        bonus) and, paged, every free slot into the slot table after the prefix."""
+        self.write_commit(list(range(self.rows)), self.kv.committed, 0, bonus)
+        if self.paged:
+            c = self.kv.committed
+            tail = self.kv.take_slots(self.kv.free_slots)
+            self.kv.req_to_token[0, c:c + len(tail)] = torch.tensor(tail, dtype=torch.int64).to(self.kv.device)
+
+    def read_step(self) -> list[int]:
+        """Device tree: the step's one device-to-host copy (waits for the step) -> out_buf as a list."""
+        self.out_host.copy_(self.out_buf, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        return self.out_host.tolist()
 
     def after_walk(self, path: list[int], widx: list[int], bonus: int) -> None:
         """Commit: rows of the path first (in path order), then the others; bookkeeping on the host."""

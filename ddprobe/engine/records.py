@@ -17,7 +17,10 @@ class StepRecord:
     record). captured: what was captured just before this step ("" when nothing was: warm-up
     did it, or graphs are off), and capture_ms how long that took (not part of step_ms).
     host_ms (static steps): the host's own work in the step, i.e. its wall time less the time it
-    waited for the GPU's two answers (top-k for the tree, picks for the walk); None when eager.
+    waited for the GPU's answers; None when eager.
+    d2h (static steps): device-to-host copies the host waited on in the step: 1 with the tree on
+    the device (the committed tokens and their count), 2 with the host tree (the draft's top-k for
+    the build, the picks for the walk); None when eager.
     """
 
     step: int
@@ -33,6 +36,7 @@ class StepRecord:
     captured: str = ""
     capture_ms: float = 0.0
     host_ms: float | None = None
+    d2h: int | None = None
 
     @property
     def drafts(self) -> int:

@@ -1,0 +1,129 @@
+"""DDTree build and walk on the device: plain torch ops on fixed shapes (a CUDA graph records them).
+
+``build_tree_device(vals, idx, budget, bonus)`` makes exactly the tree ``tree.build_tree`` makes
+(same rows in the same pop order, same tokens, parents, depths, scores), from the drafter's top-k
+(values [L, k] sorted descending as ``torch.topk`` returns them, their token ids [L, k]), padded to
+R = budget + 1 rows: a padded row has token 0, parent -1, depth 0, sees only itself, valid False.
+
+How: B iterations, each pops one node. The frontier is indexed by parent row: every popped row p
+has at most one pending candidate, its next child (rank = children popped so far, at depth
+depth[p] + 1), with score score[p] + vals[depth[p], rank], summed in the host's order (float64).
+Ties (equal scores) go to the lexicographically smaller rank path, as the heap key
+``(-score, ranks)`` of ``tree.build_tree`` does. A candidate is the last child of its parent, so its
+rank path sorts right after the end of its parent's popped subtree in preorder (children by rank):
+candidates with different parents compare by that end (smaller first); two parents with the same
+end lie on one rightmost chain, and the deeper parent's candidate is the smaller path. Each
+iteration keeps every popped row's preorder position, the subtree ends come from the ancestor mask.
+
+``walk_device(...)`` is ``tree.walk`` at temperature 0 on the device (greedy picks [R]): a row is
+accepted when it and every ancestor matched its parent's pick; the accepted rows form the path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DeviceTree:
+    tokens: torch.Tensor  # [R] int64, row 0 = bonus, padded rows 0
+    parents: torch.Tensor  # [R] int64, -1 for the root and padded rows
+    depths: torch.Tensor  # [R] int64, padded rows 0
+    mask: torch.Tensor  # [R, R] bool: row i sees itself and its ancestors (padded rows: themselves)
+    valid: torch.Tensor  # [R] bool: row 0 and the drafted nodes
+    scores: torch.Tensor  # [R] float64 summed draft log-prob (root and padded rows 0)
+    size: torch.Tensor  # 0-d int64: drafted nodes (root not counted)
+
+
+def build_tree_device(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus) -> DeviceTree:
+    """vals [L, k] (top-k log-probs, descending per row), idx [L, k] token ids, bonus: int or a
+    one-element int64 tensor on the device -> the DeviceTree of ``tree.build_tree`` over them.
+    k = min(budget, V) gives the "ddtree" shape, k = 1 the "chain" shape."""
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    depth_max, k = vals.shape
+    dev, r = vals.device, budget + 1
+    i64 = dict(dtype=torch.int64, device=dev)
+    # (L + 1) x (k + 1) tables: the padding row / column is "no candidate" (depth == L or rank == k)
+    valsp = torch.zeros(depth_max + 1, k + 1, dtype=torch.float64, device=dev)
+    valsp[:depth_max, :k] = vals.double()
+    idxp = torch.zeros(depth_max + 1, k + 1, **i64)
+    idxp[:depth_max, :k] = idx
+    avail = torch.zeros(depth_max + 1, k + 1, dtype=torch.bool, device=dev)
+    avail[:depth_max, :k] = True
+    valsp, idxp, avail = valsp.view(-1), idxp.view(-1), avail.view(-1)
+    ar = torch.arange(r, **i64)
+    eye = torch.eye(r, dtype=torch.bool, device=dev)
+    # per-row state; unpopped rows sit at depth L (never a candidate's parent)
+    dep = torch.full((r,), depth_max, **i64)
+    dep[0] = 0
+    nr = torch.zeros(r, **i64)  # children popped so far
+    score = torch.zeros(r, dtype=torch.float64, device=dev)
+    parents = torch.full((r,), -1, **i64)
+    tokens = torch.zeros(r, **i64)
+    tokens[0:1] = bonus if isinstance(bonus, torch.Tensor) else torch.full((1,), int(bonus), **i64)
+    anc = torch.zeros(r, r, dtype=torch.bool, device=dev)
+    anc[0, 0] = True
+    pos1 = torch.zeros(r, **i64)  # preorder position + 1 of popped rows, 0 for the others
+    pos1[0] = 1
+    valid = torch.zeros(r, dtype=torch.bool, device=dev)
+    valid[0] = True
+    neg_inf = torch.full((), float("-inf"), dtype=torch.float64, device=dev)
+    big = torch.full((), torch.iinfo(torch.int64).max, **i64)
+    top = valsp.numel() - 1  # (L, k): no candidate
+    one = torch.ones(1, **i64)
+    # once the frontier is empty (fewer prefixes than the budget) it stays empty: the later rows
+    # are computed anyway (no branch on the device) and masked out at the end through ``valid``
+    for x in range(1, r):
+        gidx = torch.add(nr, dep, alpha=k + 1).clamp_(max=top)  # [R] flat (depth, rank) of each row's candidate
+        ok = avail[gidx]
+        cand = score + valsp[gidx]
+        end1 = (anc * pos1[:, None]).amax(0)  # [R] end of each row's subtree in preorder (+1)
+        m = torch.where(ok, cand, neg_inf).amax()
+        tie = ok & (cand == m)
+        key = torch.where(tie, end1 * (depth_max + 2) - dep, big)
+        p = key.argmin().view(1)
+        tokens[x:x + 1] = idxp[gidx[p]]
+        parents[x:x + 1] = p
+        dep[x:x + 1] = dep[p] + 1
+        score[x:x + 1] = cand[p]
+        nr.index_add_(0, p, one)
+        anc[x] = anc.index_select(0, p)[0] | eye[x]
+        e1 = end1[p]
+        pos1 += pos1 > e1
+        pos1[x:x + 1] = e1 + 1
+        valid[x:x + 1] = valid[x - 1:x] & tie.any()
+    tokens = torch.where(valid, tokens, 0)
+    parents = torch.where(valid, parents, -1)
+    depths = torch.where(valid, dep, 0)
+    score = torch.where(valid, score, 0.0)
+    mask = torch.where(valid[:, None], anc, eye)
+    return DeviceTree(tokens, parents, depths, mask, valid, score, valid.sum() - 1)
+
+
+@dataclass
+class DeviceWalk:
+    accepted: torch.Tensor  # [R] bool: rows on the accepted path (row 0 always)
+    count: torch.Tensor  # 0-d int64: k = accepted rows = commit length
+    bonus: torch.Tensor  # [1] int64: the pick at the last accepted row
+    perm: torch.Tensor  # [R] int64: accepted rows first (by depth), then the others in row order
+    out: torch.Tensor  # [R] int64: committed tokens (path tokens after the root, then the bonus), 0 after
+
+
+def walk_device(t: DeviceTree, picks: torch.Tensor) -> DeviceWalk:
+    """``tree.walk`` at temperature 0: picks [R] the target's greedy token at every row."""
+    r = t.tokens.shape[0]
+    ar = torch.arange(r, dtype=torch.int64, device=picks.device)
+    match = t.valid & (t.tokens == picks[t.parents.clamp(min=0)])
+    match = match | (ar == 0)
+    accepted = ~(t.mask & ~match[None, :]).any(1)  # every row it sees (itself, ancestors) matched
+    count = accepted.sum()
+    last = torch.where(accepted, t.depths, -1).argmax()
+    bonus = picks.gather(0, last.view(1))  # [1] (no 0-d tensor index: that would read it on the host)
+    rest = torch.cumsum((~accepted).long(), 0) - 1 + count
+    perm = torch.where(accepted, t.depths, rest)
+    out = torch.zeros(r + 1, dtype=torch.int64, device=picks.device)
+    out.scatter_(0, torch.where(accepted & (ar > 0), t.depths - 1, r), t.tokens)
+    out.scatter_(0, (count - 1).view(1), bonus)
+    return DeviceWalk(accepted, count, bonus, perm, out[:r])
