@@ -146,6 +146,36 @@ def test_tree_from_topk_is_build_tree():
     assert ancestor_bits([-1] + list(range(63)))[-1] == -1  # bit 63 as the int64 sign
 
 
+HOST_OPS = ("aten.lift_fresh", "aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_step_functions_never_touch_the_host(layout):
+    """What a CUDA graph records must not read from or write to the host: no tensor made from
+    Python data (``x[i] = 0`` copies from the host: capture refuses it), no item() / nonzero()."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    for budget in (1, 8):
+        eng = engine(layout, budget, True)
+        eng.generate(PROMPT, 8)
+        st = eng._static
+        st._benign_inputs()
+        for name in ("draft", "tree", "unpack", "verify", "walk", "commit"):
+            with torch.no_grad(), Seen() as seen:
+                st.run(name)
+            assert len(seen.ops) > 3  # the mode saw the function
+            assert not seen.ops & set(HOST_OPS), (name, seen.ops & set(HOST_OPS))
+
+
 SCRIPT = textwrap.dedent("""
     import torch
     from ddprobe.engine import Engine

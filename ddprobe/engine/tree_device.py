@@ -42,6 +42,8 @@ def build_tree_device(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus)
     k = min(budget, V) gives the "ddtree" shape, k = 1 the "chain" shape."""
     if budget < 1:
         raise ValueError(f"budget must be >= 1, got {budget}")
+    # no Python value is written into a tensor here (``x[i] = 0`` copies from the host, which a
+    # CUDA graph capture refuses): scalars go through fill_, full and where
     depth_max, k = vals.shape
     dev, r = vals.device, budget + 1
     i64 = dict(dtype=torch.int64, device=dev)
@@ -51,24 +53,24 @@ def build_tree_device(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus)
     idxp = torch.zeros(depth_max + 1, k + 1, **i64)
     idxp[:depth_max, :k] = idx
     avail = torch.zeros(depth_max + 1, k + 1, dtype=torch.bool, device=dev)
-    avail[:depth_max, :k] = True
+    avail[:depth_max, :k].fill_(True)
     valsp, idxp, avail = valsp.view(-1), idxp.view(-1), avail.view(-1)
     ar = torch.arange(r, **i64)
     eye = torch.eye(r, dtype=torch.bool, device=dev)
     # per-row state; unpopped rows sit at depth L (never a candidate's parent)
     dep = torch.full((r,), depth_max, **i64)
-    dep[0] = 0
+    dep[0:1].fill_(0)
     nr = torch.zeros(r, **i64)  # children popped so far
     score = torch.zeros(r, dtype=torch.float64, device=dev)
     parents = torch.full((r,), -1, **i64)
     tokens = torch.zeros(r, **i64)
     tokens[0:1] = bonus if isinstance(bonus, torch.Tensor) else torch.full((1,), int(bonus), **i64)
     anc = torch.zeros(r, r, dtype=torch.bool, device=dev)
-    anc[0, 0] = True
+    anc[0:1, 0:1].fill_(True)
     pos1 = torch.zeros(r, **i64)  # preorder position + 1 of popped rows, 0 for the others
-    pos1[0] = 1
+    pos1[0:1].fill_(1)
     valid = torch.zeros(r, dtype=torch.bool, device=dev)
-    valid[0] = True
+    valid[0:1].fill_(True)
     neg_inf = torch.full((), float("-inf"), dtype=torch.float64, device=dev)
     big = torch.full((), torch.iinfo(torch.int64).max, **i64)
     top = valsp.numel() - 1  # (L, k): no candidate
