@@ -165,6 +165,7 @@ def run_k2(a, out: dict, save) -> None:
                 r["warmup"][ctx] = eng.warmup(capacity=ctx + (a.steps + 2) * 9 + 64)
                 st = eng._static
                 r["compiled"], r["compile_error"] = bool(st.fused and st.fused.compiled), eng.compile_error
+                r["device_tree_graphs"], r["device_error"] = st.device_ok, st.device_error
                 n = a.steps if attn == "split" or ctx <= 32768 else max(4, a.steps // 3)
                 modes = {"device": (True,), "host": (False,), "both": (True, False)}[a.tree]
                 for dt in modes:  # the same captured graphs serve both

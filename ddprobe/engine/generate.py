@@ -200,7 +200,7 @@ class Engine:
                 self._fused = Fused(compile=False)
                 st = StaticStep(self, need, self._fused)
                 cap_ms = st.capture() * 1e3
-            what = "draft+tree+verify+walk+commit"
+            what = "+".join(st.graphs)
         self._static = st
         return st, what, cap_ms
 

@@ -41,7 +41,8 @@ from .fuse import Fused, verify_head
 from .tree import DraftTree, build_tree
 from .tree_device import DeviceTree, build_tree_device, walk_device
 
-NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")
+NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")  # run order within a step
+HOST_NAMES = ("draft", "unpack", "verify", "commit")  # the host tree's step
 
 
 def tree_from_topk(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus: int, shape: str) -> DraftTree:
@@ -105,6 +106,7 @@ class StaticStep:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.out: dict[str, tuple] = {}
         self.feats = self.logits = self.picks = None
+        self.device_error: str | None = None  # why the device tree's graphs were not captured
 
     # ---- the three step functions (fixed shapes; what a graph records) ----------------------
     def _unpack(self):
@@ -204,9 +206,30 @@ class StaticStep:
 
     # ---- capture ------------------------------------------------------------------------------
     def capture(self) -> float:
-        """Record the three functions as CUDA graphs (two eager runs first on a side stream: Triton
-        compiles, cuBLAS picks its kernels). Runs on an empty state and leaves it empty. Seconds."""
+        """Record the step functions as CUDA graphs (two eager runs first on a side stream: Triton
+        compiles, cuBLAS picks its kernels). Runs on an empty state and leaves it empty. Seconds.
+        The device tree's two (tree, walk) are captured when ``eng.device_tree``; should that fail,
+        the step keeps the host tree (``device_error`` says why) rather than failing the request."""
         t0 = time.perf_counter()
+        names = NAMES if self.eng.device_tree else HOST_NAMES
+        try:
+            self._capture(names)
+        except Exception as e:  # noqa: BLE001
+            if names == HOST_NAMES:
+                raise
+            self.device_error = f"{type(e).__name__}: {e}"[:300]
+            self.graphs, self.out = {}, {}
+            torch.cuda.synchronize()
+            self._capture(HOST_NAMES)  # a compile error raises here again: generate.py handles it
+        self.reset()
+        return time.perf_counter() - t0
+
+    @property
+    def device_ok(self) -> bool:
+        """Can this step run the device tree (on CUDA: were its graphs captured)?"""
+        return not self.cuda or "tree" in self.graphs
+
+    def _capture(self, names) -> None:
         self._benign_inputs()
         torch.cuda.synchronize()
         side = torch.cuda.Stream()
@@ -214,12 +237,12 @@ class StaticStep:
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._benign_inputs()
-                for name in NAMES:
+                for name in names:
                     self.run(name)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         self._benign_inputs()
-        for name in NAMES:
+        for name in names:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 out = getattr(self, "_" + name)()
@@ -227,8 +250,6 @@ class StaticStep:
             if name == "verify":  # the walk and commit graphs read the verify graph's static outputs
                 self.logits, self.feats, self.picks = out
         torch.cuda.synchronize()
-        self.reset()
-        return time.perf_counter() - t0
 
     def _benign_inputs(self) -> None:
         r = self.rows

@@ -70,7 +70,7 @@ def decode_eager(eng, kv, dctx, bonus: int, max_new_tokens: int, temperature: fl
 def decode_static(eng, st: StaticStep, bonus: int, max_new_tokens: int, temperature: float, gen, proposer,
                   captured: str = "", capture_ms: float = 0.0, on_tokens=None):
     """The loop over a StaticStep after prefill (st.kv / st.dctx hold the prompt)."""
-    if temperature == 0 and getattr(eng, "device_tree", False):
+    if temperature == 0 and getattr(eng, "device_tree", False) and st.device_ok:
         return decode_device(eng, st, bonus, max_new_tokens, proposer, captured, capture_ms, on_tokens)
     out, pending, clock = [bonus], [], StepClock(eng.device)
     if on_tokens is not None:
