@@ -12,7 +12,7 @@ from rich.table import Table
 from ..units import DDProbeError, fmt_tokens, parse_token_list
 from .app import app
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
-    kv_capacity, num_or_dash, out, results_path, text_kinds, warm_up
+    num_or_dash, out, results_path, text_kinds, warm_up
 
 # (header, narrow header, cell) per column; narrow terminals (< 100 columns) get the short headers and
 # lose the columns marked None there.
@@ -74,11 +74,11 @@ def commit(
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
     kinds = text_kinds(text)
-    need = kv_capacity(max(ctxs), max_new_tokens, eng.budget)
-    be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(need))
+    be = make_backend(backend, url, timeout,
+                      engine_factory=lambda: eng.backend(eng.capacity(max(ctxs), max_new_tokens)))
     check_contexts(be, ctxs, max_new_tokens)  # before any file is written
     announce(eng, be)
-    warm = warm_up(be, need)  # outside every measured cell
+    warm = warm_up(be, None)  # outside every measured cell, for the largest request
     path = results_path(json_path, "commit")
     config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": eng.seed, **be.describe(),
               **({"warmup": warm} if warm else {})}

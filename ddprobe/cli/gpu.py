@@ -12,7 +12,7 @@ from rich.table import Table
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
 from .app import app
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
-    kv_capacity, num_or_dash, out, results_path, text_kinds
+    num_or_dash, out, results_path, text_kinds
 
 SIGNALS = [("util_gpu_pct", "smi util"), ("gpm_sm_util_pct", "SM"), ("gpm_tensor_util_pct", "tensor"),
            ("gpm_dram_bw_util_pct", "DRAM"), ("util_mem_pct", "mem ctl"), ("power_pct", "power/limit"),
@@ -50,6 +50,7 @@ def gpu_util(
     import tempfile
 
     from ..probes.backends import make_backend
+    from ..probes.commit import check_contexts
     from ..probes.gpu_util import deep_ncu, replay as replay_result, run_gpu_util
     from ..probes.telemetry import require_nvml
     from ..results import Result, ResultWriter, RunMeta
@@ -67,8 +68,9 @@ def gpu_util(
         kind = kinds[0]
         names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
         err.print(f"sampling {len(names)} GPU(s) every {period_s * 1e3:.0f} ms: {', '.join(sorted(set(names)))}")
-        need = kv_capacity(n_prompt, decode_tokens, eng.budget)
-        be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(need))
+        be = make_backend(backend, url, timeout,
+                          engine_factory=lambda: eng.backend(eng.capacity(n_prompt, decode_tokens)))
+        check_contexts(be, [n_prompt], decode_tokens)  # one line naming --prompt-len when it does not fit
         config = {"prompt_len": n_prompt, "decode_tokens": decode_tokens, **be.describe()}
         writer = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(), config=config), path, csv_path)
         res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,

@@ -135,6 +135,20 @@ class EngineOptions:
         return EngineBackend(preset=r.preset, attn=r.attn, budget=r.budget, device=r.device, dtype=r.dtype,
                              seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights, graphs=r.graphs)
 
+    def position_limit(self) -> int:
+        """Longest context the preset's weights reach (its RoPE/YaRN range), known before anything is built."""
+        from ..engine.config import ModelConfig
+
+        try:
+            return ModelConfig.from_name(self.preset, heads=self.heads).position_limit
+        except ValueError as e:  # unknown preset, bad heads
+            raise DDProbeError(str(e)) from None
+
+    def capacity(self, longest_ctx: int, new_tokens: int) -> int:
+        """KV capacity for the longest request, never past the preset's limit: a context beyond it is then
+        refused by the context check, naming the value typed rather than an internal total."""
+        return min(kv_capacity(longest_ctx, new_tokens, self.budget), self.position_limit())
+
     def args(self) -> list[str]:
         """The command-line options that rebuild this engine (for a child process)."""
         out_ = []

@@ -101,6 +101,12 @@ class ModelConfig:
     drafter: DrafterConfig
     max_ctx: int = 4096  # default KV capacity (tokens, tree rows included)
 
+    @property
+    def position_limit(self) -> int:
+        """Longest context the preset's RoPE covers: YaRN factor x original length (else its KV default)."""
+        y = self.target.yarn
+        return int(y.factor * y.original_max_position) if y is not None else self.max_ctx
+
     @classmethod
     def from_name(cls, name: str, heads: int | None = None, **overrides) -> "ModelConfig":
         """Preset by name; ``heads`` sets the target's attention heads; ``overrides`` replace

@@ -16,7 +16,7 @@ import statistics
 from typing import Any, Callable
 
 from ..results import ResultWriter
-from ..units import DDProbeError
+from ..units import DDProbeError, fmt_tokens
 from .. import texts
 from .backends import Backend, GenStats
 
@@ -63,8 +63,9 @@ def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, slack
     if limit is not None:
         too_long = [c for c in ctxs if c + max_new_tokens + slack > limit]
         if too_long:
-            raise DDProbeError(f"context {too_long[0]} + {max_new_tokens} new tokens exceeds what the "
-                               f"{backend.name} backend allows ({limit} tokens)")
+            c = too_long[0]
+            raise DDProbeError(f"context {fmt_tokens(c)} ({c:,} tokens) + {max_new_tokens} new tokens is beyond the "
+                               f"{limit:,} tokens the {backend.name} backend reaches")
     return limit
 
 

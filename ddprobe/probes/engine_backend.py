@@ -58,7 +58,7 @@ class EngineBackend:
                                "run them slowly on the CPU)")
         try:
             cfg = ModelConfig.from_name(preset, heads=heads)
-            self.limit = self._position_limit(cfg)
+            self.limit = cfg.position_limit
             if max_ctx is not None and max_ctx > self.limit:
                 raise BackendError(f"the {preset} preset supports {self.limit} tokens of context, asked for {max_ctx}")
             # KV capacity is allocated up front: without a request, keep it modest
@@ -81,12 +81,6 @@ class EngineBackend:
         self.tokenizer = shipped.load_tokenizer(preset) if trained else WordTokenizer.default()
         self.preset, self.attn, self.budget, self.device, self.dtype, self.seed = preset, attn, budget, device, \
             dtype, seed
-
-    @staticmethod
-    def _position_limit(cfg) -> int:
-        """Longest context the preset's RoPE covers: YaRN factor x original length (else its KV default)."""
-        y = cfg.target.yarn
-        return int(y.factor * y.original_max_position) if y is not None else cfg.max_ctx
 
     def tokenize(self, text: str) -> list[int]:
         vocab = self.engine.config.target.vocab_size
