@@ -3,8 +3,8 @@ sampler's own cost. Run on a GPU machine (two H200s for the recorded files):
 
     PYTHONPATH=. python3 benchmarks/gpu_util_multi.py --out DIR
 
-Writes DIR/gpu-util-2gpu-one-busy.json (bf16 matmul loop on GPU 0, GPU 1 idle),
-DIR/gpu-util-2gpu-both-busy.json (matmul on GPU 0 and a streaming read on GPU 1 at the same time), each a
+Writes DIR/gpu-util-<n>gpu-one-busy.json (bf16 matmul loop on GPU 0, the others idle) and, with two GPUs or
+more, DIR/gpu-util-<n>gpu-both-busy.json (matmul on GPU 0 and a streaming read on GPU 1 at the same time), each a
 ``gpu-util`` results file that ``ddprobe gpu-util --replay`` re-analyses, and DIR/sampler-overhead.json:
 the cost of one sampler tick over every GPU, and the median decode step of the tiny engine on GPU 0 with
 the sampler running (period 0.2 s) and without, alternating runs.
@@ -67,7 +67,7 @@ def timeline(loads: dict[str, callable], label: str, out: Path) -> dict:
                  rows=rows)
     res.summary = {**analyze(rows, {}, s.sources), "request": {},
                    "markers": [[round(t, 4), p] for t, p in s.markers]}
-    res.save(out / f"gpu-util-2gpu-{label}.json")
+    res.save(out / f"gpu-util-{label}.json")
     return res.summary
 
 
@@ -108,9 +108,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     n = torch.cuda.device_count()
     print(f"{n} GPU(s): {[torch.cuda.get_device_name(i) for i in range(n)]}", flush=True)
-    for label, loads in (("one-busy", {"cuda:0": matmul_load}),
-                         ("both-busy", {"cuda:0": matmul_load, "cuda:1": stream_load})):
-        summ = timeline(loads, label, out)
+    plans = [("one-busy", {"cuda:0": matmul_load})]
+    if n >= 2:
+        plans.append(("both-busy", {"cuda:0": matmul_load, "cuda:1": stream_load}))
+    for label, loads in plans:
+        summ = timeline(loads, f"{n}gpu-{label}", out)
         for d in summ["per_phase"]:
             print(label, d["gpu"], d["phase"], d["samples"], d["verdict"], "|", d["evidence"], flush=True)
     tick = tick_cost()
