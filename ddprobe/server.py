@@ -151,6 +151,19 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
     def sse(obj) -> str:
         return "data: " + (obj if isinstance(obj, str) else json.dumps(obj)) + "\n\n"
 
+    def stream(job: Job, evs, on_tokens, on_done) -> StreamingResponse:
+        """Server-sent events of a started job: what ``on_tokens(new ids)`` and ``on_done(result)`` return (lists
+        of bodies), then [DONE]; the job is cancelled whenever the stream ends, the client gone included."""
+        async def chunks():
+            try:
+                async for kind, value in evs:
+                    for item in (on_tokens(value) if kind == "tokens" else on_done(value)):
+                        yield sse(item)
+                yield sse("[DONE]")
+            finally:
+                job.cancel.set()
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "running": worker.running, "waiting": worker.waiting}
@@ -177,24 +190,18 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
         ids = req.input_ids if req.input_ids is not None else backend.tokenize(req.text)
         job = new_job(ids, sp.max_new_tokens, sp.temperature, sp.stop, sp.stop_token_ids)
         if req.stream:
-            evs = await started(request, job)
+            toks: list[int] = []
 
-            async def chunks():
-                toks: list[int] = []
-                try:
-                    async for kind, value in evs:
-                        if kind == "tokens":
-                            toks.extend(value)
-                            yield sse({"text": texts(job, toks), "output_ids": list(toks),
-                                       "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": len(job.ids),
-                                                     "completion_tokens": len(toks)}})
-                        else:
-                            yield sse({"text": texts(job, value.tokens), "output_ids": value.tokens,
-                                       "meta_info": meta_of(job, value, rid, t0)})
-                    yield sse("[DONE]")
-                finally:
-                    job.cancel.set()
-            return StreamingResponse(chunks(), media_type="text/event-stream")
+            def on_tokens(new):
+                toks.extend(new)
+                return [{"text": texts(job, toks), "output_ids": list(toks),
+                         "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": len(job.ids),
+                                       "completion_tokens": len(toks)}}]
+
+            def on_done(st):
+                return [{"text": texts(job, st.tokens), "output_ids": st.tokens, "meta_info": meta_of(job, st, rid, t0)}]
+
+            return stream(job, await started(request, job), on_tokens, on_done)
         async for kind, value in events(request, job):
             if kind == "done":
                 return {"text": texts(job, value.tokens), "output_ids": value.tokens,
@@ -218,28 +225,24 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
                     "total_tokens": len(ids) + st.completion_tokens}
 
         if req.stream:
-            evs = await started(request, job)
+            toks: list[int] = []
+            sent = [""]  # the text already sent
 
-            async def chunks():
-                sent, toks = "", []
-                try:
-                    async for kind, value in evs:
-                        if kind == "tokens":
-                            toks.extend(value)
-                            text = texts(job, toks)
-                            if len(text) > len(sent):
-                                yield sse(body({"index": 0, "text": text[len(sent):], "finish_reason": None,
-                                                "logprobs": None}))
-                                sent = text
-                        else:
-                            yield sse(body({"index": 0, "text": "", "finish_reason": finish_reason(value),
-                                            "logprobs": None}))
-                            if req.stream_options and req.stream_options.include_usage:
-                                yield sse(body({}, usage(value)))
-                    yield sse("[DONE]")
-                finally:
-                    job.cancel.set()
-            return StreamingResponse(chunks(), media_type="text/event-stream")
+            def on_tokens(new):
+                toks.extend(new)
+                text = texts(job, toks)
+                if len(text) <= len(sent[0]):
+                    return []
+                delta, sent[0] = text[len(sent[0]):], text
+                return [body({"index": 0, "text": delta, "finish_reason": None, "logprobs": None})]
+
+            def on_done(st):
+                out = [body({"index": 0, "text": "", "finish_reason": finish_reason(st), "logprobs": None})]
+                if req.stream_options and req.stream_options.include_usage:
+                    out.append(body({}, usage(st)))
+                return out
+
+            return stream(job, await started(request, job), on_tokens, on_done)
         async for kind, value in events(request, job):
             if kind == "done":
                 return body({"index": 0, "text": texts(job, value.tokens), "finish_reason": finish_reason(value),
