@@ -5,7 +5,8 @@ import typer
 from typer.testing import CliRunner
 
 from ddprobe.cli import app
-from ddprobe.cli.options import CONTEXT_SLACK, EngineOptions, engine_options, kv_capacity
+from ddprobe.cli.options import EngineOptions, engine_options, kv_capacity
+from ddprobe.probes.commit import CONTEXT_SLACK
 
 ENGINE_FLAGS = ["--preset", "--attn", "--budget", "--device", "--dtype", "--heads", "--weights", "--seed", "--graphs"]
 

@@ -31,12 +31,10 @@ def columns() -> int:
     return int(env) if env.isdigit() else out.width
 
 
-# Room the KV capacity keeps beyond prompt + new tokens: the tree's budget + 1 rows and a margin.
-CONTEXT_SLACK = 64
-
-
 def kv_capacity(longest_ctx: int, new_tokens: int, budget: int) -> int:
     """Tokens of KV a request of ``longest_ctx`` + ``new_tokens`` needs, verify rows and slack included."""
+    from ..probes.commit import CONTEXT_SLACK
+
     return longest_ctx + new_tokens + budget + 1 + CONTEXT_SLACK
 
 

@@ -183,7 +183,7 @@ class Engine:
         if st is not None and st.capacity >= need:
             st.reset()
             return st, "", 0.0
-        self._static = None  # free the old buffers and graphs first
+        self._static = st = None  # free the old buffers and graphs first (no reference may keep them)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         if self.fuse and self._fused is None:
@@ -198,6 +198,8 @@ class Engine:
                     raise
                 self.compile_error = f"{type(e).__name__}: {e}"[:300]
                 self._fused = Fused(compile=False)
+                st = None  # the failed step's buffers go before the plain one is built
+                torch.cuda.empty_cache()
                 st = StaticStep(self, need, self._fused)
                 cap_ms = st.capture() * 1e3
             what = "+".join(st.graphs)

@@ -55,11 +55,18 @@ def _at_least(backend: Backend, make: Callable[[int], str], n: int) -> list[int]
     raise DDProbeError(f"could not build {n} tokens of text with the backend's tokenizer")
 
 
-def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, slack: int = 64) -> int | None:
-    """Raise before anything runs if a context does not fit what the backend allows."""
+# Room a request keeps beyond prompt + new tokens: a margin for the tree's verify rows (budget + 1 on top).
+CONTEXT_SLACK = 64
+
+
+def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int) -> int | None:
+    """Raise before anything runs if a context does not fit what the backend allows (the backend's verify rows,
+    when it says its budget, and the slack included)."""
     if max_new_tokens < 2:  # the first token comes from the prefill: commit length needs a verify step
         raise DDProbeError(f"--max-new-tokens must be at least 2, got {max_new_tokens}")
     limit = backend.max_context()
+    budget = backend.describe().get("budget") if hasattr(backend, "describe") else None
+    slack = CONTEXT_SLACK + (int(budget) + 1 if isinstance(budget, int) else 0)
     if limit is not None:
         too_long = [c for c in ctxs if c + max_new_tokens + slack > limit]
         if too_long:
@@ -87,7 +94,7 @@ def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: st
         row["commit_len_p10"], row["commit_len_p90"] = deciles[0], deciles[8]
     if st.decode_s and st.verify_steps:
         row["decode_ms_per_step"] = st.decode_s * 1e3 / st.verify_steps
-        row["tokens_per_s"] = st.completion_tokens / st.decode_s
+        row["tokens_per_s"] = (st.completion_tokens - 1) / st.decode_s  # the first token is the prefill's
     for k, v in st.extra.items():
         row.setdefault(k, v)
     return row

@@ -77,6 +77,9 @@ class EngineBackend:
             if isinstance(e, BackendError):
                 raise
             raise BackendError(str(e)) from None
+        except torch.cuda.OutOfMemoryError:
+            raise BackendError(_oom(f"building the {preset} engine ({heads or 'default'} heads, {dtype}) for "
+                                    f"{cfg.max_ctx:,} tokens")) from None
         self.weights = "trained" if trained else f"random (seed {seed})"
         self.tokenizer = shipped.load_tokenizer(preset) if trained else WordTokenizer.default()
         self.preset, self.attn, self.budget, self.device, self.dtype, self.seed = preset, attn, budget, device, \
@@ -104,10 +107,15 @@ class EngineBackend:
     def warmup(self, capacity: int | None = None) -> dict:
         """Compile, capture (CUDA graphs) and one throwaway step before anything is measured: the
         engine's ``warmup`` ({"warmup_s", "what", "capacity"}); capacity: the largest request to come."""
+        import torch
+
         try:
             return self.engine.warmup(capacity)
         except ValueError as e:
             raise BackendError(str(e)) from None
+        except torch.cuda.OutOfMemoryError:
+            raise BackendError(_oom(f"warming up (capturing the decode step for {capacity or 'the full'} "
+                                    "tokens)")) from None
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
@@ -121,6 +129,8 @@ class EngineBackend:
         """DDTree decode of ``max_new_tokens``. ``on_tokens`` gets the tokens as they are committed (the
         prefill's first, then each verify step's, cut at the limit); a ``StopGeneration`` it raises ends
         the decode at that step and is recorded as ``extra["finish_reason"]``."""
+        import torch
+
         toks: list[int] = []
         steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
         t0, t_first = time.perf_counter(), []
@@ -154,6 +164,8 @@ class EngineBackend:
                     at += s.commit_len
         except ValueError as e:
             raise BackendError(str(e)) from None
+        except torch.cuda.OutOfMemoryError:
+            raise BackendError(_oom(f"decoding a {len(input_ids):,}-token prompt")) from None
         except StopGeneration as e:
             finish = e.reason
             if e.keep is not None:
@@ -182,3 +194,8 @@ class EngineBackend:
             return self.engine.greedy_reference(input_ids, max_new_tokens)
         except ValueError as e:
             raise BackendError(str(e)) from None
+
+
+def _oom(what: str) -> str:
+    return (f"out of GPU memory {what}: try a shorter context, fewer --heads, --no-graphs, or a GPU with more "
+            "memory")
