@@ -181,3 +181,15 @@ def test_html_in_headless_chromium(load_in_browser, built, width):
     assert got["images"] == n and got["loaded"] == n and got["shown"] == n
     assert got["sections"] == ["summary"] + [s.id for s in report.sections]
     assert got["overflow"] <= 0, "page wider than the window: tables or images overflow"
+
+
+def test_commit_table_shows_sglangs_accept_length_beside_commit_len(tmp_path):
+    # 128 tokens in 16 steps: commit_len = (128 - 1) / 16 = 7.94 (the prefill's token in no step); SGLang's
+    # completion / verify = 128 / 16 = 8.00
+    d = json.loads((DATA / "commit-tiny-cpu.json").read_text())
+    for row in d["rows"]:
+        row.update(completion_tokens=128, verify_steps=16, commit_len=127 / 16, sglang_accept_length=128 / 16)
+    (tmp_path / "c.json").write_text(json.dumps(d))
+    table = render.build([tmp_path / "c.json"]).sections[0].tables[0]
+    i, j = table.columns.index("commit len"), table.columns.index("SGLang accept len")
+    assert {(row[i], row[j]) for row in table.rows} == {("7.94", "8.00")}

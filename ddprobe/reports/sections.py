@@ -59,12 +59,17 @@ def meta_rows(path: Path, r: Result) -> list[tuple[str, str]]:
 
 def _commit(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     rows = sorted((x for x in r.rows if "commit_len" in x), key=lambda x: (str(x.get("text")), x.get("ctx", 0)))
+    # SGLang's completion / verify (prefill token counted) beside commit_len, when the results carry it
+    sgl = any(x.get("sglang_accept_length") is not None for x in rows)
     t = Table("Commit length per text kind and context",
-              ["text", "ctx", "prompt", "commit len", "p10-p90", "accepted", "drafts", "steps", "ms/step", "tok/s"],
-              [[str(x.get("text")), fmt_tokens(x["ctx"]), _f(x.get("prompt_tokens"), "d"), _f(x["commit_len"], ".2f"),
-                f"{_f(x.get('commit_len_p10'), '.0f')}-{_f(x.get('commit_len_p90'), '.0f')}",
-                _f(x.get("accepted_depth"), ".2f"), _f(x.get("drafts_per_step"), ".1f"), _f(x.get("verify_steps"), "d"),
-                _f(x.get("decode_ms_per_step"), ".1f"), _f(x.get("tokens_per_s"), ".1f")] for x in rows])
+              ["text", "ctx", "prompt", "commit len"] + (["SGLang accept len"] if sgl else [])
+              + ["p10-p90", "accepted", "drafts", "steps", "ms/step", "tok/s"],
+              [[str(x.get("text")), fmt_tokens(x["ctx"]), _f(x.get("prompt_tokens"), "d"), _f(x["commit_len"], ".2f")]
+               + ([_f(x.get("sglang_accept_length"), ".2f")] if sgl else [])
+               + [f"{_f(x.get('commit_len_p10'), '.0f')}-{_f(x.get('commit_len_p90'), '.0f')}",
+                  _f(x.get("accepted_depth"), ".2f"), _f(x.get("drafts_per_step"), ".1f"),
+                  _f(x.get("verify_steps"), "d"), _f(x.get("decode_ms_per_step"), ".1f"),
+                  _f(x.get("tokens_per_s"), ".1f")] for x in rows])
     return [t], [plots.commit_length(rows, f"{sid}-commit-length")] if rows else []
 
 
