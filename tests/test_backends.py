@@ -1,7 +1,16 @@
-"""The HTTP backends parsed against recorded response shapes of real SGLang (/generate meta_info with its
-spec fields) and real vLLM (/metrics with vllm:spec_decode_* counters), served from tests/data/recorded/ by a plain
-loopback HTTP server. Where the files come from is written in each of them. Expected numbers are worked
-out here by hand from the recorded fields."""
+"""The HTTP backends parsed against responses of real SGLang and vLLM servers from the public record, served by a
+plain loopback HTTP server. tests/data/recorded/SOURCES.md says where each file comes from and what was trimmed:
+
+- real, pasted from live servers: an SGLang ``/generate`` response with the older spec keys (sglang PR 13754), the
+  spec fields of a newer SGLang ``meta_info`` with the accepted-drafts histogram (sglang PR 33518, whose
+  ``completion_tokens`` of 106 is stated in the comment's prose and added here), and rows of a Prometheus query of
+  an 8-engine vLLM server's ``vllm:spec*`` series (vllm PR 24049, turned into exposition lines here);
+- a documentation example: the ``/metrics`` example output of vLLM's docs/design/metrics.md (request_success,
+  generation_tokens, num_requests_running; no spec-decode counters);
+- constructed (values invented, names from vLLM's source): the before/after scrapes ``constructed-vllm-metrics-*``
+  that drive ``VLLMBackend.generate`` end to end, because no public before/after pair of one server exists.
+
+Expected numbers are worked out here by hand from the values visible in those files."""
 import http.server
 import json
 import threading
@@ -14,8 +23,11 @@ from ddprobe.probes.sglang import SGLangBackend
 from ddprobe.probes.vllm import VLLMBackend, parse_metrics
 
 DATA = Path(__file__).parent / "data" / "recorded"
-SGLANG = json.loads((DATA / "sglang-generate-spec.json").read_text())
-METRICS = {k: (DATA / f"vllm-metrics-{k}.txt").read_text() for k in ("before", "after", "after-busy")}
+SGLANG_13754 = json.loads((DATA / "sglang-pr13754-generate.json").read_text())
+SGLANG_33518 = json.loads((DATA / "sglang-pr33518-spec-fields.json").read_text())
+VLLM_DOC = (DATA / "vllm-design-doc-metrics-example.txt").read_text()
+VLLM_24049 = (DATA / "vllm-pr24049-prometheus-query.txt").read_text()
+METRICS = {k: (DATA / f"constructed-vllm-metrics-{k}.txt").read_text() for k in ("before", "after", "after-busy")}
 
 
 def replay(routes: dict):
@@ -68,31 +80,96 @@ def serve():
         s.shutdown()
 
 
-def test_sglang_meta_info_as_sglang_writes_it(serve):
-    url = serve({"/generate": [SGLANG["response"]]})
-    st = SGLangBackend(url).generate(list(range(1024)), 128)
-    meta = SGLANG["response"]["meta_info"]
-    # 128 tokens: 1 from the prefill, 127 over 37 verify steps (the last one cut at the limit)
-    assert st.verify_steps == 37 and st.completion_tokens == 128
-    assert st.commit_len == pytest.approx(127 / 37)
-    assert st.sglang_accept_length == pytest.approx(128 / 37) == meta["spec_accept_length"]
-    # histogram [5, 6, 7, 8, 7, 4] by accepted drafts: 37 steps; 7 drafts proposed per step (259 / 37)
-    assert len(st.commit_lens) == 37 and st.commit_lens.count(1) == 5 and st.commit_lens.count(6) == 4
-    assert st.drafts_per_step == pytest.approx(7.0)
-    assert st.extra["reported_spec_accept_length"] == meta["spec_accept_length"]
+def test_sglang_live_response_older_keys(serve):
+    """sglang PR 13754: 200 tokens (finish_reason length 200) over 188 verify steps, 11 drafts accepted in all."""
+    meta = SGLANG_13754["meta_info"]
+    url = serve({"/generate": [SGLANG_13754]})
+    st = SGLangBackend(url).generate(list(range(171)), 200)
+    assert st.completion_tokens == 200 and st.verify_steps == 188 and st.prompt_tokens == 171
+    # 1 token from the prefill + 188 steps committing 1 each + 11 accepted drafts = 200
+    assert 1 + 188 + 11 == 200
+    assert st.commit_len == pytest.approx(199 / 188)
+    assert st.sglang_accept_length == pytest.approx(200 / 188) == meta["spec_accept_length"]
+    assert st.e2e_s == pytest.approx(1.7586748600006104)
+    # no histogram in this key set; spec_draft_token_num (940 = 188 x 5) is not read as drafts per step
+    assert st.commit_lens == [] and st.drafts_per_step is None
+    assert st.extra["reported_spec_accept_rate"] == pytest.approx(11 / 940)
 
 
-def test_sglang_older_alias_only_and_missing_spec_fields(serve):
-    meta = dict(SGLANG["response"]["meta_info"])
-    for k in ("spec_correct_drafts_histogram", "spec_num_proposed_drafts"):
-        meta.pop(k)
-    url = serve({"/generate": [{"text": "x", "meta_info": meta}]})
-    st = SGLangBackend(url).generate([1, 2], 128)
-    assert len(st.commit_lens) == 37 and st.drafts_per_step == pytest.approx(7.0)  # from the aliases
-    plain = {k: v for k, v in meta.items() if not k.startswith("spec_")}
+def meta_33518(**renames) -> dict:
+    """The pasted spec fields plus completion_tokens 106 from the same comment's prose; keys renamed on request."""
+    meta = {renames.get(k, k): v for k, v in SGLANG_33518.items()}
+    meta["completion_tokens"] = 106
+    return meta
+
+
+def test_sglang_live_spec_fields_with_histogram(serve):
+    """sglang PR 33518: histogram [11, 14, 11, 4, 0, 3] by drafts accepted in a step, 43 steps, 215 proposed."""
+    url = serve({"/generate": [{"text": "", "meta_info": meta_33518()}]})
+    st = SGLangBackend(url).generate([1, 2, 3], 106)
+    assert st.verify_steps == 43 and st.completion_tokens == 106
+    assert st.commit_len == pytest.approx(105 / 43)  # (completion_tokens - 1) / spec_verify_ct
+    assert st.sglang_accept_length == pytest.approx(106 / 43) == SGLANG_33518["spec_accept_length"]
+    assert st.drafts_per_step == pytest.approx(215 / 43) == 5.0
+    lens = st.commit_lens
+    assert len(lens) == 11 + 14 + 11 + 4 + 0 + 3 == 43
+    assert [lens.count(n) for n in (1, 2, 3, 4, 5, 6)] == [11, 14, 11, 4, 0, 3]
+    # the histogram's steps commit 43 + 63 = 106 tokens: one more than the 105 after the prefill's token
+    assert sum(lens) == 43 + 63 == 106
+
+
+def test_sglang_older_aliases_and_missing_spec_fields(serve):
+    meta = meta_33518(spec_correct_drafts_histogram="spec_accept_histogram",
+                      spec_num_proposed_drafts="spec_proposed_drafts")
+    url = serve({"/generate": [{"text": "", "meta_info": meta}]})
+    st = SGLangBackend(url).generate([1, 2], 106)
+    assert len(st.commit_lens) == 43 and st.drafts_per_step == pytest.approx(5.0)  # read from the aliases
+    plain = {k: v for k, v in SGLANG_13754["meta_info"].items() if not k.startswith("spec_")}
     url = serve({"/generate": [{"text": "x", "meta_info": plain}]})
     with pytest.raises(BackendError, match="no speculative-decoding counters.*spec_verify_ct"):
         SGLangBackend(url).generate([1, 2], 128)
+
+
+def doc_example() -> str:
+    """vLLM's docs example with its `$ curl` line and `...` elisions dropped (not Prometheus text)."""
+    return "".join(ln for ln in VLLM_DOC.splitlines(keepends=True) if not ln.startswith(("$", "...")))
+
+
+def test_vllm_docs_example_parses_and_reads_as_busy():
+    assert len(doc_example().splitlines()) == len(VLLM_DOC.splitlines()) - 4  # the curl line + 3 elisions
+    be = VLLMBackend.__new__(VLLMBackend)  # other_traffic needs no connection
+    totals = parse_metrics(doc_example(), "doc", counters=(be.SUCCESS, be.GEN_TOKENS), gauges=be.GAUGES)
+    # request_success: stop 1 + length 131 + abort 0; num_requests_waiting is elided in the example
+    assert totals == {"vllm:num_requests_running": 8.0, "vllm:generation_tokens": 27453.0,
+                      "vllm:request_success": 132.0}
+    assert be.other_traffic(totals, totals, 128) == (
+        "num_requests_running > 0 before the request; request_success_total +0 (expected +1); "
+        "generation_tokens_total +0 (this request: 128)")
+    with pytest.raises(BackendError, match="not Prometheus text"):
+        parse_metrics(VLLM_DOC, "doc")  # the elisions as pasted
+
+
+def test_vllm_docs_example_has_no_spec_counters(serve):
+    url = serve({"/metrics": [doc_example()]})
+    with pytest.raises(BackendError, match="no speculative-decoding counters .*num_accepted_tokens_total, "
+                                           "vllm:spec_decode_num_drafts_total missing"):
+        VLLMBackend(url).spec_counters()
+
+
+def pr24049_exposition() -> str:
+    """The query rows as exposition lines `name{labels} value` (no # TYPE lines, as a grep of /metrics gives)."""
+    rows = [ln.split(" | ") for ln in VLLM_24049.splitlines() if ln != "-- | --"]
+    return "".join(f"{name} {value}\n" for name, value in rows)
+
+
+def test_vllm_live_rows_sum_over_engines_and_skip_created():
+    text = pr24049_exposition()
+    assert text.count("\n") == 17
+    totals = parse_metrics(text, "pr24049", counters=("vllm:spec_decode_num_drafts",
+                                                      "vllm:spec_decode_num_accepted_tokens"))
+    # engines 0..7: 22 + 15 + 29 + 20 + 25 + 24 + 27 + 26; the _created rows (1.7567e9 s) and the per-position row
+    # (7) are not counted; the accepted totals are not among the rows reproduced
+    assert totals == {"vllm:spec_decode_num_drafts": 188.0}
 
 
 def models():
@@ -105,7 +182,8 @@ def completion(n=128):
             "usage": {"prompt_tokens": 1024, "completion_tokens": n, "total_tokens": 1024 + n}}
 
 
-def test_vllm_counters_as_vllm_exposes_them(serve):
+def test_vllm_generate_end_to_end_on_constructed_scrapes(serve):
+    """CONSTRUCTED before/after scrapes (see SOURCES.md): the delta arithmetic of one request, end to end."""
     url = serve({"/v1/models": [models()], "/metrics": [METRICS["before"], METRICS["after"]],
                  "/v1/completions": [completion()]})
     st = VLLMBackend(url).generate(list(range(1024)), 128)
@@ -119,6 +197,7 @@ def test_vllm_counters_as_vllm_exposes_them(serve):
 
 
 def test_vllm_other_clients_traffic_fails_the_cell_in_one_line(serve):
+    """CONSTRUCTED scrapes: another client's request finished between them."""
     url = serve({"/v1/models": [models()], "/v1/completions": [completion()],
                  "/metrics": [METRICS["before"], METRICS["after-busy"]] * 3})
     be = VLLMBackend(url)

@@ -117,16 +117,19 @@ class VLLMBackend(_Http):
 
 def parse_metrics(text: str, where: str, counters=(), gauges=()) -> dict[str, float]:
     """Prometheus text -> {name: value summed over label sets} for the named counters (their ``_total``
-    samples) and gauges, read with prometheus-client's parser."""
+    samples; ``_created`` and other series ignored) and gauges, read with prometheus-client's parser. Goes by
+    sample name, so text without ``# TYPE`` lines (grep output: each sample its own untyped family) reads the
+    same as vLLM's full exposition."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    totals = {c + "_total": c for c in counters}
     out: dict[str, float] = {}
     try:
         for fam in text_string_to_metric_families(text):
-            if fam.name in counters:
-                out[fam.name] = sum(s.value for s in fam.samples if s.name == fam.name + "_total")
-            elif fam.name in gauges:
-                out[fam.name] = sum(s.value for s in fam.samples if s.name == fam.name)
+            for s in fam.samples:
+                name = totals.get(s.name) or (s.name if s.name in gauges else None)
+                if name is not None:
+                    out[name] = out.get(name, 0.0) + s.value
     except ValueError as e:
         raise BackendError(f"{where}: not Prometheus text ({e})") from None
     return out
