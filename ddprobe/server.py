@@ -11,7 +11,8 @@
   in Prometheus text with vLLM's counter names (spec decode, request success, tokens, queue gauges).
 - The engine works on its own thread (``server_worker``): ``/health`` and ``/metrics`` answer from the
   event loop at once whatever the load; a client that disconnects cancels its request between verify
-  steps (or before it starts); ``stop`` strings and ``stop_token_ids`` end the output.
+  steps (or before it starts); ``stop`` strings and ``stop_token_ids`` end the output (a stream holds
+  back any tail that may still become a stop string: streamed text = the plain answer's).
 - Requests are strict (``server_models``): bad or unsupported input is a 400 with one error body.
 FastAPI/uvicorn/prometheus-client are the optional ``server`` extra.
 """
@@ -47,7 +48,7 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
 
     from . import server_models as m
     from .server_metrics import Metrics, spec_meta
-    from .server_worker import EngineWorker, Job, cut_at_stop
+    from .server_worker import EngineWorker, Job, cut_at_stop, held_tail
 
     name = model_name or f"ddprobe-{backend.preset}"
     metrics = Metrics(name, spec)
@@ -194,7 +195,8 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
 
             def on_tokens(new):
                 toks.extend(new)
-                return [{"text": texts(job, toks), "output_ids": list(toks),
+                text = texts(job, toks)
+                return [{"text": text[:len(text) - held_tail(text, job.stop)], "output_ids": list(toks),
                          "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": len(job.ids),
                                        "completion_tokens": len(toks)}}]
 
@@ -231,13 +233,15 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
             def on_tokens(new):
                 toks.extend(new)
                 text = texts(job, toks)
+                text = text[:len(text) - held_tail(text, job.stop)]  # what a later step may turn into a stop
                 if len(text) <= len(sent[0]):
                     return []
                 delta, sent[0] = text[len(sent[0]):], text
                 return [body({"index": 0, "text": delta, "finish_reason": None, "logprobs": None})]
 
-            def on_done(st):
-                out = [body({"index": 0, "text": "", "finish_reason": finish_reason(st), "logprobs": None})]
+            def on_done(st):  # the held-back rest (the text before any stop), with the finish reason
+                rest = texts(job, st.tokens)[len(sent[0]):]
+                out = [body({"index": 0, "text": rest, "finish_reason": finish_reason(st), "logprobs": None})]
                 if req.stream_options and req.stream_options.include_usage:
                     out.append(body({}, usage(st)))
                 return out

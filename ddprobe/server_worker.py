@@ -47,6 +47,13 @@ def stop_cut(text_of: Callable[[list[int]], str], toks: list[int], stop: list[st
     return None
 
 
+def held_tail(text: str, stop: list[str]) -> int:
+    """How many characters at the end of ``text`` a stream must hold back: the longest tail that is the
+    start of some stop string (later tokens may complete it, and then it is never sent)."""
+    return max((k for s in stop for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])),
+               default=0)
+
+
 def cut_at_stop(text: str, stop: list[str]) -> str:
     """The text before the first stop string (all of it when none occurs)."""
     hits = [text.find(s) for s in stop if s in text]

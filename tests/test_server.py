@@ -259,3 +259,26 @@ def test_serve_with_an_unknown_attention_path_says_so():
     r = CliRunner().invoke(app, ["serve", "--attn", "nope", "--port", "1"])
     assert r.exit_code == 1 and "unknown attention path 'nope'" in r.output and "Traceback" not in r.output
     assert "use --device cuda" not in r.output  # it once blamed the device
+
+
+def test_streamed_completion_never_sends_part_of_a_stop_string(srv):
+    """A stream's deltas hold back a tail that may yet become a stop string: stop 'The cat sat' once
+    streamed 'Every soft spring. The cat' where the plain answer was 'Every soft spring. '."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    checked = 0
+    for kind, n in (("novel", 64), ("recall", 128), ("predictable", 64)):
+        ids = prompt_ids(srv.backend, kind, n)
+        words = client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=40,
+                                          temperature=0).choices[0].text.split()
+        for at in (2, 5, 9):  # multi-word stops that start at several places, across step boundaries
+            stop = [" ".join(words[at:at + 3]), " ".join(words[at + 1:at + 3]) + " zzz"]
+            plain = client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=40, temperature=0,
+                                              stop=stop).choices[0]
+            chunks = list(client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=40,
+                                                    temperature=0, stop=stop, stream=True))
+            streamed = "".join(c.choices[0].text for c in chunks if c.choices)
+            assert streamed == plain.text, (kind, stop)
+            assert plain.finish_reason == "stop" and chunks[-1].choices[0].finish_reason == "stop"
+            checked += 1
+    assert checked == 9
