@@ -13,7 +13,8 @@
   event loop at once whatever the load; a client that disconnects cancels its request between verify
   steps (or before it starts); ``stop`` strings and ``stop_token_ids`` end the output (a stream holds
   back any tail that may still become a stop string: streamed text = the plain answer's).
-- Requests are strict (``server_models``): bad or unsupported input is a 400 with one error body.
+- Requests are strict (``server_models``): bad or unsupported input is a 400 with one error body; an
+  engine failure that is not the request's fault is a 500 ``server_error`` in the same body.
 FastAPI/uvicorn/prometheus-client are the optional ``server`` extra.
 """
 
@@ -108,8 +109,8 @@ def build_app(backend, spec: bool = True, model_name: str | None = None):
                 if not done:
                     continue
                 kind, value = getter.result()
-                if kind == "error":
-                    raise ApiError(400, value)
+                if kind in ("error", "internal"):  # the request's fault (400) or the engine's (500)
+                    raise ApiError(400 if kind == "error" else 500, value)
                 yield kind, value
                 if kind == "done":
                     return

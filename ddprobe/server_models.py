@@ -3,6 +3,9 @@
 Policy (documented in the README):
 - Numbers must be finite (``NaN``/``Infinity`` literals are a 400), integers integers, and each
   value in its range.
+- Token ids (``input_ids``, a token-id ``prompt``, ``stop_token_ids``) and ``seed`` are strict integers
+  (``true``/``1.0`` are a 400); ``seed`` is in [0, 2**63 - 1]; a positive ``temperature`` is at least
+  ``MIN_TEMPERATURE`` (1e-5: below it the logits / temperature overflow; use 0 for greedy).
 - Unknown fields are a 400 naming them.
 - Fields the engine cannot honour are accepted only at their neutral value (``n: 1``,
   ``best_of: 1``, ``echo: false``, ``logprobs: null``, ``top_p: 1``, penalties 0, ...); any other
@@ -15,9 +18,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
+MIN_TEMPERATURE = 1e-5  # smallest positive temperature: below it logits / temperature overflow (0 = greedy)
+MAX_SEED = 2 ** 63 - 1  # the engine's generator takes a signed 64-bit seed
 
 
 class Strict(BaseModel):
@@ -41,12 +46,18 @@ def _stops(v: Union[str, list[str], None]) -> list[str]:
     return stops
 
 
+def _temperature(v: float) -> float:
+    if 0 < v < MIN_TEMPERATURE:
+        raise ValueError(f"a positive temperature must be at least {MIN_TEMPERATURE:g} (0 decodes greedily)")
+    return v
+
+
 class SamplingParams(Strict):
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=100.0)
     ignore_eos: bool = True  # the engine has no end-of-sequence token: true or false decode alike
     stop: Union[str, list[str], None] = None
-    stop_token_ids: Optional[list[int]] = None
+    stop_token_ids: Optional[list[StrictInt]] = None
     n: int = 1
     top_p: float = 1.0
     top_k: int = -1
@@ -70,12 +81,17 @@ class SamplingParams(Strict):
     def _stop(cls, v):
         return _stops(v)
 
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v):
+        return _temperature(v)
+
 
 class GenerateRequest(Strict):
     """SGLang's native ``/generate`` (one prompt per request)."""
 
     text: Optional[str] = None
-    input_ids: Optional[list[int]] = None
+    input_ids: Optional[list[StrictInt]] = None
     sampling_params: SamplingParams = SamplingParams()
     stream: bool = False
     rid: Optional[str] = None
@@ -98,13 +114,13 @@ class CompletionRequest(Strict):
     """OpenAI's ``/v1/completions`` (vLLM's ``ignore_eos`` extension included)."""
 
     model: Optional[str] = None
-    prompt: Union[str, list[int]]
+    prompt: Union[str, list[StrictInt]]
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = None
+    seed: Optional[StrictInt] = Field(None, ge=0, le=MAX_SEED)
     user: Optional[str] = None  # metadata: accepted, unused
     ignore_eos: bool = True
     n: int = 1
@@ -132,6 +148,11 @@ class CompletionRequest(Strict):
     @classmethod
     def _stop(cls, v):
         return _stops(v)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v):
+        return _temperature(v)
 
 
 class TokenizeRequest(Strict):

@@ -27,7 +27,8 @@ class Job:
     stop_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    events: asyncio.Queue | None = None  # ("tokens", [ids]) ... then ("done", GenStats) or ("error", message)
+    events: asyncio.Queue | None = None  # ("tokens", [ids]) ... then ("done", GenStats), ("error", message)
+    # (the request's fault: a 400) or ("internal", message) (the engine's: a 500)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def post(self, kind: str, value: Any) -> None:
@@ -93,7 +94,7 @@ class EngineWorker:
             except BackendError as e:
                 job.post("error", str(e))
             except Exception as e:  # never let one request kill the worker
-                job.post("error", f"internal error: {type(e).__name__}: {e}")
+                job.post("internal", f"internal error: {type(e).__name__}: {e}")
             else:
                 if self.on_done is not None:
                     self.on_done(job, stats)

@@ -87,9 +87,38 @@ def test_non_finite_numbers_are_a_400_not_a_500(srv, path, raw, field):
     ("/generate", {"input_ids": [10 ** 9]}, ["token ids"]),
     ("/generate", {"input_ids": [5] * 9000}, ["context beyond the cache"]),
     ("/generate", {"input_ids": [5] * 9000, "stream": True}, ["context beyond the cache"]),
+    # what once reached the engine and came back as "internal error": refused by the request models
+    ("/v1/completions", {"prompt": [5, 6], "seed": -1}, ["seed", "greater than or equal to 0"]),
+    ("/v1/completions", {"prompt": [5, 6], "seed": 2 ** 64}, ["seed", "less than or equal to"]),
+    ("/v1/completions", {"prompt": [5, 6], "seed": 7.0}, ["seed", "valid integer"]),
+    ("/v1/completions", {"prompt": [5, 6], "temperature": 1e-30}, ["temperature", "at least 1e-05"]),
+    ("/generate", {"input_ids": [5, 6], "sampling_params": {"temperature": 1e-9}}, ["temperature", "at least"]),
+    ("/generate", {"input_ids": [True, False]}, ["input_ids", "valid integer"]),
+    ("/v1/completions", {"prompt": [5, True]}, ["prompt", "valid integer"]),
+    ("/generate", {"input_ids": [5, 6], "sampling_params": {"stop_token_ids": [True]}}, ["stop_token_ids"]),
 ])
 def test_unsupported_or_bad_fields_are_refused_never_ignored(srv, path, body, words):
     assert_error(post(srv.url, path, body), 400, *words)
+
+
+def test_an_engine_failure_is_a_500_server_error_not_a_400():
+    """An engine bug (not the request's fault) is a 500 ``server_error`` in the one body; it once came back
+    as a 400 invalid_request_error. No bad input reaches one any more, so a backend whose decode breaks
+    stands in for it; the worker survives it."""
+    class Broken(EngineBackend):
+        def generate(self, *a, **kw):
+            raise RuntimeError("the engine broke")
+
+    s = Served(Broken(preset="tiny", seed=0))
+    try:
+        for path, body in (("/generate", {"input_ids": [5, 6]}), ("/v1/completions", {"prompt": [5, 6]}),
+                           ("/generate", {"input_ids": [5, 6], "stream": True})):
+            r = post(s.url, path, body)
+            assert_error(r, 500, "internal error", "the engine broke")
+            assert r.json()["error"]["type"] == "server_error"
+        assert requests.get(s.url + "/health", timeout=30).status_code == 200
+    finally:
+        s.close()
 
 
 def test_one_error_shape_for_every_failure(srv):
