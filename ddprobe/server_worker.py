@@ -39,13 +39,12 @@ def stop_cut(text_of: Callable[[list[int]], str], toks: list[int], stop: list[st
              checked: int) -> int | None:
     """How many tokens to keep if a stop applies, else None. A stop token ends the output after it
     (``stop_token_ids``); a stop string ends it at the token that completed it (the server then returns
-    the text before the string, as OpenAI does). Only tokens past ``checked`` can complete a new stop."""
-    for i in range(checked, len(toks)):
-        if toks[i] in stop_ids:
-            return i + 1
+    the text before the string, as OpenAI does). Only tokens past ``checked`` can complete a new stop;
+    when both kinds apply in one step, the earlier cut wins."""
+    cuts = [next((i + 1 for i in range(checked, len(toks)) if toks[i] in stop_ids), None)]
     if stop and any(s in text_of(toks) for s in stop):
-        return next(k for k in range(max(checked, 1), len(toks) + 1) if any(s in text_of(toks[:k]) for s in stop))
-    return None
+        cuts.append(next(k for k in range(max(checked, 1), len(toks) + 1) if any(s in text_of(toks[:k]) for s in stop)))
+    return min((c for c in cuts if c is not None), default=None)
 
 
 def held_tail(text: str, stop: list[str]) -> int:

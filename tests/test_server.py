@@ -311,3 +311,17 @@ def test_streamed_completion_never_sends_part_of_a_stop_string(srv):
             assert plain.finish_reason == "stop" and chunks[-1].choices[0].finish_reason == "stop"
             checked += 1
     assert checked == 9
+
+
+def test_stop_cut_takes_the_earlier_of_a_stop_string_and_a_stop_token():
+    """One step completes a stop string at token 2 and holds a stop token at 4: the cut is at 2 (it was 4)."""
+    from ddprobe.server_worker import stop_cut
+
+    def text_of(toks):
+        return "".join(str(t) for t in toks)
+
+    assert stop_cut(text_of, [1, 2, 3, 4], ["2"], [4], 0) == 2
+    assert stop_cut(text_of, [1, 2, 3, 4], ["4"], [2], 0) == 2
+    assert stop_cut(text_of, [1, 2, 3, 4], ["23"], [], 0) == 3 and stop_cut(text_of, [1, 2, 3, 4], [], [3], 0) == 3
+    assert stop_cut(text_of, [1, 2, 3, 4], ["9"], [9], 0) is None
+    assert stop_cut(text_of, [1, 2, 3, 4], [], [1], 1) is None  # only tokens past `checked` are new
