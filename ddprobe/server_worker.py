@@ -4,8 +4,8 @@ Requests queue as ``Job``s. The worker runs each through the backend's ``generat
 ``on_tokens`` hook that, between verify steps, (1) stops the decode when the job was cancelled
 (the client went away) or a stop string / stop token appeared, and (2) hands the new tokens to the
 event loop (one event per verify step: what streaming sends). A job cancelled while still queued
-never starts. Counters are updated before the job's last event, so a client that has its answer
-reads ``/metrics`` that include it. Nothing here imports FastAPI.
+never starts. Counters and the running gauge are updated before the job's last event, so a client
+that has its answer reads ``/metrics`` that include it (and no longer count it as running). Nothing here imports FastAPI.
 """
 from __future__ import annotations
 
@@ -89,17 +89,15 @@ class EngineWorker:
                 continue  # the client left while the job was queued
             self.running = 1
             try:
-                stats = self._run(job)
+                kind, value = "done", self._run(job)
             except BackendError as e:
-                job.post("error", str(e))
+                kind, value = "error", str(e)
             except Exception as e:  # never let one request kill the worker
-                job.post("internal", f"internal error: {type(e).__name__}: {e}")
-            else:
-                if self.on_done is not None:
-                    self.on_done(job, stats)
-                job.post("done", stats)
-            finally:
-                self.running = 0
+                kind, value = "internal", f"internal error: {type(e).__name__}: {e}"
+            self.running = 0  # before the last event: a client that has its answer never sees it running
+            if kind == "done" and self.on_done is not None:
+                self.on_done(job, value)
+            job.post(kind, value)
 
     def _run(self, job: Job) -> GenStats:
         if not self.spec:  # plain greedy: no steps to stop between

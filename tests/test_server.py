@@ -325,3 +325,34 @@ def test_stop_cut_takes_the_earlier_of_a_stop_string_and_a_stop_token():
     assert stop_cut(text_of, [1, 2, 3, 4], ["23"], [], 0) == 3 and stop_cut(text_of, [1, 2, 3, 4], [], [3], 0) == 3
     assert stop_cut(text_of, [1, 2, 3, 4], ["9"], [9], 0) is None
     assert stop_cut(text_of, [1, 2, 3, 4], [], [1], 1) is None  # only tokens past `checked` are new
+
+
+def test_the_worker_is_idle_before_a_job_s_last_event(srv):
+    """running is reset before "done" (and before an error) is posted: a client that has its answer and
+    reads /metrics never sees its own request still running (it was reset after the post)."""
+    import asyncio
+
+    from ddprobe.server_worker import EngineWorker, Job
+
+    worker = EngineWorker(srv.backend)
+    seen = []
+
+    class Watched(Job):
+        def post(self, kind, value):
+            seen.append((kind, worker.running))
+            super().post(kind, value)
+
+    async def one(ids, max_new):
+        job = worker.submit(Watched(ids, max_new))
+        while (ev := await job.events.get())[0] == "tokens":
+            pass
+        return ev[0]
+
+    async def both():
+        return [await one(predictable(srv.backend, 32), 4), await one([5] * 9000, 4)]
+
+    try:
+        assert asyncio.run(both()) == ["done", "error"]
+    finally:
+        worker.close()
+    assert seen[0] == ("tokens", 1) and [s for s in seen if s[0] != "tokens"] == [("done", 0), ("error", 0)]
