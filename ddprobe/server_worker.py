@@ -3,13 +3,15 @@
 Requests queue as ``Job``s. The worker runs each through the backend's ``generate`` with an
 ``on_tokens`` hook that, between verify steps, (1) stops the decode when the job was cancelled
 (the client went away) or a stop string / stop token appeared, and (2) hands the new tokens to the
-event loop (one event per verify step: what streaming sends). A job cancelled while still queued
-never starts. Counters and the running gauge are updated before the job's last event, so a client
-that has its answer reads ``/metrics`` that include it (and no longer count it as running). Nothing here imports FastAPI.
+event loop (one event per verify step: what streaming sends). Plain greedy (``--no-spec``) goes
+through the same hook token by token. A job cancelled while still queued never starts. Counters
+and the running gauge are updated before the job's last event, so a client that has its answer
+reads ``/metrics`` that include it (and no longer count it as running). Nothing here imports FastAPI.
 """
 from __future__ import annotations
 
 import asyncio
+import inspect
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -100,14 +102,6 @@ class EngineWorker:
             job.post(kind, value)
 
     def _run(self, job: Job) -> GenStats:
-        if not self.spec:  # plain greedy: no steps to stop between
-            toks = self.backend.greedy(job.ids, job.max_new)
-            cut = stop_cut(self.backend.decode, toks, job.stop, job.stop_ids, 0)
-            if cut is not None:
-                toks = toks[:cut]
-            job.post("tokens", toks)
-            return GenStats(prompt_tokens=len(job.ids), completion_tokens=len(toks), verify_steps=0, tokens=toks,
-                            extra={"finish_reason": "stop" if cut else "length"})
         sent: list[int] = []
 
         def on_tokens(new: list[int]) -> None:
@@ -124,5 +118,31 @@ class EngineWorker:
                 raise StopGeneration("stop", keep=keep)
             job.post("tokens", new)
 
+        if not self.spec:
+            return self._greedy(job, sent, on_tokens)
         return self.backend.generate(job.ids, job.max_new, temperature=job.temperature, on_tokens=on_tokens,
                                      seed=job.seed)
+
+    def _greedy(self, job: Job, sent: list[int], on_tokens: Callable[[list[int]], None]) -> GenStats:
+        """Plain greedy (``--no-spec``): token by token through the engine's ``on_token`` hook, so a
+        cancel or a stop ends it at the next token (a backend without the hook: all, then cut)."""
+        engine = getattr(self.backend, "engine", None)
+        finish = "length"
+        if engine is not None and "on_token" in inspect.signature(engine.greedy_reference).parameters:
+            try:
+                engine.greedy_reference(job.ids, job.max_new, on_token=lambda t: on_tokens([t]))
+            except ValueError as e:  # what the backend's greedy reports as a BackendError
+                raise BackendError(str(e)) from None
+            except StopGeneration as e:
+                finish = e.reason
+                if e.keep is not None:
+                    del sent[e.keep:]
+            toks = list(sent)
+        else:
+            toks = self.backend.greedy(job.ids, job.max_new)
+            cut = stop_cut(self.backend.decode, toks, job.stop, job.stop_ids, 0)
+            if cut is not None:
+                toks, finish = toks[:cut], "stop"
+            job.post("tokens", toks)
+        return GenStats(prompt_tokens=len(job.ids), completion_tokens=len(toks), verify_steps=0, tokens=toks,
+                        extra={"finish_reason": finish})

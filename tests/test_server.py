@@ -268,6 +268,30 @@ def test_no_spec_server_refuses_sampling_it_cannot_do():
         g = post(s.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8}}).json()
         assert len(g["output_ids"]) == 8 and "spec_verify_ct" not in g["meta_info"]
         assert "spec_decode" not in requests.get(s.url + "/metrics", timeout=5).text
+        # greedy is cancelled token by token too (it once ran all 8000 tokens for a client long gone)
+        short = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
+        samples = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            post(s.url, "/generate", short)
+            samples.append(time.perf_counter() - t0)
+        alone = sorted(samples)[1]
+        aborts = counter(s.url, "vllm:request_success_total", finished_reason="abort")
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            post(s.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8000}}, timeout=1.0)
+        t0 = time.perf_counter()
+        assert post(s.url, "/generate", short, timeout=120).status_code == 200
+        assert time.perf_counter() - t0 < max(3 * alone, alone + 10.0), (samples, alone)
+        assert counter(s.url, "vllm:request_success_total", finished_reason="abort") == aborts + 1
+        # and stops at a stop string as it comes, streamed text = plain text
+        plain = post(s.url, "/v1/completions", {"prompt": ids, "max_tokens": 24, "temperature": 0}).json()
+        stop = " ".join(plain["choices"][0]["text"].split()[3:5])
+        body = {"prompt": ids, "max_tokens": 24, "temperature": 0, "stop": [stop]}
+        cut = post(s.url, "/v1/completions", body).json()
+        assert cut["choices"][0]["finish_reason"] == "stop" and cut["usage"]["completion_tokens"] < 24
+        r = requests.post(s.url + "/v1/completions", json={**body, "stream": True}, stream=True, timeout=60)
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith(b"data: {")]
+        assert "".join(e["choices"][0]["text"] for e in events) == cut["choices"][0]["text"]
     finally:
         s.close()
 

@@ -263,12 +263,17 @@ class Engine:
                               attn=self.attn, kv_layout=self.kv_layout, budget=self.budget, graphs=self.graphs)
 
     @torch.no_grad()
-    def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-        """Plain greedy decoding of the target: one token per step through the same attention path."""
+    def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int,
+                         on_token: Callable[[int], None] | None = None) -> list[int]:
+        """Plain greedy decoding of the target: one token per step through the same attention path.
+        on_token(token) (servers: streaming, cancellation) is called with each token as it is made;
+        what it raises stops the decode and propagates."""
         self._check(prompt_ids, max_new_tokens, 1)
         kv = self.new_cache(len(prompt_ids) + max_new_tokens + 1)
         tok = int(self.prefill(kv, prompt_ids).argmax())
         out = [tok]
+        if on_token is not None:
+            on_token(tok)
         one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         while len(out) < max_new_tokens:
             pos = torch.tensor([kv.committed], dtype=torch.int64, device=self.device)
@@ -276,6 +281,8 @@ class Engine:
             kv.commit([0])
             tok = int(logits[0].argmax())
             out.append(tok)
+            if on_token is not None:
+                on_token(tok)
         return out
 
     @torch.no_grad()
