@@ -124,15 +124,12 @@ class EngineWorker:
                                      seed=job.seed)
 
     def _greedy(self, job: Job, sent: list[int], on_tokens: Callable[[list[int]], None]) -> GenStats:
-        """Plain greedy (``--no-spec``): token by token through the engine's ``on_token`` hook, so a
+        """Plain greedy (``--no-spec``): token by token through the backend's ``on_token`` hook, so a
         cancel or a stop ends it at the next token (a backend without the hook: all, then cut)."""
-        engine = getattr(self.backend, "engine", None)
         finish = "length"
-        if engine is not None and "on_token" in inspect.signature(engine.greedy_reference).parameters:
+        if "on_token" in inspect.signature(self.backend.greedy).parameters:
             try:
-                engine.greedy_reference(job.ids, job.max_new, on_token=lambda t: on_tokens([t]))
-            except ValueError as e:  # what the backend's greedy reports as a BackendError
-                raise BackendError(str(e)) from None
+                self.backend.greedy(job.ids, job.max_new, on_token=lambda t: on_tokens([t]))
             except StopGeneration as e:
                 finish = e.reason
                 if e.keep is not None:

@@ -188,10 +188,12 @@ class EngineBackend:
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
                    "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish})
 
-    def greedy(self, input_ids: list[int], max_new_tokens: int) -> list[int]:
-        """Plain greedy decoding of the target (no drafts): ``serve --no-spec``."""
+    def greedy(self, input_ids: list[int], max_new_tokens: int,
+               on_token: Callable[[int], None] | None = None) -> list[int]:
+        """Plain greedy decoding of the target (no drafts): ``serve --no-spec``. ``on_token`` gets each token
+        as it is decoded; what it raises (a ``StopGeneration``) ends the decode and propagates."""
         try:
-            return self.engine.greedy_reference(input_ids, max_new_tokens)
+            return self.engine.greedy_reference(input_ids, max_new_tokens, on_token=on_token)
         except ValueError as e:
             raise BackendError(str(e)) from None
 
