@@ -52,7 +52,21 @@ def _temperature(v: float) -> float:
     return v
 
 
-class SamplingParams(Strict):
+class _Sampled(Strict):
+    """What every request that samples shares: its stop strings and temperature checked one way."""
+
+    @field_validator("stop", check_fields=False)
+    @classmethod
+    def _stop(cls, v):
+        return _stops(v)
+
+    @field_validator("temperature", check_fields=False)
+    @classmethod
+    def _temperature(cls, v):
+        return _temperature(v)
+
+
+class SamplingParams(_Sampled):
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=100.0)
     ignore_eos: bool = True  # the engine has no end-of-sequence token: true or false decode alike
@@ -75,16 +89,6 @@ class SamplingParams(Strict):
                               "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
                               "repetition_penalty": (1, 1.0)})
         return values
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v):
-        return _stops(v)
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, v):
-        return _temperature(v)
 
 
 class GenerateRequest(Strict):
@@ -110,7 +114,7 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class CompletionRequest(Strict):
+class CompletionRequest(_Sampled):
     """OpenAI's ``/v1/completions`` (vLLM's ``ignore_eos`` extension included)."""
 
     model: Optional[str] = None
@@ -143,16 +147,6 @@ class CompletionRequest(Strict):
             if isinstance(values.get("prompt"), list) and any(isinstance(p, (str, list)) for p in values["prompt"]):
                 raise ValueError("one prompt per request: a list of prompts is not supported by ddprobe serve")
         return values
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v):
-        return _stops(v)
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature(cls, v):
-        return _temperature(v)
 
 
 class TokenizeRequest(Strict):
