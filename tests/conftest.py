@@ -55,3 +55,26 @@ def load_in_browser(browser, tmp_path):
         return json.loads(m.group(1).replace("&quot;", '"'))
 
     return load
+
+
+@pytest.fixture
+def run_triton_script():
+    """run(script): runs a Python script that uses the Triton paths in a child process, on a machine without a
+    GPU under TRITON_INTERPRET=1 set for that child alone (the switch cannot leak into other tests); the script
+    must print ok."""
+    import os
+    import sys
+
+    import torch
+
+    pytest.importorskip("triton")
+
+    def run(script: str, timeout: int = 300) -> None:
+        env = dict(os.environ)
+        if not torch.cuda.is_available():
+            env["TRITON_INTERPRET"] = "1"
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                              timeout=timeout)
+        assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+    return run

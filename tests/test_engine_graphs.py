@@ -9,9 +9,6 @@ sampling); the kernels' device plans are tested in test_kernels.py.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -189,12 +186,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_triton_paths_through_the_static_step():
+def test_triton_paths_through_the_static_step(run_triton_script):
     """paged and split with device plans inside the engine's static step (CPU: the interpreter,
     in a child process so the switch stays there)."""
-    pytest.importorskip("triton")
-    env = dict(os.environ)
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_triton_script(SCRIPT)

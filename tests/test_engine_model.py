@@ -3,12 +3,8 @@ shapes), drafter windows, weights round trip, and the Triton paths plugged into 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 import textwrap
 
-import pytest
 import torch
 
 from ddprobe.engine import Engine, KVCache, ModelConfig
@@ -119,12 +115,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_triton_paths_plug_into_the_engine():
+def test_triton_paths_plug_into_the_engine(run_triton_script):
     """The fast paths through the same seam (CPU: Triton's interpreter, in a subprocess so the
     TRITON_INTERPRET switch cannot leak into other tests)."""
-    pytest.importorskip("triton")
-    env = dict(os.environ)
-    if not torch.cuda.is_available():
-        env["TRITON_INTERPRET"] = "1"
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    run_triton_script(SCRIPT)

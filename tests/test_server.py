@@ -210,22 +210,26 @@ def counter(url, name, **labels) -> float:
 def test_abandoned_request_is_cancelled(srv):
     """A client gives up after 1 s on 8000 new tokens: the engine stops at its next step; the next
     short request is answered at once, and /metrics counts the abort (one more than before)."""
-    ids = prompt_ids(srv.backend, "novel", 64)
+    assert_abandoned_request_is_cancelled(srv.url, prompt_ids(srv.backend, "novel", 64))
+
+
+def assert_abandoned_request_is_cancelled(url: str, ids: list[int]) -> None:
+    """A client that gives up after 1 s on 8000 new tokens: the next short request is answered about as fast as
+    one alone (without cancellation it waits for the 8000 tokens: minutes on a CPU), and the abort is counted."""
     short = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
     samples = []
     for _ in range(3):  # what a short request costs on this (shared, loaded) machine: the median of 3
         t0 = time.perf_counter()
-        post(srv.url, "/generate", short)
+        post(url, "/generate", short)
         samples.append(time.perf_counter() - t0)
     alone = sorted(samples)[1]
-    aborts = counter(srv.url, "vllm:request_success_total", finished_reason="abort")
+    aborts = counter(url, "vllm:request_success_total", finished_reason="abort")
     with pytest.raises(requests.exceptions.ReadTimeout):
-        post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8000}}, timeout=1.0)
+        post(url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8000}}, timeout=1.0)
     t0 = time.perf_counter()
-    r = post(srv.url, "/generate", short, timeout=120)
-    # without cancellation it waits for the 8000 tokens (minutes on CPU); with it, one step and the prefill
+    r = post(url, "/generate", short, timeout=120)
     assert r.status_code == 200 and time.perf_counter() - t0 < max(3 * alone, alone + 10.0), (samples, alone)
-    assert counter(srv.url, "vllm:request_success_total", finished_reason="abort") == aborts + 1
+    assert counter(url, "vllm:request_success_total", finished_reason="abort") == aborts + 1
 
 
 def test_health_and_metrics_answer_under_100_concurrent_requests(srv):
@@ -269,20 +273,7 @@ def test_no_spec_server_refuses_sampling_it_cannot_do():
         assert len(g["output_ids"]) == 8 and "spec_verify_ct" not in g["meta_info"]
         assert "spec_decode" not in requests.get(s.url + "/metrics", timeout=5).text
         # greedy is cancelled token by token too (it once ran all 8000 tokens for a client long gone)
-        short = {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
-        samples = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            post(s.url, "/generate", short)
-            samples.append(time.perf_counter() - t0)
-        alone = sorted(samples)[1]
-        aborts = counter(s.url, "vllm:request_success_total", finished_reason="abort")
-        with pytest.raises(requests.exceptions.ReadTimeout):
-            post(s.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 8000}}, timeout=1.0)
-        t0 = time.perf_counter()
-        assert post(s.url, "/generate", short, timeout=120).status_code == 200
-        assert time.perf_counter() - t0 < max(3 * alone, alone + 10.0), (samples, alone)
-        assert counter(s.url, "vllm:request_success_total", finished_reason="abort") == aborts + 1
+        assert_abandoned_request_is_cancelled(s.url, ids)
         # and stops at a stop string as it comes, streamed text = plain text
         plain = post(s.url, "/v1/completions", {"prompt": ids, "max_tokens": 24, "temperature": 0}).json()
         stop = " ".join(plain["choices"][0]["text"].split()[3:5])

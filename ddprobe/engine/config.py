@@ -10,7 +10,7 @@ size is shrunk and the MoE is replaced by a small dense MLP. See docs/engine.md.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..shapes import AttnShape

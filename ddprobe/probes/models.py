@@ -6,7 +6,6 @@ from the config, so a Hugging Face ``config.json`` works the same way as a prese
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
