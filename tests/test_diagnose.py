@@ -69,12 +69,12 @@ def test_report_loads_in_headless_chromium(run_dir, load_in_browser):
 
 
 def test_interrupted_run_keeps_partial_results(tmp_path):
-    class CtrlC(EngineBackend):  # the real engine; the user presses Ctrl-C during the third cell
-        calls = 0
+    class CtrlC(EngineBackend):  # the real engine; the user presses Ctrl-C during the fourth cell
+        calls = 0  # (cells run per kind, contexts increasing: predictable 128, 256, novel 128, then novel 256)
 
         def generate(self, ids, n):
             CtrlC.calls += 1
-            if CtrlC.calls == 3:
+            if CtrlC.calls == 4:
                 raise KeyboardInterrupt
             return super().generate(ids, n)
 
@@ -83,7 +83,7 @@ def test_interrupted_run_keeps_partial_results(tmp_path):
     # (at 128 and 256 tokens the tiny target's novel continuation falls into its refrain: docs/tiny-model.md)
     with pytest.raises(KeyboardInterrupt):
         run_and_report(d, tmp_path / "report.html")
-    assert len(Result.load(tmp_path / "commit.json").rows) == 2
+    assert len(Result.load(tmp_path / "commit.json").rows) == 3
     assert Result.load(tmp_path / "diagnose.json").rows[0]["status"] == "interrupted"
     claims = claims_of((tmp_path / "report.html").read_text())
     assert claims["drafter"][0] == "ok" and "at 128" in claims["drafter"][1]

@@ -1,6 +1,8 @@
 """`ddprobe commit` (commit length across contexts) and `ddprobe serve` (the engine over HTTP)."""
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,17 +11,19 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from ..probes.estimate import fmt_duration
 from ..units import DDProbeError, fmt_tokens, parse_token_list
 from .app import app
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, warm_up
 
-# (header, narrow header, cell) per column; narrow terminals (< 100 columns) get the short headers and
+# (header, narrow header, cell) per column; narrow terminals (< WIDE_COLUMNS) get the short headers and
 # lose the columns marked None there.
 _COLUMNS = [
     ("text", "text", lambda r: r["text"]),
     ("ctx", "ctx", lambda r: fmt_tokens(r["ctx"])),
     ("prompt", None, lambda r: str(r["prompt_tokens"])),
+    ("reused", None, lambda r: num_or_dash(r.get("reused_tokens"), "d")),  # prompt tokens from the kept prefix
     ("commit len", "commit", lambda r: f"{r['commit_len']:.2f}"),
     ("p10-p90", "p10-90", lambda r: "-" if r["commit_len_p10"] is None
         else f"{r['commit_len_p10']:.0f}-{r['commit_len_p90']:.0f}"),
@@ -30,6 +34,9 @@ _COLUMNS = [
     ("tok/s", "tok/s", lambda r: num_or_dash(r["tokens_per_s"], ".1f")),
     ("prefill", "prefill", lambda r: "-" if r["prefill_s"] is None else f"{r['prefill_s']:.2f} s"),
 ]
+
+
+WIDE_COLUMNS = 116  # the wide table's width: below it, the narrow one (80 columns)
 
 
 def commit_table(title: str, narrow: bool) -> tuple[Table, callable]:
@@ -66,10 +73,8 @@ def commit(
     *, eng: EngineOptions,
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
-    from rich.live import Live
-
     from ..probes.backends import make_backend
-    from ..probes.commit import check_contexts, run_commit_probe
+    from ..probes.commit import cell_order, check_contexts, run_commit_probe
     from ..results import Result, ResultWriter, RunMeta
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
@@ -79,22 +84,67 @@ def commit(
     check_contexts(be, ctxs, max_new_tokens)  # before any file is written
     announce(eng, be)
     warm = warm_up(be, None)  # outside every measured cell, for the largest request
+    est = say_estimate(be, cell_order(ctxs, kinds), max_new_tokens, eng.seed)  # after the warm-up, before cells
     path = results_path(json_path, "commit")
     config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": eng.seed, **be.describe(),
-              **({"warmup": warm} if warm else {})}
+              **({"warmup": warm} if warm else {}), **({"estimate": est.to_dict()} if est else {})}
     writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(), config=config), path, csv_path)
 
     where = url if url else f"{config.get('preset')}, {config.get('attn')}, {config.get('weights')} weights"
-    table, add = commit_table(f"commit length ({be.name}: {where})", narrow=columns() < 100)
-    with Live(table, console=out, refresh_per_second=4, transient=False) as live:
-        def start(kind, c, n):
-            live.console.print(f"[dim]{kind} @ {fmt_tokens(c)}: prefill {n} tokens, decode {max_new_tokens}...[/]")
-
+    table, add = commit_table(f"commit length ({be.name}: {where})", narrow=columns() < WIDE_COLUMNS)
+    with measured(table, len(ctxs) * len(kinds), est) as (display, live):
         try:
-            run_commit_probe(be, ctxs, kinds, max_new_tokens, writer, seed=eng.seed, on_start=start, on_cell=add)
+            run_commit_probe(be, ctxs, kinds, max_new_tokens, writer, seed=eng.seed, on_cell=add, progress=display)
         finally:
+            record_timing(writer, est, display)
             n = len(writer.result.rows)
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+
+
+def say_estimate(be, order, max_new_tokens: int, seed: int):
+    """Calibrate (engine backends) and say how long the cells will take, when that is more than
+    ``estimate.SAY_OVER_S``; returns the Estimate (None where the backend cannot be calibrated)."""
+    from ..probes.estimate import estimate_run
+
+    est = estimate_run(be, order, max_new_tokens, seed)
+    line = est.line() if est is not None else None
+    if line:
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+    return est
+
+
+@contextlib.contextmanager
+def measured(table, n_cells: int, est):
+    """The live results table on stdout and the cells' progress (``progress.CellDisplay``) on stderr; when
+    both are one terminal the bars share the table's live region (and leave it at the end)."""
+    from rich.live import Live
+
+    from .progress import CellDisplay
+
+    out_tty, err_tty = out.is_terminal, err.is_terminal  # read before the live region redirects stderr
+    fit = est.calibration.prefill if est is not None and est.calibration is not None else None
+    with Live(table, console=out, refresh_per_second=4, transient=False, redirect_stderr=err_tty) as live:
+        display = CellDisplay(err, n_cells, fit, embed_in=live if out_tty and err_tty else None, live=err_tty,
+                              estimate=None if est is None else f"about {fmt_duration(est.total_s)}")
+        display.started_at = time.perf_counter()
+        with display:
+            yield display, live
+
+
+def record_timing(writer, est, display) -> None:
+    """The estimate next to what the cells took, in the results summary (once there is a row)."""
+    res = writer.result
+    if not res.rows:
+        return
+    took = time.perf_counter() - display.started_at
+    pre = sum(r.get("prefill_s") or 0.0 for r in res.rows)
+    dec = sum(r.get("decode_s") or 0.0 for r in res.rows)
+    res.summary["timing"] = {"actual_s": took, "actual_prefill_s": pre, "actual_decode_s": dec,
+                             "cells": len(res.rows), "complete": len(res.rows) == display.n_cells,
+                             "estimate_s": est.total_s if est is not None else None,
+                             "estimate_prefill_s": est.prefill_s if est is not None else None,
+                             "estimate_decode_s": est.decode_s if est is not None else None}
+    writer.flush()
 
 
 @app.command()

@@ -9,7 +9,9 @@ from rich.markup import escape
 
 from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
+from ..probes.estimate import fmt_duration
 from .commit import announce
+from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, warm_up
 
@@ -61,11 +63,34 @@ def diagnose(
                            bw_Bps=bw_Bps, model=model, seed=eng.seed)
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
-    claims = run_and_report(run, report_path)
+    run.estimate = diagnose_estimate(be, run, opts)
+    est = run.estimate
+    with CellDisplay(err, sum(len(v) for v in run.requests().values()),
+                     est.calibration.prefill if est is not None and est.calibration is not None else None,
+                     label="requests", estimate=None if est is None else f"about {fmt_duration(est.total_s)}") \
+            as display:
+        run.progress = display
+        claims = run_and_report(run, report_path)
     for c in claims:
         out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
                   + escape(c.text), highlight=False)
     out.print(f"report: {report_path}", highlight=False)
+
+
+def diagnose_estimate(be, run, opts):
+    """The estimate of the diagnosis' measured requests (commit cells with prefix reuse, then the gpu-util
+    request), said when long (``estimate.SAY_OVER_S``); None where the backend cannot be calibrated."""
+    from ..probes.estimate import estimate_run
+
+    reqs = run.requests()
+    est = estimate_run(be, reqs["commit"], opts.max_new_tokens, opts.seed)
+    if est is not None and "gpu-util" in reqs:
+        est = est.plus(estimate_run(be, reqs["gpu-util"], opts.decode_tokens, opts.seed, reuse=False,
+                                    calibration=est.calibration))
+    line = est.line() if est is not None else None
+    if line:
+        err.print(line, highlight=False, markup=False, soft_wrap=True)
+    return est
 
 
 def run_and_report(run, report_path: Path) -> list:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
 from .app import app
+from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds
 
@@ -73,8 +74,28 @@ def gpu_util(
         check_contexts(be, [n_prompt], decode_tokens)  # one line naming --prompt-len when it does not fit
         config = {"prompt_len": n_prompt, "decode_tokens": decode_tokens, **be.describe()}
         writer = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(), config=config), path, csv_path)
-        res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,
-                           on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup)
+        est: list = []
+        with CellDisplay(err, 1, label="request") as display:
+            def estimate() -> None:  # after the warm-up, before the sampled request
+                from ..probes.estimate import estimate_run
+
+                e = estimate_run(be, [(kind, n_prompt)], decode_tokens, eng.seed, reuse=False)
+                if e is not None:
+                    est.append(e)
+                    writer.result.config["estimate"] = e.to_dict()
+                    display.fit = e.calibration.prefill if e.calibration is not None else None
+                    line = e.line()
+                    if line:
+                        err.print(line, highlight=False, markup=False, soft_wrap=True)
+
+            res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,
+                               on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup, progress=display,
+                               after_warmup=estimate)
+        req = res.summary.get("request", {})
+        res.summary["timing"] = {"actual_s": req.get("e2e_s"), "estimate_s": est[0].total_s if est else None,
+                                 "estimate_prefill_s": est[0].prefill_s if est else None,
+                                 "estimate_decode_s": est[0].decode_s if est else None}
+        writer.flush()
         if deep:
             with tempfile.TemporaryDirectory() as tmp:
                 # the same request, shorter, without files of its own or a warm-up: ncu's first verify

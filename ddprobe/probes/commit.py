@@ -5,6 +5,17 @@ backend's own tokenizer, then a greedy decode of ``max_new_tokens``; the cell re
 length (mean, spread), accepted depth, drafts per step, verify steps, decode time per step,
 tokens/s and prefill time. Cells are written to the results file as they finish.
 
+Order and prefix reuse: the cells of one text kind run together, in increasing context order
+(``cell_order``), and a backend that can keep its cache between requests (the engine:
+``generate(..., reuse_prefix=True)``) reuses the previous prompt, a prefix of the next one (a kind's
+shorter prompt is the start of its longer one; recall's closing request differs), so it prefills only
+the new tokens: a kind's prefill work is that of its longest context. ``reused_tokens`` in each row says
+how many prompt tokens came from the kept prefix; ``prefill_s`` times only the tokens prefilled.
+Rows are written in that run order (grouped per kind).
+
+Progress: ``CellProgress`` is told when a cell starts, how far its prefill is (from the engine's
+``on_prefill`` hook) and its decode (committed tokens), and when it ends; the CLI draws it.
+
 ``commit_len``: the per-step mean of tokens committed (accepted depth + 1), a step cut by the token
 limit counted as the tokens it actually committed; the prefill's first token belongs to no step, so
 commit_len = (completion_tokens - 1) / verify_steps. ``sglang_accept_length``: SGLang's
@@ -12,8 +23,9 @@ completion_tokens / verify_steps, which counts the prefill's token (higher by 1 
 """
 from __future__ import annotations
 
+import inspect
 import statistics
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..results import ResultWriter
 from ..units import DDProbeError, fmt_tokens
@@ -76,10 +88,55 @@ def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int) -> in
     return limit
 
 
+def accepts(fn: Callable, name: str) -> bool:
+    """Does ``fn`` take a keyword ``name`` (backends and engines that predate a hook do not)?"""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def cell_order(ctxs: Sequence[int], kinds: Sequence[str]) -> list[tuple[str, int]]:
+    """(kind, ctx) in run order: per kind (in the order given), contexts increasing, so each prompt can
+    reuse the previous one as its prefix."""
+    return [(kind, ctx) for kind in kinds for ctx in sorted(ctxs)]
+
+
+class CellProgress:
+    """What a probe tells its display about the cell it runs (no-ops here; the CLI draws them).
+    ``prefill(done, total)`` comes first with the tokens reused (``done`` may be > 0), then after each
+    prefill chunk; ``decoded(n)`` with the tokens each verify step committed (the prefill's first token
+    included). Backends without prefill progress (HTTP servers) call neither: only start and end."""
+
+    def cell_started(self, kind: str, ctx: int, prompt_tokens: int, max_new_tokens: int) -> None: ...
+
+    def prefill(self, done: int, total: int) -> None: ...
+
+    def decoded(self, n: int) -> None: ...
+
+    def cell_done(self, row: dict | None) -> None: ...
+
+
+def generate_hooked(backend: Backend, ids: list[int], max_new_tokens: int, progress: CellProgress | None = None,
+                    reuse_prefix: bool = False) -> GenStats:
+    """``backend.generate`` with the progress hooks and prefix reuse it supports (HTTP backends: none)."""
+    kw: dict[str, Any] = {}
+    gen = backend.generate
+    if progress is not None and accepts(gen, "on_prefill"):
+        kw["on_prefill"] = progress.prefill
+    if progress is not None and accepts(gen, "on_tokens"):
+        kw["on_tokens"] = lambda new: progress.decoded(len(new))
+    if reuse_prefix and accepts(gen, "reuse_prefix"):
+        kw["reuse_prefix"] = True
+    return gen(ids, max_new_tokens, **kw)
+
+
 def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: str) -> dict[str, Any]:
     """One results row; keys carry units."""
     row: dict[str, Any] = {
         "backend": backend, "text": kind, "ctx": ctx, "prompt_tokens": st.prompt_tokens,
+        "reused_tokens": st.reused_tokens,
         "max_new_tokens": max_new_tokens, "completion_tokens": st.completion_tokens,
         "verify_steps": st.verify_steps, "commit_len": st.commit_len, "accepted_depth": st.commit_len - 1,
         "sglang_accept_length": st.sglang_accept_length,
@@ -103,23 +160,37 @@ def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: st
 def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_new_tokens: int,
                      writer: ResultWriter, seed: int = 0,
                      on_start: Callable[[str, int, int], None] | None = None,
-                     on_cell: Callable[[dict], None] | None = None) -> list[dict]:
-    """Measure every (ctx, kind) cell in order, writing each row as soon as it is measured."""
+                     on_cell: Callable[[dict], None] | None = None,
+                     progress: CellProgress | None = None, reuse_prefix: bool = True) -> list[dict]:
+    """Measure every (kind, ctx) cell in ``cell_order`` (per kind, contexts increasing), each prompt reusing
+    the previous one's cache where the backend can (``reuse_prefix``), writing each row as soon as it is
+    measured. Whatever the backend keeps is dropped at the end (``forget_prefix``)."""
     for k in kinds:
         if k not in texts.KINDS:
             raise DDProbeError(f"unknown text kind {k!r}; known: {', '.join(texts.KINDS)}")
     check_contexts(backend, ctxs, max_new_tokens)
     rows = []
-    for ctx in ctxs:
-        for kind in kinds:
+    try:
+        for kind, ctx in cell_order(ctxs, kinds):
             ids = prompt_ids(backend, kind, ctx, seed)
             if on_start:
                 on_start(kind, ctx, len(ids))
-            stats = backend.generate(ids, max_new_tokens)
-            row = cell_row(kind, ctx, max_new_tokens, stats, backend.name)
+            if progress is not None:
+                progress.cell_started(kind, ctx, len(ids), max_new_tokens)
+            row = None
+            try:
+                stats = generate_hooked(backend, ids, max_new_tokens, progress, reuse_prefix)
+                row = cell_row(kind, ctx, max_new_tokens, stats, backend.name)
+            finally:
+                if progress is not None:
+                    progress.cell_done(row)
             writer.result.summary.setdefault("definitions", DEFINITIONS)  # with the first row, never alone
             writer.add(row)
             rows.append(row)
             if on_cell:
                 on_cell(row)
+    finally:
+        forget = getattr(backend, "forget_prefix", None)
+        if forget is not None:
+            forget()
     return rows

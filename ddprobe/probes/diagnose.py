@@ -21,9 +21,12 @@ from ..results import Result, ResultWriter, RunMeta
 from ..shapes import get_gpu, gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
-from .commit import run_commit_probe
+from .commit import CellProgress, cell_order, run_commit_probe
 from .floor import FloorInput, floor_table
 from .models import get_model
+
+
+COMMIT_KINDS = ("predictable", "novel")
 
 
 @dataclass
@@ -44,8 +47,15 @@ def detect_gpu_preset(meta: RunMeta) -> str | None:
 
 
 class Diagnose:
-    def __init__(self, backend: Backend, opts: DiagnoseOptions, out_dir: Path, say: Callable[[str], None] = print):
-        self.backend, self.opts, self.out, self.say = backend, opts, Path(out_dir), say
+    """The steps of a diagnosis. ``progress`` (``commit.CellProgress``) hears of every request measured: the
+    commit cells, then the gpu-util request (``cells()`` says how many). ``estimate`` (an
+    ``estimate.Estimate`` of those requests, made by the caller after its warm-up) goes into diagnose.json's
+    config, next to the time the steps actually took (summary ``timing``)."""
+
+    def __init__(self, backend: Backend, opts: DiagnoseOptions, out_dir: Path, say: Callable[[str], None] = print,
+                 progress: CellProgress | None = None):
+        self.backend, self.opts, self.out, self.say, self.progress = backend, opts, Path(out_dir), say, progress
+        self.estimate = None
         self.out.mkdir(parents=True, exist_ok=True)
         self.meta = RunMeta.collect()
         self.record = ResultWriter(Result(kind="diagnose", meta=self.meta,
@@ -78,10 +88,10 @@ class Diagnose:
     def commit(self):
         path = self.files["commit"] = self.out / "commit.json"
         w = ResultWriter(Result(kind="commit", meta=self.meta, config={
-            "ctx": self.opts.ctxs, "text": ["predictable", "novel"], "max_new_tokens": self.opts.max_new_tokens,
+            "ctx": self.opts.ctxs, "text": list(COMMIT_KINDS), "max_new_tokens": self.opts.max_new_tokens,
             **self.backend.describe()}), path)
-        self.commit_rows = run_commit_probe(self.backend, self.opts.ctxs, ["predictable", "novel"],
-                                            self.opts.max_new_tokens, w, seed=self.opts.seed)
+        self.commit_rows = run_commit_probe(self.backend, self.opts.ctxs, list(COMMIT_KINDS),
+                                            self.opts.max_new_tokens, w, seed=self.opts.seed, progress=self.progress)
 
     def gpu_util(self):
         if not self.meta.gpus:
@@ -92,7 +102,8 @@ class Diagnose:
             return "skipped", f"the gpu-util probe is not available ({e})"
         path = self.files["gpu-util"] = self.out / "gpu-util.json"
         w = ResultWriter(Result(kind="gpu-util", meta=self.meta, config=self.backend.describe()), path)
-        self.util = run_gpu_util(self.backend, max(self.opts.ctxs), self.opts.decode_tokens, 0.1, w, text="novel")
+        self.util = run_gpu_util(self.backend, max(self.opts.ctxs), self.opts.decode_tokens, 0.1, w, text="novel",
+                                 progress=self.progress)
 
     def _measured_step(self) -> tuple[int, float, str] | None:
         if self.util is not None and self.util.summary.get("decode_step_ms"):
@@ -144,11 +155,32 @@ class Diagnose:
         w.result.summary.update(summary)
         w.flush()
 
+    def requests(self) -> dict[str, list[tuple[str, int]]]:
+        """The requests the run will measure, in order, per step: {"commit": [(kind, ctx)...], "gpu-util": [...]}
+        (gpu-util only where NVML sees a GPU)."""
+        out = {"commit": cell_order(self.opts.ctxs, COMMIT_KINDS)}
+        if self.meta.gpus:
+            out["gpu-util"] = [("novel", max(self.opts.ctxs))]
+        return out
+
     def run(self) -> None:
         """Run every step in order; each writes its file as soon as it has numbers."""
-        for name, fn in (("commit", self.commit), ("gpu-util", self.gpu_util), ("floor", self.floor),
-                         ("verify", self.verify)):
-            self._step(name, fn)
+        if self.estimate is not None:
+            self.record.result.config["estimate"] = self.estimate.to_dict()
+        t0 = time.perf_counter()
+        try:
+            for name, fn in (("commit", self.commit), ("gpu-util", self.gpu_util), ("floor", self.floor),
+                             ("verify", self.verify)):
+                self._step(name, fn)
+        finally:
+            est = self.estimate
+            measured = [r["seconds"] for r in self.record.result.rows if r.get("step") in ("commit", "gpu-util")]
+            self.record.result.summary["timing"] = {  # the estimate covers the measured requests' steps
+                "actual_s": sum(measured), "all_steps_s": time.perf_counter() - t0,
+                "estimate_s": est.total_s if est is not None else None,
+                "estimate_prefill_s": est.prefill_s if est is not None else None,
+                "estimate_decode_s": est.decode_s if est is not None else None}
+            self.record.flush()
 
     def written(self) -> list[Path]:
         """The results files written so far, diagnose.json first (what the report reads)."""

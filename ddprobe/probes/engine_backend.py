@@ -125,21 +125,37 @@ class EngineBackend:
         return min(self.budget, self.engine.num_draft) + 1
 
     def generate(self, input_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
-                 on_tokens: Callable[[list[int]], None] | None = None, seed: int | None = None) -> GenStats:
+                 on_tokens: Callable[[list[int]], None] | None = None, seed: int | None = None, *,
+                 reuse_prefix: bool = False, on_prefill: Callable[[int, int], None] | None = None) -> GenStats:
         """DDTree decode of ``max_new_tokens``. ``on_tokens`` gets the tokens as they are committed (the
         prefill's first, then each verify step's, cut at the limit); a ``StopGeneration`` it raises ends
-        the decode at that step and is recorded as ``extra["finish_reason"]``."""
+        the decode at that step and is recorded as ``extra["finish_reason"]``.
+        ``reuse_prefix``: the engine keeps this prompt's cache afterwards and starts from the longest common
+        prefix of the prompt it kept (``GenStats.reused_tokens``; ``prefill_s`` then times only the rest);
+        False drops anything kept. ``on_prefill(done, total)``: first with the tokens reused, then after every
+        prefill chunk (an engine without the hook: (0, total) at the start and (total, total) at the first
+        token)."""
         import torch
 
         toks: list[int] = []
         steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
         t0, t_first = time.perf_counter(), []
 
+        params = inspect.signature(self.engine.generate).parameters
+        reuse_kw = {"reuse_prefix": reuse_prefix} if "reuse_prefix" in params else {}
+        prefill_hooked = on_prefill is not None and "on_prefill" in params
+        if prefill_hooked:
+            reuse_kw["on_prefill"] = on_prefill
+        elif on_prefill is not None:
+            on_prefill(0, len(input_ids))
+
         def hook(new: list[int], tree_size=None) -> None:
             if not isinstance(tree_size, int):  # an engine that passes the step's record
                 tree_size = getattr(tree_size, "tree_size", 0)
             if not t_first:
                 t_first.append(time.perf_counter())
+                if on_prefill is not None and not prefill_hooked:
+                    on_prefill(len(input_ids), len(input_ids))
             else:
                 steps.append((0, tree_size or 0))
             new = new[:max_new_tokens - len(toks)]
@@ -149,14 +165,15 @@ class EngineBackend:
             if on_tokens is not None and new:
                 on_tokens(new)
 
-        streaming = "on_tokens" in inspect.signature(self.engine.generate).parameters
+        streaming = "on_tokens" in params
         finish, res = "length", None
         try:
             if streaming:
                 res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed,
-                                           on_tokens=hook)
+                                           on_tokens=hook, **reuse_kw)
             else:  # an engine without the per-step hook: the same accounting from its records, after the fact
-                res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed)
+                res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed,
+                                           **reuse_kw)
                 hook(res.tokens[:1])
                 at = 1
                 for s in res.steps:
@@ -180,6 +197,7 @@ class EngineBackend:
         records = res.steps[:len(kept)] if res is not None else []
         return GenStats(
             prompt_tokens=len(input_ids), completion_tokens=len(toks), verify_steps=len(kept), commit_lens=kept,
+            reused_tokens=int(getattr(res, "reused_tokens", 0) or 0) if res is not None else None,
             drafts_per_step=sum(t for _, t in steps[:len(kept)]) / len(kept) if kept else None,
             prefill_s=res.prefill_ms / 1e3 if res is not None else (t_first[0] - t0 if t_first else None),
             decode_s=sum(r.step_ms for r in records) / 1e3 if records else None,
@@ -187,6 +205,17 @@ class EngineBackend:
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
                    "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish})
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Can the engine keep a prompt's cache for the next request (``generate(reuse_prefix=True)``)?"""
+        return "reuse_prefix" in inspect.signature(self.engine.generate).parameters
+
+    def forget_prefix(self) -> None:
+        """Drop the cache a ``reuse_prefix`` request kept (nothing to do for an engine that keeps none)."""
+        forget = getattr(self.engine, "forget_prefix", None)
+        if forget is not None:
+            forget()
 
     def greedy(self, input_ids: list[int], max_new_tokens: int,
                on_token: Callable[[int], None] | None = None) -> list[int]:

@@ -22,7 +22,7 @@ from ..results import Result, ResultWriter
 from ..shapes import gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
-from .commit import prompt_ids
+from .commit import CellProgress, generate_hooked, prompt_ids
 from ..gpu_verdict import analyze
 from .sampler import Sampler
 from .telemetry import NvmlReader, NvmlUnavailable
@@ -52,11 +52,14 @@ def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
 
 def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s: float, writer: ResultWriter,
                  text: str = "novel", seed: int = 0, reader_factory: Callable[[], Any] = NvmlReader,
-                 on_event: Callable[[str], None] | None = None, warmup: bool = True) -> Result:
+                 on_event: Callable[[str], None] | None = None, warmup: bool = True,
+                 progress: CellProgress | None = None, after_warmup: Callable[[], Any] | None = None) -> Result:
     """Sample every GPU during one request of ``prompt_len`` tokens + ``decode_tokens``; the Result (kind
     "gpu-util") holds the timeline rows and the ``analyze`` summary. Raises ``NvmlUnavailable`` (one line)
     before the request when NVML sees no GPU. ``warmup`` first runs a short request (first 256 prompt tokens,
-    3 new) so kernel compilation does not land in the sampled decode."""
+    3 new) so kernel compilation does not land in the sampled decode; ``after_warmup`` (the CLI's estimate)
+    then runs inside the warm-up phase, before the sampled request. ``progress`` (``commit.CellProgress``)
+    hears of the request as one cell: its prefill and decode where the backend reports them."""
     if decode_tokens < 2:
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
     say = on_event or (lambda msg: None)
@@ -75,12 +78,20 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
                 say("warm-up request (256 tokens, 3 new): kernels compile outside the sampled request")
                 backend.generate(ids[:256], 3)
             sampler.mark("warmup", t_w)
+            if after_warmup is not None:
+                after_warmup()
             sampler.mark("idle")
         time.sleep(IDLE_LEAD_S)
         say(f"prefill {len(ids)} tokens, then decode {decode_tokens}...")
+        if progress is not None:
+            progress.cell_started(text, prompt_len, len(ids), decode_tokens)
         t0 = sampler.now()
         sampler.mark("prefill", t0)
-        st = backend.generate(ids, decode_tokens)
+        try:
+            st = generate_hooked(backend, ids, decode_tokens, progress)
+        finally:
+            if progress is not None:
+                progress.cell_done(None)
         t_end = sampler.now()
         if st.prefill_s is not None:
             sampler.mark("decode", t0 + st.prefill_s)  # first token
