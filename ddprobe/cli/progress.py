@@ -108,7 +108,7 @@ class CellDisplay(CellProgress):
     def __enter__(self) -> "CellDisplay":
         if self.progress is not None:
             if self.embed_in is not None:
-                self._embedded_base = self.embed_in.renderable
+                self._embedded_base = self.embed_in.get_renderable()
                 self.embed_in.update(Group(self._embedded_base, self.progress), refresh=True)
             else:
                 self.progress.start()
