@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn
+from rich.table import Column
 from rich.text import Text
 
 from ..probes.commit import CellProgress
@@ -80,7 +81,7 @@ class _CellColumn(ProgressColumn):
         parts.append("ETA " + (_clock(max(deadline - time.monotonic(), 0.0)) if deadline else "-:--"))
         if f.get("reused"):
             parts.append(f"({fmt_tokens(f['reused'])} reused)")
-        return Text("  ".join(parts), style="dim")
+        return Text(" ".join(parts), style="dim")
 
 
 class CellDisplay(CellProgress):
@@ -96,8 +97,11 @@ class CellDisplay(CellProgress):
         self.done_cells, self.cell = 0, {}
         self.progress: Progress | None = None
         if self.live:
-            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(bar_width=24),
-                                     _CellColumn(), console=console, transient=True, refresh_per_second=4,
+            narrow = console.width < 100
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                                     BarColumn(bar_width=10 if narrow else 24),
+                                     _CellColumn(table_column=Column(no_wrap=True, overflow="ellipsis")),
+                                     console=console, transient=True, refresh_per_second=4,
                                      redirect_stdout=False, redirect_stderr=False)
             self.run_task = self.progress.add_task(f"{label} 0/{n_cells}", total=n_cells, phase="run",
                                                    t0=time.monotonic(), estimate=estimate)
@@ -132,7 +136,7 @@ class CellDisplay(CellProgress):
             self.console.print(f"{name}: prefill {prompt_tokens:,} tokens, decode {max_new_tokens}",
                                highlight=False, markup=False, soft_wrap=True)
             return
-        self.progress.update(self.cell_task, description=f"{name} running", total=None, completed=0, visible=True,
+        self.progress.update(self.cell_task, description=self._name("running"), total=None, completed=0, visible=True,
                              phase="wait", t0=now, deadline=None, rate=None, reused=0)
 
     def prefill(self, done: int, total: int) -> None:
@@ -175,6 +179,6 @@ class CellDisplay(CellProgress):
             self.progress.update(self.cell_task, visible=False, phase=None)
 
     def _name(self, phase: str) -> str:
-        c = self.cell
-        return f"[{self.done_cells + 1}/{self.n_cells}] {c['kind']} @ {fmt_tokens(c['ctx'])} {phase}"
+        c = self.cell  # (the run's row above says which cell of how many)
+        return f"{c['kind']} @ {fmt_tokens(c['ctx'])} {phase}"
 
