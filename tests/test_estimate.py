@@ -98,7 +98,7 @@ def test_cli_says_the_estimate_and_records_it_beside_the_actual_time(tmp_path, m
     res = json.loads(path.read_text())
     est, timing = res["config"]["estimate"], res["summary"]["timing"]
     cal = est["calibration"]
-    assert est["device"] == "cpu" and 0 < cal["seconds"] < 5
+    assert est["device"] == "cpu" and 0 < cal["seconds"] < 20  # about 0.1 s at 512 tokens on a quiet 2-core CPU
     assert [n for n, _ in cal["prefill_points"][:2]] == [128, 512]  # n/4 and n: the run's longest context
     assert est["total_s"] == pytest.approx(est["prefill_s"] + est["decode_s"]) and est["total_s"] > 0
     assert timing["estimate_s"] == est["total_s"] and timing["actual_s"] > 0 and timing["complete"] is True
