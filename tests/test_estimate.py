@@ -75,7 +75,7 @@ def test_line_only_for_long_runs_and_its_wording():
     assert long.line() == ("estimate: about 14 min on this CPU (prefill 11 min, decode 3 min); a GPU would take "
                            "under a minute (an H200: about 40 s)")
     gpu = E.Estimate(prefill_s=5400.0, decode_s=0.0, device="cuda")
-    assert gpu.line() == "estimate: about 1.5 h on this cuda (prefill 1.5 h, decode 1 s)"
+    assert gpu.line() == "estimate: about 1.5 h on this GPU (prefill 1.5 h, decode 1 s)"
     assert [E.fmt_duration(s) for s in (0.2, 42, 754, 9000)] == ["1 s", "42 s", "13 min", "2.5 h"]
     d = long.to_dict()
     assert d["total_s"] == 840.0 and d["printed_over_s"] == E.SAY_OVER_S and d["gpu_s"] == 40.0

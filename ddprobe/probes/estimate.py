@@ -226,7 +226,9 @@ class Estimate:
         ``SAY_OVER_S``, 30 s)."""
         if self.total_s <= (SAY_OVER_S if threshold_s is None else threshold_s):
             return None
-        where = "on this CPU" if self.device == "cpu" else f"on this {self.device}" if self.device else "here"
+        dev = self.device or ""
+        where = "on this CPU" if dev == "cpu" else "on this GPU" if dev.startswith("cuda") else \
+            f"on {dev}" if dev else "here"
         s = (f"estimate: about {fmt_duration(self.total_s)} {where} (prefill {fmt_duration(self.prefill_s)}, "
              f"decode {fmt_duration(self.decode_s)})")
         if self.gpu_s is not None:
