@@ -14,7 +14,7 @@ from ddprobe.probes.commit import prompt_ids
 from ddprobe.probes.engine_backend import EngineBackend
 
 # Changing the shipped weights means retraining (examples/train_tiny.py) and updating this digest.
-MODEL_SHA256 = "8ac422496fd9cf93889c2a4805abbe5a0e62dce1d1b625ff8cd7572eea205fd1"
+MODEL_SHA256 = "5d735566bc3e22033637646e2fea6d4fecd2463a5bfa6574855f6d0a9a6d0eb8"
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,11 @@ class TargetConfig:
     yarn: YarnConfig | None = None
     rms_eps: float = 1e-6
     feature_layers: tuple[int, ...] = (0,)  # layer outputs handed to the drafter
+    # layers whose attention carries no position (NoPE: the rope part of the row is projected, never
+    # rotated): content lookups that read the same at any distance, so they hold far beyond training
+    nope_layers: tuple[int, ...] = ()
+    nope_attn_floor: int = 0  # > 0: NoPE layers' queries scaled by rope.attn_scale(pos, this floor)
+    rope_max_wavelength: float | None = None  # partial rope: longer-wavelength pairs do not rotate
 
     @cached_property
     def attn_shape(self) -> AttnShape:
@@ -87,6 +92,8 @@ class DrafterConfig:
     rope_theta: float = 10000.0
     yarn: YarnConfig | None = None
     rms_eps: float = 1e-6
+    rope_max_wavelength: float | None = None  # partial rope: longer-wavelength pairs do not rotate
+    full_attn_floor: int = 0  # > 0: the full-attention layer's queries scaled by rope.attn_scale
 
     @property
     def num_draft(self) -> int:
@@ -100,10 +107,14 @@ class ModelConfig:
     target: TargetConfig
     drafter: DrafterConfig
     max_ctx: int = 4096  # default KV capacity (tokens, tree rows included)
+    max_position: int | None = None  # positions the weights were checked to (else what the rope covers)
 
     @property
     def position_limit(self) -> int:
-        """Longest context the preset's RoPE covers: YaRN factor x original length (else its KV default)."""
+        """Longest context the preset holds: ``max_position`` when set (the range its weights were trained
+        and checked for), else what its RoPE covers: YaRN factor x original length (else its KV default)."""
+        if self.max_position is not None:
+            return self.max_position
         y = self.target.yarn
         return int(y.factor * y.original_max_position) if y is not None else self.max_ctx
 
@@ -125,7 +136,7 @@ class ModelConfig:
         d_fields = set(DrafterConfig.__dataclass_fields__)
         tk, dk, top = {}, {}, {}
         for k, v in kw.items():
-            if k in ("max_ctx", "name"):
+            if k in ("max_ctx", "name", "max_position"):
                 top[k] = v
             elif k in t_fields:  # shared names (num_heads, yarn, ...) go to the target
                 tk[k] = v
@@ -142,21 +153,23 @@ class ModelConfig:
 
 
 def _tiny() -> ModelConfig:
-    # Trained and shipped (ddprobe/engine/weights/tiny, examples/train_tiny.py): trained on
-    # 512-token sequences with YaRN x64 from 512 already applied, so it runs to 32k positions.
+    # Trained and shipped (ddprobe/engine/weights/tiny, examples/train_tiny.py) on sequences up to 32k
+    # tokens, checked to 256k. No position it meets at 256k is new to it: layers 0 and 1 use partial
+    # rope (only pairs of wavelength <= 2048 rotate: local order), layers 2 and 3 are NoPE (content
+    # lookups: the refrain, the passage asked for) with queries sharpened slowly past 4k positions;
+    # the drafter likewise. See docs/tiny-model.md.
     target = TargetConfig(
         vocab_size=256, hidden_size=128, num_layers=4, num_heads=4,
         kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
-        intermediate_size=256, rope_theta=10000.0,
-        yarn=YarnConfig(factor=64.0, original_max_position=512, mscale=1.0, mscale_all_dim=1.0),
-        feature_layers=(1, 3),
+        intermediate_size=256, rope_theta=10000.0, yarn=None, rope_max_wavelength=2048.0,
+        feature_layers=(1, 3), nope_layers=(2, 3), nope_attn_floor=4096,
     )
     drafter = DrafterConfig(
         num_layers=2, num_heads=4, head_dim=32, intermediate_size=256, block_size=8,
-        sliding_window=128, full_attn_layer=-1,
-        yarn=YarnConfig(factor=64.0, original_max_position=512),
+        sliding_window=128, full_attn_layer=-1, rope_max_wavelength=2048.0, full_attn_floor=4096,
     )
-    return ModelConfig("tiny", target, drafter, max_ctx=4096)
+    # 256k of context plus room for the decode and the tree (the checked range; positions carry no limit)
+    return ModelConfig("tiny", target, drafter, max_ctx=4096, max_position=262144 + 8192)
 
 
 def _k2() -> ModelConfig:

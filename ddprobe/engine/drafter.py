@@ -18,7 +18,7 @@ from torch import nn
 
 from .config import DrafterConfig, TargetConfig
 from .layers import RMSNorm, SwiGLU, init_random
-from .rope import Rope, apply_rope
+from .rope import Rope, apply_rope, attn_scale
 
 
 class DrafterContext:
@@ -61,11 +61,14 @@ class DrafterLayer(nn.Module):
         x = x + self.o_proj(o.flatten(-2))
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_ok: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_ok: torch.Tensor | None = None, qs=None) -> torch.Tensor:
         """x [Lb, dim] block; ctx_k/ctx_v [n, H, hd] (already windowed) -> [Lb, dim].
-        ctx_ok [n] bool (static step): which context rows count; the others are masked out."""
+        ctx_ok [n] bool (static step): which context rows count; the others are masked out.
+        qs [Lb, 1, 1] or None: the queries' scale (the full-attention layer, ``rope.attn_scale``)."""
         h = self.input_layernorm(x)
         q = self.q(h, cos, sin)  # [Lb, H, hd]
+        if qs is not None:
+            q = q * qs
         bk, bv = self.kv(h, cos, sin)
         k = torch.cat([ctx_k, bk], dim=0)  # [n + Lb, H, hd]
         v = torch.cat([ctx_v, bv], dim=0)
@@ -90,7 +93,7 @@ class Drafter(nn.Module):
         self.mask_embedding = nn.Parameter(torch.zeros(dim))
         self.layers = nn.ModuleList(DrafterLayer(cfg, dim) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(dim, cfg.rms_eps)
-        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.yarn)
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, cfg.yarn, cfg.rope_max_wavelength)
 
     def init_weights(self, seed: int) -> None:
         init_random(self, seed)
@@ -127,7 +130,12 @@ class Drafter(nn.Module):
         lb = self.cfg.block_size
         x = torch.cat([embed(bonus.view(1)), self.mask_embedding.expand(lb - 1, -1)], dim=0)  # [Lb, dim]
         pos = torch.arange(lb, dtype=torch.int64, device=x.device) + n
-        return x, self.rope.cos_sin(pos, x.dtype)
+        return x, self.rope.cos_sin(pos, x.dtype), self.full_qs(pos, x.dtype)
+
+    def full_qs(self, positions: torch.Tensor, dtype) -> torch.Tensor | None:
+        """The full-attention layer's query scale [T, 1, 1] at ``positions`` (None when not configured)."""
+        f = self.cfg.full_attn_floor
+        return attn_scale(positions, f, dtype) if f > 0 else None
 
     def _logprobs(self, x: torch.Tensor, head: nn.Linear) -> torch.Tensor:
         logits = head(self.norm(x[1:]))  # [L, V]
@@ -145,14 +153,14 @@ class Drafter(nn.Module):
 
         call, top = (fused.drafter_layer, fused.drafter_head) if fused is not None else (drafter_layer, drafter_head)
         cfg, cap = self.cfg, ctx.capacity
-        x, (cos, sin) = self._block(bonus, n, embed)
+        x, (cos, sin), qs = self._block(bonus, n, embed)
         w = min(cfg.sliding_window, cap)
         win = torch.arange(w, dtype=torch.int64, device=x.device) + (n - w)
         win_ok, win = win >= 0, win.clamp(min=0)
         full_ok = torch.arange(cap, dtype=torch.int64, device=x.device) < n
         for i, layer in enumerate(self.layers):
             if i == self.full_layer:
-                x = call(layer, x, cos, sin, ctx.k[i], ctx.v[i], full_ok)
+                x = call(layer, x, cos, sin, ctx.k[i], ctx.v[i], full_ok, qs)
             else:
                 x = call(layer, x, cos, sin, ctx.k[i].index_select(0, win), ctx.v[i].index_select(0, win), win_ok)
         return top(self, x, head, k)
@@ -161,9 +169,10 @@ class Drafter(nn.Module):
         """bonus: 0-d int64 token at position ctx.n -> log-probs [L, V] (float32 or float64) of the
         L positions after it."""
         cfg, n = self.cfg, ctx.n
-        x, (cos, sin) = self._block(bonus, n, embed)
+        x, (cos, sin), qs = self._block(bonus, n, embed)
         for i, layer in enumerate(self.layers):
-            lo = 0 if i == self.full_layer else max(0, n - cfg.sliding_window)
-            x = layer(x, cos, sin, ctx.k[i, lo:n], ctx.v[i, lo:n])
+            full = i == self.full_layer
+            lo = 0 if full else max(0, n - cfg.sliding_window)
+            x = layer(x, cos, sin, ctx.k[i, lo:n], ctx.v[i, lo:n], qs=qs if full else None)
         return self._logprobs(x, head)
 

@@ -6,7 +6,11 @@
     ref = eng.greedy_reference([1, 2, 3], max_new_tokens=64)  # plain greedy, one token per step
 
 Verify and single-token decode use the selected attention path (``kernels.get_path(attn)``);
-prefill goes through the reference path in causal chunks sized to bound the score memory.
+prefill goes through ``prefill_attn`` ("prefill": PyTorch's fused attention, no score buffer; chunks of
+1024 rows on CPU, 16384 on CUDA, on a grid fixed from position 0 so a prompt prefilled in two calls
+gets the rows of one call) with ``on_prefill(done, total)`` after every chunk.
+Prefix reuse (``generate(..., reuse_prefix=True)``): the cache of the prompt is kept after the call;
+the next such call keeps the longest common prefix with it and prefills only the rest.
 graphs (default: on for CUDA, off on CPU): decode steps run on the static buffers and device plan
 of a ``graphs.StaticStep`` kept per capacity and captured as CUDA graphs once; on CPU graphs=True
 runs that same static step eagerly (what the tests compare with the eager loop).
@@ -39,7 +43,7 @@ class Engine:
     def __init__(self, config: ModelConfig | str = "tiny", attn: str = "reference", kv_layout: str | None = None,
                  budget: int = 8, *, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0,
                  shuffle_slots: bool = False, poison: bool = False, tree_shape: str = "ddtree",
-                 max_ctx: int | None = None, prefill_attn: str = "reference",
+                 max_ctx: int | None = None, prefill_attn: str = "prefill",
                  prefill_score_bytes: float | None = None, graphs: bool | None = None, device_tree: bool = True):
         self.config = ModelConfig.from_name(config) if isinstance(config, str) else config
         if budget < 1:
@@ -71,12 +75,14 @@ class Engine:
         self._fused: Fused | None = None
         self.compile_error: str | None = None  # why torch.compile was given up, if it was
         self.max_ctx = max_ctx or self.config.max_ctx
-        # prefill chunking: the reference path holds fp32 scores [chunk, H, prefix + chunk];
-        # the fast paths take at most 64 rows per call
+        # prefill chunking: the reference path holds fp32 scores [chunk, H, prefix + chunk]; the
+        # prefill path none (chunks only pace the progress report); the verify paths take 64 rows
         if prefill_score_bytes is None:
             prefill_score_bytes = 2e9 if self.device.type == "cuda" else 256e6
         self.prefill_score_bytes = prefill_score_bytes
-        self.prefill_max_rows = 512 if prefill_attn == "reference" else 64
+        self.prefill_max_rows = {"reference": 512, "prefill": 16384 if self.device.type == "cuda" else 1024}.get(
+            prefill_attn, 64)
+        self._kept: tuple[list[int], KVCache, DrafterContext] | None = None  # reuse_prefix's prompt cache
         target = TargetModel(self.config.target)
         drafter = Drafter(self.config.drafter, self.config.target)
         self.model = nn.ModuleDict({"target": target, "drafter": drafter})  # state_dict keys target.* / drafter.*
@@ -158,31 +164,45 @@ class Engine:
         return logits, feats
 
     @torch.no_grad()
-    def prefill(self, kv: KVCache, prompt_ids: list[int], dctx: DrafterContext | None = None) -> torch.Tensor:
-        """Causal prefill in chunks through the reference path -> logits [V] of the last token."""
+    def prefill(self, kv: KVCache, prompt_ids: list[int], dctx: DrafterContext | None = None,
+                on_prefill: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """Causal prefill of the prompt tokens not yet in ``kv`` (from ``kv.committed`` on), in chunks
+        through ``prefill_attn`` -> logits [V] of the last token. on_prefill(done, total) is called before
+        the first chunk and after every chunk."""
         t = self.config.target
         ids = torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)
         n, logits = ids.numel(), None
+        if kv.committed >= n:
+            raise ValueError(f"nothing to prefill: {kv.committed} tokens cached for a {n}-token prompt")
+        if on_prefill is not None:
+            on_prefill(kv.committed, n)
+        grid = self.prefill_path.name == "prefill"  # chunks on a grid fixed from position 0
         while kv.committed < n:
             c0 = kv.committed
-            per_row = t.num_heads * 4 * (c0 + 512) + 1  # fp32 score bytes of one query row
-            chunk = int(max(1, min(self.prefill_max_rows, n - c0, self.prefill_score_bytes // per_row)))
+            per_row = t.num_heads * 4 * (c0 + 512) + 1  # fp32 score bytes of one query row (reference)
+            room = self.prefill_max_rows - c0 % self.prefill_max_rows if grid else self.prefill_max_rows
+            limit = room if grid else self.prefill_score_bytes // per_row
+            chunk = int(max(1, min(self.prefill_max_rows, room, n - c0, limit)))
             mask = torch.ones(chunk, chunk, dtype=torch.bool, device=self.device).tril_()
             pos = torch.arange(c0, c0 + chunk, dtype=torch.int64, device=self.device)
             logits, feats = self._forward(kv, ids[c0: c0 + chunk], pos, mask, self.prefill_path)
             kv.commit(torch.arange(chunk))
             if dctx is not None:
                 self.drafter.append_context(dctx, feats, pos)
+            if on_prefill is not None:
+                on_prefill(kv.committed, n)
         return logits[-1]
 
     # ---- decoding ------------------------------------------------------------------------
-    def _static_for(self, need: int) -> tuple[StaticStep, str, float]:
-        """The StaticStep for a request of ``need`` tokens: the held one when it fits, else a new
-        one (captured on CUDA). Returns (step, what was captured, capture ms)."""
+    def _static_for(self, need: int, reset: bool = True) -> tuple[StaticStep, str, float]:
+        """The StaticStep for a request of ``need`` tokens: the held one when it fits (emptied unless
+        ``reset`` is False), else a new one (captured on CUDA). Returns (step, what was captured, capture ms)."""
         st = self._static
         if st is not None and st.capacity >= need:
-            st.reset()
+            if reset:
+                st.reset()
             return st, "", 0.0
+        self._kept = None  # its cache goes with the old step
         self._static = st = None  # free the old buffers and graphs first (no reference may keep them)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -228,15 +248,49 @@ class Engine:
         what = ("compile + capture" if self.graphs else "compile") if cuda else "first step"
         return {"warmup_s": time.perf_counter() - t0, "what": what, "capacity": cap}
 
+    def forget_prefix(self) -> None:
+        """Drop the prompt cache kept by ``generate(reuse_prefix=True)``."""
+        self._kept = None
+
+    def _caches(self, prompt_ids: list[int], need: int, reuse: bool):
+        """(kv, dctx, static step or None, capture what, capture ms, reused tokens) for a request: the
+        kept prompt cache truncated to the longest common prefix (reuse), else empty ones."""
+        kept, self._kept = self._kept, None
+        st, captured, cap_ms = None, "", 0.0
+        if self.graphs:
+            st, captured, cap_ms = self._static_for(need, reset=False)
+            kv, dctx = st.kv, st.dctx
+            if not (reuse and kept is not None and kept[1] is kv):
+                st.reset()
+                kept = None
+        elif reuse and kept is not None and kept[1].capacity >= need:
+            kv, dctx = kept[1], kept[2]
+        else:  # a reusable cache is sized for the largest request to come (max_ctx)
+            kept = None
+            cap = max(need, self.max_ctx) if reuse else need
+            kv, dctx = self.new_cache(cap), self.drafter.new_context(cap)
+        n = 0
+        if kept is not None:
+            old = kept[0]
+            while n < min(len(old), len(prompt_ids)) and old[n] == prompt_ids[n]:
+                n += 1
+            n = min(n, len(prompt_ids) - 1)  # the last prompt token is always prefilled: its logits
+            kv.truncate(n)
+            dctx.n = n
+        return kv, dctx, st, captured, cap_ms, n
+
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  seed: int | None = None, proposer: Proposer | None = None,
-                 on_tokens: Callable[[list[int], int], None] | None = None) -> GenerateResult:
+                 on_tokens: Callable[[list[int], int], None] | None = None, *, reuse_prefix: bool = False,
+                 on_prefill: Callable[[int, int], None] | None = None) -> GenerateResult:
         """DDTree speculative decoding. ``proposer`` (tests) replaces the drafter: called with
         (context_len, bonus) it returns log-probs [L, V] for the L positions after the bonus.
         on_tokens(tokens, tree_size) (servers: streaming, cancellation) is called with the prefill's
         token (tree size 0), then after every verify step with the tokens it committed; what it raises
-        stops the generation and propagates."""
+        stops the generation and propagates. reuse_prefix: start from the prompt cache the last such call
+        kept (its longest common prefix with this prompt; ``reused_tokens`` in the result) and keep this
+        prompt's cache afterwards. on_prefill(done, total): prefill progress (``prefill``)."""
         self._check(prompt_ids, max_new_tokens, self.budget + 1)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -244,13 +298,9 @@ class Engine:
         if temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
         need = len(prompt_ids) + max_new_tokens + self.budget + 1  # sized to the request, <= max_ctx
-        if self.graphs:
-            st, captured, cap_ms = self._static_for(need)
-            kv, dctx = st.kv, st.dctx
-        else:
-            kv, dctx = self.new_cache(need), self.drafter.new_context(need)
+        kv, dctx, st, captured, cap_ms, reused = self._caches(prompt_ids, need, reuse_prefix)
         t0 = self._now()
-        last = self.prefill(kv, prompt_ids, dctx)
+        last = self.prefill(kv, prompt_ids, dctx, on_prefill)
         bonus = target_picks(last[None], temperature, gen)[0]
         prefill_ms = (self._now() - t0) * 1e3
         if self.graphs:
@@ -259,8 +309,11 @@ class Engine:
         else:
             out, steps = decode_eager(self, kv, dctx, bonus, max_new_tokens, temperature, gen, proposer,
                                       on_tokens=on_tokens)
+        if reuse_prefix:  # truncated back to the prompt when the next call starts
+            self._kept = (list(prompt_ids), kv, dctx)
         return GenerateResult(out[:max_new_tokens], steps, prompt_len=len(prompt_ids), prefill_ms=prefill_ms,
-                              attn=self.attn, kv_layout=self.kv_layout, budget=self.budget, graphs=self.graphs)
+                              attn=self.attn, kv_layout=self.kv_layout, budget=self.budget, graphs=self.graphs,
+                              reused_tokens=reused)
 
     @torch.no_grad()
     def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int,

@@ -85,6 +85,30 @@ class KVCache:
         self._pending = torch.arange(self.committed, self.committed + n, dtype=torch.int64, device=self.device)
         return self._pending, None
 
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` committed tokens and free the rest (prefix reuse: the prompt stays, what
+        was decoded after it goes). Paged: the free list is rebuilt from the slot table, in the
+        allocation order, so it holds every slot the kept tokens do not use."""
+        if self._pending is not None:
+            raise RuntimeError("truncate() between reserve() and commit()")
+        if not 0 <= n <= self.committed:
+            raise ValueError(f"cannot truncate {self.committed} committed tokens to {n}")
+        if self.layout == "paged":
+            used = self.req_to_token[0, :n]
+            keep = torch.zeros(self.capacity, dtype=torch.bool)
+            keep[used.cpu()] = True
+            order = torch.arange(self.capacity, dtype=torch.int64)
+            if self.shuffle:
+                order = order[torch.randperm(self.capacity, generator=torch.Generator().manual_seed(self.seed))]
+            free = order[~keep[order]]
+            self._free = free.tolist()[::-1]
+            self.req_to_token[0, n:] = -1
+            if self.poison and free.numel():
+                self.buffer[:, free.to(self.device)] = float("nan")
+        elif self.poison:
+            self.buffer[:, n:] = float("nan")
+        self.committed = n
+
     def commit(self, keep: torch.Tensor | list[int]) -> None:
         """Keep reserved rows ``keep`` (increasing indices into the reserved n) as the next tokens."""
         if self._pending is None:

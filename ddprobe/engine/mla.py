@@ -85,7 +85,7 @@ class MLAttention(nn.Module):
         o_lat = self.attend(self.absorbed_q(x, cos, sin), self.latent_rows(x, cos, sin), kv_layer, write_idx, plan, path)
         return self.output(o_lat.to(x.dtype))
 
-    def causal(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def causal(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, qs=None) -> torch.Tensor:
         """Dense causal self-attention over whole sequences, no cache: x [B, T, hidden] -> [B, T, hidden].
         The same function as ``forward`` over a prefix (training uses it); SDPA never materializes scores
         when its fused kernels apply."""
@@ -93,11 +93,12 @@ class MLAttention(nn.Module):
 
         c = self.cfg.kv_lora_rank
         rows = self.latent_rows(x, cos, sin)  # [B, T, D]
-        q = self.absorbed_q(x, cos, sin).transpose(-3, -2)  # [B, H, T, D]
+        q = self.absorbed_q(x, cos, sin)
+        q = (q if qs is None else q * qs).transpose(-3, -2)  # [B, H, T, D]
         k = rows.unsqueeze(-3).expand(*q.shape[:-2], *rows.shape[-2:])  # [B, H, T, D]: one row for all heads
         o = F.scaled_dot_product_attention(q, k, k[..., :c], is_causal=True, scale=self.cfg.sm_scale)
         return self.output(o.transpose(-3, -2))
 
 
 def make_rope(cfg: TargetConfig) -> Rope:
-    return Rope(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.yarn)
+    return Rope(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.yarn, cfg.rope_max_wavelength)

@@ -63,6 +63,7 @@ class GenerateResult:
     kv_layout: str = "paged"
     budget: int = 0
     graphs: bool = False
+    reused_tokens: int = 0  # prompt tokens taken from the kept prefix (generate(reuse_prefix=True))
 
     @property
     def mean_commit_len(self) -> float:
@@ -77,6 +78,6 @@ class GenerateResult:
         return {
             "tokens": list(self.tokens), "prompt_len": self.prompt_len, "prefill_ms": self.prefill_ms,
             "attn": self.attn, "kv_layout": self.kv_layout, "budget": self.budget, "graphs": self.graphs,
-            "mean_commit_len": self.mean_commit_len, "decode_ms": self.decode_ms,
+            "reused_tokens": self.reused_tokens, "mean_commit_len": self.mean_commit_len, "decode_ms": self.decode_ms,
             "steps": [s.to_dict() for s in self.steps],
         }

@@ -22,12 +22,20 @@ def _correction_range(cfg: YarnConfig, dim: int, base: float) -> tuple[int, int]
     return max(low, 0), min(high, dim - 1)
 
 
-def inv_freq(dim: int, base: float, yarn: YarnConfig | None = None) -> torch.Tensor:
-    """[dim/2] float64 inverse frequencies; YaRN blends interpolated and extrapolated ones."""
+def inv_freq(dim: int, base: float, yarn: YarnConfig | None = None,
+             max_wavelength: float | None = None) -> torch.Tensor:
+    """[dim/2] float64 inverse frequencies; YaRN blends interpolated and extrapolated ones.
+    max_wavelength (partial rope): pairs whose wavelength 2 pi / freq exceeds it get frequency 0, so
+    they never rotate: what a layer reads from them is content, the same at any position, and the
+    pairs that do rotate turn many times within the training length (no angle is new at 256k)."""
     if dim % 2:
         raise ValueError(f"rope dim must be even, got {dim}")
+    if max_wavelength is not None and yarn is not None:
+        raise ValueError("partial rope (max_wavelength) and YaRN scaling do not combine; choose one")
     pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     extra = 1.0 / pos_freqs
+    if max_wavelength is not None:
+        return torch.where(2 * math.pi / extra > max_wavelength, torch.zeros_like(extra), extra)
     if yarn is None or yarn.factor <= 1.0:
         return extra
     inter = 1.0 / (yarn.factor * pos_freqs)
@@ -42,9 +50,9 @@ def inv_freq(dim: int, base: float, yarn: YarnConfig | None = None) -> torch.Ten
 class Rope:
     """cos/sin for explicit positions. ``attn_factor`` is YaRN's cos/sin scale."""
 
-    def __init__(self, dim: int, base: float, yarn: YarnConfig | None = None):
+    def __init__(self, dim: int, base: float, yarn: YarnConfig | None = None, max_wavelength: float | None = None):
         self.dim = dim
-        self.inv_freq = inv_freq(dim, base, yarn)  # [dim/2] float64, CPU
+        self.inv_freq = inv_freq(dim, base, yarn, max_wavelength)  # [dim/2] float64, CPU
         self.attn_factor = 1.0
         if yarn is not None:
             self.attn_factor = get_mscale(yarn.factor, yarn.mscale) / get_mscale(yarn.factor, yarn.mscale_all_dim)
@@ -68,3 +76,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rot * sin
+
+
+def attn_scale(positions: torch.Tensor, floor: int, dtype: torch.dtype) -> torch.Tensor:
+    """Query scale per position for a layer without position information (Llama 4's attention temperature
+    tuning): 1 + 0.1 ln(floor((pos + 1) / floor) + 1), so [T, 1, 1]. Beyond ``floor`` tokens the logits
+    sharpen slowly with distance, against the dilution of a softmax over more and more keys; a function of
+    the row's own position only, so a row scores the same in prefill, decode and a verify tree."""
+    s = torch.log(torch.floor((positions.to(torch.float64) + 1.0) / floor) + 1.0) * 0.1 + 1.0
+    return s.to(dtype)[:, None, None]

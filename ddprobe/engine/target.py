@@ -12,12 +12,15 @@ from torch import nn
 from .config import TargetConfig
 from .layers import RMSNorm, SwiGLU, init_random
 from .mla import MLAttention, make_rope
+from .rope import attn_scale
 
 
-def layer_pre(layer: "DecoderLayer", x, cos, sin):
-    """Everything of a layer before its attention: (cache rows [T, D], absorbed queries [T, H, D])."""
+def layer_pre(layer: "DecoderLayer", x, cos, sin, qs=None):
+    """Everything of a layer before its attention: (cache rows [T, D], absorbed queries [T, H, D]).
+    qs [T, 1, 1] or None: the queries' scale (NoPE layers, ``rope.attn_scale``)."""
     h = layer.input_layernorm(x)
-    return layer.self_attn.latent_rows(h, cos, sin), layer.self_attn.absorbed_q(h, cos, sin)
+    q = layer.self_attn.absorbed_q(h, cos, sin)
+    return layer.self_attn.latent_rows(h, cos, sin), q if qs is None else q * qs
 
 
 def layer_post(layer: "DecoderLayer", x, o_lat):
@@ -33,15 +36,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, kv_layer, write_idx, plan, path, fused=None) -> torch.Tensor:
-        """fused: (pre, post) replacing layer_pre / layer_post (torch.compile'd in graph mode)."""
+    def forward(self, x, cos, sin, kv_layer, write_idx, plan, path, fused=None, qs=None) -> torch.Tensor:
+        """fused: (pre, post) replacing layer_pre / layer_post (torch.compile'd in graph mode);
+        qs: the queries' scale [T, 1, 1] (NoPE layers) or None."""
         pre, post = fused or (layer_pre, layer_post)
-        rows, q_abs = pre(self, x, cos, sin)
+        rows, q_abs = pre(self, x, cos, sin, qs)
         return post(self, x, self.self_attn.attend(q_abs, rows, kv_layer, write_idx, plan, path))
 
-    def causal(self, x, cos, sin) -> torch.Tensor:
+    def causal(self, x, cos, sin, qs=None) -> torch.Tensor:
         """Whole sequences [B, T, hidden], causal, no cache (training)."""
-        return self.finish(x + self.self_attn.causal(self.input_layernorm(x), cos, sin))
+        return self.finish(x + self.self_attn.causal(self.input_layernorm(x), cos, sin, qs))
 
     def finish(self, x) -> torch.Tensor:
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -50,9 +54,10 @@ class DecoderLayer(nn.Module):
 class TargetModel(nn.Module):
     def __init__(self, cfg: TargetConfig):
         super().__init__()
-        for i in cfg.feature_layers:
-            if not 0 <= i < cfg.num_layers:
-                raise ValueError(f"feature layer {i} outside 0..{cfg.num_layers - 1}")
+        for what, layers in (("feature", cfg.feature_layers), ("NoPE", cfg.nope_layers)):
+            for i in layers:
+                if not 0 <= i < cfg.num_layers:
+                    raise ValueError(f"{what} layer {i} outside 0..{cfg.num_layers - 1}")
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
@@ -73,15 +78,28 @@ class TargetModel(nn.Module):
         fused: compiled (layer_pre, layer_post) or None.
         Returns (hidden [T, hidden] after the final norm, features [T, n_feat * hidden])."""
         x = self.embed_tokens(tokens)  # [T, hidden]
-        cos, sin = self.rope.cos_sin(positions, x.dtype)  # [T, rope]
-        return self._run(x, lambda i, layer, x: layer(x, cos, sin, kv_buffer[i], write_idx, plan, path, fused))
+        cs = self.cos_sin(positions, x.dtype)  # per layer: cos, sin [T, rope], query scale
+        return self._run(x, lambda i, layer, x: layer(x, *cs[i][:2], kv_buffer[i], write_idx, plan, path, fused,
+                                                      qs=cs[i][2]))
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple]:
+        """Per layer (cos, sin [T, rope], query scale [T, 1, 1] or None) for ``positions``: the rope's, or
+        (1, 0) for a NoPE layer (its rope part passes through unrotated, exactly), whose queries are
+        scaled by ``rope.attn_scale`` when ``nope_attn_floor`` is set."""
+        cfg = self.cfg
+        cos, sin = self.rope.cos_sin(positions, dtype)
+        if not cfg.nope_layers:
+            return [(cos, sin, None)] * cfg.num_layers
+        qs = attn_scale(positions, cfg.nope_attn_floor, dtype) if cfg.nope_attn_floor > 0 else None
+        nope = (torch.ones_like(cos), torch.zeros_like(sin), qs)
+        return [nope if i in cfg.nope_layers else (cos, sin, None) for i in range(cfg.num_layers)]
 
     def forward_causal(self, tokens: torch.Tensor):
         """tokens [B, T] at positions 0..T-1, causal, no cache -> (hidden [B, T, hidden] after the final norm,
         features [B, T, n_feat * hidden]). The function ``forward`` computes over a prefix; training uses it."""
         x = self.embed_tokens(tokens)
-        cos, sin = self.rope.cos_sin(torch.arange(tokens.shape[-1], device=tokens.device), x.dtype)
-        return self._run(x, lambda i, layer, x: layer.causal(x, cos, sin))
+        cs = self.cos_sin(torch.arange(tokens.shape[-1], device=tokens.device), x.dtype)
+        return self._run(x, lambda i, layer, x: layer.causal(x, *cs[i]))  # cos, sin, query scale
 
     def _run(self, x, step):
         """Every layer in order (``step(i, layer, x)``), collecting the drafter features."""

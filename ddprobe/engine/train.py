@@ -42,6 +42,8 @@ def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.T
     pos = (anchors[..., None] + torch.arange(lb, device=dev)).reshape(b, k_n * lb)  # [B, K*Lb]
     cos_b, sin_b = drafter.rope.cos_sin(pos.reshape(-1), ctx.dtype)
     cos_b, sin_b = cos_b.view(b, k_n * lb, -1), sin_b.view(b, k_n * lb, -1)
+    qs_full = drafter.full_qs(pos.reshape(-1), ctx.dtype)  # the full layer's query scale, or None
+    qs_full = qs_full.view(b, k_n * lb, 1, 1) if qs_full is not None else None
     # masks [B, K*Lb, T + K*Lb]: context before the bonus (windowed or full), then the own block
     a = anchors.repeat_interleave(lb, dim=1)[..., None]  # [B, K*Lb, 1]
     col = torch.arange(t, device=dev)
@@ -54,6 +56,8 @@ def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.T
         ck, cv = layer.kv(ctx, cos_c, sin_c)  # [B, T, H, hd]
         hn = layer.input_layernorm(x)
         q = layer.q(hn, cos_b, sin_b)  # [B, K*Lb, H, hd]
+        if i == drafter.full_layer and qs_full is not None:
+            q = q * qs_full
         bk, bv = layer.kv(hn, cos_b, sin_b)
         keys, vals = torch.cat([ck, bk], 1).transpose(1, 2), torch.cat([cv, bv], 1).transpose(1, 2)
         mask = full_mask if i == drafter.full_layer else win_mask
@@ -112,9 +116,28 @@ def train_target(target: TargetModel, stream, steps: int, batch: int, lr: float 
     return _fit(target, "target", steps, lr, loss_at, log_every, on_log)
 
 
+def focus_anchors(tokens: torch.Tensor, anchors: int, n_draft: int, focus: int, gen: torch.Generator,
+                  span: int = 64) -> torch.Tensor:
+    """[B, anchors] bonus positions (1 <= a < T - n_draft): half drawn uniformly, half within ``span``
+    tokens after an occurrence of token ``focus`` (where a rare pattern, such as a passage asked for
+    again, starts), falling back to uniform in a sequence without one."""
+    b, t = tokens.shape
+    anc = torch.randint(1, t - n_draft, (b, anchors), generator=gen)
+    half = anchors // 2
+    for i in range(b):
+        at = (tokens[i, : t - n_draft - 1] == focus).nonzero().flatten()
+        if at.numel():
+            pick = at[torch.randint(0, at.numel(), (half,), generator=gen)]
+            off = torch.randint(1, span + 1, (half,), generator=gen)
+            anc[i, :half] = (pick + off).clamp(1, t - n_draft - 1)
+    return anc
+
+
 def train_drafter(drafter: Drafter, target: TargetModel, stream, steps: int, batch: int, anchors: int = 16,
-                  lr: float = 3e-3, seed: int = 0, log_every: int = 25, on_log=None) -> TrainLog:
-    """Cross-entropy of the drafter's L positions against the stream's next L tokens; target frozen."""
+                  lr: float = 3e-3, seed: int = 0, log_every: int = 25, on_log=None,
+                  focus: int | None = None) -> TrainLog:
+    """Cross-entropy of the drafter's L positions against the stream's next L tokens; target frozen.
+    focus: a token id; half of the anchors then fall just after its occurrences (``focus_anchors``)."""
     target.eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
     n_draft = drafter.cfg.block_size - 1
@@ -122,11 +145,15 @@ def train_drafter(drafter: Drafter, target: TargetModel, stream, steps: int, bat
     offs = torch.arange(1, n_draft + 1, device=dev)
 
     def loss_at(step: int) -> torch.Tensor:
-        tokens = stream.batch(batch).to(dev)
+        cpu = stream.batch(batch)
+        tokens = cpu.to(dev)
         b, t = tokens.shape
         with torch.no_grad():
             _, feats = target_forward_train(target, tokens)
-        anc = torch.randint(1, t - n_draft, (b, anchors), generator=gen).to(dev)
+        if focus is None:
+            anc = torch.randint(1, t - n_draft, (b, anchors), generator=gen).to(dev)
+        else:
+            anc = focus_anchors(cpu, anchors, n_draft, focus, gen).to(dev)
         logp = drafter_forward_train(drafter, target, tokens, feats, anc)  # [B, K, L, V]
         labels = tokens.gather(1, (anc[..., None] + offs).reshape(b, -1)).view(b, anchors, -1)
         return F.nll_loss(logp.reshape(-1, logp.shape[-1]), labels.reshape(-1))

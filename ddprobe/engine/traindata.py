@@ -25,10 +25,13 @@ FIXED = [texts.PREDICTABLE_SENTENCE, "The old river slowly followed the quiet va
 
 
 class TextStream:
-    """Deterministic stream of token sequences of length ``seq_len`` from ``seed``."""
+    """Deterministic stream of token sequences of length ``seq_len`` from ``seed``. ``recall_share``: the
+    share of segments that are recall patterns (the rest: two thirds novel prose, one third refrains)."""
 
-    def __init__(self, tok: WordTokenizer, seq_len: int, seed: int = 0):
-        self.tok, self.seq_len = tok, seq_len
+    def __init__(self, tok: WordTokenizer, seq_len: int, seed: int = 0, recall_share: float = 0.25):
+        if not 0.0 <= recall_share <= 1.0:
+            raise ValueError(f"recall_share must be in [0, 1], got {recall_share}")
+        self.tok, self.seq_len, self.recall_share = tok, seq_len, recall_share
         self.rng = random.Random(seed)
 
     def _novel(self, n_tokens: int) -> list[int]:
@@ -42,9 +45,10 @@ class TextStream:
         seq = self._novel(rng.randint(8, 48))
         while len(seq) < n:
             r = rng.random()
-            if r < 0.5:
+            novel = (1.0 - self.recall_share) * 2 / 3
+            if r < novel:
                 seq += self._novel(rng.randint(8, 96))
-            elif r < 0.75:  # a fixed sentence many times ("The cat sat on the mat." most often)
+            elif r < 1.0 - self.recall_share:  # a fixed sentence many times ("The cat sat on the mat." most often)
                 sent = tok.encode(FIXED[0] if rng.random() < 0.5 else rng.choice(FIXED[1:]))
                 seq += sent * rng.randint(3, 40)
             else:  # recall: a passage, filler of any length, the request, the passage again
@@ -58,15 +62,17 @@ class TextStream:
 
 
 def _chunk(args) -> list[list[int]]:
-    seq_len, n, seed = args
-    stream = TextStream(WordTokenizer.default(), seq_len, seed)
+    seq_len, n, seed, recall_share = args
+    stream = TextStream(WordTokenizer.default(), seq_len, seed, recall_share)
     return [stream.sequence() for _ in range(n)]
 
 
-def make_dataset(seq_len: int, n_seqs: int, seed: int = 0, workers: int = 1, chunk: int = 256) -> torch.Tensor:
+def make_dataset(seq_len: int, n_seqs: int, seed: int = 0, workers: int = 1, chunk: int = 256,
+                 recall_share: float = 0.25) -> torch.Tensor:
     """[n_seqs, seq_len] int64 sequences; chunk i comes from seed (seed, i), so the result does not
     depend on ``workers``."""
-    jobs = [(seq_len, min(chunk, n_seqs - i), seed * 1_000_003 + i // chunk) for i in range(0, n_seqs, chunk)]
+    jobs = [(seq_len, min(chunk, n_seqs - i), seed * 1_000_003 + i // chunk, recall_share)
+            for i in range(0, n_seqs, chunk)]
     if workers > 1:
         import multiprocessing as mp
 

@@ -25,6 +25,7 @@ from .plan import VerifyPlan
 # name -> module path (relative); fast paths register here as they land.
 _PATHS = {
     "reference": ".reference",
+    "prefill": ".prefill",  # causal prompt prefill through PyTorch's fused attention (not a verify path)
     "paged": ".paged",  # SGLang's page_size=1 Triton verify, faithfully rendered (needs triton)
     "split": ".split",  # split-K over the contiguous prefix + masked tree pass + fused merge (needs triton)
     "split_ws": ".split_ws",  # split with a warp-specialized Gluon prefix kernel (sm_90 only)
