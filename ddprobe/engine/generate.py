@@ -258,7 +258,8 @@ class Engine:
         kept, self._kept = self._kept, None
         st, captured, cap_ms = None, "", 0.0
         if self.graphs:
-            st, captured, cap_ms = self._static_for(need, reset=False)
+            # a reusable step is sized for the largest request to come (max_ctx), as the warm-up's is
+            st, captured, cap_ms = self._static_for(max(need, self.max_ctx) if reuse else need, reset=False)
             kv, dctx = st.kv, st.dctx
             if not (reuse and kept is not None and kept[1] is kv):
                 st.reset()
