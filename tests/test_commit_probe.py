@@ -212,7 +212,8 @@ def test_cli_commit_engine_and_errors(tmp_path):
     assert "(completion_tokens - 1) / verify_steps" in res.summary["definitions"]["commit_len"]
     assert all(1 <= row["commit_len"] <= 8 for row in res.rows) and csv.read_text().startswith("backend,")
     for args, msg in [(["--ctx", "12q"], "bad token count '12q'"),
-                      (["--ctx", "64k"], "context 64k (65,536 tokens) + 128 new tokens is beyond the 32,768 tokens"),
+                      (["--ctx", "512k"], "context 512k (524,288 tokens) + 128 new tokens is beyond the 270,336 "
+                                          "tokens"),
                       (["--text", "poetry"], "unknown text kind 'poetry'"),
                       (["--budget", "0", "--ctx", "200"], "budget must be >= 1"),
                       (["--backend", "vllm"], "needs --url"),

@@ -16,10 +16,15 @@ The cost model (fitted on the calibration, then summed over the run's cells):
 
 Every coefficient is fitted non-negative (a negative slope from timing noise would promise time back).
 The calibration (``calibrate``) runs after the warm-up and outside every measured cell: two requests of a
-short novel prompt (up to ``CALIBRATION_TOKENS``) and a few decode steps each, about half a second with the
-tiny preset on a 2-core CPU. It is an extrapolation: on that CPU a fit from 2k tokens under-estimated a 16k
-prefill by about a quarter (memory effects the model does not know). ``Estimate.line`` says it only when the
-run is expected to take longer than ``SAY_OVER_S`` (30 s): a short run needs no warning.
+short novel prompt (n/4 and n tokens, n = ``CALIBRATION_TOKENS`` capped by the run's longest context) and a few
+decode steps each; on the CPU the longer one's prefill chunks (the engine's ``on_prefill``) add points. It
+took 0.85 s with the tiny preset on this project's 2-core CPU, and `ddprobe commit --ctx 1k,8k,32k` was then
+estimated at 67 s (prefill 57 s, decode 11 s) against 69 s measured (58 s, 11 s). It is an extrapolation:
+a CPU busy with other work during the calibration (or only during the run) moves it by as much, and far
+beyond the calibration (128k from 4k) memory effects the model does not know make long prefills slower than
+quadratic. ``Estimate.line`` says it only when the run is expected to take longer than ``SAY_OVER_S`` (30 s):
+a short run needs no warning. The results file keeps the estimate (config ``estimate``, with the calibration
+points and fits) and what the cells took (summary ``timing``), so it can be checked.
 
 Pure functions (``fit_prefill``, ``fit_decode``, ``estimate_cells``) hold the math; nothing here imports torch.
 """
@@ -33,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 SAY_OVER_S = 30.0  # the estimate is printed only for runs expected to take longer than this
-CALIBRATION_TOKENS = 2048  # the longer calibration prompt (capped by the run's longest context)
+CALIBRATION_TOKENS = 4096  # the longer calibration prompt (capped by the run's longest context)
 CALIBRATION_NEW = 6  # tokens decoded per calibration request (about 5 verify steps on novel text)
 # tokens committed per verify step, guessed per text kind; "predictable" commits what a step can (a block).
 # novel: about 1.5 with a trained drafter; recall: the tiny pair commits 5-6 (docs/tiny-model.md), 4 leaves
