@@ -170,3 +170,29 @@ def test_prefill_eta_follows_the_quadratic_fit():
     assert prefill_eta(1000, 4000, 0, 1.0) == pytest.approx(3.0)
     assert prefill_eta(0, 4000, 0, 1.0) is None and prefill_eta(4000, 4000, 0, 9.0) == 0.0
     assert decode_eta(33, 129, 1.0) == pytest.approx(3.0) and decode_eta(1, 129, 1.0) is None
+
+
+class _Nvml:  # a GPU reader for the sampler (there is no GPU here); the engine itself is the real one
+    def __init__(self):
+        self.handles, self.sources = [0], {"gpm": "ok"}
+
+    def name(self, i): return "NVIDIA H200"
+    def close(self): pass
+
+    def read(self, i):
+        return {"power_W": 140.0, "power_limit_W": 700.0, "util_gpu_pct": 100.0}
+
+
+def test_gpu_util_request_is_one_cell_and_the_estimate_runs_inside_the_warmup(engine):
+    from ddprobe.probes.estimate import estimate_run
+    from ddprobe.probes.gpu_util import run_gpu_util
+
+    rec, est = Recorder(), []
+    w = ResultWriter(Result("gpu-util", RunMeta.collect(probe_gpu=False)))
+    res = run_gpu_util(engine, 512, 8, 0.01, w, reader_factory=_Nvml, progress=rec,
+                       after_warmup=lambda: est.append(estimate_run(engine, [("novel", 512)], 8, reuse=False)))
+    (cell,) = cells_of(rec.events)
+    assert cell["start"] == ("start", "novel", 512, 512, 8) and cell["prefill"][-1] == (512, 512)
+    assert sum(cell["decoded"]) == res.summary["request"]["completion_tokens"] == 8
+    assert est[0] is not None and est[0].cells == [("novel", 512, 0)] and est[0].total_s > 0
+    assert [m[1] for m in res.summary["markers"]] == ["warmup", "idle", "prefill", "decode", "idle"]
