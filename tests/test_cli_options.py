@@ -78,12 +78,13 @@ def test_duplicate_contexts_run_once(tmp_path):
 
 
 def test_context_beyond_the_weights_names_the_value_typed(tmp_path):
-    # the tiny preset's YaRN x64 from 512 reaches 32,768 positions; 128k is refused naming 128k, not an internal
-    # total with the verify rows and slack added
+    # a context beyond the tiny preset's reach is refused naming the value typed, not an internal total with the
+    # verify rows and slack added
     from ddprobe.engine.config import ModelConfig
 
-    assert ModelConfig.from_name("tiny").position_limit == 64 * 512
-    r = CliRunner().invoke(app, ["commit", "--ctx", "1k,128k", "--json", str(tmp_path / "c.json")])
+    limit = ModelConfig.from_name("tiny").position_limit
+    assert limit < 512 * 1024
+    r = CliRunner().invoke(app, ["commit", "--ctx", "1k,512k", "--json", str(tmp_path / "c.json")])
     assert r.exit_code == 1 and "Traceback" not in r.output
-    assert "context 128k (131,072 tokens) + 128 new tokens is beyond the 32,768 tokens" in r.output
-    assert "131273" not in r.output and not (tmp_path / "c.json").exists()
+    assert f"context 512k (524,288 tokens) + 128 new tokens is beyond the {limit:,} tokens" in r.output
+    assert str(512 * 1024 + 128 + 9 + CONTEXT_SLACK) not in r.output and not (tmp_path / "c.json").exists()

@@ -92,7 +92,7 @@ def test_interrupted_run_keeps_partial_results(tmp_path):
 
 def test_bad_input_is_one_line(tmp_path):
     for args, msg in [(["--ctx", "1q"], "bad token count"), (["--gpu", "tpu"], "unknown GPU"),
-                      (["--ctx", "64k"], "context 64k (65,536 tokens) + 64 new"), (["--backend", "vllm"], "needs --url")]:
+                      (["--ctx", "512k"], "context 512k (524,288 tokens) + 64 new"), (["--backend", "vllm"], "needs --url")]:
         r = CliRunner().invoke(app, ["diagnose", *args, "--out-dir", str(tmp_path / "x")])
         assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, (args, r.output)
     assert not (tmp_path / "x").exists()
