@@ -76,12 +76,15 @@ def novel(min_words: int, seed: int = 0) -> str:
     return " ".join(out)
 
 
+RECALL_CUE_WORDS = 4  # the recall prompt ends with the passage's first words, so the copy can start
+
+
 def recall(min_words: int, seed: int = 0, passage_words: int = 64) -> tuple[str, str]:
     """(prompt, passage): passage first, novel filler, then the request and the passage's first words.
 
     The filler is sized so the whole prompt has at least ``min_words`` words."""
     passage = novel(passage_words, seed=seed + 1_000_003)
-    cue_words = passage.split()[:4]
+    cue_words = passage.split()[:RECALL_CUE_WORDS]
     tail = "Repeat the passage from the start: " + " ".join(cue_words)
     filler_words = max(0, min_words - _words(passage) - _words(tail))
     filler = novel(filler_words, seed=seed + 2_000_003) if filler_words else ""

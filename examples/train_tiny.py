@@ -98,7 +98,8 @@ def main() -> int:
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
     # the long-context check on the same device: commit length per text kind and context, both dtypes
-    from ddprobe.probes.commit import prompt_ids
+    from ddprobe.probes.backends import GenStats
+    from ddprobe.probes.commit import prompt_ids, recall_copied
     from ddprobe.probes.engine_backend import EngineBackend
 
     ctxs = [int(c) for c in args.eval_ctx.split(",") if c]
@@ -115,8 +116,10 @@ def main() -> int:
                 ids = prompt_ids(be, kind, ctx)
                 t1 = time.perf_counter()
                 res = ev.generate(ids, args.eval_new)
-                # recall: how many of the passage's tokens the target itself wrote back (the prompt starts with it)
-                copied = next((i for i, (a, b) in enumerate(zip(res.tokens, ids)) if a != b), len(res.tokens))
+                # recall: how many of the passage's words (after the prompt's cue) the target itself wrote back
+                st = GenStats(prompt_tokens=len(ids), completion_tokens=len(res.tokens), verify_steps=len(res.steps),
+                              tokens=list(res.tokens))
+                copied = (recall_copied(be, st) or (None,))[0]
                 evals.append({"dtype": dt, "text": kind, "ctx": ctx, "commit_len": res.mean_commit_len,
                               "target_copied": copied if kind == "recall" else None,
                               "prefill_s": res.prefill_ms / 1e3, "s": time.perf_counter() - t1})

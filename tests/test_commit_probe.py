@@ -222,3 +222,22 @@ def test_cli_commit_engine_and_errors(tmp_path):
         assert r.exit_code == 1 and msg in r.output, (args, r.output)
         assert "Traceback" not in r.output
     assert not (tmp_path / "x.json").exists()  # nothing written when a run cannot start
+
+
+def test_recall_copied_counts_the_passage_words_after_the_cue():
+    """The recall cell says whether the target itself wrote the passage back (real tokenizer round trip)."""
+    from ddprobe import texts
+    from ddprobe.probes.backends import GenStats
+    from ddprobe.probes.commit import recall_copied
+    from ddprobe.probes.engine_backend import EngineBackend
+
+    be = EngineBackend(preset="tiny", max_ctx=2048)
+    _, passage = texts.recall(8, 0)
+    want = passage.split()[texts.RECALL_CUE_WORDS:]
+    ids = be.tokenize(" ".join(want[:10]) + " The cat sat on the mat.")
+    st = GenStats(prompt_tokens=1, completion_tokens=len(ids), verify_steps=1, tokens=ids)
+    assert recall_copied(be, st) == (10, len(want))
+    st.tokens = be.tokenize("The cat sat on the mat.")
+    assert recall_copied(be, st) == (0, len(want))
+    st.tokens = []
+    assert recall_copied(be, st) is None

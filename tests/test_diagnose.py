@@ -18,7 +18,9 @@ from ddprobe.units import fmt_ratio
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("diag")
-    r = CliRunner().invoke(app, ["diagnose", "--ctx", "512,1k", "--max-new-tokens", "32", "--bw", "20GB/s",
+    # from 1k on: below about 1k tokens of novel prose the tiny target's greedy continuation can fall into a
+    # repeated phrase that its drafter then predicts (docs/tiny-model.md)
+    r = CliRunner().invoke(app, ["diagnose", "--ctx", "1k,2k", "--max-new-tokens", "32", "--bw", "20GB/s",
                                  "--out-dir", str(out)])
     assert r.exit_code == 0, r.output
     return out, r.output
@@ -42,17 +44,17 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     status, text = claims["drafter"]
     # 32 new tokens: the first comes from prefill, the other 31 from verify steps committing the whole block of 8
     # on predictable text, the last step cut by the limit: 4 steps, 31 / 4 = 7.75 per step
-    assert status == "ok" and "accepts well at every context" in text and f"{31 / 4:.2f} / {31 / 4:.2f} at 512 / 1k" in text
+    assert status == "ok" and "accepts well at every context" in text and f"{31 / 4:.2f} / {31 / 4:.2f} at 1k / 2k" in text
     assert "Novel text is simply unpredictable" in text
     assert claims["gpu"][0] == "skipped" and "no NVIDIA GPU visible" in claims["gpu"][1]
     status, text = claims["floor"]
     floor = Result.load(out / "floor.json").rows[0]
-    assert status == "ok" and floor["ctx"] == 1024 and floor["step_ms"] > 0
+    assert status == "ok" and floor["ctx"] == 2048 and floor["step_ms"] > 0
     # the tiny engine on the CPU runs fp32: 4 layers x (64 latent + 32 rope) x 4 bytes = 1536 B per token;
-    # 1024 tokens of it at the 20 GB/s given is 78.6 us
+    # 2048 tokens of it at the 20 GB/s given is 157.3 us
     assert floor["kv_B_per_token"] == 4 * (64 + 32) * 4 == 1536
-    assert floor["floor_ms"] == pytest.approx(1024 * 1536 / 20e9 * 1e3)
-    assert floor["gap"] == pytest.approx(floor["step_ms"] / (1024 * 1536 / 20e9 * 1e3))
+    assert floor["floor_ms"] == pytest.approx(2048 * 1536 / 20e9 * 1e3)
+    assert floor["gap"] == pytest.approx(floor["step_ms"] / (2048 * 1536 / 20e9 * 1e3))
     assert f"{fmt_ratio(floor['gap'])} the floor" in text and "effective bandwidth" in text
     status, text = claims["help"]
     assert "batch more requests" in text and "no telemetry here" in text

@@ -38,6 +38,9 @@ DEFINITIONS = {
                   "tokens it actually committed; the prefill's first token belongs to no step: "
                   "(completion_tokens - 1) / verify_steps",
     "sglang_accept_length": "SGLang's completion_tokens / spec_verify_ct (counts the prefill's token)",
+    "recall_copied_words": "recall text: how many words the output begins with that equal the passage after its cue (the "
+                           "target itself recalling it); a high commit length with few copied words is a drafter "
+                           "agreeing with something else the target wrote",
 }
 
 
@@ -132,6 +135,21 @@ def generate_hooked(backend: Backend, ids: list[int], max_new_tokens: int, progr
     return gen(ids, max_new_tokens, **kw)
 
 
+def recall_copied(backend: Backend, st: GenStats, seed: int = 0) -> tuple[int, int] | None:
+    """(words copied, words to copy): how many leading words of the decoded output equal the recall passage's words
+    after the cue the prompt ends with (``texts.recall``); None when the backend cannot decode its tokens."""
+    decode = getattr(backend, "decode", None)
+    if decode is None or not st.tokens:
+        return None
+    _, passage = texts.recall(8, seed)
+    want = passage.lower().split()[texts.RECALL_CUE_WORDS:]  # case aside: a decoder may capitalize its first word
+    got = decode(list(st.tokens)).lower().split()
+    n = 0
+    while n < min(len(want), len(got)) and got[n] == want[n]:
+        n += 1
+    return n, len(want)
+
+
 def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: str) -> dict[str, Any]:
     """One results row; keys carry units."""
     row: dict[str, Any] = {
@@ -181,6 +199,8 @@ def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_ne
             try:
                 stats = generate_hooked(backend, ids, max_new_tokens, progress, reuse_prefix)
                 row = cell_row(kind, ctx, max_new_tokens, stats, backend.name)
+                copied = recall_copied(backend, stats, seed) if kind == "recall" else None
+                row["recall_copied_words"] = copied[0] if copied else None
             finally:
                 if progress is not None:
                     progress.cell_done(row)
