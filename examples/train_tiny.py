@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--xl-steps", type=int, default=250)
     ap.add_argument("--drafter-steps", type=int, default=2000)
     ap.add_argument("--drafter-xl-steps", type=int, default=250)
+    ap.add_argument("--recall-share", type=float, default=0.25, help="share of recall segments in phases 1-2")
     ap.add_argument("--xl-recall-share", type=float, default=0.5, help="share of recall segments in the xl phase")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-ctx", default="1024,16384,65536,131072,262144")
@@ -47,9 +48,10 @@ def main() -> int:
     torch.use_deterministic_algorithms(True, warn_only=True)
     tok = WordTokenizer.default()
     t0 = time.perf_counter()
-    data = make_dataset(args.seq_len, args.sequences, args.seed, workers=8)
+    data = make_dataset(args.seq_len, args.sequences, args.seed, workers=8, recall_share=args.recall_share)
     scale = args.long_seq_len // args.seq_len
-    long_data = make_dataset(args.long_seq_len, args.sequences // scale, args.seed + 1, workers=8)
+    long_data = make_dataset(args.long_seq_len, args.sequences // scale, args.seed + 1, workers=8,
+                             recall_share=args.recall_share)
     n_xl = max(args.xl_steps, args.drafter_xl_steps)
     xl_data = make_dataset(args.xl_seq_len, n_xl, args.seed + 4, workers=8, chunk=max(1, n_xl // 8),
                            recall_share=args.xl_recall_share)

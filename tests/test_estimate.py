@@ -82,10 +82,12 @@ def test_line_only_for_long_runs_and_its_wording():
 
 
 def test_gpu_hint_from_the_recorded_h200_run():
-    # the recorded tiny run (1k, 4k, 16k; two kinds; 128 new tokens) took about 1.5 s of prefill there
+    # the recorded tiny H200 run: 3 ms a step, so decode is (3 x 16 predictable + 3 x 85 novel steps) x 3 ms
+    # = 0.91 s; the six prompts' prefills (1k, 4k, 16k twice: 0.01-0.06 s each) add 0.1-0.3 s
     cells = E.reuse_plan(cell_order([1024, 4096, 16384], ["predictable", "novel"]), reuse=False)
     s, gpu = E.gpu_recorded("tiny", cells, 128, 8)
-    assert gpu == "an H200" and 1.0 < s < 3.0
+    decode = (3 * E.decode_steps(128, 8) + 3 * E.decode_steps(128, 1.5)) * 3.0e-3
+    assert gpu == "an H200" and decode == pytest.approx(0.909) and decode + 0.1 < s < decode + 0.3
     assert E.gpu_recorded("k2", cells, 128, 8) is None
 
 

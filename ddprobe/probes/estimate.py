@@ -41,16 +41,17 @@ SAY_OVER_S = 30.0  # the estimate is printed only for runs expected to take long
 CALIBRATION_TOKENS = 4096  # the longer calibration prompt (capped by the run's longest context)
 CALIBRATION_NEW = 6  # tokens decoded per calibration request (about 5 verify steps on novel text)
 # tokens committed per verify step, guessed per text kind; "predictable" commits what a step can (a block).
-# novel: about 1.5 with a trained drafter; recall: the tiny pair commits 5-6 (docs/tiny-model.md), 4 leaves
-# room for a drafter that loses the far passage at long context.
+# novel: about 1.5 with a trained drafter; recall: 4 (a drafter that finds the passage commits 5-6; the tiny
+# pair, whose target does not copy it back, commits 1.6-4.6: docs/tiny-model.md).
 COMMIT_GUESS = {"novel": 1.5, "recall": 4.0}
 CALIBRATION_SEED_OFFSET = 104_729  # calibration text differs from every measured prompt (no shared prefix)
 
 # What a GPU took for the same work, where ddprobe has a recorded run (so a CPU run can say what it would
-# cost there): the tiny preset on one H200, bf16, graphs, `ddprobe commit --ctx 1k,4k,16k`
-# (benchmarks/results/cli_h200_2026-12-01/commit-tiny-h200*.json): prefill seconds per prompt, step seconds.
+# cost there): the tiny preset on one H200, bf16, graphs, the prefill path, `benchmarks/bench_tiny_long.py`
+# (benchmarks/results/tiny_long_h200_2026-12-01/): prefill seconds per prompt, step seconds.
 GPU_RECORDED = {
-    "tiny": {"gpu": "an H200", "prefill": [(1024, 0.045), (4096, 0.10), (16384, 0.41)], "step_s": 1.4e-3},
+    "tiny": {"gpu": "an H200", "prefill": [(1024, 0.01), (16384, 0.06), (65536, 0.07), (131072, 0.21),
+                                          (262144, 0.73)], "step_s": 3.0e-3},
 }
 
 
