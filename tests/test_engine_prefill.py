@@ -103,20 +103,35 @@ def test_nope_layer_ignores_position():
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_prefix_reuse_equals_fresh(graphs):
-    """Random tiny weights, prompts sharing prefixes (longer, shorter, diverging): every reused cell gives
-    the tokens of the same cell run fresh, and says how much it reused."""
-    eng = Engine("tiny", seed=5, graphs=graphs, max_ctx=2048)
-    base = [(7 * i) % 200 for i in range(1500)]
-    prompts = [base[:300], base[:1100], base[:1100], base[:700], base[:650] + [1, 2, 3]]
-    want_reused = [0, 300, 1099, 699, 650]
+    """Random tiny weights, prompts sharing prefixes (longer, the same, shorter, diverging): every reused cell
+    gives the tokens of the same cell run fresh, and says how much it reused: the common prefix (the last
+    token always prefilled) down to the 1024-row chunk grid."""
+    eng = Engine("tiny", seed=5, graphs=graphs, max_ctx=4096)
+    base = [(7 * i) % 200 for i in range(3000)]
+    prompts = [base[:1100], base[:2100], base[:2100], base[:1500], base[:1030] + [1, 2, 3], base[:1000]]
+    want_reused = [0, 1024, 2048, 1024, 1024, 0]
     for p, reused in zip(prompts, want_reused):
         got = eng.generate(p, 24, reuse_prefix=True)
         assert got.reused_tokens == reused
-        fresh = Engine("tiny", seed=5, graphs=graphs, max_ctx=2048).generate(p, 24)
+        fresh = Engine("tiny", seed=5, graphs=graphs, max_ctx=4096).generate(p, 24)
         assert got.tokens == fresh.tokens
         assert [s.commit_len for s in got.steps] == [s.commit_len for s in fresh.steps]
     eng.forget_prefix()
-    assert eng.generate(base[:300], 4, reuse_prefix=True).reused_tokens == 0
+    assert eng.generate(base[:1100], 4, reuse_prefix=True).reused_tokens == 0
+
+
+def test_prefill_in_two_calls_gives_the_rows_of_one_to_the_bit():
+    """On the chunk grid, a prompt prefilled after its kept first 1024 tokens gets bit-identical cache rows and
+    last logits (the fp32 LSE merge splits a row's keys where its chunk starts: the same chunks, the same bits)."""
+    eng = Engine("tiny", seed=2, kv_layout="contiguous", max_ctx=4096)
+    ids = [(11 * i + 3) % 250 for i in range(2600)]
+    kv = eng.new_cache(2600)
+    eng.prefill(kv, ids[:1024])
+    two = eng.prefill(kv, ids)
+    fresh = eng.new_cache(2600)
+    one = eng.prefill(fresh, ids)
+    assert torch.equal(two, one)
+    assert torch.equal(kv.buffer[:, :2600], fresh.buffer[:, :2600])
 
 
 def test_prefill_progress_reports_every_chunk():

@@ -7,8 +7,9 @@
 
 Verify and single-token decode use the selected attention path (``kernels.get_path(attn)``);
 prefill goes through ``prefill_attn`` ("prefill": PyTorch's fused attention, no score buffer; chunks of
-1024 rows on CPU, 16384 on CUDA, on a grid fixed from position 0 so a prompt prefilled in two calls
-gets the rows of one call) with ``on_prefill(done, total)`` after every chunk.
+1024 rows on CPU, 16384 on CUDA, on a grid fixed from position 0; prefix reuse truncates to that grid, so
+a prompt prefilled in two calls gets the rows of one call, to the bit) with ``on_prefill(done, total)``
+after every chunk.
 Prefix reuse (``generate(..., reuse_prefix=True)``): the cache of the prompt is kept after the call;
 the next such call keeps the longest common prefix with it and prefills only the rest.
 graphs (default: on for CUDA, off on CPU): decode steps run on the static buffers and device plan
@@ -151,15 +152,17 @@ class Engine:
         return KVCache(t.num_layers, capacity or self.max_ctx, t.kv_dim, self.kv_layout, dtype=self.dtype, device=self.device,
                        shuffle=self.shuffle_slots, seed=self.seed, poison=self.poison)
 
-    def _forward(self, kv: KVCache, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor, path):
+    def _forward(self, kv: KVCache, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor, path,
+                 last_only: bool = False):
         """Run the target on new rows (reserved, written, attended); the caller commits.
-        Returns (logits [T, V], features [T, F])."""
+        Returns (logits [T, V], features [T, F]); last_only: the logits of the last row only ([1, V]: a
+        prefill chunk of 16k rows would otherwise hold 16k x V fp32 logits)."""
         prefix = kv.committed
         write_idx, slots = kv.reserve(tokens.numel())
         plan = path.plan(prefix, tree_mask, slots, self.config.target.kv_lora_rank)
         hidden, feats = self.target(tokens, positions, kv.buffer, write_idx, plan, path)
-        logits = self.target.logits(hidden)
-        if self.poison and not bool(torch.isfinite(logits).all()):
+        logits = self.target.logits(hidden[-1:] if last_only else hidden)
+        if self.poison and not bool(torch.isfinite(hidden).all() and torch.isfinite(logits).all()):
             raise RuntimeError(f"NaN in target logits (path {path.name}): attention read a row outside the plan")
         return logits, feats
 
@@ -185,7 +188,7 @@ class Engine:
             chunk = int(max(1, min(self.prefill_max_rows, room, n - c0, limit)))
             mask = torch.ones(chunk, chunk, dtype=torch.bool, device=self.device).tril_()
             pos = torch.arange(c0, c0 + chunk, dtype=torch.int64, device=self.device)
-            logits, feats = self._forward(kv, ids[c0: c0 + chunk], pos, mask, self.prefill_path)
+            logits, feats = self._forward(kv, ids[c0: c0 + chunk], pos, mask, self.prefill_path, last_only=True)
             kv.commit(torch.arange(chunk))
             if dctx is not None:
                 self.drafter.append_context(dctx, feats, pos)
@@ -276,6 +279,8 @@ class Engine:
             while n < min(len(old), len(prompt_ids)) and old[n] == prompt_ids[n]:
                 n += 1
             n = min(n, len(prompt_ids) - 1)  # the last prompt token is always prefilled: its logits
+            if self.prefill_path.name == "prefill":  # back to the chunk grid: every kept row is then the row
+                n -= n % self.prefill_max_rows       # a fresh prefill computes, to the bit
             kv.truncate(n)
             dctx.n = n
         return kv, dctx, st, captured, cap_ms, n
