@@ -73,6 +73,9 @@ def test_the_probe_measures_each_cell_as_it_would_alone(engine):
         ids = prompt_ids(engine, r["text"], r["ctx"])
         if r["ctx"] == 2048:  # the 1k prompt of its kind was kept
             assert r["reused_tokens"] == reusable(engine, prompt_ids(engine, r["text"], 1024), ids)
+        # recall cells say how many passage words the target wrote back (an int), the others nothing
+        assert (isinstance(r["recall_copied_words"], int) and 0 <= r["recall_copied_words"] <= 77) \
+            if r["text"] == "recall" else r["recall_copied_words"] is None
         alone = cell_row(r["text"], r["ctx"], NEW, engine.generate(ids, NEW), engine.name)
         for key in ("prompt_tokens", "completion_tokens", "verify_steps", "commit_len", "commit_len_p10",
                     "commit_len_p90", "accepted_depth"):
