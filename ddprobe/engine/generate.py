@@ -182,10 +182,11 @@ class Engine:
         grid = self.prefill_path.name == "prefill"  # chunks on a grid fixed from position 0
         while kv.committed < n:
             c0 = kv.committed
-            per_row = t.num_heads * 4 * (c0 + 512) + 1  # fp32 score bytes of one query row (reference)
-            room = self.prefill_max_rows - c0 % self.prefill_max_rows if grid else self.prefill_max_rows
-            limit = room if grid else self.prefill_score_bytes // per_row
-            chunk = int(max(1, min(self.prefill_max_rows, room, n - c0, limit)))
+            if grid:  # up to the next grid line
+                limit = self.prefill_max_rows - c0 % self.prefill_max_rows
+            else:  # fp32 score bytes of the reference path: per query row H x 4 x (prefix + chunk)
+                limit = self.prefill_score_bytes // (t.num_heads * 4 * (c0 + 512) + 1)
+            chunk = int(max(1, min(self.prefill_max_rows, n - c0, limit)))
             mask = torch.ones(chunk, chunk, dtype=torch.bool, device=self.device).tril_()
             pos = torch.arange(c0, c0 + chunk, dtype=torch.int64, device=self.device)
             logits, feats = self._forward(kv, ids[c0: c0 + chunk], pos, mask, self.prefill_path, last_only=True)

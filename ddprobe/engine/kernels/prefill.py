@@ -58,20 +58,19 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     rows = kv[p.slots[:n]] if p.slots is not None else kv[:n]  # [P + R, D]
     rows = rows.to(q.dtype)
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, H, R, D]
-    if q.device.type == "cuda" or pre == 0:
-        k = rows.expand(1, h, n, d) if q.device.type != "cuda" else rows.expand(1, h, n, d).contiguous()
+    op = _lse_cpu() if q.device.type != "cuda" else None
+    if pre == 0 or op is None:  # one call: causal, bottom-right aligned (CUDA), or the mask written out (CPU)
+        k = rows.expand(1, h, n, d)  # one row for all heads
         if pre == 0:
             o = F.scaled_dot_product_attention(qh, k, k, is_causal=True, scale=sm_scale)
-        else:
+        elif q.device.type == "cuda":
             from torch.nn.attention.bias import causal_lower_right
 
-            o = F.scaled_dot_product_attention(qh, k, k, attn_mask=causal_lower_right(r, n), scale=sm_scale)
-        return o[0, :, :, : p.v_dim].transpose(0, 1).contiguous()
-    op = _lse_cpu()
-    if op is None:  # no log-sum-exp from PyTorch: one call with the mask written out
-        k = rows.expand(1, h, n, d)
-        mask = torch.ones(r, n, dtype=torch.bool, device=q.device).tril_(pre)
-        o = F.scaled_dot_product_attention(qh, k, k, attn_mask=mask, scale=sm_scale)
+            o = F.scaled_dot_product_attention(qh, k.contiguous(), k.contiguous(), attn_mask=causal_lower_right(r, n),
+                                               scale=sm_scale)
+        else:  # no log-sum-exp from PyTorch on this CPU build
+            mask = torch.ones(r, n, dtype=torch.bool, device=q.device).tril_(pre)
+            o = F.scaled_dot_product_attention(qh, k, k, attn_mask=mask, scale=sm_scale)
         return o[0, :, :, : p.v_dim].transpose(0, 1).contiguous()
     # the prefix, no mask: heads folded into the rows (the keys are shared), [1, 1, R * H, D]
     qa = q.reshape(1, 1, r * h, d)
