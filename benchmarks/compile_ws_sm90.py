@@ -2,6 +2,7 @@
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0     # the device's Triton, beside the local one
     TRITON36=/tmp/t36 python benchmarks/compile_ws_sm90.py --pipe 0 --fold 1 --out /tmp/ws
+    TRITON36=/tmp/t36 python benchmarks/compile_ws_sm90.py --seesaw 1 --fold 0 --out /tmp/ws_seesaw
 
 Prints the shared memory, the wgmma count, the named barriers and setmaxnreg budgets of the PTX, and ptxas's
 registers, stack and spills; writes the PTX, TTGIR and cubin (for cuobjdump -sass) to --out. A bad option is
@@ -20,6 +21,10 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pipe", type=int, choices=(0, 1, 2), default=0)
     ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
+    ap.add_argument("--seesaw", type=int, choices=(0, 1, 2), default=0,
+                    help="WsTuning.seesaw: 1 or 2 compile the seesaw kernel (--pipe is then unused)")
+    ap.add_argument("--pv-regs", type=int, default=232, help="registers of warpgroup 1 (setmaxnreg)")
+    ap.add_argument("--load-regs", type=int, default=40, help="registers of the loader warp (setmaxnreg)")
     ap.add_argument("--out", default="/tmp/ws_sm90")
     args = ap.parse_args()
     sys.path.insert(0, os.environ.get("TRITON36", "/tmp/t36"))
@@ -58,12 +63,17 @@ def main() -> int:
 
     def desc(t, shape, block):
         return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
-    k = _ws_gluon.ws_prefix_kernel.warmup(
-        desc(q2, [hq, v], [64, v]), desc(q2[:, v:], [hq, pe], [64, pe]), desc(kv, [rows, v], [64, v]),
-        desc(kv[:, v:], [rows, pe], [64, pe]), torch.zeros(9, dtype=torch.int64), torch.zeros(3, hq, v),
-        torch.zeros(3, hq), hq * v, v, 4000, 9, 2048, hq, 8, 0.1, grid=(2, 3),
-        BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe, STAGES=2, PV_REGS=232, LOAD_REGS=40, PIPE=args.pipe,
-        FOLD=args.fold, num_warps=4)
+    args_ = (desc(q2, [hq, v], [64, v]), desc(q2[:, v:], [hq, pe], [64, pe]),
+             desc(kv, [rows, v], [64, v // 2 if args.seesaw else v]), desc(kv[:, v:], [rows, pe], [64, pe]),
+             torch.zeros(9, dtype=torch.int64), torch.zeros(3, hq, v), torch.zeros(3, hq), hq * v, v, 4000, 9, 2048,
+             hq, 8, 0.1)
+    if args.seesaw:
+        k = _ws_gluon.ws_seesaw_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
+                                              PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold, SEESAW=args.seesaw, num_warps=4)
+    else:
+        k = _ws_gluon.ws_prefix_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
+                                              STAGES=2, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, PIPE=args.pipe,
+                                              FOLD=args.fold, num_warps=4)
     os.makedirs(args.out, exist_ok=True)
     ptx = k.asm["ptx"]
     for name, data in (("ws.ptx", ptx), ("ws.ttgir", k.asm["ttgir"])):

@@ -36,15 +36,20 @@ def make_inputs(ctx, budget, shape, heads, dtype, seed=0, poison=70):
     return q.cuda(), kv.to(dtype).cuda(), shape_mask(shape, budget, "cuda")
 
 
-def check(path, ctx, budget, shape, heads, dtype, sm_scale=0.0722):
+def check(path, ctx, budget, shape, heads, dtype, sm_scale=0.0722, tuning=None, repeat=1):
+    """Output vs the fp32 reference; with ``repeat`` > 1 the same call again must give the same bits (a
+    missing barrier between partitions shows up as outputs that move from run to run)."""
     q, kv, mask = make_inputs(ctx, budget, shape, heads, dtype)
     m = get_path(path)
-    out = m.run(q, kv, m.plan(ctx, mask, None, V), sm_scale)
+    p = m.plan(ctx, mask, None, V, tuning=tuning)
+    out = m.run(q, kv, p, sm_scale)
     ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), sm_scale)
     assert out.shape == (budget + 1, heads, V) and out.dtype == dtype
     assert torch.isfinite(out).all(), "NaN/inf in output: a poisoned row was read"
     err = float((out.float() - ref.float()).norm() / ref.float().norm())
     assert err < TOL[dtype], f"{path} ctx={ctx} B={budget} {shape} H={heads} {dtype}: rel err {err:.2e}"
+    for _ in range(repeat - 1):
+        assert torch.equal(m.run(q, kv, p, sm_scale), out), "outputs differ between identical calls (a race)"
     return err
 
 
@@ -87,12 +92,14 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-def test_plan_reused_across_layers_with_poisoned_partials():
+@pytest.mark.parametrize("seesaw", [0, 1, 2], ids=["default", "seesaw1", "seesaw2"])
+def test_plan_reused_across_layers_with_poisoned_partials(seesaw):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
     m = get_path("split_ws")
     q, kv, mask = make_inputs(5000, 8, "lopsided", 8, torch.bfloat16)
-    p = m.plan(5000, mask, None, V, heads=8)
+    p = m.plan(5000, mask, None, V, heads=8, tuning=WsTuning(seesaw=seesaw))
     for layer in range(3):
         kv_l = kv.clone()
         kv_l[: 5000 + 9] = torch.randn(5009, V + PE, device="cuda").to(kv.dtype)
@@ -144,6 +151,34 @@ def test_other_schedules_match_reference(pipe, fold, ctx, budget, shape, heads):
     out = m.run(q, kv, m.plan(ctx, mask, None, V, tuning=WsTuning(pipe=pipe, min_chunk=256, fold_tree=fold)), 0.0722)
     ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+
+
+# seesaw: CASES plus splits of 2 and 3 tiles (8 heads at 5000 and 12000), so every parity of a split's tile
+# count meets the kernel's pairs (1, 2, 3, 4, 5 and 8 tiles per split occur below)
+SEESAW_CASES = CASES + [(5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star", 8, torch.bfloat16)]
+
+
+@gpu
+@pytest.mark.parametrize("seesaw", [1, 2], ids=["seesaw1", "seesaw2"])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
+def test_seesaw_matches_reference(seesaw, ctx, budget, shape, heads, dtype):
+    """The seesaw schedule (both warpgroups compute S for alternate tiles), same shapes and poisoned rows as
+    the default; called twice, it must give the same bits."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(seesaw=seesaw), repeat=2)
+
+
+@gpu
+@pytest.mark.parametrize("seesaw", [1, 2], ids=["seesaw1", "seesaw2"])
+@pytest.mark.parametrize("fold", [0, 1])
+@pytest.mark.parametrize("ctx,budget,shape,heads",
+                         [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64), (130, 63, "chain", 2)])
+def test_seesaw_tree_placements(seesaw, fold, ctx, budget, shape, heads):
+    """The seesaw schedule with the tree part folded into the last split or as a program of its own, and
+    chunks of at least 256 tokens (4+ tiles per split)."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, torch.bfloat16,
+          tuning=WsTuning(seesaw=seesaw, min_chunk=256, fold_tree=fold))
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])

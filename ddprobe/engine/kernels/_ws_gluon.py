@@ -242,3 +242,350 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
         (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
                    q0, start, n_tiles, BLOCK_N, STAGES)),
     ], [4, 1], [PV_REGS, LOAD_REGS])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The seesaw schedule (WsTuning.seesaw = 1; FlashMLA's sm90 dense decode schedule, re-derived for this layout).
+# Both consumer warpgroups compute S, for alternate tiles: warpgroup 0 the even tiles (ring stage 0), warpgroup 1
+# the odd ones (stage 1). Each does the softmax of its own tile and P V of BOTH tiles of a pair on its own 256 of
+# the 512 output columns, so each issues S (4.7 MFLOP) + 2 x P V half (2 x 1.05) per pair of tiles, and one
+# warpgroup's softmax runs under the other's MMAs. The running maximum is one chain through shared memory
+# (tile 2j by warpgroup 0, then tile 2j + 1 by warpgroup 1, then 2j + 2 ...), handed over with mbarriers:
+#   sc0_ready  wg0 -> wg1  m after tile 2j and its rescale factor sc0 (m_s, sc0_s)
+#   sc1_ready  wg1 -> wg0  m after tile 2j + 1 and sc1 (m_s, sc1_s)
+#   p1_ready   wg1 -> wg0  P of tile 2j + 1 (bf16) in stage 1's rope buffer
+#   p0_ready   wg0 -> wg1  P of tile 2j, rescaled by sc1, in stage 0's rope buffer
+# P goes where the tile's K_pe was: once S of a tile is computed its 64 x 64 rope block is dead, and it has the
+# layout of a [64, 64] bf16 wgmma operand, so no shared memory is added (Q 72 KB + 2 stages x 72 KB).
+# Per pair: wg0  O_L = (O_L sc0 + P0 V0_L) sc1 + P1 V1_L;   wg1  O_R = O_R sc0 sc1 + P1 V1_R + (P0 sc1) V0_R;
+# l0 = (l0 sc0 + sum P0) sc1, l1 = l1 sc0 sc1 + sum P1, both relative to the same running maximum; at the end
+# l = l0 + l1. A KV tile arrives in three TMA parts, each with its own ready / free mbarrier, so a part is
+# reloaded as soon as its last reader is done: A = latent columns 0..255 (K for S, V for wg0), B = latent
+# 256..511 (K for S, V for wg1), C = rope (K for S, then P). Last readers (who arrives on free):
+#   stage 0: A wg0 (P0 V0_L), B wg1 (P0 V0_R), C wg1 (P0 V0_R);  stage 1: A wg0 (P1 V1_L), B wg1 (P1 V1_R),
+#   C wg0 (P1 V1_L).
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@gluon.jit
+def _ss_loader(q_lat_d, q_pe_d, kh_d, k_pe_d, q_lat_s, q_pe_s, ka_s, kb_s, kc_s, q_bar, ready, free,
+               q0, start, n_tiles, BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+    mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
+    tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
+    for i in range(n_tiles):
+        st = i % 2
+        ph = ((i // 2) & 1) ^ 1
+        n0 = start + i * BLOCK_N
+        mbarrier.wait(free.index(st * 3 + 0), ph)
+        mbarrier.expect(ready.index(st * 3 + 0), kh_d.block_type.nbytes)
+        tma.async_copy_global_to_shared(kh_d, [n0, 0], ready.index(st * 3 + 0), ka_s.index(st))
+        mbarrier.wait(free.index(st * 3 + 1), ph)
+        mbarrier.expect(ready.index(st * 3 + 1), kh_d.block_type.nbytes)
+        tma.async_copy_global_to_shared(kh_d, [n0, HALF], ready.index(st * 3 + 1), kb_s.index(st))
+        mbarrier.wait(free.index(st * 3 + 2), ph)
+        mbarrier.expect(ready.index(st * 3 + 2), k_pe_d.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_pe_d, [n0, 0], ready.index(st * 3 + 2), kc_s.index(st))
+
+
+@gluon.jit
+def _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, i, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+    """S of tile i, waited."""
+    s = _ss_s_issue(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, i, s_layout, BLOCK_M, BLOCK_N, HALF)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+
+
+@gluon.jit
+def _ss_s_issue(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, i, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+    """S of tile i (stage i % 2), each of its three parts issued as soon as it has landed (three wgmma
+    groups in flight on return)."""
+    st = i % 2
+    ph = (i // 2) & 1
+    mbarrier.wait(ready.index(st * 3 + 0), ph)
+    s = warpgroup_mma(q_lat_s.slice(0, HALF, dim=1), ka_s.index(st).permute((1, 0)),
+                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    mbarrier.wait(ready.index(st * 3 + 1), ph)
+    s = warpgroup_mma(q_lat_s.slice(HALF, HALF, dim=1), kb_s.index(st).permute((1, 0)), s, is_async=True)
+    mbarrier.wait(ready.index(st * 3 + 2), ph)
+    return warpgroup_mma(q_pe_s, kc_s.index(st).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _ss_scores(s, i, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N: gl.constexpr):
+    """Tile i's scores in base 2, masked only where a tile reaches the tree columns or the chunk's end."""
+    n0 = start + i * BLOCK_N
+    if n0 + BLOCK_N > gl.minimum(end, prefix_len):
+        offs_n = n0 + offs_n0
+        c = gl.minimum(gl.maximum(offs_n - prefix_len, 0), 63).to(gl.int64)
+        see = (offs_n < prefix_len)[None, :] | (((bits[:, None] >> c[None, :]) & 1) != 0)
+        s = gl.where(see & (offs_n < end)[None, :], s * qk_scale, float("-inf"))
+    else:
+        s = s * qk_scale
+    return s
+
+
+@gluon.jit
+def _ss_wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+            Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
+            qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, EARLY: gl.constexpr):
+    """Warpgroup 0 (default partition): S and softmax of the even tiles, O[:, :HALF] of every tile."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    sc0_ready = hs.index(0)
+    sc1_ready = hs.index(1)
+    p0_ready = hs.index(2)
+    p1_ready = hs.index(3)
+    fin0 = hs.index(4)
+    fin1 = hs.index(5)
+
+    m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    offs_n0 = gl.arange(0, BLOCK_N, col_s)
+    rows = q0 + gl.arange(0, BLOCK_M, row_s)
+    bits = gl.load(Bits + rows // H, mask=rows < Hq, other=-1)
+    dt: gl.constexpr = ka_s.dtype
+    mbarrier.wait(q_bar, 0)
+    if n_tiles > 0:
+        s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, 0, s_layout, BLOCK_M, BLOCK_N, HALF)
+    else:
+        s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    n_pairs = n_tiles // 2
+    for j in range(n_pairs):
+        ph = j & 1
+        t0 = 2 * j
+        # softmax of tile 2j against the running maximum; m and sc0 to warpgroup 1
+        s = _ss_scores(s, t0, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N)
+        m0 = gl.maximum(m_run, gl.max(s, axis=1))
+        sc0 = gl.exp2(m_run - m0)
+        p = gl.exp2(s - m0[:, None])
+        l_i = l_i * sc0 + gl.sum(p, axis=1)
+        m_s.store(m0)
+        sc0_s.store(sc0)
+        gl.thread_barrier()
+        mbarrier.arrive(sc0_ready, count=1)
+        # O_L = O_L sc0 + P0 V0_L (P from registers)
+        acc = acc * gl.convert_layout(sc0, row_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_dot), ka_s.index(0), acc, is_async=True)
+        # warpgroup 1's softmax of tile 2j + 1: P0 rescaled to its maximum, handed over
+        mbarrier.wait(sc1_ready, ph)
+        sc1 = sc1_s.load(row_s)
+        m_run = m_s.load(row_s)
+        kc_s.index(0).store((p * sc1[:, None]).to(dt))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p0_ready, count=1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(free.index(0), count=1)  # stage 0 part A (V0_L) read for the last time
+        # O_L = O_L sc1 + P1 V1_L (P from shared memory)
+        acc = acc * gl.convert_layout(sc1, row_o)[:, None]
+        l_i = l_i * sc1
+        mbarrier.wait(p1_ready, ph)
+        acc_t = warpgroup_mma(kc_s.index(1), ka_s.index(1), acc, is_async=True)
+        if EARLY:  # S of tile 2j + 2 issued behind P1 V1_L, before waiting for it
+            if t0 + 2 < n_tiles:
+                s_nxt = _ss_s_issue(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, t0 + 2, s_layout, BLOCK_M, BLOCK_N,
+                                    HALF)
+                acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc_t, ))
+                mbarrier.arrive(free.index(3), count=1)
+                mbarrier.arrive(free.index(5), count=1)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, ))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+                mbarrier.arrive(free.index(3), count=1)
+                mbarrier.arrive(free.index(5), count=1)
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+            mbarrier.arrive(free.index(3), count=1)  # stage 1 part A
+            mbarrier.arrive(free.index(5), count=1)  # stage 1 part C (P1)
+            if t0 + 2 < n_tiles:
+                s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, t0 + 2, s_layout, BLOCK_M, BLOCK_N, HALF)
+    if n_tiles % 2 == 1:
+        # the last tile has no partner: warpgroup 1 only rescales and adds its half of P V
+        t0 = n_tiles - 1
+        s = _ss_scores(s, t0, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N)
+        m0 = gl.maximum(m_run, gl.max(s, axis=1))
+        sc0 = gl.exp2(m_run - m0)
+        p = gl.exp2(s - m0[:, None])
+        l_i = l_i * sc0 + gl.sum(p, axis=1)
+        m_run = m0
+        sc0_s.store(sc0)
+        p16 = p.to(dt)
+        kc_s.index(0).store(p16)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(sc0_ready, count=1)
+        mbarrier.arrive(p0_ready, count=1)
+        acc = acc * gl.convert_layout(sc0, row_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p16, p_dot), ka_s.index(0), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(free.index(0), count=1)
+    # l = l0 + l1, 1 / l to warpgroup 1
+    mbarrier.wait(fin1, 0)
+    l_i = l_i + l_s.load(row_s)
+    inv_l = 1.0 / l_i
+    gl.thread_barrier()
+    l_s.store(inv_l)
+    gl.thread_barrier()
+    mbarrier.arrive(fin0, count=1)
+    gl.store(LSE_part + pid_s * Hq + rows, m_run + gl.log2(l_i), mask=rows < Hq)
+    out = acc * gl.convert_layout(inv_l, row_o)[:, None]
+    rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
+    cols = gl.arange(0, HALF, col_o)
+    ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
+    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
+
+
+@gluon.jit
+def _ss_wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+            Bits, O_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H, qk_scale,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+    """Warpgroup 1: S and softmax of the odd tiles, O[:, HALF:] of every tile."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    sc0_ready = hs.index(0)
+    sc1_ready = hs.index(1)
+    p0_ready = hs.index(2)
+    p1_ready = hs.index(3)
+    fin0 = hs.index(4)
+    fin1 = hs.index(5)
+
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    offs_n0 = gl.arange(0, BLOCK_N, col_s)
+    rows = q0 + gl.arange(0, BLOCK_M, row_s)
+    bits = gl.load(Bits + rows // H, mask=rows < Hq, other=-1)
+    dt: gl.constexpr = ka_s.dtype
+    mbarrier.wait(q_bar, 0)
+    n_pairs = n_tiles // 2
+    if n_pairs > 0:
+        s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, 1, s_layout, BLOCK_M, BLOCK_N, HALF)
+    else:
+        s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    for j in range(n_pairs):
+        ph = j & 1
+        t1 = 2 * j + 1
+        s = _ss_scores(s, t1, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N)
+        mbarrier.wait(sc0_ready, ph)
+        m0 = m_s.load(row_s)
+        sc0 = sc0_s.load(row_s)
+        m1 = gl.maximum(m0, gl.max(s, axis=1))
+        sc1 = gl.exp2(m0 - m1)
+        gl.thread_barrier()  # every thread has read m0 before m1 replaces it
+        m_s.store(m1)
+        sc1_s.store(sc1)
+        gl.thread_barrier()
+        mbarrier.arrive(sc1_ready, count=1)
+        p = gl.exp2(s - m1[:, None])
+        sc = sc0 * sc1
+        l_i = l_i * sc + gl.sum(p, axis=1)
+        p16 = p.to(dt)
+        kc_s.index(1).store(p16)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p1_ready, count=1)
+        # O_R = O_R sc0 sc1 + P1 V1_R (registers) + (P0 sc1) V0_R (shared memory)
+        acc = acc * gl.convert_layout(sc, row_o)[:, None]
+        acc_t = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc, is_async=True)
+        mbarrier.wait(p0_ready, ph)
+        acc_t = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc_t, is_async=True)
+        # (S of tile 2j + 3 cannot be issued before this wait: its part B needs stage 1's part B, which this
+        # warpgroup frees here, and the loader fills stage 0 (freed here too) before stage 1)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+        mbarrier.arrive(free.index(1), count=1)  # stage 0 part B
+        mbarrier.arrive(free.index(2), count=1)  # stage 0 part C (P0)
+        mbarrier.arrive(free.index(4), count=1)  # stage 1 part B
+        if t1 + 2 < n_tiles:
+            s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, t1 + 2, s_layout, BLOCK_M, BLOCK_N, HALF)
+    if n_tiles % 2 == 1:
+        mbarrier.wait(sc0_ready, n_pairs & 1)
+        sc0 = sc0_s.load(row_s)
+        l_i = l_i * sc0
+        acc = acc * gl.convert_layout(sc0, row_o)[:, None]
+        mbarrier.wait(p0_ready, n_pairs & 1)
+        acc = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(free.index(1), count=1)
+        mbarrier.arrive(free.index(2), count=1)
+    l_s.store(l_i)
+    gl.thread_barrier()
+    mbarrier.arrive(fin1, count=1)
+    mbarrier.wait(fin0, 0)
+    inv_l = l_s.load(row_o)
+    out = acc * inv_l[:, None]
+    rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
+    cols = HALF + gl.arange(0, HALF, col_o)
+    ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
+    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
+
+
+@gluon.jit
+def ws_seesaw_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
+                     prefix_len, R, chunk, Hq, H, qk_scale,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
+                     PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr, SEESAW: gl.constexpr):
+    """The seesaw schedule (SEESAW 1; 2: warpgroup 0 issues S of its next tile behind its last P V instead
+    of after it); grid and partials as ws_prefix_kernel. kh_d: KV latent in [BLOCK_N, V_DIM / 2]
+    blocks (the A and B parts of a tile)."""
+    pid_q = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    q0 = pid_q * BLOCK_M
+    if FOLD:
+        last = pid_s == gl.num_programs(1) - 1
+        start = pid_s * chunk
+        end = gl.where(last, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    else:
+        is_tree = pid_s == gl.num_programs(1) - 1
+        start = gl.where(is_tree, prefix_len, pid_s * chunk)
+        end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    HALF: gl.constexpr = V_DIM // 2
+    dt: gl.constexpr = kh_d.dtype
+
+    q_lat_s = gl.allocate_shared_memory(dt, [BLOCK_M, V_DIM], q_lat_d.layout)
+    q_pe_s = gl.allocate_shared_memory(dt, [BLOCK_M, PE_DIM], q_pe_d.layout)
+    ka_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, HALF], kh_d.layout)
+    kb_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, HALF], kh_d.layout)
+    kc_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, PE_DIM], k_pe_d.layout)
+    vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    m_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
+    sc0_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
+    sc1_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
+    l_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    hs = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for b in gl.static_range(6):
+        mbarrier.init(ready.index(b), count=1)
+        mbarrier.init(free.index(b), count=1)
+        mbarrier.init(hs.index(b), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_ss_wg0, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+                   Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
+                   qk_scale, BLOCK_M, BLOCK_N, HALF, SEESAW == 2)),
+        (_ss_wg1, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+                   Bits, O_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H, qk_scale,
+                   BLOCK_M, BLOCK_N, HALF)),
+        (_ss_loader, (q_lat_d, q_pe_d, kh_d, k_pe_d, q_lat_s, q_pe_s, ka_s, kb_s, kc_s, q_bar, ready, free,
+                      q0, start, n_tiles, BLOCK_N, HALF)),
+    ], [4, 1], [PV_REGS, LOAD_REGS])

@@ -44,6 +44,9 @@ class WsTuning:
                          # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
                          # (64 heads: one split more, 6% faster at 128k; 8 heads: the longer last split
                          # costs more than the 2 programs it saves, 1-14% slower; docs/perf.md round 4)
+    seesaw: int = 0     # 1: FlashMLA's seesaw schedule (_ws_gluon.ws_seesaw_kernel): both warpgroups compute S
+                        # for alternate tiles and P V of every tile on their own half of the columns; 2: the
+                        # same, warpgroup 0 issuing S of its next tile behind its last P V; `pipe` unused
 
 
 DEFAULT_TUNING = WsTuning()
@@ -115,7 +118,7 @@ def refresh(p: VerifyPlan) -> None:
     p.extra["bits"].copy_(mask_bits(p.tree_mask))
 
 
-def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
+def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: bool = False):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -125,8 +128,9 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
 
     def desc(t, shape, block):
         return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
+    kv_w = v // 2 if seesaw else v  # the seesaw kernel loads a tile's latent as two halves
     return (desc(q2, [q2.shape[0], v], [BLOCK_M, v]), desc(q2[:, v:], [q2.shape[0], pe], [BLOCK_M, pe]),
-            desc(kv, [rows, v], [BLOCK_N, v]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
+            desc(kv, [rows, v], [BLOCK_N, kv_w]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
@@ -139,7 +143,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     why = supported(q, kv, p.v_dim)
     if why:
         raise ValueError(f"the {name} path {why}")
-    from ._ws_gluon import ws_prefix_kernel  # Gluon: imported only where it can run
+    from ._ws_gluon import ws_prefix_kernel, ws_seesaw_kernel  # Gluon: imported only where it can run
 
     r, h, d = q.shape
     hq = r * h
@@ -151,13 +155,19 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p)
-    k = ws_prefix_kernel[(cfg["n_qb"], gs)](
-        qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
-        p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
-        PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], num_warps=4,
-    )
+    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, bool(t.seesaw))
+    args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
+            p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
+    if t.seesaw:
+        k = ws_seesaw_kernel[(cfg["n_qb"], gs)](
+            *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim,
+            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], SEESAW=t.seesaw, num_warps=4,
+        )
+    else:
+        k = ws_prefix_kernel[(cfg["n_qb"], gs)](
+            *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
+            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], num_warps=4,
+        )
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     n_mb = triton.cdiv(hq, MERGE_BLOCK_M)
     bv = p.v_dim
