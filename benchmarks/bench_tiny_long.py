@@ -60,6 +60,31 @@ def time_prefill(dev: str, ctxs: list[int]) -> list[dict]:
     return rows
 
 
+def novel_logits_ab(dev: str, ctxs=(1024, 16384)) -> list[dict]:
+    """Novel text in bf16 with the target's logits rounded to bf16 (fp32_logits off, k2's setting) and in fp32
+    (the tiny preset's): commit length, how many prompt rows tie at the top of bf16 logits, the completion."""
+    from ddprobe.probes.commit import prompt_ids
+    from ddprobe.probes.engine_backend import EngineBackend
+
+    rows = []
+    for fp32 in (False, True):
+        be = EngineBackend(preset="tiny", attn="reference", device=dev, dtype="bfloat16", max_ctx=max(ctxs) + 1024)
+        eng = be.engine
+        eng.target.fp32_logits = fp32  # before the first step: the captured step takes it as it is
+        for c in ctxs:
+            ids = prompt_ids(be, "novel", c)
+            res = eng.generate(ids, 128)
+            with torch.no_grad():
+                h, _ = eng.target.forward_causal(torch.tensor([ids[-1024:]], device=dev))
+                top2 = eng.target.lm_head(h[0]).float().topk(2, -1).values
+            rows.append({"fp32_logits": fp32, "ctx": c, "commit_len": res.mean_commit_len,
+                         "bf16_top_ties": float((top2[:, 0] == top2[:, 1]).float().mean()),
+                         "completion": be.decode(list(res.tokens))[:300]})
+            print(json.dumps(rows[-1]), flush=True)
+        del be, eng
+    return rows
+
+
 def cli(args: list[str], out: Path, name: str) -> dict:
     """One ddprobe command in a child process, wall-timed; its results file kept under out."""
     cmd = [sys.executable, "-m", "ddprobe", *args, "--json", str(out / f"{name}.json")]
@@ -84,6 +109,8 @@ def main() -> int:
     res["prefill_time"] = time_prefill(dev, [16384, 65536, 131072, 262144])
     print(json.dumps(res["prefill_time"]), flush=True)
     (a.out / "bench-tiny-long.json").write_text(json.dumps(res, indent=1))
+    res["novel_logits_ab"] = novel_logits_ab(dev)
+    (a.out / "bench-tiny-long.json").write_text(json.dumps(res, indent=1))
     if not a.skip_cli:
         runs = [
             (["commit", "--ctx", "1k,16k,64k,128k"], "commit-default"),
@@ -99,6 +126,9 @@ def main() -> int:
           f"(max rel err {max(r['rel_err'] for r in res['prefill_check']):.1e}) |")
     for r in res["prefill_time"]:
         print(f"| tiny prefill {r['ctx'] // 1024}k, bf16 | {r['prefill_s']:.2f} s |")
+    for r in res["novel_logits_ab"]:
+        print(f"| novel {r['ctx'] // 1024}k bf16, {'fp32' if r['fp32_logits'] else 'bf16'} logits | commit "
+              f"{r['commit_len']:.2f}, top ties in bf16 logits {r['bf16_top_ties']:.0%} |")
     for r in res.get("cli", []):
         print(f"| `{r['cmd']}` | {r['wall_s']:.1f} s wall, rc {r['rc']} |")
     return 0

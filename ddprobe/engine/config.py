@@ -108,6 +108,10 @@ class ModelConfig:
     drafter: DrafterConfig
     max_ctx: int = 4096  # default KV capacity (tokens, tree rows included)
     max_position: int | None = None  # positions the weights were checked to (else what the rope covers)
+    # the target's logits in fp32 when the model runs in bf16/fp16 (SGLang's --enable-fp32-lm-head): a
+    # small vocabulary with near-even choices (the tiny grammar) ties at the top of bf16 logits in most rows,
+    # and argmax then picks the lowest id; k2 keeps bf16 logits, as serving engines do by default
+    fp32_logits: bool = False
 
     @property
     def position_limit(self) -> int:
@@ -136,7 +140,7 @@ class ModelConfig:
         d_fields = set(DrafterConfig.__dataclass_fields__)
         tk, dk, top = {}, {}, {}
         for k, v in kw.items():
-            if k in ("max_ctx", "name", "max_position"):
+            if k in ("max_ctx", "name", "max_position", "fp32_logits"):
                 top[k] = v
             elif k in t_fields:  # shared names (num_heads, yarn, ...) go to the target
                 tk[k] = v
@@ -169,7 +173,7 @@ def _tiny() -> ModelConfig:
         sliding_window=128, full_attn_layer=-1, rope_max_wavelength=2048.0, full_attn_floor=4096,
     )
     # 256k of context plus room for the decode and the tree (the checked range; positions carry no limit)
-    return ModelConfig("tiny", target, drafter, max_ctx=4096, max_position=262144 + 8192)
+    return ModelConfig("tiny", target, drafter, max_ctx=4096, max_position=262144 + 8192, fp32_logits=True)
 
 
 def _k2() -> ModelConfig:

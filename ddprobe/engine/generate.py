@@ -85,6 +85,7 @@ class Engine:
             prefill_attn, 64)
         self._kept: tuple[list[int], KVCache, DrafterContext] | None = None  # reuse_prefix's prompt cache
         target = TargetModel(self.config.target)
+        target.fp32_logits = self.config.fp32_logits
         drafter = Drafter(self.config.drafter, self.config.target)
         self.model = nn.ModuleDict({"target": target, "drafter": drafter})  # state_dict keys target.* / drafter.*
         self.init_weights(seed)

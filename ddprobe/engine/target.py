@@ -7,6 +7,7 @@ final hidden states plus the drafter features (outputs of ``cfg.feature_layers``
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import TargetConfig
@@ -110,6 +111,10 @@ class TargetModel(nn.Module):
                 feats[i] = x
         return self.norm(x), torch.cat([feats[i] for i in self.cfg.feature_layers], dim=-1)
 
+    fp32_logits = False  # set by the engine from ModelConfig.fp32_logits
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, V] float32+
+        if self.fp32_logits and hidden.dtype in (torch.bfloat16, torch.float16):
+            return F.linear(hidden.float(), self.lm_head.weight.float())  # no rounding of the logits to bf16
         out = self.lm_head(hidden)
         return out if out.dtype == torch.float64 else out.float()
