@@ -21,8 +21,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pipe", type=int, choices=(0, 1, 2), default=0)
     ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
-    ap.add_argument("--seesaw", type=int, choices=(0, 1, 2), default=0,
-                    help="WsTuning.seesaw: 1 or 2 compile the seesaw kernel (--pipe is then unused)")
+    ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
+                    help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--pv-regs", type=int, default=232, help="registers of warpgroup 1 (setmaxnreg)")
     ap.add_argument("--load-regs", type=int, default=40, help="registers of the loader warp (setmaxnreg)")
     ap.add_argument("--out", default="/tmp/ws_sm90")
@@ -63,13 +63,15 @@ def main() -> int:
 
     def desc(t, shape, block):
         return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16))
+    kv_w = (64 if args.seesaw >= 3 else v // 2) if args.seesaw else v  # as split_ws._descs
     args_ = (desc(q2, [hq, v], [64, v]), desc(q2[:, v:], [hq, pe], [64, pe]),
-             desc(kv, [rows, v], [64, v // 2 if args.seesaw else v]), desc(kv[:, v:], [rows, pe], [64, pe]),
+             desc(kv, [rows, v], [64, kv_w]), desc(kv[:, v:], [rows, pe], [64, pe]),
              torch.zeros(9, dtype=torch.int64), torch.zeros(3, hq, v), torch.zeros(3, hq), hq * v, v, 4000, 9, 2048,
              hq, 8, 0.1)
     if args.seesaw:
         k = _ws_gluon.ws_seesaw_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
-                                              PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold, SEESAW=args.seesaw, num_warps=4)
+                                              PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
+                                              SEESAW=args.seesaw, num_warps=4)
     else:
         k = _ws_gluon.ws_prefix_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                               STAGES=2, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, PIPE=args.pipe,

@@ -92,7 +92,8 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-@pytest.mark.parametrize("seesaw", [0, 1, 2], ids=["default", "seesaw1", "seesaw2"])
+@pytest.mark.parametrize("seesaw", [0, 1, 2, 3, 4],
+                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4"])
 def test_plan_reused_across_layers_with_poisoned_partials(seesaw):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -159,7 +160,7 @@ SEESAW_CASES = CASES + [(5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star",
 
 
 @gpu
-@pytest.mark.parametrize("seesaw", [1, 2], ids=["seesaw1", "seesaw2"])
+@pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
 def test_seesaw_matches_reference(seesaw, ctx, budget, shape, heads, dtype):
     """The seesaw schedule (both warpgroups compute S for alternate tiles), same shapes and poisoned rows as
@@ -169,7 +170,7 @@ def test_seesaw_matches_reference(seesaw, ctx, budget, shape, heads, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("seesaw", [1, 2], ids=["seesaw1", "seesaw2"])
+@pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
 @pytest.mark.parametrize("fold", [0, 1])
 @pytest.mark.parametrize("ctx,budget,shape,heads",
                          [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64), (130, 63, "chain", 2)])

@@ -268,8 +268,8 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
 
 
 @gluon.jit
-def _ss_loader(q_lat_d, q_pe_d, kh_d, k_pe_d, q_lat_s, q_pe_s, ka_s, kb_s, kc_s, q_bar, ready, free,
-               q0, start, n_tiles, BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+def _ss_loader(q_lat_d, q_pe_d, kh_d, k_pe_d, q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, q_bar, ready, free,
+               q0, start, n_tiles, BLOCK_N: gl.constexpr, HALF: gl.constexpr, PIECES: gl.constexpr):
     mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
     tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
     tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
@@ -277,22 +277,42 @@ def _ss_loader(q_lat_d, q_pe_d, kh_d, k_pe_d, q_lat_s, q_pe_s, ka_s, kb_s, kc_s,
         st = i % 2
         ph = ((i // 2) & 1) ^ 1
         n0 = start + i * BLOCK_N
-        mbarrier.wait(free.index(st * 3 + 0), ph)
-        mbarrier.expect(ready.index(st * 3 + 0), kh_d.block_type.nbytes)
-        tma.async_copy_global_to_shared(kh_d, [n0, 0], ready.index(st * 3 + 0), ka_s.index(st))
-        mbarrier.wait(free.index(st * 3 + 1), ph)
-        mbarrier.expect(ready.index(st * 3 + 1), kh_d.block_type.nbytes)
-        tma.async_copy_global_to_shared(kh_d, [n0, HALF], ready.index(st * 3 + 1), kb_s.index(st))
-        mbarrier.wait(free.index(st * 3 + 2), ph)
-        mbarrier.expect(ready.index(st * 3 + 2), k_pe_d.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_pe_d, [n0, 0], ready.index(st * 3 + 2), kc_s.index(st))
+        if PIECES:  # nine 64-column pieces, each on its own ready barrier (kh_d: [BLOCK_N, 64] blocks)
+            W: gl.constexpr = kh_d.block_type.shape[1]
+            NP: gl.constexpr = HALF // W
+            mbarrier.wait(free.index(st * 3 + 0), ph)
+            for k in gl.static_range(NP):
+                mbarrier.expect(ready.index(st * (2 * NP + 1) + k), kh_d.block_type.nbytes)
+                tma.async_copy_global_to_shared(kh_d, [n0, k * W], ready.index(st * (2 * NP + 1) + k),
+                                                ka_q.index(st * NP + k))
+            mbarrier.wait(free.index(st * 3 + 1), ph)
+            for k in gl.static_range(NP):
+                mbarrier.expect(ready.index(st * (2 * NP + 1) + NP + k), kh_d.block_type.nbytes)
+                tma.async_copy_global_to_shared(kh_d, [n0, HALF + k * W], ready.index(st * (2 * NP + 1) + NP + k),
+                                                kb_q.index(st * NP + k))
+            mbarrier.wait(free.index(st * 3 + 2), ph)
+            mbarrier.expect(ready.index(st * (2 * NP + 1) + 2 * NP), k_pe_d.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_pe_d, [n0, 0], ready.index(st * (2 * NP + 1) + 2 * NP), kc_s.index(st))
+        else:
+            mbarrier.wait(free.index(st * 3 + 0), ph)
+            mbarrier.expect(ready.index(st * 3 + 0), kh_d.block_type.nbytes)
+            tma.async_copy_global_to_shared(kh_d, [n0, 0], ready.index(st * 3 + 0), ka_s.index(st))
+            mbarrier.wait(free.index(st * 3 + 1), ph)
+            mbarrier.expect(ready.index(st * 3 + 1), kh_d.block_type.nbytes)
+            tma.async_copy_global_to_shared(kh_d, [n0, HALF], ready.index(st * 3 + 1), kb_s.index(st))
+            mbarrier.wait(free.index(st * 3 + 2), ph)
+            mbarrier.expect(ready.index(st * 3 + 2), k_pe_d.block_type.nbytes)
+            tma.async_copy_global_to_shared(k_pe_d, [n0, 0], ready.index(st * 3 + 2), kc_s.index(st))
 
 
 @gluon.jit
-def _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, i, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-          BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+def _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, ready, i, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_N: gl.constexpr, HALF: gl.constexpr, PIECES: gl.constexpr):
     """S of tile i, waited."""
-    s = _ss_s_issue(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, i, s_layout, BLOCK_M, BLOCK_N, HALF)
+    if PIECES:
+        s = _ss_s_pieces(q_lat_s, q_pe_s, kc_s, ka_q, kb_q, ready, i, s_layout, BLOCK_M, BLOCK_N, HALF)
+    else:
+        s = _ss_s_issue(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, i, s_layout, BLOCK_M, BLOCK_N, HALF)
     return warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
 
 
@@ -313,6 +333,29 @@ def _ss_s_issue(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, i, s_layout: gl.conste
 
 
 @gluon.jit
+def _ss_s_pieces(q_lat_s, q_pe_s, kc_s, ka_q, kb_q, ready, i, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+    """S of tile i as nine K = 64 steps, each issued as soon as its piece has landed (FlashMLA's granularity)."""
+    W: gl.constexpr = ka_q.shape[2]
+    NP: gl.constexpr = HALF // W
+    st = i % 2
+    ph = (i // 2) & 1
+    rb = st * (2 * NP + 1)
+    mbarrier.wait(ready.index(rb), ph)
+    s = warpgroup_mma(q_lat_s.slice(0, W, dim=1), ka_q.index(st * NP).permute((1, 0)),
+                      gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), use_acc=False, is_async=True)
+    for k in gl.static_range(1, NP):
+        mbarrier.wait(ready.index(rb + k), ph)
+        s = warpgroup_mma(q_lat_s.slice(k * W, W, dim=1), ka_q.index(st * NP + k).permute((1, 0)), s, is_async=True)
+    for k in gl.static_range(NP):
+        mbarrier.wait(ready.index(rb + NP + k), ph)
+        s = warpgroup_mma(q_lat_s.slice(HALF + k * W, W, dim=1), kb_q.index(st * NP + k).permute((1, 0)), s,
+                          is_async=True)
+    mbarrier.wait(ready.index(rb + 2 * NP), ph)
+    return warpgroup_mma(q_pe_s, kc_s.index(st).permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
 def _ss_scores(s, i, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N: gl.constexpr):
     """Tile i's scores in base 2, masked only where a tile reaches the tree columns or the chunk's end."""
     n0 = start + i * BLOCK_N
@@ -327,9 +370,10 @@ def _ss_scores(s, i, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N: g
 
 
 @gluon.jit
-def _ss_wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+def _ss_wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
             Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
-            qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, EARLY: gl.constexpr):
+            qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, EARLY: gl.constexpr,
+            PIECES: gl.constexpr):
     """Warpgroup 0 (default partition): S and softmax of the even tiles, O[:, :HALF] of every tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -356,7 +400,7 @@ def _ss_wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, re
     dt: gl.constexpr = ka_s.dtype
     mbarrier.wait(q_bar, 0)
     if n_tiles > 0:
-        s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, 0, s_layout, BLOCK_M, BLOCK_N, HALF)
+        s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, ready, 0, s_layout, BLOCK_M, BLOCK_N, HALF, PIECES)
     else:
         s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     n_pairs = n_tiles // 2
@@ -408,7 +452,8 @@ def _ss_wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, re
             mbarrier.arrive(free.index(3), count=1)  # stage 1 part A
             mbarrier.arrive(free.index(5), count=1)  # stage 1 part C (P1)
             if t0 + 2 < n_tiles:
-                s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, t0 + 2, s_layout, BLOCK_M, BLOCK_N, HALF)
+                s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, ready,
+                          t0 + 2, s_layout, BLOCK_M, BLOCK_N, HALF, PIECES)
     if n_tiles % 2 == 1:
         # the last tile has no partner: warpgroup 1 only rescales and adds its half of P V
         t0 = n_tiles - 1
@@ -446,9 +491,10 @@ def _ss_wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, re
 
 
 @gluon.jit
-def _ss_wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+def _ss_wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
             Bits, O_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H, qk_scale,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr):
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, PIECES: gl.constexpr,
+            PV0_FIRST: gl.constexpr):
     """Warpgroup 1: S and softmax of the odd tiles, O[:, HALF:] of every tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -475,7 +521,7 @@ def _ss_wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, re
     mbarrier.wait(q_bar, 0)
     n_pairs = n_tiles // 2
     if n_pairs > 0:
-        s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, 1, s_layout, BLOCK_M, BLOCK_N, HALF)
+        s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, ready, 1, s_layout, BLOCK_M, BLOCK_N, HALF, PIECES)
     else:
         s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     for j in range(n_pairs):
@@ -502,17 +548,28 @@ def _ss_wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, re
         mbarrier.arrive(p1_ready, count=1)
         # O_R = O_R sc0 sc1 + P1 V1_R (registers) + (P0 sc1) V0_R (shared memory)
         acc = acc * gl.convert_layout(sc, row_o)[:, None]
-        acc_t = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc, is_async=True)
-        mbarrier.wait(p0_ready, ph)
-        acc_t = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc_t, is_async=True)
-        # (S of tile 2j + 3 cannot be issued before this wait: its part B needs stage 1's part B, which this
-        # warpgroup frees here, and the loader fills stage 0 (freed here too) before stage 1)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
-        mbarrier.arrive(free.index(1), count=1)  # stage 0 part B
-        mbarrier.arrive(free.index(2), count=1)  # stage 0 part C (P0)
-        mbarrier.arrive(free.index(4), count=1)  # stage 1 part B
+        if PV0_FIRST:  # P0 V0_R first: stage 0's parts B and C (the next even tile) are freed one P V earlier
+            mbarrier.wait(p0_ready, ph)
+            acc_t = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc, is_async=True)
+            acc_t = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc_t, is_async=True)
+            warpgroup_mma_wait(num_outstanding=1, deps=(acc_t, ))
+            mbarrier.arrive(free.index(1), count=1)  # stage 0 part B
+            mbarrier.arrive(free.index(2), count=1)  # stage 0 part C (P0)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+            mbarrier.arrive(free.index(4), count=1)  # stage 1 part B
+        else:
+            acc_t = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc, is_async=True)
+            mbarrier.wait(p0_ready, ph)
+            acc_t = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc_t, is_async=True)
+            # (S of tile 2j + 3 cannot be issued before this wait: its part B needs stage 1's part B, which
+            # this warpgroup frees here, and the loader fills stage 0 (freed here too) before stage 1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+            mbarrier.arrive(free.index(1), count=1)  # stage 0 part B
+            mbarrier.arrive(free.index(2), count=1)  # stage 0 part C (P0)
+            mbarrier.arrive(free.index(4), count=1)  # stage 1 part B
         if t1 + 2 < n_tiles:
-            s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ready, t1 + 2, s_layout, BLOCK_M, BLOCK_N, HALF)
+            s = _ss_s(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, ready,
+                      t1 + 2, s_layout, BLOCK_M, BLOCK_N, HALF, PIECES)
     if n_tiles % 2 == 1:
         mbarrier.wait(sc0_ready, n_pairs & 1)
         sc0 = sc0_s.load(row_s)
@@ -541,8 +598,9 @@ def ws_seesaw_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, stri
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                      PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr, SEESAW: gl.constexpr):
     """The seesaw schedule (SEESAW 1; 2: warpgroup 0 issues S of its next tile behind its last P V instead
-    of after it); grid and partials as ws_prefix_kernel. kh_d: KV latent in [BLOCK_N, V_DIM / 2]
-    blocks (the A and B parts of a tile)."""
+    of after it; 3: tiles loaded and S issued in 64-column pieces, each on its own ready barrier; 4: 3, and
+    warpgroup 1 issues P0 V0_R before P1 V1_R); grid and partials as ws_prefix_kernel. kh_d: KV latent in
+    [BLOCK_N, V_DIM / 2] blocks (the A and B parts of a tile; [BLOCK_N, 64] for SEESAW >= 3)."""
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * BLOCK_M
@@ -560,32 +618,38 @@ def ws_seesaw_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, stri
 
     q_lat_s = gl.allocate_shared_memory(dt, [BLOCK_M, V_DIM], q_lat_d.layout)
     q_pe_s = gl.allocate_shared_memory(dt, [BLOCK_M, PE_DIM], q_pe_d.layout)
-    ka_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, HALF], kh_d.layout)
-    kb_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, HALF], kh_d.layout)
+    half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dt)
+    ka_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, HALF], half_layout)
+    kb_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, HALF], half_layout)
     kc_s = gl.allocate_shared_memory(dt, [2, BLOCK_N, PE_DIM], k_pe_d.layout)
+    # the same halves as 64-column pieces (a [64, 256] 128B-swizzled tile is four [64, 64] ones, 8 KB apart)
+    ka_q = ka_s._reinterpret(dt, [2 * (HALF // 64), BLOCK_N, 64], k_pe_d.layout)
+    kb_q = kb_s._reinterpret(dt, [2 * (HALF // 64), BLOCK_N, 64], k_pe_d.layout)
     vec: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
     m_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
     sc0_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
     sc1_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
     l_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    N_READY: gl.constexpr = 2 * (2 * (HALF // 64) + 1) if SEESAW >= 3 else 6
+    ready = gl.allocate_shared_memory(gl.int64, [N_READY, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
     hs = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    for b in gl.static_range(6):
+    for b in gl.static_range(N_READY):
         mbarrier.init(ready.index(b), count=1)
+    for b in gl.static_range(6):
         mbarrier.init(free.index(b), count=1)
         mbarrier.init(hs.index(b), count=1)
     fence_async_shared()
 
     gl.warp_specialize([
-        (_ss_wg0, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+        (_ss_wg0, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
                    Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
-                   qk_scale, BLOCK_M, BLOCK_N, HALF, SEESAW == 2)),
-        (_ss_wg1, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
+                   qk_scale, BLOCK_M, BLOCK_N, HALF, SEESAW == 2, SEESAW >= 3)),
+        (_ss_wg1, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s, sc0_s, sc1_s, l_s, q_bar, ready, free, hs,
                    Bits, O_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H, qk_scale,
-                   BLOCK_M, BLOCK_N, HALF)),
-        (_ss_loader, (q_lat_d, q_pe_d, kh_d, k_pe_d, q_lat_s, q_pe_s, ka_s, kb_s, kc_s, q_bar, ready, free,
-                      q0, start, n_tiles, BLOCK_N, HALF)),
+                   BLOCK_M, BLOCK_N, HALF, SEESAW >= 3, SEESAW == 4)),
+        (_ss_loader, (q_lat_d, q_pe_d, kh_d, k_pe_d, q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, q_bar, ready,
+                      free, q0, start, n_tiles, BLOCK_N, HALF, SEESAW >= 3)),
     ], [4, 1], [PV_REGS, LOAD_REGS])

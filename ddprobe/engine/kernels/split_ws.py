@@ -46,7 +46,9 @@ class WsTuning:
                          # costs more than the 2 programs it saves, 1-14% slower; docs/perf.md round 4)
     seesaw: int = 0     # 1: FlashMLA's seesaw schedule (_ws_gluon.ws_seesaw_kernel): both warpgroups compute S
                         # for alternate tiles and P V of every tile on their own half of the columns; 2: the
-                        # same, warpgroup 0 issuing S of its next tile behind its last P V; `pipe` unused
+                        # same, warpgroup 0 issuing S of its next tile behind its last P V; 3: tiles loaded
+                        # and S issued in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1
+                        # issuing P0 V0_R before P1 V1_R; `pipe` is unused
 
 
 DEFAULT_TUNING = WsTuning()
@@ -118,7 +120,7 @@ def refresh(p: VerifyPlan) -> None:
     p.extra["bits"].copy_(mask_bits(p.tree_mask))
 
 
-def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: bool = False):
+def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -128,7 +130,7 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: bool = Fal
 
     def desc(t, shape, block):
         return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
-    kv_w = v // 2 if seesaw else v  # the seesaw kernel loads a tile's latent as two halves
+    kv_w = (64 if seesaw >= 3 else v // 2) if seesaw else v  # seesaw: a tile's latent in halves or 64-col pieces
     return (desc(q2, [q2.shape[0], v], [BLOCK_M, v]), desc(q2[:, v:], [q2.shape[0], pe], [BLOCK_M, pe]),
             desc(kv, [rows, v], [BLOCK_N, kv_w]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
 
@@ -155,7 +157,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, bool(t.seesaw))
+    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, t.seesaw)
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
     if t.seesaw:
