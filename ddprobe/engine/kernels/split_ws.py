@@ -46,9 +46,10 @@ class WsTuning:
                          # costs more than the 2 programs it saves, 1-14% slower; docs/perf.md round 4)
     seesaw: int = 0     # 1: FlashMLA's seesaw schedule (_ws_gluon.ws_seesaw_kernel): both warpgroups compute S
                         # for alternate tiles and P V of every tile on their own half of the columns; 2: the
-                        # same, warpgroup 0 issuing S of its next tile behind its last P V; 3: tiles loaded
-                        # and S issued in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1
-                        # issuing P0 V0_R before P1 V1_R; `pipe` is unused
+                        # same, warpgroup 0 issuing S of its next tile behind its last P V (1 and 2: correct,
+                        # 2-29% slower than 0 on the H200; docs/perf.md round 4); 3: tiles loaded and S issued
+                        # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
+                        # before P1 V1_R (3 and 4: compiled, not yet run on a GPU); `pipe` is then unused
 
 
 DEFAULT_TUNING = WsTuning()
