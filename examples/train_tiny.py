@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--drafter-xl-steps", type=int, default=250)
     ap.add_argument("--recall-share", type=float, default=0.25, help="share of recall segments in phases 1-2")
     ap.add_argument("--xl-recall-share", type=float, default=0.5, help="share of recall segments in the xl phase")
+    ap.add_argument("--copy-weight", type=float, default=1.0,
+                    help="weight of a passage asked for again (after its cue) in the target's loss")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-ctx", default="1024,16384,65536,131072,262144")
     ap.add_argument("--eval-dtypes", default="bfloat16")
@@ -48,14 +50,15 @@ def main() -> int:
     torch.use_deterministic_algorithms(True, warn_only=True)
     tok = WordTokenizer.default()
     t0 = time.perf_counter()
-    data = make_dataset(args.seq_len, args.sequences, args.seed, workers=8, recall_share=args.recall_share)
+    data = make_dataset(args.seq_len, args.sequences, args.seed, workers=8, recall_share=args.recall_share,
+                        copy_mask=True)
     scale = args.long_seq_len // args.seq_len
     long_data = make_dataset(args.long_seq_len, args.sequences // scale, args.seed + 1, workers=8,
-                             recall_share=args.recall_share)
+                             recall_share=args.recall_share, copy_mask=True)
     n_xl = max(args.xl_steps, args.drafter_xl_steps)
     xl_data = make_dataset(args.xl_seq_len, n_xl, args.seed + 4, workers=8, chunk=max(1, n_xl // 8),
-                           recall_share=args.xl_recall_share)
-    print(f"datasets {tuple(data.shape)}, {tuple(long_data.shape)} and {tuple(xl_data.shape)} in "
+                           recall_share=args.xl_recall_share, copy_mask=True)
+    print(f"datasets {tuple(data[0].shape)}, {tuple(long_data[0].shape)} and {tuple(xl_data[0].shape)} in "
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     eng = Engine("tiny", seed=args.seed, device=args.device, max_ctx=32768)  # random init from the seed
     if len(tok) > eng.config.target.vocab_size:
@@ -75,13 +78,13 @@ def main() -> int:
 
     tlog = chain(
         train_target(eng.target, TensorStream(data, args.seed), args.target_steps, args.batch, lr=args.lr,
-                     on_log=show, log_every=100),
+                     on_log=show, log_every=100, copy_weight=args.copy_weight),
         # phase 2: longer sequences at a quarter of the batch, so copying holds over long distances
         train_target(eng.target, TensorStream(long_data, args.seed + 2), args.long_steps, args.batch // scale,
-                     lr=args.lr / 2, on_log=show, log_every=100),
+                     lr=args.lr / 2, on_log=show, log_every=100, copy_weight=args.copy_weight),
         # phase 3: one 32k sequence a step, half of its segments passages asked for again from far back
         train_target(eng.target, TensorStream(xl_data, args.seed + 5), args.xl_steps, 1, lr=args.lr / 4,
-                     on_log=show, log_every=25))
+                     on_log=show, log_every=25, copy_weight=args.copy_weight))
     focus = tok.encode(REPEAT_PROMPT)[-1]  # anchors just after the request: the copy a drafter must find
     dlog = chain(
         train_drafter(eng.drafter, eng.target, TensorStream(long_data, args.seed + 3), args.drafter_steps,

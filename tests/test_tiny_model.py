@@ -129,3 +129,44 @@ def test_training_is_deterministic_and_learns():
     assert tla.loss == tlb.loss and dla.loss == dlb.loss
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert tla.loss[-1] < tla.loss[0] - 0.5
+
+
+def test_copy_mask_and_copy_weighted_loss():
+    """The copy mask marks exactly a passage asked for again, after its cue; copy_weight reweights the loss."""
+    from ddprobe.engine.tokenizer import WordTokenizer
+    from ddprobe.engine.traindata import COPY_CUE, REPEAT_PROMPT
+
+    tokens, mask = make_dataset(256, 12, seed=4, chunk=6, recall_share=0.6, copy_mask=True)
+    assert torch.equal(tokens, make_dataset(256, 12, seed=4, chunk=6, recall_share=0.6))  # same text either way
+    req = WordTokenizer.default().encode(REPEAT_PROMPT)
+    runs = 0
+    for seq, m in zip(tokens.tolist(), mask.tolist()):
+        i = 0
+        while i < len(m):
+            if not m[i]:
+                i += 1
+                continue
+            j = i
+            while j < len(m) and m[j]:
+                j += 1
+            start = i - COPY_CUE  # the copy's cue follows the request; the passage itself came before it
+            assert seq[start - len(req): start] == req
+            copied = seq[start:j]
+            assert any(seq[k: k + len(copied)] == copied for k in range(0, start - len(req) - len(copied) + 1))
+            runs += 1
+            i = j
+    assert runs >= 5 and 0.02 < mask.float().mean() < 0.5
+
+    def loss_of(weight):
+        eng = Engine("tiny", seed=0, max_ctx=512)
+        return train_target(eng.target, TensorStream((tokens, mask), 0), 1, 4, lr=1e-9, copy_weight=weight).loss[0]
+
+    stream = TensorStream((tokens, mask), 0)  # the batch train_target draws first
+    x = stream.batch(4)
+    with torch.no_grad():
+        logits, _ = target_forward_train(Engine("tiny", seed=0, max_ctx=512).target, x)
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten(), reduction="none")
+    w = 1.0 + 3.0 * stream.last_mask[:, 1:].flatten().float()
+    assert stream.last_mask.any()
+    assert abs(loss_of(4.0) - float((ce * w).sum() / w.sum())) < 1e-4
+    assert abs(loss_of(1.0) - float(ce.mean())) < 1e-4

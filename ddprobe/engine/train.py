@@ -104,14 +104,22 @@ def _fit(module: torch.nn.Module, name: str, steps: int, lr: float, loss_at, log
 
 
 def train_target(target: TargetModel, stream, steps: int, batch: int, lr: float = 3e-3, log_every: int = 25,
-                 on_log=None) -> TrainLog:
-    """Next-token cross-entropy on the stream's sequences."""
+                 on_log=None, copy_weight: float = 1.0) -> TrainLog:
+    """Next-token cross-entropy on the stream's sequences. copy_weight: the weight of the tokens the stream's
+    copy mask marks (a passage asked for again, after its cue: ``stream.last_mask``) in a weighted mean; the
+    copy signal is rare and a small target forms no induction without it (benchmarks/induction_sweep.py)."""
     dev = target.lm_head.weight.device
 
     def loss_at(step: int) -> torch.Tensor:
         tokens = stream.batch(batch).to(dev)
         logits, _ = target_forward_train(target, tokens)
-        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1))
+        ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1),
+                             reduction="none")
+        mask = getattr(stream, "last_mask", None)
+        if copy_weight == 1.0 or mask is None:
+            return ce.mean()
+        w = 1.0 + (copy_weight - 1.0) * mask[:, 1:].reshape(-1).to(dev, ce.dtype)
+        return (ce * w).sum() / w.sum()
 
     return _fit(target, "target", steps, lr, loss_at, log_every, on_log)
 

@@ -17,6 +17,7 @@ from .. import texts
 from .tokenizer import WordTokenizer
 
 REPEAT_PROMPT = "Repeat the passage from the start:"
+COPY_CUE = 4  # a passage asked for again: its first words are the cue (as in the probe), the rest the copy
 # Sentences that repeat in the training text. Random prose never repeats back to back, so the
 # target copies only a fixed refrain or a passage it is asked for: at temperature 0 its own novel
 # prose does not fall into a copy loop that a drafter could predict.
@@ -41,9 +42,16 @@ class TextStream:
         return out
 
     def sequence(self) -> list[int]:
+        return self.sequence_masked()[0]
+
+    def sequence_masked(self) -> tuple[list[int], list[int]]:
+        """(tokens, copy mask): the mask is 1 on a passage asked for again, after its first COPY_CUE tokens
+        (what only a copy predicts), else 0. The same tokens as ``sequence``."""
         rng, tok, n = self.rng, self.tok, self.seq_len
         seq = self._novel(rng.randint(8, 48))
+        copy = [0] * len(seq)
         while len(seq) < n:
+            copy += [0] * (len(seq) - len(copy))
             r = rng.random()
             novel = (1.0 - self.recall_share) * 2 / 3
             if r < novel:
@@ -54,23 +62,27 @@ class TextStream:
             else:  # recall: a passage, filler of any length, the request, the passage again
                 passage = self._novel(rng.randint(16, 64))
                 filler = self._novel(rng.randint(0, max(1, n // 2)))
-                seq += passage + filler + tok.encode(REPEAT_PROMPT) + passage
-        return seq[:n]
+                seq += passage + filler + tok.encode(REPEAT_PROMPT)
+                copy += [0] * (len(seq) - len(copy)) + [0] * min(COPY_CUE, len(passage))
+                copy += [1] * max(0, len(passage) - COPY_CUE)
+                seq += passage
+        copy += [0] * (len(seq) - len(copy))
+        return seq[:n], copy[:n]
 
     def batch(self, batch_size: int) -> torch.Tensor:
         return torch.tensor([self.sequence() for _ in range(batch_size)], dtype=torch.int64)  # [B, T]
 
 
-def _chunk(args) -> list[list[int]]:
+def _chunk(args) -> list[tuple[list[int], list[int]]]:
     seq_len, n, seed, recall_share = args
     stream = TextStream(WordTokenizer.default(), seq_len, seed, recall_share)
-    return [stream.sequence() for _ in range(n)]
+    return [stream.sequence_masked() for _ in range(n)]
 
 
 def make_dataset(seq_len: int, n_seqs: int, seed: int = 0, workers: int = 1, chunk: int = 256,
-                 recall_share: float = 0.25) -> torch.Tensor:
+                 recall_share: float = 0.25, copy_mask: bool = False):
     """[n_seqs, seq_len] int64 sequences; chunk i comes from seed (seed, i), so the result does not
-    depend on ``workers``."""
+    depend on ``workers``. copy_mask: also the [n_seqs, seq_len] bool copy masks (``sequence_masked``)."""
     jobs = [(seq_len, min(chunk, n_seqs - i), seed * 1_000_003 + i // chunk, recall_share)
             for i in range(0, n_seqs, chunk)]
     if workers > 1:
@@ -80,16 +92,22 @@ def make_dataset(seq_len: int, n_seqs: int, seed: int = 0, workers: int = 1, chu
             parts = pool.map(_chunk, jobs)
     else:
         parts = [_chunk(j) for j in jobs]
-    return torch.tensor([s for p in parts for s in p], dtype=torch.int64)
+    tokens = torch.tensor([s for p in parts for s, _ in p], dtype=torch.int64)
+    if not copy_mask:
+        return tokens
+    return tokens, torch.tensor([m for p in parts for _, m in p], dtype=torch.bool)
 
 
 class TensorStream:
-    """Batches drawn (seeded) from a pre-generated dataset: ``batch(b) -> [b, T]``."""
+    """Batches drawn (seeded) from a pre-generated dataset: ``batch(b) -> [b, T]``; with copy masks
+    ([n, T] bool, ``make_dataset(copy_mask=True)``), ``last_mask`` holds the last batch's."""
 
-    def __init__(self, data: torch.Tensor, seed: int = 0):
-        self.data = data
+    def __init__(self, data, seed: int = 0):
+        self.data, self.mask = data if isinstance(data, tuple) else (data, None)
         self.gen = torch.Generator().manual_seed(seed)
+        self.last_mask: torch.Tensor | None = None
 
     def batch(self, batch_size: int) -> torch.Tensor:
         idx = torch.randint(0, self.data.shape[0], (batch_size,), generator=self.gen)
+        self.last_mask = self.mask[idx] if self.mask is not None else None
         return self.data[idx]
