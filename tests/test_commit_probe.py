@@ -241,3 +241,27 @@ def test_recall_copied_counts_the_passage_words_after_the_cue():
     assert recall_copied(be, st) == (0, len(want))
     st.tokens = []
     assert recall_copied(be, st) is None
+
+
+def test_output_repeats_tells_a_loop_from_prose():
+    """A looping output (real tokenizer, the tiny target's kind of loop) against novel prose and the refrain."""
+    from ddprobe import texts
+    from ddprobe.probes.commit import REPEAT_SPAN, loop_notes, output_repeats
+    from ddprobe.probes.engine_backend import EngineBackend
+
+    be = EngineBackend(preset="tiny", max_ctx=2048)
+    prose = be.tokenize(texts.novel(120, seed=5))[:128]
+    assert output_repeats(prose) < 0.05  # the generator's prose does not repeat 5-token spans by chance
+    loop = be.tokenize("This humble hunter rarely carried this humble hunter around no proud fox. " * 12)[:128]
+    assert output_repeats(loop) > 0.8
+    cat = be.tokenize(texts.predictable(200))[:128]
+    assert output_repeats(cat) > 0.9  # the predictable refrain is a repeat by design (no note for it)
+    first = be.tokenize("The cat sat on the mat.")  # 7 tokens: the first repeat of one span is one hit
+    assert output_repeats(first + first[:REPEAT_SPAN]) == 1 / (len(first) + 1)
+    assert output_repeats(first[:REPEAT_SPAN]) is None and output_repeats([]) is None
+    rows = [{"text": "novel", "ctx": 1024, "commit_len": 3.74, "output_repeats": output_repeats(loop)},
+            {"text": "novel", "ctx": 16384, "commit_len": 1.6, "output_repeats": output_repeats(prose)},
+            {"text": "predictable", "ctx": 1024, "commit_len": 7.94, "output_repeats": output_repeats(cat)},
+            {"text": "novel", "ctx": 2048, "commit_len": 1.6, "output_repeats": None}]
+    notes = loop_notes(rows)
+    assert len(notes) == 1 and notes[0].startswith("novel @ 1k: ") and "(3.74)" in notes[0] and "looping" in notes[0]

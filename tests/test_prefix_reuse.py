@@ -77,8 +77,9 @@ def test_the_probe_measures_each_cell_as_it_would_alone(engine):
         assert (isinstance(r["recall_copied_words"], int) and 0 <= r["recall_copied_words"] <= 77) \
             if r["text"] == "recall" else r["recall_copied_words"] is None
         alone = cell_row(r["text"], r["ctx"], NEW, engine.generate(ids, NEW), engine.name)
+        assert 0.0 <= r["output_repeats"] <= 1.0
         for key in ("prompt_tokens", "completion_tokens", "verify_steps", "commit_len", "commit_len_p10",
-                    "commit_len_p90", "accepted_depth"):
+                    "commit_len_p90", "accepted_depth", "output_repeats"):
             assert r[key] == alone[key], (r["text"], r["ctx"], key)
 
 

@@ -74,7 +74,7 @@ def commit(
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
     from ..probes.backends import make_backend
-    from ..probes.commit import cell_order, check_contexts, run_commit_probe
+    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe
     from ..results import Result, ResultWriter, RunMeta
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
@@ -94,11 +94,14 @@ def commit(
     table, add = commit_table(f"commit length ({be.name}: {where})", narrow=columns() < WIDE_COLUMNS)
     with measured(table, len(ctxs) * len(kinds), est) as (display, live):
         try:
-            run_commit_probe(be, ctxs, kinds, max_new_tokens, writer, seed=eng.seed, on_cell=add, progress=display)
+            rows = run_commit_probe(be, ctxs, kinds, max_new_tokens, writer, seed=eng.seed, on_cell=add,
+                                    progress=display)
         finally:
             record_timing(writer, est, display)
             n = len(writer.result.rows)
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+    for line in loop_notes(rows):
+        err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
 
 
 def say_estimate(be, order, max_new_tokens: int, seed: int):

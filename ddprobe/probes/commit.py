@@ -38,6 +38,9 @@ DEFINITIONS = {
                   "tokens it actually committed; the prefill's first token belongs to no step: "
                   "(completion_tokens - 1) / verify_steps",
     "sglang_accept_length": "SGLang's completion_tokens / spec_verify_ct (counts the prefill's token)",
+    "output_repeats": "share of the output's tokens that continue a 5-token span already seen earlier in the output "
+                      "(0: no repeats, 1: a loop); on novel text a high value means the target is looping and commit "
+                      "length measures the loop",
     "recall_copied_words": "recall text: how many words the output begins with that equal the passage after its cue (the "
                            "target itself recalling it); a high commit length with few copied words is a drafter "
                            "agreeing with something else the target wrote",
@@ -150,6 +153,33 @@ def recall_copied(backend: Backend, st: GenStats, seed: int = 0) -> tuple[int, i
     return n, len(want)
 
 
+REPEAT_SPAN = 5  # tokens: a span of this length seen twice in an output is a repeat, not chance, in prose
+LOOP_NOTE_OVER = 0.5  # novel cells whose output repeats more than this get a note
+
+
+def output_repeats(tokens: Sequence[int], span: int = REPEAT_SPAN) -> float | None:
+    """Share of the output's tokens (from the span-th on) that end a ``span``-token run already seen earlier in
+    the same output: 0 for prose that never repeats, near 1 once greedy decoding is in a loop. None when the
+    output is too short to tell (or its tokens are unknown)."""
+    if len(tokens) <= span:
+        return None
+    seen: set[tuple[int, ...]] = set()
+    hits = 0
+    for i in range(span, len(tokens) + 1):
+        gram = tuple(tokens[i - span:i])
+        hits += gram in seen
+        seen.add(gram)
+    return hits / (len(tokens) - span + 1)
+
+
+def loop_notes(rows: Sequence[dict]) -> list[str]:
+    """One line per novel cell whose output loops (``output_repeats`` over ``LOOP_NOTE_OVER``)."""
+    return [f"novel @ {fmt_tokens(r['ctx'])}: {r['output_repeats']:.0%} of the output repeats its own earlier "
+            f"{REPEAT_SPAN}-token spans: the target is looping, so commit length there ({r['commit_len']:.2f}) "
+            "measures the loop, not novel text"
+            for r in rows if r.get("text") == "novel" and (r.get("output_repeats") or 0.0) > LOOP_NOTE_OVER]
+
+
 def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: str) -> dict[str, Any]:
     """One results row; keys carry units."""
     row: dict[str, Any] = {
@@ -161,6 +191,7 @@ def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: st
         "commit_len_std": None, "commit_len_p10": None, "commit_len_p90": None,
         "drafts_per_step": st.drafts_per_step, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
         "e2e_s": st.e2e_s, "decode_ms_per_step": None, "tokens_per_s": None,
+        "output_repeats": output_repeats(st.tokens),
     }
     if st.commit_lens:
         row["commit_len_std"] = statistics.pstdev(st.commit_lens)
