@@ -94,6 +94,8 @@ def test_sglang_live_response_older_keys(serve):
     # no histogram in this key set; spec_draft_token_num (940 = 188 x 5) is not read as drafts per step
     assert st.commit_lens == [] and st.drafts_per_step is None
     assert st.extra["reported_spec_accept_rate"] == pytest.approx(11 / 940)
+    assert st.reused_tokens == meta["cached_tokens"] == 0  # prompt tokens from SGLang's prefix cache
+    assert st.tokens == []  # the recorded answer's output_ids were trimmed from the copy (SOURCES.md)
 
 
 def meta_33518(**renames) -> dict:
@@ -116,6 +118,26 @@ def test_sglang_live_spec_fields_with_histogram(serve):
     assert [lens.count(n) for n in (1, 2, 3, 4, 5, 6)] == [11, 14, 11, 4, 0, 3]
     # the histogram's steps commit 43 + 63 = 106 tokens: one more than the 105 after the prefill's token
     assert sum(lens) == 43 + 63 == 106
+
+
+def test_sglang_prefix_cache_and_output_ids(serve):
+    """Constructed around the live spec fields: a second request whose prompt SGLang found in its radix cache
+    (``cached_tokens``) and an answer that carries ``output_ids`` (as the live 13754 answer did, trimmed there)."""
+    meta = meta_33518()
+    meta.update(prompt_tokens=2048, cached_tokens=1024)
+    ids = [7, 8, 9, 10, 11] * 21 + [7]  # 106 ids: a loop
+    url = serve({"/generate": [{"text": "", "output_ids": ids, "meta_info": meta}]})
+    st = SGLangBackend(url).generate(list(range(2048)), 106)
+    assert st.reused_tokens == 1024 and st.tokens == ids
+    from ddprobe.probes.commit import cell_row
+
+    row = cell_row("novel", 2048, 106, st, "sglang")
+    assert row["reused_tokens"] == 1024 and row["output_repeats"] > 0.9
+    for bad in (-1, 4096, True, "1024"):  # not a count of this prompt's tokens: left unknown
+        meta["cached_tokens"] = bad
+        url = serve({"/generate": [{"text": "", "output_ids": ["x"], "meta_info": meta}]})
+        st = SGLangBackend(url).generate(list(range(2048)), 106)
+        assert st.reused_tokens is None and st.tokens == []
 
 
 def test_sglang_older_aliases_and_missing_spec_fields(serve):

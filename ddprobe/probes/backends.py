@@ -52,7 +52,7 @@ class GenStats:
     accepted_tokens: float | None = None  # accepted draft tokens over all steps, where only a total is known
     drafts_per_step: float | None = None  # draft nodes proposed per step (tree size)
     prefill_s: float | None = None  # with a reused prefix: the tokens prefilled only
-    reused_tokens: int | None = None  # prompt tokens taken from the cache kept by the previous request (engine)
+    reused_tokens: int | None = None  # prompt tokens from a cache: the previous request's (engine), SGLang's cached_tokens
     decode_s: float | None = None
     e2e_s: float | None = None
     tokens: list[int] = field(default_factory=list)

@@ -2,6 +2,8 @@
 ``spec_correct_drafts_histogram`` / its older alias ``spec_accept_histogram``, index = draft tokens
 accepted in a step). commit_len = (completion_tokens - 1) / spec_verify_ct; SGLang's own
 ``spec_accept_length`` (= completion_tokens / spec_verify_ct) is kept as ``sglang_accept_length``.
+``cached_tokens`` (prompt tokens from its prefix cache) is ``reused_tokens``; ``output_ids``, when the answer
+has them, are the generated tokens.
 """
 from __future__ import annotations
 
@@ -56,6 +58,12 @@ class SGLangBackend(_Http):
         stats = GenStats(prompt_tokens=int(meta.get("prompt_tokens", len(input_ids))), completion_tokens=completion,
                          verify_steps=verify, e2e_s=float(meta.get("e2e_latency", e2e)),
                          commit_mean=(completion - 1) / verify)
+        cached = meta.get("cached_tokens")  # prompt tokens served from SGLang's prefix (radix) cache
+        if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached <= stats.prompt_tokens:
+            stats.reused_tokens = cached
+        out_ids = d.get("output_ids")  # the generated ids (output_repeats); absent on some versions
+        if isinstance(out_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in out_ids):
+            stats.tokens = list(out_ids)
         hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
         if isinstance(hist, list) and hist and all(isinstance(h, int) and not isinstance(h, bool) for h in hist):
             # SGLang: histogram[i] = verify steps that accepted i draft tokens (committed i + 1); the spread only
