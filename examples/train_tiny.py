@@ -45,6 +45,8 @@ def main() -> int:
     ap.add_argument("--eval-new", type=int, default=128)
     ap.add_argument("--out", type=Path, default=weights.preset_dir("tiny"))
     args = ap.parse_args()
+    if args.copy_weight <= 0:
+        ap.error(f"--copy-weight must be > 0, got {args.copy_weight}")
 
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)

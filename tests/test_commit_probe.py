@@ -262,6 +262,9 @@ def test_output_repeats_tells_a_loop_from_prose():
     rows = [{"text": "novel", "ctx": 1024, "commit_len": 3.74, "output_repeats": output_repeats(loop)},
             {"text": "novel", "ctx": 16384, "commit_len": 1.6, "output_repeats": output_repeats(prose)},
             {"text": "predictable", "ctx": 1024, "commit_len": 7.94, "output_repeats": output_repeats(cat)},
-            {"text": "novel", "ctx": 2048, "commit_len": 1.6, "output_repeats": None}]
+            {"text": "novel", "ctx": 2048, "commit_len": 1.6, "output_repeats": None},
+            # the tiny target's own novel prose repeats phrases (0.77-0.85 on the CPU) that its drafter does not
+            # predict (commit 1.5): no note
+            {"text": "novel", "ctx": 4096, "commit_len": 1.51, "output_repeats": 0.85}]
     notes = loop_notes(rows)
-    assert len(notes) == 1 and notes[0].startswith("novel @ 1k: ") and "(3.74)" in notes[0] and "looping" in notes[0]
+    assert len(notes) == 1 and notes[0].startswith("novel @ 1k: ") and "3.74" in notes[0] and "looping" in notes[0]

@@ -91,6 +91,10 @@ def test_fp32_logits_in_bf16():
     assert ties_r > 0.3, ties_r  # the rounding this setting removes (70% of rows at 1k)
     assert (top_f[:, 0] == top_f[:, 1]).float().mean() < 0.02
     assert (fp32.argmax(-1) == exact.argmax(-1)).float().mean() > 0.98
+    # greedy DDTree in bf16 with these logits still reproduces plain greedy decoding token for token
+    for kind in ("novel", "predictable"):
+        ids = prompt_ids(be, kind, 700, seed=4)
+        assert be.engine.generate(ids, 64).tokens == be.engine.greedy_reference(ids, 64)
 
 
 def test_training_forwards_compute_the_engine_functions():
@@ -170,3 +174,8 @@ def test_copy_mask_and_copy_weighted_loss():
     assert stream.last_mask.any()
     assert abs(loss_of(4.0) - float((ce * w).sum() / w.sum())) < 1e-4
     assert abs(loss_of(1.0) - float(ce.mean())) < 1e-4
+    eng = Engine("tiny", seed=0, max_ctx=512)
+    with pytest.raises(ValueError, match="copy masks"):  # no masks to weigh by: refused, not ignored
+        train_target(eng.target, TensorStream(tokens, 0), 1, 4, copy_weight=4.0)
+    with pytest.raises(ValueError, match="copy_weight must be > 0"):
+        train_target(eng.target, TensorStream((tokens, mask), 0), 1, 4, copy_weight=-1.0)

@@ -109,16 +109,19 @@ def train_target(target: TargetModel, stream, steps: int, batch: int, lr: float 
     copy mask marks (a passage asked for again, after its cue: ``stream.last_mask``) in a weighted mean; the
     copy signal is rare and a small target forms no induction without it (benchmarks/induction_sweep.py)."""
     dev = target.lm_head.weight.device
+    if copy_weight <= 0:
+        raise ValueError(f"copy_weight must be > 0, got {copy_weight}")
+    if copy_weight != 1.0 and getattr(stream, "mask", None) is None:
+        raise ValueError("copy_weight needs a stream with copy masks (TensorStream over make_dataset(copy_mask=True))")
 
     def loss_at(step: int) -> torch.Tensor:
         tokens = stream.batch(batch).to(dev)
         logits, _ = target_forward_train(target, tokens)
         ce = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1),
                              reduction="none")
-        mask = getattr(stream, "last_mask", None)
-        if copy_weight == 1.0 or mask is None:
+        if copy_weight == 1.0:
             return ce.mean()
-        w = 1.0 + (copy_weight - 1.0) * mask[:, 1:].reshape(-1).to(dev, ce.dtype)
+        w = 1.0 + (copy_weight - 1.0) * stream.last_mask[:, 1:].reshape(-1).to(dev, ce.dtype)
         return (ce * w).sum() / w.sum()
 
     return _fit(target, "target", steps, lr, loss_at, log_every, on_log)

@@ -19,8 +19,8 @@ from .tokenizer import WordTokenizer
 REPEAT_PROMPT = "Repeat the passage from the start:"
 COPY_CUE = 4  # a passage asked for again: its first words are the cue (as in the probe), the rest the copy
 # Sentences that repeat in the training text. Random prose never repeats back to back, so the
-# target copies only a fixed refrain or a passage it is asked for: at temperature 0 its own novel
-# prose does not fall into a copy loop that a drafter could predict.
+# target learns to repeat only a fixed refrain (and, where it learns to copy, a passage asked for): at
+# temperature 0 its own novel prose repeats phrases, but not sentences a drafter could predict.
 FIXED = [texts.PREDICTABLE_SENTENCE, "The old river slowly followed the quiet valley.",
          "Every child watched the bright lantern.", "A small fox gladly crossed the green meadow."]
 

@@ -39,8 +39,8 @@ DEFINITIONS = {
                   "(completion_tokens - 1) / verify_steps",
     "sglang_accept_length": "SGLang's completion_tokens / spec_verify_ct (counts the prefill's token)",
     "output_repeats": "share of the output's tokens that continue a 5-token span already seen earlier in the output "
-                      "(0: no repeats, 1: a loop); on novel text a high value means the target is looping and commit "
-                      "length measures the loop",
+                      "(0: no repeats, 1: a loop); on novel text, high together with a high commit length means the "
+                      "target is likely looping and commit length measures the loop",
     "recall_copied_words": "recall text: how many words the output begins with that equal the passage after its cue (the "
                            "target itself recalling it); a high commit length with few copied words is a drafter "
                            "agreeing with something else the target wrote",
@@ -154,7 +154,9 @@ def recall_copied(backend: Backend, st: GenStats, seed: int = 0) -> tuple[int, i
 
 
 REPEAT_SPAN = 5  # tokens: a span of this length seen twice in an output is a repeat, not chance, in prose
-LOOP_NOTE_OVER = 0.5  # novel cells whose output repeats more than this get a note
+LOOP_NOTE_OVER = 0.5  # novel cells whose output repeats more than this get a note...
+LOOP_NOTE_COMMIT = 2.5  # ...when their commit length is also this high (a small model's novel prose repeats
+                        # phrases, "this humble hunter ... this humble hunter", that no drafter predicts)
 
 
 def output_repeats(tokens: Sequence[int], span: int = REPEAT_SPAN) -> float | None:
@@ -173,11 +175,13 @@ def output_repeats(tokens: Sequence[int], span: int = REPEAT_SPAN) -> float | No
 
 
 def loop_notes(rows: Sequence[dict]) -> list[str]:
-    """One line per novel cell whose output loops (``output_repeats`` over ``LOOP_NOTE_OVER``)."""
+    """One line per novel cell whose output repeats itself (``output_repeats`` over ``LOOP_NOTE_OVER``) and whose
+    commit length is high (at least ``LOOP_NOTE_COMMIT``): there the drafter is likely predicting the repeats."""
     return [f"novel @ {fmt_tokens(r['ctx'])}: {r['output_repeats']:.0%} of the output repeats its own earlier "
-            f"{REPEAT_SPAN}-token spans: the target is looping, so commit length there ({r['commit_len']:.2f}) "
-            "measures the loop, not novel text"
-            for r in rows if r.get("text") == "novel" and (r.get("output_repeats") or 0.0) > LOOP_NOTE_OVER]
+            f"{REPEAT_SPAN}-token spans and commit length is {r['commit_len']:.2f}: the target is likely looping, "
+            "and commit length there measures the loop, not novel text"
+            for r in rows if r.get("text") == "novel" and (r.get("output_repeats") or 0.0) > LOOP_NOTE_OVER
+            and (r.get("commit_len") or 0.0) >= LOOP_NOTE_COMMIT]
 
 
 def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: str) -> dict[str, Any]:

@@ -49,7 +49,7 @@ class WsTuning:
                         # same, warpgroup 0 issuing S of its next tile behind its last P V (1 and 2: correct,
                         # 2-29% slower than 0 on the H200; docs/perf.md round 4); 3: tiles loaded and S issued
                         # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
-                        # before P1 V1_R (3 and 4: correct on the H200, 6-16% slower than 1); `pipe` is then unused
+                        # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); `pipe` is then unused
 
 
 DEFAULT_TUNING = WsTuning()
