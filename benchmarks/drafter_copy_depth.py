@@ -128,11 +128,12 @@ def main() -> int:
     ap.add_argument("--min-gap", type=int, default=256, help="filler tokens between the passage and the request")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--windows", default="", help="drafter windows to train (default: 128 and one past the sequence)")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     out = {"device": a.device, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "args": vars(a) | {
         "out": str(a.out)}, "results": []}
-    for window in (128, a.seq_len + 64):
+    for window in [int(w) for w in a.windows.split(",") if w] or (128, a.seq_len + 64):
         out["results"].append(train_and_score(window, a.steps, a.seed, a.seq_len, a.min_gap, a.device))
         a.out.write_text(json.dumps(out, indent=1))
     print("\n| drafter | " + " | ".join(f"k={k}" for k in range(1, 8)) + " | mean correct run |")
