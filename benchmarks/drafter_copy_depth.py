@@ -12,9 +12,10 @@ and the mean run of correct positions from the first (what a chain of drafts wou
 
     PYTHONPATH=$PWD python benchmarks/drafter_copy_depth.py --out $OUT/drafter_copy_depth.json   # CPU: ~14 min
 
-On the 2-core CPU (2026-12-01, 600 steps of 4 sequences x 16 anchor blocks each): neither drafter learned to copy
-(accuracy 0.07-0.13 at every position, the grammar's rate; mean correct run 0.13 and 0.14), so that run says
-nothing about one hop against two; it needs many more steps (a GPU: --steps 5000 or more).
+On the 2-core CPU (2026-12-01, 4 sequences x 16 anchor blocks a step): neither drafter learned to copy, in 600
+steps (accuracy 0.07-0.13 at every position, the grammar's rate; mean correct run 0.13 and 0.14) nor in 2,000
+(0.07-0.13; 0.09 and 0.10), so these runs say nothing about one hop against two. A GPU run with far more steps,
+and a target that copies, is what would.
 
 Prints a table last.
 """
