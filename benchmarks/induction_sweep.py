@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import time
 from pathlib import Path
 
@@ -26,48 +25,23 @@ from ddprobe import texts
 from ddprobe.engine.generate import Engine
 from ddprobe.engine.tokenizer import WordTokenizer
 from ddprobe.engine.train import _lr
-from ddprobe.engine.traindata import FIXED, REPEAT_PROMPT
+from ddprobe.engine.traindata import COPY_CUE, REPEAT_PROMPT, TextStream
 
 TOK = WordTokenizer.default()
 REQ = TOK.encode(REPEAT_PROMPT)
-CUE = 4
+CUE = COPY_CUE
 
 
 class Stream:
-    """The training text of traindata.TextStream, with a weight per token (w on a repeated passage after its cue)."""
+    """The training text (traindata.TextStream) with a weight per token: w on a repeated passage after its cue."""
 
-    def __init__(self, seq_len: int, recall: float, w: float, seed: int, passage=(16, 64)):
-        self.t, self.recall, self.w, self.passage = seq_len, recall, w, passage
-        self.rng = random.Random(seed)
-
-    def novel(self, n):
-        out = []
-        while len(out) < n:
-            out += TOK.encode(texts.sentence(self.rng))
-        return out
-
-    def seq(self):
-        rng, t = self.rng, self.t
-        s = self.novel(rng.randint(8, 48))
-        w = [1.0] * len(s)
-        while len(s) < t:
-            r = rng.random()
-            if r < (1 - self.recall) * 2 / 3:
-                x = self.novel(rng.randint(8, 96))
-                s, w = s + x, w + [1.0] * len(x)
-            elif r < 1 - self.recall:
-                x = TOK.encode(FIXED[0] if rng.random() < .5 else rng.choice(FIXED[1:])) * rng.randint(3, 40)
-                s, w = s + x, w + [1.0] * len(x)
-            else:
-                p = self.novel(rng.randint(*self.passage))
-                f = self.novel(rng.randint(0, max(1, t // 2)))
-                s = s + p + f + REQ + p
-                w = w + [1.0] * (len(p) + len(f) + len(REQ) + min(CUE, len(p))) + [self.w] * max(0, len(p) - CUE)
-        return s[:t], w[:t]
+    def __init__(self, seq_len: int, recall: float, w: float, seed: int):
+        self.text, self.w = TextStream(TOK, seq_len, seed, recall), w
 
     def batch(self, b, dev):
-        xs, ws = zip(*[self.seq() for _ in range(b)])
-        return torch.tensor(xs, device=dev), torch.tensor(ws, device=dev)
+        xs, ms = zip(*[self.text.sequence_masked() for _ in range(b)])
+        w = 1.0 + (self.w - 1.0) * torch.tensor(ms, dtype=torch.float32, device=dev)
+        return torch.tensor(xs, device=dev), w
 
 
 def recall_case(n_tokens: int, seed: int):
@@ -101,7 +75,7 @@ def train(recipe: dict, dev) -> tuple:
     t0 = time.perf_counter()
     for phase in recipe["phases"]:  # (seq_len, batch, steps, recall share, lr factor)
         t, b, steps, recall, lrf = phase
-        st = Stream(t, recall, recipe["w"], seed=len(log) + 17, passage=recipe.get("passage", (16, 64)))
+        st = Stream(t, recall, recipe["w"], seed=len(log) + 17)
         for step in range(steps):
             for g in opt.param_groups:
                 g["lr"] = _lr(step, steps, recipe["lr"] * lrf)

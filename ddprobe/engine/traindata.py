@@ -48,8 +48,7 @@ class TextStream:
         """(tokens, copy mask): the mask is 1 on a passage asked for again, after its first COPY_CUE tokens
         (what only a copy predicts), else 0. The same tokens as ``sequence``."""
         rng, tok, n = self.rng, self.tok, self.seq_len
-        seq = self._novel(rng.randint(8, 48))
-        copy = [0] * len(seq)
+        seq, copy = self._novel(rng.randint(8, 48)), []
         while len(seq) < n:
             copy += [0] * (len(seq) - len(copy))
             r = rng.random()
