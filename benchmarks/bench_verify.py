@@ -234,6 +234,7 @@ def bench_step(args, ceil, results):
     floor = floor_of(bytes_step, flops_step, ceil)
     todo = [(name, "") for name in args.paths if name in ("split", "paged") and name not in args.step_skip]
     todo += [("split", v) for v in args.step_variants if v]
+    todo += [("split_ws", v) for v in args.ws_step_variants if v]
     for name in [p for p in args.paths if (p in GENERIC or p in peers.PEERS) and p not in args.step_skip]:
         try:
             if name in GENERIC:
@@ -317,11 +318,13 @@ def main() -> int:
     ap.add_argument("--paged-max-ctx", type=token_list, default=[256 * 1024])
     ap.add_argument("--paged-heads", default="", help="time paged only at these head counts (default: all)")
     ap.add_argument("--step-variants", default="", help="';'-separated split tuning overrides also timed in the 61-layer step")
+    ap.add_argument("--ws-step-variants", default="", help="';'-separated split_ws tuning overrides also timed in the 61-layer step")
     ap.add_argument("--step-skip", default="", help="paths left out of the 61-layer step, e.g. 'paged'")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_verify.json"))
     args = ap.parse_args()
     args.step_ctx = args.step_ctx[0]
     args.step_variants = args.step_variants.split(";") if args.step_variants else []
+    args.ws_step_variants = args.ws_step_variants.split(";") if args.ws_step_variants else []
     args.step_skip = [p for p in args.step_skip.split(",") if p]
     paged_heads = [int(h) for h in args.paged_heads.split(",") if h]
     args.paths = [p for p in args.paths.split(",") if p]

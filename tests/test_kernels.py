@@ -326,3 +326,27 @@ def test_device_plan_errors():
         split.plan(torch.zeros(1, dtype=torch.int32, device=DEV), mask)
     with pytest.raises(ValueError, match="int32"):
         split.plan(torch.zeros(1, dtype=torch.int64, device=DEV), mask, max_prefix=10)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bm,chunk,bv,warps", [(16, 8, 0, 4), (8, 64, 0, 8), (32, 16, 64, 4), (16, 32, 16, 4)])
+def test_ws_merge_shapes_match_torch(bm, chunk, bv, warps):
+    """split_ws's merge knobs (rows and value columns per program, partials per step, warps) on random
+    partials, some splits empty (lse -inf, their partials never written: NaN), against the merge in torch:
+    out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the splits and the tree part (last index)."""
+    from ddprobe.engine.kernels import split_ws
+    g = torch.Generator().manual_seed(bm * 100 + chunk)
+    r, h, v, ns = 9, 8, 512, 13
+    hq = r * h
+    o = torch.randn(ns + 1, hq, v, generator=g)
+    lse = torch.randn(ns + 1, hq, generator=g) * 4
+    empty = torch.tensor([2, 7, 12])
+    lse[empty] = float("-inf")
+    o[empty] = float("nan")
+    w = torch.exp2(lse - lse.max(0).values)
+    want = (torch.nan_to_num(o) * w[..., None]).sum(0) / w.sum(0)[:, None]
+    p = split_ws.plan(4000, shape_mask("lopsided", r - 1), None, v, tuning=split_ws.WsTuning(
+        merge_block_m=bm, merge_split_chunk=chunk, merge_bv=bv, merge_warps=warps))
+    out = torch.empty(r, h, v, device=DEV)
+    split_ws.launch_merge((o.to(DEV), lse.to(DEV)), ns, out, p)
+    assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)

@@ -195,9 +195,14 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
                      prefix_len, R, chunk, Hq, H, qk_scale,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                      STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr,
-                     FOLD: gl.constexpr):
+                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
-    (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits."""
+    (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits. TRIGGER: let a programmatic
+    dependent launch (the merge, which then waits on griddepcontrol.wait) as soon as every program has
+    started, so its programs take the SMs this grid leaves free and those freed as programs finish."""
+    if TRIGGER:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * BLOCK_M

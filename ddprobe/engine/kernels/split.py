@@ -260,14 +260,17 @@ def _split_prefix_kernel(
 @triton.jit
 def _merge_kernel(
     O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the prefix splits 0 .. num_splits - 1
     and the tree part at index num_splits, in one online pass whose running max M starts at the tree
     part's lse (finite: every row sees itself). The partial loads of a chunk depend neither on each
     other nor on the running state: an empty split's O_part was never written, so its value is
     discarded with tl.where rather than masked on its lse (which would chain a second global load
-    behind the first)."""
+    behind the first). PDL (GPU only): launched as a programmatic dependent of the prefix kernel, it waits
+    here for that kernel's partials (griddepcontrol.wait) instead of behind its launch."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -4,7 +4,8 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
   1. ``_ws_gluon.ws_prefix_kernel``, grid (cdiv(Hq, 64), splits + 1): per 64 folded query rows and chunk of
      the prefix, a TMA loader warp feeding a ring of KV stages, warpgroup 0 doing S and the softmax and half
      of P V, warpgroup 1 the other half of P V (see that module). The last split index is the tree part.
-  2. `split`'s ``_merge_kernel``: the log-sum-exp merge of the partials (same buffers, same layout).
+  2. `split`'s ``_merge_kernel``: the log-sum-exp merge of the partials (same buffers, same layout); with
+     ``WsTuning.pdl`` launched as a programmatic dependent of step 1, so its launch overlaps step 1's tail.
 It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the
 MLA widths the kernel is written for (v_dim 512, rope 64, rope a power of two); anything else is a one-line
 ValueError. There is no interpreter path: Gluon does not run under TRITON_INTERPRET; `split` is the
@@ -50,6 +51,14 @@ class WsTuning:
                         # 2-29% slower than 0 on the H200; docs/perf.md round 4); 3: tiles loaded and S issued
                         # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
                         # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); `pipe` is then unused
+    merge_block_m: int = MERGE_BLOCK_M      # the merge kernel (split's _merge_kernel): folded rows per program,
+    merge_split_chunk: int = MERGE_SPLIT_CHUNK  # partials loaded per step of its online pass,
+    merge_warps: int = 4                    # warps per program,
+    merge_bv: int = 0                       # value columns per program (0: halve 512 until the grid fills the SMs)
+    pdl: int = 0                            # 1: launch the merge as a programmatic dependent of the prefix kernel
+                                            # (griddepcontrol: its launch overlaps the prefix kernel's tail);
+                                            # 2: also trigger it from the prefix kernel's start (not seesaw), so
+                                            # its programs wait on the SMs the prefix grid leaves or frees
 
 
 DEFAULT_TUNING = WsTuning()
@@ -136,9 +145,9 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0):
             desc(kv, [rows, v], [BLOCK_N, kv_w]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
 
 
-def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
-    """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a dict
-    to receive the compiled kernels' reports under "prefix" and "merge"."""
+def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
+    """Check the inputs and launch the prefix kernel; returns (partials, number of prefix partials, Hq):
+    the merge combines partials 0 .. n - 1 with the tree part's at index n."""
     check_run_args(q, kv, p)
     check_dims(q, kv, p.v_dim, name)
     if p.extra.get("path") != name:
@@ -154,7 +163,8 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     t = p.tuning
     cfg = p.extra["config"] if planned else choose_config(p.prefix_len, hq, p.extra["sm_count"], t.min_chunk, t.fold_tree)
     gs = cfg["grid_splits"]  # partials 0 .. gs - 1; the merge starts from the last (finite lse: the tree columns)
-    o_part, lse_part = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device)
+    parts = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device)
+    o_part, lse_part = parts
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
@@ -169,17 +179,42 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     else:
         k = ws_prefix_kernel[(cfg["n_qb"], gs)](
             *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
-            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], num_warps=4,
+            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], TRIGGER=t.pdl >= 2, num_warps=4,
         )
-    out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
-    n_mb = triton.cdiv(hq, MERGE_BLOCK_M)
-    bv = p.v_dim
-    while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
-        bv //= 2
-    k2 = _merge_kernel[(n_mb, p.v_dim // bv)](
-        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), hq, h, gs - 1,
-        BLOCK_M=MERGE_BLOCK_M, BLOCK_V=bv, SPLIT_CHUNK=MERGE_SPLIT_CHUNK, num_warps=4, num_stages=2,
+    if meta is not None:
+        meta["prefix"] = kernel_meta(k)
+    return parts, gs - 1, hq
+
+
+def merge_grid(hq: int, v_dim: int, t: WsTuning, sms: int) -> tuple[int, int]:
+    """(row blocks, value-column blocks) of the merge: merge_bv columns, or halve v_dim until the grid fills the SMs."""
+    n_mb = triton.cdiv(hq, t.merge_block_m)
+    bv = t.merge_bv or v_dim
+    if not t.merge_bv:
+        while bv > 16 and n_mb * (v_dim // bv) < sms:
+            bv //= 2
+    return n_mb, bv
+
+
+def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
+    """The log-sum-exp merge of the partials into out [R, H, v_dim] (split's _merge_kernel)."""
+    o_part, lse_part = parts
+    r, h, _ = out.shape
+    t = p.tuning
+    n_mb, bv = merge_grid(r * h, p.v_dim, t, p.extra["sm_count"])
+    k = _merge_kernel[(n_mb, p.v_dim // bv)](
+        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits,
+        BLOCK_M=t.merge_block_m, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, PDL=bool(t.pdl),
+        num_warps=t.merge_warps, num_stages=2, launch_pdl=bool(t.pdl),
     )
     if meta is not None:
-        meta["prefix"], meta["merge"] = kernel_meta(k), kernel_meta(k2)
+        meta["merge"] = kernel_meta(k)
     return out
+
+
+def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
+    """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a dict
+    to receive the compiled kernels' reports under "prefix" and "merge"."""
+    parts, n_splits, _ = launch_prefix(q, kv, p, sm_scale, meta)
+    out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
+    return launch_merge(parts, n_splits, out, p, meta)
