@@ -329,9 +329,12 @@ def test_device_plan_errors():
 
 
 @needs_kernels
-@pytest.mark.parametrize("bm,chunk,bv,warps", [(16, 8, 0, 4), (8, 64, 0, 8), (32, 16, 64, 4), (16, 32, 16, 4)])
-def test_ws_merge_shapes_match_torch(bm, chunk, bv, warps):
-    """split_ws's merge knobs (rows and value columns per program, partials per step, warps) on random
+@pytest.mark.parametrize("kind,bm,chunk,bv,warps", [(0, 16, 8, 0, 4), (0, 8, 64, 0, 8), (0, 32, 16, 64, 4),
+                                                     (0, 16, 32, 16, 4), (1, 16, 1, 0, 4), (1, 8, 4, 0, 2),
+                                                     (1, 16, 16, 64, 4)])
+def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
+    """split_ws's merges (split's online one and the flat one) and their knobs (rows and value columns per
+    program, partials per step, warps) on random
     partials, some splits empty (lse -inf, their partials never written: NaN), against the merge in torch:
     out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the splits and the tree part (last index)."""
     from ddprobe.engine.kernels import split_ws
@@ -346,7 +349,7 @@ def test_ws_merge_shapes_match_torch(bm, chunk, bv, warps):
     w = torch.exp2(lse - lse.max(0).values)
     want = (torch.nan_to_num(o) * w[..., None]).sum(0) / w.sum(0)[:, None]
     p = split_ws.plan(4000, shape_mask("lopsided", r - 1), None, v, tuning=split_ws.WsTuning(
-        merge_block_m=bm, merge_split_chunk=chunk, merge_bv=bv, merge_warps=warps))
+        merge_block_m=bm, merge_split_chunk=chunk, merge_bv=bv, merge_warps=warps, merge_kind=kind))
     out = torch.empty(r, h, v, device=DEV)
     split_ws.launch_merge((o.to(DEV), lse.to(DEV)), ns, out, p)
     assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)

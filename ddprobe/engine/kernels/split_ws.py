@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
-from ._common import check_dims, check_rows, interpreting, kernel_meta, sm_count
+from ._common import check_dims, check_rows, interpreting, kernel_meta, next_pow2, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 from .split import LOG2E, _merge_kernel, _partials, mask_bits
 
@@ -55,6 +56,10 @@ class WsTuning:
     merge_split_chunk: int = MERGE_SPLIT_CHUNK  # partials loaded per step of its online pass,
     merge_warps: int = 4                    # warps per program,
     merge_bv: int = 0                       # value columns per program (0: halve 512 until the grid fills the SMs)
+    merge_kind: int = 0                     # 0: split's online merge (a running maximum, partials in steps of
+                                            # merge_split_chunk); 1: _merge_flat_kernel (the maximum of all lse
+                                            # first, then partials in steps with no rescale chain between them)
+    merge_stages: int = 2                   # software-pipeline depth of the merge's loop over partials
     pdl: int = 0                            # 1: launch the merge as a programmatic dependent of the prefix kernel
                                             # (griddepcontrol: its launch overlaps the prefix kernel's tail);
                                             # 2: also trigger it from the prefix kernel's start (not seesaw), so
@@ -202,14 +207,62 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
     r, h, _ = out.shape
     t = p.tuning
     n_mb, bv = merge_grid(r * h, p.v_dim, t, p.extra["sm_count"])
-    k = _merge_kernel[(n_mb, p.v_dim // bv)](
-        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits,
-        BLOCK_M=t.merge_block_m, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, PDL=bool(t.pdl),
-        num_warps=t.merge_warps, num_stages=2, launch_pdl=bool(t.pdl),
-    )
+    args = (o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits)
+    if t.merge_kind:
+        # every split count this head count can get (choose_config: at most sms // row blocks, + the tree part)
+        s_max = next_pow2(max(n_splits + 1, p.extra["sm_count"] // triton.cdiv(r * h, BLOCK_M) + 1))
+        k = _merge_flat_kernel[(n_mb, p.v_dim // bv)](
+            *args, BLOCK_M=t.merge_block_m, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, S_MAX=s_max,
+            STAGES=t.merge_stages, PDL=bool(t.pdl), num_warps=t.merge_warps, launch_pdl=bool(t.pdl),
+        )
+    else:
+        k = _merge_kernel[(n_mb, p.v_dim // bv)](
+            *args, BLOCK_M=t.merge_block_m, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, PDL=bool(t.pdl),
+            num_warps=t.merge_warps, num_stages=t.merge_stages, launch_pdl=bool(t.pdl),
+        )
     if meta is not None:
         meta["merge"] = kernel_meta(k)
     return out
+
+
+@triton.jit
+def _merge_flat_kernel(
+    O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, S_MAX: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr,
+):
+    """The same merge as split's _merge_kernel (partials 0 .. num_splits - 1 of the prefix, the tree part's at
+    num_splits), in two steps: the maximum M of all num_splits + 1 lse values of a row and the sum of their
+    weights 2^(lse_i - M) from one load (S_MAX >= num_splits + 1, fixed per head count so a growing prefix
+    compiles nothing new), then sum_i 2^(lse_i - M) o_i over the partials, SPLIT_CHUNK at a time. The weights
+    are known before any partial is read, so no step waits on the one before (no running rescale): the loop's
+    loads are independent. An empty split (lse -inf) has weight 0 and its never-written partial is dropped
+    with tl.where."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    pid_m = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    q_ok = offs_q < Hq
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_all = tl.arange(0, S_MAX)
+    lse_all = tl.load(LSE_part + offs_all[:, None] * Hq + offs_q[None, :],
+                      mask=(offs_all <= num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
+    m = tl.max(lse_all, 0)
+    m = tl.where(q_ok, m, 0.0)
+    wsum = tl.sum(tl.exp2(lse_all - m[None, :]), 0)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
+        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
+        ok = (offs_s <= num_splits)[:, None] & q_ok[None, :]
+        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
+        o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
+                    mask=ok[:, :, None], other=0.0)
+        w = tl.exp2(lse - m[None, :])
+        acc += tl.sum(tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0), 0)
+    out = acc / wsum[:, None]
+    o_ptr = Out + (offs_q // H)[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
