@@ -331,7 +331,8 @@ def test_device_plan_errors():
 @needs_kernels
 @pytest.mark.parametrize("kind,bm,chunk,bv,warps", [(0, 16, 8, 0, 4), (0, 8, 64, 0, 8), (0, 32, 16, 64, 4),
                                                      (0, 16, 32, 16, 4), (1, 16, 1, 0, 4), (1, 8, 4, 0, 2),
-                                                     (1, 16, 16, 64, 4)])
+                                                     (1, 16, 16, 64, 4), (2, 8, 4, 64, 4), (2, 16, 16, 0, 2),
+                                                     (3, 16, 8, 0, 4), (3, 8, 4, 32, 2)])
 def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
     """split_ws's merges (split's online one and the flat one) and their knobs (rows and value columns per
     program, partials per step, warps) on random
@@ -353,3 +354,16 @@ def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
     out = torch.empty(r, h, v, device=DEV)
     split_ws.launch_merge((o.to(DEV), lse.to(DEV)), ns, out, p)
     assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)
+
+
+def test_ws_merge_config_picks_by_rows_and_refuses_unknown_kinds():
+    """merge_kind -1 picks the summed-once flat merge (3) up to 128 folded rows and the flat one-partial-per-step
+    merge (1) above; explicit knobs override the kind's preset; an unknown kind is a one-line ValueError."""
+    from ddprobe.engine.kernels import split_ws
+    t = split_ws.WsTuning()
+    assert split_ws.merge_config(t, 72) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4)
+    assert split_ws.merge_config(t, 576) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4)
+    assert split_ws.merge_config(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576)["split_chunk"] == 16
+    assert split_ws.merge_grid(576, 512, t, 132) == (72, 256)
+    with pytest.raises(ValueError, match="merge_kind must be"):
+        split_ws.merge_config(split_ws.WsTuning(merge_kind=7), 72)

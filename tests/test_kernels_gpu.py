@@ -111,8 +111,9 @@ def test_plan_reused_across_layers_with_poisoned_partials(seesaw):
             buf.fill_(float("nan"))
 
 
-MERGE_TUNINGS = [dict(pdl=1), dict(merge_split_chunk=64, merge_warps=8), dict(merge_bv=64, merge_block_m=32),
-                 dict(pdl=1, merge_split_chunk=32, merge_block_m=8)]
+MERGE_TUNINGS = [dict(pdl=1), dict(pdl=2), dict(merge_kind=0), dict(merge_kind=1), dict(merge_kind=3, pdl=1),
+                 dict(merge_kind=2, merge_bv=64, merge_split_chunk=16),
+                 dict(merge_kind=0, merge_split_chunk=64, merge_warps=8, merge_block_m=8)]
 
 
 @gpu

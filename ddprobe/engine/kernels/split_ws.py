@@ -31,7 +31,8 @@ BLOCK_N = 64     # KV tokens per tile
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
-MERGE_BLOCK_M, MERGE_SPLIT_CHUNK = 16, 8
+# merge kind -> (rows per program, partials per step, pipeline stages); kind 0 is split's merge as split runs it
+MERGE_PRESETS = {0: (16, 8, 2), 1: (8, 1, 4), 2: (8, 8, 1), 3: (16, 8, 3)}
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,16 @@ class WsTuning:
                         # 2-29% slower than 0 on the H200; docs/perf.md round 4); 3: tiles loaded and S issued
                         # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
                         # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); `pipe` is then unused
-    merge_block_m: int = MERGE_BLOCK_M      # the merge kernel (split's _merge_kernel): folded rows per program,
-    merge_split_chunk: int = MERGE_SPLIT_CHUNK  # partials loaded per step of its online pass,
-    merge_warps: int = 4                    # warps per program,
-    merge_bv: int = 0                       # value columns per program (0: halve 512 until the grid fills the SMs)
-    merge_kind: int = 0                     # 0: split's online merge (a running maximum, partials in steps of
-                                            # merge_split_chunk); 1: _merge_flat_kernel (the maximum of all lse
-                                            # first, then partials in steps with no rescale chain between them)
-    merge_stages: int = 2                   # software-pipeline depth of the merge's loop over partials
+    merge_kind: int = -1    # the merge of the partials: 0 split's online merge (a running maximum, partials in
+                            # steps of merge_split_chunk); 1 _merge_flat_kernel (the maximum of all lse first, then
+                            # partials in steps with no rescale chain); 2: 1 with each step as unrolled per-thread 2-D
+                            # loads; 3: 1 summing over the partials once, after the loop; -1: 3 up to 128 folded rows,
+                            # else 1 (H200, 2026-12-01: 8 heads 128k 7.8 -> 6.3 us, 64 heads 25.8 -> 5.9 us; perf.md)
+    merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, MERGE_PRESETS)
+    merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
+    merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
+    merge_warps: int = 4        # warps per merge program
+    merge_bv: int = 0           # value columns per merge program (0: halve 512 until the grid fills the SMs)
     pdl: int = 0                            # 1: launch the merge as a programmatic dependent of the prefix kernel
                                             # (griddepcontrol: its launch overlaps the prefix kernel's tail);
                                             # 2: also trigger it from the prefix kernel's start (not seesaw), so
@@ -191,9 +194,20 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     return parts, gs - 1, hq
 
 
+def merge_config(t: WsTuning, hq: int) -> dict:
+    """The merge's kind, rows per program, partials per step, stages and warps for hq folded rows."""
+    kind = t.merge_kind if t.merge_kind >= 0 else (3 if hq <= 2 * BLOCK_M else 1)
+    if kind not in MERGE_PRESETS:
+        raise ValueError(f"merge_kind must be -1 or one of {sorted(MERGE_PRESETS)}, got {kind}")
+    bm, ch, st = MERGE_PRESETS[kind]
+    return dict(kind=kind, block_m=t.merge_block_m or bm, split_chunk=t.merge_split_chunk or ch,
+                stages=t.merge_stages or st, warps=t.merge_warps)
+
+
 def merge_grid(hq: int, v_dim: int, t: WsTuning, sms: int) -> tuple[int, int]:
-    """(row blocks, value-column blocks) of the merge: merge_bv columns, or halve v_dim until the grid fills the SMs."""
-    n_mb = triton.cdiv(hq, t.merge_block_m)
+    """(row blocks, value columns per program) of the merge: merge_bv columns, or halve v_dim until the grid
+    fills the SMs."""
+    n_mb = triton.cdiv(hq, merge_config(t, hq)["block_m"])
     bv = t.merge_bv or v_dim
     if not t.merge_bv:
         while bv > 16 and n_mb * (v_dim // bv) < sms:
@@ -207,18 +221,20 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
     r, h, _ = out.shape
     t = p.tuning
     n_mb, bv = merge_grid(r * h, p.v_dim, t, p.extra["sm_count"])
+    mc = merge_config(t, r * h)
     args = (o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits)
-    if t.merge_kind:
+    if mc["kind"]:
         # every split count this head count can get (choose_config: at most sms // row blocks, + the tree part)
         s_max = next_pow2(max(n_splits + 1, p.extra["sm_count"] // triton.cdiv(r * h, BLOCK_M) + 1))
         k = _merge_flat_kernel[(n_mb, p.v_dim // bv)](
-            *args, BLOCK_M=t.merge_block_m, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, S_MAX=s_max,
-            STAGES=t.merge_stages, PDL=bool(t.pdl), num_warps=t.merge_warps, launch_pdl=bool(t.pdl),
+            *args, BLOCK_M=mc["block_m"], BLOCK_V=bv, SPLIT_CHUNK=mc["split_chunk"], S_MAX=s_max,
+            STAGES=mc["stages"], PDL=bool(t.pdl), UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3,
+            num_warps=mc["warps"], launch_pdl=bool(t.pdl),
         )
     else:
         k = _merge_kernel[(n_mb, p.v_dim // bv)](
-            *args, BLOCK_M=t.merge_block_m, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, PDL=bool(t.pdl),
-            num_warps=t.merge_warps, num_stages=t.merge_stages, launch_pdl=bool(t.pdl),
+            *args, BLOCK_M=mc["block_m"], BLOCK_V=bv, SPLIT_CHUNK=mc["split_chunk"], PDL=bool(t.pdl),
+            num_warps=mc["warps"], num_stages=mc["stages"], launch_pdl=bool(t.pdl),
         )
     if meta is not None:
         meta["merge"] = kernel_meta(k)
@@ -229,7 +245,7 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
 def _merge_flat_kernel(
     O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, S_MAX: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr, ACC3: tl.constexpr,
 ):
     """The same merge as split's _merge_kernel (partials 0 .. num_splits - 1 of the prefix, the tree part's at
     num_splits), in two steps: the maximum M of all num_splits + 1 lse values of a row and the sum of their
@@ -237,7 +253,8 @@ def _merge_flat_kernel(
     compiles nothing new), then sum_i 2^(lse_i - M) o_i over the partials, SPLIT_CHUNK at a time. The weights
     are known before any partial is read, so no step waits on the one before (no running rescale): the loop's
     loads are independent. An empty split (lse -inf) has weight 0 and its never-written partial is dropped
-    with tl.where."""
+    with tl.where. UNROLL: each step is SPLIT_CHUNK unrolled 2-D loads (a thread's own elements of every
+    partial, so the sum over partials stays in its registers) instead of one 3-D load summed across threads."""
     if PDL:
         tl.extra.cuda.gdc_wait()
     pid_m = tl.program_id(0)
@@ -252,14 +269,32 @@ def _merge_flat_kernel(
     m = tl.where(q_ok, m, 0.0)
     wsum = tl.sum(tl.exp2(lse_all - m[None, :]), 0)
     acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
-    for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
-        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
-        ok = (offs_s <= num_splits)[:, None] & q_ok[None, :]
-        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
-        o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                    mask=ok[:, :, None], other=0.0)
-        w = tl.exp2(lse - m[None, :])
-        acc += tl.sum(tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0), 0)
+    if UNROLL:  # SPLIT_CHUNK separate [BLOCK_M, BLOCK_V] loads per step, each thread's own: no cross-thread sum
+        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
+            for j in tl.static_range(SPLIT_CHUNK):
+                ok = q_ok & (tl.full([BLOCK_M], s0 + j, tl.int32) <= num_splits)
+                lse = tl.load(LSE_part + (s0 + j) * Hq + offs_q, mask=ok, other=float("-inf"))
+                o = tl.load(O_part + (s0 + j) * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
+                            mask=ok[:, None], other=0.0)
+                w = tl.exp2(lse - m)
+                acc += tl.where((w > 0)[:, None], w[:, None] * o, 0.0)
+    else:
+        # ACC3: keep one [BLOCK_M, BLOCK_V] sum per partial slot of a step and add the slots once at the end
+        # (a sum across threads after the loop instead of in every step)
+        acc3 = tl.zeros([SPLIT_CHUNK if ACC3 else 1, BLOCK_M, BLOCK_V], dtype=tl.float32)
+        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
+            offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
+            ok = (offs_s <= num_splits)[:, None] & q_ok[None, :]
+            lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
+            o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
+                        mask=ok[:, :, None], other=0.0)
+            w = tl.exp2(lse - m[None, :])
+            if ACC3:
+                acc3 += tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0)
+            else:
+                acc += tl.sum(tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0), 0)
+        if ACC3:
+            acc = tl.sum(acc3, 0)
     out = acc / wsum[:, None]
     o_ptr = Out + (offs_q // H)[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
