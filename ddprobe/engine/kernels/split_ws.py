@@ -4,8 +4,10 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
   1. ``_ws_gluon.ws_prefix_kernel``, grid (cdiv(Hq, 64), splits + 1): per 64 folded query rows and chunk of
      the prefix, a TMA loader warp feeding a ring of KV stages, warpgroup 0 doing S and the softmax and half
      of P V, warpgroup 1 the other half of P V (see that module). The last split index is the tree part.
-  2. `split`'s ``_merge_kernel``: the log-sum-exp merge of the partials (same buffers, same layout); with
-     ``WsTuning.pdl`` launched as a programmatic dependent of step 1, so its launch overlaps step 1's tail.
+  2. The log-sum-exp merge of the partials (`split`'s buffers and layout): ``_merge_flat_kernel`` by default
+     (all lse values first, then the partials with no rescale chain; 1.2x faster than `split`'s
+     ``_merge_kernel`` at 8 heads and 1.8-4.2x from 16 heads up on the H200), `split`'s own as ``merge_kind=0``;
+     with ``WsTuning.pdl`` launched as a programmatic dependent of step 1 (measured: no gain, off by default).
 It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the
 MLA widths the kernel is written for (v_dim 512, rope 64, rope a power of two); anything else is a one-line
 ValueError. There is no interpreter path: Gluon does not run under TRITON_INTERPRET; `split` is the
@@ -57,7 +59,7 @@ class WsTuning:
                             # steps of merge_split_chunk); 1 _merge_flat_kernel (the maximum of all lse first, then
                             # partials in steps with no rescale chain); 2: 1 with each step as unrolled per-thread 2-D
                             # loads; 3: 1 summing over the partials once, after the loop; -1: 3 up to 128 folded rows,
-                            # else 1 (H200, 2026-12-01: 8 heads 128k 7.8 -> 6.3 us, 64 heads 25.8 -> 5.9 us; perf.md)
+                            # else 1 (H200, 2026-12-01: 8 heads 128k 7.9 -> 6.4 us, 64 heads 25.3 -> 6.0 us; perf.md)
     merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
@@ -216,7 +218,7 @@ def merge_grid(hq: int, v_dim: int, t: WsTuning, sms: int) -> tuple[int, int]:
 
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
-    """The log-sum-exp merge of the partials into out [R, H, v_dim] (split's _merge_kernel)."""
+    """The log-sum-exp merge of the partials into out [R, H, v_dim], by merge_config's kind."""
     o_part, lse_part = parts
     r, h, _ = out.shape
     t = p.tuning
