@@ -89,22 +89,22 @@ def point(ctx: int, heads: int, args, results: list) -> None:
                 for i in range(n_sets):
                     split_ws.run(qs[i], kvs[i], pl, sc)
             rec("layer", over, timed_graph(layers, n_sets, min_s=0.1), rel_err=err,
-                merge=split_ws.merge_config(pl.tuning, R * heads))
+                merge=pl.extra["merge"])
         except Exception as e:  # noqa: BLE001
             failed("layer", over, e)
     for over in args.merge_variants:
         try:
             pl = split_ws.plan(ctx, mask, None, V, heads=heads, tuning=split_ws.WsTuning(**over))
-            parts, ns, _ = split_ws.launch_prefix(qs[0], kvs[0], pl, sc)
+            parts, ns = split_ws.launch_prefix(qs[0], kvs[0], pl, sc)
             out = torch.empty(R, heads, V, dtype=torch.bfloat16, device="cuda")
             err = rel_err(split_ws.launch_merge(parts, ns, out, pl), ref)
 
             def merges(pl=pl, parts=parts, ns=ns, out=out):
                 for _ in range(20):
                     split_ws.launch_merge(parts, ns, out, pl)
-            n_mb, bv = split_ws.merge_grid(R * heads, V, pl.tuning, pl.extra["sm_count"])
-            rec("merge", over, timed_graph(merges, 20, min_s=0.1), rel_err=err, grid=f"{n_mb}x{V // bv}",
-                partials=ns + 1, merge=split_ws.merge_config(pl.tuning, R * heads))
+            mc = pl.extra["merge"]
+            rec("merge", over, timed_graph(merges, 20, min_s=0.1), rel_err=err, grid=f"{mc['n_mb']}x{V // mc['bv']}",
+                partials=ns + 1, merge=mc)
         except Exception as e:  # noqa: BLE001
             failed("merge", over, e)
     del kvs, qs

@@ -361,9 +361,10 @@ def test_ws_merge_config_picks_by_rows_and_refuses_unknown_kinds():
     merge (1) above; explicit knobs override the kind's preset; an unknown kind is a one-line ValueError."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning()
-    assert split_ws.merge_config(t, 72) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4)
-    assert split_ws.merge_config(t, 576) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4)
-    assert split_ws.merge_config(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576)["split_chunk"] == 16
-    assert split_ws.merge_grid(576, 512, t, 132) == (72, 256)
+    assert split_ws.merge_config(t, 72, 512, 132) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4,
+                                                          n_mb=5, bv=16, s_max=128)
+    assert split_ws.merge_config(t, 576, 512, 132) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
+                                                           n_mb=72, bv=256, s_max=16)
+    assert split_ws.merge_config(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132)["split_chunk"] == 16
     with pytest.raises(ValueError, match="merge_kind must be"):
-        split_ws.merge_config(split_ws.WsTuning(merge_kind=7), 72)
+        split_ws.merge_config(split_ws.WsTuning(merge_kind=7), 72, 512, 132)

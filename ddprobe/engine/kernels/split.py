@@ -258,6 +258,16 @@ def _split_prefix_kernel(
 
 
 @triton.jit
+def _merge_tile(Hq, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    """A merge program's folded rows (and which are real) and value columns; with PDL (GPU only) it first
+    waits for the prefix kernel it was launched behind as a programmatic dependent (griddepcontrol.wait)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    offs_q = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return offs_q, offs_q < Hq, tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+
+
+@triton.jit
 def _merge_kernel(
     O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
@@ -269,13 +279,7 @@ def _merge_kernel(
     discarded with tl.where rather than masked on its lse (which would chain a second global load
     behind the first). PDL (GPU only): launched as a programmatic dependent of the prefix kernel, it waits
     here for that kernel's partials (griddepcontrol.wait) instead of behind its launch."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    pid_m = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    q_ok = offs_q < Hq
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
     m = tl.load(LSE_part + num_splits * Hq + offs_q, mask=q_ok, other=0.0)
     acc = tl.load(O_part + num_splits * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
                   mask=q_ok[:, None], other=0.0)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from ._common import check_dims, check_rows, interpreting, kernel_meta, next_pow2, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
-from .split import LOG2E, _merge_kernel, _partials, mask_bits
+from .split import LOG2E, _merge_kernel, _merge_tile, _partials, mask_bits
 
 name = "split_ws"
 layout = "contiguous"
@@ -131,6 +131,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         extra["heads"] = heads
         extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning.min_chunk, tuning.fold_tree)
         extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
+        extra["merge"] = merge_config(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       tuning=tuning, extra=extra)
 
@@ -156,7 +157,7 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0):
 
 
 def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
-    """Check the inputs and launch the prefix kernel; returns (partials, number of prefix partials, Hq):
+    """Check the inputs and launch the prefix kernel; returns (partials, number of prefix partials n):
     the merge combines partials 0 .. n - 1 with the tree part's at index n."""
     check_run_args(q, kv, p)
     check_dims(q, kv, p.v_dim, name)
@@ -193,28 +194,26 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         )
     if meta is not None:
         meta["prefix"] = kernel_meta(k)
-    return parts, gs - 1, hq
+    return parts, gs - 1
 
 
-def merge_config(t: WsTuning, hq: int) -> dict:
-    """The merge's kind, rows per program, partials per step, stages and warps for hq folded rows."""
+def merge_config(t: WsTuning, hq: int, v_dim: int, sms: int) -> dict:
+    """The merge for hq folded rows: its kind, rows per program, partials per step, stages and warps, the grid
+    (n_mb row blocks x v_dim / bv column blocks: merge_bv columns, or v_dim halved until the grid fills the
+    SMs) and S_MAX for the flat kinds (a power of two >= every split count this head count can get:
+    choose_config gives at most sms // row blocks, the tree part included)."""
     kind = t.merge_kind if t.merge_kind >= 0 else (3 if hq <= 2 * BLOCK_M else 1)
     if kind not in MERGE_PRESETS:
         raise ValueError(f"merge_kind must be -1 or one of {sorted(MERGE_PRESETS)}, got {kind}")
     bm, ch, st = MERGE_PRESETS[kind]
-    return dict(kind=kind, block_m=t.merge_block_m or bm, split_chunk=t.merge_split_chunk or ch,
-                stages=t.merge_stages or st, warps=t.merge_warps)
-
-
-def merge_grid(hq: int, v_dim: int, t: WsTuning, sms: int) -> tuple[int, int]:
-    """(row blocks, value columns per program) of the merge: merge_bv columns, or halve v_dim until the grid
-    fills the SMs."""
-    n_mb = triton.cdiv(hq, merge_config(t, hq)["block_m"])
+    bm = t.merge_block_m or bm
+    n_mb = triton.cdiv(hq, bm)
     bv = t.merge_bv or v_dim
     if not t.merge_bv:
         while bv > 16 and n_mb * (v_dim // bv) < sms:
             bv //= 2
-    return n_mb, bv
+    return dict(kind=kind, block_m=bm, split_chunk=t.merge_split_chunk or ch, stages=t.merge_stages or st,
+                warps=t.merge_warps, n_mb=n_mb, bv=bv, s_max=next_pow2(sms // triton.cdiv(hq, BLOCK_M) + 1))
 
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
@@ -222,20 +221,18 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
     o_part, lse_part = parts
     r, h, _ = out.shape
     t = p.tuning
-    n_mb, bv = merge_grid(r * h, p.v_dim, t, p.extra["sm_count"])
-    mc = merge_config(t, r * h)
+    mc = p.extra["merge"] if p.extra.get("heads") == h else merge_config(t, r * h, p.v_dim, p.extra["sm_count"])
+    grid = (mc["n_mb"], p.v_dim // mc["bv"])
     args = (o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits)
     if mc["kind"]:
-        # every split count this head count can get (choose_config: at most sms // row blocks, + the tree part)
-        s_max = next_pow2(max(n_splits + 1, p.extra["sm_count"] // triton.cdiv(r * h, BLOCK_M) + 1))
-        k = _merge_flat_kernel[(n_mb, p.v_dim // bv)](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=bv, SPLIT_CHUNK=mc["split_chunk"], S_MAX=s_max,
-            STAGES=mc["stages"], PDL=bool(t.pdl), UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3,
-            num_warps=mc["warps"], launch_pdl=bool(t.pdl),
+        k = _merge_flat_kernel[grid](
+            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
+            S_MAX=max(mc["s_max"], next_pow2(n_splits + 1)), STAGES=mc["stages"], PDL=bool(t.pdl),
+            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"], launch_pdl=bool(t.pdl),
         )
     else:
-        k = _merge_kernel[(n_mb, p.v_dim // bv)](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=bv, SPLIT_CHUNK=mc["split_chunk"], PDL=bool(t.pdl),
+        k = _merge_kernel[grid](
+            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"], PDL=bool(t.pdl),
             num_warps=mc["warps"], num_stages=mc["stages"], launch_pdl=bool(t.pdl),
         )
     if meta is not None:
@@ -257,13 +254,7 @@ def _merge_flat_kernel(
     loads are independent. An empty split (lse -inf) has weight 0 and its never-written partial is dropped
     with tl.where. UNROLL: each step is SPLIT_CHUNK unrolled 2-D loads (a thread's own elements of every
     partial, so the sum over partials stays in its registers) instead of one 3-D load summed across threads."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-    pid_m = tl.program_id(0)
-    pid_v = tl.program_id(1)
-    offs_q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    q_ok = offs_q < Hq
-    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
     offs_all = tl.arange(0, S_MAX)
     lse_all = tl.load(LSE_part + offs_all[:, None] * Hq + offs_q[None, :],
                       mask=(offs_all <= num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
@@ -305,6 +296,6 @@ def _merge_flat_kernel(
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
     """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a dict
     to receive the compiled kernels' reports under "prefix" and "merge"."""
-    parts, n_splits, _ = launch_prefix(q, kv, p, sm_scale, meta)
+    parts, n_splits = launch_prefix(q, kv, p, sm_scale, meta)
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
     return launch_merge(parts, n_splits, out, p, meta)
