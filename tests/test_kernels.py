@@ -349,7 +349,7 @@ def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
     o[empty] = float("nan")
     w = torch.exp2(lse - lse.max(0).values)
     want = (torch.nan_to_num(o) * w[..., None]).sum(0) / w.sum(0)[:, None]
-    p = split_ws.plan(4000, shape_mask("lopsided", r - 1), None, v, tuning=split_ws.WsTuning(
+    p = split_ws.plan(4000, shape_mask("lopsided", r - 1, DEV), None, v, tuning=split_ws.WsTuning(
         merge_block_m=bm, merge_split_chunk=chunk, merge_bv=bv, merge_warps=warps, merge_kind=kind))
     out = torch.empty(r, h, v, device=DEV)
     split_ws.launch_merge((o.to(DEV), lse.to(DEV)), ns, out, p)
