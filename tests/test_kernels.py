@@ -356,15 +356,29 @@ def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
     assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)
 
 
-def test_ws_merge_config_picks_by_rows_and_refuses_unknown_kinds():
+def test_merge_config_picks_by_rows_and_refuses_unknown_kinds():
     """merge_kind -1 picks the summed-once flat merge (3) up to 128 folded rows and the flat one-partial-per-step
     merge (1) above; explicit knobs override the kind's preset; an unknown kind is a one-line ValueError."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning()
-    assert split_ws.merge_config(t, 72, 512, 132) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4,
-                                                          n_mb=5, bv=16, s_max=128)
-    assert split_ws.merge_config(t, 576, 512, 132) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
-                                                           n_mb=72, bv=256, s_max=16)
-    assert split_ws.merge_config(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132)["split_chunk"] == 16
+    assert split_ws.merge_plan(t, 72, 512, 132) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4,
+                                                        n_mb=5, bv=16, s_max=128)
+    assert split_ws.merge_plan(t, 576, 512, 132) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
+                                                         n_mb=72, bv=256, s_max=16)
+    assert split_ws.merge_plan(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132)["split_chunk"] == 16
     with pytest.raises(ValueError, match="merge_kind must be"):
-        split_ws.merge_config(split_ws.WsTuning(merge_kind=7), 72, 512, 132)
+        split_ws.merge_plan(split_ws.WsTuning(merge_kind=7), 72, 512, 132)
+    # split: the same choice; S_MAX above the most partials its prefix grid writes (one program per SM per split)
+    from ddprobe.engine.kernels import split
+    assert split.merge_plan(split.DEFAULT_TUNING, 72, 512, 132)["kind"] == 3
+    assert split.merge_plan(split.DEFAULT_TUNING, 72, 512, 132)["s_max"] == 256
+    assert split.merge_plan(split.SplitTuning(ctas_per_sm=2), 576, 512, 132)["s_max"] == 512
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", [0, 1, 2, 3])
+@pytest.mark.parametrize("heads", [8, 16])
+def test_split_merge_kinds(kind, heads):
+    """`split` with each merge kind (72 folded rows: the auto rule picks 3; 144: 1), a prefix with several
+    splits and a poisoned cache tail, against the fp32 reference."""
+    check("split", 300, 8, "lopsided", heads, torch.float32, tuning=tune(merge_kind=kind))

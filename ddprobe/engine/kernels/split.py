@@ -20,8 +20,10 @@ Two launches per layer, metadata built once per step in ``plan``:
      The last split index is the tree part: one short program per q block attends its rows
      over the R new rows under the per-row ancestor bitmask (R <= 64 columns: one tile) and
      writes it as one more partial, beside the prefix splits.
-  2. ``_merge_kernel``, grid (Hq blocks, v_dim blocks): the log-sum-exp merge of the prefix
-     partials and the tree part in one online pass; writes the output in q's dtype.
+  2. The log-sum-exp merge of the prefix partials and the tree part (``launch_merge``; the choice is
+     ``merge_config``'s, shared with `split_ws`): ``_merge_flat_kernel`` by default (every lse first,
+     then the partials with no rescale chain), or the online ``_merge_kernel`` (``merge_kind=0``);
+     writes the output in q's dtype.
 """
 from __future__ import annotations
 
@@ -55,11 +57,17 @@ class SplitTuning:
     warps_128: int = 16       # num_warps when the row block is 128
     tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
     tma: int = 1              # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
-    merge_block_m: int = 16
-    merge_split_chunk: int = 8
+    merge_kind: int = -1      # the merge (merge_config; as WsTuning.merge_kind): -1 auto by folded rows, 0-3
+    merge_block_m: int = 0    # folded rows per merge program (0: the kind's preset, MERGE_PRESETS)
+    merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
+    merge_stages: int = 0     # software-pipeline depth of that loop (0: preset)
+    merge_warps: int = 4
+    merge_bv: int = 0         # value columns per merge program (0: halve v_dim until the grid fills the SMs)
 
 
 DEFAULT_TUNING = SplitTuning()
+# merge kind -> (rows per program, partials per step, pipeline stages); kind 0 is the online _merge_kernel
+MERGE_PRESETS = {0: (16, 8, 2), 1: (8, 1, 4), 2: (8, 8, 1), 3: (16, 8, 3)}
 
 
 @triton.jit
@@ -302,6 +310,104 @@ def _merge_kernel(
     tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
 
 
+@triton.jit
+def _merge_flat_kernel(
+    O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, S_MAX: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr, ACC3: tl.constexpr,
+):
+    """The same merge as _merge_kernel (partials 0 .. num_splits - 1 of the prefix, the tree part's at
+    num_splits), in two steps: the maximum M of all num_splits + 1 lse values of a row and the sum of their
+    weights 2^(lse_i - M) from one load (S_MAX >= num_splits + 1, fixed per head count so a growing prefix
+    compiles nothing new), then sum_i 2^(lse_i - M) o_i over the partials, SPLIT_CHUNK at a time. The weights
+    are known before any partial is read, so no step waits on the one before (no running rescale): the loop's
+    loads are independent. An empty split (lse -inf) has weight 0 and its never-written partial is dropped
+    with tl.where. UNROLL: each step is SPLIT_CHUNK unrolled 2-D loads (a thread's own elements of every
+    partial, so the sum over partials stays in its registers) instead of one 3-D load summed across threads."""
+    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
+    offs_all = tl.arange(0, S_MAX)
+    lse_all = tl.load(LSE_part + offs_all[:, None] * Hq + offs_q[None, :],
+                      mask=(offs_all <= num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
+    m = tl.max(lse_all, 0)
+    m = tl.where(q_ok, m, 0.0)
+    wsum = tl.sum(tl.exp2(lse_all - m[None, :]), 0)
+    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
+    if UNROLL:  # SPLIT_CHUNK separate [BLOCK_M, BLOCK_V] loads per step, each thread's own: no cross-thread sum
+        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
+            for j in tl.static_range(SPLIT_CHUNK):
+                ok = q_ok & (tl.full([BLOCK_M], s0 + j, tl.int32) <= num_splits)
+                lse = tl.load(LSE_part + (s0 + j) * Hq + offs_q, mask=ok, other=float("-inf"))
+                o = tl.load(O_part + (s0 + j) * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
+                            mask=ok[:, None], other=0.0)
+                w = tl.exp2(lse - m)
+                acc += tl.where((w > 0)[:, None], w[:, None] * o, 0.0)
+    else:
+        # ACC3: keep one [BLOCK_M, BLOCK_V] sum per partial slot of a step and add the slots once at the end
+        # (a sum across threads after the loop instead of in every step)
+        acc3 = tl.zeros([SPLIT_CHUNK if ACC3 else 1, BLOCK_M, BLOCK_V], dtype=tl.float32)
+        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
+            offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
+            ok = (offs_s <= num_splits)[:, None] & q_ok[None, :]
+            lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
+            o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
+                        mask=ok[:, :, None], other=0.0)
+            w = tl.exp2(lse - m[None, :])
+            if ACC3:
+                acc3 += tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0)
+            else:
+                acc += tl.sum(tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0), 0)
+        if ACC3:
+            acc = tl.sum(acc3, 0)
+    out = acc / wsum[:, None]
+    o_ptr = Out + (offs_q // H)[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
+    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
+
+
+def merge_config(t, hq: int, v_dim: int, sms: int, max_parts: int) -> dict:
+    """The merge for hq folded rows, from a tuning with the merge_* fields (SplitTuning, WsTuning): its kind
+    (-1: 3 up to 128 rows, else 1; measured on the H200, docs/perf.md "The merge"), rows per program,
+    partials per step, stages and warps, the grid (n_mb row blocks x v_dim / bv column blocks: merge_bv
+    columns, or v_dim halved until the grid fills the SMs) and S_MAX for the flat kinds: a power of two
+    above max_parts, the most prefix partials the path's prefix grid can write for these rows (fixed per
+    head count, so a growing prefix compiles nothing new)."""
+    kind = t.merge_kind if t.merge_kind >= 0 else (3 if hq <= 128 else 1)
+    if kind not in MERGE_PRESETS:
+        raise ValueError(f"merge_kind must be -1 or one of {sorted(MERGE_PRESETS)}, got {kind}")
+    bm, ch, st = MERGE_PRESETS[kind]
+    bm = t.merge_block_m or bm
+    n_mb = triton.cdiv(hq, bm)
+    bv = t.merge_bv or v_dim
+    if not t.merge_bv:
+        while bv > 16 and n_mb * (v_dim // bv) < sms:
+            bv //= 2
+    return dict(kind=kind, block_m=bm, split_chunk=t.merge_split_chunk or ch, stages=t.merge_stages or st,
+                warps=t.merge_warps, n_mb=n_mb, bv=bv, s_max=next_pow2(max_parts + 1))
+
+
+def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, pdl: bool = False,
+                 meta: dict | None = None) -> torch.Tensor:
+    """Merge prefix partials 0 .. n_splits - 1 and the tree part's (index n_splits) into out [R, H, v_dim]
+    with merge_config's choice ``mc``; pdl (GPU only): launched as a programmatic dependent."""
+    o_part, lse_part = parts
+    r, h, v = out.shape
+    grid = (mc["n_mb"], v // mc["bv"])
+    args = (o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits)
+    if mc["kind"]:
+        k = _merge_flat_kernel[grid](
+            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
+            S_MAX=max(mc["s_max"], next_pow2(n_splits + 1)), STAGES=mc["stages"], PDL=pdl,
+            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"], launch_pdl=pdl,
+        )
+    else:
+        k = _merge_kernel[grid](
+            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"], PDL=pdl,
+            num_warps=mc["warps"], num_stages=mc["stages"], launch_pdl=pdl,
+        )
+    if meta is not None:
+        meta["merge"] = kernel_meta(k)
+    return out
+
+
 def bit_weights(r: int, device) -> torch.Tensor:
     """[R] int64: 1 << j (bit 63 as the int64 minimum)."""
     return torch.tensor([1 << j if j < 63 else -(1 << 63) for j in range(r)], dtype=torch.int64, device=device)
@@ -377,6 +483,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         extra["heads"] = heads
         extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning)
         extra["partials"] = _partials(cfg["num_splits"], heads * r, v_dim, dev)
+        extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       dynamic=dynamic, tuning=tuning, extra=extra)
 
@@ -384,6 +491,11 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
 def refresh(p: VerifyPlan) -> None:
     """Rebuild the bitmask from tree_mask (device plans, after the caller rewrote it in place)."""
     p.extra["bits"].copy_(mask_bits(p.tree_mask, p.extra["bit_weights"]))
+
+
+def merge_plan(t: SplitTuning, hq: int, v_dim: int, sms: int) -> dict:
+    """merge_config for this path: its prefix grid writes at most sms x ctas_per_sm prefix partials."""
+    return merge_config(t, hq, v_dim, sms, sms * max(1, t.ctas_per_sm))
 
 
 def _partials(ns: int, hq: int, v_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -441,15 +553,5 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     )
     if meta is not None:
         meta["prefix"] = kernel_meta(k)
-    bm = t.merge_block_m
-    n_mb = triton.cdiv(hq, bm)
-    bv = p.v_dim
-    while bv > 16 and n_mb * (p.v_dim // bv) < p.extra["sm_count"]:
-        bv //= 2
-    k = _merge_kernel[(n_mb, p.v_dim // bv)](
-        o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), hq, h, ns,
-        BLOCK_M=bm, BLOCK_V=bv, SPLIT_CHUNK=t.merge_split_chunk, num_warps=4, num_stages=2,
-    )
-    if meta is not None:
-        meta["merge"] = kernel_meta(k)
-    return out
+    mc = p.extra["merge"] if planned else merge_plan(t, hq, p.v_dim, p.extra["sm_count"])
+    return launch_merge((o_part, lse_part), ns, out, mc, meta=meta)

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
-from ._common import check_dims, check_rows, interpreting, kernel_meta, next_pow2, sm_count
+from ._common import check_dims, check_rows, interpreting, kernel_meta, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
-from .split import LOG2E, _merge_kernel, _merge_tile, _partials, mask_bits
+from .split import LOG2E, _partials, mask_bits, merge_config
+from .split import launch_merge as split_launch_merge
 
 name = "split_ws"
 layout = "contiguous"
@@ -33,8 +33,6 @@ BLOCK_N = 64     # KV tokens per tile
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
-# merge kind -> (rows per program, partials per step, pipeline stages); kind 0 is split's merge as split runs it
-MERGE_PRESETS = {0: (16, 8, 2), 1: (8, 1, 4), 2: (8, 8, 1), 3: (16, 8, 3)}
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ class WsTuning:
                             # partials in steps with no rescale chain); 2: 1 with each step as unrolled per-thread 2-D
                             # loads; 3: 1 summing over the partials once, after the loop; -1: 3 up to 128 folded rows,
                             # else 1 (H200, 2026-12-01: 8 heads 128k 7.9 -> 6.4 us, 64 heads 25.3 -> 6.0 us; perf.md)
-    merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, MERGE_PRESETS)
+    merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, split.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4        # warps per merge program
@@ -131,7 +129,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         extra["heads"] = heads
         extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning.min_chunk, tuning.fold_tree)
         extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
-        extra["merge"] = merge_config(tuning, heads * r, v_dim, extra["sm_count"])
+        extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       tuning=tuning, extra=extra)
 
@@ -197,100 +195,16 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     return parts, gs - 1
 
 
-def merge_config(t: WsTuning, hq: int, v_dim: int, sms: int) -> dict:
-    """The merge for hq folded rows: its kind, rows per program, partials per step, stages and warps, the grid
-    (n_mb row blocks x v_dim / bv column blocks: merge_bv columns, or v_dim halved until the grid fills the
-    SMs) and S_MAX for the flat kinds (a power of two >= every split count this head count can get:
-    choose_config gives at most sms // row blocks, the tree part included)."""
-    kind = t.merge_kind if t.merge_kind >= 0 else (3 if hq <= 2 * BLOCK_M else 1)
-    if kind not in MERGE_PRESETS:
-        raise ValueError(f"merge_kind must be -1 or one of {sorted(MERGE_PRESETS)}, got {kind}")
-    bm, ch, st = MERGE_PRESETS[kind]
-    bm = t.merge_block_m or bm
-    n_mb = triton.cdiv(hq, bm)
-    bv = t.merge_bv or v_dim
-    if not t.merge_bv:
-        while bv > 16 and n_mb * (v_dim // bv) < sms:
-            bv //= 2
-    return dict(kind=kind, block_m=bm, split_chunk=t.merge_split_chunk or ch, stages=t.merge_stages or st,
-                warps=t.merge_warps, n_mb=n_mb, bv=bv, s_max=next_pow2(sms // triton.cdiv(hq, BLOCK_M) + 1))
+def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int) -> dict:
+    """split.merge_config for this path: its prefix grid gives at most sms // (64-row blocks) partials."""
+    return merge_config(t, hq, v_dim, sms, sms // triton.cdiv(hq, BLOCK_M))
 
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
-    """The log-sum-exp merge of the partials into out [R, H, v_dim], by merge_config's kind."""
-    o_part, lse_part = parts
+    """The log-sum-exp merge of the partials into out [R, H, v_dim] (split.launch_merge, merge_config's kind)."""
     r, h, _ = out.shape
-    t = p.tuning
-    mc = p.extra["merge"] if p.extra.get("heads") == h else merge_config(t, r * h, p.v_dim, p.extra["sm_count"])
-    grid = (mc["n_mb"], p.v_dim // mc["bv"])
-    args = (o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits)
-    if mc["kind"]:
-        k = _merge_flat_kernel[grid](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
-            S_MAX=max(mc["s_max"], next_pow2(n_splits + 1)), STAGES=mc["stages"], PDL=bool(t.pdl),
-            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"], launch_pdl=bool(t.pdl),
-        )
-    else:
-        k = _merge_kernel[grid](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"], PDL=bool(t.pdl),
-            num_warps=mc["warps"], num_stages=mc["stages"], launch_pdl=bool(t.pdl),
-        )
-    if meta is not None:
-        meta["merge"] = kernel_meta(k)
-    return out
-
-
-@triton.jit
-def _merge_flat_kernel(
-    O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, S_MAX: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr, ACC3: tl.constexpr,
-):
-    """The same merge as split's _merge_kernel (partials 0 .. num_splits - 1 of the prefix, the tree part's at
-    num_splits), in two steps: the maximum M of all num_splits + 1 lse values of a row and the sum of their
-    weights 2^(lse_i - M) from one load (S_MAX >= num_splits + 1, fixed per head count so a growing prefix
-    compiles nothing new), then sum_i 2^(lse_i - M) o_i over the partials, SPLIT_CHUNK at a time. The weights
-    are known before any partial is read, so no step waits on the one before (no running rescale): the loop's
-    loads are independent. An empty split (lse -inf) has weight 0 and its never-written partial is dropped
-    with tl.where. UNROLL: each step is SPLIT_CHUNK unrolled 2-D loads (a thread's own elements of every
-    partial, so the sum over partials stays in its registers) instead of one 3-D load summed across threads."""
-    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
-    offs_all = tl.arange(0, S_MAX)
-    lse_all = tl.load(LSE_part + offs_all[:, None] * Hq + offs_q[None, :],
-                      mask=(offs_all <= num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
-    m = tl.max(lse_all, 0)
-    m = tl.where(q_ok, m, 0.0)
-    wsum = tl.sum(tl.exp2(lse_all - m[None, :]), 0)
-    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
-    if UNROLL:  # SPLIT_CHUNK separate [BLOCK_M, BLOCK_V] loads per step, each thread's own: no cross-thread sum
-        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
-            for j in tl.static_range(SPLIT_CHUNK):
-                ok = q_ok & (tl.full([BLOCK_M], s0 + j, tl.int32) <= num_splits)
-                lse = tl.load(LSE_part + (s0 + j) * Hq + offs_q, mask=ok, other=float("-inf"))
-                o = tl.load(O_part + (s0 + j) * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
-                            mask=ok[:, None], other=0.0)
-                w = tl.exp2(lse - m)
-                acc += tl.where((w > 0)[:, None], w[:, None] * o, 0.0)
-    else:
-        # ACC3: keep one [BLOCK_M, BLOCK_V] sum per partial slot of a step and add the slots once at the end
-        # (a sum across threads after the loop instead of in every step)
-        acc3 = tl.zeros([SPLIT_CHUNK if ACC3 else 1, BLOCK_M, BLOCK_V], dtype=tl.float32)
-        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
-            offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
-            ok = (offs_s <= num_splits)[:, None] & q_ok[None, :]
-            lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
-            o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                        mask=ok[:, :, None], other=0.0)
-            w = tl.exp2(lse - m[None, :])
-            if ACC3:
-                acc3 += tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0)
-            else:
-                acc += tl.sum(tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0), 0)
-        if ACC3:
-            acc = tl.sum(acc3, 0)
-    out = acc / wsum[:, None]
-    o_ptr = Out + (offs_q // H)[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
-    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
+    mc = p.extra["merge"] if p.extra.get("heads") == h else merge_plan(p.tuning, r * h, p.v_dim, p.extra["sm_count"])
+    return split_launch_merge(parts, n_splits, out, mc, bool(p.tuning.pdl), meta)
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
