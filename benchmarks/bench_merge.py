@@ -70,15 +70,20 @@ def point(ctx: int, heads: int, args, results: list) -> None:
         print(f"  ctx={ctx:>7} H={heads:>2} {kind:<7} {label(over):<40} {t * 1e6:8.1f} us "
               + " ".join(f"{k}={v:.1e}" if isinstance(v, float) else f"{k}={v}" for k, v in kw.items()), flush=True)
 
-    base = split_ws.plan(ctx, mask, None, V, heads=heads)
-
-    def prefixes():
-        for i in range(n_sets):
-            split_ws.launch_prefix(qs[i], kvs[i], base, sc)
-    rec("prefix", {}, timed_graph(prefixes, n_sets, min_s=0.1), config=base.extra["config"])
     def failed(kind, over, e):  # a variant that cannot run here (e.g. too much shared memory): recorded, not fatal
         results.append(dict(ctx=ctx, heads=heads, kind=kind, variant=label(over), error=f"{type(e).__name__}: {str(e)[:200]}"))
         print(f"  ctx={ctx:>7} H={heads:>2} {kind:<7} {label(over):<40} failed: {str(e)[:120]}", flush=True)
+
+    for over in args.prefix_variants:
+        try:
+            pp = split_ws.plan(ctx, mask, None, V, heads=heads, tuning=split_ws.WsTuning(**over))
+
+            def prefixes(pp=pp):
+                for i in range(n_sets):
+                    split_ws.launch_prefix(qs[i], kvs[i], pp, sc)
+            rec("prefix", over, timed_graph(prefixes, n_sets, min_s=0.1), config=pp.extra["config"])
+        except Exception as e:  # noqa: BLE001
+            failed("prefix", over, e)
 
     for over in args.layer_variants:
         try:
@@ -116,6 +121,8 @@ def main() -> int:
     ap.add_argument("--ctx", default="1k,8k,32k,128k")
     ap.add_argument("--heads", default="8,64")
     ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--prefix-variants", type=variants, default=variants(""),
+                    help="';'-separated WsTuning overrides whose prefix kernel is timed alone ('' = the default)")
     ap.add_argument("--merge-variants", type=variants, default=variants(MERGE_VARIANTS))
     ap.add_argument("--layer-variants", type=variants, default=variants(LAYER_VARIANTS))
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_merge.json"))
