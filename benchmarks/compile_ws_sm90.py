@@ -24,8 +24,6 @@ def main() -> int:
     ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")
-    ap.add_argument("--prefetch", type=int, default=0, help="WsTuning.prefetch: L2 prefetch this many tiles ahead")
-    ap.add_argument("--prefetch-mode", type=int, choices=(0, 1, 2), default=0)
     ap.add_argument("--pv-regs", type=int, default=232, help="registers of warpgroup 1 (setmaxnreg)")
     ap.add_argument("--load-regs", type=int, default=40, help="registers of the loader warp (setmaxnreg)")
     ap.add_argument("--out", default="/tmp/ws_sm90")
@@ -76,10 +74,9 @@ def main() -> int:
                                               PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
                                               SEESAW=args.seesaw, num_warps=4)
     else:
-        k = _ws_gluon.ws_prefix_kernel.warmup(*args_, kv, kv.stride(0), grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
+        k = _ws_gluon.ws_prefix_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                               STAGES=2, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, PIPE=args.pipe,
-                                              FOLD=args.fold, TRIGGER=bool(args.trigger),
-                                              PREFETCH=args.prefetch, PF_MODE=args.prefetch_mode, num_warps=4)
+                                              FOLD=args.fold, TRIGGER=bool(args.trigger), num_warps=4)
     os.makedirs(args.out, exist_ok=True)
     ptx = k.asm["ptx"]
     for name, data in (("ws.ptx", ptx), ("ws.ttgir", k.asm["ttgir"])):

@@ -128,17 +128,6 @@ def test_merge_variants_match_reference(over, ctx, budget, shape, heads, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("prefetch", [1, 2, 4, 8])
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", CASES)
-def test_prefetch_matches_reference(prefetch, ctx, budget, shape, heads, dtype):
-    """The loader's L2 prefetch (WsTuning.prefetch tiles ahead, bounded by the program's last column) changes
-    where a tile comes from, never what it holds: same shapes and NaN-poisoned rows past the plan as above,
-    prefetch distances beyond a split's tile count included; called twice, the same bits."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(prefetch=prefetch), repeat=2)
-
-
-@gpu
 def test_pdl_merge_under_graph_replay_with_poisoned_partials():
     """pdl=1 inside a CUDA graph (the engine's and the benchmark's case): the partial buffers are poisoned
     with NaN before every replay, so a merge that ran ahead of the prefix kernel would output NaN."""

@@ -34,60 +34,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
-def _prefetch_l2(KV, stride_kv, row0, end, BLOCK_N: gl.constexpr, ROW_BYTES: gl.constexpr, MODE: gl.constexpr):
-    """Ask L2 for cache rows row0 .. row0 + BLOCK_N - 1 (those below ``end``) from the loader warp: a hint
-    with no shared memory and nothing to wait for; the tile's TMA copy later finds the rows in L2.
-    MODE 0: one bulk prefetch (cp.async.bulk.prefetch.L2) per row, spread over the 32 lanes; 1: one bulk
-    prefetch of the tile's whole span (rows row0 .. row0 + n - 1 with their stride) from lane 0; 2: plain
-    prefetch.global.L2 of every 128-byte line of that span, from all lanes (the load/store path, not TMA)."""
-    if MODE == 0:
-        lay: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
-        rows = row0 + gl.arange(0, BLOCK_N, lay)
-        addr = (KV + rows.to(gl.int64) * stride_kv).to(gl.int64)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.lt.s32 p, $2, $3; @p cp.async.bulk.prefetch.L2.global [$1], $4; mov.b32 $0, 0; }",
-            "=r,l,r,r,r", [addr, rows, gl.full([BLOCK_N], 0, gl.int32, lay) + end,
-                           gl.full([BLOCK_N], ROW_BYTES, gl.int32, lay)],
-            dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        n = gl.minimum(end - row0, BLOCK_N)
-        span = (n - 1) * stride_kv * 2 + ROW_BYTES  # bytes from the first row's start to the last row's end
-        if MODE == 1:
-            lay1: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-            lane = gl.arange(0, 32, lay1)
-            addr = (KV + row0.to(gl.int64) * stride_kv).to(gl.int64) + gl.zeros([32], gl.int64, lay1)
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.lt.s32 p, $2, $3; @p cp.async.bulk.prefetch.L2.global [$1], $4; mov.b32 $0, 0; }",
-                "=r,l,r,r,r", [addr, lane, gl.full([32], 1, gl.int32, lay1) * (n > 0).to(gl.int32),
-                               gl.full([32], 0, gl.int32, lay1) + span],
-                dtype=gl.int32, is_pure=False, pack=1)
-        else:
-            lay2: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-            base = (KV + row0.to(gl.int64) * stride_kv).to(gl.int64)
-            for c in range(0, gl.cdiv(span, 128), 32):  # a line per lane at a time
-                off = (c + gl.arange(0, 32, lay2)) * 128
-                gl.inline_asm_elementwise(
-                    "{ .reg .pred p; setp.lt.s32 p, $2, $3; @p prefetch.global.L2 [$1]; mov.b32 $0, 0; }",
-                    "=r,l,r,r", [base + off.to(gl.int64), off, gl.full([32], 0, gl.int32, lay2) + span],
-                    dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
-            q0, start, end, n_tiles, KV, stride_kv, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-            PREFETCH: gl.constexpr, ROW_BYTES: gl.constexpr, PF_MODE: gl.constexpr):
+            q0, start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
     tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
     tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
     nbytes: gl.constexpr = k_lat_d.block_type.nbytes + k_pe_d.block_type.nbytes
-    if PREFETCH > STAGES:  # the first STAGES tiles are copied at once; prefetch the ones after them
-        for j in range(STAGES, gl.minimum(PREFETCH, n_tiles)):
-            _prefetch_l2(KV, stride_kv, start + j * BLOCK_N, end, BLOCK_N, ROW_BYTES, PF_MODE)
     for i in range(n_tiles):
         st = i % STAGES
-        if PREFETCH > 0:
-            if i + PREFETCH < n_tiles:  # PREFETCH tiles ahead of the copy about to wait for a free stage
-                _prefetch_l2(KV, stride_kv, start + (i + PREFETCH) * BLOCK_N, end, BLOCK_N, ROW_BYTES, PF_MODE)
         mbarrier.wait(kv_free.index(st), ((i // STAGES) & 1) ^ 1)
         bar = kv_ready.index(st)
         mbarrier.expect(bar, nbytes)
@@ -238,17 +192,14 @@ def _pv_wg(k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, strid
 
 @gluon.jit
 def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
-                     prefix_len, R, chunk, Hq, H, qk_scale, KV, stride_kv,
+                     prefix_len, R, chunk, Hq, H, qk_scale,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                      STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr,
-                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False, PREFETCH: gl.constexpr = 0,
-                     PF_MODE: gl.constexpr = 0):
+                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
     (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits. TRIGGER: let a programmatic
     dependent launch (the merge, which then waits on griddepcontrol.wait) as soon as every program has
-    started, so its programs take the SMs this grid leaves free and those freed as programs finish.
-    PREFETCH > 0: the loader also asks L2 for the tile PREFETCH tiles ahead of the one it copies (KV, the
-    cache's base pointer, and stride_kv, its row stride in elements, give the rows' addresses)."""
+    started, so its programs take the SMs this grid leaves free and those freed as programs finish."""
     if TRIGGER:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
@@ -294,7 +245,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
         (_pv_wg, (k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, q0, pid_s, n_tiles,
                   Hq, BLOCK_M, HALF, STAGES)),
         (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
-                   q0, start, end, n_tiles, KV, stride_kv, BLOCK_N, STAGES, PREFETCH, (V_DIM + PE_DIM) * 2, PF_MODE)),
+                   q0, start, n_tiles, BLOCK_N, STAGES)),
     ], [4, 1], [PV_REGS, LOAD_REGS])
 
 

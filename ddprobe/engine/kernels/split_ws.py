@@ -67,10 +67,6 @@ class WsTuning:
                                             # (griddepcontrol: its launch overlaps the prefix kernel's tail);
                                             # 2: also trigger it from the prefix kernel's start (not seesaw), so
                                             # its programs wait on the SMs the prefix grid leaves or frees
-    prefetch: int = 0   # > 0: the loader warp also asks L2 for the KV tile this many tiles ahead of the one it
-                        # copies (cp.async.bulk.prefetch.L2, a row per lane), so a tile's TMA copy is served by
-                        # L2 rather than waiting on DRAM behind a ring of only 2 stages (not seesaw)
-    prefetch_mode: int = 0  # how: 0 one bulk prefetch per row; 1 one per tile; 2 prefetch.global.L2 per line
 
 
 DEFAULT_TUNING = WsTuning()
@@ -191,9 +187,8 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         )
     else:
         k = ws_prefix_kernel[(cfg["n_qb"], gs)](
-            *args, kv, kv.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
-            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], TRIGGER=t.pdl >= 2,
-            PREFETCH=t.prefetch, PF_MODE=t.prefetch_mode, num_warps=4,
+            *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
+            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], TRIGGER=t.pdl >= 2, num_warps=4,
         )
     if meta is not None:
         meta["prefix"] = kernel_meta(k)
