@@ -137,6 +137,81 @@ def test_split_tile_loads(tma, block_n, tail):
         check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
 
 
+# metadata.shared of split's prefix kernel compiled for sm_90a by Triton 3.6 (benchmarks/compile_split_sm90.py,
+# tma=1) at the k2 width: (dtype, heads, R, block_n, num_stages) -> bytes; the limit is 232,448 B
+SM90_SHARED = [
+    (torch.float32, 2, 9, 64, 2, 368648),  # what `split` launched for fp32 before the fit: OutOfResources
+    (torch.float32, 2, 9, 64, 1, 221200),
+    (torch.float32, 8, 9, 32, 1, 221200),
+    (torch.float32, 1, 64, 32, 1, 294912),  # the tree part's [64, 576] tile beside 64 rows: 32-row blocks instead
+    (torch.bfloat16, 8, 9, 64, 2, 221200),  # the defaults at 8 and 64 heads
+    (torch.bfloat16, 64, 9, 64, 2, 221200),
+    (torch.bfloat16, 1, 64, 64, 2, 221200),
+]
+STEP = {"block_n", "num_stages", "chunk", "num_splits", "tail_chunk", "tail_splits"}  # what a tile step-down moves
+
+
+@pytest.mark.parametrize("dtype,heads,r,block_n,stages,shared", SM90_SHARED)
+def test_split_smem_estimate_matches_sm90_compiles(dtype, heads, r, block_n, stages, shared):
+    """split.prefix_smem covers what Triton 3.6 allocates for sm_90 within its 1 KiB margin."""
+    from ddprobe.engine.kernels import split
+    t = dataclasses.replace(split.DEFAULT_TUNING, block_n=block_n, num_stages=stages)
+    cfg = split.choose_config(4096, heads * r, 132, t, dtype=dtype, width=576, r=r, smem_limit=1 << 62)
+    assert shared <= split.prefix_smem(cfg, r, 576, dtype.itemsize) <= shared + 1024 + 16
+
+
+@pytest.mark.parametrize("heads,r,fp32_tiles", [(2, 9, (32, 64, 1)), (8, 9, (64, 32, 1)), (64, 9, (64, 32, 1)),
+                                                (1, 64, (32, 64, 1)), (2, 33, (32, 64, 1))])
+def test_split_config_fits_shared_memory(heads, r, fp32_tiles):
+    """At 512 + 64 wide, bf16/fp16 keep the tuned tiles (64 tokens, 2 stages: fits); fp32 steps down, only as far
+    as needed, to fewer stages, then 32-token tiles, then (the tree part's 64-row tile beside 64 rows, R > 32)
+    32-row blocks: (block_q, block_n, num_stages). The plan shows it (config_for) for the dtype it was built for."""
+    from ddprobe.engine.kernels import split
+    hq, limit = heads * r, split.SMEM_SM90
+    asked = split.choose_config(4096, hq, 132, dtype=torch.float32, r=r, smem_limit=1 << 62)
+    b16 = split.choose_config(4096, hq, 132, dtype=torch.bfloat16, r=r)
+    assert b16 == split.choose_config(4096, hq, 132, dtype=torch.float16, r=r) == split.choose_config(4096, hq, 132)
+    assert b16 == asked and (b16["block_n"], b16["num_stages"]) == (64, 2)  # unchanged: the tuning's own
+    assert split.prefix_smem(asked, r, 576, 4) > limit
+    f32 = split.choose_config(4096, hq, 132, dtype=torch.float32, r=r)
+    assert (f32["block_q"], f32["block_n"], f32["num_stages"]) == fp32_tiles
+    assert split.prefix_smem(f32, r, 576, 4) <= limit
+    moved = {k for k in b16 if f32[k] != b16[k]}
+    assert moved <= (STEP if f32["block_q"] == b16["block_q"] else STEP | {"block_q", "tail_program", "n_qb"})
+    mask = shape_mask("lopsided", r - 1, DEV)
+    p32 = split.plan(70, mask, None, 512, heads=heads, dtype=torch.float32)
+    p16 = split.plan(70, mask, None, 512, heads=heads)
+    c32 = split.config_for(p32, heads)
+    assert (c32["block_q"], c32["block_n"], c32["num_stages"]) == fp32_tiles
+    assert split.config_for(p16, heads, torch.float32) == c32
+    assert split.config_for(p32, heads, torch.bfloat16) == split.config_for(p16, heads)
+    assert split.config_for(p16, heads)["num_stages"] == 2 and split.config_for(p16, heads, torch.float16) is p16.extra["config"]
+
+
+def test_split_nothing_fits_is_one_line():
+    """When even 32-token, 1-stage tiles with 32-row blocks exceed the limit: a one-line ValueError naming the dtype
+    and width, from choose_config (an explicit limit), plan (fp32 rows 2048 + 64 wide) and run (before any launch)."""
+    from ddprobe.engine.kernels import split
+    with pytest.raises(ValueError, match=r"torch\.float32 kv rows 576 wide in 100000 B") as e:
+        split.choose_config(4096, 72, 132, dtype=torch.float32, width=576, r=9, smem_limit=100_000)
+    assert "\n" not in str(e.value)
+    assert split.choose_config(4096, 72, 132, dtype=torch.bfloat16, width=576, r=9, smem_limit=100_000)["block_q"] == 32
+    mask = shape_mask("chain", 8, DEV)
+    with pytest.raises(ValueError, match=r"torch\.float32 kv rows 2112 wide"):
+        split.plan(100, mask, None, 2048, heads=2, dtype=torch.float32)
+    q = torch.zeros(9, 2, 2112, device=DEV)
+    with pytest.raises(ValueError, match=r"torch\.float32 kv rows 2112 wide"):
+        split.run(q, torch.zeros(120, 2112, device=DEV), split.plan(100, mask, None, 2048), 0.1)
+
+
+@pytest.mark.parametrize("budget,heads", [(8, 8), (63, 1)])
+@needs_kernels
+def test_split_fp32_k2_after_step_down(budget, heads):
+    """fp32 at 512 + 64 with 32-token tiles (72 folded rows) and with 32-row blocks (R = 64) matches the fp32
+    reference (2 heads x 9 rows, 64-token tiles and one stage: test_split_tile_loads)."""
+    check("split", 70, budget, "lopsided", heads, torch.float32, v_dim=512, rope=64)
+
+
 @needs_kernels
 def test_split_tma_fallback():
     """A kv whose rows are not 16-byte aligned cannot be described: pointer loads instead."""

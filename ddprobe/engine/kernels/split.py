@@ -20,6 +20,9 @@ Two launches per layer, metadata built once per step in ``plan``:
      The last split index is the tree part: one short program per q block attends its rows
      over the R new rows under the per-row ancestor bitmask (R <= 64 columns: one tile) and
      writes it as one more partial, beside the prefix splits.
+     The tiles and stages are sized on the host to fit the GPU's shared memory (prefix_smem: the
+     64-token, 2-stage tiles fit 16-bit rows at 576 wide; fp32 rows there step down to fewer stages,
+     then 32-token tiles, then 32-row blocks).
   2. The log-sum-exp merge of the prefix partials and the tree part (``launch_merge``; the choice is
      ``merge_config``'s, shared with `split_ws`): ``_merge_flat_kernel`` by default (every lse first,
      then the partials with no rescale chain), or the online ``_merge_kernel`` (``merge_kind=0``);
@@ -66,6 +69,7 @@ class SplitTuning:
 
 
 DEFAULT_TUNING = SplitTuning()
+SMEM_SM90 = 232448  # shared memory a block may opt into on sm_90 (H100/H200): the plan's limit off CUDA
 # merge kind -> (rows per program, partials per step, pipeline stages); kind 0 is the online _merge_kernel
 MERGE_PRESETS = {0: (16, 8, 2), 1: (8, 1, 4), 2: (8, 8, 1), 3: (16, 8, 3)}
 
@@ -420,28 +424,78 @@ def mask_bits(tree_mask: torch.Tensor, weights: torch.Tensor | None = None) -> t
     return (tree_mask.to(torch.int64) * w).sum(dim=1)
 
 
-def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFAULT_TUNING) -> dict:
-    """Row tiling and split count for Hq folded query rows (pure function of shapes and tuning).
-    prefix_len is the plan's bound: the split count is sized for it."""
-    t = tuning
-    warps = t.num_warps
-    tail_prog = 0
+def smem_limit(device) -> int:
+    """Shared memory (bytes) a block may opt into on ``device``; SMEM_SM90 off CUDA (the interpreter has no
+    limit, but a CPU plan is then the H200's plan)."""
+    if device is not None and torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(torch.device(device)).shared_memory_per_block_optin
+    return SMEM_SM90
+
+
+def prefix_smem(cfg: dict, r: int, width: int, elem_bytes: int) -> int:
+    """Estimated shared memory (bytes) of _split_prefix_kernel on sm_90 with config ``cfg``, for r new rows
+    and kv rows of ``width`` elements of ``elem_bytes``. Calibrated on Triton 3.6's metadata.shared
+    (benchmarks/compile_split_sm90.py; within 16 B + the 1 KiB margin where the limit binds: fp32, and 16-bit
+    64-row blocks): the prefix loop holds num_stages [block_n, width] KV tiles and the query rows
+    [block_q + tail, width] staged for the dots (an in-program tail, tail=1, takes each tile through a
+    second MMA: two tile copies more); the tree part its [BLOCK_R, width] tile and the block's rows. The
+    branches share memory: the larger of the two, + 1 KiB (barriers, alignment)."""
+    row = width * elem_bytes
+    tile = cfg["block_n"] * row
+    prefix = max(1, cfg["num_stages"]) * tile + (cfg["block_q"] + cfg["tail"]) * row + (2 * tile if cfg["tail"] else 0)
+    tree = (max(16, next_pow2(r)) + cfg["block_q"]) * row
+    return max(prefix, tree) + 1024
+
+
+def _row_blocks(hq: int, t: SplitTuning) -> tuple[int, int, int, int]:
+    """(block_q, tail, n_qb, tail_program) for Hq folded query rows."""
     if t.block_q:
-        block_q, tail = t.block_q, 0
-        n_qb = triton.cdiv(hq, block_q)
-    elif hq <= 64:
-        block_q, tail, n_qb = max(16, next_pow2(hq)), 0, 1
-    elif hq <= 80 and t.tail == 1:
-        block_q, tail, n_qb = 64, 16, 1
-    elif hq <= 80 and t.tail == 2:
-        block_q, tail, n_qb, tail_prog = 64, 0, 2, 16
-    elif hq <= 80:  # tail=0: pad to one 128-row block (an experiment: it does not compile for sm_90 at 576 wide)
-        block_q, tail, n_qb = 128, 0, 1
-    else:  # 64-row blocks (a 128-row block needs more registers than sm_90 gives 16 warps)
-        block_q, tail, n_qb = 64, 0, triton.cdiv(hq, 64)
-    if block_q >= 128:
-        warps = t.warps_128
-    block_n = t.block_n
+        return t.block_q, 0, triton.cdiv(hq, t.block_q), 0
+    if hq <= 64:
+        return max(16, next_pow2(hq)), 0, 1, 0
+    if hq <= 80 and t.tail == 1:
+        return 64, 16, 1, 0
+    if hq <= 80 and t.tail == 2:
+        return 64, 0, 2, 16
+    if hq <= 80:  # tail=0: pad to one 128-row block (an experiment: it does not compile for sm_90 at 576 wide)
+        return 128, 0, 1, 0
+    return 64, 0, triton.cdiv(hq, 64), 0  # 64-row blocks (a 128-row block needs more registers than sm_90 gives 16 warps)
+
+
+def _fit_tiles(t: SplitTuning, block_q: int, tail: int, r: int, width: int, elem_bytes: int,
+               limit: int) -> tuple[int, int] | None:
+    """The tuning's (block_n, num_stages) when prefix_smem fits ``limit``, else fewer stages, then 32-token
+    tiles: the first that fits (None if none does)."""
+    stages = [t.num_stages] + list(range(t.num_stages - 1, 0, -1))
+    tiles = [(t.block_n, s) for s in stages] + ([(32, s) for s in stages] if t.block_n > 32 else [])
+    for bn, st in tiles:
+        if prefix_smem(dict(block_n=bn, num_stages=st, block_q=block_q, tail=tail), r, width, elem_bytes) <= limit:
+            return bn, st
+    return None
+
+
+def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFAULT_TUNING, *,
+                  dtype: torch.dtype = torch.bfloat16, width: int = 576, r: int = 64,
+                  smem_limit: int = SMEM_SM90) -> dict:
+    """Row tiling and split count for Hq folded query rows (pure function of shapes and tuning).
+    prefix_len is the plan's bound: the split count is sized for it. The tuning's tiles and stages are
+    kept when they fit ``smem_limit`` for r new rows of ``width`` elements of ``dtype`` (prefix_smem: the
+    defaults do for 16-bit rows at 576 wide), else fewer stages, then 32-token tiles, then (automatic row
+    blocks above 32 rows) 32-row blocks; a one-line ValueError when nothing fits."""
+    t = tuning
+    eb = dtype.itemsize
+    block_q, tail, n_qb, tail_prog = _row_blocks(hq, t)
+    fit = _fit_tiles(t, block_q, tail, r, width, eb, smem_limit)
+    if fit is None and block_q > 32 and not t.block_q:
+        block_q, tail, n_qb, tail_prog = 32, 0, triton.cdiv(hq, 32), 0
+        fit = _fit_tiles(t, block_q, tail, r, width, eb, smem_limit)
+    if fit is None:
+        need = prefix_smem(dict(block_n=min(t.block_n, 32), num_stages=1, block_q=block_q, tail=tail), r, width, eb)
+        raise ValueError(f"the {name} path: no tile config fits {dtype} kv rows {width} wide in {smem_limit} B of "
+                         f"shared memory (the smallest, {min(t.block_n, 32)} tokens x 1 stage x {block_q} rows, "
+                         f"needs ~{need} B); use fp16/bf16, narrower rows or a smaller SplitTuning.block_q")
+    block_n, num_stages = fit
+    warps = t.warps_128 if block_q >= 128 else t.num_warps
     ratio = max(1, int(t.tail_ratio)) if tail_prog else 1
     if prefix_len == 0:
         num_splits, chunk = 0, block_n
@@ -456,14 +510,16 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
     return dict(block_q=block_q, tail=tail, tail_program=tail_prog, tail_ratio=ratio, n_qb=n_qb, block_n=block_n,
                 num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=t.num_stages, tma=int(t.tma))
+                num_warps=warps, num_stages=num_stages, tma=int(t.tma))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
-         tuning: SplitTuning | None = None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
-    """Per-step metadata: the ancestor bitmask on the device, the SM count; with ``heads`` also
-    the tile/split config and the partial buffers (else run() derives them per call, nothing is
-    memoized). prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix``
+         tuning: SplitTuning | None = None, heads: int | None = None, max_prefix: int | None = None,
+         dtype: torch.dtype = torch.bfloat16, rope_dim: int = 64) -> VerifyPlan:
+    """Per-step metadata: the ancestor bitmask on the device, the SM count, the device's shared memory
+    limit; with ``heads`` also the tile/split config (for q/kv of ``dtype`` and ``rope_dim``: what fits
+    shared memory depends on them) and the partial buffers (else run() derives them per call, nothing
+    is memoized). prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix``
     (device plan: splits and buffers sized for max_prefix; ``refresh`` rebuilds the bitmask)."""
     tuning = DEFAULT_TUNING if tuning is None else tuning
     if not isinstance(tuning, SplitTuning):
@@ -478,10 +534,12 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     r = int(tree_mask.shape[0])
     check_rows(r, name)
     w = bit_weights(r, dev)
-    extra = {"bit_weights": w, "bits": mask_bits(tree_mask, w), "sm_count": sm_count(dev)}
+    extra = {"bit_weights": w, "bits": mask_bits(tree_mask, w), "sm_count": sm_count(dev),
+             "smem_limit": smem_limit(dev), "dtype": dtype, "rope_dim": rope_dim}
     if heads is not None:
         extra["heads"] = heads
-        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning)
+        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning, dtype=dtype,
+                                              width=v_dim + rope_dim, r=r, smem_limit=extra["smem_limit"])
         extra["partials"] = _partials(cfg["num_splits"], heads * r, v_dim, dev)
         extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
@@ -504,11 +562,17 @@ def _partials(ns: int, hq: int, v_dim: int, device) -> tuple[torch.Tensor, torch
             torch.empty(ns + 1, hq, dtype=torch.float32, device=device))
 
 
-def config_for(p: VerifyPlan, heads: int) -> dict:
-    """The tile/split config run() uses for ``heads`` (the plan's, when it was built for them)."""
-    if p.extra.get("heads") == heads:
-        return p.extra["config"]
-    return choose_config(p.prefix_len, heads * p.num_rows, p.extra["sm_count"], p.tuning)
+def config_for(p: VerifyPlan, heads: int, dtype: torch.dtype | None = None, rope_dim: int | None = None) -> dict:
+    """The tile/split config run() uses for ``heads`` and q/kv of ``dtype`` and ``rope_dim`` (default: the
+    plan's): the plan's own when it was built for them, or when they choose the same one."""
+    dtype = p.extra["dtype"] if dtype is None else dtype
+    rope_dim = p.extra["rope_dim"] if rope_dim is None else rope_dim
+    own = p.extra["config"] if p.extra.get("heads") == heads else None
+    if own is not None and (dtype.itemsize, rope_dim) == (p.extra["dtype"].itemsize, p.extra["rope_dim"]):
+        return own
+    cfg = choose_config(p.prefix_len, heads * p.num_rows, p.extra["sm_count"], p.tuning, dtype=dtype,
+                        width=p.v_dim + rope_dim, r=p.num_rows, smem_limit=p.extra["smem_limit"])
+    return own if cfg == own else cfg
 
 
 def _tma_ok(kv: torch.Tensor) -> bool:
@@ -522,16 +586,15 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a
     dict to receive the compiled kernels' reports under "prefix" and "merge"."""
     check_run_args(q, kv, p)
-    check_dims(q, kv, p.v_dim, name)
+    pe = check_dims(q, kv, p.v_dim, name)
     if "bits" not in p.extra:
         raise ValueError("plan was not built by split.plan")
-    r, h, d = q.shape
-    pe = d - p.v_dim
+    r, h, _ = q.shape
     hq = r * h
     t = p.tuning
-    cfg = config_for(p, h)
+    cfg = config_for(p, h, q.dtype, pe)
     ns = cfg["num_splits"]
-    planned = p.extra.get("heads") == h and p.extra["partials"][0].device == q.device
+    planned = cfg is p.extra.get("config") and p.extra["partials"][0].device == q.device
     o_part, lse_part = p.extra["partials"] if planned else _partials(ns, hq, p.v_dim, q.device)
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     upcast, prec = dot_flags(q.dtype)
