@@ -69,7 +69,24 @@ class WsTuning:
                                             # its programs wait on the SMs the prefix grid leaves or frees
 
 
+    swap: int = 0       # 1: the swap-AB kernel (_ws_swap.ws_swap_kernel): KV tokens on the MMA's M side, 16 or
+                        # 32 folded query rows per program on N (8 heads: 3 programs of 32 rows per chunk instead
+                        # of 2 of 64), the two consumer warpgroups on alternate tiles; up to SWAP_MAX_ROWS folded
+                        # rows (else a ValueError); seesaw and pipe are then unused
+
+
 DEFAULT_TUNING = WsTuning()
+SWAP_MAX_ROWS = 96  # swap-AB programs hold 32 rows (O^T: 512 x 32 fp32 per warpgroup); above 3 of them, 64-row ones
+
+
+def block_rows(hq: int, t: WsTuning) -> int:
+    """Folded query rows per program: 64 (the default kernel), or 16 / 32 with ``swap``."""
+    if not t.swap:
+        return BLOCK_M
+    if hq > SWAP_MAX_ROWS:
+        raise ValueError(f"the {name} path's swap kernel takes at most {SWAP_MAX_ROWS} folded query rows "
+                         f"(heads x tree rows), got {hq}")
+    return 16 if hq <= 16 else 32
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
@@ -92,10 +109,11 @@ def folds(n_qb: int, fold_tree: int) -> bool:
     return n_qb >= 4 if fold_tree < 0 else bool(fold_tree)
 
 
-def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_tree: int = 1) -> dict:
-    """Splits so that all programs (row blocks x splits, + the tree part unless folded) fit one wave.
-    ``grid_splits`` is the grid's second dimension; the merge combines ``grid_splits`` partials."""
-    n_qb = triton.cdiv(hq, BLOCK_M)
+def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_tree: int = 1,
+                  block_q: int = BLOCK_M) -> dict:
+    """Splits so that all programs (row blocks of ``block_q`` x splits, + the tree part unless folded) fit one
+    wave. ``grid_splits`` is the grid's second dimension; the merge combines ``grid_splits`` partials."""
+    n_qb = triton.cdiv(hq, block_q)
     extra = 0 if folds(n_qb, fold_tree) else 1
     if prefix_len == 0:
         return dict(n_qb=n_qb, num_splits=1 - extra, chunk=BLOCK_N, grid_splits=1, fold=1 - extra)
@@ -104,6 +122,12 @@ def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_
     chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), BLOCK_N) * BLOCK_N
     ns = triton.cdiv(prefix_len, chunk)
     return dict(n_qb=n_qb, num_splits=ns, chunk=chunk, grid_splits=ns + extra, fold=1 - extra)
+
+
+def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
+    """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement), with block_q."""
+    bq = block_rows(hq, t)
+    return dict(choose_config(prefix_len, hq, sms, t.min_chunk, t.fold_tree, bq), block_q=bq)
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -127,7 +151,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     extra = {"path": name, "bits": mask_bits(tree_mask), "sm_count": sm_count(dev)}
     if heads is not None:
         extra["heads"] = heads
-        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning.min_chunk, tuning.fold_tree)
+        extra["config"] = cfg = config(bound, heads * r, extra["sm_count"], tuning)
         extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
         extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
@@ -139,7 +163,7 @@ def refresh(p: VerifyPlan) -> None:
     p.extra["bits"].copy_(mask_bits(p.tree_mask))
 
 
-def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0):
+def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0, block_q: int = BLOCK_M):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -150,7 +174,7 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0):
     def desc(t, shape, block):
         return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
     kv_w = (64 if seesaw >= 3 else v // 2) if seesaw else v  # seesaw: a tile's latent in halves or 64-col pieces
-    return (desc(q2, [q2.shape[0], v], [BLOCK_M, v]), desc(q2[:, v:], [q2.shape[0], pe], [BLOCK_M, pe]),
+    return (desc(q2, [q2.shape[0], v], [block_q, v]), desc(q2[:, v:], [q2.shape[0], pe], [block_q, pe]),
             desc(kv, [rows, v], [BLOCK_N, kv_w]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
 
 
@@ -170,17 +194,23 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     hq = r * h
     planned = p.extra.get("heads") == h and p.extra["partials"][0].device == q.device
     t = p.tuning
-    cfg = p.extra["config"] if planned else choose_config(p.prefix_len, hq, p.extra["sm_count"], t.min_chunk, t.fold_tree)
+    cfg = p.extra["config"] if planned else config(p.prefix_len, hq, p.extra["sm_count"], t)
     gs = cfg["grid_splits"]  # partials 0 .. gs - 1; the merge starts from the last (finite lse: the tree columns)
     parts = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device)
     o_part, lse_part = parts
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, t.seesaw)
+    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, 0 if t.swap else t.seesaw, cfg["block_q"])
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
-    if t.seesaw:
+    if t.swap:
+        from ._ws_swap import ws_swap_kernel
+        k = ws_swap_kernel[(cfg["n_qb"], gs)](
+            *args, BLOCK_Q=cfg["block_q"], BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim,
+            WG1_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
+        )
+    elif t.seesaw:
         k = ws_seesaw_kernel[(cfg["n_qb"], gs)](
             *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim,
             PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], SEESAW=t.seesaw, num_warps=4,
@@ -197,7 +227,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
 
 def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int) -> dict:
     """split.merge_config for this path: its prefix grid gives at most sms // (64-row blocks) partials."""
-    return merge_config(t, hq, v_dim, sms, sms // triton.cdiv(hq, BLOCK_M))
+    return merge_config(t, hq, v_dim, sms, sms // triton.cdiv(hq, block_rows(hq, t)))
 
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
