@@ -25,6 +25,7 @@ def main() -> int:
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")
     ap.add_argument("--swap", type=int, default=0, help="compile the swap-AB kernel with this BLOCK_Q (16 or 32)")
+    ap.add_argument("--tail", type=int, default=0, help="compile the one-program kernel of 64 + TAIL rows (_ws_tail; 8)")
     ap.add_argument("--pv-regs", type=int, default=232, help="registers of warpgroup 1 (setmaxnreg)")
     ap.add_argument("--load-regs", type=int, default=40, help="registers of the loader warp (setmaxnreg)")
     ap.add_argument("--out", default="/tmp/ws_sm90")
@@ -70,7 +71,14 @@ def main() -> int:
              desc(kv, [rows, v], [64, kv_w]), desc(kv[:, v:], [rows, pe], [64, pe]),
              torch.zeros(9, dtype=torch.int64), torch.zeros(3, hq, v), torch.zeros(3, hq), hq * v, v, 4000, 9, 2048,
              hq, 8, 0.1)
-    if args.swap:
+    if args.tail:
+        from ddprobe.engine.kernels import _ws_tail
+        tl_ = args.tail
+        targs = args_[:2] + (desc(q2, [hq, v], [tl_, v]), desc(q2[:, v:], [hq, pe], [tl_, pe])) + args_[2:]
+        k = _ws_tail.ws_tail_kernel.warmup(*targs, grid=(1, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
+                                           TAIL=tl_, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
+                                           num_warps=4)
+    elif args.swap:
         from ddprobe.engine.kernels import _ws_swap
         bq = args.swap
         sargs = (desc(q2, [hq, v], [bq, v]), desc(q2[:, v:], [hq, pe], [bq, pe])) + args_[2:]

@@ -431,6 +431,28 @@ def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
     assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)
 
 
+@needs_kernels
+@pytest.mark.parametrize("kind", [0, 1, 3])
+def test_ws_merge_reads_bf16_partials(kind):
+    """split_ws.WsTuning.half_partials: the partials in bf16 (lse fp32); every merge kind accumulates them in
+    fp32: equal, to 1e-5, to the torch merge of the same bf16 values, some splits empty."""
+    from ddprobe.engine.kernels import split_ws
+    g = torch.Generator().manual_seed(kind)
+    r, h, v, ns = 9, 8, 512, 21
+    hq = r * h
+    o = torch.randn(ns + 1, hq, v, generator=g).to(torch.bfloat16)
+    lse = torch.randn(ns + 1, hq, generator=g) * 4
+    lse[[3, 9]] = float("-inf")
+    o[[3, 9]] = float("nan")
+    w = torch.exp2(lse - lse.max(0).values)
+    want = (torch.nan_to_num(o.float()) * w[..., None]).sum(0) / w.sum(0)[:, None]
+    p = split_ws.plan(4000, shape_mask("lopsided", r - 1, DEV), None, v,
+                      tuning=split_ws.WsTuning(merge_kind=kind, half_partials=1))
+    out = torch.empty(r, h, v, device=DEV)
+    split_ws.launch_merge((o.to(DEV), lse.to(DEV)), ns, out, p)
+    assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)
+
+
 def test_merge_config_picks_by_rows_and_refuses_unknown_kinds():
     """merge_kind -1 picks the summed-once flat merge (3) up to 128 folded rows and the flat one-partial-per-step
     merge (1) above; explicit knobs override the kind's preset; an unknown kind is a one-line ValueError."""

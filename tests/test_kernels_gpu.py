@@ -93,8 +93,10 @@ def test_tree_mask_is_applied():
 
 @gpu
 @pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(swap=1),
-                                  dict(swap=1, fold_tree=1)],
-                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "swap", "swap-fold"])
+                                  dict(swap=1, fold_tree=1), dict(tail=1), dict(tail=1, fold_tree=1),
+                                  dict(tail=1, half_partials=1), dict(half_partials=1)],
+                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "swap", "swap-fold", "tail",
+                              "tail-fold", "tail-half", "half"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -167,6 +169,35 @@ def test_swap_matches_reference(fold, ctx, budget, shape, heads, dtype):
     combined at the end) against the fp32 reference; called twice, the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(swap=1, fold_tree=fold), repeat=2)
+
+
+# the one-program kernel for 65-72 folded rows: the CASES in that range, and more shapes there (4 heads x 17 rows =
+# 68: the Q tail's last 4 rows are past q and read as zeros; 9 heads x 8 rows), prefixes ending mid-tile, no prefix
+TAIL_CASES = [c for c in CASES if 64 < c[3] * (c[1] + 1) <= 72] + [
+    (5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star", 8, torch.bfloat16), (2000, 8, "chain", 8, torch.float16),
+    (700, 7, "lopsided", 9, torch.bfloat16), (100, 16, "fork", 4, torch.bfloat16), (64, 8, "lopsided", 8, torch.float16),
+    (63, 8, "star", 8, torch.bfloat16), (129, 8, "fork", 8, torch.bfloat16)]
+
+
+@gpu
+@pytest.mark.parametrize("half", [0, 1], ids=["fp32-partials", "bf16-partials"])
+@pytest.mark.parametrize("fold", [0, 1])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", TAIL_CASES)
+def test_tail_matches_reference(half, fold, ctx, budget, shape, heads, dtype):
+    """The 64 + 8-row program (rows 64.. on warpgroup 1 with KV tokens on M) against the fp32 reference, fp32
+    or bf16 partials, the tree part folded or not; called twice, the same bits."""
+    from ddprobe.engine.kernels.split_ws import WsTuning, block_rows
+    t = WsTuning(tail=1, fold_tree=fold, half_partials=half)
+    assert block_rows(heads * (budget + 1), t) == 72  # the tail kernel is the one that runs
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=t, repeat=2)
+
+
+@gpu
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", [c for c in CASES if c[3] * (c[1] + 1) > 72])
+def test_half_partials_match_reference(ctx, budget, shape, heads, dtype):
+    """bf16 partials with the default 64-row kernel (every CASES shape above 72 rows)."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(half_partials=1), repeat=2)
 
 
 @gpu
@@ -247,6 +278,25 @@ def test_seesaw_tree_placements(seesaw, fold, ctx, budget, shape, heads):
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, torch.bfloat16,
           tuning=WsTuning(seesaw=seesaw, min_chunk=256, fold_tree=fold))
+
+
+def test_tail_config_takes_72_rows_in_one_program():
+    """Host-side (runs anywhere): with ``tail`` 65-72 folded rows are one row block of 64 + 8, so the grid takes
+    twice the splits of two 64-row blocks, still one wave; other row counts keep 64-row blocks; the merge's
+    S_MAX covers the larger number of partials; bf16 partial buffers with ``half_partials``."""
+    from ddprobe.engine.kernels import split_ws
+    t = split_ws.WsTuning(tail=1)
+    for hq in (65, 68, 72):
+        c = split_ws.config(131072, hq, 132, t)
+        two = split_ws.config(131072, hq, 132, split_ws.WsTuning())
+        assert (c["n_qb"], c["block_q"], two["n_qb"]) == (1, 72, 2)
+        assert c["num_splits"] == 2 * two["num_splits"] == 128 and c["grid_splits"] <= 132  # 1024-token chunks
+        assert split_ws.merge_plan(t, hq, 512, 132)["s_max"] == 256
+    for hq in (9, 64, 73, 144, 576):
+        assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning())
+    assert not split_ws.tails(72, split_ws.WsTuning(tail=1, seesaw=1))
+    assert split_ws.partial_dtype(split_ws.WsTuning(half_partials=1)) == torch.bfloat16
+    assert split_ws.partial_dtype(t) == torch.float32
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])

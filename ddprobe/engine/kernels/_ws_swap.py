@@ -119,7 +119,7 @@ def _sw_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, x_s, xm_s, xl_s, q_bar, kv_re
     gl.store(LSE_part + pid_s * Hq + rows, m + gl.log2(l), mask=rows < Hq)
     dims = gl.arange(0, V_DIM, dim_l)
     ptr = O_part + pid_s * stride_ps + rows[None, :] * stride_pq + dims[:, None]
-    gl.store(ptr, acc, mask=(rows < Hq)[None, :])
+    gl.store(ptr, acc.to(O_part.dtype.element_ty), mask=(rows < Hq)[None, :])
 
 
 @gluon.jit

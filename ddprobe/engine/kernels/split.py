@@ -294,7 +294,7 @@ def _merge_kernel(
     offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
     m = tl.load(LSE_part + num_splits * Hq + offs_q, mask=q_ok, other=0.0)
     acc = tl.load(O_part + num_splits * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
-                  mask=q_ok[:, None], other=0.0)
+                  mask=q_ok[:, None], other=0.0).to(tl.float32)
     wsum = tl.full([BLOCK_M], 1.0, tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
@@ -556,9 +556,10 @@ def merge_plan(t: SplitTuning, hq: int, v_dim: int, sms: int) -> dict:
     return merge_config(t, hq, v_dim, sms, sms * max(1, t.ctas_per_sm))
 
 
-def _partials(ns: int, hq: int, v_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial outputs and log2-sum-exps of the ns prefix splits, then the tree part's at index ns."""
-    return (torch.empty(ns + 1, hq, v_dim, dtype=torch.float32, device=device),
+def _partials(ns: int, hq: int, v_dim: int, device, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs (fp32, or bf16 where a path's tuning asks) and fp32 log2-sum-exps of the ns prefix
+    splits, then the tree part's at index ns."""
+    return (torch.empty(ns + 1, hq, v_dim, dtype=dtype, device=device),
             torch.empty(ns + 1, hq, dtype=torch.float32, device=device))
 
 

@@ -30,6 +30,7 @@ layout = "contiguous"
 
 BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
+TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -69,6 +70,11 @@ class WsTuning:
                                             # its programs wait on the SMs the prefix grid leaves or frees
 
 
+    tail: int = 0       # 1: 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
+                        # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1;
+                        # twice the splits of the two-program grid, each half as long; other row counts: unused
+    half_partials: int = 0  # 1: the prefix partials in bf16 (the log-sum-exps stay fp32): half the bytes written
+                            # by the prefix kernel and read by the merge
     swap: int = 0       # 1: the swap-AB kernel (_ws_swap.ws_swap_kernel): KV tokens on the MMA's M side, 16 or
                         # 32 folded query rows per program on N (8 heads: 3 programs of 32 rows per chunk instead
                         # of 2 of 64), the two consumer warpgroups on alternate tiles; up to SWAP_MAX_ROWS folded
@@ -79,8 +85,20 @@ DEFAULT_TUNING = WsTuning()
 SWAP_MAX_ROWS = 96  # swap-AB programs hold 32 rows (O^T: 512 x 32 fp32 per warpgroup); above 3 of them, 64-row ones
 
 
+def tails(hq: int, t: WsTuning) -> bool:
+    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel)."""
+    return bool(t.tail) and not t.swap and not t.seesaw and BLOCK_M < hq <= BLOCK_M + TAIL
+
+
+def partial_dtype(t: WsTuning) -> torch.dtype:
+    return torch.bfloat16 if t.half_partials else torch.float32
+
+
 def block_rows(hq: int, t: WsTuning) -> int:
-    """Folded query rows per program: 64 (the default kernel), or 16 / 32 with ``swap``."""
+    """Folded query rows per program: 64 (the default kernel), 72 with ``tail`` (65-72 rows), or 16 / 32
+    with ``swap``."""
+    if tails(hq, t):
+        return BLOCK_M + TAIL
     if not t.swap:
         return BLOCK_M
     if hq > SWAP_MAX_ROWS:
@@ -152,7 +170,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     if heads is not None:
         extra["heads"] = heads
         extra["config"] = cfg = config(bound, heads * r, extra["sm_count"], tuning)
-        extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
+        extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev, partial_dtype(tuning))
         extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       tuning=tuning, extra=extra)
@@ -196,15 +214,23 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     t = p.tuning
     cfg = p.extra["config"] if planned else config(p.prefix_len, hq, p.extra["sm_count"], t)
     gs = cfg["grid_splits"]  # partials 0 .. gs - 1; the merge starts from the last (finite lse: the tree columns)
-    parts = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device)
+    parts = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device, partial_dtype(t))
     o_part, lse_part = parts
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, 0 if t.swap else t.seesaw, cfg["block_q"])
+    tail = tails(hq, t)
+    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, 0 if t.swap else t.seesaw, BLOCK_M if tail else cfg["block_q"])
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
-    if t.swap:
+    if tail:
+        from ._ws_tail import ws_tail_kernel
+        qt_lat, qt_pe, _, _ = _descs(q2, kv, p, 0, TAIL)
+        k = ws_tail_kernel[(cfg["n_qb"], gs)](
+            qd_lat, qd_pe, qt_lat, qt_pe, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
+            PE_DIM=d - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
+        )
+    elif t.swap:
         from ._ws_swap import ws_swap_kernel
         k = ws_swap_kernel[(cfg["n_qb"], gs)](
             *args, BLOCK_Q=cfg["block_q"], BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim,

@@ -1,0 +1,266 @@
+"""Gluon prefix kernel of the `split_ws` path for 65 to 72 folded query rows (8 heads x 9 rows) in ONE program.
+
+The default kernel (`_ws_gluon.ws_prefix_kernel`) puts 64 folded rows on the MMA's M side, so 72 rows take two
+programs per chunk and the second computes 64 rows for 8: half of the grid does 1/8 useful work, and each
+program streams half as many tiles as it could. Here one program takes all 72 rows of a chunk: rows 0..63 as
+in the default kernel, and the 8 "tail" rows with the operands swapped (KV tokens on M, the 8 rows on N, which
+wgmma allows in steps of 8), on warpgroup 1, which in the default kernel only computes half of P V and waits
+for warpgroup 0 most of the time. With half as many programs per chunk the grid takes twice as many splits, so
+each program streams half as many tiles. Per tile, in addition to the default kernel's work:
+
+    S_t^T [64 tokens, 8]  = K_lat [64, 512] Q_t_lat^T + K_pe [64, 64] Q_t_pe^T     (A = the tile, B = Q tail)
+    O_t^T [512, 8]       += V^T [512, 64] P_t^T [64, 8]                           (A = the tile, transposed)
+
+Partitions (shared memory: Q 72 KB + Q tail 9 KB + 2 x 72 KB of tiles + P tail 1 KB = 226 KB of the 227 KB):
+
+  loader   (1 warp):  Q and the Q tail once, then each tile into the ring of 2 stages (kv_ready / kv_free).
+  warpgroup 0 (the default partition): S = Q K^T of rows 0..63, the online softmax, O[:, :256] += P V[:, :256]
+                      with P from registers; P (bf16) goes to warpgroup 1 in the tile's own K_pe buffer (dead
+                      once both S products of the tile are computed; a [64, 64] bf16 wgmma operand already),
+                      so the default kernel's 8 KB P buffer is not needed; alpha in a 2-slot buffer.
+  warpgroup 1:        S_t^T of the tail rows (then releases the tile's K_pe buffer: ``pe_free``), their online
+                      softmax along the tokens (axis 0), P_t^T to shared memory; then, once warpgroup 0's P is
+                      there (``p_ready``), O[:, 256:] += P V[:, 256:] and O_t^T += V^T P_t^T; releases the stage.
+At the end warpgroup 0 passes 1 / l through the alpha buffer (``fin``); both store their half of the normalized
+partial of rows 0..63 and warpgroup 1 the tail rows' partial and log2-sum-exp, in `split`'s layout (fp32 or
+the partial buffer's 16-bit type), so the merge is unchanged. FOLD and the tree part as in the default kernel.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def _tl_loader(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, qt_lat_s, qt_pe_s, k_lat_s,
+               k_pe_s, q_bar, kv_ready, kv_free, q0, start, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes + qt_lat_d.block_type.nbytes
+                    + qt_pe_d.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
+    tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
+    tma.async_copy_global_to_shared(qt_lat_d, [q0 + BLOCK_M, 0], q_bar, qt_lat_s.index(0))
+    tma.async_copy_global_to_shared(qt_pe_d, [q0 + BLOCK_M, 0], q_bar, qt_pe_s.index(0))
+    nbytes: gl.constexpr = k_lat_d.block_type.nbytes + k_pe_d.block_type.nbytes
+    for i in range(n_tiles):
+        st = i % STAGES
+        mbarrier.wait(kv_free.index(st), ((i // STAGES) & 1) ^ 1)
+        bar = kv_ready.index(st)
+        mbarrier.expect(bar, nbytes)
+        n0 = start + i * BLOCK_N
+        tma.async_copy_global_to_shared(k_lat_d, [n0, 0], bar, k_lat_s.index(st))
+        tma.async_copy_global_to_shared(k_pe_d, [n0, 0], bar, k_pe_s.index(st))
+
+
+@gluon.jit
+def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
+            Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
+            qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    offs_n0 = gl.arange(0, BLOCK_N, col_s)
+    rows = q0 + gl.arange(0, BLOCK_M, row_s)
+    bits = gl.load(Bits + rows // H, mask=rows < Hq, other=-1)  # padded rows see every tree column: finite
+    mbarrier.wait(q_bar, 0)
+    for i in range(n_tiles):
+        st = i % STAGES
+        ph = (i // STAGES) & 1
+        k_lat = k_lat_s.index(st)
+        k_pe = k_pe_s.index(st)
+        mbarrier.wait(kv_ready.index(st), ph)
+        s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_pe_s, k_pe.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        n0 = start + i * BLOCK_N
+        if n0 + BLOCK_N > gl.minimum(end, prefix_len):  # only tiles reaching the tree columns or the chunk's end
+            offs_n = n0 + offs_n0
+            c = gl.minimum(gl.maximum(offs_n - prefix_len, 0), 63).to(gl.int64)
+            see = (offs_n < prefix_len)[None, :] | (((bits[:, None] >> c[None, :]) & 1) != 0)
+            s = gl.where(see & (offs_n < end)[None, :], s * qk_scale, float("-inf"))
+        else:
+            s = s * qk_scale
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        p16 = p.to(k_lat.dtype)
+        # P goes over the tile's K_pe once warpgroup 1 has computed the tail rows' scores from it
+        mbarrier.wait(pe_free.index(st), ph)
+        k_pe.store(p16)
+        a_s.index(st).store(alpha)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p_ready.index(st), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p16, p_dot), k_lat.slice(0, HALF, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        gl.thread_barrier()
+        mbarrier.arrive(kv_free.index(st), count=1)
+    # 1 / l to warpgroup 1 in the alpha slot of tile n_tiles (its last reader, tile n_tiles - 2, is done: warpgroup
+    # 1 released tile n_tiles - 1's K_pe, which it does only after finishing tile n_tiles - 2)
+    inv_l = 1.0 / l_i
+    a_s.index(n_tiles % STAGES).store(inv_l)
+    gl.thread_barrier()
+    mbarrier.arrive(fin, count=1)
+    gl.store(LSE_part + pid_s * Hq + rows, m_i + gl.log2(l_i), mask=rows < Hq)
+    out = acc * gl.convert_layout(inv_l, row_o)[:, None]
+    rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
+    cols = gl.arange(0, HALF, col_o)
+    ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
+    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
+
+
+@gluon.jit
+def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
+            Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
+            qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, V_DIM: gl.constexpr,
+            TAIL: gl.constexpr, STAGES: gl.constexpr):
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, TAIL, 16])
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
+    tok_t: gl.constexpr = gl.SliceLayout(1, t_layout)  # along the tile's tokens (S_t^T) or value dims (O_t^T)
+    row_t: gl.constexpr = gl.SliceLayout(0, t_layout)  # along the tail rows
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    acc_t = gl.zeros([V_DIM, TAIL], gl.float32, t_layout)
+    st_zero = gl.zeros([BLOCK_N, TAIL], gl.float32, t_layout)
+    m_t = gl.full([TAIL], float("-inf"), gl.float32, row_t)
+    l_t = gl.zeros([TAIL], gl.float32, row_t)
+    offs_t0 = gl.arange(0, BLOCK_N, tok_t)
+    rows_t = q0 + BLOCK_M + gl.arange(0, TAIL, row_t)
+    bits = gl.load(Bits + rows_t // H, mask=rows_t < Hq, other=-1)
+    mbarrier.wait(q_bar, 0)
+    for i in range(n_tiles):
+        st = i % STAGES
+        ph = (i // STAGES) & 1
+        k_lat = k_lat_s.index(st)
+        k_pe = k_pe_s.index(st)
+        # (i >> 30) is 0; it keeps the compiler from hoisting the loop-invariant wgmma descriptors of the
+        # Q tail and P_t buffers out of the loop, where they would be spilled
+        z = i >> 30
+        mbarrier.wait(kv_ready.index(st), ph)
+        s = warpgroup_mma(k_lat, qt_lat_s.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(k_pe, qt_pe_s.index(z).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+        gl.thread_barrier()
+        mbarrier.arrive(pe_free.index(st), count=1)
+        n0 = start + i * BLOCK_N
+        if n0 + BLOCK_N > gl.minimum(end, prefix_len):
+            offs_t = n0 + offs_t0
+            c = gl.minimum(gl.maximum(offs_t - prefix_len, 0), 63).to(gl.int64)
+            see = (offs_t < prefix_len)[:, None] | (((bits[None, :] >> c[:, None]) & 1) != 0)
+            s = gl.where(see & (offs_t < end)[:, None], s * qk_scale, float("-inf"))
+        else:
+            s = s * qk_scale
+        m_new = gl.maximum(m_t, gl.max(s, axis=0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet: 0, not NaN
+        alpha_t = gl.exp2(m_t - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_t = l_t * alpha_t + gl.sum(p, axis=0)
+        m_t = m_new
+        pt = pt_s.index(z)
+        pt.store(gl.permute(p.to(k_lat.dtype), (1, 0)))  # P_t^T kept as [TAIL, 64]: K-major for the wgmma
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.wait(p_ready.index(st), ph)
+        alpha = a_s.index(st).load(row_o)
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(k_pe, k_lat.slice(HALF, HALF, dim=1), acc, is_async=True)  # P (in K_pe's buffer) V_R
+        acc_t = acc_t * alpha_t[None, :]
+        acc_t = warpgroup_mma(k_lat.permute((1, 0)), pt.permute((1, 0)), acc_t, is_async=True)
+        acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+        gl.thread_barrier()
+        mbarrier.arrive(kv_free.index(st), count=1)
+    mbarrier.wait(fin, 0)
+    inv_l = a_s.index(n_tiles % STAGES).load(row_o)
+    out = acc * inv_l[:, None]
+    rows = q0 + gl.arange(0, BLOCK_M, row_o)
+    cols = HALF + gl.arange(0, HALF, col_o)
+    ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
+    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows < Hq)[:, None])
+    gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
+    out_t = acc_t * (1.0 / l_t)[None, :]
+    dims = gl.arange(0, V_DIM, tok_t)
+    ptr_t = O_part + pid_s * stride_ps + rows_t[None, :] * stride_pq + dims[:, None]
+    gl.store(ptr_t, out_t.to(O_part.dtype.element_ty), mask=(rows_t < Hq)[None, :])
+
+
+@gluon.jit
+def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps,
+                   stride_pq, prefix_len, R, chunk, Hq, H, qk_scale,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
+                   TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr):
+    """Grid (1, num_splits) with FOLD (the last split also takes the R tree columns), else (1, num_splits + 1)
+    with the tree part as split index num_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written)."""
+    STAGES: gl.constexpr = 2
+    pid_q = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    q0 = pid_q * (BLOCK_M + TAIL)
+    if FOLD:
+        last = pid_s == gl.num_programs(1) - 1
+        start = pid_s * chunk
+        end = gl.where(last, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    else:
+        is_tree = pid_s == gl.num_programs(1) - 1
+        start = gl.where(is_tree, prefix_len, pid_s * chunk)
+        end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    HALF: gl.constexpr = V_DIM // 2
+    dt: gl.constexpr = k_lat_d.dtype
+
+    q_lat_s = gl.allocate_shared_memory(dt, [BLOCK_M, V_DIM], q_lat_d.layout)
+    q_pe_s = gl.allocate_shared_memory(dt, [BLOCK_M, PE_DIM], q_pe_d.layout)
+    qt_lat_s = gl.allocate_shared_memory(dt, [1, TAIL, V_DIM], qt_lat_d.layout)
+    qt_pe_s = gl.allocate_shared_memory(dt, [1, TAIL, PE_DIM], qt_pe_d.layout)
+    k_lat_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, V_DIM], k_lat_d.layout)
+    k_pe_s = gl.allocate_shared_memory(dt, [STAGES, BLOCK_N, PE_DIM], k_pe_d.layout)
+    pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL, BLOCK_N], dt)
+    pt_s = gl.allocate_shared_memory(dt, [1, TAIL, BLOCK_N], pt_layout)
+    a_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    fin = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    p_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    pe_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    mbarrier.init(fin, count=1)
+    for st in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(st), count=1)
+        mbarrier.init(kv_free.index(st), count=2)  # both warpgroups release a stage
+        mbarrier.init(p_ready.index(st), count=1)
+        mbarrier.init(pe_free.index(st), count=1)
+    fence_async_shared()
+
+    gl.warp_specialize([
+        (_tl_wg0, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
+                   Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
+                   qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES)),
+        (_tl_wg1, (qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
+                   Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
+                   qk_scale, BLOCK_M, BLOCK_N, HALF, V_DIM, TAIL, STAGES)),
+        (_tl_loader, (q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, qt_lat_s, qt_pe_s,
+                      k_lat_s, k_pe_s, q_bar, kv_ready, kv_free, q0, start, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+    ], [4, 1], [PV_REGS, LOAD_REGS])
