@@ -131,60 +131,10 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
 
 
 @gluon.jit
-def _tl_scores(k_lat_s, k_pe_s, qt_lat_s, qt_pe_s, kv_ready, st_zero, i, STAGES: gl.constexpr):
-    """Wait for tile i and issue S_t^T = K Q_t^T of the tail rows asynchronously (a wgmma token). (i >> 30) is
-    0; it keeps the compiler from hoisting the loop-invariant descriptors of the Q tail out of the loop, where
-    they would be spilled."""
-    st = i % STAGES
-    z = i >> 30
-    mbarrier.wait(kv_ready.index(st), (i // STAGES) & 1)
-    s = warpgroup_mma(k_lat_s.index(st), qt_lat_s.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-    return warpgroup_mma(k_pe_s.index(st), qt_pe_s.index(z).permute((1, 0)), s, is_async=True)
-
-
-@gluon.jit
-def _tl_softmax(s, i, m_t, l_t, bits, offs_t0, start, end, prefix_len, qk_scale, BLOCK_N: gl.constexpr):
-    """The tail rows' online softmax over tile i's tokens (axis 0): P_t^T [TAIL, 64] (fp32), alpha, m, l."""
-    n0 = start + i * BLOCK_N
-    if n0 + BLOCK_N > gl.minimum(end, prefix_len):  # only tiles reaching the tree columns or the chunk's end
-        offs_t = n0 + offs_t0
-        c = gl.minimum(gl.maximum(offs_t - prefix_len, 0), 63).to(gl.int64)
-        see = (offs_t < prefix_len)[:, None] | (((bits[None, :] >> c[:, None]) & 1) != 0)
-        s = gl.where(see & (offs_t < end)[:, None], s * qk_scale, float("-inf"))
-    else:
-        s = s * qk_scale
-    m_new = gl.maximum(m_t, gl.max(s, axis=0))
-    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet: 0, not NaN
-    alpha_t = gl.exp2(m_t - m_use)
-    p = gl.exp2(s - m_use[None, :])
-    l_t = l_t * alpha_t + gl.sum(p, axis=0)
-    return gl.permute(p, (1, 0)), alpha_t, m_new, l_t
-
-
-@gluon.jit
-def _tl_pv(i, acc, acc_t, alpha_t, k_lat_s, k_pe_s, a_s, pt_s, p_ready, row_o: gl.constexpr, HALF: gl.constexpr,
-           STAGES: gl.constexpr):
-    """Once warpgroup 0's P of tile i is there: issue O[:, 256:] += P V[:, 256:] (P in the tile's K_pe buffer)
-    and O_t^T += V^T P_t^T (P_t^T in pt_s), both rescaled first; returns the two wgmma tokens."""
-    st = i % STAGES
-    k_lat = k_lat_s.index(st)
-    mbarrier.wait(p_ready.index(st), (i // STAGES) & 1)
-    alpha = a_s.index(st).load(row_o)
-    acc = acc * alpha[:, None]
-    acc = warpgroup_mma(k_pe_s.index(st), k_lat.slice(HALF, HALF, dim=1), acc, is_async=True)
-    acc_t = acc_t * alpha_t[None, :]
-    acc_t = warpgroup_mma(k_lat.permute((1, 0)), pt_s.index(i >> 30).permute((1, 0)), acc_t, is_async=True)
-    return acc, acc_t
-
-
-@gluon.jit
 def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
             Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
             qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, V_DIM: gl.constexpr,
             TAIL: gl.constexpr, STAGES: gl.constexpr):
-    """Software-pipelined by one tile: S_t^T of tile i + 1 is issued before waiting for warpgroup 0's P of tile i
-    (so tile i + 1's K_pe buffer is released to warpgroup 0 early), and the tail softmax of tile i + 1 runs while
-    the P V products of tile i are in the tensor cores; P_t^T of tile i + 1 is stored once those are done."""
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -193,7 +143,6 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
     col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     tok_t: gl.constexpr = gl.SliceLayout(1, t_layout)  # along the tile's tokens (S_t^T) or value dims (O_t^T)
     row_t: gl.constexpr = gl.SliceLayout(0, t_layout)  # along the tail rows
-    dt: gl.constexpr = k_lat_s.dtype
     acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
     acc_t = gl.zeros([V_DIM, TAIL], gl.float32, t_layout)
     st_zero = gl.zeros([BLOCK_N, TAIL], gl.float32, t_layout)
@@ -203,33 +152,47 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
     rows_t = q0 + BLOCK_M + gl.arange(0, TAIL, row_t)
     bits = gl.load(Bits + rows_t // H, mask=rows_t < Hq, other=-1)
     mbarrier.wait(q_bar, 0)
-    # tile 0's tail scores and softmax
-    s = warpgroup_mma_wait(num_outstanding=0, deps=(_tl_scores(k_lat_s, k_pe_s, qt_lat_s, qt_pe_s, kv_ready,
-                                                               st_zero, 0, STAGES), ))
-    gl.thread_barrier()
-    mbarrier.arrive(pe_free.index(0), count=1)
-    pt, alpha_t, m_t, l_t = _tl_softmax(s, 0, m_t, l_t, bits, offs_t0, start, end, prefix_len, qk_scale, BLOCK_N)
-    pt_s.index(0).store(pt.to(dt))
-    fence_async_shared()
-    gl.thread_barrier()
-    for i in range(n_tiles - 1):
-        s_nxt = _tl_scores(k_lat_s, k_pe_s, qt_lat_s, qt_pe_s, kv_ready, st_zero, i + 1, STAGES)
-        acc, acc_t = _tl_pv(i, acc, acc_t, alpha_t, k_lat_s, k_pe_s, a_s, pt_s, p_ready, row_o, HALF, STAGES)
-        s_nxt = warpgroup_mma_wait(num_outstanding=2, deps=(s_nxt, ))  # groups retire in order: S_t^T first
+    for i in range(n_tiles):
+        st = i % STAGES
+        ph = (i // STAGES) & 1
+        k_lat = k_lat_s.index(st)
+        k_pe = k_pe_s.index(st)
+        # (i >> 30) is 0; it keeps the compiler from hoisting the loop-invariant wgmma descriptors of the
+        # Q tail and P_t buffers out of the loop, where they would be spilled
+        z = i >> 30
+        mbarrier.wait(kv_ready.index(st), ph)
+        s = warpgroup_mma(k_lat, qt_lat_s.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(k_pe, qt_pe_s.index(z).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         gl.thread_barrier()
-        mbarrier.arrive(pe_free.index((i + 1) % STAGES), count=1)
-        pt, alpha_t, m_t, l_t = _tl_softmax(s_nxt, i + 1, m_t, l_t, bits, offs_t0, start, end, prefix_len,
-                                            qk_scale, BLOCK_N)
-        acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
-        pt_s.index(i >> 30).store(pt.to(dt))  # P_t^T of tile i + 1, over tile i's, now read
+        mbarrier.arrive(pe_free.index(st), count=1)
+        n0 = start + i * BLOCK_N
+        if n0 + BLOCK_N > gl.minimum(end, prefix_len):
+            offs_t = n0 + offs_t0
+            c = gl.minimum(gl.maximum(offs_t - prefix_len, 0), 63).to(gl.int64)
+            see = (offs_t < prefix_len)[:, None] | (((bits[None, :] >> c[:, None]) & 1) != 0)
+            s = gl.where(see & (offs_t < end)[:, None], s * qk_scale, float("-inf"))
+        else:
+            s = s * qk_scale
+        m_new = gl.maximum(m_t, gl.max(s, axis=0))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet: 0, not NaN
+        alpha_t = gl.exp2(m_t - m_use)
+        p = gl.exp2(s - m_use[None, :])
+        l_t = l_t * alpha_t + gl.sum(p, axis=0)
+        m_t = m_new
+        pt = pt_s.index(z)
+        pt.store(gl.permute(p.to(k_lat.dtype), (1, 0)))  # P_t^T kept as [TAIL, 64]: K-major for the wgmma
         fence_async_shared()
         gl.thread_barrier()
-        mbarrier.arrive(kv_free.index(i % STAGES), count=1)
-    last = n_tiles - 1
-    acc, acc_t = _tl_pv(last, acc, acc_t, alpha_t, k_lat_s, k_pe_s, a_s, pt_s, p_ready, row_o, HALF, STAGES)
-    acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
-    gl.thread_barrier()
-    mbarrier.arrive(kv_free.index(last % STAGES), count=1)
+        mbarrier.wait(p_ready.index(st), ph)
+        alpha = a_s.index(st).load(row_o)
+        acc = acc * alpha[:, None]
+        acc = warpgroup_mma(k_pe, k_lat.slice(HALF, HALF, dim=1), acc, is_async=True)  # P (in K_pe's buffer) V_R
+        acc_t = acc_t * alpha_t[None, :]
+        acc_t = warpgroup_mma(k_lat.permute((1, 0)), pt.permute((1, 0)), acc_t, is_async=True)
+        acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+        gl.thread_barrier()
+        mbarrier.arrive(kv_free.index(st), count=1)
     mbarrier.wait(fin, 0)
     inv_l = a_s.index(n_tiles % STAGES).load(row_o)
     out = acc * inv_l[:, None]
