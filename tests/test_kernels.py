@@ -431,40 +431,23 @@ def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
     assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)
 
 
-@needs_kernels
-@pytest.mark.parametrize("kind", [0, 1, 3])
-def test_ws_merge_reads_bf16_partials(kind):
-    """split_ws.WsTuning.half_partials: the partials in bf16 (lse fp32); every merge kind accumulates them in
-    fp32: equal, to 1e-5, to the torch merge of the same bf16 values, some splits empty."""
-    from ddprobe.engine.kernels import split_ws
-    g = torch.Generator().manual_seed(kind)
-    r, h, v, ns = 9, 8, 512, 21
-    hq = r * h
-    o = torch.randn(ns + 1, hq, v, generator=g).to(torch.bfloat16)
-    lse = torch.randn(ns + 1, hq, generator=g) * 4
-    lse[[3, 9]] = float("-inf")
-    o[[3, 9]] = float("nan")
-    w = torch.exp2(lse - lse.max(0).values)
-    want = (torch.nan_to_num(o.float()) * w[..., None]).sum(0) / w.sum(0)[:, None]
-    p = split_ws.plan(4000, shape_mask("lopsided", r - 1, DEV), None, v,
-                      tuning=split_ws.WsTuning(merge_kind=kind, half_partials=1))
-    out = torch.empty(r, h, v, device=DEV)
-    split_ws.launch_merge((o.to(DEV), lse.to(DEV)), ns, out, p)
-    assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)
-
-
 def test_merge_config_picks_by_rows_and_refuses_unknown_kinds():
     """merge_kind -1 picks the summed-once flat merge (3) up to 128 folded rows and the flat one-partial-per-step
     merge (1) above; explicit knobs override the kind's preset; an unknown kind is a one-line ValueError."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning()
-    assert split_ws.merge_plan(t, 72, 512, 132) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4,
-                                                        n_mb=5, bv=16, s_max=128)
-    assert split_ws.merge_plan(t, 576, 512, 132) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
-                                                         n_mb=72, bv=256, s_max=16)
-    assert split_ws.merge_plan(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132)["split_chunk"] == 16
+    assert split_ws.merge_plan(t, 72, 512, 132, 4096) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4,
+                                                              n_mb=5, bv=16, s_max=128)
+    # from TAIL_MIN_PREFIX on, 72 rows are one program (the tail kernel): twice the partials, 8-row merge programs
+    assert split_ws.merge_plan(t, 72, 512, 132, 131072) == dict(kind=3, block_m=8, split_chunk=8, stages=3, warps=4,
+                                                                n_mb=9, bv=32, s_max=256)
+    assert split_ws.merge_plan(split_ws.WsTuning(tail=0), 72, 512, 132, 131072)["block_m"] == 16
+    assert split_ws.merge_plan(split_ws.WsTuning(merge_block_m=32), 72, 512, 132, 131072)["block_m"] == 32
+    assert split_ws.merge_plan(t, 576, 512, 132, 131072) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
+                                                                 n_mb=72, bv=256, s_max=16)
+    assert split_ws.merge_plan(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132, 0)["split_chunk"] == 16
     with pytest.raises(ValueError, match="merge_kind must be"):
-        split_ws.merge_plan(split_ws.WsTuning(merge_kind=7), 72, 512, 132)
+        split_ws.merge_plan(split_ws.WsTuning(merge_kind=7), 72, 512, 132, 0)
     # split: the same choice; S_MAX above the most partials its prefix grid writes (one program per SM per split)
     from ddprobe.engine.kernels import split
     assert split.merge_plan(split.DEFAULT_TUNING, 72, 512, 132)["kind"] == 3

@@ -93,10 +93,9 @@ def test_tree_mask_is_applied():
 
 @gpu
 @pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(swap=1),
-                                  dict(swap=1, fold_tree=1), dict(tail=1), dict(tail=1, fold_tree=1),
-                                  dict(tail=1, half_partials=1), dict(half_partials=1)],
+                                  dict(swap=1, fold_tree=1), dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=0)],
                          ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "swap", "swap-fold", "tail",
-                              "tail-fold", "tail-half", "half"])
+                              "tail-fold", "no-tail"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -180,24 +179,31 @@ TAIL_CASES = [c for c in CASES if 64 < c[3] * (c[1] + 1) <= 72] + [
 
 
 @gpu
-@pytest.mark.parametrize("half", [0, 1], ids=["fp32-partials", "bf16-partials"])
 @pytest.mark.parametrize("fold", [0, 1])
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", TAIL_CASES)
-def test_tail_matches_reference(half, fold, ctx, budget, shape, heads, dtype):
-    """The 64 + 8-row program (rows 64.. on warpgroup 1 with KV tokens on M) against the fp32 reference, fp32
-    or bf16 partials, the tree part folded or not; called twice, the same bits."""
+def test_tail_matches_reference(fold, ctx, budget, shape, heads, dtype):
+    """The 64 + 8-row program (rows 64.. on warpgroup 1 with KV tokens on M) against the fp32 reference, the
+    tree part folded or not; called twice, the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning, block_rows
-    t = WsTuning(tail=1, fold_tree=fold, half_partials=half)
-    assert block_rows(heads * (budget + 1), t) == 72  # the tail kernel is the one that runs
+    t = WsTuning(tail=1, fold_tree=fold)
+    assert block_rows(heads * (budget + 1), t, ctx) == 72  # the tail kernel is the one that runs
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=t, repeat=2)
 
 
 @gpu
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", [c for c in CASES if c[3] * (c[1] + 1) > 72])
-def test_half_partials_match_reference(ctx, budget, shape, heads, dtype):
-    """bf16 partials with the default 64-row kernel (every CASES shape above 72 rows)."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(half_partials=1), repeat=2)
+def test_tail_by_default_from_its_threshold():
+    """The default tuning (tail=-1) runs the tail kernel from TAIL_MIN_PREFIX tokens, the two-program grid below;
+    both against the fp32 reference."""
+    from ddprobe.engine.kernels import split_ws
+    for ctx in (split_ws.TAIL_MIN_PREFIX - 1, split_ws.TAIL_MIN_PREFIX + 100):
+        q, kv, mask = make_inputs(ctx, 8, "lopsided", 8, torch.bfloat16)
+        p = split_ws.plan(ctx, mask, None, V, heads=8)
+        assert p.extra["config"]["tail"] == (ctx >= split_ws.TAIL_MIN_PREFIX)
+        meta = {}
+        out = split_ws.run(q, kv, p, 0.0722, meta=meta)
+        assert meta["prefix"]["name"].startswith("ws_tail_kernel" if p.extra["config"]["tail"] else "ws_prefix_kernel")
+        ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
+        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
 
 
 @gpu
@@ -283,20 +289,22 @@ def test_seesaw_tree_placements(seesaw, fold, ctx, budget, shape, heads):
 def test_tail_config_takes_72_rows_in_one_program():
     """Host-side (runs anywhere): with ``tail`` 65-72 folded rows are one row block of 64 + 8, so the grid takes
     twice the splits of two 64-row blocks, still one wave; other row counts keep 64-row blocks; the merge's
-    S_MAX covers the larger number of partials; bf16 partial buffers with ``half_partials``."""
+    S_MAX covers the larger number of partials. The default (tail=-1) does so from TAIL_MIN_PREFIX tokens."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning(tail=1)
     for hq in (65, 68, 72):
         c = split_ws.config(131072, hq, 132, t)
-        two = split_ws.config(131072, hq, 132, split_ws.WsTuning())
-        assert (c["n_qb"], c["block_q"], two["n_qb"]) == (1, 72, 2)
+        two = split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
+        assert (c["n_qb"], c["block_q"], c["tail"], two["n_qb"], two["tail"]) == (1, 72, True, 2, False)
         assert c["num_splits"] == 2 * two["num_splits"] == 128 and c["grid_splits"] <= 132  # 1024-token chunks
-        assert split_ws.merge_plan(t, hq, 512, 132)["s_max"] == 256
+        assert split_ws.merge_plan(t, hq, 512, 132, 131072)["s_max"] == 256
+        assert split_ws.config(131072, hq, 132, split_ws.DEFAULT_TUNING) == c
+        below = split_ws.TAIL_MIN_PREFIX - 1
+        assert split_ws.config(below, hq, 132, split_ws.DEFAULT_TUNING) == split_ws.config(below, hq, 132, two_t := split_ws.WsTuning(tail=0))
+        assert split_ws.merge_plan(split_ws.DEFAULT_TUNING, hq, 512, 132, below) == split_ws.merge_plan(two_t, hq, 512, 132, below)
     for hq in (9, 64, 73, 144, 576):
-        assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning())
-    assert not split_ws.tails(72, split_ws.WsTuning(tail=1, seesaw=1))
-    assert split_ws.partial_dtype(split_ws.WsTuning(half_partials=1)) == torch.bfloat16
-    assert split_ws.partial_dtype(t) == torch.float32
+        assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
+    assert not split_ws.tails(72, split_ws.WsTuning(tail=1, seesaw=1), 131072)
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])

@@ -64,6 +64,7 @@ def kernel_meta(compiled) -> dict:
         out[k] = getattr(compiled, k, None)
     md = getattr(compiled, "metadata", None)
     out["shared"] = getattr(md, "shared", None) if md is not None else None
+    out["name"] = getattr(md, "name", None) if md is not None else None
     try:
         ptx = compiled.asm.get("ptx", "")
         out["wgmma"] = ptx.count("wgmma.mma_async")

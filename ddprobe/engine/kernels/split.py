@@ -556,10 +556,9 @@ def merge_plan(t: SplitTuning, hq: int, v_dim: int, sms: int) -> dict:
     return merge_config(t, hq, v_dim, sms, sms * max(1, t.ctas_per_sm))
 
 
-def _partials(ns: int, hq: int, v_dim: int, device, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial outputs (fp32, or bf16 where a path's tuning asks) and fp32 log2-sum-exps of the ns prefix
-    splits, then the tree part's at index ns."""
-    return (torch.empty(ns + 1, hq, v_dim, dtype=dtype, device=device),
+def _partials(ns: int, hq: int, v_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs and log2-sum-exps of the ns prefix splits, then the tree part's at index ns."""
+    return (torch.empty(ns + 1, hq, v_dim, dtype=torch.float32, device=device),
             torch.empty(ns + 1, hq, dtype=torch.float32, device=device))
 
 

@@ -15,7 +15,7 @@ CPU-tested path with the same results, and tests/test_kernels_gpu.py checks this
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -31,6 +31,8 @@ layout = "contiguous"
 BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
+TAIL_MIN_PREFIX = 49152  # WsTuning.tail = -1 uses it from here (H200, 8 heads: 2% faster at 48k, 4% slower at 32k)
+TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -70,11 +72,10 @@ class WsTuning:
                                             # its programs wait on the SMs the prefix grid leaves or frees
 
 
-    tail: int = 0       # 1: 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
-                        # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1;
-                        # twice the splits of the two-program grid, each half as long; other row counts: unused
-    half_partials: int = 0  # 1: the prefix partials in bf16 (the log-sum-exps stay fp32): half the bytes written
-                            # by the prefix kernel and read by the merge
+    tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
+                        # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
+                        # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
+                        # TAIL_MIN_PREFIX tokens of prefix (the plan's bound) up; other row counts: unused
     swap: int = 0       # 1: the swap-AB kernel (_ws_swap.ws_swap_kernel): KV tokens on the MMA's M side, 16 or
                         # 32 folded query rows per program on N (8 heads: 3 programs of 32 rows per chunk instead
                         # of 2 of 64), the two consumer warpgroups on alternate tiles; up to SWAP_MAX_ROWS folded
@@ -85,19 +86,18 @@ DEFAULT_TUNING = WsTuning()
 SWAP_MAX_ROWS = 96  # swap-AB programs hold 32 rows (O^T: 512 x 32 fp32 per warpgroup); above 3 of them, 64-row ones
 
 
-def tails(hq: int, t: WsTuning) -> bool:
-    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel)."""
-    return bool(t.tail) and not t.swap and not t.seesaw and BLOCK_M < hq <= BLOCK_M + TAIL
+def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
+    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel) for a plan
+    bound of ``prefix_len`` tokens."""
+    if t.swap or t.seesaw or not BLOCK_M < hq <= BLOCK_M + TAIL:
+        return False
+    return prefix_len >= TAIL_MIN_PREFIX if t.tail < 0 else bool(t.tail)
 
 
-def partial_dtype(t: WsTuning) -> torch.dtype:
-    return torch.bfloat16 if t.half_partials else torch.float32
-
-
-def block_rows(hq: int, t: WsTuning) -> int:
+def block_rows(hq: int, t: WsTuning, prefix_len: int) -> int:
     """Folded query rows per program: 64 (the default kernel), 72 with ``tail`` (65-72 rows), or 16 / 32
     with ``swap``."""
-    if tails(hq, t):
+    if tails(hq, t, prefix_len):
         return BLOCK_M + TAIL
     if not t.swap:
         return BLOCK_M
@@ -143,9 +143,11 @@ def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_
 
 
 def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
-    """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement), with block_q."""
-    bq = block_rows(hq, t)
-    return dict(choose_config(prefix_len, hq, sms, t.min_chunk, t.fold_tree, bq), block_q=bq)
+    """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement), with block_q and
+    whether the tail kernel runs."""
+    bq = block_rows(hq, t, prefix_len)
+    return dict(choose_config(prefix_len, hq, sms, t.min_chunk, t.fold_tree, bq), block_q=bq,
+                tail=tails(hq, t, prefix_len))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -170,8 +172,8 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     if heads is not None:
         extra["heads"] = heads
         extra["config"] = cfg = config(bound, heads * r, extra["sm_count"], tuning)
-        extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev, partial_dtype(tuning))
-        extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
+        extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
+        extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"], bound)
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       tuning=tuning, extra=extra)
 
@@ -214,12 +216,12 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     t = p.tuning
     cfg = p.extra["config"] if planned else config(p.prefix_len, hq, p.extra["sm_count"], t)
     gs = cfg["grid_splits"]  # partials 0 .. gs - 1; the merge starts from the last (finite lse: the tree columns)
-    parts = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device, partial_dtype(t))
+    parts = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device)
     o_part, lse_part = parts
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    tail = tails(hq, t)
+    tail = cfg["tail"]
     qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, 0 if t.swap else t.seesaw, BLOCK_M if tail else cfg["block_q"])
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
@@ -251,15 +253,19 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     return parts, gs - 1
 
 
-def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int) -> dict:
-    """split.merge_config for this path: its prefix grid gives at most sms // (64-row blocks) partials."""
-    return merge_config(t, hq, v_dim, sms, sms // triton.cdiv(hq, block_rows(hq, t)))
+def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int, prefix_len: int) -> dict:
+    """split.merge_config for this path: its prefix grid gives at most sms // (row blocks) partials; behind
+    the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says."""
+    if tails(hq, t, prefix_len) and not t.merge_block_m:
+        t = replace(t, merge_block_m=TAIL_MERGE_ROWS)
+    return merge_config(t, hq, v_dim, sms, sms // triton.cdiv(hq, block_rows(hq, t, prefix_len)))
 
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
     """The log-sum-exp merge of the partials into out [R, H, v_dim] (split.launch_merge, merge_config's kind)."""
     r, h, _ = out.shape
-    mc = p.extra["merge"] if p.extra.get("heads") == h else merge_plan(p.tuning, r * h, p.v_dim, p.extra["sm_count"])
+    mc = (p.extra["merge"] if p.extra.get("heads") == h
+          else merge_plan(p.tuning, r * h, p.v_dim, p.extra["sm_count"], p.prefix_len))
     return split_launch_merge(parts, n_splits, out, mc, bool(p.tuning.pdl), meta)
 
 
