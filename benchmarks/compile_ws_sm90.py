@@ -3,6 +3,7 @@
     pip install --no-deps --target /tmp/t36 triton==3.6.0     # the device's Triton, beside the local one
     TRITON36=/tmp/t36 python benchmarks/compile_ws_sm90.py --pipe 0 --fold 1 --out /tmp/ws
     TRITON36=/tmp/t36 python benchmarks/compile_ws_sm90.py --seesaw 1 --fold 0 --out /tmp/ws_seesaw
+    TRITON36=/tmp/t36 python benchmarks/compile_ws_sm90.py --tail 8 --fold 0 --out /tmp/ws_tail   # 8 heads x 9 rows
 
 Prints the shared memory, the wgmma count, the named barriers and setmaxnreg budgets of the PTX, and ptxas's
 registers, stack and spills; writes the PTX, TTGIR and cubin (for cuobjdump -sass) to --out. A bad option is
@@ -24,7 +25,6 @@ def main() -> int:
     ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")
-    ap.add_argument("--swap", type=int, default=0, help="compile the swap-AB kernel with this BLOCK_Q (16 or 32)")
     ap.add_argument("--tail", type=int, default=0, help="compile the one-program kernel of 64 + TAIL rows (_ws_tail; 8)")
     ap.add_argument("--pv-regs", type=int, default=232, help="registers of warpgroup 1 (setmaxnreg)")
     ap.add_argument("--load-regs", type=int, default=40, help="registers of the loader warp (setmaxnreg)")
@@ -77,13 +77,6 @@ def main() -> int:
         targs = args_[:2] + (desc(q2, [hq, v], [tl_, v]), desc(q2[:, v:], [hq, pe], [tl_, pe])) + args_[2:]
         k = _ws_tail.ws_tail_kernel.warmup(*targs, grid=(1, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                            TAIL=tl_, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
-                                           num_warps=4)
-    elif args.swap:
-        from ddprobe.engine.kernels import _ws_swap
-        bq = args.swap
-        sargs = (desc(q2, [hq, v], [bq, v]), desc(q2[:, v:], [hq, pe], [bq, pe])) + args_[2:]
-        k = _ws_swap.ws_swap_kernel.warmup(*sargs, grid=(2, 3), BLOCK_Q=bq, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
-                                           WG1_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
                                            num_warps=4)
     elif args.seesaw:
         k = _ws_gluon.ws_seesaw_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,

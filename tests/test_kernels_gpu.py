@@ -92,10 +92,9 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-@pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(swap=1),
-                                  dict(swap=1, fold_tree=1), dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=0)],
-                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "swap", "swap-fold", "tail",
-                              "tail-fold", "no-tail"])
+@pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(tail=1),
+                                  dict(tail=1, fold_tree=1), dict(tail=0)],
+                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "tail", "tail-fold", "no-tail"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -153,23 +152,6 @@ def test_pdl_merge_under_graph_replay_with_poisoned_partials():
         assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
 
 
-# swap-AB: the CASES of at most 96 folded rows, and splits of 1 to 5 tiles (the two warpgroups take alternate
-# tiles, so one may have none), the tree part folded or not
-SWAP_CASES = [c for c in CASES if c[3] * (c[1] + 1) <= 96] + [
-    (5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star", 8, torch.bfloat16), (2000, 8, "chain", 8, torch.float16),
-    (700, 3, "lopsided", 4, torch.bfloat16), (9000, 8, "lopsided", 1, torch.bfloat16)]
-
-
-@gpu
-@pytest.mark.parametrize("fold", [0, 1])
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SWAP_CASES)
-def test_swap_matches_reference(fold, ctx, budget, shape, heads, dtype):
-    """The swap-AB kernel (KV tokens on M, 16 or 32 query rows on N, the warpgroups on alternate tiles and
-    combined at the end) against the fp32 reference; called twice, the same bits."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(swap=1, fold_tree=fold), repeat=2)
-
-
 # the one-program kernel for 65-72 folded rows: the CASES in that range, and more shapes there (4 heads x 17 rows =
 # 68: the Q tail's last 4 rows are past q and read as zeros; 9 heads x 8 rows), prefixes ending mid-tile, no prefix
 TAIL_CASES = [c for c in CASES if 64 < c[3] * (c[1] + 1) <= 72] + [
@@ -204,15 +186,6 @@ def test_tail_by_default_from_its_threshold():
         assert meta["prefix"]["name"].startswith("ws_tail_kernel" if p.extra["config"]["tail"] else "ws_prefix_kernel")
         ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
         assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
-
-
-@gpu
-def test_swap_refuses_many_rows_in_one_line():
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    m = get_path("split_ws")
-    q, kv, mask = make_inputs(100, 8, "fork", 16, torch.bfloat16)  # 144 folded rows
-    with pytest.raises(ValueError, match="at most 96 folded query rows"):
-        m.run(q, kv, m.plan(100, mask, None, V, tuning=WsTuning(swap=1)), 0.1)
 
 
 @gpu

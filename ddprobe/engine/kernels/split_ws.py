@@ -76,35 +76,22 @@ class WsTuning:
                         # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
                         # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
                         # TAIL_MIN_PREFIX tokens of prefix (the plan's bound) up; other row counts: unused
-    swap: int = 0       # 1: the swap-AB kernel (_ws_swap.ws_swap_kernel): KV tokens on the MMA's M side, 16 or
-                        # 32 folded query rows per program on N (8 heads: 3 programs of 32 rows per chunk instead
-                        # of 2 of 64), the two consumer warpgroups on alternate tiles; up to SWAP_MAX_ROWS folded
-                        # rows (else a ValueError); seesaw and pipe are then unused
 
 
 DEFAULT_TUNING = WsTuning()
-SWAP_MAX_ROWS = 96  # swap-AB programs hold 32 rows (O^T: 512 x 32 fp32 per warpgroup); above 3 of them, 64-row ones
 
 
 def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
     """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel) for a plan
     bound of ``prefix_len`` tokens."""
-    if t.swap or t.seesaw or not BLOCK_M < hq <= BLOCK_M + TAIL:
+    if t.seesaw or not BLOCK_M < hq <= BLOCK_M + TAIL:
         return False
     return prefix_len >= TAIL_MIN_PREFIX if t.tail < 0 else bool(t.tail)
 
 
 def block_rows(hq: int, t: WsTuning, prefix_len: int) -> int:
-    """Folded query rows per program: 64 (the default kernel), 72 with ``tail`` (65-72 rows), or 16 / 32
-    with ``swap``."""
-    if tails(hq, t, prefix_len):
-        return BLOCK_M + TAIL
-    if not t.swap:
-        return BLOCK_M
-    if hq > SWAP_MAX_ROWS:
-        raise ValueError(f"the {name} path's swap kernel takes at most {SWAP_MAX_ROWS} folded query rows "
-                         f"(heads x tree rows), got {hq}")
-    return 16 if hq <= 16 else 32
+    """Folded query rows per program: 64 (the default kernel), or 72 with the tail kernel (65-72 rows)."""
+    return BLOCK_M + TAIL if tails(hq, t, prefix_len) else BLOCK_M
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
@@ -222,7 +209,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
     tail = cfg["tail"]
-    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, 0 if t.swap else t.seesaw, BLOCK_M if tail else cfg["block_q"])
+    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, t.seesaw)
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
     if tail:
@@ -231,12 +218,6 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         k = ws_tail_kernel[(cfg["n_qb"], gs)](
             qd_lat, qd_pe, qt_lat, qt_pe, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=d - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
-        )
-    elif t.swap:
-        from ._ws_swap import ws_swap_kernel
-        k = ws_swap_kernel[(cfg["n_qb"], gs)](
-            *args, BLOCK_Q=cfg["block_q"], BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim,
-            WG1_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
         )
     elif t.seesaw:
         k = ws_seesaw_kernel[(cfg["n_qb"], gs)](
