@@ -173,18 +173,6 @@ def test_tail_matches_reference(fold, ctx, budget, shape, heads, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", [(4097, 8, "fork", 64, torch.bfloat16),
-                                                          (300, 8, "lopsided", 16, torch.float16),
-                                                          (20000, 8, "chain", 16, torch.bfloat16),
-                                                          (65, 32, "star", 5, torch.bfloat16)])
-def test_tail_everywhere_matches_reference(ctx, budget, shape, heads, dtype):
-    """tail=2: any row count above 64 in programs of 64 + 8 rows (576 = 8 x 72; 144 = 2 x 72; 165: the last
-    program's rows partly past q, read as zeros and not written)."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(tail=2), repeat=2)
-
-
-@gpu
 def test_tail_by_default_from_its_threshold():
     """The default tuning (tail=-1) runs the tail kernel from TAIL_MIN_PREFIX tokens, the two-program grid below;
     both against the fp32 reference."""

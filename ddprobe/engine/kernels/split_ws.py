@@ -75,8 +75,7 @@ class WsTuning:
     tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
                         # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
                         # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
-                        # TAIL_MIN_PREFIX tokens of prefix (the plan's bound) up; other row counts: unused;
-                        # 2: every row count above 64 in 72-row programs (an experiment)
+                        # TAIL_MIN_PREFIX tokens of prefix (the plan's bound) up; other row counts: unused
 
 
 DEFAULT_TUNING = WsTuning()
@@ -85,8 +84,6 @@ DEFAULT_TUNING = WsTuning()
 def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
     """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel) for a plan
     bound of ``prefix_len`` tokens."""
-    if t.tail == 2:  # an experiment: every row count above 64 in programs of 64 + 8 (64 heads: 8 of them, not 9)
-        return not t.seesaw and hq > BLOCK_M
     if t.seesaw or not BLOCK_M < hq <= BLOCK_M + TAIL:
         return False
     return prefix_len >= TAIL_MIN_PREFIX if t.tail < 0 else bool(t.tail)
