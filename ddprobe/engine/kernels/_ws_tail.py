@@ -22,8 +22,8 @@ Partitions (shared memory: Q 72 KB + Q tail 9 KB + 2 x 72 KB of tiles + P tail 1
                       softmax along the tokens (axis 0), P_t^T to shared memory; then, once warpgroup 0's P is
                       there (``p_ready``), O[:, 256:] += P V[:, 256:] and O_t^T += V^T P_t^T; releases the stage.
 At the end warpgroup 0 passes 1 / l through the alpha buffer (``fin``); both store their half of the normalized
-partial of rows 0..63 and warpgroup 1 the tail rows' partial and log2-sum-exp, in `split`'s layout (fp32 or
-the partial buffer's 16-bit type), so the merge is unchanged. FOLD and the tree part as in the default kernel.
+partial of rows 0..63 and warpgroup 1 the tail rows' partial and log2-sum-exp, in `split`'s layout (fp32), so
+the merge is unchanged. FOLD and the tree part as in the default kernel.
 """
 from __future__ import annotations
 

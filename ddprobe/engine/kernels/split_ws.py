@@ -4,6 +4,8 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
   1. ``_ws_gluon.ws_prefix_kernel``, grid (cdiv(Hq, 64), splits + 1): per 64 folded query rows and chunk of
      the prefix, a TMA loader warp feeding a ring of KV stages, warpgroup 0 doing S and the softmax and half
      of P V, warpgroup 1 the other half of P V (see that module). The last split index is the tree part.
+     65-72 folded rows (8 heads x 9) from TAIL_MIN_PREFIX tokens: ``_ws_tail.ws_tail_kernel``, one program of
+     64 + 8 rows per chunk (the 8 with KV tokens on the MMA's M side, on warpgroup 1), twice the splits.
   2. The log-sum-exp merge of the partials (`split`'s buffers and layout): ``_merge_flat_kernel`` by default
      (all lse values first, then the partials with no rescale chain; 1.2x faster than `split`'s
      ``_merge_kernel`` at 8 heads and 1.8-4.2x from 16 heads up on the H200), `split`'s own as ``merge_kind=0``;
