@@ -14,8 +14,9 @@ and the mean run of correct positions from the first (what a chain of drafts wou
 
 On the 2-core CPU (2026-12-01, 4 sequences x 16 anchor blocks a step): neither drafter learned to copy, in 600
 steps (accuracy 0.07-0.13 at every position, the grammar's rate; mean correct run 0.13 and 0.14) nor in 2,000
-(0.07-0.13; 0.09 and 0.10), so these runs say nothing about one hop against two. A GPU run with far more steps,
-and a target that copies, is what would.
+(0.07-0.13; 0.09 and 0.10), so these runs say nothing about one hop against two. On the H200 with 8,000 steps
+(2026-12-01, docs/tiny-model.md) neither learned either (0.08-0.13; mean run 0.13 and 0.13): more steps do not
+help while the frozen target's features carry no match; a target that copies is what would.
 
 Prints a table last.
 """

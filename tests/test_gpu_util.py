@@ -230,7 +230,8 @@ def test_run_gpu_util_on_the_tiny_engine_with_a_fake_reader(tmp_path):
     be = EngineBackend(preset="tiny", max_ctx=1024)
     w = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config=be.describe()),
                      tmp_path / "g.json")
-    res = run_gpu_util(be, 256, 6, 0.01, w, reader_factory=FakeReader)
+    # decode of 128 tokens takes 50-60 ms on a 2-core CPU (6 tokens took 6 ms: no 10 ms sample landed in it)
+    res = run_gpu_util(be, 256, 128, 0.005, w, reader_factory=FakeReader)
     phases = {r["phase"] for r in res.rows}
     assert {"idle", "prefill", "decode"} <= phases
     s = res.summary
