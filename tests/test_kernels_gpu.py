@@ -270,6 +270,7 @@ def test_tail_config_takes_72_rows_in_one_program():
         two = split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
         assert (c["n_qb"], c["block_q"], c["tail"], two["n_qb"], two["tail"]) == (1, 72, True, 2, False)
         assert c["num_splits"] == 2 * two["num_splits"] == 128 and c["grid_splits"] <= 132  # 1024-token chunks
+        assert c["fold"] == 1 and two["fold"] == 0  # fold_tree=-1 folds the tree behind the tail kernel only
         assert split_ws.merge_plan(t, hq, 512, 132, 131072)["s_max"] == 256
         assert split_ws.config(131072, hq, 132, split_ws.DEFAULT_TUNING) == c
         below = split_ws.TAIL_MIN_PREFIX - 1

@@ -51,7 +51,8 @@ class WsTuning:
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
                          # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
                          # (64 heads: one split more, 6% faster at 128k; 8 heads: the longer last split
-                         # costs more than the 2 programs it saves, 1-14% slower; docs/perf.md round 4)
+                         # costs more than the 2 programs it saves, 1-14% slower; docs/perf.md round 4);
+                         # -1 also folds behind the tail kernel (8 heads from 48k: 1.0 us faster at 64k-128k)
     seesaw: int = 0     # 1: FlashMLA's seesaw schedule (_ws_gluon.ws_seesaw_kernel): both warpgroups compute S
                         # for alternate tiles and P V of every tile on their own half of the columns; 2: the
                         # same, warpgroup 0 issuing S of its next tile behind its last P V (1 and 2: correct,
@@ -134,9 +135,10 @@ def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_
 def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
     """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement), with block_q and
     whether the tail kernel runs."""
+    tail = tails(hq, t, prefix_len)
+    fold = 1 if tail and t.fold_tree < 0 else t.fold_tree  # behind the tail kernel, fold by default (1-2% faster)
     bq = block_rows(hq, t, prefix_len)
-    return dict(choose_config(prefix_len, hq, sms, t.min_chunk, t.fold_tree, bq), block_q=bq,
-                tail=tails(hq, t, prefix_len))
+    return dict(choose_config(prefix_len, hq, sms, t.min_chunk, fold, bq), block_q=bq, tail=tail)
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
