@@ -73,8 +73,6 @@ class WsTuning:
                                             # (griddepcontrol: its launch overlaps the prefix kernel's tail);
                                             # 2: also trigger it from the prefix kernel's start (not seesaw), so
                                             # its programs wait on the SMs the prefix grid leaves or frees
-
-
     tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
                         # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
                         # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
