@@ -19,6 +19,8 @@ import dataclasses
 import os
 import sys
 
+import sm90_offline  # benchmarks/sm90_offline.py: Triton 3.6 and a driver stub
+
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -41,31 +43,9 @@ def main() -> int:
     if not set(dtypes) <= set(DTYPES):
         ap.error(f"--dtypes: pick from {','.join(DTYPES)}")
     tmas = [int(x) for x in args.tma.split(",")]
-    os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU, not the interpreter
-    sys.path.insert(0, os.environ.get("TRITON36", "/tmp/t36"))
-    import triton
-    if not triton.__version__.startswith("3.6"):
-        print(f"compile_split_sm90: needs Triton 3.6 on TRITON36, found {triton.__version__}", file=sys.stderr)
+    triton = sm90_offline.triton36("compile_split_sm90")
+    if triton is None:
         return 1
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    class NoGpu:  # what the launcher asks of a driver before it compiles
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-        def get_current_device(self):
-            return 0
-
-        def get_current_stream(self, device=None):
-            return 0
-
-        def get_active_torch_device(self):
-            import torch
-            return torch.device("cpu")
-
-    driver.set_active(NoGpu())
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -34,6 +34,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
+def _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N: gl.constexpr, FOLD: gl.constexpr):
+    """Columns [start, end) of split pid_s and its tile count: with FOLD the last split also takes the R tree
+    columns, else the last split index is the tree part alone."""
+    if FOLD:
+        last = pid_s == gl.num_programs(1) - 1
+        start = pid_s * chunk
+        end = gl.where(last, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    else:
+        is_tree = pid_s == gl.num_programs(1) - 1
+        start = gl.where(is_tree, prefix_len, pid_s * chunk)
+        end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
+    return start, end, gl.cdiv(end - start, BLOCK_N)
+
+
+@gluon.jit
 def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
             q0, start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
@@ -160,7 +175,7 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
 
 
 @gluon.jit
@@ -187,7 +202,7 @@ def _pv_wg(k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, strid
     rows = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = HALF + gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows < Hq)[:, None])
 
 
 @gluon.jit
@@ -206,15 +221,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * BLOCK_M
-    if FOLD:
-        last = pid_s == gl.num_programs(1) - 1
-        start = pid_s * chunk
-        end = gl.where(last, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
-    else:
-        is_tree = pid_s == gl.num_programs(1) - 1
-        start = gl.where(is_tree, prefix_len, pid_s * chunk)
-        end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
-    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    start, end, n_tiles = _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N, FOLD)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
 
@@ -492,7 +499,7 @@ def _ss_wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s, sc0_s, sc1_s, l_
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
 
 
 @gluon.jit
@@ -594,7 +601,7 @@ def _ss_wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s, sc0_s, sc1_s, l_
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = HALF + gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
 
 
 @gluon.jit
@@ -609,15 +616,7 @@ def ws_seesaw_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, stri
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * BLOCK_M
-    if FOLD:
-        last = pid_s == gl.num_programs(1) - 1
-        start = pid_s * chunk
-        end = gl.where(last, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
-    else:
-        is_tree = pid_s == gl.num_programs(1) - 1
-        start = gl.where(is_tree, prefix_len, pid_s * chunk)
-        end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
-    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    start, end, n_tiles = _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N, FOLD)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = kh_d.dtype
 

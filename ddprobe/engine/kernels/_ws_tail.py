@@ -37,6 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from ._ws_gluon import _chunk_bounds, _ss_scores
+
 
 @gluon.jit
 def _tl_loader(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, qt_lat_s, qt_pe_s, k_lat_s,
@@ -90,14 +92,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
         s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe_s, k_pe.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        n0 = start + i * BLOCK_N
-        if n0 + BLOCK_N > gl.minimum(end, prefix_len):  # only tiles reaching the tree columns or the chunk's end
-            offs_n = n0 + offs_n0
-            c = gl.minimum(gl.maximum(offs_n - prefix_len, 0), 63).to(gl.int64)
-            see = (offs_n < prefix_len)[None, :] | (((bits[:, None] >> c[None, :]) & 1) != 0)
-            s = gl.where(see & (offs_n < end)[None, :], s * qk_scale, float("-inf"))
-        else:
-            s = s * qk_scale
+        s = _ss_scores(s, i, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N)
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[:, None])
@@ -127,7 +122,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
 
 
 @gluon.jit
@@ -199,12 +194,12 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
     rows = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = HALF + gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows < Hq)[:, None])
     gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
     out_t = acc_t * (1.0 / l_t)[None, :]
     dims = gl.arange(0, V_DIM, tok_t)
     ptr_t = O_part + pid_s * stride_ps + rows_t[None, :] * stride_pq + dims[:, None]
-    gl.store(ptr_t, out_t.to(O_part.dtype.element_ty), mask=(rows_t < Hq)[None, :])
+    gl.store(ptr_t, out_t, mask=(rows_t < Hq)[None, :])
 
 
 @gluon.jit
@@ -218,15 +213,7 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * (BLOCK_M + TAIL)
-    if FOLD:
-        last = pid_s == gl.num_programs(1) - 1
-        start = pid_s * chunk
-        end = gl.where(last, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
-    else:
-        is_tree = pid_s == gl.num_programs(1) - 1
-        start = gl.where(is_tree, prefix_len, pid_s * chunk)
-        end = gl.where(is_tree, prefix_len + R, gl.minimum(pid_s * chunk + chunk, prefix_len))
-    n_tiles = gl.cdiv(end - start, BLOCK_N)
+    start, end, n_tiles = _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N, FOLD)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
 

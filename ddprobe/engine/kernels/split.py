@@ -294,7 +294,7 @@ def _merge_kernel(
     offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
     m = tl.load(LSE_part + num_splits * Hq + offs_q, mask=q_ok, other=0.0)
     acc = tl.load(O_part + num_splits * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
-                  mask=q_ok[:, None], other=0.0).to(tl.float32)
+                  mask=q_ok[:, None], other=0.0)
     wsum = tl.full([BLOCK_M], 1.0, tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         offs_s = s0 + tl.arange(0, SPLIT_CHUNK)

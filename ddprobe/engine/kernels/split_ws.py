@@ -172,7 +172,9 @@ def refresh(p: VerifyPlan) -> None:
     p.extra["bits"].copy_(mask_bits(p.tree_mask))
 
 
-def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0, block_q: int = BLOCK_M):
+def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0, tail: bool = False):
+    """Tensor descriptors: Q in 64-row blocks (latent, rope), the KV tiles (latent, rope), and with ``tail`` the
+    Q tail's TAIL-row blocks after them."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -183,8 +185,10 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0, b
     def desc(t, shape, block):
         return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
     kv_w = (64 if seesaw >= 3 else v // 2) if seesaw else v  # seesaw: a tile's latent in halves or 64-col pieces
-    return (desc(q2, [q2.shape[0], v], [block_q, v]), desc(q2[:, v:], [q2.shape[0], pe], [block_q, pe]),
-            desc(kv, [rows, v], [BLOCK_N, kv_w]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
+    hq = q2.shape[0]
+    out = (desc(q2, [hq, v], [BLOCK_M, v]), desc(q2[:, v:], [hq, pe], [BLOCK_M, pe]),
+           desc(kv, [rows, v], [BLOCK_N, kv_w]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
+    return out + (desc(q2, [hq, v], [TAIL, v]), desc(q2[:, v:], [hq, pe], [TAIL, pe])) if tail else out
 
 
 def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
@@ -210,13 +214,12 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    tail = cfg["tail"]
-    qd_lat, qd_pe, kd_lat, kd_pe = _descs(q2, kv, p, t.seesaw)
+    qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = _descs(q2, kv, p, t.seesaw, cfg["tail"])
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
-    if tail:
+    if cfg["tail"]:
         from ._ws_tail import ws_tail_kernel
-        qt_lat, qt_pe, _, _ = _descs(q2, kv, p, 0, TAIL)
+        qt_lat, qt_pe = q_tail
         k = ws_tail_kernel[(cfg["n_qb"], gs)](
             qd_lat, qd_pe, qt_lat, qt_pe, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=d - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
