@@ -33,7 +33,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     cells = [(k, int(c)) for k, c in (x.split(":") for x in a.gen.split(",") if x)]
-    be = EngineBackend(preset="tiny", device=a.device, max_ctx=max([c for _, c in cells] + [4096]) + 1024)
+    be = EngineBackend(preset="tiny", device=a.device, max_ctx=max([c for _, c in cells] + [4096]) + 1024,
+                       weights="auto" if a.weights == "shipped" else "random")
     if a.weights != "shipped":
         from safetensors.torch import load_file
 

@@ -6,7 +6,8 @@
   the context predicts the next words, so commit length falls toward 1.
 - recall: a novel passage placed once at the start, novel filler after it, and at the end
   a request to repeat the passage followed by its first words: a drafter that can still
-  see (and copy from) the far context commits long blocks.
+  see (and copy from) the far context commits long blocks. The passage is longer than the
+  decode (``recall_words``), so a target that copies it copies for every new token.
 
 Builders return text with at least ``min_words`` words; the probe tokenizes with the
 backend's own tokenizer and cuts the token ids to the exact context length.
@@ -79,7 +80,18 @@ def novel(min_words: int, seed: int = 0) -> str:
 RECALL_CUE_WORDS = 4  # the recall prompt ends with the passage's first words, so the copy can start
 
 
-def recall(min_words: int, seed: int = 0, passage_words: int = 64) -> tuple[str, str]:
+def recall_words(new_tokens: int) -> int:
+    """Words in the recall passage for a decode of ``new_tokens``: enough that a target copying it perfectly
+    copies for the whole decode (a word is at least one token), so commit length measures the copy alone. With a
+    64-word passage and 128 new tokens, even a perfect copy would end after ~60 tokens and the rest would be novel
+    text: at 8 tokens a step for the copy and ~1.6 for novel text, about 2.6 at best."""
+    return max(64, new_tokens + RECALL_CUE_WORDS + 28)
+
+
+RECALL_WORDS = recall_words(128)  # the probe's default decode: 160 words
+
+
+def recall(min_words: int, seed: int = 0, passage_words: int = RECALL_WORDS) -> tuple[str, str]:
     """(prompt, passage): passage first, novel filler, then the request and the passage's first words.
 
     The filler is sized so the whole prompt has at least ``min_words`` words."""

@@ -120,13 +120,13 @@ def main() -> int:
         be.engine, be.tokenizer, be.limit, be.name = ev, tok, 1 << 20, "engine"
         for kind in ("predictable", "novel", "recall"):
             for ctx in ctxs:
-                ids = prompt_ids(be, kind, ctx)
+                ids = prompt_ids(be, kind, ctx, new_tokens=args.eval_new)
                 t1 = time.perf_counter()
                 res = ev.generate(ids, args.eval_new)
                 # recall: how many of the passage's words (after the prompt's cue) the target itself wrote back
                 st = GenStats(prompt_tokens=len(ids), completion_tokens=len(res.tokens), verify_steps=len(res.steps),
                               tokens=list(res.tokens))
-                copied = (recall_copied(be, st) or (None,))[0]
+                copied = (recall_copied(be, st, new_tokens=args.eval_new) or (None,))[0]
                 evals.append({"dtype": dt, "text": kind, "ctx": ctx, "commit_len": res.mean_commit_len,
                               "target_copied": copied if kind == "recall" else None,
                               "prefill_s": res.prefill_ms / 1e3, "s": time.perf_counter() - t1})

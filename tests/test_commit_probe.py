@@ -81,6 +81,19 @@ def test_prompts_have_exact_token_counts(engine):
     assert len(set(grams)) == len(grams)  # no 8-word span repeats in novel text
 
 
+def test_recall_passage_covers_the_decode(engine):
+    """A target that copies the recall passage perfectly copies for every new token (else commit length would mix
+    the copy with novel text after it: ~2.6 at best for a 64-word passage and 128 new tokens)."""
+    for new in (2, 32, 128, 300):
+        _, passage = texts.recall(8, 0, texts.recall_words(new))
+        assert len(engine.tokenize(passage)) >= new + texts.RECALL_CUE_WORDS
+    assert texts.recall_words(128) == texts.RECALL_WORDS == 160
+    long = prompt_ids(engine, "recall", 3000, seed=1, new_tokens=300)
+    _, passage = texts.recall(8, 1, texts.recall_words(300))
+    assert long[: len(engine.tokenize(passage))] == engine.tokenize(passage)
+    assert prompt_ids(engine, "recall", 3000, seed=1)[:60] == long[:60]  # the same text, a shorter passage
+
+
 def test_http_backends_match_in_process_engine(served, engine):
     url, _ = served
     local = run_commit_probe(engine, [CTX], ["predictable", "novel"], NEW, writer())

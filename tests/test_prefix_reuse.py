@@ -70,11 +70,11 @@ def test_the_probe_measures_each_cell_as_it_would_alone(engine):
     rows = run_commit_probe(engine, [2048, 1024], KINDS, NEW, w)
     assert [(r["text"], r["ctx"]) for r in rows] == [(k, c) for k in KINDS for c in (1024, 2048)]
     for r in rows:
-        ids = prompt_ids(engine, r["text"], r["ctx"])
+        ids = prompt_ids(engine, r["text"], r["ctx"], new_tokens=NEW)  # recall: the passage sized for NEW tokens
         if r["ctx"] == 2048:  # the 1k prompt of its kind was kept
-            assert r["reused_tokens"] == reusable(engine, prompt_ids(engine, r["text"], 1024), ids)
+            assert r["reused_tokens"] == reusable(engine, prompt_ids(engine, r["text"], 1024, new_tokens=NEW), ids)
         # recall cells say how many passage words the target wrote back (an int), the others nothing
-        assert (isinstance(r["recall_copied_words"], int) and 0 <= r["recall_copied_words"] <= 77) \
+        assert (isinstance(r["recall_copied_words"], int) and 0 <= r["recall_copied_words"] <= NEW) \
             if r["text"] == "recall" else r["recall_copied_words"] is None
         alone = cell_row(r["text"], r["ctx"], NEW, engine.generate(ids, NEW), engine.name)
         assert 0.0 <= r["output_repeats"] <= 1.0

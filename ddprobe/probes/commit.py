@@ -47,12 +47,13 @@ DEFINITIONS = {
 }
 
 
-def prompt_ids(backend: Backend, kind: str, ctx: int, seed: int = 0) -> list[int]:
-    """Exactly ``ctx`` token ids of text ``kind`` in the backend's tokenizer."""
+def prompt_ids(backend: Backend, kind: str, ctx: int, seed: int = 0, new_tokens: int = 128) -> list[int]:
+    """Exactly ``ctx`` token ids of text ``kind`` in the backend's tokenizer (recall: its passage sized for a decode
+    of ``new_tokens``, ``texts.recall_words``)."""
     if kind not in texts.KINDS:
         raise DDProbeError(f"unknown text kind {kind!r}; known: {', '.join(texts.KINDS)}")
     if kind == "recall":
-        prompt, passage = texts.recall(8, seed)  # passage + the request, no filler yet
+        prompt, passage = texts.recall(8, seed, texts.recall_words(new_tokens))  # passage + request, no filler yet
         head = backend.tokenize(passage)
         tail = backend.tokenize(prompt[len(passage):])
         room = ctx - len(head) - len(tail)
@@ -138,13 +139,14 @@ def generate_hooked(backend: Backend, ids: list[int], max_new_tokens: int, progr
     return gen(ids, max_new_tokens, **kw)
 
 
-def recall_copied(backend: Backend, st: GenStats, seed: int = 0) -> tuple[int, int] | None:
+def recall_copied(backend: Backend, st: GenStats, seed: int = 0, new_tokens: int = 128) -> tuple[int, int] | None:
     """(words copied, words to copy): how many leading words of the decoded output equal the recall passage's words
-    after the cue the prompt ends with (``texts.recall``); None when the backend cannot decode its tokens."""
+    after the cue the prompt ends with (``texts.recall``, the passage of ``prompt_ids`` for a decode of
+    ``new_tokens``); None when the backend cannot decode its tokens."""
     decode = getattr(backend, "decode", None)
     if decode is None or not st.tokens:
         return None
-    _, passage = texts.recall(8, seed)
+    _, passage = texts.recall(8, seed, texts.recall_words(new_tokens))
     want = passage.lower().split()[texts.RECALL_CUE_WORDS:]  # case aside: a decoder may capitalize its first word
     got = decode(list(st.tokens)).lower().split()
     n = 0
@@ -225,7 +227,7 @@ def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_ne
     rows = []
     try:
         for kind, ctx in cell_order(ctxs, kinds):
-            ids = prompt_ids(backend, kind, ctx, seed)
+            ids = prompt_ids(backend, kind, ctx, seed, max_new_tokens)
             if on_start:
                 on_start(kind, ctx, len(ids))
             if progress is not None:
@@ -234,7 +236,7 @@ def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_ne
             try:
                 stats = generate_hooked(backend, ids, max_new_tokens, progress, reuse_prefix)
                 row = cell_row(kind, ctx, max_new_tokens, stats, backend.name)
-                copied = recall_copied(backend, stats, seed) if kind == "recall" else None
+                copied = recall_copied(backend, stats, seed, max_new_tokens) if kind == "recall" else None
                 row["recall_copied_words"] = copied[0] if copied else None
             finally:
                 if progress is not None:
