@@ -339,7 +339,7 @@ def test_streamed_completion_never_sends_part_of_a_stop_string(srv):
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
     checked = 0
     for kind, n in (("novel", 64), ("recall", 128), ("predictable", 64)):
-        ids = prompt_ids(srv.backend, kind, n)
+        ids = prompt_ids(srv.backend, kind, n, new_tokens=40)  # recall: a passage sized for 40 new tokens
         words = client.completions.create(model="ddprobe-tiny", prompt=ids, max_tokens=40,
                                           temperature=0).choices[0].text.split()
         for at in (2, 5, 9):  # multi-word stops that start at several places, across step boundaries
