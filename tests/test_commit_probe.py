@@ -94,6 +94,17 @@ def test_recall_passage_covers_the_decode(engine):
     assert prompt_ids(engine, "recall", 3000, seed=1)[:60] == long[:60]  # the same text, a shorter passage
 
 
+def test_recall_context_too_short_is_refused_before_anything_runs(tmp_path):
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app, ["commit", "--ctx", "128,1k", "--text", "novel,recall", "--json", str(out)])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "context 128 (128 tokens) is too short for the recall text" in r.output
+    assert "sized for 128 new tokens" in r.output and not out.exists()  # refused before any cell or file
+    r = CliRunner().invoke(app, ["commit", "--ctx", "1k", "--text", "recall", "--max-new-tokens", "2000",
+                                 "--json", str(out)])
+    assert r.exit_code == 1 and "sized for 2000 new tokens" in r.output and not out.exists()
+
+
 def test_http_backends_match_in_process_engine(served, engine):
     url, _ = served
     local = run_commit_probe(engine, [CTX], ["predictable", "novel"], NEW, writer())

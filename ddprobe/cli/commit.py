@@ -81,7 +81,7 @@ def commit(
     kinds = text_kinds(text)
     be = make_backend(backend, url, timeout,
                       engine_factory=lambda: eng.backend(eng.capacity(max(ctxs), max_new_tokens)))
-    check_contexts(be, ctxs, max_new_tokens)  # before any file is written
+    check_contexts(be, ctxs, max_new_tokens, kinds, eng.seed)  # before any file is written
     announce(eng, be)
     warm = warm_up(be, None)  # outside every measured cell, for the largest request
     est = say_estimate(be, cell_order(ctxs, kinds), max_new_tokens, eng.seed)  # after the warm-up, before cells

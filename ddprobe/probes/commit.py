@@ -53,15 +53,24 @@ def prompt_ids(backend: Backend, kind: str, ctx: int, seed: int = 0, new_tokens:
     if kind not in texts.KINDS:
         raise DDProbeError(f"unknown text kind {kind!r}; known: {', '.join(texts.KINDS)}")
     if kind == "recall":
-        prompt, passage = texts.recall(8, seed, texts.recall_words(new_tokens))  # passage + request, no filler yet
-        head = backend.tokenize(passage)
-        tail = backend.tokenize(prompt[len(passage):])
+        head, tail = _recall_parts(backend, seed, new_tokens)
         room = ctx - len(head) - len(tail)
         if room < 0:
-            raise DDProbeError(f"context {ctx} is too short for the recall text ({len(head) + len(tail)} tokens)")
+            raise DDProbeError(_recall_too_short(ctx, len(head) + len(tail), new_tokens))
         filler = _at_least(backend, lambda w: " " + texts.novel(w, seed + 7), room) if room else []
         return head + filler[:room] + tail
     return _at_least(backend, lambda w: texts.build(kind, w, seed), ctx)[:ctx]
+
+
+def _recall_parts(backend: Backend, seed: int, new_tokens: int) -> tuple[list[int], list[int]]:
+    """Token ids of the recall text's passage (sized for ``new_tokens``) and of its closing request + cue."""
+    prompt, passage = texts.recall(8, seed, texts.recall_words(new_tokens))  # passage + request, no filler yet
+    return backend.tokenize(passage), backend.tokenize(prompt[len(passage):])
+
+
+def _recall_too_short(ctx: int, need: int, new_tokens: int) -> str:
+    return (f"context {fmt_tokens(ctx)} ({ctx:,} tokens) is too short for the recall text: its passage (sized for "
+            f"{new_tokens} new tokens) and request take {need:,}")
 
 
 def _at_least(backend: Backend, make: Callable[[int], str], n: int) -> list[int]:
@@ -78,11 +87,17 @@ def _at_least(backend: Backend, make: Callable[[int], str], n: int) -> list[int]
 CONTEXT_SLACK = 64
 
 
-def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int) -> int | None:
+def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, kinds: list[str] = (),
+                   seed: int = 0) -> int | None:
     """Raise before anything runs if a context does not fit what the backend allows (the backend's verify rows,
-    when it says its budget, and the slack included)."""
+    when it says its budget, and the slack included), or, with recall among ``kinds``, is shorter than the recall
+    text's passage and request."""
     if max_new_tokens < 2:  # the first token comes from the prefill: commit length needs a verify step
         raise DDProbeError(f"--max-new-tokens must be at least 2, got {max_new_tokens}")
+    if "recall" in kinds and ctxs:
+        need = sum(len(p) for p in _recall_parts(backend, seed, max_new_tokens))
+        if min(ctxs) < need:
+            raise DDProbeError(_recall_too_short(min(ctxs), need, max_new_tokens))
     limit = backend.max_context()
     budget = backend.describe().get("budget") if hasattr(backend, "describe") else None
     slack = CONTEXT_SLACK + (int(budget) + 1 if isinstance(budget, int) else 0)
@@ -223,7 +238,7 @@ def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_ne
     for k in kinds:
         if k not in texts.KINDS:
             raise DDProbeError(f"unknown text kind {k!r}; known: {', '.join(texts.KINDS)}")
-    check_contexts(backend, ctxs, max_new_tokens)
+    check_contexts(backend, ctxs, max_new_tokens, kinds, seed)
     rows = []
     try:
         for kind, ctx in cell_order(ctxs, kinds):
