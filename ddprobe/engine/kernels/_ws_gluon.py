@@ -49,11 +49,10 @@ def _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N: gl.constexpr, FOLD: gl.c
 
 
 @gluon.jit
-def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
-            q0, start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
-    tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
+def _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr):
+    """The loader's ring: each [BLOCK_N, 512 + 64] KV tile of the chunk by TMA into stage i % STAGES once both
+    consumer warpgroups have released it (``kv_free``), completing ``kv_ready`` by byte count."""
     nbytes: gl.constexpr = k_lat_d.block_type.nbytes + k_pe_d.block_type.nbytes
     for i in range(n_tiles):
         st = i % STAGES
@@ -63,6 +62,15 @@ def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, 
         n0 = start + i * BLOCK_N
         tma.async_copy_global_to_shared(k_lat_d, [n0, 0], bar, k_lat_s.index(st))
         tma.async_copy_global_to_shared(k_pe_d, [n0, 0], bar, k_pe_s.index(st))
+
+
+@gluon.jit
+def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
+            q0, start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
+    tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
+    _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES)
 
 
 @gluon.jit

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._ws_gluon import _chunk_bounds, _ss_scores
+from ._ws_gluon import _chunk_bounds, _load_tiles, _ss_scores
 
 
 @gluon.jit
@@ -50,15 +50,7 @@ def _tl_loader(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_p
     tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
     tma.async_copy_global_to_shared(qt_lat_d, [q0 + BLOCK_M, 0], q_bar, qt_lat_s.index(0))
     tma.async_copy_global_to_shared(qt_pe_d, [q0 + BLOCK_M, 0], q_bar, qt_pe_s.index(0))
-    nbytes: gl.constexpr = k_lat_d.block_type.nbytes + k_pe_d.block_type.nbytes
-    for i in range(n_tiles):
-        st = i % STAGES
-        mbarrier.wait(kv_free.index(st), ((i // STAGES) & 1) ^ 1)
-        bar = kv_ready.index(st)
-        mbarrier.expect(bar, nbytes)
-        n0 = start + i * BLOCK_N
-        tma.async_copy_global_to_shared(k_lat_d, [n0, 0], bar, k_lat_s.index(st))
-        tma.async_copy_global_to_shared(k_pe_d, [n0, 0], bar, k_pe_s.index(st))
+    _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES)
 
 
 @gluon.jit
