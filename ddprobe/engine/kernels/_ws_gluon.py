@@ -82,10 +82,24 @@ def _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES: gl.c
     return warpgroup_mma(q_pe_s, k_pe_s.index(st).permute((1, 0)), s, is_async=True)
 
 
+NAMED_BAR = 8  # the named barrier of the PIPE=3 hand-off (Gluon's partitions use ids 0-2)
+
+
+@gluon.jit
+def _named_arrive():
+    """bar.arrive on NAMED_BAR for 256 threads (warpgroup 0 arrives, warpgroup 1 syncs): does not wait."""
+    gl.inline_asm_elementwise("bar.arrive 8, 256; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _named_sync():
+    gl.inline_asm_elementwise("bar.sync 8, 256; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
 @gluon.jit
 def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end, prefix_len,
                   qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  STAGES: gl.constexpr, kv_free=None, NAMED: gl.constexpr = False):
     """Tile i's scores -> online softmax; P and alpha handed to warpgroup 1; O[:, :HALF] rescaled and
     P V[:, :HALF] issued asynchronously (returned as a wgmma token)."""
     n0 = start + i * BLOCK_N
@@ -103,12 +117,20 @@ def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready
     k_lat = k_lat_s.index(i % STAGES)
     p16 = p.to(k_lat.dtype)
     # hand P and alpha to warpgroup 1 once it has finished with the previous ones
-    mbarrier.wait(p_free, (i & 1) ^ 1)
-    p_s.store(p16)
-    a_s.store(alpha)
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(p_ready, count=1)
+    if NAMED:  # warpgroup 1 is done with P(i - 1) when tile i - 1's stage is free (kv_free, as the loader waits)
+        if i > 0:
+            mbarrier.wait(kv_free.index((i - 1) % STAGES), ((i - 1) // STAGES) & 1)
+        p_s.store(p16)
+        a_s.store(alpha)
+        fence_async_shared()
+        _named_arrive()
+    else:
+        mbarrier.wait(p_free, (i & 1) ^ 1)
+        p_s.store(p16)
+        a_s.store(alpha)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(p_ready, count=1)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -165,19 +187,26 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
                 s_nxt = warpgroup_mma_init(s_zero)
             s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
             mbarrier.arrive(kv_free.index(i % STAGES), count=1)
-    else:
+    else:  # PIPE 0, and 3 (the hand-off to warpgroup 1 on a named barrier, p_free folded into kv_free)
         for i in range(n_tiles):
             s = warpgroup_mma_wait(num_outstanding=0,
                                    deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES), ))
             m_i, l_i, acc = _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
-                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES,
+                                          kv_free, PIPE == 3)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             mbarrier.arrive(kv_free.index(i % STAGES), count=1)
     inv_l = 1.0 / l_i
-    mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
-    a_s.store(inv_l)
-    gl.thread_barrier()
-    mbarrier.arrive(p_ready, count=1)
+    if PIPE == 3:
+        if n_tiles > 0:
+            mbarrier.wait(kv_free.index((n_tiles - 1) % STAGES), ((n_tiles - 1) // STAGES) & 1)
+        a_s.store(inv_l)
+        _named_arrive()
+    else:
+        mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
+        a_s.store(inv_l)
+        gl.thread_barrier()
+        mbarrier.arrive(p_ready, count=1)
     gl.store(LSE_part + pid_s * Hq + rows, m_i + gl.log2(l_i), mask=rows < Hq)
     out = acc * gl.convert_layout(inv_l, row_o)[:, None]
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
@@ -188,7 +217,7 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
 
 @gluon.jit
 def _pv_wg(k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, q0, pid_s, n_tiles, Hq,
-           BLOCK_M: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr):
+           BLOCK_M: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, NAMED: gl.constexpr = False):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -196,15 +225,22 @@ def _pv_wg(k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, strid
     acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
     for i in range(n_tiles):
         st = i % STAGES
-        mbarrier.wait(p_ready, i & 1)
+        if NAMED:
+            _named_sync()
+        else:
+            mbarrier.wait(p_ready, i & 1)
         alpha = a_s.load(row_o)
         acc = acc * alpha[:, None]
         acc = warpgroup_mma(p_s, k_lat_s.index(st).slice(HALF, HALF, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         gl.thread_barrier()
-        mbarrier.arrive(p_free, count=1)
+        if not NAMED:
+            mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(kv_free.index(st), count=1)
-    mbarrier.wait(p_ready, n_tiles & 1)
+    if NAMED:
+        _named_sync()
+    else:
+        mbarrier.wait(p_ready, n_tiles & 1)
     inv_l = a_s.load(row_o)
     out = acc * inv_l[:, None]
     rows = q0 + gl.arange(0, BLOCK_M, row_o)
@@ -258,7 +294,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
                        Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len,
                        Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE)),
         (_pv_wg, (k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, q0, pid_s, n_tiles,
-                  Hq, BLOCK_M, HALF, STAGES)),
+                  Hq, BLOCK_M, HALF, STAGES, PIPE == 3)),
         (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
                    q0, start, n_tiles, BLOCK_N, STAGES)),
     ], [4, 1], [PV_REGS, LOAD_REGS])

@@ -46,7 +46,9 @@ class WsTuning:
 
     pipe: int = 0       # warpgroup 0's schedule: 0 S, softmax, P V strictly in order; 1 S of tile i + 1 issued
                         # before the softmax of tile i (two S accumulators: spills at the 168 registers a thread
-                        # gets, 1.5x slower on the H200); 2 S of tile i + 1 issued right behind P V of tile i
+                        # gets, 1.5x slower on the H200); 2 S of tile i + 1 issued right behind P V of tile i;
+                        # 3 (branch ws-named-barrier, NOT run on a GPU yet): 0 with P and alpha handed to warpgroup 1
+                        # on a named barrier (bar.arrive / bar.sync) and p_free folded into kv_free
     min_chunk: int = 64  # fewest prefix tokens per split
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
                          # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
