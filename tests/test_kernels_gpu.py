@@ -218,7 +218,7 @@ def test_refuses_without_hopper(monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("pipe,fold", [(1, 1), (2, 1), (0, 0)])
+@pytest.mark.parametrize("pipe,fold", [(1, 1), (2, 1), (0, 0), (3, 1), (3, 0)])
 @pytest.mark.parametrize("ctx,budget,shape,heads", [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64)])
 def test_other_schedules_match_reference(pipe, fold, ctx, budget, shape, heads):
     """Warpgroup 0's other schedules (S of the next tile issued early), the tree part as a program of its
