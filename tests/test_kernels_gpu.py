@@ -218,7 +218,7 @@ def test_refuses_without_hopper(monkeypatch):
 
 
 @gpu
-@pytest.mark.parametrize("pipe,fold", [(1, 1), (2, 1), (0, 0), (3, 1), (3, 0)])
+@pytest.mark.parametrize("pipe,fold", [(1, 1), (2, 1), (0, 0), (0, 1), (3, 1), (3, 0)])
 @pytest.mark.parametrize("ctx,budget,shape,heads", [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64)])
 def test_other_schedules_match_reference(pipe, fold, ctx, budget, shape, heads):
     """Warpgroup 0's other schedules (S of the next tile issued early), the tree part as a program of its
@@ -244,6 +244,16 @@ def test_seesaw_matches_reference(seesaw, ctx, budget, shape, heads, dtype):
     the default; called twice, it must give the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(seesaw=seesaw), repeat=2)
+
+
+@gpu
+@pytest.mark.parametrize("pipe", [3, 0], ids=["pipe3", "pipe0"])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
+def test_handoff_schedules_match_reference(pipe, ctx, budget, shape, heads, dtype):
+    """P handed to warpgroup 1 on a named barrier (pipe 3, the default) or on mbarriers (pipe 0): the same shapes
+    and poisoned rows as test_matches_reference plus splits of 2 and 3 tiles; called twice, the same bits."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(pipe=pipe), repeat=2)
 
 
 @gpu

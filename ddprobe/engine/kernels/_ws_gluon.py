@@ -8,7 +8,9 @@ Written in Gluon (``triton.experimental.gluon``, Triton >= 3.6) because Triton 3
                       buffers; waits ``kv_free[s]``, signals ``kv_ready[s]`` (byte-count completion).
   softmax  (4 warps, the default partition, warpgroup 0): S = Q_lat K_lat^T + Q_pe K_pe^T (wgmma m64n64,
                       K = 576), the mask, the online softmax in base 2; hands P (bf16) and the rescale
-                      factor alpha to warpgroup 1 through shared memory (``p_ready`` / ``p_free``), then
+                      factor alpha to warpgroup 1 through shared memory (PIPE 3, the default: a named
+                      barrier, bar.arrive here and bar.sync there, with warpgroup 1 done with the previous P
+                      when the previous tile's ``kv_free`` completes; else ``p_ready`` / ``p_free``), then
                       O[:, :256] = alpha O + P V[:, :256] with P from registers.
   pv       (4 warps, warpgroup 1): O[:, 256:] = alpha O + P V[:, 256:] with P from shared memory.
 The 64 x 512 fp32 accumulator is split over the two warpgroups (128 registers each), so warpgroup 1
@@ -83,17 +85,19 @@ def _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES: gl.c
 
 
 NAMED_BAR = 8  # the named barrier of the PIPE=3 hand-off (Gluon's partitions use ids 0-2)
+_ARRIVE_ASM = gl.constexpr(f"bar.arrive {NAMED_BAR}, 256; // $0")
+_SYNC_ASM = gl.constexpr(f"bar.sync {NAMED_BAR}, 256; // $0")
 
 
 @gluon.jit
 def _named_arrive():
     """bar.arrive on NAMED_BAR for 256 threads (warpgroup 0 arrives, warpgroup 1 syncs): does not wait."""
-    gl.inline_asm_elementwise("bar.arrive 8, 256; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise(_ARRIVE_ASM, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
 def _named_sync():
-    gl.inline_asm_elementwise("bar.sync 8, 256; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise(_SYNC_ASM, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit

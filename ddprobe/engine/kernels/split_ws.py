@@ -44,11 +44,12 @@ LOAD_REGS = 40   # registers per thread of the loader warp
 class WsTuning:
     """Knobs of the Gluon prefix kernel, fixed per plan."""
 
-    pipe: int = 0       # warpgroup 0's schedule: 0 S, softmax, P V strictly in order; 1 S of tile i + 1 issued
-                        # before the softmax of tile i (two S accumulators: spills at the 168 registers a thread
-                        # gets, 1.5x slower on the H200); 2 S of tile i + 1 issued right behind P V of tile i;
-                        # 3 (branch ws-named-barrier, NOT run on a GPU yet): 0 with P and alpha handed to warpgroup 1
-                        # on a named barrier (bar.arrive / bar.sync) and p_free folded into kv_free
+    pipe: int = 3       # warpgroup 0's schedule: 0 S, softmax, P V strictly in order, P and alpha handed to
+                        # warpgroup 1 through the p_ready / p_free mbarriers; 3 (default): 0 with that hand-off on a
+                        # named barrier (bar.arrive in warpgroup 0, bar.sync in warpgroup 1) and p_free folded into
+                        # kv_free (H200: 1-2% faster at 64 heads, 0-1% at 8 heads); 1 S of tile i + 1 issued
+                        # before the softmax of tile i (1.5x slower: with a 2-stage ring its tile is still in flight);
+                        # 2 S of tile i + 1 issued right behind P V of tile i (1-10% slower)
     min_chunk: int = 64  # fewest prefix tokens per split
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
                          # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
