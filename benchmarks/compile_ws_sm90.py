@@ -22,7 +22,7 @@ import sm90_offline  # benchmarks/sm90_offline.py: Triton 3.6 and a driver stub
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pipe", type=int, choices=(0, 1, 2, 3), default=0)
+    ap.add_argument("--pipe", type=int, choices=(0, 1, 2, 3), default=3, help="WsTuning.pipe (3: the default kernel)")
     ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
     ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")

@@ -48,7 +48,8 @@ class WsTuning:
                         # warpgroup 1 through the p_ready / p_free mbarriers; 3 (default): 0 with that hand-off on a
                         # named barrier (bar.arrive in warpgroup 0, bar.sync in warpgroup 1) and p_free folded into
                         # kv_free (H200: 1-2% faster at 64 heads, 0-1% at 8 heads); 1 S of tile i + 1 issued
-                        # before the softmax of tile i (1.5x slower: with a 2-stage ring its tile is still in flight);
+                        # before the softmax of tile i (1.5x slower; with a 2-stage ring that tile is likely still in
+                        # flight then, docs/perf.md);
                         # 2 S of tile i + 1 issued right behind P V of tile i (1-10% slower)
     min_chunk: int = 64  # fewest prefix tokens per split
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
