@@ -24,6 +24,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pipe", type=int, choices=(0, 1, 2, 3), default=3, help="WsTuning.pipe (3: the default kernel)")
     ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
+    ap.add_argument("--balance", type=int, choices=(0, 1), default=0, help="WsTuning.balance: the balanced grid")
     ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")
@@ -51,22 +52,23 @@ def main() -> int:
     args_ = (desc(q2, [hq, v], [64, v]), desc(q2[:, v:], [hq, pe], [64, pe]),
              desc(kv, [rows, v], [64, kv_w]), desc(kv[:, v:], [rows, pe], [64, pe]),
              torch.zeros(9, dtype=torch.int64), torch.zeros(3, hq, v), torch.zeros(3, hq), hq * v, v, 4000, 9, 2048,
-             hq, 8, 0.1)
+             hq, 8, 0.1, 64, 132, 16)  # ... qk_scale, then tiles, programs, slots (ws_prefix_kernel's balanced grid)
     if args.tail:
         from ddprobe.engine.kernels import _ws_tail
         tl_ = args.tail
-        targs = args_[:2] + (desc(q2, [hq, v], [tl_, v]), desc(q2[:, v:], [hq, pe], [tl_, pe])) + args_[2:]
+        targs = args_[:2] + (desc(q2, [hq, v], [tl_, v]), desc(q2[:, v:], [hq, pe], [tl_, pe])) + args_[2:-3]
         k = _ws_tail.ws_tail_kernel.warmup(*targs, grid=(1, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                            TAIL=tl_, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
                                            num_warps=4)
     elif args.seesaw:
-        k = _ws_gluon.ws_seesaw_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
+        k = _ws_gluon.ws_seesaw_kernel.warmup(*args_[:-3], grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                               PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
                                               SEESAW=args.seesaw, num_warps=4)
     else:
         k = _ws_gluon.ws_prefix_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                               STAGES=2, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, PIPE=args.pipe,
-                                              FOLD=args.fold, TRIGGER=bool(args.trigger), num_warps=4)
+                                              FOLD=args.fold, TRIGGER=bool(args.trigger),
+                                              BALANCE=bool(args.balance), num_warps=4)
     os.makedirs(args.out, exist_ok=True)
     ptx = k.asm["ptx"]
     for name, data in (("ws.ptx", ptx), ("ws.ttgir", k.asm["ttgir"])):

@@ -93,8 +93,9 @@ def test_tree_mask_is_applied():
 
 @gpu
 @pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(tail=1),
-                                  dict(tail=1, fold_tree=1), dict(tail=0)],
-                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "tail", "tail-fold", "no-tail"])
+                                  dict(tail=1, fold_tree=1), dict(tail=0), dict(balance=1), dict(balance=1, programs=7)],
+                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "tail", "tail-fold", "no-tail",
+                              "balance", "balance-7"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -257,6 +258,16 @@ def test_handoff_schedules_match_reference(pipe, ctx, budget, shape, heads, dtyp
 
 
 @gpu
+@pytest.mark.parametrize("programs", [0, 5, 37], ids=["sms", "p5", "p37"])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
+def test_balanced_grid_matches_reference(programs, ctx, budget, shape, heads, dtype):
+    """The balanced grid (one program per SM, or 5 or 37 programs so that shares cross two and more row blocks):
+    the same shapes and poisoned rows as test_matches_reference; called twice, the same bits."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(balance=1, programs=programs), repeat=2)
+
+
+@gpu
 @pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
 @pytest.mark.parametrize("fold", [0, 1])
 @pytest.mark.parametrize("ctx,budget,shape,heads",
@@ -309,6 +320,42 @@ def test_split_config_covers_the_prefix_in_one_wave(fold):
                         assert c["n_qb"] * c["grid_splits"] <= sms
                 else:
                     assert c["grid_splits"] == 1
+
+
+def test_balanced_grid_covers_every_tile_once():
+    """Host-side (runs anywhere): the balanced grid's pieces (split_ws.pieces, the kernel's _piece arithmetic)
+    cover every (row block, tile) exactly once, give no program more than its share rounded up, give each row
+    block distinct slots below grid_splits with its last piece (the tree's) in the last slot, and stay within
+    the merge's S_MAX; the default tuning balances 64 heads from 8k and leaves 8 heads and short prefixes alone."""
+    from ddprobe.engine.kernels import split_ws
+    for sms in (132, 114, 7):
+        for prefix in (1, 64, 65, 1000, 8192, 33000, 131072):
+            for hq in (9, 72, 576, 1152):
+                c = split_ws.balanced_config(prefix, hq, sms)
+                n_qb, tiles, g = c["n_qb"], c["tiles"], c["programs"]
+                assert tiles == -(-prefix // 64) and g == min(sms, n_qb * tiles)
+                seen = {}
+                slots = {}
+                for prog in split_ws.pieces(n_qb, tiles, g):
+                    assert sum(b - a for _, a, b, _ in prog) <= -(-n_qb * tiles // g)
+                    for rb, a, b, slot in prog:
+                        assert 0 <= a < b <= tiles
+                        for t in range(a, b):
+                            assert (rb, t) not in seen
+                            seen[rb, t] = slot
+                        slot = c["grid_splits"] - 1 if slot < 0 else slot
+                        assert 0 <= slot < c["grid_splits"] and slot not in slots.setdefault(rb, set())
+                        slots[rb].add(slot)
+                assert len(seen) == n_qb * tiles and all(seen[rb, tiles - 1] == -1 for rb in range(n_qb))
+                t = split_ws.WsTuning(balance=1)
+                assert split_ws.merge_plan(t, hq, 512, sms, prefix)["s_max"] >= c["grid_splits"]
+    d = split_ws.DEFAULT_TUNING
+    assert split_ws.config(8192, 576, 132, d)["balance"] and split_ws.config(131072, 576, 132, d)["programs"] == 132
+    assert not split_ws.config(4096, 576, 132, d).get("balance")       # under BALANCE_MIN_TILES tiles a program
+    assert not split_ws.config(32768, 72, 132, d).get("balance")       # 8 heads: tree part on its own (not folded)
+    assert not split_ws.config(131072, 72, 132, d).get("balance")      # 8 heads from 48k: the tail kernel
+    with pytest.raises(ValueError, match="pipe 3"):
+        split_ws.config(8192, 576, 132, split_ws.WsTuning(balance=1, pipe=0))
 
 
 def test_benchmark_peers_say_why_they_cannot_run():

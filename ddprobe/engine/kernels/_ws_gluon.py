@@ -51,14 +51,51 @@ def _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N: gl.constexpr, FOLD: gl.c
 
 
 @gluon.jit
+def _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+           FOLD: gl.constexpr, BALANCE: gl.constexpr):
+    """Piece k of this program: (row block, partial slot, columns [start, end), tiles, pieces in the program,
+    first slot of the row block to mark empty). Without BALANCE a program is one piece: row block
+    program_id(0), split program_id(1) (_chunk_bounds). With BALANCE the grid is (programs,): the W = row
+    blocks x ``tiles`` prefix tiles, row block after row block, are cut into ``programs`` equal ranges, and a
+    range that crosses row blocks is one piece per row block. Row block b's pieces take slots 0, 1, ... in
+    program order, except its last piece (which also takes the R tree columns, so its lse is finite): slot
+    ``slots`` - 1. That piece also marks the slots its row block leaves unused (lse -inf) for the merge."""
+    if BALANCE:
+        g = gl.program_id(0)
+        w = gl.cdiv(Hq, BLOCK_M) * tiles
+        lo = g * w // programs
+        hi = (g + 1) * w // programs
+        rb = lo // tiles + k
+        base = rb * tiles
+        a = gl.maximum(lo, base) - base
+        b = gl.minimum(hi, base + tiles) - base
+        last = b == tiles
+        start = a * BLOCK_N
+        end = gl.where(last, prefix_len + R, b * BLOCK_N)
+        first_prog = ((base + 1) * programs - 1) // w      # the program holding the row block's first tile
+        last_prog = ((base + tiles) * programs - 1) // w   # ... and its last
+        slot = gl.where(last, slots - 1, g - first_prog)
+        fill_lo = gl.where(last, last_prog - first_prog, slots - 1)
+        n_pieces = (hi - 1) // tiles - lo // tiles + 1
+    else:
+        rb = gl.program_id(0)
+        slot = gl.program_id(1)
+        start, end, _ = _chunk_bounds(slot, chunk, prefix_len, R, BLOCK_N, FOLD)
+        fill_lo = slots - 1
+        n_pieces = 1
+    return rb, slot, start, end, gl.cdiv(end - start, BLOCK_N), n_pieces, fill_lo
+
+
+@gluon.jit
 def _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N: gl.constexpr,
-                STAGES: gl.constexpr):
-    """The loader's ring: each [BLOCK_N, 512 + 64] KV tile of the chunk by TMA into stage i % STAGES once both
-    consumer warpgroups have released it (``kv_free``), completing ``kv_ready`` by byte count."""
+                STAGES: gl.constexpr, base=0):
+    """The loader's ring: each [BLOCK_N, 512 + 64] KV tile of the chunk by TMA into stage (base + i) % STAGES
+    once both consumer warpgroups have released it (``kv_free``), completing ``kv_ready`` by byte count
+    (``base``: tiles this program loaded before, in earlier pieces)."""
     nbytes: gl.constexpr = k_lat_d.block_type.nbytes + k_pe_d.block_type.nbytes
     for i in range(n_tiles):
-        st = i % STAGES
-        mbarrier.wait(kv_free.index(st), ((i // STAGES) & 1) ^ 1)
+        st = (base + i) % STAGES
+        mbarrier.wait(kv_free.index(st), (((base + i) // STAGES) & 1) ^ 1)
         bar = kv_ready.index(st)
         mbarrier.expect(bar, nbytes)
         n0 = start + i * BLOCK_N
@@ -67,12 +104,24 @@ def _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_ti
 
 
 @gluon.jit
-def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
-            q0, start, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
-    tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
-    _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES)
+def _loader(q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, q_free, kv_ready, kv_free,
+            chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr):
+    """Per piece: its Q row block (once warpgroup 0 has issued S of the previous piece's last tile: q_free),
+    then its KV tiles through the ring, which runs on across pieces."""
+    _, _, _, _, _, n_pieces, _ = _piece(0, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N,
+                                        FOLD, BALANCE)
+    done = 0
+    for k in range(n_pieces):
+        rb, _, start, _, n_tiles, _, _ = _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M,
+                                                BLOCK_N, FOLD, BALANCE)
+        if k > 0:
+            mbarrier.wait(q_free, (k - 1) & 1)
+        mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_lat_d, [rb * BLOCK_M, 0], q_bar, q_lat_s)
+        tma.async_copy_global_to_shared(q_pe_d, [rb * BLOCK_M, 0], q_bar, q_pe_s)
+        _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES, done)
+        done += n_tiles
 
 
 @gluon.jit
@@ -101,11 +150,11 @@ def _named_sync():
 
 
 @gluon.jit
-def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end, prefix_len,
-                  qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
+def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end,
+                  prefix_len, qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
                   STAGES: gl.constexpr, kv_free=None, NAMED: gl.constexpr = False):
-    """Tile i's scores -> online softmax; P and alpha handed to warpgroup 1; O[:, :HALF] rescaled and
-    P V[:, :HALF] issued asynchronously (returned as a wgmma token)."""
+    """Tile i of the piece (the program's tile gi, which sets the ring stage) -> online softmax; P and alpha
+    handed to warpgroup 1; O[:, :HALF] rescaled and P V[:, :HALF] issued asynchronously (a wgmma token)."""
     n0 = start + i * BLOCK_N
     if n0 + BLOCK_N > gl.minimum(end, prefix_len):  # only tiles reaching the tree columns or the chunk's end
         offs_n = n0 + offs_n0
@@ -118,12 +167,12 @@ def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready
     alpha = gl.exp2(m_i - m_new)
     p = gl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
-    k_lat = k_lat_s.index(i % STAGES)
+    k_lat = k_lat_s.index(gi % STAGES)
     p16 = p.to(k_lat.dtype)
     # hand P and alpha to warpgroup 1 once it has finished with the previous ones
-    if NAMED:  # warpgroup 1 is done with P(i - 1) when tile i - 1's stage is free (kv_free, as the loader waits)
-        if i > 0:
-            mbarrier.wait(kv_free.index((i - 1) % STAGES), ((i - 1) // STAGES) & 1)
+    if NAMED:  # warpgroup 1 is done with P(gi - 1) when tile gi - 1's stage is free (kv_free, as the loader waits)
+        if gi > 0:
+            mbarrier.wait(kv_free.index((gi - 1) % STAGES), ((gi - 1) // STAGES) & 1)
         p_s.store(p16)
         a_s.store(alpha)
         fence_async_shared()
@@ -143,10 +192,26 @@ def _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready
 
 
 @gluon.jit
-def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_free, p_ready, p_free,
-                Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
+def _tile(i, gi, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_free, kv_ready, kv_free,
+          p_ready, p_free, s_zero, start, end, prefix_len, qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+          HALF: gl.constexpr, STAGES: gl.constexpr, NAMED: gl.constexpr, FREE_Q: gl.constexpr):
+    """One tile of pipe 0 / 3: S (waited), the softmax and P V; FREE_Q: release Q (q_free) once S is done."""
+    s = warpgroup_mma_wait(num_outstanding=0,
+                           deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, gi, STAGES), ))
+    if FREE_Q:
+        mbarrier.arrive(q_free, count=1)
+    m_i, l_i, acc = _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start,
+                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, kv_free, NAMED)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(kv_free.index(gi % STAGES), count=1)
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free, p_ready, p_free,
+                Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles, programs, slots,
                 qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr,
-                PIPE: gl.constexpr):
+                PIPE: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -156,120 +221,140 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
 
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
-    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     offs_n0 = gl.arange(0, BLOCK_N, col_s)
-    rows = q0 + gl.arange(0, BLOCK_M, row_s)
-    # the ancestor bits of each row over the tree columns prefix_len + j (padded rows see them all: finite)
-    bits = gl.load(Bits + rows // H, mask=rows < Hq, other=-1)
-    mbarrier.wait(q_bar, 0)
-    if PIPE == 1:
-        # S of tile i + 1 is issued before the softmax of tile i, so the tensor cores compute it meanwhile
-        s_cur = warpgroup_mma_wait(num_outstanding=0,
-                                   deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, 0, STAGES), ))
-        for i in range(n_tiles):
-            if i + 1 < n_tiles:
-                s_nxt = _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i + 1, STAGES)
-            else:
-                s_nxt = warpgroup_mma_init(s_zero)
-            m_i, l_i, acc = _softmax_step(s_cur, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
-                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
-            s_cur, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
-            mbarrier.arrive(kv_free.index(i % STAGES), count=1)
-    elif PIPE == 2:
-        # S of tile i + 1 is issued right behind P V of tile i, before waiting for it (no issue gap)
-        s = warpgroup_mma_wait(num_outstanding=0,
-                               deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, 0, STAGES), ))
-        for i in range(n_tiles):
-            m_i, l_i, acc = _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
-                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
-            if i + 1 < n_tiles:
-                s_nxt = _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i + 1, STAGES)
-            else:
-                s_nxt = warpgroup_mma_init(s_zero)
-            s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
-            mbarrier.arrive(kv_free.index(i % STAGES), count=1)
-    else:  # PIPE 0, and 3 (the hand-off to warpgroup 1 on a named barrier, p_free folded into kv_free)
-        for i in range(n_tiles):
+    _, _, _, _, _, n_pieces, _ = _piece(0, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N,
+                                        FOLD, BALANCE)
+    done = 0  # tiles of earlier pieces (the ring's position)
+    for k in range(n_pieces):
+        rb, slot, start, end, n_tiles, _, fill_lo = _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots,
+                                                          BLOCK_M, BLOCK_N, FOLD, BALANCE)
+        q0 = rb * BLOCK_M
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
+        l_i = gl.zeros([BLOCK_M], gl.float32, row_s)
+        acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+        rows = q0 + gl.arange(0, BLOCK_M, row_s)
+        # the ancestor bits of each row over the tree columns prefix_len + j (padded rows see them all: finite)
+        bits = gl.load(Bits + rows // H, mask=rows < Hq, other=-1)
+        mbarrier.wait(q_bar, k & 1)
+        if PIPE == 1:
+            # S of tile i + 1 is issued before the softmax of tile i, so the tensor cores compute it meanwhile
+            s_cur = warpgroup_mma_wait(num_outstanding=0,
+                                       deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, 0, STAGES), ))
+            for i in range(n_tiles):
+                if i + 1 < n_tiles:
+                    s_nxt = _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i + 1, STAGES)
+                else:
+                    s_nxt = warpgroup_mma_init(s_zero)
+                m_i, l_i, acc = _softmax_step(s_cur, i, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready,
+                                              p_free, start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+                s_cur, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
+                mbarrier.arrive(kv_free.index(i % STAGES), count=1)
+        elif PIPE == 2:
+            # S of tile i + 1 is issued right behind P V of tile i, before waiting for it (no issue gap)
             s = warpgroup_mma_wait(num_outstanding=0,
-                                   deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES), ))
-            m_i, l_i, acc = _softmax_step(s, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free,
-                                          start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES,
-                                          kv_free, PIPE == 3)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            mbarrier.arrive(kv_free.index(i % STAGES), count=1)
-    inv_l = 1.0 / l_i
-    if PIPE == 3:
-        if n_tiles > 0:
-            mbarrier.wait(kv_free.index((n_tiles - 1) % STAGES), ((n_tiles - 1) // STAGES) & 1)
-        a_s.store(inv_l)
-        _named_arrive()
-    else:
-        mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
-        a_s.store(inv_l)
-        gl.thread_barrier()
-        mbarrier.arrive(p_ready, count=1)
-    gl.store(LSE_part + pid_s * Hq + rows, m_i + gl.log2(l_i), mask=rows < Hq)
-    out = acc * gl.convert_layout(inv_l, row_o)[:, None]
-    rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
-    cols = gl.arange(0, HALF, col_o)
-    ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
+                                   deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, 0, STAGES), ))
+            for i in range(n_tiles):
+                m_i, l_i, acc = _softmax_step(s, i, i, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready,
+                                              p_free, start, end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES)
+                if i + 1 < n_tiles:
+                    s_nxt = _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i + 1, STAGES)
+                else:
+                    s_nxt = warpgroup_mma_init(s_zero)
+                s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s_nxt, acc))
+                mbarrier.arrive(kv_free.index(i % STAGES), count=1)
+        elif BALANCE:  # the piece's last tile peeled: once its S is done, the loader may bring the next Q
+            for i in range(n_tiles - 1):
+                m_i, l_i, acc = _tile(i, done + i, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s,
+                                      p_s, a_s, q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start, end,
+                                      prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False)
+            m_i, l_i, acc = _tile(n_tiles - 1, done + n_tiles - 1, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s,
+                                  k_lat_s, k_pe_s, p_s, a_s, q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start,
+                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, True)
+        else:  # PIPE 0, and 3 (the hand-off to warpgroup 1 on a named barrier, p_free folded into kv_free)
+            for i in range(n_tiles):
+                m_i, l_i, acc = _tile(i, i, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s,
+                                      q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start, end, prefix_len,
+                                      qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False)
+        inv_l = 1.0 / l_i
+        if PIPE == 3:  # 1 / l in l_s (a_s itself unless BALANCE: then the next piece's alpha must not overwrite it)
+            if n_tiles > 0:
+                mbarrier.wait(kv_free.index((done + n_tiles - 1) % STAGES), ((done + n_tiles - 1) // STAGES) & 1)
+            l_s.store(inv_l)
+            _named_arrive()
+        else:
+            mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
+            a_s.store(inv_l)
+            gl.thread_barrier()
+            mbarrier.arrive(p_ready, count=1)
+        gl.store(LSE_part + slot * Hq + rows, m_i + gl.log2(l_i), mask=rows < Hq)
+        for j in range(fill_lo, slots - 1):  # slots this row block leaves unused: empty for the merge
+            gl.store(LSE_part + j * Hq + rows, gl.full([BLOCK_M], float("-inf"), gl.float32, row_s), mask=rows < Hq)
+        out = acc * gl.convert_layout(inv_l, row_o)[:, None]
+        rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
+        cols = gl.arange(0, HALF, col_o)
+        ptr = O_part + slot * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
+        gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
+        done += n_tiles
 
 
 @gluon.jit
-def _pv_wg(k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, q0, pid_s, n_tiles, Hq,
-           BLOCK_M: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, NAMED: gl.constexpr = False):
+def _pv_wg(k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq,
+           tiles, programs, slots, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
+           STAGES: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr, NAMED: gl.constexpr = False):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
-    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
-    for i in range(n_tiles):
-        st = i % STAGES
+    _, _, _, _, _, n_pieces, _ = _piece(0, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N,
+                                        FOLD, BALANCE)
+    done = 0
+    for k in range(n_pieces):
+        rb, slot, _, _, n_tiles, _, _ = _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M,
+                                               BLOCK_N, FOLD, BALANCE)
+        acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+        for i in range(n_tiles):
+            st = (done + i) % STAGES
+            if NAMED:
+                _named_sync()
+            else:
+                mbarrier.wait(p_ready, i & 1)
+            alpha = a_s.load(row_o)
+            acc = acc * alpha[:, None]
+            acc = warpgroup_mma(p_s, k_lat_s.index(st).slice(HALF, HALF, dim=1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            gl.thread_barrier()
+            if not NAMED:
+                mbarrier.arrive(p_free, count=1)
+            mbarrier.arrive(kv_free.index(st), count=1)
         if NAMED:
             _named_sync()
         else:
-            mbarrier.wait(p_ready, i & 1)
-        alpha = a_s.load(row_o)
-        acc = acc * alpha[:, None]
-        acc = warpgroup_mma(p_s, k_lat_s.index(st).slice(HALF, HALF, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        gl.thread_barrier()
-        if not NAMED:
-            mbarrier.arrive(p_free, count=1)
-        mbarrier.arrive(kv_free.index(st), count=1)
-    if NAMED:
-        _named_sync()
-    else:
-        mbarrier.wait(p_ready, n_tiles & 1)
-    inv_l = a_s.load(row_o)
-    out = acc * inv_l[:, None]
-    rows = q0 + gl.arange(0, BLOCK_M, row_o)
-    cols = HALF + gl.arange(0, HALF, col_o)
-    ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out, mask=(rows < Hq)[:, None])
+            mbarrier.wait(p_ready, n_tiles & 1)
+        inv_l = l_s.load(row_o)
+        out = acc * inv_l[:, None]
+        rows = rb * BLOCK_M + gl.arange(0, BLOCK_M, row_o)
+        cols = HALF + gl.arange(0, HALF, col_o)
+        ptr = O_part + slot * stride_ps + rows[:, None] * stride_pq + cols[None, :]
+        gl.store(ptr, out, mask=(rows < Hq)[:, None])
+        done += n_tiles
 
 
 @gluon.jit
 def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
-                     prefix_len, R, chunk, Hq, H, qk_scale,
+                     prefix_len, R, chunk, Hq, H, qk_scale, tiles, programs, slots,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                      STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr,
-                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False):
+                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False, BALANCE: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
-    (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits. TRIGGER: let a programmatic
+    (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits; ``slots`` is the grid's
+    second dimension. BALANCE (PIPE 3, FOLD): grid (programs,), each program an equal share of the row blocks x
+    ``tiles`` prefix tiles (_piece), row block b's partials in ``slots`` slots. TRIGGER: let a programmatic
     dependent launch (the merge, which then waits on griddepcontrol.wait) as soon as every program has
     started, so its programs take the SMs this grid leaves free and those freed as programs finish."""
     if TRIGGER:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-    pid_q = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    q0 = pid_q * BLOCK_M
-    start, end, n_tiles = _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N, FOLD)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
 
@@ -280,12 +365,18 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dt)
     p_s = gl.allocate_shared_memory(dt, [BLOCK_M, BLOCK_N], p_layout)
     a_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    if BALANCE:
+        l_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    else:
+        l_s = a_s
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_free, count=1)
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=1)
     for st in gl.static_range(STAGES):
@@ -294,13 +385,14 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     fence_async_shared()
 
     gl.warp_specialize([
-        (_softmax_wg, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_bar, kv_ready, kv_free, p_ready, p_free,
-                       Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len,
-                       Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE)),
-        (_pv_wg, (k_lat_s, p_s, a_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, q0, pid_s, n_tiles,
-                  Hq, BLOCK_M, HALF, STAGES, PIPE == 3)),
-        (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, kv_ready, kv_free,
-                   q0, start, n_tiles, BLOCK_N, STAGES)),
+        (_softmax_wg, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free, p_ready,
+                       p_free, Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles,
+                       programs, slots, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE, FOLD, BALANCE)),
+        (_pv_wg, (k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, chunk, prefix_len,
+                  R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, HALF, STAGES, FOLD, BALANCE, PIPE == 3)),
+        (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, q_free, kv_ready,
+                   kv_free, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, STAGES, FOLD,
+                   BALANCE)),
     ], [4, 1], [PV_REGS, LOAD_REGS])
 
 

@@ -35,6 +35,7 @@ BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 TAIL_MIN_PREFIX = 49152  # WsTuning.tail = -1 uses it from here (H200, 8 heads: 2% faster at 48k, 4% slower at 32k)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
+BALANCE_MIN_TILES = 8  # WsTuning.balance = -1 balances from this many prefix tiles per program up
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -51,6 +52,11 @@ class WsTuning:
                         # before the softmax of tile i (1.5x slower; with a 2-stage ring that tile is likely still in
                         # flight then, docs/perf.md);
                         # 2 S of tile i + 1 issued right behind P V of tile i (1-10% slower)
+    balance: int = -1   # 1: one wave of programs (one per SM), each an equal share of all row blocks' prefix tiles,
+                        # a share crossing row blocks split into one piece per row block (_ws_gluon._piece; the tree
+                        # folded into each row block's last piece); 0: row blocks x splits (choose_config);
+                        # -1: 1 with pipe 3, no seesaw or tail kernel, and at least BALANCE_MIN_TILES tiles a program
+    programs: int = 0   # programs of the balanced grid (0: one per SM)
     min_chunk: int = 64  # fewest prefix tokens per split
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
                          # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
@@ -134,9 +140,55 @@ def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_
     return dict(n_qb=n_qb, num_splits=ns, chunk=chunk, grid_splits=ns + extra, fold=1 - extra)
 
 
+def pieces(n_qb: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, int]]]:
+    """Host mirror of _ws_gluon._piece with BALANCE: per program, its pieces as (row block, first tile, end
+    tile, slot), slot -1 standing for the row block's last slot (the one that also takes the tree columns)."""
+    w = n_qb * tiles
+    out = []
+    for g in range(programs):
+        lo, hi = g * w // programs, (g + 1) * w // programs
+        prog = []
+        for rb in range(lo // tiles, (hi - 1) // tiles + 1):
+            base = rb * tiles
+            a, b = max(lo, base) - base, min(hi, base + tiles) - base
+            prog.append((rb, a, b, -1 if b == tiles else g - ((base + 1) * programs - 1) // w))
+        out.append(prog)
+    return out
+
+
+def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> dict:
+    """The balanced grid (WsTuning.balance): ``programs`` (0: sms) programs, at most one per tile, over n_qb
+    row blocks x cdiv(prefix_len, 64) tiles; ``grid_splits`` = slots per row block: the most pieces any row block
+    is cut into."""
+    n_qb = triton.cdiv(hq, BLOCK_M)
+    tiles = triton.cdiv(prefix_len, BLOCK_N)
+    programs = min(programs or sms, n_qb * tiles)
+    w = n_qb * tiles
+    slots = max(((rb + 1) * tiles * programs - 1) // w - ((rb * tiles + 1) * programs - 1) // w + 1
+                for rb in range(n_qb))
+    return dict(n_qb=n_qb, num_splits=slots, chunk=BLOCK_N, grid_splits=slots, fold=1, balance=True,
+                tiles=tiles, programs=programs)
+
+
+def balances(prefix_len: int, hq: int, sms: int, t: WsTuning) -> bool:
+    """Whether tuning ``t`` runs the balanced grid for this plan (WsTuning.balance)."""
+    if t.balance == 0 or prefix_len == 0 or t.seesaw or tails(hq, t, prefix_len):
+        return False
+    if t.pipe != 3:
+        if t.balance == 1:
+            raise ValueError(f"WsTuning.balance=1 needs pipe 3 (the default), got pipe {t.pipe}")
+        return False
+    if t.balance == 1:
+        return True
+    n_qb = triton.cdiv(hq, BLOCK_M)
+    return folds(n_qb, t.fold_tree) and n_qb * triton.cdiv(prefix_len, BLOCK_N) >= BALANCE_MIN_TILES * sms
+
+
 def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
     """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement), with block_q and
-    whether the tail kernel runs."""
+    whether the tail kernel runs; balanced_config where ``t`` balances."""
+    if balances(prefix_len, hq, sms, t):
+        return dict(balanced_config(prefix_len, hq, sms, t.programs), block_q=BLOCK_M, tail=False)
     tail = tails(hq, t, prefix_len)
     fold = 1 if tail and t.fold_tree < 0 else t.fold_tree  # behind the tail kernel, fold by default (1-2% faster)
     bq = block_rows(hq, t, prefix_len)
@@ -234,9 +286,11 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
             PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], SEESAW=t.seesaw, num_warps=4,
         )
     else:
-        k = ws_prefix_kernel[(cfg["n_qb"], gs)](
-            *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, STAGES=STAGES,
-            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"], TRIGGER=t.pdl >= 2, num_warps=4,
+        bal = cfg.get("balance", False)
+        k = ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
+            *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
+            PE_DIM=d - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"],
+            TRIGGER=t.pdl >= 2, BALANCE=bal, num_warps=4,
         )
     if meta is not None:
         meta["prefix"] = kernel_meta(k)
@@ -245,10 +299,14 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
 
 def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int, prefix_len: int) -> dict:
     """split.merge_config for this path: its prefix grid gives at most sms // (row blocks) partials; behind
-    the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says."""
+    the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says;
+    the balanced grid at most cdiv(sms, row blocks) + 1 with the tree's (S_MAX covers both, fixed per head count)."""
     if tails(hq, t, prefix_len) and not t.merge_block_m:
         t = replace(t, merge_block_m=TAIL_MERGE_ROWS)
-    return merge_config(t, hq, v_dim, sms, sms // triton.cdiv(hq, block_rows(hq, t, prefix_len)))
+    parts = sms // triton.cdiv(hq, block_rows(hq, t, prefix_len))
+    if t.balance and not tails(hq, t, prefix_len):  # a row block meets at most cdiv(programs, n_qb) + 1 programs
+        parts = max(parts, triton.cdiv(t.programs or sms, triton.cdiv(hq, BLOCK_M)))
+    return merge_config(t, hq, v_dim, sms, parts)
 
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
