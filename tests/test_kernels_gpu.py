@@ -324,7 +324,8 @@ def test_split_config_covers_the_prefix_in_one_wave(fold):
 
 def test_balanced_grid_covers_every_tile_once():
     """Host-side (runs anywhere): the balanced grid's pieces (split_ws.pieces, the kernel's _piece arithmetic)
-    cover every (row block, tile) exactly once, give no program more than its share rounded up, give each row
+    cover every (row block, tile) exactly once, give no program more than a one-wave share (cdiv(tiles, SMs)) and
+    none nothing, cut every row block's full chunks at the same tiles, give each row
     block distinct slots below grid_splits with its last piece (the tree's) in the last slot, and stay within
     the merge's S_MAX; the default tuning balances 64 heads from 8k and leaves 8 heads and short prefixes alone."""
     from ddprobe.engine.kernels import split_ws
@@ -333,11 +334,12 @@ def test_balanced_grid_covers_every_tile_once():
             for hq in (9, 72, 576, 1152):
                 c = split_ws.balanced_config(prefix, hq, sms)
                 n_qb, tiles, g = c["n_qb"], c["tiles"], c["programs"]
-                assert tiles == -(-prefix // 64) and g == min(sms, n_qb * tiles)
+                share = -(-n_qb * tiles // min(sms, n_qb * tiles))  # tiles a program of a one-wave grid must take
+                assert tiles == -(-prefix // 64) and g <= min(sms, n_qb * tiles) and c["chunk"] == share * 64
                 seen = {}
                 slots = {}
                 for prog in split_ws.pieces(n_qb, tiles, g):
-                    assert sum(b - a for _, a, b, _ in prog) <= -(-n_qb * tiles // g)
+                    assert 0 < sum(b - a for _, a, b, _ in prog) <= share
                     for rb, a, b, slot in prog:
                         assert 0 <= a < b <= tiles
                         for t in range(a, b):
@@ -347,6 +349,9 @@ def test_balanced_grid_covers_every_tile_once():
                         assert 0 <= slot < c["grid_splits"] and slot not in slots.setdefault(rb, set())
                         slots[rb].add(slot)
                 assert len(seen) == n_qb * tiles and all(seen[rb, tiles - 1] == -1 for rb in range(n_qb))
+                full = [p[0][1:3] for p in split_ws.pieces(n_qb, tiles, g) if len(p) == 1 and p[0][2] - p[0][1] == share
+                        and p[0][1] % share == 0]
+                assert all(full.count(ab) == n_qb for ab in set(full))  # a full chunk is read by every row block
                 t = split_ws.WsTuning(balance=1)
                 assert split_ws.merge_plan(t, hq, 512, sms, prefix)["s_max"] >= c["grid_splits"]
     d = split_ws.DEFAULT_TUNING

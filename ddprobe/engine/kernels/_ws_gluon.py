@@ -55,28 +55,40 @@ def _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M: gl.cons
            FOLD: gl.constexpr, BALANCE: gl.constexpr):
     """Piece k of this program: (row block, partial slot, columns [start, end), tiles, pieces in the program,
     first slot of the row block to mark empty). Without BALANCE a program is one piece: row block
-    program_id(0), split program_id(1) (_chunk_bounds). With BALANCE the grid is (programs,): the W = row
-    blocks x ``tiles`` prefix tiles, row block after row block, are cut into ``programs`` equal ranges, and a
-    range that crosses row blocks is one piece per row block. Row block b's pieces take slots 0, 1, ... in
-    program order, except its last piece (which also takes the R tree columns, so its lse is finite): slot
-    ``slots`` - 1. That piece also marks the slots its row block leaves unused (lse -inf) for the merge."""
+    program_id(0), split program_id(1) (_chunk_bounds). With BALANCE the grid is (programs,) over row blocks of
+    ``tiles`` prefix tiles, cut at the same tiles in every row block (so the row blocks read a tile at about the
+    same time and share it through L2): programs 0 .. nf - 1 take the full chunks of P = chunk / BLOCK_N tiles
+    (program g: row block g % n_qb, chunk g // n_qb, slot g // n_qb); the other programs share the row blocks'
+    remainders (the last tiles - F P of each, F full chunks), laid end to end and cut evenly, a share that
+    crosses row blocks being one piece per row block (slots F, F + 1, ...). A row block's last piece also takes
+    the R tree columns (so its lse is finite), writes slot ``slots`` - 1 and marks the slots its row block
+    leaves unused (lse -inf) for the merge."""
     if BALANCE:
         g = gl.program_id(0)
-        w = gl.cdiv(Hq, BLOCK_M) * tiles
-        lo = g * w // programs
-        hi = (g + 1) * w // programs
-        rb = lo // tiles + k
-        base = rb * tiles
-        a = gl.maximum(lo, base) - base
-        b = gl.minimum(hi, base + tiles) - base
+        n_qb = gl.cdiv(Hq, BLOCK_M)
+        pt = chunk // BLOCK_N
+        f = tiles // pt
+        rt = tiles - f * pt
+        nf = n_qb * f
+        spare = g >= nf
+        h = g - nf
+        ns = gl.maximum(programs - nf, 1)   # programs sharing the remainders
+        wt = gl.maximum(n_qb * rt, 1)
+        rt1 = gl.maximum(rt, 1)
+        lo = h * wt // ns
+        hi = (h + 1) * wt // ns
+        rb = gl.where(spare, lo // rt1 + k, g % n_qb)
+        base = rb * rt
+        a = gl.where(spare, f * pt + gl.maximum(lo, base) - base, (g // n_qb) * pt)
+        b = gl.where(spare, f * pt + gl.minimum(hi, base + rt) - base, (g // n_qb) * pt + pt)
         last = b == tiles
+        first_sp = ((base + 1) * ns - 1) // wt   # the sharing program that holds the row block's first remainder
+        last_sp = ((base + rt) * ns - 1) // wt   # ... and its last
         start = a * BLOCK_N
         end = gl.where(last, prefix_len + R, b * BLOCK_N)
-        first_prog = ((base + 1) * programs - 1) // w      # the program holding the row block's first tile
-        last_prog = ((base + tiles) * programs - 1) // w   # ... and its last
-        slot = gl.where(last, slots - 1, g - first_prog)
-        fill_lo = gl.where(last, last_prog - first_prog, slots - 1)
-        n_pieces = (hi - 1) // tiles - lo // tiles + 1
+        slot = gl.where(last, slots - 1, gl.where(spare, f + h - first_sp, g // n_qb))
+        fill_lo = gl.where(last & spare, f + last_sp - first_sp, slots - 1)
+        n_pieces = gl.where(spare, (hi - 1) // rt1 - lo // rt1 + 1, 1)
     else:
         rb = gl.program_id(0)
         slot = gl.program_id(1)
@@ -348,8 +360,8 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
                      FOLD: gl.constexpr, TRIGGER: gl.constexpr = False, BALANCE: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
     (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits; ``slots`` is the grid's
-    second dimension. BALANCE (PIPE 3, FOLD): grid (programs,), each program an equal share of the row blocks x
-    ``tiles`` prefix tiles (_piece), row block b's partials in ``slots`` slots. TRIGGER: let a programmatic
+    second dimension. BALANCE (PIPE 3, FOLD): grid (programs,), full chunks of ``chunk`` tokens aligned across
+    row blocks plus programs sharing the remainders (_piece), each row block's partials in ``slots`` slots. TRIGGER: let a programmatic
     dependent launch (the merge, which then waits on griddepcontrol.wait) as soon as every program has
     started, so its programs take the SMs this grid leaves free and those freed as programs finish."""
     if TRIGGER:

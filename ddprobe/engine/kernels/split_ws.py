@@ -140,34 +140,53 @@ def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_
     return dict(n_qb=n_qb, num_splits=ns, chunk=chunk, grid_splits=ns + extra, fold=1 - extra)
 
 
-def pieces(n_qb: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, int]]]:
-    """Host mirror of _ws_gluon._piece with BALANCE: per program, its pieces as (row block, first tile, end
-    tile, slot), slot -1 standing for the row block's last slot (the one that also takes the tree columns)."""
+def _balanced_grid(n_qb: int, tiles: int, programs: int) -> tuple[int, int, int, int]:
+    """(P, F, nf, programs launched): chunks of P = cdiv(n_qb tiles, programs) tiles, F full ones per row block
+    taken by nf = n_qb F programs, the rest of the programs (at most one per remaining tile) sharing the
+    remainders."""
     w = n_qb * tiles
+    pt = -(-w // programs)
+    f = tiles // pt
+    nf = n_qb * f
+    return pt, f, nf, nf + min(programs - nf, n_qb * (tiles - f * pt))
+
+
+def pieces(n_qb: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, int]]]:
+    """Host mirror of _ws_gluon._piece with BALANCE: per launched program, its pieces as (row block, first tile,
+    end tile, slot), slot -1 standing for the row block's last slot (the one that also takes the tree columns)."""
+    pt, f, nf, g_all = _balanced_grid(n_qb, tiles, programs)
+    rt = tiles - f * pt
+    ns, wt = max(g_all - nf, 1), max(n_qb * rt, 1)
     out = []
-    for g in range(programs):
-        lo, hi = g * w // programs, (g + 1) * w // programs
+    for g in range(g_all):
+        if g < nf:
+            a = (g // n_qb) * pt
+            out.append([(g % n_qb, a, a + pt, -1 if a + pt == tiles else g // n_qb)])
+            continue
+        h = g - nf
+        lo, hi = h * wt // ns, (h + 1) * wt // ns
         prog = []
-        for rb in range(lo // tiles, (hi - 1) // tiles + 1):
-            base = rb * tiles
-            a, b = max(lo, base) - base, min(hi, base + tiles) - base
-            prog.append((rb, a, b, -1 if b == tiles else g - ((base + 1) * programs - 1) // w))
+        for rb in range(lo // rt, (hi - 1) // rt + 1):
+            base = rb * rt
+            a, b = f * pt + max(lo, base) - base, f * pt + min(hi, base + rt) - base
+            prog.append((rb, a, b, -1 if b == tiles else f + h - ((base + 1) * ns - 1) // wt))
         out.append(prog)
     return out
 
 
 def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> dict:
-    """The balanced grid (WsTuning.balance): ``programs`` (0: sms) programs, at most one per tile, over n_qb
-    row blocks x cdiv(prefix_len, 64) tiles; ``grid_splits`` = slots per row block: the most pieces any row block
-    is cut into."""
+    """The balanced grid (WsTuning.balance) for ``programs`` (0: sms) programs, at most one per tile, over n_qb
+    row blocks x cdiv(prefix_len, 64) tiles (_ws_gluon._piece): ``chunk`` = the full chunks' tokens,
+    ``programs`` = programs launched, ``grid_splits`` = slots per row block (the most pieces a row block has)."""
     n_qb = triton.cdiv(hq, BLOCK_M)
     tiles = triton.cdiv(prefix_len, BLOCK_N)
-    programs = min(programs or sms, n_qb * tiles)
-    w = n_qb * tiles
-    slots = max(((rb + 1) * tiles * programs - 1) // w - ((rb * tiles + 1) * programs - 1) // w + 1
-                for rb in range(n_qb))
-    return dict(n_qb=n_qb, num_splits=slots, chunk=BLOCK_N, grid_splits=slots, fold=1, balance=True,
-                tiles=tiles, programs=programs)
+    pt, _, _, g_all = _balanced_grid(n_qb, tiles, min(programs or sms, n_qb * tiles))
+    slots = [0] * n_qb
+    for prog in pieces(n_qb, tiles, g_all):
+        for rb, *_ in prog:
+            slots[rb] += 1
+    return dict(n_qb=n_qb, num_splits=max(slots), chunk=pt * BLOCK_N, grid_splits=max(slots), fold=1,
+                balance=True, tiles=tiles, programs=g_all)
 
 
 def balances(prefix_len: int, hq: int, sms: int, t: WsTuning) -> bool:
