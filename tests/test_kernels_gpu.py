@@ -327,7 +327,7 @@ def test_balanced_grid_covers_every_tile_once():
     cover every (row block, tile) exactly once, give no program more than a one-wave share (cdiv(tiles, SMs)) and
     none nothing, cut every row block's full chunks at the same tiles, give each row
     block distinct slots below grid_splits with its last piece (the tree's) in the last slot, and stay within
-    the merge's S_MAX; the default tuning balances 64 heads from 8k and leaves 8 heads and short prefixes alone."""
+    the merge's S_MAX; the default tuning balances 64 heads from 32k and leaves 8 heads and short prefixes alone."""
     from ddprobe.engine.kernels import split_ws
     for sms in (132, 114, 7):
         for prefix in (1, 64, 65, 1000, 8192, 33000, 131072):
@@ -355,8 +355,8 @@ def test_balanced_grid_covers_every_tile_once():
                 t = split_ws.WsTuning(balance=1)
                 assert split_ws.merge_plan(t, hq, 512, sms, prefix)["s_max"] >= c["grid_splits"]
     d = split_ws.DEFAULT_TUNING
-    assert split_ws.config(8192, 576, 132, d)["balance"] and split_ws.config(131072, 576, 132, d)["programs"] == 132
-    assert not split_ws.config(4096, 576, 132, d).get("balance")       # under BALANCE_MIN_TILES tiles a program
+    assert split_ws.config(32768, 576, 132, d)["balance"] and split_ws.config(131072, 576, 132, d)["programs"] == 132
+    assert not split_ws.config(8192, 576, 132, d).get("balance")       # under BALANCE_MIN_TILES tiles a program
     assert not split_ws.config(32768, 72, 132, d).get("balance")       # 8 heads: tree part on its own (not folded)
     assert not split_ws.config(131072, 72, 132, d).get("balance")      # 8 heads from 48k: the tail kernel
     with pytest.raises(ValueError, match="pipe 3"):

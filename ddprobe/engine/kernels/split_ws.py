@@ -35,7 +35,8 @@ BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 TAIL_MIN_PREFIX = 49152  # WsTuning.tail = -1 uses it from here (H200, 8 heads: 2% faster at 48k, 4% slower at 32k)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
-BALANCE_MIN_TILES = 8  # WsTuning.balance = -1 balances from this many prefix tiles per program up
+BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix tiles per program up (H200, 64 heads:
+                        # 1-3% faster from 32k, 1.5% slower at 8k: 9 tiles a program)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -52,10 +53,15 @@ class WsTuning:
                         # before the softmax of tile i (1.5x slower; with a 2-stage ring that tile is likely still in
                         # flight then, docs/perf.md);
                         # 2 S of tile i + 1 issued right behind P V of tile i (1-10% slower)
-    balance: int = -1   # 1: one wave of programs (one per SM), each an equal share of all row blocks' prefix tiles,
-                        # a share crossing row blocks split into one piece per row block (_ws_gluon._piece; the tree
-                        # folded into each row block's last piece); 0: row blocks x splits (choose_config);
-                        # -1: 1 with pipe 3, no seesaw or tail kernel, and at least BALANCE_MIN_TILES tiles a program
+    balance: int = -1   # 1: one wave of `programs` programs (one per SM): chunks of cdiv(row blocks x tiles,
+                        # programs) tiles cut at the same tiles in every row block, one program each, and the spare
+                        # programs sharing the row blocks' remainders, a share crossing row blocks split into one
+                        # piece per row block (_ws_gluon._piece; the tree folded into each row block's last piece);
+                        # 64 heads at 128k: 140 tiles a program instead of 147 (9 x 14 programs on 132 SMs, as
+                        # FlashMLA's grid); H200: 1-3% faster from 32k (an even share of every row block's tiles,
+                        # not cut at the same tiles, was 0-6% slower: the row blocks stop sharing tiles in L2);
+                        # 0: row blocks x splits (choose_config); -1: 1 with pipe 3, no seesaw or tail kernel, the
+                        # tree folded and at least BALANCE_MIN_TILES tiles a program
     programs: int = 0   # programs of the balanced grid (0: one per SM)
     min_chunk: int = 64  # fewest prefix tokens per split
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
