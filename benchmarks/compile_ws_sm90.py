@@ -25,6 +25,7 @@ def main() -> int:
     ap.add_argument("--pipe", type=int, choices=(0, 1, 2, 3), default=3, help="WsTuning.pipe (3: the default kernel)")
     ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
     ap.add_argument("--balance", type=int, choices=(0, 1), default=0, help="WsTuning.balance: the balanced grid")
+    ap.add_argument("--ffma", type=int, choices=(0, 1), default=0, help="WsTuning.ffma")
     ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")
@@ -68,7 +69,7 @@ def main() -> int:
         k = _ws_gluon.ws_prefix_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                               STAGES=2, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, PIPE=args.pipe,
                                               FOLD=args.fold, TRIGGER=bool(args.trigger),
-                                              BALANCE=bool(args.balance), num_warps=4)
+                                              BALANCE=bool(args.balance), FFMA=bool(args.ffma), num_warps=4)
     os.makedirs(args.out, exist_ok=True)
     ptx = k.asm["ptx"]
     for name, data in (("ws.ptx", ptx), ("ws.ttgir", k.asm["ttgir"])):

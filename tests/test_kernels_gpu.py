@@ -268,6 +268,17 @@ def test_balanced_grid_matches_reference(programs, ctx, budget, shape, heads, dt
 
 
 @gpu
+@pytest.mark.parametrize("over", [dict(ffma=1), dict(ffma=1, balance=1, programs=37), dict(ffma=1, pipe=0)],
+                         ids=["ffma", "ffma-balanced", "ffma-pipe0"])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
+def test_ffma_softmax_matches_reference(over, ctx, budget, shape, heads, dtype):
+    """The softmax scale inside the exponent (one FFMA per score): the same shapes, poisoned rows and tolerance;
+    called twice, the same bits."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(**over), repeat=2)
+
+
+@gpu
 @pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
 @pytest.mark.parametrize("fold", [0, 1])
 @pytest.mark.parametrize("ctx,budget,shape,heads",

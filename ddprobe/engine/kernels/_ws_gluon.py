@@ -164,7 +164,7 @@ def _named_sync():
 @gluon.jit
 def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end,
                   prefix_len, qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
-                  STAGES: gl.constexpr, kv_free=None, NAMED: gl.constexpr = False):
+                  STAGES: gl.constexpr, kv_free=None, NAMED: gl.constexpr = False, FFMA: gl.constexpr = False):
     """Tile i of the piece (the program's tile gi, which sets the ring stage) -> online softmax; P and alpha
     handed to warpgroup 1; O[:, :HALF] rescaled and P V[:, :HALF] issued asynchronously (a wgmma token)."""
     n0 = start + i * BLOCK_N
@@ -172,12 +172,16 @@ def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_r
         offs_n = n0 + offs_n0
         c = gl.minimum(gl.maximum(offs_n - prefix_len, 0), 63).to(gl.int64)
         see = (offs_n < prefix_len)[None, :] | (((bits[:, None] >> c[None, :]) & 1) != 0)
-        s = gl.where(see & (offs_n < end)[None, :], s * qk_scale, float("-inf"))
+        s = gl.where(see & (offs_n < end)[None, :], s, float("-inf"))
+    if FFMA:  # the scale inside the exponent's argument: one FFMA per score instead of FMUL + FADD
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)  # qk_scale > 0: max(s) * c == max(s * c)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(gl.fma(s, gl.full(s.shape, qk_scale, gl.float32, s.type.layout), -m_new[:, None]))
     else:
         s = s * qk_scale
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - m_new[:, None])
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     k_lat = k_lat_s.index(gi % STAGES)
     p16 = p.to(k_lat.dtype)
@@ -206,14 +210,15 @@ def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_r
 @gluon.jit
 def _tile(i, gi, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_free, kv_ready, kv_free,
           p_ready, p_free, s_zero, start, end, prefix_len, qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-          HALF: gl.constexpr, STAGES: gl.constexpr, NAMED: gl.constexpr, FREE_Q: gl.constexpr):
+          HALF: gl.constexpr, STAGES: gl.constexpr, NAMED: gl.constexpr, FREE_Q: gl.constexpr,
+          FFMA: gl.constexpr = False):
     """One tile of pipe 0 / 3: S (waited), the softmax and P V; FREE_Q: release Q (q_free) once S is done."""
     s = warpgroup_mma_wait(num_outstanding=0,
                            deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, gi, STAGES), ))
     if FREE_Q:
         mbarrier.arrive(q_free, count=1)
     m_i, l_i, acc = _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start,
-                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, kv_free, NAMED)
+                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, kv_free, NAMED, FFMA)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(kv_free.index(gi % STAGES), count=1)
     return m_i, l_i, acc
@@ -223,7 +228,7 @@ def _tile(i, gi, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s,
 def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free, p_ready, p_free,
                 Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles, programs, slots,
                 qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr,
-                PIPE: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr):
+                PIPE: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr, FFMA: gl.constexpr = False):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -279,15 +284,15 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, 
             for i in range(n_tiles - 1):
                 m_i, l_i, acc = _tile(i, done + i, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s,
                                       p_s, a_s, q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start, end,
-                                      prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False)
+                                      prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False, FFMA)
             m_i, l_i, acc = _tile(n_tiles - 1, done + n_tiles - 1, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s,
                                   k_lat_s, k_pe_s, p_s, a_s, q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start,
-                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, True)
+                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, True, FFMA)
         else:  # PIPE 0, and 3 (the hand-off to warpgroup 1 on a named barrier, p_free folded into kv_free)
             for i in range(n_tiles):
                 m_i, l_i, acc = _tile(i, i, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s,
                                       q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start, end, prefix_len,
-                                      qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False)
+                                      qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False, FFMA)
         inv_l = 1.0 / l_i
         if PIPE == 3:  # 1 / l in l_s (a_s itself unless BALANCE: then the next piece's alpha must not overwrite it)
             if n_tiles > 0:
@@ -357,7 +362,8 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
                      prefix_len, R, chunk, Hq, H, qk_scale, tiles, programs, slots,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                      STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr,
-                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False, BALANCE: gl.constexpr = False):
+                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False, BALANCE: gl.constexpr = False,
+                     FFMA: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
     (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits; ``slots`` is the grid's
     second dimension. BALANCE (PIPE 3, FOLD): grid (programs,), full chunks of ``chunk`` tokens aligned across
@@ -399,7 +405,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     gl.warp_specialize([
         (_softmax_wg, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free, p_ready,
                        p_free, Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles,
-                       programs, slots, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE, FOLD, BALANCE)),
+                       programs, slots, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE, FOLD, BALANCE, FFMA)),
         (_pv_wg, (k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, chunk, prefix_len,
                   R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, HALF, STAGES, FOLD, BALANCE, PIPE == 3)),
         (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, q_free, kv_ready,

@@ -63,6 +63,7 @@ class WsTuning:
                         # 0: row blocks x splits (choose_config); -1: 1 with pipe 3, no seesaw or tail kernel, the
                         # tree folded and at least BALANCE_MIN_TILES tiles a program
     programs: int = 0   # programs of the balanced grid (0: one per SM)
+    ffma: int = 0       # 1: the softmax scale inside the exponent (p = 2^(s c - m) as one FFMA per score; pipe 0 / 3)
     min_chunk: int = 64  # fewest prefix tokens per split
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
                          # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
@@ -315,7 +316,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         k = ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
             *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=d - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"],
-            TRIGGER=t.pdl >= 2, BALANCE=bal, num_warps=4,
+            TRIGGER=t.pdl >= 2, BALANCE=bal, FFMA=bool(t.ffma), num_warps=4,
         )
     if meta is not None:
         meta["prefix"] = kernel_meta(k)
