@@ -25,7 +25,7 @@ def main() -> int:
     ap.add_argument("--pipe", type=int, choices=(0, 1, 2, 3), default=3, help="WsTuning.pipe (3: the default kernel)")
     ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
     ap.add_argument("--balance", type=int, choices=(0, 1), default=0, help="WsTuning.balance: the balanced grid")
-    ap.add_argument("--ffma", type=int, choices=(0, 1), default=0, help="WsTuning.ffma")
+    ap.add_argument("--ffma", type=int, choices=(0, 1), default=1, help="WsTuning.ffma (1: the default)")
     ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")

@@ -268,12 +268,12 @@ def test_balanced_grid_matches_reference(programs, ctx, budget, shape, heads, dt
 
 
 @gpu
-@pytest.mark.parametrize("over", [dict(ffma=1), dict(ffma=1, balance=1, programs=37), dict(ffma=1, pipe=0)],
-                         ids=["ffma", "ffma-balanced", "ffma-pipe0"])
+@pytest.mark.parametrize("over", [dict(ffma=0), dict(ffma=1, balance=1, programs=37), dict(ffma=1, pipe=0)],
+                         ids=["no-ffma", "ffma-balanced", "ffma-pipe0"])
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
 def test_ffma_softmax_matches_reference(over, ctx, budget, shape, heads, dtype):
-    """The softmax scale inside the exponent (one FFMA per score): the same shapes, poisoned rows and tolerance;
-    called twice, the same bits."""
+    """The softmax scale inside the exponent (one FFMA per score, the default) and the scale applied first (ffma=0):
+    the same shapes, poisoned rows and tolerance; called twice, the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(**over), repeat=2)
 
