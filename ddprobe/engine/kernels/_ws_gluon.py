@@ -17,6 +17,9 @@ The 64 x 512 fp32 accumulator is split over the two warpgroups (128 registers ea
 computes the second half of P V while warpgroup 0 already computes S of the next tile. At the end
 warpgroup 0 passes 1 / l through the same handshake, both store their half of the normalized partial
 (fp32), and warpgroup 0 stores the log2-sum-exp: the layout `split`'s merge kernel reads.
+With BALANCE (the balanced grid, split_ws.WsTuning.balance) a program runs one or more such pieces in turn
+(``_piece``): each partition loops over them, the KV ring runs on across pieces, the loader loads a piece's Q
+once warpgroup 0 has computed S of the previous piece's last tile (``q_free``), and 1/l has its own buffer.
 The tree part (the R new rows, columns prefix_len .. prefix_len + R - 1, masked by the per-row ancestor
 bitmask: bit j of row r set when row r sees new row j) is folded into the last prefix split (FOLD), whose
 partial therefore always has a finite log-sum-exp, or is one more split index of its own (FOLD = 0).
