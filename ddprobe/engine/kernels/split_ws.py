@@ -8,7 +8,8 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
      64 + 8 rows per chunk (the 8 with KV tokens on the MMA's M side, on warpgroup 1), twice the splits.
      With the tree folded and at least BALANCE_MIN_TILES tiles a program (64 heads from 32k), the balanced grid
      (WsTuning.balance): one program per SM, full chunks cut at the same tiles in every row block plus spare
-     programs sharing the remainders; a spare program's share may cover pieces of several row blocks (``_ws_gluon._piece``).
+     programs sharing the remainders; a spare program's share may cover pieces of several row blocks
+     (``_ws_gluon._piece``).
   2. The log-sum-exp merge of the partials (`split`'s buffers and layout): ``_merge_flat_kernel`` by default
      (all lse values first, then the partials with no rescale chain; 1.2x faster than `split`'s
      ``_merge_kernel`` at 8 heads and 1.8-4.2x from 16 heads up on the H200), `split`'s own as ``merge_kind=0``;
