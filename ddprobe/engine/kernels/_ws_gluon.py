@@ -370,9 +370,10 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
     (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits; ``slots`` is the grid's
     second dimension. BALANCE (PIPE 3, FOLD): grid (programs,), full chunks of ``chunk`` tokens aligned across
-    row blocks plus programs sharing the remainders (_piece), each row block's partials in ``slots`` slots. TRIGGER: let a programmatic
-    dependent launch (the merge, which then waits on griddepcontrol.wait) as soon as every program has
-    started, so its programs take the SMs this grid leaves free and those freed as programs finish."""
+    row blocks plus programs sharing the remainders (_piece), each row block's partials in ``slots`` slots
+    (FFMA: the softmax scale inside the exponent's FFMA). TRIGGER: let a programmatic dependent launch (the
+    merge, which then waits on griddepcontrol.wait) as soon as every program has started, so its programs take
+    the SMs this grid leaves free and those freed as programs finish."""
     if TRIGGER:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
