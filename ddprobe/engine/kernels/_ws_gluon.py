@@ -301,7 +301,10 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, 
             if n_tiles > 0:
                 mbarrier.wait(kv_free.index((done + n_tiles - 1) % STAGES), ((done + n_tiles - 1) // STAGES) & 1)
             l_s.store(inv_l)
-            _named_arrive()
+            if BALANCE:  # sync, not arrive: the next piece's first arrive must not meet warpgroup 1 before this
+                _named_sync()  # one's bar.sync (two arrives of warpgroup 0 would complete the barrier alone)
+            else:
+                _named_arrive()
         else:
             mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
             a_s.store(inv_l)
@@ -374,6 +377,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     (FFMA: the softmax scale inside the exponent's FFMA). TRIGGER: let a programmatic dependent launch (the
     merge, which then waits on griddepcontrol.wait) as soon as every program has started, so its programs take
     the SMs this grid leaves free and those freed as programs finish."""
+    gl.static_assert(not BALANCE or PIPE == 3, "BALANCE runs pieces with the named-barrier hand-off (PIPE 3) only")
     if TRIGGER:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)

@@ -40,7 +40,7 @@ TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 
 TAIL_MIN_PREFIX = 49152  # WsTuning.tail = -1 uses it from here (H200, 8 heads: 2% faster at 48k, 4% slower at 32k)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
 BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix tiles per program up (H200, 64 heads:
-                        # 1-3% faster from 32k, 1.5% slower at 8k: 9 tiles a program)
+                        # faster from 32k, 1.5% slower at 8k: 9 tiles a program)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -62,12 +62,14 @@ class WsTuning:
                         # programs sharing the row blocks' remainders, a share crossing row blocks split into one
                         # piece per row block (_ws_gluon._piece; the tree folded into each row block's last piece);
                         # 64 heads at 128k: 140 tiles a program instead of 147 (9 x 14 programs on 132 SMs, as
-                        # FlashMLA's grid); H200: 1-3% faster from 32k (an even share of every row block's tiles,
-                        # not cut at the same tiles, was 0-6% slower: the row blocks stop sharing tiles in L2);
+                        # FlashMLA's grid); H200, two runs: 32k 0.6-1.2%, 64k 3.0-3.5%, 128k 1.2-5.0% faster (an
+                        # even share of every row block's tiles, not cut at the same tiles, was 0-9% slower: the row
+                        # blocks stop sharing tiles in L2); the tree is always folded (fold_tree is then unused);
                         # 0: row blocks x splits (choose_config); -1: 1 with pipe 3, no seesaw or tail kernel, the
                         # tree folded and at least BALANCE_MIN_TILES tiles a program
     programs: int = 0   # programs of the balanced grid (0: one per SM)
     ffma: int = 1       # 1 (default): the softmax scale inside the exponent, p = 2^(s c - m) as one FFMA per score
+                        # (needs c > 0, so max(s) c = max(s c); a scale <= 0 runs the FMUL path)
                         # (pipe 0 / 3; 65 fewer instructions a tile in warpgroup 0's loop; H200: 0.2-1.6% faster at
                         # 64 heads from 32k, within 0.1 us elsewhere); 0: s scaled first (FMUL), then s - m (FADD)
     min_chunk: int = 64  # fewest prefix tokens per split
@@ -322,7 +324,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         k = ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
             *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=d - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"],
-            TRIGGER=t.pdl >= 2, BALANCE=bal, FFMA=bool(t.ffma), num_warps=4,
+            TRIGGER=t.pdl >= 2, BALANCE=bal, FFMA=bool(t.ffma) and sm_scale > 0, num_warps=4,
         )
     if meta is not None:
         meta["prefix"] = kernel_meta(k)
