@@ -360,6 +360,7 @@ def test_balanced_grid_covers_every_tile_once():
                         assert 0 <= slot < c["grid_splits"] and slot not in slots.setdefault(rb, set())
                         slots[rb].add(slot)
                 assert len(seen) == n_qb * tiles and all(seen[rb, tiles - 1] == -1 for rb in range(n_qb))
+                assert c["grid_splits"] == max(len(v) for v in slots.values())  # closed form = the pieces walked
                 full = [p[0][1:3] for p in split_ws.pieces(n_qb, tiles, g) if len(p) == 1 and p[0][2] - p[0][1] == share
                         and p[0][1] % share == 0]
                 assert all(full.count(ab) == n_qb for ab in set(full))  # a full chunk is read by every row block

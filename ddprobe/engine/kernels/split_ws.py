@@ -195,12 +195,14 @@ def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> di
     ``programs`` = programs launched, ``grid_splits`` = slots per row block (the most pieces a row block has)."""
     n_qb = triton.cdiv(hq, BLOCK_M)
     tiles = triton.cdiv(prefix_len, BLOCK_N)
-    pt, _, _, g_all = _balanced_grid(n_qb, tiles, min(programs or sms, n_qb * tiles))
-    slots = [0] * n_qb
-    for prog in pieces(n_qb, tiles, g_all):
-        for rb, *_ in prog:
-            slots[rb] += 1
-    return dict(n_qb=n_qb, num_splits=max(slots), chunk=pt * BLOCK_N, grid_splits=max(slots), fold=1,
+    pt, f, nf, g_all = _balanced_grid(n_qb, tiles, min(programs or sms, n_qb * tiles))
+    rt = tiles - f * pt
+    ns, wt = max(g_all - nf, 1), max(n_qb * rt, 1)
+    # a row block's pieces: its f full chunks, plus the sharing programs its remainder meets (first to last, as
+    # _piece numbers them): O(row blocks) per plan, no walk over the programs
+    slots = f + max((((rb + 1) * rt * ns - 1) // wt - ((rb * rt + 1) * ns - 1) // wt + 1 for rb in range(n_qb))
+                    if rt else [0])
+    return dict(n_qb=n_qb, num_splits=slots, chunk=pt * BLOCK_N, grid_splits=slots, fold=1,
                 balance=True, tiles=tiles, programs=g_all)
 
 
