@@ -92,9 +92,10 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-@pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(tail=1),
+@pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(seesaw=5),
+                                  dict(seesaw=5, ffma=0), dict(tail=1),
                                   dict(tail=1, fold_tree=1), dict(tail=0), dict(balance=1), dict(balance=1, programs=7)],
-                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "tail", "tail-fold", "no-tail",
+                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "seesaw5", "seesaw5-fmul", "tail", "tail-fold", "no-tail",
                               "balance", "balance-7"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
@@ -238,7 +239,7 @@ SEESAW_CASES = CASES + [(5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star",
 
 
 @gpu
-@pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
+@pytest.mark.parametrize("seesaw", [1, 2, 3, 4, 5], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4", "seesaw5"])
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
 def test_seesaw_matches_reference(seesaw, ctx, budget, shape, heads, dtype):
     """The seesaw schedule (both warpgroups compute S for alternate tiles), same shapes and poisoned rows as
@@ -279,7 +280,7 @@ def test_ffma_softmax_matches_reference(over, ctx, budget, shape, heads, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
+@pytest.mark.parametrize("seesaw", [1, 2, 3, 4, 5], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4", "seesaw5"])
 @pytest.mark.parametrize("fold", [0, 1])
 @pytest.mark.parametrize("ctx,budget,shape,heads",
                          [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64), (130, 63, "chain", 2)])

@@ -44,6 +44,7 @@ BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix t
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
+SEESAW5_REGS = 256  # registers per thread of warpgroup 1 in the seesaw with no loader (2 x 128 threads x 256 = 64K)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,10 @@ class WsTuning:
                         # same, warpgroup 0 issuing S of its next tile behind its last P V (1 and 2: correct,
                         # 2-29% slower than 0 on the H200; docs/perf.md round 4); 3: tiles loaded and S issued
                         # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
-                        # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); `pipe` is then unused
+                        # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); 5: the seesaw with
+                        # no loader warp (_ws_seesaw: each warpgroup refills by TMA the 64-column pieces it read
+                        # last, named barriers for every hand-off, S issued piece by piece in refill order);
+                        # `pipe` is then unused
     merge_kind: int = -1    # the merge of the partials: 0 split's online merge (a running maximum, partials in
                             # steps of merge_split_chunk); 1 _merge_flat_kernel (the maximum of all lse first, then
                             # partials in steps with no rescale chain); 2: 1 with each step as unrolled per-thread 2-D
@@ -315,6 +319,12 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         k = ws_tail_kernel[(cfg["n_qb"], gs)](
             qd_lat, qd_pe, qt_lat, qt_pe, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=d - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
+        )
+    elif t.seesaw == 5:
+        from ._ws_seesaw import ws_seesaw5_kernel
+        k = ws_seesaw5_kernel[(cfg["n_qb"], gs)](
+            *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, WG1_REGS=SEESAW5_REGS,
+            FOLD=cfg["fold"], FFMA=bool(t.ffma) and sm_scale > 0, num_warps=4,
         )
     elif t.seesaw:
         k = ws_seesaw_kernel[(cfg["n_qb"], gs)](
