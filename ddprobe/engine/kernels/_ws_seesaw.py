@@ -72,7 +72,7 @@ def _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, st, n0, LO: gl.constexpr, HI:
     0-255 in ka_q, 4-7: 256-511 in kb_q, 8: the rope block in kc_s), each completing its own ready barrier."""
     NP: gl.constexpr = ka_q.shape[0] // 2
     for k in gl.static_range(LO, HI):
-        bar = ready.index(st * (2 * NP + 1) + k)
+        bar = ready[st * (2 * NP + 1) + k]
         if k < 2 * NP:
             mbarrier.expect(bar, kh_d.block_type.nbytes)
             if k < NP:
@@ -91,7 +91,7 @@ def _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, st, ph, s, LO: gl.conste
     FIRST: the first of them starts the accumulator (use_acc False)."""
     NP: gl.constexpr = ka_q.shape[0] // 2
     for k in gl.static_range(LO, HI):
-        mbarrier.wait(ready.index(st * (2 * NP + 1) + k), ph)
+        mbarrier.wait(ready[st * (2 * NP + 1) + k], ph)
         if k < NP:
             s = warpgroup_mma(q_lat_s.slice(k * PIECE, PIECE, dim=1), ka_q.index(st * NP + k).permute((1, 0)), s,
                               use_acc=not (FIRST and k == LO), is_async=True)
@@ -337,11 +337,21 @@ def ws_seesaw5_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, str
     l_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
     il_s = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    N_READY: gl.constexpr = 2 * (2 * NP + 1)
-    ready = gl.allocate_shared_memory(gl.int64, [N_READY, 1], mbarrier.MBarrierLayout())
+    # one allocation per piece barrier, so the compiler's shared-memory hazard analysis tells them apart
+    bl: gl.constexpr = mbarrier.MBarrierLayout()
+    ready = (gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl),
+             gl.allocate_shared_memory(gl.int64, [1], bl), gl.allocate_shared_memory(gl.int64, [1], bl))
+    gl.static_assert(NP == 4, "18 piece barriers: two stages of 8 latent pieces and the rope block")
     mbarrier.init(q_bar, count=1)
-    for b in gl.static_range(N_READY):
-        mbarrier.init(ready.index(b), count=1)
+    for b in gl.static_range(18):
+        mbarrier.init(ready[b], count=1)
     fence_async_shared()
     # Q and the first two tiles; every later tile is loaded by the warpgroup that frees its pieces
     mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes)

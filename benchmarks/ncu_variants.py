@@ -1,0 +1,76 @@
+"""`split_ws` tuning variants side by side under Nsight Compute (issue 15): one launch of each prefix kernel.
+
+    # on the H200 (PYTHONPATH=$PWD); -k regex:ws_ keeps only the Gluon prefix kernels
+    ncu --clock-control none --profile-from-start off -k regex:ws_ --csv --section WarpStateStats \
+        python benchmarks/ncu_variants.py --ctx 131072 --variants "balance=0;seesaw=5"
+
+Per context and variant (';'-separated WsTuning overrides, as bench_verify's --ws-variants): 64 heads x 9 rows
+(budget 8, lopsided tree), bf16; every variant is compiled and run once outside the profiled window, then called
+once inside it (cudaProfilerStart/Stop) in the order given. Without ncu it prints each variant's largest
+difference from the first. A machine without a CUDA GPU gets one line and exit 1; a bad variant one line and exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+
+def parse_variant(text: str, fields: set[str]) -> dict:
+    over = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, val = item.partition("=")
+        if key not in fields or not val.lstrip("-").isdigit():
+            raise ValueError(f"bad variant item {item!r} (WsTuning field=integer)")
+        over[key] = int(val)
+    return over
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctx", default="131072", help="comma-separated prefix lengths")
+    ap.add_argument("--heads", type=int, default=64)
+    ap.add_argument("--variants", default="balance=0;seesaw=5", help="';'-separated WsTuning overrides")
+    args = ap.parse_args()
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    fields = {f.name for f in dataclasses.fields(WsTuning)}
+    try:
+        variants = [(v or "default", parse_variant(v, fields)) for v in args.variants.split(";")]
+    except ValueError as e:
+        print(f"ncu_variants: {e}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("ncu_variants: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    from ddprobe.engine.kernels import get_path
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    m = get_path("split_ws")
+    mask = shape_mask("lopsided", 8, "cuda")
+    todo = []
+    for ctx in (int(c) for c in args.ctx.split(",")):
+        g = torch.Generator(device="cuda").manual_seed(ctx)
+        q = torch.randn(9, args.heads, 576, device="cuda", generator=g).to(torch.bfloat16)
+        kv = torch.randn(ctx + 9, 576, device="cuda", generator=g).to(torch.bfloat16)
+        first = None
+        for name, over in variants:
+            p = m.plan(ctx, mask, None, 512, heads=args.heads, tuning=WsTuning(**over))
+            out = m.run(q, kv, p, 0.0722).float()
+            first = out if first is None else first
+            print(f"ctx={ctx} {name}: max |out - first| = {(out - first).abs().max():.2e}", flush=True)
+            todo.append((f"{name} {ctx}", q, kv, p))
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, q, kv, p in todo:
+        torch.cuda.nvtx.range_push(name)
+        m.run(q, kv, p, 0.0722)
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
