@@ -18,7 +18,7 @@ differently (deepseek-ai/FlashMLA ``csrc/sm90/decode/dense/splitkv_mla.cuh``, re
 - every hand-off between the warpgroups is a named barrier (``bar.arrive`` by the producer after its stores,
   ``bar.sync`` by the consumer; ids SC0 .. FIN0 below, 256 threads each): SC0 (m and the rescale factor sc0 after
   tile 2j, 0 -> 1), SC1 (m and sc1 after tile 2j + 1, 1 -> 0), P0 (P of tile 2j rescaled by sc1, 0 -> 1), P1 (P of
-  tile 2j + 1, 1 -> 0). Each id is arrived once per pair and the other side's next arrive on it waits for a hand-off
+  tile 2j + 1, 1 -> 0, arrived once warpgroup 1 has issued both of its P V). Each id is arrived once per pair and the other side's next arrive on it waits for a hand-off
   in the opposite direction, so no warpgroup can arrive twice on an id before the other has synced on it.
   m and the factors have one buffer per writer (m_s0 / sc0_s by warpgroup 0, m_s1 / sc1_s by warpgroup 1), so a
   reader is always one hand-off ahead of the next write.
@@ -269,12 +269,14 @@ def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         p16 = p.to(dt)
         kc_s.index(1).store(p16)  # P1 in stage 1's rope block, for warpgroup 0
         fence_async_shared()
-        _bar(A_P1)
-        # O_R = O_R sc0 sc1 + P1 V1_R (registers) + (P0 sc1) V0_R (stage 0's rope block)
+        # O_R = O_R sc0 sc1 + P1 V1_R (registers) + (P0 sc1) V0_R (stage 0's rope block); P1 goes to warpgroup 0
+        # only once both are issued, so they reach the tensor cores before its P1 V1_L and S of tile 2j + 2 and
+        # the refill of stage 0's pieces 4-8 (behind them) comes early (FlashMLA's "rO1sP0sV0RIssued")
         acc = acc * gl.convert_layout(sc, row_o)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc, is_async=True)
         _bar(S_P0)
         acc = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc, is_async=True)
+        _bar(A_P1)
         warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         if t1 + 2 < n_tiles:  # V1_R read for the last time: stage 1's pieces 4-7 take tile 2j + 3
             _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, start + (t1 + 2) * BLOCK_N, NP, 2 * NP)
