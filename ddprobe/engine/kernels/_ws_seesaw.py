@@ -66,6 +66,21 @@ def _bar(asm: gl.constexpr):
     gl.inline_asm_elementwise(asm, "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
+TRACE_PAIRS = gl.constexpr(128)  # pairs per program and warpgroup that TRACE records
+TRACE_EVENTS = gl.constexpr(8)   # stamps per pair
+
+
+@gluon.jit
+def _stamp(Trace, wg, j, e, TRACE: gl.constexpr):
+    """TRACE (timing studies only, benchmarks/seesaw_trace.py): the SM's cycle counter at event e of pair j of
+    warpgroup wg, into Trace[program, wg, j, e] (int64)."""
+    if TRACE:
+        if j < TRACE_PAIRS:
+            t = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+            pid = gl.program_id(0) * gl.num_programs(1) + gl.program_id(1)
+            gl.store(Trace + ((pid * 2 + wg) * TRACE_PAIRS + j) * TRACE_EVENTS + e, t)
+
+
 @gluon.jit
 def _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, st, n0, LO: gl.constexpr, HI: gl.constexpr):
     """TMA pieces LO .. HI - 1 of the tile starting at token n0 into stage st (pieces 0-3: latent columns
@@ -134,7 +149,8 @@ def _softmax(s, m_prev, qk_scale, FFMA: gl.constexpr):
 @gluon.jit
 def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s, l_s, il_s, q_bar, ready,
          kh_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len,
-         Hq, H, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, FFMA: gl.constexpr):
+         Hq, H, qk_scale, Trace, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
+         FFMA: gl.constexpr, TRACE: gl.constexpr):
     """Warpgroup 0 (default partition): S and softmax of the even tiles, O[:, :HALF] of every tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -162,17 +178,20 @@ def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
     for j in range(n_tiles // 2):
         t0 = 2 * j
         ph = j & 1
+        _stamp(Trace, 0, j, 0, TRACE)  # S of tile 2j done
         # softmax of tile 2j against the running maximum; m and sc0 to warpgroup 1
         m0, sc0, p = _softmax(_masked(s, t0, bits, offs_n0, start, end, prefix_len, BLOCK_N), m_run, qk_scale, FFMA)
         l_i = l_i * sc0 + gl.sum(p, axis=1)
         m_s0.store(m0)
         sc0_s.store(sc0)
         _bar(A_SC0)
+        _stamp(Trace, 0, j, 1, TRACE)  # softmax of tile 2j done, SC0 arrived
         # O_L = O_L sc0 + P0 V0_L (P from registers)
         acc = acc * gl.convert_layout(sc0, row_o)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_dot), ka_s.index(0), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         _bar(S_SC1)  # warpgroup 1's maximum after tile 2j + 1
+        _stamp(Trace, 0, j, 2, TRACE)  # SC1 passed (P0 V0_L done before it)
         if t0 + 2 < n_tiles:  # V0_L read for the last time: stage 0's pieces 0-3 take tile 2j + 2
             _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t0 + 2) * BLOCK_N, 0, NP)
         sc1 = sc1_s.load(row_s)
@@ -180,19 +199,23 @@ def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         kc_s.index(0).store((p * sc1[:, None]).to(dt))  # P0 in stage 0's rope block, for warpgroup 1
         fence_async_shared()
         _bar(A_P0)
+        _stamp(Trace, 0, j, 3, TRACE)  # P0 handed over
         acc = acc * gl.convert_layout(sc1, row_o)[:, None]
         l_i = l_i * sc1
         _bar(S_P1)
+        _stamp(Trace, 0, j, 4, TRACE)  # P1 passed
         # O_L += P1 V1_L (P1 from stage 1's rope block), with S of tile 2j + 2 behind it
         acc_t = warpgroup_mma(kc_s.index(1), ka_s.index(1), acc, is_async=True)
         if t0 + 2 < n_tiles:
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, 0, NP, True)
             acc = warpgroup_mma_wait(num_outstanding=NP, deps=(acc_t, ))
+            _stamp(Trace, 0, j, 5, TRACE)  # P1 V1_L done (S pieces 0-3 in flight)
             if t0 + 3 < n_tiles:  # V1_L and P1 read for the last time: stage 1's pieces 0-3 and 8
                 n1 = start + (t0 + 3) * BLOCK_N
                 _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 0, NP)
                 _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 2 * NP, 2 * NP + 1)
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP, 2 * NP + 1, False)
+            _stamp(Trace, 0, j, 6, TRACE)  # S pieces 4-8 issued (their refills landed)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         else:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
@@ -226,7 +249,8 @@ def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
 @gluon.jit
 def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s, l_s, il_s, q_bar, ready,
          kh_d, k_pe_d, Bits, O_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
-         qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, FFMA: gl.constexpr):
+         qk_scale, Trace, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, FFMA: gl.constexpr,
+         TRACE: gl.constexpr):
     """Warpgroup 1: S and softmax of the odd tiles, O[:, HALF:] of every tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -256,14 +280,17 @@ def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
     for j in range(n_pairs):
         t1 = 2 * j + 1
         ph = j & 1
+        _stamp(Trace, 1, j, 0, TRACE)  # S of tile 2j + 1 done
         s = _masked(s, t1, bits, offs_n0, start, end, prefix_len, BLOCK_N)
         _bar(S_SC0)  # warpgroup 0's maximum after tile 2j
+        _stamp(Trace, 1, j, 1, TRACE)  # SC0 passed
         m0 = m_s0.load(row_s)
         sc0 = sc0_s.load(row_s)
         m1, sc1, p = _softmax(s, m0, qk_scale, FFMA)
         m_s1.store(m1)
         sc1_s.store(sc1)
         _bar(A_SC1)
+        _stamp(Trace, 1, j, 2, TRACE)  # SC1 arrived
         sc = sc0 * sc1
         l_i = l_i * sc + gl.sum(p, axis=1)
         p16 = p.to(dt)
@@ -277,15 +304,19 @@ def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         _bar(S_P0)
         acc = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc, is_async=True)
         _bar(A_P1)
+        _stamp(Trace, 1, j, 3, TRACE)  # both P V issued, P1 handed over
         warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        _stamp(Trace, 1, j, 4, TRACE)  # P1 V1_R done
         if t1 + 2 < n_tiles:  # V1_R read for the last time: stage 1's pieces 4-7 take tile 2j + 3
             _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, start + (t1 + 2) * BLOCK_N, NP, 2 * NP)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        _stamp(Trace, 1, j, 5, TRACE)  # P0 V0_R done
         if t1 + 1 < n_tiles:  # V0_R and P0 read for the last time: stage 0's pieces 4-8 take tile 2j + 2
             _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t1 + 1) * BLOCK_N, NP, 2 * NP + 1)
         if t1 + 2 < n_tiles:
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, NP, 2 * NP, True)
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, 0, NP, False)
+            _stamp(Trace, 1, j, 6, TRACE)  # S pieces 4-7 and 0-3 issued
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, 2 * NP, 2 * NP + 1, False)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     if n_tiles % 2 == 1:
@@ -309,7 +340,8 @@ def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
 def ws_seesaw5_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
                       prefix_len, R, chunk, Hq, H, qk_scale,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
-                      WG1_REGS: gl.constexpr, FOLD: gl.constexpr, FFMA: gl.constexpr):
+                      WG1_REGS: gl.constexpr, FOLD: gl.constexpr, FFMA: gl.constexpr, Trace=None,
+                      TRACE: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), splits (+ 1 with the tree part as its own split unless FOLD)), as ws_prefix_kernel;
     kh_d: KV latent in [BLOCK_N, 64] pieces, k_pe_d: the rope block [BLOCK_N, PE_DIM] (PE_DIM = 64)."""
     gl.static_assert(PE_DIM == PIECE, "the rope block is the ninth 64-column piece")
@@ -367,8 +399,8 @@ def ws_seesaw5_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, str
     gl.warp_specialize([
         (_wg0, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s, l_s, il_s, q_bar, ready,
                 kh_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles,
-                prefix_len, Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, FFMA)),
+                prefix_len, Hq, H, qk_scale, Trace, BLOCK_M, BLOCK_N, HALF, FFMA, TRACE)),
         (_wg1, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s, l_s, il_s, q_bar, ready,
                 kh_d, k_pe_d, Bits, O_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq,
-                H, qk_scale, BLOCK_M, BLOCK_N, HALF, FFMA)),
+                H, qk_scale, Trace, BLOCK_M, BLOCK_N, HALF, FFMA, TRACE)),
     ], [4], [WG1_REGS])
