@@ -17,9 +17,9 @@ import torch
 
 EVENTS = {
     0: ["S(2j) done", "softmax 2j done, SC0 arrived", "SC1 passed (P0 V0_L done)", "P0 handed over",
-        "P1 passed", "P1 V1_L done", "S pieces 4-8 issued", "-"],
+        "P1 passed", "P1 V1_L done", "S pieces 4-8 issued", "S piece 4 issued"],
     1: ["S(2j+1) done", "SC0 passed", "SC1 arrived", "both P V issued, P1 handed", "P1 V1_R done",
-        "P0 V0_R done", "S pieces 4-7, 0-3 issued", "-"],
+        "P0 V0_R done", "S pieces 4-7, 0-3 issued", "stage 0 pieces 4-8 refilled"],
 }
 
 

@@ -218,7 +218,9 @@ def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
                 n1 = start + (t0 + 3) * BLOCK_N
                 _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 0, NP)
                 _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 2 * NP, 2 * NP + 1)
-            s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP, 2 * NP + 1, False)
+            s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP, NP + 1, False)
+            _stamp(Trace, 0, j, 7, TRACE)  # S piece 4 issued (its refill landed)
+            s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP + 1, 2 * NP + 1, False)
             _stamp(Trace, 0, j, 6, TRACE)  # S pieces 4-8 issued (their refills landed)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
         else:
@@ -317,6 +319,7 @@ def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         _stamp(Trace, 1, j, 5, TRACE)  # P0 V0_R done
         if t1 + 1 < n_tiles:  # V0_R and P0 read for the last time: stage 0's pieces 4-8 take tile 2j + 2
             _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t1 + 1) * BLOCK_N, NP, 2 * NP + 1)
+        _stamp(Trace, 1, j, 7, TRACE)  # stage 0's pieces 4-8 refill issued
         if t1 + 2 < n_tiles:
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, NP, 2 * NP, True)
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, 0, NP, False)
