@@ -29,7 +29,6 @@ def main() -> int:
     ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4, 5), default=0,
                     help="WsTuning.seesaw: 1-4 compile the seesaw kernel, 5 the one with no loader warp "
                          "(_ws_seesaw; --pipe is then unused)")
-    ap.add_argument("--prefetch", type=int, default=0, help="WsTuning.prefetch: L2 prefetch this many tiles ahead")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")
     ap.add_argument("--tail", type=int, default=0, help="compile the one-program kernel of 64 + TAIL rows (_ws_tail; 8)")
     ap.add_argument("--pv-regs", type=int, default=232, help="registers of warpgroup 1 (setmaxnreg)")
@@ -67,7 +66,6 @@ def main() -> int:
         from ddprobe.engine.kernels import _ws_seesaw
         k = _ws_seesaw.ws_seesaw5_kernel.warmup(*args_[:-3], grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                                 WG1_REGS=args.pv_regs, FOLD=args.fold, FFMA=bool(args.ffma),
-                                                KV=kv, stride_kv=v + pe, kv_rows=rows, PREFETCH=args.prefetch,
                                                 num_warps=4)
     elif args.seesaw:
         k = _ws_gluon.ws_seesaw_kernel.warmup(*args_[:-3], grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
@@ -77,8 +75,7 @@ def main() -> int:
         k = _ws_gluon.ws_prefix_kernel.warmup(*args_, grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                               STAGES=2, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, PIPE=args.pipe,
                                               FOLD=args.fold, TRIGGER=bool(args.trigger),
-                                              BALANCE=bool(args.balance), FFMA=bool(args.ffma), KV=kv,
-                                              stride_kv=v + pe, kv_rows=rows, PREFETCH=args.prefetch, num_warps=4)
+                                              BALANCE=bool(args.balance), FFMA=bool(args.ffma), num_warps=4)
     os.makedirs(args.out, exist_ok=True)
     ptx = k.asm["ptx"]
     for name, data in (("ws.ptx", ptx), ("ws.ttgir", k.asm["ttgir"])):

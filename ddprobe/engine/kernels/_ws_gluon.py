@@ -101,24 +101,6 @@ def _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M: gl.cons
     return rb, slot, start, end, gl.cdiv(end - start, BLOCK_N), n_pieces, fill_lo
 
 
-# issued by one thread of the partition that runs it: %tid.x a multiple of 128 (thread 0 of the default
-# partition, or of a worker partition starting at a multiple of 128 threads, as the loader warp at 256 does)
-_PREFETCH_ASM = gl.constexpr("{ .reg .u32 t; .reg .pred p; mov.u32 t, %tid.x; and.b32 t, t, 127; "
-                              "setp.eq.u32 p, t, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }")
-
-
-@gluon.jit
-def _prefetch_l2(KV, stride_kv, kv_rows, n0, n_rows):
-    """Ask L2 for KV rows n0 .. n0 + n_rows - 1 (clipped to the cache's kv_rows): one bulk prefetch from one thread
-    (cp.async.bulk.prefetch.L2: no shared memory, nothing to wait for), so a later TMA of those rows finds them in
-    L2 instead of waiting on DRAM."""
-    rows = gl.minimum(n_rows, kv_rows - n0)
-    if rows > 0:
-        gl.inline_asm_elementwise(_PREFETCH_ASM, "=r,l,r",
-                                  [KV + n0.to(gl.int64) * stride_kv, rows * stride_kv * 2],  # 2: bf16 / fp16 bytes
-                                  dtype=gl.int32, is_pure=False, pack=1)
-
-
 @gluon.jit
 def _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N: gl.constexpr,
                 STAGES: gl.constexpr, base=0):
@@ -342,8 +324,7 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, 
 @gluon.jit
 def _pv_wg(k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq,
            tiles, programs, slots, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
-           STAGES: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr, NAMED: gl.constexpr = False, KV=None,
-           stride_kv=0, kv_rows=0, PREFETCH: gl.constexpr = 0):
+           STAGES: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr, NAMED: gl.constexpr = False):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -352,16 +333,11 @@ def _pv_wg(k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, 
                                         FOLD, BALANCE)
     done = 0
     for k in range(n_pieces):
-        rb, slot, start, _, n_tiles, _, _ = _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M,
-                                                   BLOCK_N, FOLD, BALANCE)
+        rb, slot, _, _, n_tiles, _, _ = _piece(k, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M,
+                                               BLOCK_N, FOLD, BALANCE)
         acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
-        if PREFETCH > 0:  # L2 prefetch of the piece's first tiles, then one tile PREFETCH ahead per tile
-            _prefetch_l2(KV, stride_kv, kv_rows, start, gl.minimum(n_tiles, PREFETCH) * BLOCK_N)
         for i in range(n_tiles):
             st = (done + i) % STAGES
-            if PREFETCH > 0:
-                if i + PREFETCH < n_tiles:
-                    _prefetch_l2(KV, stride_kv, kv_rows, start + (i + PREFETCH) * BLOCK_N, BLOCK_N)
             if NAMED:
                 _named_sync()
             else:
@@ -393,15 +369,14 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                      STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr,
                      FOLD: gl.constexpr, TRIGGER: gl.constexpr = False, BALANCE: gl.constexpr = False,
-                     FFMA: gl.constexpr = False, KV=None, stride_kv=0, kv_rows=0, PREFETCH: gl.constexpr = 0):
+                     FFMA: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
     (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits; ``slots`` is the grid's
     second dimension. BALANCE (PIPE 3, FOLD): grid (programs,), full chunks of ``chunk`` tokens aligned across
     row blocks plus programs sharing the remainders (_piece), each row block's partials in ``slots`` slots
     (FFMA: the softmax scale inside the exponent's FFMA). TRIGGER: let a programmatic dependent launch (the
     merge, which then waits on griddepcontrol.wait) as soon as every program has started, so its programs take
-    the SMs this grid leaves free and those freed as programs finish. PREFETCH > 0: warpgroup 1 also prefetches
-    into L2 the KV rows PREFETCH tiles ahead (KV, stride_kv: the cache and its row stride; kv_rows its rows)."""
+    the SMs this grid leaves free and those freed as programs finish."""
     gl.static_assert(not BALANCE or PIPE == 3, "BALANCE runs pieces with the named-barrier hand-off (PIPE 3) only")
     if TRIGGER:
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
@@ -440,8 +415,7 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
                        p_free, Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles,
                        programs, slots, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE, FOLD, BALANCE, FFMA)),
         (_pv_wg, (k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, chunk, prefix_len,
-                  R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, HALF, STAGES, FOLD, BALANCE, PIPE == 3, KV, stride_kv,
-                  kv_rows, PREFETCH)),
+                  R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, HALF, STAGES, FOLD, BALANCE, PIPE == 3)),
         (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, q_free, kv_ready,
                    kv_free, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, STAGES, FOLD,
                    BALANCE)),

@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._ws_gluon import _chunk_bounds, _prefetch_l2
+from ._ws_gluon import _chunk_bounds
 
 # named barrier ids (Gluon's own partition barriers use the low ids), 256 threads each
 SC0, SC1, P0, P1, FIN1, FIN0 = 8, 9, 10, 11, 12, 13
@@ -149,8 +149,8 @@ def _softmax(s, m_prev, qk_scale, FFMA: gl.constexpr):
 @gluon.jit
 def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s, l_s, il_s, q_bar, ready,
          kh_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len,
-         Hq, H, qk_scale, Trace, KV, stride_kv, kv_rows, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-         HALF: gl.constexpr, FFMA: gl.constexpr, TRACE: gl.constexpr, PREFETCH: gl.constexpr):
+         Hq, H, qk_scale, Trace, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
+         FFMA: gl.constexpr, TRACE: gl.constexpr):
     """Warpgroup 0 (default partition): S and softmax of the even tiles, O[:, :HALF] of every tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -194,10 +194,6 @@ def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         _stamp(Trace, 0, j, 2, TRACE)  # SC1 passed (P0 V0_L done before it)
         if t0 + 2 < n_tiles:  # V0_L read for the last time: stage 0's pieces 0-3 take tile 2j + 2
             _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t0 + 2) * BLOCK_N, 0, NP)
-            if PREFETCH > 0:  # the pair PREFETCH tiles beyond into L2 (one prefetch for both tiles, from lane 0)
-                if t0 + 2 + PREFETCH < n_tiles:
-                    _prefetch_l2(KV, stride_kv, kv_rows, start + (t0 + 2 + PREFETCH) * BLOCK_N,
-                                 gl.minimum(2, n_tiles - (t0 + 2 + PREFETCH)) * BLOCK_N)
         sc1 = sc1_s.load(row_s)
         m_run = m_s1.load(row_s)
         kc_s.index(0).store((p * sc1[:, None]).to(dt))  # P0 in stage 0's rope block, for warpgroup 1
@@ -348,7 +344,7 @@ def ws_seesaw5_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, str
                       prefix_len, R, chunk, Hq, H, qk_scale,
                       BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                       WG1_REGS: gl.constexpr, FOLD: gl.constexpr, FFMA: gl.constexpr, Trace=None,
-                      TRACE: gl.constexpr = False, KV=None, stride_kv=0, kv_rows=0, PREFETCH: gl.constexpr = 0):
+                      TRACE: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), splits (+ 1 with the tree part as its own split unless FOLD)), as ws_prefix_kernel;
     kh_d: KV latent in [BLOCK_N, 64] pieces, k_pe_d: the rope block [BLOCK_N, PE_DIM] (PE_DIM = 64)."""
     gl.static_assert(PE_DIM == PIECE, "the rope block is the ninth 64-column piece")
@@ -402,15 +398,11 @@ def ws_seesaw5_kernel(q_lat_d, q_pe_d, kh_d, k_pe_d, Bits, O_part, LSE_part, str
         _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start, 0, 2 * NP + 1)
     if n_tiles > 1:
         _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, start + BLOCK_N, 0, 2 * NP + 1)
-    if PREFETCH > 0:  # tiles 2 .. PREFETCH + 1 into L2; warpgroup 0 prefetches the rest a pair at a time
-        if n_tiles > 2:
-            _prefetch_l2(KV, stride_kv, kv_rows, start + 2 * BLOCK_N, gl.minimum(n_tiles - 2, PREFETCH) * BLOCK_N)
 
     gl.warp_specialize([
         (_wg0, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s, l_s, il_s, q_bar, ready,
                 kh_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles,
-                prefix_len, Hq, H, qk_scale, Trace, KV, stride_kv, kv_rows, BLOCK_M, BLOCK_N, HALF, FFMA, TRACE,
-                PREFETCH)),
+                prefix_len, Hq, H, qk_scale, Trace, BLOCK_M, BLOCK_N, HALF, FFMA, TRACE)),
         (_wg1, (q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s, l_s, il_s, q_bar, ready,
                 kh_d, k_pe_d, Bits, O_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq,
                 H, qk_scale, Trace, BLOCK_M, BLOCK_N, HALF, FFMA, TRACE)),

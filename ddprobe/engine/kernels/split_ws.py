@@ -73,9 +73,6 @@ class WsTuning:
                         # (needs c > 0, so max(s) c = max(s c); a scale <= 0 runs the FMUL path)
                         # (pipe 0 / 3; 65 fewer instructions a tile in warpgroup 0's loop; H200: 0.2-1.6% faster at
                         # 64 heads from 32k, within 0.1 us elsewhere); 0: s scaled first (FMUL), then s - m (FADD)
-    prefetch: int = 0   # > 0: the loader (seesaw 5: warpgroup 0) also asks L2 for the KV tiles this many tiles
-                        # ahead of the ones it loads (one cp.async.bulk.prefetch.L2 per tile: no shared memory), so
-                        # the TMA into shared memory finds them in L2 instead of waiting on DRAM; 0: off
     min_chunk: int = 64  # fewest prefix tokens per split
     fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
                          # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
@@ -327,8 +324,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         from ._ws_seesaw import ws_seesaw5_kernel
         k = ws_seesaw5_kernel[(cfg["n_qb"], gs)](
             *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, WG1_REGS=SEESAW5_REGS,
-            FOLD=cfg["fold"], FFMA=bool(t.ffma) and sm_scale > 0, KV=kv, stride_kv=kv.stride(0), kv_rows=kv.shape[0],
-            PREFETCH=t.prefetch, num_warps=4,
+            FOLD=cfg["fold"], FFMA=bool(t.ffma) and sm_scale > 0, num_warps=4,
         )
     elif t.seesaw:
         k = ws_seesaw_kernel[(cfg["n_qb"], gs)](
@@ -340,8 +336,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         k = ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
             *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=d - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"],
-            TRIGGER=t.pdl >= 2, BALANCE=bal, FFMA=bool(t.ffma) and sm_scale > 0, KV=kv, stride_kv=kv.stride(0),
-            kv_rows=kv.shape[0], PREFETCH=t.prefetch, num_warps=4,
+            TRIGGER=t.pdl >= 2, BALANCE=bal, FFMA=bool(t.ffma) and sm_scale > 0, num_warps=4,
         )
     if meta is not None:
         meta["prefix"] = kernel_meta(k)
