@@ -16,20 +16,24 @@ differently (deepseek-ai/FlashMLA ``csrc/sm90/decode/dense/splitkv_mla.cuh``, re
                             pieces 4-7 (V1_R) warpgroup 1 after P1 V1_R
 
 - every hand-off between the warpgroups is a named barrier (``bar.arrive`` by the producer after its stores,
-  ``bar.sync`` by the consumer; ids SC0 .. FIN0 below, 256 threads each): SC0 (m and the rescale factor sc0 after
-  tile 2j, 0 -> 1), SC1 (m and sc1 after tile 2j + 1, 1 -> 0), P0 (P of tile 2j rescaled by sc1, 0 -> 1), P1 (P of
-  tile 2j + 1, 1 -> 0, arrived once warpgroup 1 has issued both of its P V). Each id is arrived once per pair and the other side's next arrive on it waits for a hand-off
-  in the opposite direction, so no warpgroup can arrive twice on an id before the other has synced on it.
-  m and the factors have one buffer per writer (m_s0 / sc0_s by warpgroup 0, m_s1 / sc1_s by warpgroup 1), so a
-  reader is always one hand-off ahead of the next write.
+  ``bar.sync`` by the consumer; 256 threads each), three per pair: SC0 (P of tile 2j, its maximum m0 and the
+  rescale factor sc0, 0 -> 1), SC1 (m1 and sc1 after tile 2j + 1, 1 -> 0), P1 (P of tile 2j + 1, 1 -> 0, arrived
+  once warpgroup 1 has issued its P V). Each id is arrived once per pair and the other side's next arrive on it
+  waits for a hand-off in the opposite direction, so no warpgroup can arrive twice on an id before the other has
+  synced on it. m and the factors have one buffer per writer (m_s0 / sc0_s by warpgroup 0, m_s1 / sc1_s by
+  warpgroup 1), so a reader is always one hand-off ahead of the next write.
+- the chain between the two softmaxes is short: P0 goes over relative to m0 together with SC0 (not rescaled by
+  sc1 afterwards, as in ws_seesaw_kernel and FlashMLA): warpgroup 1 applies sc1 to its accumulator instead,
+  O_R = (O_R sc0 + P0 V0_R) sc1 + P1 V1_R, issuing P0 V0_R as soon as SC0 passes, under its own softmax; it takes
+  its tile's row maximum before waiting on SC0, so only the combination with m0 is on the chain.
 - S is issued piece by piece, each 64-column K step as soon as its piece has landed, in the order the pieces
   are refilled: warpgroup 0 issues pieces 0-3 of its next tile right behind P1 V1_L, waits for that P V,
   refills stage 1, then issues pieces 4-8; warpgroup 1 issues pieces 4-7, 0-3, 8.
 - P goes where the tile's rope block was (dead once S of that tile is complete; a [64, 64] bf16 wgmma operand),
   as in ws_seesaw_kernel; FlashMLA keeps Q's rope block in registers for a second P buffer instead.
 
-Per pair (j): warpgroup 0 O_L = (O_L sc0 + P0 V0_L) sc1 + P1 V1_L; warpgroup 1 O_R = O_R sc0 sc1 + P1 V1_R +
-(P0 sc1) V0_R; l0 = (l0 sc0 + sum P0) sc1, l1 = l1 sc0 sc1 + sum P1, both relative to the running maximum; at the
+Per pair (j): warpgroup 0 O_L = (O_L sc0 + P0 V0_L) sc1 + P1 V1_L; warpgroup 1 O_R = (O_R sc0 + P0 V0_R) sc1 +
+P1 V1_R; l0 = (l0 sc0 + sum P0) sc1, l1 = l1 sc0 sc1 + sum P1, both relative to the running maximum; at the
 end l = l0 + l1 (FIN1: l1 to warpgroup 0, FIN0: 1 / l back). A split with an odd number of tiles ends with a lone
 even tile: warpgroup 1 only rescales and adds P0 V0_R. Grid, split rule, tree folding and partials as
 ws_prefix_kernel without BALANCE (``_ws_gluon._chunk_bounds``).
@@ -49,12 +53,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from ._ws_gluon import _chunk_bounds
 
 # named barrier ids (Gluon's own partition barriers use the low ids), 256 threads each
-SC0, SC1, P0, P1, FIN1, FIN0 = 8, 9, 10, 11, 12, 13
+SC0, SC1, P1, FIN1, FIN0 = 8, 9, 11, 12, 13
 _ASM = {k: (gl.constexpr(f"bar.arrive {k}, 256; // $0"), gl.constexpr(f"bar.sync {k}, 256; // $0"))
-        for k in (SC0, SC1, P0, P1, FIN1, FIN0)}
+        for k in (SC0, SC1, P1, FIN1, FIN0)}
 A_SC0, S_SC0 = _ASM[SC0]
 A_SC1, S_SC1 = _ASM[SC1]
-A_P0, S_P0 = _ASM[P0]
 A_P1, S_P1 = _ASM[P1]
 A_FIN1, S_FIN1 = _ASM[FIN1]
 A_FIN0, S_FIN0 = _ASM[FIN0]
@@ -133,17 +136,23 @@ def _masked(s, t, bits, offs_n0, start, end, prefix_len, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _softmax(s, m_prev, qk_scale, FFMA: gl.constexpr):
-    """(new maximum, factor from m_prev to it, P) in base 2 with the scale qk_scale (FFMA: inside the
-    exponent's FFMA, qk_scale > 0)."""
+def _rowmax(s, qk_scale, FFMA: gl.constexpr):
+    """(scores to exponentiate, each row's maximum in scaled base-2 units): with FFMA the scores stay raw (the scale
+    goes into the exponent's FFMA, qk_scale > 0), else they are scaled here."""
     if FFMA:
-        m_new = gl.maximum(m_prev, gl.max(s, axis=1) * qk_scale)
-        p = gl.exp2(gl.fma(s, gl.full(s.shape, qk_scale, gl.float32, s.type.layout), -m_new[:, None]))
+        return s, gl.max(s, axis=1) * qk_scale
     else:
         s = s * qk_scale
-        m_new = gl.maximum(m_prev, gl.max(s, axis=1))
-        p = gl.exp2(s - m_new[:, None])
-    return m_new, gl.exp2(m_prev - m_new), p
+        return s, gl.max(s, axis=1)
+
+
+@gluon.jit
+def _exp(s, m_new, qk_scale, FFMA: gl.constexpr):
+    """P = 2^(scores - m_new) (one FFMA per score with FFMA)."""
+    if FFMA:
+        return gl.exp2(gl.fma(s, gl.full(s.shape, qk_scale, gl.float32, s.type.layout), -m_new[:, None]))
+    else:
+        return gl.exp2(s - m_new[:, None])
 
 
 @gluon.jit
@@ -175,66 +184,58 @@ def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
     if n_tiles > 0:
         s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, 0, s, 0, 2 * NP + 1, True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    for j in range(n_tiles // 2):
+    for j in range((n_tiles + 1) // 2):  # the last pass is a lone even tile when n_tiles is odd
         t0 = 2 * j
         ph = j & 1
         _stamp(Trace, 0, j, 0, TRACE)  # S of tile 2j done
-        # softmax of tile 2j against the running maximum; m and sc0 to warpgroup 1
-        m0, sc0, p = _softmax(_masked(s, t0, bits, offs_n0, start, end, prefix_len, BLOCK_N), m_run, qk_scale, FFMA)
+        # softmax of tile 2j against the running maximum; P0 (relative to m0), m0 and sc0 to warpgroup 1 at once
+        sx, mloc = _rowmax(_masked(s, t0, bits, offs_n0, start, end, prefix_len, BLOCK_N), qk_scale, FFMA)
+        m0 = gl.maximum(m_run, mloc)
+        sc0 = gl.exp2(m_run - m0)
+        p = _exp(sx, m0, qk_scale, FFMA)
         l_i = l_i * sc0 + gl.sum(p, axis=1)
+        p16 = p.to(dt)
+        kc_s.index(0).store(p16)  # P0 in stage 0's rope block (dead once S of tile 2j is complete)
         m_s0.store(m0)
         sc0_s.store(sc0)
+        fence_async_shared()
         _bar(A_SC0)
-        _stamp(Trace, 0, j, 1, TRACE)  # softmax of tile 2j done, SC0 arrived
+        _stamp(Trace, 0, j, 1, TRACE)  # softmax of tile 2j done, P0 and SC0 handed over
         # O_L = O_L sc0 + P0 V0_L (P from registers)
-        acc = acc * gl.convert_layout(sc0, row_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(dt), p_dot), ka_s.index(0), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        _bar(S_SC1)  # warpgroup 1's maximum after tile 2j + 1
-        _stamp(Trace, 0, j, 2, TRACE)  # SC1 passed (P0 V0_L done before it)
-        if t0 + 2 < n_tiles:  # V0_L read for the last time: stage 0's pieces 0-3 take tile 2j + 2
-            _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t0 + 2) * BLOCK_N, 0, NP)
-        sc1 = sc1_s.load(row_s)
-        m_run = m_s1.load(row_s)
-        kc_s.index(0).store((p * sc1[:, None]).to(dt))  # P0 in stage 0's rope block, for warpgroup 1
-        fence_async_shared()
-        _bar(A_P0)
-        _stamp(Trace, 0, j, 3, TRACE)  # P0 handed over
-        acc = acc * gl.convert_layout(sc1, row_o)[:, None]
-        l_i = l_i * sc1
-        _bar(S_P1)
-        _stamp(Trace, 0, j, 4, TRACE)  # P1 passed
-        # O_L += P1 V1_L (P1 from stage 1's rope block), with S of tile 2j + 2 behind it
-        acc_t = warpgroup_mma(kc_s.index(1), ka_s.index(1), acc, is_async=True)
-        if t0 + 2 < n_tiles:
-            s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, 0, NP, True)
-            acc = warpgroup_mma_wait(num_outstanding=NP, deps=(acc_t, ))
-            _stamp(Trace, 0, j, 5, TRACE)  # P1 V1_L done (S pieces 0-3 in flight)
-            if t0 + 3 < n_tiles:  # V1_L and P1 read for the last time: stage 1's pieces 0-3 and 8
-                n1 = start + (t0 + 3) * BLOCK_N
-                _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 0, NP)
-                _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 2 * NP, 2 * NP + 1)
-            s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP, NP + 1, False)
-            _stamp(Trace, 0, j, 7, TRACE)  # S piece 4 issued (its refill landed)
-            s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP + 1, 2 * NP + 1, False)
-            _stamp(Trace, 0, j, 6, TRACE)  # S pieces 4-8 issued (their refills landed)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        else:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
-    if n_tiles % 2 == 1:
-        # a lone even tile: its P (not rescaled) to warpgroup 1 with m and sc0
-        t0 = n_tiles - 1
-        m0, sc0, p = _softmax(_masked(s, t0, bits, offs_n0, start, end, prefix_len, BLOCK_N), m_run, qk_scale, FFMA)
-        l_i = l_i * sc0 + gl.sum(p, axis=1)
-        m_run = m0
-        p16 = p.to(dt)
-        sc0_s.store(sc0)
-        kc_s.index(0).store(p16)
-        fence_async_shared()
-        _bar(A_SC0)
         acc = acc * gl.convert_layout(sc0, row_o)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p16, p_dot), ka_s.index(0), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if t0 + 1 < n_tiles:
+            _bar(S_SC1)  # warpgroup 1's maximum after tile 2j + 1
+            _stamp(Trace, 0, j, 2, TRACE)  # SC1 passed (P0 V0_L done before it)
+            sc1 = sc1_s.load(row_s)
+            m_run = m_s1.load(row_s)
+            acc = acc * gl.convert_layout(sc1, row_o)[:, None]
+            l_i = l_i * sc1
+            if t0 + 2 < n_tiles:  # V0_L read for the last time: stage 0's pieces 0-3 take tile 2j + 2
+                _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t0 + 2) * BLOCK_N, 0, NP)
+            _stamp(Trace, 0, j, 3, TRACE)  # rescaled, stage 0's pieces 0-3 refilled
+            _bar(S_P1)
+            _stamp(Trace, 0, j, 4, TRACE)  # P1 passed
+            # O_L += P1 V1_L (P1 from stage 1's rope block), with S of tile 2j + 2 behind it
+            acc_t = warpgroup_mma(kc_s.index(1), ka_s.index(1), acc, is_async=True)
+            if t0 + 2 < n_tiles:
+                s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, 0, NP, True)
+                acc = warpgroup_mma_wait(num_outstanding=NP, deps=(acc_t, ))
+                _stamp(Trace, 0, j, 5, TRACE)  # P1 V1_L done (S pieces 0-3 in flight)
+                if t0 + 3 < n_tiles:  # V1_L and P1 read for the last time: stage 1's pieces 0-3 and 8
+                    n1 = start + (t0 + 3) * BLOCK_N
+                    _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 0, NP)
+                    _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 2 * NP, 2 * NP + 1)
+                s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP, NP + 1, False)
+                _stamp(Trace, 0, j, 7, TRACE)  # S piece 4 issued (its refill landed)
+                s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP + 1, 2 * NP + 1, False)
+                _stamp(Trace, 0, j, 6, TRACE)  # S pieces 4-8 issued (their refills landed)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+        else:
+            m_run = m0
     # l = l0 + l1; 1 / l to warpgroup 1
     _bar(S_FIN1)
     l_i = l_i + l_s.load(row_s)
@@ -283,46 +284,45 @@ def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         t1 = 2 * j + 1
         ph = j & 1
         _stamp(Trace, 1, j, 0, TRACE)  # S of tile 2j + 1 done
-        s = _masked(s, t1, bits, offs_n0, start, end, prefix_len, BLOCK_N)
-        _bar(S_SC0)  # warpgroup 0's maximum after tile 2j
+        # this tile's row maximum before the wait: only its combination with m0 is on the chain
+        sx, mloc = _rowmax(_masked(s, t1, bits, offs_n0, start, end, prefix_len, BLOCK_N), qk_scale, FFMA)
+        _bar(S_SC0)  # warpgroup 0's maximum after tile 2j, and P0
         _stamp(Trace, 1, j, 1, TRACE)  # SC0 passed
         m0 = m_s0.load(row_s)
         sc0 = sc0_s.load(row_s)
-        m1, sc1, p = _softmax(s, m0, qk_scale, FFMA)
+        # O_R = (O_R sc0 + P0 V0_R) sc1 + P1 V1_R: P0 V0_R first, under this warpgroup's softmax
+        acc = acc * gl.convert_layout(sc0, row_o)[:, None]
+        acc_t = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc, is_async=True)
+        m1 = gl.maximum(m0, mloc)
+        sc1 = gl.exp2(m0 - m1)
         m_s1.store(m1)
         sc1_s.store(sc1)
         _bar(A_SC1)
         _stamp(Trace, 1, j, 2, TRACE)  # SC1 arrived
-        sc = sc0 * sc1
-        l_i = l_i * sc + gl.sum(p, axis=1)
+        p = _exp(sx, m1, qk_scale, FFMA)
+        l_i = l_i * (sc0 * sc1) + gl.sum(p, axis=1)
         p16 = p.to(dt)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+        _stamp(Trace, 1, j, 5, TRACE)  # P0 V0_R done
+        acc = acc * gl.convert_layout(sc1, row_o)[:, None]
+        acc_t = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc, is_async=True)
         kc_s.index(1).store(p16)  # P1 in stage 1's rope block, for warpgroup 0
         fence_async_shared()
-        # O_R = O_R sc0 sc1 + P1 V1_R (registers) + (P0 sc1) V0_R (stage 0's rope block); P1 goes to warpgroup 0
-        # only once both are issued, so they reach the tensor cores before its P1 V1_L and S of tile 2j + 2 and
-        # the refill of stage 0's pieces 4-8 (behind them) comes early (FlashMLA's "rO1sP0sV0RIssued")
-        acc = acc * gl.convert_layout(sc, row_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc, is_async=True)
-        _bar(S_P0)
-        acc = warpgroup_mma(kc_s.index(0), kb_s.index(0), acc, is_async=True)
         _bar(A_P1)
-        _stamp(Trace, 1, j, 3, TRACE)  # both P V issued, P1 handed over
-        warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        _stamp(Trace, 1, j, 4, TRACE)  # P1 V1_R done
-        if t1 + 2 < n_tiles:  # V1_R read for the last time: stage 1's pieces 4-7 take tile 2j + 3
-            _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, start + (t1 + 2) * BLOCK_N, NP, 2 * NP)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        _stamp(Trace, 1, j, 5, TRACE)  # P0 V0_R done
+        _stamp(Trace, 1, j, 3, TRACE)  # P1 V1_R issued, P1 handed over
         if t1 + 1 < n_tiles:  # V0_R and P0 read for the last time: stage 0's pieces 4-8 take tile 2j + 2
             _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t1 + 1) * BLOCK_N, NP, 2 * NP + 1)
         _stamp(Trace, 1, j, 7, TRACE)  # stage 0's pieces 4-8 refill issued
-        if t1 + 2 < n_tiles:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+        _stamp(Trace, 1, j, 4, TRACE)  # P1 V1_R done
+        if t1 + 2 < n_tiles:  # V1_R read for the last time: stage 1's pieces 4-7 take tile 2j + 3
+            _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, start + (t1 + 2) * BLOCK_N, NP, 2 * NP)
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, NP, 2 * NP, True)
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, 0, NP, False)
             _stamp(Trace, 1, j, 6, TRACE)  # S pieces 4-7 and 0-3 issued
             s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 1, ph ^ 1, s, 2 * NP, 2 * NP + 1, False)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-    if n_tiles % 2 == 1:
+    if n_tiles % 2 == 1:  # the lone even tile: O_R = O_R sc0 + P0 V0_R
         _bar(S_SC0)
         sc0 = sc0_s.load(row_s)
         l_i = l_i * sc0
