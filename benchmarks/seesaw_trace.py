@@ -16,8 +16,8 @@ import sys
 import torch
 
 EVENTS = {
-    0: ["S(2j) done", "softmax 2j done, P0 + SC0 handed", "SC1 passed (P0 V0_L done)", "rescaled, st0 0-3 refilled",
-        "P1 passed", "P1 V1_L done", "S pieces 4-8 issued", "S piece 4 issued"],
+    0: ["S(2j) done", "softmax 2j done, P0 + SC0 handed", "st0 0-3 refilled, SC1 passed", "rescaled",
+        "P1 passed", "P1 V1_L done", "S pieces 0-8 issued", "S pieces 0-4 issued"],
     1: ["S(2j+1) done", "SC0 passed", "SC1 arrived", "P1 V1_R issued, P1 handed", "P1 V1_R done",
         "P0 V0_R done", "S pieces 4-7, 0-3 issued", "stage 0 pieces 4-8 refilled"],
 }

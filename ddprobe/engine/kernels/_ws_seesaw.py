@@ -26,9 +26,11 @@ differently (deepseek-ai/FlashMLA ``csrc/sm90/decode/dense/splitkv_mla.cuh``, re
   sc1 afterwards, as in ws_seesaw_kernel and FlashMLA): warpgroup 1 applies sc1 to its accumulator instead,
   O_R = (O_R sc0 + P0 V0_R) sc1 + P1 V1_R, issuing P0 V0_R as soon as SC0 passes, under its own softmax; it takes
   its tile's row maximum before waiting on SC0, so only the combination with m0 is on the chain.
-- S is issued piece by piece, each 64-column K step as soon as its piece has landed, in the order the pieces
-  are refilled: warpgroup 0 issues pieces 0-3 of its next tile right behind P1 V1_L, waits for that P V,
-  refills stage 1, then issues pieces 4-8; warpgroup 1 issues pieces 4-7, 0-3, 8.
+- every refill is issued as soon as its pieces' last reader is done (with two stages, the period of a pair is a
+  copy's latency plus how long a stage is held after it lands: benchmarks/seesaw_trace.py measures both), and S
+  is issued piece by piece, each 64-column K step as soon as its piece has landed, in the order the pieces are
+  refilled: warpgroup 0 pieces 0-8 of its next tile once P1 V1_L is done and stage 1 refilled; warpgroup 1
+  pieces 4-7, 0-3, 8.
 - P goes where the tile's rope block was (dead once S of that tile is complete; a [64, 64] bf16 wgmma operand),
   as in ws_seesaw_kernel; FlashMLA keeps Q's rope block in registers for a second P buffer instead.
 
@@ -205,35 +207,34 @@ def _wg0(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         acc = acc * gl.convert_layout(sc0, row_o)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p16, p_dot), ka_s.index(0), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        # every refill is issued as soon as its pieces' last reader is done: a stage is held from a copy's
+        # landing to that point, and with two stages that hold plus the copy's latency is the period of a pair
+        if t0 + 2 < n_tiles:  # V0_L read for the last time: stage 0's pieces 0-3 take tile 2j + 2
+            _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t0 + 2) * BLOCK_N, 0, NP)
         if t0 + 1 < n_tiles:
             _bar(S_SC1)  # warpgroup 1's maximum after tile 2j + 1
-            _stamp(Trace, 0, j, 2, TRACE)  # SC1 passed (P0 V0_L done before it)
+            _stamp(Trace, 0, j, 2, TRACE)  # stage 0's pieces 0-3 refilled, SC1 passed
             sc1 = sc1_s.load(row_s)
             m_run = m_s1.load(row_s)
             acc = acc * gl.convert_layout(sc1, row_o)[:, None]
             l_i = l_i * sc1
-            if t0 + 2 < n_tiles:  # V0_L read for the last time: stage 0's pieces 0-3 take tile 2j + 2
-                _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t0 + 2) * BLOCK_N, 0, NP)
-            _stamp(Trace, 0, j, 3, TRACE)  # rescaled, stage 0's pieces 0-3 refilled
+            _stamp(Trace, 0, j, 3, TRACE)  # rescaled
             _bar(S_P1)
             _stamp(Trace, 0, j, 4, TRACE)  # P1 passed
-            # O_L += P1 V1_L (P1 from stage 1's rope block), with S of tile 2j + 2 behind it
-            acc_t = warpgroup_mma(kc_s.index(1), ka_s.index(1), acc, is_async=True)
-            if t0 + 2 < n_tiles:
-                s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, 0, NP, True)
-                acc = warpgroup_mma_wait(num_outstanding=NP, deps=(acc_t, ))
-                _stamp(Trace, 0, j, 5, TRACE)  # P1 V1_L done (S pieces 0-3 in flight)
-                if t0 + 3 < n_tiles:  # V1_L and P1 read for the last time: stage 1's pieces 0-3 and 8
-                    n1 = start + (t0 + 3) * BLOCK_N
-                    _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 0, NP)
-                    _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 2 * NP, 2 * NP + 1)
-                s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP, NP + 1, False)
-                _stamp(Trace, 0, j, 7, TRACE)  # S piece 4 issued (its refill landed)
+            # O_L += P1 V1_L (P1 from stage 1's rope block), waited alone so stage 1 refills at once
+            acc = warpgroup_mma(kc_s.index(1), ka_s.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _stamp(Trace, 0, j, 5, TRACE)  # P1 V1_L done
+            if t0 + 3 < n_tiles:  # V1_L and P1 read for the last time: stage 1's pieces 0-3 and 8
+                n1 = start + (t0 + 3) * BLOCK_N
+                _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 0, NP)
+                _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 1, n1, 2 * NP, 2 * NP + 1)
+            if t0 + 2 < n_tiles:  # S of tile 2j + 2, each piece as it lands (0-3 were refilled first)
+                s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, 0, NP + 1, True)
+                _stamp(Trace, 0, j, 7, TRACE)  # S pieces 0-4 issued (their refills landed)
                 s = _s_pieces(q_lat_s, q_pe_s, ka_q, kb_q, kc_s, ready, 0, ph ^ 1, s, NP + 1, 2 * NP + 1, False)
-                _stamp(Trace, 0, j, 6, TRACE)  # S pieces 4-8 issued (their refills landed)
+                _stamp(Trace, 0, j, 6, TRACE)  # S pieces 0-8 issued
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
         else:
             m_run = m0
     # l = l0 + l1; 1 / l to warpgroup 1
@@ -299,20 +300,20 @@ def _wg1(q_lat_s, q_pe_s, ka_s, kb_s, kc_s, ka_q, kb_q, m_s0, m_s1, sc0_s, sc1_s
         sc1_s.store(sc1)
         _bar(A_SC1)
         _stamp(Trace, 1, j, 2, TRACE)  # SC1 arrived
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
+        _stamp(Trace, 1, j, 5, TRACE)  # P0 V0_R done
+        if t1 + 1 < n_tiles:  # V0_R and P0 read for the last time: stage 0's pieces 4-8 take tile 2j + 2
+            _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t1 + 1) * BLOCK_N, NP, 2 * NP + 1)
+        _stamp(Trace, 1, j, 7, TRACE)  # stage 0's pieces 4-8 refill issued
         p = _exp(sx, m1, qk_scale, FFMA)
         l_i = l_i * (sc0 * sc1) + gl.sum(p, axis=1)
         p16 = p.to(dt)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
-        _stamp(Trace, 1, j, 5, TRACE)  # P0 V0_R done
         acc = acc * gl.convert_layout(sc1, row_o)[:, None]
         acc_t = warpgroup_mma(gl.convert_layout(p16, p_dot), kb_s.index(1), acc, is_async=True)
         kc_s.index(1).store(p16)  # P1 in stage 1's rope block, for warpgroup 0
         fence_async_shared()
         _bar(A_P1)
         _stamp(Trace, 1, j, 3, TRACE)  # P1 V1_R issued, P1 handed over
-        if t1 + 1 < n_tiles:  # V0_R and P0 read for the last time: stage 0's pieces 4-8 take tile 2j + 2
-            _refill(kh_d, k_pe_d, ka_q, kb_q, kc_s, ready, 0, start + (t1 + 1) * BLOCK_N, NP, 2 * NP + 1)
-        _stamp(Trace, 1, j, 7, TRACE)  # stage 0's pieces 4-8 refill issued
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t, ))
         _stamp(Trace, 1, j, 4, TRACE)  # P1 V1_R done
         if t1 + 2 < n_tiles:  # V1_R read for the last time: stage 1's pieces 4-7 take tile 2j + 3
