@@ -26,9 +26,8 @@ def main() -> int:
     ap.add_argument("--fold", type=int, choices=(0, 1), default=1)
     ap.add_argument("--balance", type=int, choices=(0, 1), default=0, help="WsTuning.balance: the balanced grid")
     ap.add_argument("--ffma", type=int, choices=(0, 1), default=1, help="WsTuning.ffma (1: the default)")
-    ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4, 5), default=0,
-                    help="WsTuning.seesaw: 1-4 compile the seesaw kernel, 5 the one with no loader warp "
-                         "(_ws_seesaw; --pipe is then unused)")
+    ap.add_argument("--seesaw", type=int, choices=(0, 1, 2, 3, 4), default=0,
+                    help="WsTuning.seesaw: 1-4 compile the seesaw kernel (--pipe is then unused)")
     ap.add_argument("--trigger", type=int, choices=(0, 1), default=0, help="1: griddepcontrol.launch_dependents at the start (WsTuning.pdl=2)")
     ap.add_argument("--tail", type=int, default=0, help="compile the one-program kernel of 64 + TAIL rows (_ws_tail; 8)")
     ap.add_argument("--pv-regs", type=int, default=232, help="registers of warpgroup 1 (setmaxnreg)")
@@ -62,11 +61,6 @@ def main() -> int:
         k = _ws_tail.ws_tail_kernel.warmup(*targs, grid=(1, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                            TAIL=tl_, PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,
                                            num_warps=4)
-    elif args.seesaw == 5:
-        from ddprobe.engine.kernels import _ws_seesaw
-        k = _ws_seesaw.ws_seesaw5_kernel.warmup(*args_[:-3], grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
-                                                WG1_REGS=args.pv_regs, FOLD=args.fold, FFMA=bool(args.ffma),
-                                                num_warps=4)
     elif args.seesaw:
         k = _ws_gluon.ws_seesaw_kernel.warmup(*args_[:-3], grid=(2, 3), BLOCK_M=64, BLOCK_N=64, V_DIM=v, PE_DIM=pe,
                                               PV_REGS=args.pv_regs, LOAD_REGS=args.load_regs, FOLD=args.fold,

@@ -2,7 +2,7 @@
 
     # on the H200 (PYTHONPATH=$PWD); -k regex:ws_ keeps only the Gluon prefix kernels
     ncu --clock-control none --profile-from-start off -k regex:ws_ --csv --section WarpStateStats \
-        python benchmarks/ncu_variants.py --ctx 131072 --variants "balance=0;seesaw=5"
+        python benchmarks/ncu_variants.py --ctx 131072 --variants "balance=0;balance=1"
 
 Per context and variant (';'-separated WsTuning overrides, as bench_verify's --ws-variants): 64 heads x 9 rows
 (budget 8, lopsided tree), bf16; every variant is compiled and run once outside the profiled window, then called
@@ -32,7 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ctx", default="131072", help="comma-separated prefix lengths")
     ap.add_argument("--heads", type=int, default=64)
-    ap.add_argument("--variants", default="balance=0;seesaw=5", help="';'-separated WsTuning overrides")
+    ap.add_argument("--variants", default="balance=0;balance=1", help="';'-separated WsTuning overrides")
     args = ap.parse_args()
     from ddprobe.engine.kernels.split_ws import WsTuning
     fields = {f.name for f in dataclasses.fields(WsTuning)}

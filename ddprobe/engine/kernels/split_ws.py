@@ -44,7 +44,6 @@ BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix t
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
-SEESAW5_REGS = 256  # registers per thread of warpgroup 1 in the seesaw with no loader (2 x 128 threads x 256 = 64K)
 
 
 @dataclass(frozen=True)
@@ -84,10 +83,9 @@ class WsTuning:
                         # same, warpgroup 0 issuing S of its next tile behind its last P V (1 and 2: correct,
                         # 2-29% slower than 0 on the H200; docs/perf.md round 4); 3: tiles loaded and S issued
                         # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
-                        # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); 5: the seesaw with
-                        # no loader warp (_ws_seesaw: each warpgroup refills by TMA the 64-column pieces it read
-                        # last, named barriers for every hand-off, S issued piece by piece in refill order);
-                        # `pipe` is then unused
+                        # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); `pipe` is then unused
+                        # (a fifth, with no loader warp and consumer-issued TMA per piece, is on the branch seesaw5:
+                        # correct, 35-50% slower; docs/perf.md, eighth session)
     merge_kind: int = -1    # the merge of the partials: 0 split's online merge (a running maximum, partials in
                             # steps of merge_split_chunk); 1 _merge_flat_kernel (the maximum of all lse first, then
                             # partials in steps with no rescale chain); 2: 1 with each step as unrolled per-thread 2-D
@@ -109,6 +107,18 @@ class WsTuning:
 
 
 DEFAULT_TUNING = WsTuning()
+_CHOICES = {"pipe": (0, 1, 2, 3), "seesaw": (0, 1, 2, 3, 4), "balance": (-1, 0, 1), "ffma": (0, 1),
+            "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "pdl": (0, 1, 2), "merge_kind": (-1, 0, 1, 2, 3)}
+
+
+def check_tuning(t: WsTuning) -> None:
+    """One-line ValueError for a schedule knob outside the kernels' choices (a value no kernel implements would
+    otherwise run some other schedule silently)."""
+    for field, allowed in _CHOICES.items():
+        if getattr(t, field) not in allowed:
+            raise ValueError(f"WsTuning.{field} must be one of {', '.join(map(str, allowed))}, got {getattr(t, field)}")
+    if t.programs < 0:
+        raise ValueError(f"WsTuning.programs must be >= 0 (0: one per SM), got {t.programs}")
 
 
 def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
@@ -243,6 +253,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     tuning = DEFAULT_TUNING if tuning is None else tuning
     if not isinstance(tuning, WsTuning):
         raise ValueError(f"the split_ws path takes a WsTuning, got {type(tuning).__name__}")
+    check_tuning(tuning)
     if isinstance(prefix_len, torch.Tensor) or max_prefix is not None:
         raise ValueError("the split_ws path takes a host prefix length (an int), not a device plan")
     dev = tree_mask.device
@@ -319,12 +330,6 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         k = ws_tail_kernel[(cfg["n_qb"], gs)](
             qd_lat, qd_pe, qt_lat, qt_pe, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=d - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
-        )
-    elif t.seesaw == 5:
-        from ._ws_seesaw import ws_seesaw5_kernel
-        k = ws_seesaw5_kernel[(cfg["n_qb"], gs)](
-            *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim, WG1_REGS=SEESAW5_REGS,
-            FOLD=cfg["fold"], FFMA=bool(t.ffma) and sm_scale > 0, num_warps=4,
         )
     elif t.seesaw:
         k = ws_seesaw_kernel[(cfg["n_qb"], gs)](
