@@ -34,10 +34,12 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--variants", default="balance=0;balance=1", help="';'-separated WsTuning overrides")
     args = ap.parse_args()
-    from ddprobe.engine.kernels.split_ws import WsTuning
+    from ddprobe.engine.kernels.split_ws import WsTuning, check_tuning
     fields = {f.name for f in dataclasses.fields(WsTuning)}
     try:
         variants = [(v or "default", parse_variant(v, fields)) for v in args.variants.split(";")]
+        for _, over in variants:
+            check_tuning(WsTuning(**over))
     except ValueError as e:
         print(f"ncu_variants: {e}", file=sys.stderr)
         return 2
