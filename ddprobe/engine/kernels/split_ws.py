@@ -85,7 +85,7 @@ class WsTuning:
                         # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
                         # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); `pipe` is then unused
                         # (a fifth, with no loader warp and consumer-issued TMA per piece, is on the branch seesaw5:
-                        # correct, 15-65% slower; docs/perf.md, eighth session)
+                        # correct, 1-65% slower; docs/perf.md, eighth session)
     merge_kind: int = -1    # the merge of the partials: 0 split's online merge (a running maximum, partials in
                             # steps of merge_split_chunk); 1 _merge_flat_kernel (the maximum of all lse first, then
                             # partials in steps with no rescale chain); 2: 1 with each step as unrolled per-thread 2-D
