@@ -4,11 +4,12 @@
 
 A Gluon kernel with the prefix kernel's grid (row blocks x splits: every row block of a split reads the same
 tiles, as 64 heads x 9 rows do) and its load path: one loader warp puts each [64, 512 + 64] bf16 tile by TMA into
-a ring of STAGES buffers, and a consumer (4 warps, the default partition) waits for each tile and frees it at once. Times it (CUDA events,
-median of 20 launches after a warm-up) for 1, 2 and 3 stages, for the grid with one row block (no tile shared
-through L2), and with the consumer holding each stage for 1000-3000 cycles (a spin on clock64) as the attention
-kernels do while they compute on it; prints the bytes moved from L2 to the SMs per second and the time per tile. If 2 stages with no math already take about
-as long as the attention kernels, the 64-head prefix is bound by delivering tiles, not by the softmax.
+a ring of STAGES buffers, and a consumer (4 warps, the default partition) waits for each tile and frees it at
+once, or after spinning `hold` cycles on clock64 as the attention kernels hold a stage while they compute on it.
+Times it (CUDA events, median of 20 launches after a warm-up) for 1, 2 and 3 stages, for the grid with one row
+block (no tile shared through L2), and with holds of 1000-3000 cycles; prints the bytes moved from L2 to the SMs
+per second and the time per tile. If 2 stages with no math already took about as long as the attention kernels,
+the 64-head prefix would be bound by delivering tiles (2026-12-01: it is not; docs/perf.md, eighth session).
 A machine without a CUDA GPU gets one line and exit 1.
 """
 from __future__ import annotations
@@ -77,7 +78,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("tma_stream: needs a CUDA GPU", file=sys.stderr)
         return 1
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     kernel = stream_kernel
