@@ -375,9 +375,9 @@ def test_balanced_grid_covers_every_tile_once():
         split_ws.config(8192, 576, 132, split_ws.WsTuning(balance=1, pipe=0))
 
 
-@pytest.mark.parametrize("over,field", [(dict(seesaw=5), "seesaw"), (dict(pipe=4), "pipe"), (dict(balance=2), "balance"),
-                                        (dict(tail=3), "tail"), (dict(merge_kind=7), "merge_kind"),
-                                        (dict(programs=-1), "programs")])
+@pytest.mark.parametrize("over,field", [(dict(seesaw=5), "seesaw"), (dict(pipe=4), "pipe"),
+                                        (dict(balance=2), "balance"), (dict(tail=3), "tail"),
+                                        (dict(merge_kind=7), "merge_kind"), (dict(programs=-1), "programs")])
 def test_tuning_outside_the_kernels_choices_is_refused(over, field):
     """Host-side (runs anywhere): a schedule knob no kernel implements is a one-line ValueError at plan time,
     naming the field, not another schedule run silently; every value the kernels implement plans."""
