@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 
 import torch
@@ -22,7 +23,7 @@ def parse_variant(text: str, fields: set[str]) -> dict:
     over = {}
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, val = item.partition("=")
-        if key not in fields or not val.lstrip("-").isdigit():
+        if key not in fields or re.fullmatch(r"-?\d+", val) is None:
             raise ValueError(f"bad variant item {item!r} (WsTuning field=integer)")
         over[key] = int(val)
     return over
@@ -40,6 +41,11 @@ def main() -> int:
         variants = [(v or "default", parse_variant(v, fields)) for v in args.variants.split(";")]
         for _, over in variants:
             check_tuning(WsTuning(**over))
+        if re.fullmatch(r"\d+(,\d+)*", args.ctx) is None:
+            raise ValueError(f"--ctx must be comma-separated token counts, got {args.ctx!r}")
+        ctxs = [int(c) for c in args.ctx.split(",")]
+        if args.heads < 1:
+            raise ValueError(f"--heads must be >= 1, got {args.heads}")
     except ValueError as e:
         print(f"ncu_variants: {e}", file=sys.stderr)
         return 2
@@ -52,13 +58,17 @@ def main() -> int:
     m = get_path("split_ws")
     mask = shape_mask("lopsided", 8, "cuda")
     todo = []
-    for ctx in (int(c) for c in args.ctx.split(",")):
+    for ctx in ctxs:
         g = torch.Generator(device="cuda").manual_seed(ctx)
         q = torch.randn(9, args.heads, 576, device="cuda", generator=g).to(torch.bfloat16)
         kv = torch.randn(ctx + 9, 576, device="cuda", generator=g).to(torch.bfloat16)
         first = None
         for name, over in variants:
-            p = m.plan(ctx, mask, None, 512, heads=args.heads, tuning=WsTuning(**over))
+            try:  # a combination the grid refuses (e.g. balance=1 with pipe=0): one line
+                p = m.plan(ctx, mask, None, 512, heads=args.heads, tuning=WsTuning(**over))
+            except ValueError as e:
+                print(f"ncu_variants: {name}: {e}", file=sys.stderr)
+                return 2
             out = m.run(q, kv, p, 0.0722).float()
             first = out if first is None else first
             print(f"ctx={ctx} {name}: max |out - first| = {(out - first).abs().max():.2e}", flush=True)

@@ -10,7 +10,7 @@ Times it (CUDA events, median of 20 launches after a warm-up) for 1, 2 and 3 sta
 block (no tile shared through L2), and with holds of 1000-3000 cycles; prints the bytes moved from L2 to the SMs
 per second and the time per tile. If 2 stages with no math already took about as long as the attention kernels,
 the 64-head prefix would be bound by delivering tiles (2026-12-01: it is not; docs/perf.md, eighth session).
-A machine without a CUDA GPU gets one line and exit 1.
+A machine without a CUDA GPU (or without Triton's Gluon) gets one line and exit 1; bad sizes one line and exit 2.
 """
 from __future__ import annotations
 
@@ -18,9 +18,14 @@ import argparse
 import sys
 
 import torch
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+except ImportError as e:  # pragma: no cover - a machine without Triton's Gluon
+    print(f"tma_stream: needs Triton with Gluon ({e})", file=sys.stderr)
+    raise SystemExit(1)
 
 
 @gluon.jit
@@ -75,6 +80,10 @@ def main() -> int:
     ap.add_argument("--row-blocks", type=int, default=9)
     ap.add_argument("--splits", type=int, default=14)
     args = ap.parse_args()
+    if args.ctx < 64 or args.splits < 1 or args.row_blocks < 1 or args.splits > args.ctx // 64:
+        print(f"tma_stream: needs --ctx >= 64, 1 <= --splits <= ctx / 64 and --row-blocks >= 1, got {args.ctx}, "
+              f"{args.splits} and {args.row_blocks}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("tma_stream: needs a CUDA GPU", file=sys.stderr)
         return 1

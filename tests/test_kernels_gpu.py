@@ -380,7 +380,7 @@ def test_balanced_grid_covers_every_tile_once():
                                         (dict(merge_kind=7), "merge_kind"), (dict(programs=-1), "programs")])
 def test_tuning_outside_the_kernels_choices_is_refused(over, field):
     """Host-side (runs anywhere): a schedule knob no kernel implements is a one-line ValueError at plan time,
-    naming the field, not another schedule run silently; every value the kernels implement plans."""
+    naming the field, not another schedule run silently; every value the kernels implement passes the check."""
     from ddprobe.engine.kernels import split_ws
     mask = shape_mask("fork", 8)
     with pytest.raises(ValueError, match=f"WsTuning.{field} must be"):
