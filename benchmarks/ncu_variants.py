@@ -6,8 +6,8 @@
 
 Per context and variant (';'-separated WsTuning overrides, as bench_verify's --ws-variants): 64 heads x 9 rows
 (budget 8, lopsided tree), bf16; every variant is compiled and run once outside the profiled window, then called
-once inside it (cudaProfilerStart/Stop) in the order given. Without ncu it prints each variant's largest
-difference from the first. A machine without a CUDA GPU gets one line and exit 1; a bad variant one line and exit 2.
+once inside it (cudaProfilerStart/Stop) in the order given. It prints each variant's grid and its largest
+difference from the first. (benchmarks/ncu_balance_h200.sh runs it for the balanced and row-block grids.) A machine without a CUDA GPU gets one line and exit 1; a bad variant one line and exit 2.
 """
 from __future__ import annotations
 
@@ -71,7 +71,10 @@ def main() -> int:
                 return 2
             out = m.run(q, kv, p, 0.0722).float()
             first = out if first is None else first
-            print(f"ctx={ctx} {name}: max |out - first| = {(out - first).abs().max():.2e}", flush=True)
+            c = p.extra["config"]
+            grid = (c["programs"],) if c.get("balance") else (c["n_qb"], c["grid_splits"])
+            print(f"ctx={ctx} {name}: grid {grid}, slots {c['grid_splits']}, chunk {c['chunk'] // 64} tiles, "
+                  f"max |out - first| = {(out - first).abs().max():.2e}", flush=True)
             todo.append((f"{name} {ctx}", q, kv, p))
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
