@@ -4,29 +4,18 @@
     ncu --clock-control none --profile-from-start off -k regex:ws_ --csv --section WarpStateStats \
         python benchmarks/ncu_variants.py --ctx 131072 --variants "balance=0;balance=1"
 
-Per context and variant (';'-separated WsTuning overrides, as bench_verify's --ws-variants): 64 heads x 9 rows
-(budget 8, lopsided tree), bf16; every variant is compiled and run once outside the profiled window, then called
+Per context and variant (';'-separated WsTuning overrides, as bench_verify's --ws-variants, parsed by
+bench_merge.variants): 64 heads x 9 rows (budget 8, lopsided tree), bf16; every variant is compiled and run once outside the profiled window, then called
 once inside it (cudaProfilerStart/Stop) in the order given. It prints each variant's grid and its largest
 difference from the first. (benchmarks/ncu_balance_h200.sh runs it for the balanced and row-block grids.) A machine without a CUDA GPU gets one line and exit 1; a bad variant one line and exit 2.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import sys
 
 import torch
-
-
-def parse_variant(text: str, fields: set[str]) -> dict:
-    over = {}
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        key, _, val = item.partition("=")
-        if key not in fields or re.fullmatch(r"-?\d+", val) is None:
-            raise ValueError(f"bad variant item {item!r} (WsTuning field=integer)")
-        over[key] = int(val)
-    return over
 
 
 def main() -> int:
@@ -35,10 +24,12 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--variants", default="balance=0;balance=1", help="';'-separated WsTuning overrides")
     args = ap.parse_args()
+    from bench_merge import label  # the one WsTuning-override parser
+    from bench_merge import variants as parse_variants
+
     from ddprobe.engine.kernels.split_ws import WsTuning, check_tuning
-    fields = {f.name for f in dataclasses.fields(WsTuning)}
     try:
-        variants = [(v or "default", parse_variant(v, fields)) for v in args.variants.split(";")]
+        variants = [(label(over), over) for over in parse_variants(args.variants)]
         for _, over in variants:
             check_tuning(WsTuning(**over))
         if re.fullmatch(r"\d+(,\d+)*", args.ctx) is None:
@@ -46,7 +37,7 @@ def main() -> int:
         ctxs = [int(c) for c in args.ctx.split(",")]
         if args.heads < 1:
             raise ValueError(f"--heads must be >= 1, got {args.heads}")
-    except ValueError as e:
+    except (ValueError, argparse.ArgumentTypeError) as e:
         print(f"ncu_variants: {e}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
