@@ -1,7 +1,8 @@
 """Does the tiny target learn to copy a passage it is asked for (issue 14's recall), and how far does it hold?
 
-The shipped target copies nothing: teacher-forced on the recall text, it predicts the passage's words at the
-grammar's rate (11% at 256-1024 tokens, the same as novel text). This trains fresh targets (the shipped
+The pair shipped on 2026-12-01 copied nothing: teacher-forced on the recall text, its target predicted the passage's
+words at the grammar's rate (11% at 256-1024 tokens, the same as novel text; the pair shipped since 2026-12-02 copies,
+docs/tiny-model.md). This trains fresh targets (the shipped
 architecture, random init from seed 0) on the project's training text for a few recipes and measures, for each,
 the teacher-forced copy accuracy on the probe's recall layout (passage first, novel filler, the request, the
 passage again; scored after the 4-word cue) at 512 to 32k tokens. Copy-weighted loss: the repeated passage's
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from pathlib import Path
 
@@ -45,8 +47,9 @@ class Stream:
 
 
 def recall_case(n_tokens: int, seed: int):
-    """The probe's layout: passage (about 64 words) first, novel filler, the request, the passage again."""
-    passage = TOK.encode(texts.novel(48, seed=seed * 7 + 1))[:64]
+    """The probe's layout: passage (a roster of 64 names, texts.roster) first, novel filler, the request, the
+    passage again."""
+    passage = TOK.encode(texts.roster(64, random.Random(seed * 7 + 1)))
     room = n_tokens - 2 * len(passage) - len(REQ)
     filler = TOK.encode(texts.novel(room, seed=seed * 7 + 2))[:room]
     return passage + filler + REQ + passage, len(passage) + len(filler) + len(REQ)

@@ -4,10 +4,11 @@
   block per step at any context length.
 - novel: fluent, non-repeating English-like prose, deterministic from a seed: nothing in
   the context predicts the next words, so commit length falls toward 1.
-- recall: a novel passage placed once at the start, novel filler after it, and at the end
-  a request to repeat the passage followed by its first words: a drafter that can still
-  see (and copy from) the far context commits long blocks. The passage is longer than the
-  decode (``recall_words``), so a target that copies it copies for every new token.
+- recall: a passage (a roster of invented names, each used once and nowhere else in the text)
+  placed once at the start, novel filler after it, and at the end a request to repeat the
+  passage followed by its first names: a target that recalls it, and a drafter that can still
+  see (and copy from) the far context, commit long blocks. The roster is longer than the
+  probe's default decode, so a perfect copy covers every new token.
 
 Builders return text with at least ``min_words`` words; the probe tokenizes with the
 backend's own tokenizer and cuts the token ids to the exact context length.
@@ -15,6 +16,7 @@ backend's own tokenizer and cuts the token ids to the exact context length.
 from __future__ import annotations
 
 import random
+from collections import Counter, deque
 
 PREDICTABLE_SENTENCE = "The cat sat on the mat."
 
@@ -46,6 +48,24 @@ WORDS = sorted(set(DETERMINERS + ADJECTIVES + NOUNS + VERBS + PREPOSITIONS + ADV
 KINDS = ("predictable", "novel", "recall")
 
 
+def _names(n: int, seed: int = 2026) -> list[str]:
+    """n distinct invented names (two consonant-vowel syllables and an optional closing consonant), none of
+    them a word of the prose vocabulary: a recall passage made of them can only be found again by its own
+    words, as a passage of a real text in a real vocabulary is (a 200-word grammar repeats every word pair
+    of a passage many times over 100k tokens of filler)."""
+    rng = random.Random(seed)
+    taken, out = set(WORDS), []
+    while len(out) < n:
+        w = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(2)) + rng.choice(["", "n", "r", "s"])
+        if w not in taken:
+            taken.add(w)
+            out.append(w)
+    return out
+
+
+NAMES = _names(288)  # the recall passage's vocabulary (lower case; capitalized in the text); 216 + 288 < 512
+
+
 def _words(text: str) -> int:
     return len(text.split())
 
@@ -55,23 +75,63 @@ def predictable(min_words: int) -> str:
     return " ".join([PREDICTABLE_SENTENCE] * reps)
 
 
-def sentence(rng: random.Random) -> str:
-    def phrase() -> str:
-        return f"{rng.choice(DETERMINERS)} {rng.choice(ADJECTIVES)} {rng.choice(NOUNS)}"
+NOVEL_WINDOW = 128  # words: novel prose uses no adjective, noun or verb twice within this many words
 
-    s = f"{phrase()} {rng.choice(ADVERBS)} {rng.choice(VERBS)} {phrase()} {rng.choice(PREPOSITIONS)} {phrase()}"
+
+class Recent:
+    """The last ``window`` words of a text, for prose that does not reuse a content word within them. Real prose
+    rarely repeats its content words a few sentences apart; a small target trained on prose that does learns no
+    reason not to, and at temperature 0 its own prose falls into loops ("this humble hunter ... this humble
+    hunter") that a drafter able to copy then predicts (docs/tiny-model.md)."""
+
+    def __init__(self, window: int = NOVEL_WINDOW):
+        self.window, self.words, self.count = window, deque(), Counter()
+
+    def push(self, word: str) -> None:
+        self.words.append(word)
+        self.count[word] += 1
+        if len(self.words) > self.window:
+            self.count[self.words.popleft()] -= 1
+
+    def pick(self, rng: random.Random, pool: list[str]) -> str:
+        """A word of ``pool`` not among the recent ones (rejection sampling: every pool holds more words than
+        a window can hold of it, 1.5x or more), pushed."""
+        w = rng.choice(pool)
+        while self.count[w] > 0:
+            w = rng.choice(pool)
+        self.push(w)
+        return w
+
+
+def sentence(rng: random.Random, recent: Recent | None = None) -> str:
+    """One sentence of the grammar. ``recent``: adjectives, nouns and verbs are drawn among those not used in its
+    window (and the sentence's words are pushed into it); None: every word uniform within its slot."""
+    def word(pool: list[str], content: bool) -> str:
+        if recent is None:
+            return rng.choice(pool)
+        if content:
+            return recent.pick(rng, pool)
+        w = rng.choice(pool)
+        recent.push(w)
+        return w
+
+    def phrase() -> str:
+        return f"{word(DETERMINERS, False)} {word(ADJECTIVES, True)} {word(NOUNS, True)}"
+
+    s = f"{phrase()} {word(ADVERBS, False)} {word(VERBS, True)} {phrase()} {word(PREPOSITIONS, False)} {phrase()}"
     if rng.random() < 0.5:
-        s += f" {rng.choice(CONNECTIVES)} {phrase()} {rng.choice(VERBS)} {phrase()}"
+        s += f" {rng.choice(CONNECTIVES)} {phrase()} {word(VERBS, True)} {phrase()}"
     return s[0].upper() + s[1:] + "."
 
 
 def novel(min_words: int, seed: int = 0) -> str:
-    """Grammatical sentences drawn from ~10^12 combinations: no span long enough to copy repeats."""
-    rng = random.Random(seed)
+    """Grammatical sentences drawn from ~10^12 combinations, no adjective, noun or verb used twice within
+    NOVEL_WINDOW words: no span long enough to copy repeats."""
+    rng, recent = random.Random(seed), Recent()
     out: list[str] = []
     n = 0
     while n < min_words:
-        s = sentence(rng)
+        s = sentence(rng, recent)
         out.append(s)
         n += _words(s)
     return " ".join(out)
@@ -80,22 +140,36 @@ def novel(min_words: int, seed: int = 0) -> str:
 RECALL_CUE_WORDS = 4  # the recall prompt ends with the passage's first words, so the copy can start
 
 
+def roster(n: int, rng: random.Random, pool: list[str] | None = None) -> str:
+    """n distinct names of ``pool`` (NAMES by default) in a random order, capitalized: "Kelomar Zavi Dunesos ..."."""
+    return names_text(rng.sample(NAMES if pool is None else pool, n))
+
+
+def names_text(names: list[str]) -> str:
+    """Names as a passage's text: capitalized, in the order given."""
+    return " ".join(w.capitalize() for w in names)
+
+
 def recall_words(new_tokens: int) -> int:
-    """Words in the recall passage for a decode of ``new_tokens``: enough that a target copying it perfectly
-    copies for the whole decode (a word is at least one token), so commit length measures the copy alone. With a
+    """Names in the recall passage for a decode of ``new_tokens``: enough that a target copying it perfectly
+    copies for the whole decode (a name is at least one token), so commit length measures the copy alone. With a
     64-word passage and 128 new tokens, even a perfect copy would end after ~60 tokens and the rest would be novel
-    text: at 8 tokens a step for the copy and ~1.6 for novel text, about 2.6 at best."""
-    return max(64, new_tokens + RECALL_CUE_WORDS + 28)
+    text: at 8 tokens a step for the copy and ~1.6 for novel text, about 2.6 at best. At most len(NAMES): a decode
+    of more than len(NAMES) - 4 new tokens runs past the passage's end."""
+    return min(len(NAMES), max(64, new_tokens + RECALL_CUE_WORDS + 28))
 
 
-RECALL_WORDS = recall_words(128)  # the probe's default decode: 160 words
+RECALL_WORDS = recall_words(128)  # the probe's default decode: 160 names
+RECALL_MAX_NEW = len(NAMES) - RECALL_CUE_WORDS - 28  # the longest decode a whole passage still covers
 
 
 def recall(min_words: int, seed: int = 0, passage_words: int = RECALL_WORDS) -> tuple[str, str]:
-    """(prompt, passage): passage first, novel filler, then the request and the passage's first words.
-
-    The filler is sized so the whole prompt has at least ``min_words`` words."""
-    passage = novel(passage_words, seed=seed + 1_000_003)
+    """(prompt, passage): the passage (a roster of ``passage_words`` distinct names) first, novel filler, then
+    the request and the passage's first words. The filler is sized so the whole prompt has at least
+    ``min_words`` words."""
+    if not RECALL_CUE_WORDS < passage_words <= len(NAMES):
+        raise ValueError(f"a recall passage has {RECALL_CUE_WORDS + 1} to {len(NAMES)} names, got {passage_words}")
+    passage = roster(passage_words, random.Random(seed + 1_000_003))
     cue_words = passage.split()[:RECALL_CUE_WORDS]
     tail = "Repeat the passage from the start: " + " ".join(cue_words)
     filler_words = max(0, min_words - _words(passage) - _words(tail))

@@ -84,12 +84,13 @@ def test_prompts_have_exact_token_counts(engine):
 def test_recall_passage_covers_the_decode(engine):
     """A target that copies the recall passage perfectly copies for every new token (else commit length would mix
     the copy with novel text after it: ~2.6 at best for a 64-word passage and 128 new tokens)."""
-    for new in (2, 32, 128, 300):
+    for new in (2, 32, 128, 250):
         _, passage = texts.recall(8, 0, texts.recall_words(new))
         assert len(engine.tokenize(passage)) >= new + texts.RECALL_CUE_WORDS
     assert texts.recall_words(128) == texts.RECALL_WORDS == 160
-    long = prompt_ids(engine, "recall", 3000, seed=1, new_tokens=300)
-    _, passage = texts.recall(8, 1, texts.recall_words(300))
+    assert texts.recall_words(10_000) == len(texts.NAMES)  # every name once at most: the passage is capped
+    long = prompt_ids(engine, "recall", 3000, seed=1, new_tokens=250)
+    _, passage = texts.recall(8, 1, texts.recall_words(250))
     assert long[: len(engine.tokenize(passage))] == engine.tokenize(passage)
     assert prompt_ids(engine, "recall", 3000, seed=1)[:60] == long[:60]  # the same text, a shorter passage
 
@@ -102,7 +103,8 @@ def test_recall_context_too_short_is_refused_before_anything_runs(tmp_path):
     assert "sized for 128 new tokens" in r.output and not out.exists()  # refused before any cell or file
     r = CliRunner().invoke(app, ["commit", "--ctx", "1k", "--text", "recall", "--max-new-tokens", "2000",
                                  "--json", str(out)])
-    assert r.exit_code == 1 and "sized for 2000 new tokens" in r.output and not out.exists()
+    assert r.exit_code == 1 and "covers at most 256 new tokens" in r.output and "asked for 2000" in r.output
+    assert not out.exists() and "Traceback" not in r.output
 
 
 def test_http_backends_match_in_process_engine(served, engine):

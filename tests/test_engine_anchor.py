@@ -53,7 +53,7 @@ def test_greedy_reference_same_on_both_layouts(greedy):
 @pytest.mark.parametrize("budget", [1, 4, 8, 32])
 def test_ddtree_equals_greedy_with_acceptance(greedy, layout, budget):
     eng = make_engine(layout, budget)
-    res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft, 256))
+    res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft, eng.config.target.vocab_size))
     assert res.tokens == greedy
     depths = [s.accepted_depth for s in res.steps]
     assert max(depths) >= (1 if budget == 1 else 3) and min(depths) == 0
@@ -66,7 +66,7 @@ def test_ddtree_equals_greedy_with_acceptance(greedy, layout, budget):
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
 def test_chain_tree_equals_greedy(greedy, layout):
     eng = make_engine(layout, budget=7, tree_shape="chain")
-    res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft, 256))
+    res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft, eng.config.target.vocab_size))
     assert res.tokens == greedy
     assert all(s.tree_size == 7 for s in res.steps)
     assert max(s.accepted_depth for s in res.steps) >= 2
@@ -81,5 +81,5 @@ def test_real_drafter_equals_greedy(greedy, layout):
 
 def test_in_order_slots_without_poison(greedy):
     eng = make_engine("paged", 4, shuffle_slots=False, poison=False)
-    res = eng.generate(PROMPT, 96, proposer=oracle(PROMPT + greedy, eng.num_draft, 256))
+    res = eng.generate(PROMPT, 96, proposer=oracle(PROMPT + greedy, eng.num_draft, eng.config.target.vocab_size))
     assert res.tokens == greedy[:96]

@@ -34,7 +34,7 @@ def test_other_bad_arguments(eng):
     with pytest.raises(ValueError, match="max_new_tokens"):
         eng.generate([1], 0)
     with pytest.raises(ValueError, match="token ids"):
-        eng.generate([1, 256], 4)
+        eng.generate([1, eng.config.target.vocab_size], 4)
     with pytest.raises(ValueError, match="temperature"):
         eng.generate([1], 4, temperature=-1.0)
 

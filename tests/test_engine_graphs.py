@@ -41,7 +41,7 @@ def recording(eng: Engine) -> list:
     return seen
 
 
-def oracle(seq: list[int], num_draft: int, vocab: int = 256):
+def oracle(seq: list[int], num_draft: int, vocab: int):
     """Drafts that put the greedy continuation at rank 0, 1 or 3, or nowhere: every accepted depth."""
 
     def propose(ctx_len: int, bonus: int) -> torch.Tensor:
@@ -70,7 +70,7 @@ def test_static_step_equals_eager(greedy, layout, budget):
     for graphs, device_tree in ((False, True), (True, True), (True, False)):
         eng = engine(layout, budget, graphs, device_tree=device_tree)
         seen = recording(eng)
-        res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft))
+        res = eng.generate(PROMPT, N_NEW, proposer=oracle(PROMPT + greedy, eng.num_draft, eng.config.target.vocab_size))
         runs[graphs, device_tree] = (res, seen)
     eager, le = runs[False, True]
     assert eager.tokens == greedy and not eager.steps[0].graphs and eager.steps[0].d2h is None

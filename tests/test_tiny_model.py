@@ -13,8 +13,9 @@ from ddprobe.engine.traindata import TensorStream, make_dataset
 from ddprobe.probes.commit import prompt_ids
 from ddprobe.probes.engine_backend import EngineBackend
 
-# Changing the shipped weights means retraining (examples/train_tiny.py) and updating this digest.
-MODEL_SHA256 = "5d735566bc3e22033637646e2fea6d4fecd2463a5bfa6574855f6d0a9a6d0eb8"
+# Changing the shipped weights means retraining (benchmarks/recall_curriculum.py, its stage ship) and updating this
+# digest.
+MODEL_SHA256 = "0fdec0bddf9c77a2bec04b7ad5d7f87d718e218f639a0f4f1de2a374f75a9d44"
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,8 @@ def test_fp32_logits_in_bf16():
     assert (fp32 - exact).abs().max() < 1e-4 * exact.abs().max()  # fp32 accumulation, not rounded
     top_r, top_f = rounded.topk(2, -1).values, fp32.topk(2, -1).values
     ties_r = (top_r[:, 0] == top_r[:, 1]).float().mean()
-    assert ties_r > 0.3, ties_r  # the rounding this setting removes (70% of rows at 1k)
+    assert ties_r > 0.15, ties_r  # the rounding this setting removes (27% of these rows with the weights shipped
+    # 2026-12-02; 70% at 1k with the earlier pair)
     assert (top_f[:, 0] == top_f[:, 1]).float().mean() < 0.02
     assert (fp32.argmax(-1) == exact.argmax(-1)).float().mean() > 0.98
     # greedy DDTree in bf16 with these logits still reproduces plain greedy decoding token for token
@@ -98,7 +100,10 @@ def test_fp32_logits_in_bf16():
 
 
 def test_training_forwards_compute_the_engine_functions():
+    """Batched training forwards = the engine's functions; the tiny drafter's full-attention layer is NoPE and its
+    context keys read 7 rows of history (the engine: from DrafterContext.h, eagerly and in the graph's commit)."""
     cfg = ModelConfig.from_name("tiny", drafter_sliding_window=8)
+    assert cfg.drafter.history == 7 and cfg.drafter.full_attn_nope
     eng = Engine(cfg, dtype=torch.float64, seed=3, max_ctx=256)
     toks = torch.randint(0, cfg.target.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
     logits, feats = target_forward_train(eng.target, toks)
@@ -115,6 +120,72 @@ def test_training_forwards_compute_the_engine_functions():
             eng.drafter.append_context(dctx, feats[b, :a], torch.arange(a))
             ref = eng.drafter(dctx, toks[b, a], eng.target.embed_tokens, eng.target.lm_head)
             assert torch.allclose(ref, logp[b, k].double(), atol=1e-5)
+            # the CUDA-graph commit: a tree's rows written at once, the accepted ones first, then rows not
+            # accepted (their features, and so the history of rows after them, are overwritten by the next commit)
+            sctx = eng.drafter.new_context(64)
+            eng.drafter.append_context(sctx, feats[b, :a - 3], torch.arange(a - 3))
+            junk = torch.randn(3, feats.shape[-1], dtype=feats.dtype, generator=torch.Generator().manual_seed(a))
+            rows = torch.cat([junk[:1], feats[b, a - 3:a], junk[1:]])  # tree rows; rows 1-3 are the path
+            dest = torch.tensor([a, a - 3, a - 2, a - 1, a + 1, a + 2])
+            eng.drafter.append_static(sctx, rows, dest, dest)
+            sctx.n = a
+            assert torch.allclose(eng.drafter(sctx, toks[b, a], eng.target.embed_tokens, eng.target.lm_head), ref,
+                                  atol=1e-9)
+
+
+def test_history_rotation_scores_distance_k_unrotated():
+    """history_rotation: the keys equal the history terms rotated one by one (distance i by i * theta, written out
+    here without the folded weight), block position k's query is rotated by k * theta, so the score of a term of
+    distance k equals the unrotated score and other distances' do not; forward_static (the graph's step, plain
+    functions) equals forward; the flag off changes the drafts."""
+    import math
+
+    from ddprobe.engine.rope import apply_rope
+
+    cfg = ModelConfig.from_name("tiny", drafter_sliding_window=8)
+    assert cfg.drafter.history_rotation
+    eng = Engine(cfg, dtype=torch.float64, seed=5, max_ctx=256)
+    d, dc = eng.drafter, cfg.drafter
+    hh, hd, hist = dc.num_heads, dc.head_dim, dc.history
+    g = torch.Generator().manual_seed(1)
+    rows_h = torch.randn(40, d.fc.weight.shape[0], dtype=torch.float64, generator=g)
+    rows = torch.arange(40)
+    half = hd // 2
+    theta = math.pi * torch.arange(1, half + 1, dtype=torch.float64) / (half + 1)
+
+    def rot(x, steps):  # x [..., hd] by steps * theta, pair (p, p + hd/2)
+        ang = steps * theta
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat([a * ang.cos() - b * ang.sin(), a * ang.sin() + b * ang.cos()], -1)
+
+    w = d.hist.weight.view(hh * hd, hist, -1)
+    ref = torch.zeros(40, hh, hd, dtype=torch.float64)
+    for i in range(1, hist + 1):
+        src = torch.where((rows - i >= 0)[:, None], rows_h[(rows - i).clamp(min=0)], torch.zeros_like(rows_h))
+        ref += rot((src @ w[:, i - 1].T).view(40, hh, hd), i)
+    got = d.history_keys(rows, rows_h).view(40, hh, hd)
+    assert torch.allclose(got, ref, atol=1e-12)
+    q = torch.randn(hd, dtype=torch.float64, generator=g)
+    term = torch.randn(hd, dtype=torch.float64, generator=g)
+    cos, sin = d.block_rotation(1, torch.float64, "cpu")
+    for k in range(1, dc.block_size):
+        qk = apply_rope(q, cos[k], sin[k])
+        assert torch.allclose(qk @ rot(term, k), q @ term, atol=1e-12)
+        assert not torch.allclose(qk @ rot(term, k + 1), q @ term, atol=1e-3)
+    # the eager step = the graph's fixed-shape step (plain functions, CPU), and the flag is used
+    toks = torch.randint(0, cfg.target.vocab_size, (1, 30), generator=g)
+    _, feats = target_forward_train(eng.target, toks)
+    dctx = d.new_context(64)
+    d.append_context(dctx, feats[0, :29], torch.arange(29))
+    lp = d(dctx, toks[0, 29], eng.target.embed_tokens, eng.target.lm_head)
+    vals, idx = d.forward_static(dctx, torch.tensor([29]), toks[0, 29:30], eng.target.embed_tokens,
+                                 eng.target.lm_head, 4)
+    top = torch.topk(lp, 4, dim=-1)
+    assert torch.equal(idx, top.indices) and torch.allclose(vals, top.values, atol=1e-10)
+    off = Engine(cfg.with_overrides(drafter_history_rotation=False), dtype=torch.float64, seed=5, max_ctx=256).drafter
+    octx = off.new_context(64)
+    off.append_context(octx, feats[0, :29], torch.arange(29))
+    assert not torch.allclose(off(octx, toks[0, 29], eng.target.embed_tokens, eng.target.lm_head), lp, atol=1e-4)
 
 
 def test_training_is_deterministic_and_learns():
@@ -140,8 +211,8 @@ def test_copy_mask_and_copy_weighted_loss():
     from ddprobe.engine.tokenizer import WordTokenizer
     from ddprobe.engine.traindata import COPY_CUE, REPEAT_PROMPT
 
-    tokens, mask = make_dataset(256, 12, seed=4, chunk=6, recall_share=0.6, copy_mask=True)
-    assert torch.equal(tokens, make_dataset(256, 12, seed=4, chunk=6, recall_share=0.6))  # same text either way
+    tokens, mask = make_dataset(512, 12, seed=4, chunk=6, recall_share=0.6, copy_mask=True)
+    assert torch.equal(tokens, make_dataset(512, 12, seed=4, chunk=6, recall_share=0.6))  # same text either way
     req = WordTokenizer.default().encode(REPEAT_PROMPT)
     runs = 0
     for seq, m in zip(tokens.tolist(), mask.tolist()):

@@ -1,6 +1,6 @@
 """Model configs and named presets (gpt-fast style): ``ModelConfig.from_name("tiny" | "k2")``.
 
-``tiny``: a few layers, small widths, vocabulary 256; CPU-friendly, every width a power of two
+``tiny``: a few layers, small widths, vocabulary 512; CPU-friendly, every width a power of two
 >= 16 where the Triton paths need it (latent 64 + rope 32 = 96-wide latent row, v_dim 64);
 trained weights ship in ddprobe/engine/weights/tiny.
 ``k2``: Kimi K2.6's attention shapes exactly (61 layers, latent 512 + rope 64 = 576-wide row,
@@ -94,6 +94,17 @@ class DrafterConfig:
     rms_eps: float = 1e-6
     rope_max_wavelength: float | None = None  # partial rope: longer-wavelength pairs do not rotate
     full_attn_floor: int = 0  # > 0: the full-attention layer's queries scaled by rope.attn_scale
+    full_attn_nope: bool = False  # the full-attention layer's queries and keys are not rotated (content lookups)
+    history: int = 0  # > 0: the full-attention layer's context key of token j also reads the context rows of
+                      # the ``history`` tokens before it (j-1 .. j-history), so a block position can find where
+                      # the bonus token stood that many tokens back and read the token that followed it
+    bonus_all: bool = False  # every block position's input is the mask embedding plus the bonus token's embedding
+                             # (not the mask alone): each position's query holds the token whose continuation it
+                             # drafts, with no attention to learn first
+    history_rotation: bool = False  # the history term of distance i is rotated by i * theta per head-dim pair and
+                                    # the full layer's query at block position k by k * theta (theta_p = pi p / (hd/2
+                                    # + 1)): block position k matches the bonus k back unrotated and the other
+                                    # distances rotated away, so a periodic text cannot blur distances together
 
     @property
     def num_draft(self) -> int:
@@ -157,13 +168,14 @@ class ModelConfig:
 
 
 def _tiny() -> ModelConfig:
-    # Trained and shipped (ddprobe/engine/weights/tiny, examples/train_tiny.py) on sequences up to 32k
-    # tokens, checked to 256k. No position it meets at 256k is new to it: layers 0 and 1 use partial
+    # Trained and shipped (ddprobe/engine/weights/tiny, benchmarks/recall_curriculum.py) on sequences up to
+    # 128k tokens, checked to 256k. No position it meets at 256k is new to it: layers 0 and 1 use partial
     # rope (only pairs of wavelength <= 2048 rotate: local order), layers 2 and 3 are NoPE (content
     # lookups: the refrain, the passage asked for) with queries sharpened slowly past 4k positions;
-    # the drafter likewise. See docs/tiny-model.md.
+    # the drafter likewise, its full layer's keys reading the 7 rows before each (history, rotated per
+    # distance) so one hop drafts a far copy a whole block at a time. See docs/tiny-model.md.
     target = TargetConfig(
-        vocab_size=256, hidden_size=128, num_layers=4, num_heads=4,
+        vocab_size=512, hidden_size=128, num_layers=4, num_heads=4,
         kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32,
         intermediate_size=256, rope_theta=10000.0, yarn=None, rope_max_wavelength=2048.0,
         feature_layers=(1, 3), nope_layers=(2, 3), nope_attn_floor=4096,
@@ -171,6 +183,7 @@ def _tiny() -> ModelConfig:
     drafter = DrafterConfig(
         num_layers=2, num_heads=4, head_dim=32, intermediate_size=256, block_size=8,
         sliding_window=128, full_attn_layer=-1, rope_max_wavelength=2048.0, full_attn_floor=4096,
+        full_attn_nope=True, history=7, bonus_all=True, history_rotation=True,
     )
     # 256k of context plus room for the decode and the tree (the checked range; positions carry no limit)
     return ModelConfig("tiny", target, drafter, max_ctx=4096, max_position=262144 + 8192, fp32_logits=True)

@@ -26,8 +26,8 @@ def verify_head(target, hidden: torch.Tensor):
     return logits, logits.argmax(dim=-1)
 
 
-def drafter_layer(layer, x, cos, sin, ctx_k, ctx_v, ctx_ok, qs=None):
-    return layer(x, cos, sin, ctx_k, ctx_v, ctx_ok, qs)
+def drafter_layer(layer, x, cos, sin, ctx_k, ctx_v, ctx_ok, qs=None, qrot=None):
+    return layer(x, cos, sin, ctx_k, ctx_v, ctx_ok, qs, qrot)
 
 
 class Fused:

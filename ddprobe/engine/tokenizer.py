@@ -27,9 +27,9 @@ class WordTokenizer:
 
     @classmethod
     def default(cls) -> "WordTokenizer":
-        from ..texts import WORDS  # the probe texts' closed vocabulary
+        from ..texts import NAMES, WORDS  # the probe texts' closed vocabulary: prose words, then the names
 
-        return cls(list(WORDS))
+        return cls(list(WORDS) + list(NAMES))
 
     @classmethod
     def load(cls, path: str | Path) -> "WordTokenizer":

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .drafter import Drafter
+from .rope import apply_rope
 from .target import TargetModel
 
 
@@ -28,9 +29,10 @@ def target_forward_train(target: TargetModel, tokens: torch.Tensor):
 
 
 def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.Tensor, features: torch.Tensor,
-                          anchors: torch.Tensor) -> torch.Tensor:
+                          anchors: torch.Tensor, full_attn: list | None = None) -> torch.Tensor:
     """tokens [B, T], features [B, T, F] (target's, frozen), anchors [B, K] bonus positions
-    (1 <= a, a + L < T) -> log-probs [B, K, L, V] of the L tokens after each bonus."""
+    (1 <= a, a + L < T) -> log-probs [B, K, L, V] of the L tokens after each bonus. full_attn: a list that gets the
+    full-attention layer's log attention weights [B, H, K*Lb, T + K*Lb] appended (for a loss on where it looks)."""
     cfg = drafter.cfg
     b, t = tokens.shape
     k_n, lb = anchors.shape[1], cfg.block_size
@@ -38,7 +40,9 @@ def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.T
     ctx = drafter.hidden_norm(drafter.fc(features))  # [B, T, dim]
     cos_c, sin_c = drafter.rope.cos_sin(torch.arange(t, device=dev), ctx.dtype)
     bonus = target.embed_tokens(tokens.gather(1, anchors))  # [B, K, dim]
-    x = torch.cat([bonus[:, :, None], drafter.mask_embedding.expand(b, k_n, lb - 1, dim)], 2).reshape(b, k_n * lb, dim)
+    m = drafter.mask_embedding.expand(b, k_n, lb - 1, dim)
+    m = m + bonus[:, :, None] if cfg.bonus_all else m  # DrafterConfig.bonus_all: the bonus at every position
+    x = torch.cat([bonus[:, :, None], m], 2).reshape(b, k_n * lb, dim)
     pos = (anchors[..., None] + torch.arange(lb, device=dev)).reshape(b, k_n * lb)  # [B, K*Lb]
     cos_b, sin_b = drafter.rope.cos_sin(pos.reshape(-1), ctx.dtype)
     cos_b, sin_b = cos_b.view(b, k_n * lb, -1), sin_b.view(b, k_n * lb, -1)
@@ -52,16 +56,31 @@ def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.T
     own = (blk[:, None] == blk[None, :]).expand(b, -1, -1)
     full_mask = torch.cat([before, own], -1)
     win_mask = torch.cat([before & (col >= a - cfg.sliding_window), own], -1)
+    hist = None
+    if drafter.hist is not None:  # the full layer's key term from the rows j-1 .. j-history (zeros before 0)
+        z = ctx.new_zeros(b, cfg.history, dim)
+        past = torch.cat([z, ctx], 1)  # row j of ctx is row j + history here
+        hist = F.linear(torch.cat([past[:, cfg.history - i: cfg.history - i + t] for i in range(1, cfg.history + 1)],
+                                  -1), drafter.history_weight())  # with history_rotation, distance i rotated
+    qrot = drafter.block_rotation(k_n, ctx.dtype, dev)  # the full layer's queries by block position, or None
     for i, layer in enumerate(drafter.layers):  # the engine's layer, its attention batched with masks
-        ck, cv = layer.kv(ctx, cos_c, sin_c)  # [B, T, H, hd]
+        ck, cv = layer.kv(ctx, cos_c, sin_c, hist if i == drafter.full_layer else None)  # [B, T, H, hd]
         hn = layer.input_layernorm(x)
         q = layer.q(hn, cos_b, sin_b)  # [B, K*Lb, H, hd]
         if i == drafter.full_layer and qs_full is not None:
             q = q * qs_full
+        if i == drafter.full_layer and qrot is not None:
+            q = apply_rope(q, *qrot)
         bk, bv = layer.kv(hn, cos_b, sin_b)
         keys, vals = torch.cat([ck, bk], 1).transpose(1, 2), torch.cat([cv, bv], 1).transpose(1, 2)
         mask = full_mask if i == drafter.full_layer else win_mask
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None])  # [B,H,KLb,hd]
+        if full_attn is not None and i == drafter.full_layer:  # the same attention, its weights kept
+            sc = q.transpose(1, 2) @ keys.transpose(-1, -2) * keys.shape[-1] ** -0.5
+            logw = torch.log_softmax(sc.float().masked_fill(~mask[:, None], float("-inf")), -1)
+            full_attn.append(logw)
+            o = (logw.exp().to(vals.dtype) @ vals)
+        else:
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask[:, None])  # [B,H,KLb,hd]
         x = layer.finish(x, o.transpose(1, 2))
     logits = target.lm_head(drafter.norm(x.view(b, k_n, lb, dim)[:, :, 1:]))  # [B, K, L, V]
     return torch.log_softmax(logits.float(), -1)

@@ -3,9 +3,14 @@
 Word-level sequences built from segments:
 - novel prose (the probe's sentence generator): the target learns the grammar, not the words;
 - a fixed sentence repeated many times ("The cat sat on the mat." among a few others);
-- a recall pattern: a passage, filler of any length, "Repeat the passage from the start:" and
-  the passage again: the target learns to copy what it has seen from any distance when asked,
-  the drafter to draft whole blocks of it.
+- a recall pattern: a passage (a roster of 16-200 distinct invented names, ``texts.roster``, as in
+  the probe's recall text), filler of any length, "Repeat the passage from the start:" and the
+  passage again: the target learns to copy what it has seen from any distance when asked, the
+  drafter to draft whole blocks of it. Names occur in rosters only, never in prose, so each is
+  found again by itself (TextStream draws each roster independently, so two rosters of one sequence may
+  share a few names; RecallStream's share none). A passage of prose words would need a match on several words in a row: an earlier
+  recipe that copied prose passages taught the target to copy on one or two common words, which
+  broke the refrain from 64k tokens on).
 """
 from __future__ import annotations
 
@@ -34,11 +39,12 @@ class TextStream:
             raise ValueError(f"recall_share must be in [0, 1], got {recall_share}")
         self.tok, self.seq_len, self.recall_share = tok, seq_len, recall_share
         self.rng = random.Random(seed)
+        self.recent = texts.Recent()
 
     def _novel(self, n_tokens: int) -> list[int]:
         out: list[int] = []
-        while len(out) < n_tokens:
-            out += self.tok.encode(texts.sentence(self.rng))
+        while len(out) < n_tokens:  # prose that reuses no content word within texts.NOVEL_WINDOW words
+            out += self.tok.encode(texts.sentence(self.rng, self.recent))
         return out
 
     def sequence(self) -> list[int]:
@@ -48,6 +54,7 @@ class TextStream:
         """(tokens, copy mask): the mask is 1 on a passage asked for again, after its first COPY_CUE tokens
         (what only a copy predicts), else 0. The same tokens as ``sequence``."""
         rng, tok, n = self.rng, self.tok, self.seq_len
+        self.recent = texts.Recent()
         seq, copy = self._novel(rng.randint(8, 48)), []
         while len(seq) < n:
             copy += [0] * (len(seq) - len(copy))
@@ -59,7 +66,7 @@ class TextStream:
                 sent = tok.encode(FIXED[0] if rng.random() < 0.5 else rng.choice(FIXED[1:]))
                 seq += sent * rng.randint(3, 40)
             else:  # recall: a passage, filler of any length, the request, the passage again
-                passage = self._novel(rng.randint(16, 64))
+                passage = tok.encode(texts.roster(rng.randint(16, 200), rng))
                 filler = self._novel(rng.randint(0, max(1, n // 2)))
                 seq += passage + filler + tok.encode(REPEAT_PROMPT)
                 copy += [0] * (len(seq) - len(copy)) + [0] * min(COPY_CUE, len(passage))
@@ -70,6 +77,116 @@ class TextStream:
 
     def batch(self, batch_size: int) -> torch.Tensor:
         return torch.tensor([self.sequence() for _ in range(batch_size)], dtype=torch.int64)  # [B, T]
+
+
+class RosterStream:
+    """The copy warm-up: sequences of ``seq_len`` tokens made of rosters of 16-64 distinct names, each written 2-4
+    times in a row, deterministic from ``seed``. A small target trained on the mixed text alone never forms the
+    copy (induction) circuit: the copy is a small share of its tokens and the loss stays on a plateau (measured on
+    the CPU: no copy after 500 steps of text that was half copies); on these sequences it forms within a few
+    hundred steps, and the drafter learns to draft a whole block of a copy right after (docs/tiny-model.md)."""
+
+    def __init__(self, tok: WordTokenizer, seq_len: int, seed: int = 0, names: int = 0, times: int = 0):
+        self.tok, self.seq_len, self.names, self.times = tok, seq_len, names, times
+        self.rng = random.Random(seed)
+        self.mask = None
+
+    def sequence(self) -> list[int]:
+        """names/times fixed (e.g. 64 x 4 in 256 tokens: the CPU-proven shape) or drawn (16-64 names, 2-4 times)."""
+        out: list[int] = []
+        while len(out) < self.seq_len:
+            n, k = self.names or self.rng.randint(16, 64), self.times or self.rng.randint(2, 4)
+            out += self.tok.encode(texts.roster(n, self.rng)) * k
+        return out[: self.seq_len]
+
+    def batch(self, batch_size: int) -> torch.Tensor:
+        return torch.tensor([self.sequence() for _ in range(batch_size)], dtype=torch.int64)  # [B, T]
+
+
+class RecallStream:
+    """The copy curriculum: sequences of ``seq_len`` tokens in which passages (rosters of names, as the probe's
+    recall passage) are asked for again later in the probe's own layout: the request "Repeat the passage from the
+    start:", then the roster again, its first COPY_CUE names the cue and the rest the copy (1 in the copy mask).
+    Between them novel prose (no content word reused within texts.NOVEL_WINDOW words) and, where a sentence would
+    start with probability ``refrain``, a sentence repeated ``refrain_reps`` times (20-80 by default: about a tenth
+    of the filler; "The cat sat on the mat." one time in ten, else a fresh sentence of prose): rare as a start and
+    seldom the same sentence, so after a sentence of prose the greedy target writes prose, not a refrain it
+    memorized. The passages of one sequence share no name (so a name finds its own passage again); each is asked
+    for once, at a point drawn uniformly after it, so the gaps range up to the sequence's length; the first passage
+    opens the sequence half of the time, as the probe's does. ``copy_share``: the share of tokens in passages,
+    requests and copies that the sequence aims for (fewer when the names run out). ``far``: the share of passages
+    placed as the probe places its own at the longest context, in the first 5% of the sequence and asked for in the
+    last 5% (the gaps near the sequence's length, which uniform points rarely draw)."""
+
+    def __init__(self, tok: WordTokenizer, seq_len: int, seed: int = 0, names: tuple[int, int] = (16, 64),
+                 copy_share: float = 0.4, refrain: float = 0.005, refrain_reps: tuple[int, int] = (20, 80),
+                 far: float = 0.0):
+        if not (texts.RECALL_CUE_WORDS < names[0] <= names[1] <= len(texts.NAMES)):
+            raise ValueError(f"names per passage must lie in {texts.RECALL_CUE_WORDS + 1}..{len(texts.NAMES)}, got {names}")
+        self.tok, self.seq_len, self.names, self.copy_share, self.refrain = tok, seq_len, names, copy_share, refrain
+        self.refrain_reps, self.far = refrain_reps, far
+        self.rng = random.Random(seed)
+        self.request = tok.encode(REPEAT_PROMPT)
+        self.mask = True  # it has copy masks: train_target(copy_weight=) reads each batch's from last_mask
+        self.last_mask: torch.Tensor | None = None
+
+    def _filler(self, n: int, recent) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            if self.rng.random() < self.refrain:  # a sentence repeated: "The cat sat on the mat." a tenth of the time,
+                # else a fresh sentence of prose (a memorized refrain would be the greedy target's way out of prose)
+                sent = FIXED[0] if self.rng.random() < 0.1 else texts.sentence(self.rng)
+                out += self.tok.encode(sent) * self.rng.randint(*self.refrain_reps)
+            else:
+                out += self.tok.encode(texts.sentence(self.rng, recent))
+        return out[:n]
+
+    def sequence_masked(self) -> tuple[list[int], list[int]]:
+        rng, n = self.rng, self.seq_len
+        pool = rng.sample(texts.NAMES, len(texts.NAMES))
+        mean = (self.names[0] + self.names[1]) / 2
+        k = max(1, round(self.copy_share * n / (2 * mean + len(self.request))))
+        passages = []
+        while len(passages) < k:
+            m = rng.randint(*self.names)
+            if m > len(pool):
+                break
+            passages.append(self.tok.encode(texts.names_text(pool[:m])))
+            pool = pool[m:]
+        # events on [0, 1): passage i at t_i, its request and copy at a point after it
+        events = []
+        for i, p in enumerate(passages):
+            if self.far and rng.random() < self.far:
+                events += [(rng.random() * 0.05, 0, i), (0.95 + rng.random() * 0.05, 1, i)]
+                continue
+            t = 0.0 if i == 0 and rng.random() < 0.5 else rng.random() * 0.9
+            events += [(t, 0, i), (t + (1.0 - t) * rng.random(), 1, i)]
+        events.sort()
+        fixed = sum(2 * len(p) + len(self.request) for p in passages)
+        free = max(0, n - fixed)
+        seq, copy, recent, last = [], [], texts.Recent(), 0.0
+        for t, kind, i in events:
+            seq += self._filler(int(free * (t - last)), recent)
+            last = t
+            copy += [0] * (len(seq) - len(copy))
+            p = passages[i]
+            if kind == 0:
+                seq += p
+                copy += [0] * len(p)
+            else:
+                seq += self.request + p
+                copy += [0] * (len(self.request) + texts.RECALL_CUE_WORDS) + [1] * (len(p) - texts.RECALL_CUE_WORDS)
+        seq += self._filler(max(0, n - len(seq)), recent)
+        copy += [0] * (len(seq) - len(copy))
+        return seq[:n], copy[:n]
+
+    def sequence(self) -> list[int]:
+        return self.sequence_masked()[0]
+
+    def batch(self, batch_size: int) -> torch.Tensor:
+        pairs = [self.sequence_masked() for _ in range(batch_size)]
+        self.last_mask = torch.tensor([m for _, m in pairs], dtype=torch.bool)
+        return torch.tensor([s for s, _ in pairs], dtype=torch.int64)  # [B, T]
 
 
 def _chunk(args) -> list[tuple[list[int], list[int]]]:

@@ -64,6 +64,9 @@ def prompt_ids(backend: Backend, kind: str, ctx: int, seed: int = 0, new_tokens:
 
 def _recall_parts(backend: Backend, seed: int, new_tokens: int) -> tuple[list[int], list[int]]:
     """Token ids of the recall text's passage (sized for ``new_tokens``) and of its closing request + cue."""
+    if new_tokens > texts.RECALL_MAX_NEW:
+        raise DDProbeError(f"the recall text covers at most {texts.RECALL_MAX_NEW} new tokens (its passage is a roster "
+                           f"of at most {len(texts.NAMES)} names), asked for {new_tokens}")
     prompt, passage = texts.recall(8, seed, texts.recall_words(new_tokens))  # passage + request, no filler yet
     return backend.tokenize(passage), backend.tokenize(prompt[len(passage):])
 

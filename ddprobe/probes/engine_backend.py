@@ -85,6 +85,17 @@ class EngineBackend:
         self.preset, self.attn, self.budget, self.device, self.dtype, self.seed = preset, attn, budget, device, \
             dtype, seed
 
+    @classmethod
+    def around(cls, engine, tokenizer) -> "EngineBackend":
+        """A backend over an engine built elsewhere (training scripts: the probe's prompts and generate on the
+        weights being trained), with no context limit of its own beyond the engine's capacity."""
+        be = cls.__new__(cls)
+        be.engine, be.tokenizer, be.limit = engine, tokenizer, 1 << 30
+        be.note, be.weights, be.preset, be.attn = None, "in training", engine.config.name, engine.attn
+        be.budget, be.device, be.seed = engine.budget, str(engine.device), engine.seed
+        be.dtype = dtype_name(engine.dtype)
+        return be
+
     def tokenize(self, text: str) -> list[int]:
         vocab = self.engine.config.target.vocab_size
         return [i % vocab for i in self.tokenizer.encode(text)]
