@@ -10,7 +10,7 @@ from ddprobe import texts
 from ddprobe.engine.generate import Engine
 from ddprobe.engine.tokenizer import WordTokenizer
 from ddprobe.engine.train import drafter_forward_train, target_forward_train
-from ddprobe.engine.traindata import REPEAT_PROMPT, RecallStream
+from ddprobe.engine.traindata import REPEAT_PROMPT, RecallStream, copy_runs
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from recall_curriculum import attn_loss  # noqa: E402
@@ -44,23 +44,15 @@ def test_recall_stream_layout_and_copy_mask():
             if t in names:
                 counts[t] = counts.get(t, 0) + 1
         assert max(counts.values()) <= 2  # each name in its passage and its copy, nowhere else
-        i, runs = 0, 0
-        while i < len(m):
-            if not m[i]:
-                i += 1
-                continue
-            j = i
-            while j < len(m) and m[j]:
-                j += 1
+        runs = copy_runs(m)
+        for i, j in runs:
             start = i - texts.RECALL_CUE_WORDS
             assert seq[start - len(req): start] == req
             copy = seq[start:j]
             assert all(t in names for t in copy)
             first = next(k for k in range(start) if seq[k: k + len(copy)] == copy)
             gaps.append(start - first)
-            runs += 1
-            i = j
-        assert runs >= 1
+        assert runs
     assert max(gaps) > 256 and min(gaps) < max(gaps)  # gaps spread over the sequence
 
 
@@ -72,7 +64,7 @@ def test_recall_stream_far_asks_across_the_whole_sequence():
     s = RecallStream(tok, 4096, 5, (16, 48), far=1.0)
     x = s.batch(3)
     for seq, m in zip(x.tolist(), s.last_mask.tolist()):
-        starts = [i for i in range(1, len(m)) if m[i] and not m[i - 1]]
+        starts = [i for i, _ in copy_runs(m)]
         assert len(starts) >= 3
         for i in starts:
             start = i - texts.RECALL_CUE_WORDS

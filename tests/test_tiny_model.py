@@ -209,27 +209,19 @@ def test_training_is_deterministic_and_learns():
 def test_copy_mask_and_copy_weighted_loss():
     """The copy mask marks exactly a passage asked for again, after its cue; copy_weight reweights the loss."""
     from ddprobe.engine.tokenizer import WordTokenizer
-    from ddprobe.engine.traindata import COPY_CUE, REPEAT_PROMPT
+    from ddprobe.engine.traindata import COPY_CUE, REPEAT_PROMPT, copy_runs
 
     tokens, mask = make_dataset(512, 12, seed=4, chunk=6, recall_share=0.6, copy_mask=True)
     assert torch.equal(tokens, make_dataset(512, 12, seed=4, chunk=6, recall_share=0.6))  # same text either way
     req = WordTokenizer.default().encode(REPEAT_PROMPT)
     runs = 0
     for seq, m in zip(tokens.tolist(), mask.tolist()):
-        i = 0
-        while i < len(m):
-            if not m[i]:
-                i += 1
-                continue
-            j = i
-            while j < len(m) and m[j]:
-                j += 1
+        for i, j in copy_runs(m):
             start = i - COPY_CUE  # the copy's cue follows the request; the passage itself came before it
             assert seq[start - len(req): start] == req
             copied = seq[start:j]
             assert any(seq[k: k + len(copied)] == copied for k in range(0, start - len(req) - len(copied) + 1))
             runs += 1
-            i = j
     assert runs >= 5 and 0.02 < mask.float().mean() < 0.5
 
     def loss_of(weight):

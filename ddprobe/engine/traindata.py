@@ -103,6 +103,21 @@ class RosterStream:
         return torch.tensor([self.sequence() for _ in range(batch_size)], dtype=torch.int64)  # [B, T]
 
 
+def copy_runs(mask: list[int] | list[bool]) -> list[tuple[int, int]]:
+    """(start, end) of each run of ones in a copy mask (``sequence_masked``): the copied tokens after a cue."""
+    runs, i = [], 0
+    while i < len(mask):
+        if not mask[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(mask) and mask[j]:
+            j += 1
+        runs.append((i, j))
+        i = j
+    return runs
+
+
 class RecallStream:
     """The copy curriculum: sequences of ``seq_len`` tokens in which passages (rosters of names, as the probe's
     recall passage) are asked for again later in the probe's own layout: the request "Repeat the passage from the
