@@ -33,7 +33,8 @@ from .rope import Rope, apply_rope, attn_scale
 
 
 class DrafterContext:
-    """Per-layer roped K and V of the context features: k, v [layers, capacity, H, hd]."""
+    """Per-layer roped K and V of the context features: k, v [layers, capacity, H, hd]; with ``history``, h
+    [capacity, dim]: each row's normed, projected features, which the full layer's keys of the rows after it read."""
 
     def __init__(self, num_layers: int, capacity: int, heads: int, head_dim: int, dtype, device, dim: int = 0):
         shape = (num_layers, capacity, heads, head_dim)
