@@ -56,7 +56,8 @@ def _names(n: int, seed: int = 2026) -> list[str]:
     rng = random.Random(seed)
     taken, out = set(WORDS), []
     while len(out) < n:
-        w = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(2)) + rng.choice(["", "n", "r", "s"])
+        w = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(2))
+        w += rng.choice(["", "n", "r", "s"])
         if w not in taken:
             taken.add(w)
             out.append(w)

@@ -7,10 +7,10 @@ Word-level sequences built from segments:
   the probe's recall text), filler of any length, "Repeat the passage from the start:" and the
   passage again: the target learns to copy what it has seen from any distance when asked, the
   drafter to draft whole blocks of it. Names occur in rosters only, never in prose, so each is
-  found again by itself (TextStream draws each roster independently, so two rosters of one sequence may
-  share a few names; RecallStream's share none). A passage of prose words would need a match on several words in a row: an earlier
-  recipe that copied prose passages taught the target to copy on one or two common words, which
-  broke the refrain from 64k tokens on).
+  found again by itself (TextStream draws each roster independently, so two rosters of one
+  sequence may share a few names; RecallStream's share none). A passage of prose words would need
+  a match on several words in a row: an earlier recipe that copied prose passages taught the
+  target to copy on one or two common words, which broke the refrain from 64k tokens on.
 """
 from __future__ import annotations
 
@@ -137,7 +137,8 @@ class RecallStream:
                  copy_share: float = 0.4, refrain: float = 0.005, refrain_reps: tuple[int, int] = (20, 80),
                  far: float = 0.0):
         if not (texts.RECALL_CUE_WORDS < names[0] <= names[1] <= len(texts.NAMES)):
-            raise ValueError(f"names per passage must lie in {texts.RECALL_CUE_WORDS + 1}..{len(texts.NAMES)}, got {names}")
+            raise ValueError(f"names per passage must lie in {texts.RECALL_CUE_WORDS + 1}..{len(texts.NAMES)}, "
+                             f"got {names}")
         self.tok, self.seq_len, self.names, self.copy_share, self.refrain = tok, seq_len, names, copy_share, refrain
         self.refrain_reps, self.far = refrain_reps, far
         self.rng = random.Random(seed)
