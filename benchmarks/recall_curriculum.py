@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -128,7 +127,6 @@ def attn_loss(logw: torch.Tensor, x: torch.Tensor, anc: torch.Tensor, names: tor
 def draft_copy_at(eng, tok, ctx: int, seed: int = 0, anchors: int = 16) -> list[float]:
     """Teacher-forced drafter accuracy at block positions k = 1..L inside the copy of the probe's recall prompt of
     ``ctx`` tokens (anchors spread over the first 100 copied names)."""
-    from ddprobe.engine.train import drafter_forward_train
     from ddprobe.probes.commit import prompt_ids
 
     ids = prompt_ids(backend(eng, tok), "recall", ctx, seed=seed)
@@ -250,17 +248,16 @@ def main() -> int:
     known = ("A", *LONG, "tune", "F", "dwarm", "drafter", "rwarm", "rdrafter", "V", "ship")
     bad = [s for s in stages if s not in known]
     if bad:
-        print(f"error: unknown stage {bad[0]!r}; known: {', '.join(known)}", file=sys.stderr)
-        return 2
-    try:
-        pairs = {o: [int(v) for v in getattr(a, o).split(",")] for o in ("tune_steps", "rdrafter_steps")}
-        long_steps = [int(v) for v in a.long_steps.split(",")] if a.long_steps else []
-        [int(c) for c in (a.checks + "," + a.dchecks + "," + a.eval_ctx).split(",") if c]
+        ap.error(f"unknown stage {bad[0]!r}; known: {', '.join(known)}")
+    ints = lambda text: [int(v) for v in text.split(",") if v]  # noqa: E731
+    try:  # every list option parsed once, here
+        tune_steps, rdrafter_steps, long_steps = ints(a.tune_steps), ints(a.rdrafter_steps), ints(a.long_steps)
+        check_ctx, dcheck_ctx, eval_ctx = ints(a.checks), ints(a.dchecks), ints(a.eval_ctx)
     except ValueError as e:
         ap.error(f"steps and contexts are comma-separated integers ({e})")
-    bad = [o for o, v in pairs.items() if len(v) != 2]
-    if bad:
-        ap.error(f"--{bad[0].replace('_', '-')} takes two step counts, e.g. 600,100")
+    for name, v in (("--tune-steps", tune_steps), ("--rdrafter-steps", rdrafter_steps)):
+        if len(v) != 2:
+            ap.error(f"{name} takes two step counts, e.g. 600,100")
     if a.resume is not None and not a.resume.is_file():
         ap.error(f"--resume {a.resume}: no such file")
     for k, n in zip("BCDE", long_steps):
@@ -289,13 +286,11 @@ def main() -> int:
         torch.save(eng.state_dict(), a.out / "state.pt")
         say(saved=tag)
 
-    def checks(tag, ctxs=None):
-        ctxs = ctxs or [int(c) for c in a.checks.split(",") if c]
-        say(check=tag, copy={c: copy_at(eng, tok, c) for c in ctxs})
+    def checks(tag):
+        say(check=tag, copy={c: copy_at(eng, tok, c) for c in check_ctx})
 
     def dchecks(tag):
-        ctxs = [int(c) for c in a.dchecks.split(",") if c]
-        say(check=tag, draft_copy={c: draft_copy_at(eng, tok, c) for c in ctxs})
+        say(check=tag, draft_copy={c: draft_copy_at(eng, tok, c) for c in dcheck_ctx})
 
     def fit(stream, steps, batch, lr, tag, every, ramp=50, stop=None, alt=None):
         """alt: (stream, batch) drawn on every other step instead."""
@@ -336,7 +331,7 @@ def main() -> int:
             save(k)
             checks(k)
     if "tune" in stages:  # the rarer refrain starts (RecallStream's default now), at a low lr
-        s4, s32 = (int(v) for v in a.tune_steps.split(","))
+        s4, s32 = tune_steps
         fit(RecallStream(tok, 4096, 31, (16, 160), copy_share=0.4), s4, 4, a.tune_lr, "tune4k", 100, ramp=20)
         fit(RecallStream(tok, a.tune_xl_len, 32, (16, 160), copy_share=0.4), s32, 1, a.tune_lr, "tune32k", 50, ramp=10)
         save("tune")
@@ -348,36 +343,6 @@ def main() -> int:
         save("F")
         checks("F")
     focus = tok.encode(REPEAT_PROMPT)[-1]
-    if "rwarm" in stages or "rdrafter" in stages:
-        dck = [int(c) for c in a.dchecks.split(",") if c]
-
-        def dcheck(ctxs=(1024,)):
-            return {"draft_copy": {c: draft_copy_at(eng, tok, c) for c in ctxs},
-                    "draft_pred": {c: draft_predictable_at(eng, tok, c) for c in ctxs}}
-
-        def good(res):
-            accs = [v for kind in res.values() for per_k in kind.values() for v in per_k]
-            return min(accs) >= 0.9
-    if "rwarm" in stages:  # the history-rotation drafter: copies and refrains (up to 400 repeats) in turn, the loss
-        # on where its full layer looks on every anchor with a 2-token match (history_rotation_cpu.py's recipe, on the
-        # branch recall2)
-        streams = [(RecallStream(tok, 256, 5, (16, 64), copy_share=0.8), 32),
-                   (RecallStream(tok, 256, 6, (16, 64), copy_share=0.3, refrain=0.1, refrain_reps=(20, 400)), 32)]
-        drafter_loop(eng, streams, a.rwarm_steps, a.lr, 16, focus, say, "rwarm", 500, dcheck, stop=good)
-        save("rwarm")
-        say(check="rwarm", **dcheck(dck))
-    if "rdrafter" in stages:  # then longer sequences: 2k, and 32k whose refrains run to thousands of tokens
-        s2, s32 = (int(v) for v in a.rdrafter_steps.split(","))
-        streams = [(RecallStream(tok, 2048, 7, (16, 160), copy_share=0.4), 8),
-                   (RecallStream(tok, 2048, 9, (16, 160), copy_share=0.2, refrain=0.05, refrain_reps=(20, 400)), 8)]
-        drafter_loop(eng, streams, s2, a.drafter_lr, 32, focus, say, "rdrafter2k", max(s2 // 4, 1), dcheck, seed=4)
-        streams = [(RecallStream(tok, a.drafter_xl_len, 8, (16, 160), copy_share=0.4), 1),
-                   (RecallStream(tok, a.drafter_xl_len, 10, (16, 160), copy_share=0.2, refrain=0.02,
-                                 refrain_reps=(100, 1000)), 1)]
-        drafter_loop(eng, streams, s32, a.drafter_lr / 4, 128, focus, say, "rdrafter32k", max(s32 // 2, 1), dcheck,
-                     ramp=10, seed=5)
-        save("rdrafter")
-        say(check="rdrafter", **dcheck(dck))
     show = lambda who, step, loss: say(stage=who, step=step, loss=round(loss, 3))  # noqa: E731
     if "dwarm" in stages:
         # the drafter's copy warm-up (calls 3-4): a constant lr, and (--attn-weight) a loss on where its full layer
@@ -397,11 +362,40 @@ def main() -> int:
                       1, anchors=128, lr=a.drafter_lr / 4, seed=2, on_log=show, log_every=50, focus=focus)
         save("drafter")
         dchecks("drafter")
+    if "rwarm" in stages or "rdrafter" in stages:
+
+        def dcheck(ctxs=(1024,)):
+            return {"draft_copy": {c: draft_copy_at(eng, tok, c) for c in ctxs},
+                    "draft_pred": {c: draft_predictable_at(eng, tok, c) for c in ctxs}}
+
+        def good(res):
+            accs = [v for kind in res.values() for per_k in kind.values() for v in per_k]
+            return min(accs) >= 0.9
+    if "rwarm" in stages:  # the history-rotation drafter: copies and refrains (up to 400 repeats) in turn, the loss
+        # on where its full layer looks on every anchor with a 2-token match (history_rotation_cpu.py's recipe, on the
+        # branch recall2)
+        streams = [(RecallStream(tok, 256, 5, (16, 64), copy_share=0.8), 32),
+                   (RecallStream(tok, 256, 6, (16, 64), copy_share=0.3, refrain=0.1, refrain_reps=(20, 400)), 32)]
+        drafter_loop(eng, streams, a.rwarm_steps, a.lr, 16, focus, say, "rwarm", 500, dcheck, stop=good)
+        save("rwarm")
+        say(check="rwarm", **dcheck(dcheck_ctx))
+    if "rdrafter" in stages:  # then longer sequences: 2k, and 32k whose refrains run to thousands of tokens
+        s2, s32 = rdrafter_steps
+        streams = [(RecallStream(tok, 2048, 7, (16, 160), copy_share=0.4), 8),
+                   (RecallStream(tok, 2048, 9, (16, 160), copy_share=0.2, refrain=0.05, refrain_reps=(20, 400)), 8)]
+        drafter_loop(eng, streams, s2, a.drafter_lr, 32, focus, say, "rdrafter2k", max(s2 // 4, 1), dcheck, seed=4)
+        streams = [(RecallStream(tok, a.drafter_xl_len, 8, (16, 160), copy_share=0.4), 1),
+                   (RecallStream(tok, a.drafter_xl_len, 10, (16, 160), copy_share=0.2, refrain=0.02,
+                                 refrain_reps=(100, 1000)), 1)]
+        drafter_loop(eng, streams, s32, a.drafter_lr / 4, 128, focus, say, "rdrafter32k", max(s32 // 2, 1), dcheck,
+                     ramp=10, seed=5)
+        save("rdrafter")
+        say(check="rdrafter", **dcheck(dcheck_ctx))
     if "V" in stages:
         from ddprobe.probes.backends import GenStats
         from ddprobe.probes.commit import output_repeats, prompt_ids, recall_copied
 
-        ctxs = [int(c) for c in a.eval_ctx.split(",") if c]
+        ctxs = eval_ctx
         ev = Engine("tiny", seed=0, device=a.device, dtype=torch.bfloat16, max_ctx=max(ctxs) + 1024)
         ev.load_state_dict(eng.state_dict())
         ev.model.to(dtype=torch.bfloat16)

@@ -162,10 +162,11 @@ class Drafter(nn.Module):
         return self.rotation(torch.arange(n_blocks * lb, device=device) % lb, dtype)
 
     def history_keys(self, rows: torch.Tensor, rows_h: torch.Tensor) -> torch.Tensor:
-        """The full layer's key term hist([h_(j-1) .. h_(j-history)]) [T, H * hd] of context rows [T] (device
-        int64), reading the features from rows_h [capacity, dim] (rows before 0 as zeros)."""
+        """The full layer's key term hist([h_(j-1) .. h_(j-history)]) [..., T, H * hd] of context rows [T] (device
+        int64), reading the features from rows_h [..., capacity, dim] (rows before 0 as zeros; a leading batch
+        axis in training)."""
         back = rows[:, None] - torch.arange(1, self.cfg.history + 1, device=rows.device)  # [T, history]
-        h = rows_h.index_select(0, back.clamp(min=0).flatten()).view(*back.shape, rows_h.shape[-1])
+        h = rows_h.index_select(-2, back.clamp(min=0).flatten()).unflatten(-2, back.shape)  # [..., T, history, dim]
         h = h * (back >= 0)[..., None].to(h.dtype)
         return nn.functional.linear(h.flatten(-2), self.history_weight())
 

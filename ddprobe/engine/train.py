@@ -56,12 +56,8 @@ def drafter_forward_train(drafter: Drafter, target: TargetModel, tokens: torch.T
     own = (blk[:, None] == blk[None, :]).expand(b, -1, -1)
     full_mask = torch.cat([before, own], -1)
     win_mask = torch.cat([before & (col >= a - cfg.sliding_window), own], -1)
-    hist = None
-    if drafter.hist is not None:  # the full layer's key term from the rows j-1 .. j-history (zeros before 0)
-        z = ctx.new_zeros(b, cfg.history, dim)
-        past = torch.cat([z, ctx], 1)  # row j of ctx is row j + history here
-        hist = F.linear(torch.cat([past[:, cfg.history - i: cfg.history - i + t] for i in range(1, cfg.history + 1)],
-                                  -1), drafter.history_weight())  # with history_rotation, distance i rotated
+    # the full layer's key term from the rows j-1 .. j-history, as the engine computes it
+    hist = drafter.history_keys(torch.arange(t, device=dev), ctx) if drafter.hist is not None else None
     qrot = drafter.block_rotation(k_n, ctx.dtype, dev)  # the full layer's queries by block position, or None
     for i, layer in enumerate(drafter.layers):  # the engine's layer, its attention batched with masks
         ck, cv = layer.kv(ctx, cos_c, sin_c, hist if i == drafter.full_layer else None)  # [B, T, H, hd]
