@@ -93,9 +93,10 @@ def test_tree_mask_is_applied():
 
 @gpu
 @pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(tail=1),
-                                  dict(tail=1, fold_tree=1), dict(tail=0), dict(balance=1), dict(balance=1, programs=7)],
+                                  dict(tail=1, fold_tree=1), dict(tail=0), dict(balance=1), dict(balance=1, programs=7),
+                                  dict(cuda=1)],
                          ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "tail", "tail-fold", "no-tail",
-                              "balance", "balance-7"])
+                              "balance", "balance-7", "cuda"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -289,6 +290,65 @@ def test_seesaw_tree_placements(seesaw, fold, ctx, budget, shape, heads):
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, torch.bfloat16,
           tuning=WsTuning(seesaw=seesaw, min_chunk=256, fold_tree=fold))
+
+
+# The CUDA C++ seesaw (WsTuning.cuda = 1, cuda/seesaw_sm90.cu): the seesaw cases (every parity of a split's tile
+# count, bf16 and fp16, 1 to 64 heads, poisoned rows), the tree folded or as a program of its own, chunks of 1 to 4+
+# tiles, and several softmax scales (a large one makes every tile raise the running maximum, so each rescale runs)
+@gpu
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
+def test_cuda_seesaw_matches_reference(ctx, budget, shape, heads, dtype):
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(cuda=1), repeat=2)
+
+
+@gpu
+@pytest.mark.parametrize("fold", [0, 1])
+@pytest.mark.parametrize("min_chunk", [64, 128, 256])
+@pytest.mark.parametrize("ctx,budget,shape,heads",
+                         [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64), (130, 63, "chain", 2)])
+def test_cuda_seesaw_tree_placements(fold, min_chunk, ctx, budget, shape, heads):
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, torch.bfloat16,
+          tuning=WsTuning(cuda=1, min_chunk=min_chunk, fold_tree=fold), repeat=2)
+
+
+@gpu
+@pytest.mark.parametrize("sm_scale", [0.01, 0.0722, 1.0])
+def test_cuda_seesaw_softmax_scales(sm_scale):
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", 33000, 8, "lopsided", 64, torch.bfloat16, sm_scale=sm_scale, tuning=WsTuning(cuda=1),
+          repeat=2)
+
+
+@gpu
+def test_cuda_seesaw_under_graph_replay_and_plan_reuse():
+    """Captured in a CUDA graph (the engine's and the benchmark's case) and replayed with the partial buffers
+    poisoned before every replay and new cache contents: each replay equals the reference."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(20000, 8, "fork", 64, torch.bfloat16)
+    p = m.plan(20000, mask, None, V, heads=64, tuning=WsTuning(cuda=1))
+    m.run(q, kv, p, 0.07)  # loads the module outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = m.run(q, kv, p, 0.07)
+    for _ in range(3):
+        kv[: 20000 + 9] = torch.randn(20009, V + PE, device="cuda").to(kv.dtype)
+        for buf in p.extra["partials"]:
+            buf.fill_(float("nan"))
+        g.replay()
+        ref = reference.run(q, kv, reference.plan(20000, mask, None, V), 0.07)
+        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+
+
+@gpu
+def test_cuda_seesaw_refuses_a_negative_scale():
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    q, kv, mask = make_inputs(100, 8, "fork", 8, torch.bfloat16)
+    m = get_path("split_ws")
+    with pytest.raises(ValueError, match="positive softmax scale"):
+        m.run(q, kv, m.plan(100, mask, None, V, tuning=WsTuning(cuda=1)), -0.1)
 
 
 def test_tail_config_takes_72_rows_in_one_program():

@@ -100,6 +100,10 @@ class WsTuning:
                                             # (griddepcontrol: its launch overlaps the prefix kernel's tail);
                                             # 2: also trigger it from the prefix kernel's start (not seesaw), so
                                             # its programs wait on the SMs the prefix grid leaves or frees
+    cuda: int = 0       # 1: the prefix kernel is the CUDA C++ seesaw (cuda/seesaw_sm90.cu, a prebuilt cubin launched
+                        # through the driver API, _cu.py): FlashMLA's schedule with no producer warp, each warpgroup
+                        # refilling by TMA the 64-column pieces it read last, named barriers for every hand-off;
+                        # row-block x split grid (no balanced grid, no tail kernel), a positive softmax scale
     tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
                         # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
                         # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
@@ -108,7 +112,7 @@ class WsTuning:
 
 DEFAULT_TUNING = WsTuning()
 _CHOICES = {"pipe": (0, 1, 2, 3), "seesaw": (0, 1, 2, 3, 4), "balance": (-1, 0, 1), "ffma": (0, 1),
-            "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "pdl": (0, 1, 2), "merge_kind": (-1, 0, 1, 2, 3)}
+            "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "pdl": (0, 1, 2), "merge_kind": (-1, 0, 1, 2, 3), "cuda": (0, 1)}
 
 
 def check_tuning(t: WsTuning) -> None:
@@ -124,7 +128,7 @@ def check_tuning(t: WsTuning) -> None:
 def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
     """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel) for a plan
     bound of ``prefix_len`` tokens."""
-    if t.seesaw or not BLOCK_M < hq <= BLOCK_M + TAIL:
+    if t.seesaw or t.cuda or not BLOCK_M < hq <= BLOCK_M + TAIL:
         return False
     return prefix_len >= TAIL_MIN_PREFIX if t.tail < 0 else bool(t.tail)
 
@@ -222,7 +226,7 @@ def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> di
 
 def balances(prefix_len: int, hq: int, sms: int, t: WsTuning) -> bool:
     """Whether tuning ``t`` runs the balanced grid for this plan (WsTuning.balance)."""
-    if t.balance == 0 or prefix_len == 0 or t.seesaw or tails(hq, t, prefix_len):
+    if t.balance == 0 or prefix_len == 0 or t.seesaw or t.cuda or tails(hq, t, prefix_len):
         return False
     if t.pipe != 3:
         if t.balance == 1:
@@ -321,6 +325,15 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
+    if t.cuda:
+        if sm_scale <= 0:
+            raise ValueError(f"WsTuning.cuda=1 needs a positive softmax scale, got {sm_scale}")
+        from . import _cu
+        info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], o_part, lse_part, p.prefix_len, r, cfg["chunk"],
+                                 h, sm_scale * LOG2E, bool(cfg["fold"]), (cfg["n_qb"], gs))
+        if meta is not None:
+            meta["prefix"] = info
+        return parts, gs - 1
     qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = _descs(q2, kv, p, t.seesaw, cfg["tail"])
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)

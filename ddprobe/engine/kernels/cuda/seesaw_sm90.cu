@@ -1,0 +1,512 @@
+// The CUDA C++ prefix kernel of the `split_ws` path (WsTuning.cuda = 1), sm_90a only: FlashMLA's seesaw schedule
+// written below Gluon. Built offline into seesaw_sm90.cubin (benchmarks/build_cuda.py); loaded and launched by
+// ddprobe/engine/kernels/_cu.py through the CUDA driver API. No CUTLASS: raw PTX for wgmma, TMA and mbarriers.
+//
+// One program (CTA, 256 threads = two warpgroups, no producer warp) = 64 folded query rows (row = r * H + h)
+// x one chunk of KV tokens, in tiles of 64 tokens; the same grid, split bounds and partial layout as the Gluon
+// prefix kernel (_ws_gluon.ws_prefix_kernel without BALANCE): O_part[slot, row, 0:512] normalized (fp32),
+// LSE_part[slot, row] = m + log2(l) in base 2, the tree columns folded into the last split (fold) or the last
+// split index being the tree part alone.
+//
+// Shared memory (1024-byte aligned): Q [64 x 576] and two KV stages [64 x 576], each as nine 64-column pieces of
+// 8 KB in the 128-byte swizzle TMA writes and wgmma reads; P_A (8 KB); the row statistics; 19 mbarriers (Q, and
+// one per stage and piece, so S starts on the pieces that landed first). Tiles alternate between the stages:
+// tile 2j (A) in stage 0, tile 2j + 1 (B) in stage 1.
+//
+// Per pair of tiles j (the seesaw):
+//   wg0: S_A = Q K_A^T (wgmma m64n64k16 x 36), the softmax of tile A against the running maximum m after the
+//        previous pair (m_new0 = max(m, rowmax), sc0 = 2^(m - m_new0)) -> hands m_new0, sc0 over (BAR_SC0),
+//        P_A (bf16) to smem (BAR_PA), O_L = O_L sc0 + P_A V_A[:, 0:256] with P_A from registers; then
+//        (BAR_SC1) O_L *= sc1 and (BAR_PB) O_L += P_B V_B[:, 0:256] with P_B from smem.
+//   wg1: S_B issued first; (BAR_SC0, S_B done) O_R *= sc0; (BAR_PA) O_R += P_A V_A[:, 256:512] issued under its
+//        own softmax of tile B (m_new1 = max(m_new0, rowmax), sc1) -> hands m_new1, sc1 over (BAR_SC1), P_B into the
+//        dead rope piece of stage 1 (BAR_PB); then O_R *= sc1, O_R += P_B V_B[:, 256:512] from registers.
+// Every hand-off between the warpgroups is a named barrier (bar.arrive on one side, bar.sync on the other), and
+// the warpgroup that reads a piece last refills it by TMA from one thread once its wgmma completed (a
+// warpgroup-local bar.sync first, so all four warps are done with it): stage 0 rope by wg0 after S_A, stage 0
+// latent 0-255 by wg0 after P_A V_A_L, 256-511 by wg1 after P_A V_A_R; stage 1 latent 0-255 and rope (P_B) by
+// wg0 after P_B V_B_L, 256-511 by wg1 after P_B V_B_R. l is kept per warpgroup (l0 over the A tiles, l1 over the
+// B tiles, both relative to the same running maximum) and summed at the end. An odd last tile: wg1 skips S_B
+// and P_B; the pair ends after P_A V_A.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int BM = 64;          // query rows per program
+constexpr int BN = 64;          // KV tokens per tile
+constexpr int NP = 9;           // 64-column pieces of a 576-wide row (8 latent + 1 rope)
+constexpr int PIECE = 8192;     // bytes of a [64 x 64] 16-bit piece
+constexpr int TILE = NP * PIECE;
+constexpr int OFF_Q = 0, OFF_K0 = TILE, OFF_K1 = 2 * TILE, OFF_PA = 3 * TILE;
+constexpr int OFF_M = OFF_PA + PIECE;   // float[64]: the running maximum handed between the warpgroups
+constexpr int OFF_SC0 = OFF_M + 256;    // float[64]
+constexpr int OFF_SC1 = OFF_SC0 + 256;  // float[64]
+constexpr int OFF_L = OFF_SC1 + 256;    // float[2][64]: each warpgroup's row sums at the end
+constexpr int OFF_BAR = OFF_L + 512;    // uint64: Q, then ready[stage][piece]
+constexpr int SMEM_USED = OFF_BAR + 8 * (1 + 2 * NP);
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // dynamic shared memory to request: slack to align the base
+static_assert(SMEM_BYTES == 231832, "_cu.SMEM_BYTES must match");
+enum { BAR_SC0 = 1, BAR_SC1, BAR_PA, BAR_PB, BAR_PAFREE, BAR_WG0, BAR_WG1, BAR_L };
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void mbar_init(uint32_t b, int n) { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(b), "r"(n) : "memory"); }
+__device__ __forceinline__ void mbar_expect(uint32_t b, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t b, int phase) {
+  asm volatile("{\n.reg .pred P1;\nLAB_WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+               "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(b), "r"(phase) : "memory");
+}
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+               ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// keeps the compiler from moving reads of wgmma accumulators above the wait that completes them
+template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ float ex2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x)); return y; }
+// wgmma shared-memory descriptor, 128-byte swizzle (the layout's 1024-byte pattern must start 1024-aligned)
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+template <bool BF16> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<true>(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<false>(float lo, float hi) {
+  __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// wgmma wrappers (mechanical: one per shape and type). mma_s: S (m64n64k16), Q and K both K-major from smem;
+// mma_pv_ss: P V (m64n256k16), P K-major and V MN-major (transposed) from smem; mma_pv_rs: the same with P's
+// k-slice kk from registers (the accumulator layout of S is the A-fragment layout, packed to 16 bits).
+template <bool BF16> __device__ __forceinline__ void mma_s(float (&d)[32], uint64_t a, uint64_t b, int acc);
+template <bool BF16> __device__ __forceinline__ void mma_pv_ss(float (&d)[128], uint64_t a, uint64_t b);
+template <bool BF16> __device__ __forceinline__ void mma_pv_rs(float (&d)[128], const uint32_t (&a)[16], int kk, uint64_t b);
+
+template <> __device__ __forceinline__ void mma_s<true>(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(a), "l"(b), "r"(acc));
+}
+template <> __device__ __forceinline__ void mma_pv_ss<true>(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "l"(a), "l"(b), "r"(1));
+}
+template <> __device__ __forceinline__ void mma_pv_rs<true>(float (&d)[128], const uint32_t (&a)[16], int kk, uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "r"(a[4 * kk]), "r"(a[4 * kk + 1]), "r"(a[4 * kk + 2]), "r"(a[4 * kk + 3]), "l"(b), "r"(1));
+}
+template <> __device__ __forceinline__ void mma_s<false>(float (&d)[32], uint64_t a, uint64_t b, int acc) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+               : "l"(a), "l"(b), "r"(acc));
+}
+template <> __device__ __forceinline__ void mma_pv_ss<false>(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "l"(a), "l"(b), "r"(1));
+}
+template <> __device__ __forceinline__ void mma_pv_rs<false>(float (&d)[128], const uint32_t (&a)[16], int kk, uint64_t b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+               : "r"(a[4 * kk]), "r"(a[4 * kk + 1]), "r"(a[4 * kk + 2]), "r"(a[4 * kk + 3]), "l"(b), "r"(1));
+}
+
+// S = Q K^T of one tile into s: the nine pieces in the order FIRST, FIRST + 1, ... (mod 9), each waited on its
+// own ready barrier just before its four k-steps are issued; committed, not waited.
+template <bool BF16, int FIRST>
+__device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q, uint32_t k, uint32_t ready, int phase) {
+  wg_fence();
+#pragma unroll
+  for (int i = 0; i < NP; ++i) {
+    const int p = (i + FIRST) % NP;
+    mbar_wait(ready + 8 * p, phase);
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      mma_s<BF16>(s, desc(q + p * PIECE + kk * 32, 0, 1024), desc(k + p * PIECE + kk * 32, 0, 1024), (i | kk) != 0);
+  }
+  wg_commit();
+}
+
+// P V on 256 value columns starting at piece v0 of a stage: P from smem (p_smem) or registers (pf).
+template <bool BF16>
+__device__ __forceinline__ void issue_pv_ss(float (&o)[128], uint32_t p_smem, uint32_t v) {
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) mma_pv_ss<BF16>(o, desc(p_smem + kk * 32, 0, 1024), desc(v + kk * 2048, 8192, 1024));
+  wg_commit();
+}
+template <bool BF16>
+__device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&pf)[16], uint32_t v) {
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) mma_pv_rs<BF16>(o, pf, kk, desc(v + kk * 2048, 8192, 1024));
+  wg_commit();
+}
+
+// Scores of a tile (raw dot products) masked to -inf outside [.., end) and, past prefix_len, where the row's
+// ancestor bits do not have the tree column; only tiles that reach the tree or the chunk's end pay for it.
+__device__ __forceinline__ void mask_s(float (&s)[32], int n0, int end, int prefix_len, long long b0, long long b1,
+                                       int cq) {
+  if (n0 + BN <= min(end, prefix_len)) return;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = n0 + 8 * i + cq + e;
+      const bool in = col < end, pre = col < prefix_len;
+      const int sh = min(max(col - prefix_len, 0), 63);
+      if (!(in && (pre || ((b0 >> sh) & 1)))) s[4 * i + e] = -INFINITY;
+      if (!(in && (pre || ((b1 >> sh) & 1)))) s[4 * i + 2 + e] = -INFINITY;
+    }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Row maxima of the scores (raw; the thread's two rows, reduced over the quad that shares them).
+__device__ __forceinline__ void row_max(const float (&s)[32], float& mx0, float& mx1) {
+  mx0 = -INFINITY;
+  mx1 = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
+    mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+  }
+  mx0 = quad_max(mx0);
+  mx1 = quad_max(mx1);
+}
+
+// P = 2^(s c - m) (one FFMA and one EX2 per score; m = -inf stands for 0: nothing seen yet), its 16-bit
+// A fragments in pf, the thread's part of the row sums added to l0 / l1.
+template <bool BF16>
+__device__ __forceinline__ void exp_pack(float (&s)[32], uint32_t (&pf)[16], float c, float m0, float m1, float& l0,
+                                         float& l1) {
+  const float n0 = m0 == -INFINITY ? 0.f : -m0, n1 = m1 == -INFINITY ? 0.f : -m1;
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    s[4 * i] = ex2(fmaf(s[4 * i], c, n0));
+    s[4 * i + 1] = ex2(fmaf(s[4 * i + 1], c, n0));
+    s[4 * i + 2] = ex2(fmaf(s[4 * i + 2], c, n1));
+    s[4 * i + 3] = ex2(fmaf(s[4 * i + 3], c, n1));
+    a0 += s[4 * i] + s[4 * i + 1];
+    a1 += s[4 * i + 2] + s[4 * i + 3];
+  }
+  l0 += a0;
+  l1 += a1;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    pf[2 * i] = pack2<BF16>(s[4 * i], s[4 * i + 1]);      // row r0, columns 8i + cq, + 1
+    pf[2 * i + 1] = pack2<BF16>(s[4 * i + 2], s[4 * i + 3]);  // row r0 + 8
+  }
+}
+
+// P's fragments into a [64 x 64] 16-bit piece in the 128-byte swizzle (16-byte chunk i of row r at i ^ (r % 8)).
+__device__ __forceinline__ void store_p(uint32_t base, const uint32_t (&pf)[16], int r0, int lane) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t off = ((i ^ (r0 & 7)) << 4) + ((lane & 3) << 2);
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + r0 * 128 + off), "r"(pf[2 * i]) : "memory");
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + (r0 + 8) * 128 + off), "r"(pf[2 * i + 1]) : "memory");
+  }
+}
+
+__device__ __forceinline__ void scale_o(float (&o)[128], float a0, float a1) {
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    o[4 * i] *= a0;
+    o[4 * i + 1] *= a0;
+    o[4 * i + 2] *= a1;
+    o[4 * i + 3] *= a1;
+  }
+}
+
+// Refill pieces [p0, p1) (and the rope piece with ROPE) of a stage with tile t, from one thread once the whole
+// warpgroup is past the wgmma that read them last.
+__device__ __forceinline__ void refill(int wg_bar, int wt, uint32_t stage, uint32_t ready, const CUtensorMap* kv,
+                                       int p0, int p1, bool rope, int row) {
+  bar_sync(wg_bar, 128);
+  if (wt == 0) {
+    for (int p = p0; p < p1; ++p) {
+      mbar_expect(ready + 8 * p, PIECE);
+      tma_load(stage + p * PIECE, kv, ready + 8 * p, p * 64, row);
+    }
+    if (rope) {
+      mbar_expect(ready + 8 * 8, PIECE);
+      tma_load(stage + 8 * PIECE, kv, ready + 8 * 8, 8 * 64, row);
+    }
+  }
+}
+
+// A warpgroup's registers across the pairs.
+struct State {
+  float o[128];    // its 256 columns of O (unnormalized, relative to the running maximum)
+  float s[32];     // S of its tile, then P
+  uint32_t pf[16]; // P's 16-bit A fragments
+  float l0, l1;    // its row sums (the thread's part) for rows r0, r0 + 8
+  float m0, m1;    // the running maximum after the last pair handled
+};
+
+#define DDP_PAIR_ARGS                                                                                                \
+  int j, int n_tiles, int start, int end, int prefix_len, float c, long long b0, long long b1, int cq, int r0,       \
+      int lane, int wt, uint32_t sq, uint32_t k0, uint32_t k1, uint32_t pa, uint32_t ready0, uint32_t ready1,       \
+      const CUtensorMap *tm_kv, float *s_m, float *s_sc0, float *s_sc1, State &st
+
+// Warpgroup 0, pair j: S_A, its softmax, P_A V_A[:, 0:256]; with HAS_B also sc1 and P_B V_B[:, 0:256].
+template <bool BF16, bool HAS_B>
+__device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
+  const int ph = j & 1, ta = 2 * j;
+  issue_s<BF16, 8>(st.s, sq, k0, ready0, ph);
+  wg_wait<0>();
+  reg_fence(st.s);
+  if (ta + 2 < n_tiles) refill(BAR_WG0, wt, k0, ready0, tm_kv, 0, 0, true, start + (ta + 2) * BN);
+  mask_s(st.s, start + ta * BN, end, prefix_len, b0, b1, cq);
+  float mx0, mx1;
+  row_max(st.s, mx0, mx1);
+  const float n0 = fmaxf(st.m0, mx0 * c), n1 = fmaxf(st.m1, mx1 * c);
+  const float sc0 = ex2(st.m0 - (n0 == -INFINITY ? 0.f : n0)), sc1 = ex2(st.m1 - (n1 == -INFINITY ? 0.f : n1));
+  if ((lane & 3) == 0) {
+    s_m[r0] = n0;
+    s_m[r0 + 8] = n1;
+    s_sc0[r0] = sc0;
+    s_sc0[r0 + 8] = sc1;
+  }
+  bar_arrive(BAR_SC0, 256);
+  st.l0 *= sc0;
+  st.l1 *= sc1;
+  exp_pack<BF16>(st.s, st.pf, c, n0, n1, st.l0, st.l1);
+  if (j > 0) bar_sync(BAR_PAFREE, 256);  // warpgroup 1 is done with the previous P_A
+  store_p(pa, st.pf, r0, lane);
+  fence_async_smem();
+  bar_arrive(BAR_PA, 256);
+  scale_o(st.o, sc0, sc1);
+  issue_pv_rs<BF16>(st.o, st.pf, k0);
+  wg_wait<0>();
+  reg_fence(st.o);
+  if (ta + 2 < n_tiles) refill(BAR_WG0, wt, k0, ready0, tm_kv, 0, 4, false, start + (ta + 2) * BN);
+  if (HAS_B) {
+    bar_sync(BAR_SC1, 256);
+    st.m0 = s_m[r0];
+    st.m1 = s_m[r0 + 8];
+    const float a0 = s_sc1[r0], a1 = s_sc1[r0 + 8];
+    st.l0 *= a0;
+    st.l1 *= a1;
+    scale_o(st.o, a0, a1);
+    bar_sync(BAR_PB, 256);
+    issue_pv_ss<BF16>(st.o, k1 + 8 * PIECE, k1);
+    wg_wait<0>();
+    reg_fence(st.o);
+    if (ta + 3 < n_tiles) refill(BAR_WG0, wt, k1, ready1, tm_kv, 0, 4, true, start + (ta + 3) * BN);
+  } else {
+    st.m0 = n0;
+    st.m1 = n1;
+  }
+}
+
+// Warpgroup 1, pair j: (HAS_B: S_B issued first) sc0, P_A V_A[:, 256:512]; with HAS_B the softmax of tile B under
+// it, P_B into stage 1's rope piece, P_B V_B[:, 256:512].
+template <bool BF16, bool HAS_B>
+__device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
+  const int ph = j & 1, tb = 2 * j + 1;
+  if (HAS_B) issue_s<BF16, 0>(st.s, sq, k1, ready1, ph);
+  bar_sync(BAR_SC0, 256);
+  // S_B must be complete before O_R is rescaled: ptxas would otherwise inject this wait itself (it does not let
+  // registers of an earlier wgmma be touched while any wgmma is in flight), so it is stated here
+  if (HAS_B) {
+    wg_wait<0>();
+    reg_fence(st.s);
+  }
+  const float n0 = s_m[r0], n1 = s_m[r0 + 8];
+  {
+    const float a0 = s_sc0[r0], a1 = s_sc0[r0 + 8];
+    st.l0 *= a0;
+    st.l1 *= a1;
+    scale_o(st.o, a0, a1);
+  }
+  bar_sync(BAR_PA, 256);
+  issue_pv_ss<BF16>(st.o, pa, k0 + 4 * PIECE);
+  if (HAS_B) {
+    mask_s(st.s, start + tb * BN, end, prefix_len, b0, b1, cq);
+    float mx0, mx1;
+    row_max(st.s, mx0, mx1);
+    const float x0 = fmaxf(n0, mx0 * c), x1 = fmaxf(n1, mx1 * c);
+    const float sc0 = ex2(n0 - (x0 == -INFINITY ? 0.f : x0)), sc1 = ex2(n1 - (x1 == -INFINITY ? 0.f : x1));
+    if ((lane & 3) == 0) {
+      s_m[r0] = x0;
+      s_m[r0 + 8] = x1;
+      s_sc1[r0] = sc0;
+      s_sc1[r0 + 8] = sc1;
+    }
+    bar_arrive(BAR_SC1, 256);
+    st.l0 *= sc0;
+    st.l1 *= sc1;
+    exp_pack<BF16>(st.s, st.pf, c, x0, x1, st.l0, st.l1);
+    bar_sync(BAR_WG1, 128);  // every warp's S_B is done with the rope piece P_B goes into
+    store_p(k1 + 8 * PIECE, st.pf, r0, lane);
+    fence_async_smem();
+    bar_arrive(BAR_PB, 256);
+    wg_wait<0>();
+    reg_fence(st.o);
+    if (tb + 1 < n_tiles) {  // another pair follows: warpgroup 0 may write its P_A, and tile 2j + 2 may come in
+      bar_arrive(BAR_PAFREE, 256);
+      refill(BAR_WG1, wt, k0, ready0, tm_kv, 4, 8, false, start + (tb + 1) * BN);
+    }
+    scale_o(st.o, sc0, sc1);
+    issue_pv_rs<BF16>(st.o, st.pf, k1 + 4 * PIECE);
+    wg_wait<0>();
+    reg_fence(st.o);
+    if (tb + 2 < n_tiles) refill(BAR_WG1, wt, k1, ready1, tm_kv, 4, 8, false, start + (tb + 2) * BN);
+    st.m0 = x0;
+    st.m1 = x1;
+  } else {
+    wg_wait<0>();
+    reg_fence(st.o);
+    st.m0 = n0;
+    st.m1 = n1;
+  }
+}
+
+template <bool BF16>
+__device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
+                                       float* o_part, float* lse_part, long long stride_ps, long long stride_pq,
+                                       int prefix_len, int R, int chunk, int hq, int H, float c, int fold) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  {
+    uint32_t dyn;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+    if (dyn < SMEM_BYTES) __trap();
+  }
+  uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // stays a shared-space pointer
+  const uint32_t sb = smem_u32(smem);
+  float* s_m = reinterpret_cast<float*>(smem + OFF_M);
+  float* s_sc0 = reinterpret_cast<float*>(smem + OFF_SC0);
+  float* s_sc1 = reinterpret_cast<float*>(smem + OFF_SC1);
+  float* s_l = reinterpret_cast<float*>(smem + OFF_L);
+  const uint32_t q_bar = sb + OFF_BAR, ready0 = q_bar + 8, ready1 = ready0 + 8 * NP;
+  const uint32_t sq = sb + OFF_Q, k0 = sb + OFF_K0, k1 = sb + OFF_K1, pa = sb + OFF_PA;
+
+  const int tid = threadIdx.x, wt = tid & 127, lane = tid & 31;
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform for the compiler
+  const int r0 = ((wt >> 5) << 4) + (lane >> 2);  // the thread's rows: r0 and r0 + 8 of the block
+  const int cq = (lane & 3) * 2;                  // its first column in each 8-column chunk
+  const int rb = blockIdx.x, slot = blockIdx.y;
+  const bool last = slot == static_cast<int>(gridDim.y) - 1;
+  int start, end;
+  if (fold) {
+    start = slot * chunk;
+    end = last ? prefix_len + R : min(start + chunk, prefix_len);
+  } else {
+    start = last ? prefix_len : slot * chunk;
+    end = last ? prefix_len + R : min(slot * chunk + chunk, prefix_len);
+  }
+  const int n_tiles = (end - start + BN - 1) / BN;
+
+  if (tid == 0) {
+    mbar_init(q_bar, 1);
+    for (int i = 0; i < 2 * NP; ++i) mbar_init(ready0 + 8 * i, 1);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    mbar_expect(q_bar, TILE);
+    for (int p = 0; p < NP; ++p) tma_load(sq + p * PIECE, tm_q, q_bar, p * 64, rb * BM);
+    for (int t = 0; t < min(2, n_tiles); ++t)
+      for (int p = 0; p < NP; ++p) {
+        const uint32_t rd = (t ? ready1 : ready0) + 8 * p;
+        mbar_expect(rd, PIECE);
+        tma_load((t ? k1 : k0) + p * PIECE, tm_kv, rd, p * 64, start + t * BN);
+      }
+  }
+  const int g0 = rb * BM + r0, g1 = g0 + 8;
+  const long long b0 = g0 < hq ? bits[g0 / H] : -1ll;  // padded rows see every tree column (a finite lse)
+  const long long b1 = g1 < hq ? bits[g1 / H] : -1ll;
+
+  State st;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) st.o[i] = 0.f;
+  st.l0 = st.l1 = 0.f;
+  st.m0 = st.m1 = -INFINITY;
+  mbar_wait(q_bar, 0);
+
+  if (wg == 0) {
+    for (int j = 0; j < n_tiles / 2; ++j)
+      wg0_pair<BF16, true>(j, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa, ready0,
+                           ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+    if (n_tiles & 1)
+      wg0_pair<BF16, false>(n_tiles / 2, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,
+                            ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+  } else {
+    for (int j = 0; j < n_tiles / 2; ++j)
+      wg1_pair<BF16, true>(j, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa, ready0,
+                           ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+    if (n_tiles & 1)
+      wg1_pair<BF16, false>(n_tiles / 2, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,
+                            ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+  }
+  float (&o)[128] = st.o;
+  float &l0 = st.l0, &l1 = st.l1, &m0 = st.m0, &m1 = st.m1;
+
+  // epilogue: l = l0 + l1 over both warpgroups, O normalized, lse = m + log2(l) (base 2)
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+  if ((lane & 3) == 0) {
+    s_l[wg * BM + r0] = l0;
+    s_l[wg * BM + r0 + 8] = l1;
+  }
+  bar_sync(BAR_L, 256);
+  const float lt0 = s_l[r0] + s_l[BM + r0], lt1 = s_l[r0 + 8] + s_l[BM + r0 + 8];
+  const float i0 = 1.f / lt0, i1 = 1.f / lt1;
+  if (wg == 0 && (lane & 3) == 0) {
+    if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = m0 + __log2f(lt0);
+    if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = m1 + __log2f(lt1);
+  }
+  float* out = o_part + slot * stride_ps + wg * 256 + cq;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    if (g0 < hq) *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(o[4 * i] * i0, o[4 * i + 1] * i0);
+    if (g1 < hq) *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(o[4 * i + 2] * i1, o[4 * i + 3] * i1);
+  }
+}
+
+}  // namespace
+
+#define DDP_ARGS                                                                                                     \
+  const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
+      float* o_part, float* lse_part, long long stride_ps, long long stride_pq, int prefix_len, int R, int chunk,    \
+      int hq, int H, float c, int fold
+#define DDP_CALL &tm_q, &tm_kv, bits, o_part, lse_part, stride_ps, stride_pq, prefix_len, R, chunk, hq, H, c, fold
+
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
