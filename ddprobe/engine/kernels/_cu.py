@@ -6,12 +6,15 @@ source's SHA-256 (a test fails when the source changed and the cubin was not reb
 loaded through the CUDA driver API (``libcuda.so.1`` via ctypes) into the context torch uses, so there is no
 extension build and no compiler on the GPU machine. Launches go to torch's current stream, so they are captured
 by CUDA graphs like any kernel; the two TMA descriptors travel by value as kernel parameters.
+DDPROBE_CU_CUBIN=PATH loads another build of the same source instead (a schedule variant, see the source's
+DDP_* macros).
 Nothing here imports torch or touches the driver at import time.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import os
 import pathlib
 import shutil
 import subprocess
@@ -88,16 +91,17 @@ def _function(name: str, device) -> ctypes.c_void_p:
     """The kernel ``name`` loaded into the primary context of ``device`` (once per device)."""
     import torch
 
-    key = (device.index, name)
+    cubin = pathlib.Path(os.environ.get("DDPROBE_CU_CUBIN") or CUBIN)  # a locally rebuilt or variant cubin
+    key = (device.index, name, str(cubin))
     if key not in _funcs:
-        if not CUBIN.exists():
+        if not cubin.exists():
             raise RuntimeError(f"{CUBIN.name} is missing: build it with python -m ddprobe.engine.kernels._cu --build")
         with torch.cuda.device(device):
             torch.cuda.init()
             torch.empty(1, device=device)  # the runtime makes the primary context current on this thread
             lib = _driver()
             mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-            _check(lib.cuModuleLoadData(ctypes.byref(mod), CUBIN.read_bytes()), f"loading {CUBIN.name}")
+            _check(lib.cuModuleLoadData(ctypes.byref(mod), cubin.read_bytes()), f"loading {cubin.name}")
             _check(lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"finding {name}")
             _check(lib.cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, SMEM_BYTES), "setting shared memory")
         _funcs[key] = (mod, fn)

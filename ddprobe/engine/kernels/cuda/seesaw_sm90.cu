@@ -33,6 +33,16 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+// schedule variants (compile-time, for measurements; the shipped cubin is built with both 0):
+//   DDP_EARLY    warpgroup 1 waits for P_A V_A_R and refills stage 0's columns 256-511 before its exponentials
+//   DDP_PVFIRST  warpgroup 0 issues P_A V_A_L before it stores P_A for warpgroup 1
+#ifndef DDP_EARLY
+#define DDP_EARLY 0
+#endif
+#ifndef DDP_PVFIRST
+#define DDP_PVFIRST 0
+#endif
+
 namespace {
 
 constexpr int BM = 64;          // query rows per program
@@ -307,12 +317,18 @@ __device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
   st.l0 *= sc0;
   st.l1 *= sc1;
   exp_pack<BF16>(st.s, st.pf, c, n0, n1, st.l0, st.l1);
+#if DDP_PVFIRST
+  scale_o(st.o, sc0, sc1);
+  issue_pv_rs<BF16>(st.o, st.pf, k0);
+#endif
   if (j > 0) bar_sync(BAR_PAFREE, 256);  // warpgroup 1 is done with the previous P_A
   store_p(pa, st.pf, r0, lane);
   fence_async_smem();
   bar_arrive(BAR_PA, 256);
+#if !DDP_PVFIRST
   scale_o(st.o, sc0, sc1);
   issue_pv_rs<BF16>(st.o, st.pf, k0);
+#endif
   wg_wait<0>();
   reg_fence(st.o);
   if (ta + 2 < n_tiles) refill(BAR_WG0, wt, k0, ready0, tm_kv, 0, 4, false, start + (ta + 2) * BN);
@@ -372,17 +388,27 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
     bar_arrive(BAR_SC1, 256);
     st.l0 *= sc0;
     st.l1 *= sc1;
-    exp_pack<BF16>(st.s, st.pf, c, x0, x1, st.l0, st.l1);
-    bar_sync(BAR_WG1, 128);  // every warp's S_B is done with the rope piece P_B goes into
-    store_p(k1 + 8 * PIECE, st.pf, r0, lane);
-    fence_async_smem();
-    bar_arrive(BAR_PB, 256);
+#if DDP_EARLY
     wg_wait<0>();
     reg_fence(st.o);
     if (tb + 1 < n_tiles) {  // another pair follows: warpgroup 0 may write its P_A, and tile 2j + 2 may come in
       bar_arrive(BAR_PAFREE, 256);
       refill(BAR_WG1, wt, k0, ready0, tm_kv, 4, 8, false, start + (tb + 1) * BN);
     }
+#endif
+    exp_pack<BF16>(st.s, st.pf, c, x0, x1, st.l0, st.l1);
+    bar_sync(BAR_WG1, 128);  // every warp's S_B is done with the rope piece P_B goes into
+    store_p(k1 + 8 * PIECE, st.pf, r0, lane);
+    fence_async_smem();
+    bar_arrive(BAR_PB, 256);
+#if !DDP_EARLY
+    wg_wait<0>();
+    reg_fence(st.o);
+    if (tb + 1 < n_tiles) {  // another pair follows: warpgroup 0 may write its P_A, and tile 2j + 2 may come in
+      bar_arrive(BAR_PAFREE, 256);
+      refill(BAR_WG1, wt, k0, ready0, tm_kv, 4, 8, false, start + (tb + 1) * BN);
+    }
+#endif
     scale_o(st.o, sc0, sc1);
     issue_pv_rs<BF16>(st.o, st.pf, k1 + 4 * PIECE);
     wg_wait<0>();
