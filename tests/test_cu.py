@@ -37,3 +37,41 @@ def test_source_compiles_without_spills_or_serialized_wgmma(tmp_path):
 def test_build_entry_point_rejects_other_arguments(capsys):
     assert _cu.main(["--bogus"]) == 2
     assert "usage" in capsys.readouterr().err
+
+
+def _check_cover(cfg, prefix_len, r):
+    from ddprobe.engine.kernels.split_ws import cu_pieces
+    ptr, flat = cu_pieces(cfg, prefix_len, r)
+    rows = [flat[i:i + 6] for i in range(0, len(flat), 6)]
+    assert ptr[0] == 0 and ptr[-1] == len(rows) and all(a < b for a, b in zip(ptr, ptr[1:]))
+    gs = cfg["grid_splits"]
+    for rb in range(cfg["n_qb"]):
+        mine = sorted((pc for pc in rows if pc[0] == rb), key=lambda pc: pc[1])
+        cols = [c for pc in mine for c in range(pc[1], pc[2])]
+        assert cols == list(range(prefix_len + r)), f"row block {rb}: columns not covered exactly once"
+        assert all(pc[2] > pc[1] for pc in mine)
+        slots = [pc[3] for pc in mine]
+        fills = [f for pc in mine for f in range(pc[4], pc[5])]
+        assert sorted(slots + fills) == list(range(gs)), f"row block {rb}: slots {slots}, fills {fills} of {gs}"
+        assert [pc[3] for pc in mine if pc[2] == prefix_len + r] == [gs - 1]  # the tree columns: the last slot
+    return len(ptr) - 1
+
+
+@pytest.mark.parametrize("prefix_len,hq,programs", [(131072, 576, 0), (65536, 576, 0), (32768, 576, 37),
+                                                   (20000, 576, 5), (300000, 288, 0), (131072, 576, 132)])
+def test_cuda_work_list_of_the_balanced_grid_covers_every_column_once(prefix_len, hq, programs):
+    from ddprobe.engine.kernels import split_ws
+    t = split_ws.WsTuning(cuda=1, balance=1, programs=programs)
+    cfg = split_ws.config(prefix_len, hq, 132, t)
+    assert cfg.get("balance")
+    assert _check_cover(cfg, prefix_len, 9) == cfg["programs"] <= (programs or 132)
+
+
+@pytest.mark.parametrize("fold", [0, 1])
+@pytest.mark.parametrize("prefix_len,hq", [(0, 72), (1, 9), (63, 72), (5000, 72), (131072, 576), (12000, 9)])
+def test_cuda_work_list_of_the_split_grid_covers_every_column_once(fold, prefix_len, hq):
+    from ddprobe.engine.kernels import split_ws
+    t = split_ws.WsTuning(cuda=1, balance=0, fold_tree=fold)
+    cfg = split_ws.config(prefix_len, hq, 132, t)
+    assert not cfg.get("balance") and not cfg["tail"]
+    assert _check_cover(cfg, prefix_len, 9) == cfg["n_qb"] * cfg["grid_splits"]

@@ -124,26 +124,29 @@ def tensor_map(t, rows: int, box_rows: int):
     return buf, tm
 
 
-def launch_seesaw(q2, kv, num_cols: int, bits, o_part, lse_part, prefix_len: int, r: int, chunk: int, h: int,
-                  qk_scale: float, fold: bool, grid: tuple[int, int]) -> dict:
+def launch_seesaw(q2, kv, num_cols: int, bits, piece_ptr, pieces, o_part, lse_part, prefix_len: int, h: int,
+                  qk_scale: float) -> dict:
     """Launch the seesaw prefix kernel on torch's current stream: q2 [hq, 576] and kv [>= num_cols, 576] (bf16 or
-    fp16), grid (row blocks, splits); writes o_part / lse_part as the Gluon prefix kernel does. ``qk_scale`` (the
+    fp16), one program per entry of the piece table (split_ws.cu_pieces: piece_ptr [programs + 1] and pieces
+    [n, 6] int32 on the device); writes o_part / lse_part as the Gluon prefix kernel does. ``qk_scale`` (the
     softmax scale times log2 e) must be positive. Returns a small report for ``meta``."""
     import torch
 
     name = KERNELS[str(kv.dtype).removeprefix("torch.")]
     fn = _function(name, kv.device)
     hq = q2.shape[0]
+    programs = piece_ptr.numel() - 1
     keep = [tensor_map(q2, hq, BLOCK_M), tensor_map(kv, num_cols, 64)]
-    args = [keep[0][1], keep[1][1], ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(o_part.data_ptr()),
+    args = [keep[0][1], keep[1][1], ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(piece_ptr.data_ptr()),
+            ctypes.c_uint64(pieces.data_ptr()), ctypes.c_uint64(o_part.data_ptr()),
             ctypes.c_uint64(lse_part.data_ptr()), ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
-            ctypes.c_int32(prefix_len), ctypes.c_int32(r), ctypes.c_int32(chunk), ctypes.c_int32(hq),
-            ctypes.c_int32(h), ctypes.c_float(qk_scale), ctypes.c_int32(int(fold))]
+            ctypes.c_int32(prefix_len), ctypes.c_int32(hq), ctypes.c_int32(h), ctypes.c_float(qk_scale)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
     stream = torch.cuda.current_stream(kv.device).cuda_stream
-    _check(_driver().cuLaunchKernel(fn, grid[0], grid[1], 1, THREADS, 1, 1, SMEM_BYTES, ctypes.c_void_p(stream),
+    _check(_driver().cuLaunchKernel(fn, programs, 1, 1, THREADS, 1, 1, SMEM_BYTES, ctypes.c_void_p(stream),
                                     params, None), f"launching {name}")
-    return {"name": name, "shared": SMEM_BYTES, "threads": THREADS, "grid": list(grid)}
+    return {"name": name, "shared": SMEM_BYTES, "threads": THREADS, "programs": programs,
+            "pieces": pieces.shape[0]}
 
 
 def main(argv: list[str] | None = None) -> int:

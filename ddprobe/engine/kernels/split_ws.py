@@ -103,7 +103,8 @@ class WsTuning:
     cuda: int = 0       # 1: the prefix kernel is the CUDA C++ seesaw (cuda/seesaw_sm90.cu, a prebuilt cubin launched
                         # through the driver API, _cu.py): FlashMLA's schedule with no producer warp, each warpgroup
                         # refilling by TMA the 64-column pieces it read last, named barriers for every hand-off;
-                        # row-block x split grid (no balanced grid, no tail kernel), a positive softmax scale
+                        # the same grids (the balanced one as `balance` says; no tail kernel) as a work list of
+                        # pieces (cu_pieces); needs a positive softmax scale
     tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
                         # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
                         # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
@@ -207,6 +208,44 @@ def pieces(n_qb: int, tiles: int, programs: int) -> list[list[tuple[int, int, in
     return out
 
 
+def cu_pieces(cfg: dict, prefix_len: int, r: int) -> tuple[list[int], list[int]]:
+    """The CUDA kernel's work list (WsTuning.cuda) for a config of this module: per program of its 1-D grid, its
+    pieces as (row block, first column, end column, partial slot, fill_lo, fill_hi), the slots [fill_lo, fill_hi)
+    being those of the piece's row block that no piece writes (lse -inf for the merge; set by the row block's
+    last piece). The row-block x split grid gives one piece per program, program = slot x row blocks + row block
+    (the row blocks of a split side by side, so they read its tiles from L2 at about the same time); the balanced
+    grid gives `pieces`'s. Returns (piece_ptr [programs + 1], the pieces flattened)."""
+    n_qb, gs = cfg["n_qb"], cfg["grid_splits"]
+    progs: list[list[list[int]]] = []
+    if cfg.get("balance"):
+        raw = pieces(n_qb, cfg["tiles"], cfg["programs"])
+        used: list[set[int]] = [set() for _ in range(n_qb)]
+        for prog in raw:
+            for rb, _, _, slot in prog:
+                used[rb].add(gs - 1 if slot < 0 else slot)
+        for prog in raw:
+            out = []
+            for rb, a, b, slot in prog:
+                if slot < 0:  # the row block's last piece: the tree columns, the last slot, the unused slots
+                    lo = max((x for x in used[rb] if x != gs - 1), default=-1) + 1
+                    out.append([rb, a * BLOCK_N, prefix_len + r, gs - 1, lo, gs - 1])
+                else:
+                    out.append([rb, a * BLOCK_N, b * BLOCK_N, slot, 0, 0])
+            progs.append(out)
+    else:
+        chunk, fold = cfg["chunk"], cfg["fold"]
+        for slot in range(gs):
+            last = slot == gs - 1
+            start = prefix_len if last and not fold else slot * chunk
+            end = prefix_len + r if last else min(slot * chunk + chunk, prefix_len)
+            progs.extend([[rb, start, end, slot, 0, 0]] for rb in range(n_qb))
+    ptr, flat = [0], []
+    for prog in progs:
+        flat.extend(x for pc in prog for x in pc)
+        ptr.append(ptr[-1] + len(prog))
+    return ptr, flat
+
+
 def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> dict:
     """The balanced grid (WsTuning.balance) for ``programs`` (0: sms) programs, at most one per tile, over n_qb
     row blocks x cdiv(prefix_len, 64) tiles (_ws_gluon._piece): ``chunk`` = the full chunks' tokens,
@@ -226,7 +265,7 @@ def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> di
 
 def balances(prefix_len: int, hq: int, sms: int, t: WsTuning) -> bool:
     """Whether tuning ``t`` runs the balanced grid for this plan (WsTuning.balance)."""
-    if t.balance == 0 or prefix_len == 0 or t.seesaw or t.cuda or tails(hq, t, prefix_len):
+    if t.balance == 0 or prefix_len == 0 or t.seesaw or tails(hq, t, prefix_len):
         return False
     if t.pipe != 3:
         if t.balance == 1:
@@ -329,8 +368,15 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         if sm_scale <= 0:
             raise ValueError(f"WsTuning.cuda=1 needs a positive softmax scale, got {sm_scale}")
         from . import _cu
-        info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], o_part, lse_part, p.prefix_len, r, cfg["chunk"],
-                                 h, sm_scale * LOG2E, bool(cfg["fold"]), (cfg["n_qb"], gs))
+        table = p.extra.get("cu_pieces") if planned else None
+        if table is None:
+            ptr, flat = cu_pieces(cfg, p.prefix_len, r)
+            table = (torch.tensor(ptr, dtype=torch.int32, device=q.device),
+                     torch.tensor(flat, dtype=torch.int32, device=q.device).view(-1, 6))
+            if planned:
+                p.extra["cu_pieces"] = table
+        info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], *table, o_part, lse_part, p.prefix_len, h,
+                                 sm_scale * LOG2E)
         if meta is not None:
             meta["prefix"] = info
         return parts, gs - 1

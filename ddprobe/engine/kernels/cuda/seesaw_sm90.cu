@@ -16,7 +16,7 @@
 // Per pair of tiles j (the seesaw):
 //   wg0: S_A = Q K_A^T (wgmma m64n64k16 x 36), the softmax of tile A against the running maximum m after the
 //        previous pair (m_new0 = max(m, rowmax), sc0 = 2^(m - m_new0)) -> hands m_new0, sc0 over (BAR_SC0),
-//        P_A (bf16) to smem (BAR_PA), O_L = O_L sc0 + P_A V_A[:, 0:256] with P_A from registers; then
+//        O_L = O_L sc0 + P_A V_A[:, 0:256] issued with P_A from registers, P_A (bf16) to smem (BAR_PA); then
 //        (BAR_SC1) O_L *= sc1 and (BAR_PB) O_L += P_B V_B[:, 0:256] with P_B from smem.
 //   wg1: S_B issued first; (BAR_SC0, S_B done) O_R *= sc0; (BAR_PA) O_R += P_A V_A[:, 256:512] issued under its
 //        own softmax of tile B (m_new1 = max(m_new0, rowmax), sc1) -> hands m_new1, sc1 over (BAR_SC1), P_B into the
@@ -33,14 +33,17 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-// schedule variants (compile-time, for measurements; the shipped cubin is built with both 0):
-//   DDP_EARLY    warpgroup 1 waits for P_A V_A_R and refills stage 0's columns 256-511 before its exponentials
-//   DDP_PVFIRST  warpgroup 0 issues P_A V_A_L before it stores P_A for warpgroup 1
+// schedule variants (compile-time, for measurements; the shipped cubin is built with the defaults; H200, 64 heads,
+// 2026-12-02, docs/perf.md):
+//   DDP_PVFIRST  1 (default): warpgroup 0 issues P_A V_A_L before it stores P_A for warpgroup 1, so stage 0's
+//                columns 0-255 are refilled earlier (128k: 240.6 us against 257.3 with 0)
+//   DDP_EARLY    1: warpgroup 1 waits for P_A V_A_R and refills stage 0's columns 256-511 before its
+//                exponentials (slower: 283.0 us at 128k with PVFIRST 0, 279.7 with 1)
 #ifndef DDP_EARLY
 #define DDP_EARLY 0
 #endif
 #ifndef DDP_PVFIRST
-#define DDP_PVFIRST 0
+#define DDP_PVFIRST 1
 #endif
 
 namespace {
@@ -290,14 +293,14 @@ struct State {
 };
 
 #define DDP_PAIR_ARGS                                                                                                \
-  int j, int n_tiles, int start, int end, int prefix_len, float c, long long b0, long long b1, int cq, int r0,       \
+  int j, int ph, int n_tiles, int start, int end, int prefix_len, float c, long long b0, long long b1, int cq, int r0,\
       int lane, int wt, uint32_t sq, uint32_t k0, uint32_t k1, uint32_t pa, uint32_t ready0, uint32_t ready1,       \
       const CUtensorMap *tm_kv, float *s_m, float *s_sc0, float *s_sc1, State &st
 
 // Warpgroup 0, pair j: S_A, its softmax, P_A V_A[:, 0:256]; with HAS_B also sc1 and P_B V_B[:, 0:256].
 template <bool BF16, bool HAS_B>
 __device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
-  const int ph = j & 1, ta = 2 * j;
+  const int ta = 2 * j;  // ph: the phase of stage 0's barriers for this pair
   issue_s<BF16, 8>(st.s, sq, k0, ready0, ph);
   wg_wait<0>();
   reg_fence(st.s);
@@ -355,7 +358,7 @@ __device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
 // it, P_B into stage 1's rope piece, P_B V_B[:, 256:512].
 template <bool BF16, bool HAS_B>
 __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
-  const int ph = j & 1, tb = 2 * j + 1;
+  const int tb = 2 * j + 1;  // ph: the phase of stage 1's barriers for this pair
   if (HAS_B) issue_s<BF16, 0>(st.s, sq, k1, ready1, ph);
   bar_sync(BAR_SC0, 256);
   // S_B must be complete before O_R is rescaled: ptxas would otherwise inject this wait itself (it does not let
@@ -426,8 +429,9 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
 
 template <bool BF16>
 __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
-                                       float* o_part, float* lse_part, long long stride_ps, long long stride_pq,
-                                       int prefix_len, int R, int chunk, int hq, int H, float c, int fold) {
+                                       const int* piece_ptr, const int* pieces, float* o_part, float* lse_part,
+                                       long long stride_ps, long long stride_pq, int prefix_len, int hq, int H,
+                                       float c) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   {
     uint32_t dyn;
@@ -447,82 +451,85 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
   const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warp-uniform for the compiler
   const int r0 = ((wt >> 5) << 4) + (lane >> 2);  // the thread's rows: r0 and r0 + 8 of the block
   const int cq = (lane & 3) * 2;                  // its first column in each 8-column chunk
-  const int rb = blockIdx.x, slot = blockIdx.y;
-  const bool last = slot == static_cast<int>(gridDim.y) - 1;
-  int start, end;
-  if (fold) {
-    start = slot * chunk;
-    end = last ? prefix_len + R : min(start + chunk, prefix_len);
-  } else {
-    start = last ? prefix_len : slot * chunk;
-    end = last ? prefix_len + R : min(slot * chunk + chunk, prefix_len);
-  }
-  const int n_tiles = (end - start + BN - 1) / BN;
 
   if (tid == 0) {
     mbar_init(q_bar, 1);
     for (int i = 0; i < 2 * NP; ++i) mbar_init(ready0 + 8 * i, 1);
     fence_barrier_init();
   }
-  __syncthreads();
-  if (tid == 0) {
-    mbar_expect(q_bar, TILE);
-    for (int p = 0; p < NP; ++p) tma_load(sq + p * PIECE, tm_q, q_bar, p * 64, rb * BM);
-    for (int t = 0; t < min(2, n_tiles); ++t)
-      for (int p = 0; p < NP; ++p) {
-        const uint32_t rd = (t ? ready1 : ready0) + 8 * p;
-        mbar_expect(rd, PIECE);
-        tma_load((t ? k1 : k0) + p * PIECE, tm_kv, rd, p * 64, start + t * BN);
+  int u0 = 0, u1 = 0;  // tiles loaded into stage 0 / stage 1 by earlier pieces (their barriers' phases)
+  const int k_end = piece_ptr[blockIdx.x + 1];
+  for (int k = piece_ptr[blockIdx.x]; k < k_end; ++k) {
+    // piece: row block, columns [start, end), partial slot, and the slots [fill_lo, fill_hi) of the row block
+    // that no piece writes (their lse is set to -inf for the merge)
+    const int* pc = pieces + 6 * k;
+    const int rb = pc[0], start = pc[1], end = pc[2], slot = pc[3], fill_lo = pc[4], fill_hi = pc[5];
+    const int n_tiles = (end - start + BN - 1) / BN;
+    __syncthreads();  // barriers initialized; both warpgroups done with the previous piece's Q, tiles and l
+    if (tid == 0) {
+      mbar_expect(q_bar, TILE);
+      for (int p = 0; p < NP; ++p) tma_load(sq + p * PIECE, tm_q, q_bar, p * 64, rb * BM);
+      for (int t = 0; t < min(2, n_tiles); ++t)
+        for (int p = 0; p < NP; ++p) {
+          const uint32_t rd = (t ? ready1 : ready0) + 8 * p;
+          mbar_expect(rd, PIECE);
+          tma_load((t ? k1 : k0) + p * PIECE, tm_kv, rd, p * 64, start + t * BN);
+        }
+    }
+    const int g0 = rb * BM + r0, g1 = g0 + 8;
+    const long long b0 = g0 < hq ? bits[g0 / H] : -1ll;  // padded rows see every tree column (a finite lse)
+    const long long b1 = g1 < hq ? bits[g1 / H] : -1ll;
+
+    State st;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) st.o[i] = 0.f;
+    st.l0 = st.l1 = 0.f;
+    st.m0 = st.m1 = -INFINITY;
+    mbar_wait(q_bar, (k - piece_ptr[blockIdx.x]) & 1);
+
+    if (wg == 0) {
+      for (int j = 0; j < n_tiles / 2; ++j)
+        wg0_pair<BF16, true>(j, (u0 + j) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0,
+                             k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+      if (n_tiles & 1)
+        wg0_pair<BF16, false>(n_tiles / 2, (u0 + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq,
+                              r0, lane, wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+    } else {
+      for (int j = 0; j < n_tiles / 2; ++j)
+        wg1_pair<BF16, true>(j, (u1 + j) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0,
+                             k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+      if (n_tiles & 1)
+        wg1_pair<BF16, false>(n_tiles / 2, (u1 + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq,
+                              r0, lane, wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+    }
+    u0 += (n_tiles + 1) / 2;
+    u1 += n_tiles / 2;
+
+    // epilogue: l = l0 + l1 over both warpgroups, O normalized, lse = m + log2(l) (base 2)
+    const float l0 = quad_sum(st.l0), l1 = quad_sum(st.l1);
+    if ((lane & 3) == 0) {
+      s_l[wg * BM + r0] = l0;
+      s_l[wg * BM + r0 + 8] = l1;
+    }
+    bar_sync(BAR_L, 256);
+    const float lt0 = s_l[r0] + s_l[BM + r0], lt1 = s_l[r0 + 8] + s_l[BM + r0 + 8];
+    const float i0 = 1.f / lt0, i1 = 1.f / lt1;
+    if (wg == 0 && (lane & 3) == 0) {
+      if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = st.m0 + __log2f(lt0);
+      if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = st.m1 + __log2f(lt1);
+      for (int f = fill_lo; f < fill_hi; ++f) {
+        if (g0 < hq) lse_part[static_cast<long long>(f) * hq + g0] = -INFINITY;
+        if (g1 < hq) lse_part[static_cast<long long>(f) * hq + g1] = -INFINITY;
       }
-  }
-  const int g0 = rb * BM + r0, g1 = g0 + 8;
-  const long long b0 = g0 < hq ? bits[g0 / H] : -1ll;  // padded rows see every tree column (a finite lse)
-  const long long b1 = g1 < hq ? bits[g1 / H] : -1ll;
-
-  State st;
+    }
+    float* out = o_part + slot * stride_ps + wg * 256 + cq;
 #pragma unroll
-  for (int i = 0; i < 128; ++i) st.o[i] = 0.f;
-  st.l0 = st.l1 = 0.f;
-  st.m0 = st.m1 = -INFINITY;
-  mbar_wait(q_bar, 0);
-
-  if (wg == 0) {
-    for (int j = 0; j < n_tiles / 2; ++j)
-      wg0_pair<BF16, true>(j, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa, ready0,
-                           ready1, tm_kv, s_m, s_sc0, s_sc1, st);
-    if (n_tiles & 1)
-      wg0_pair<BF16, false>(n_tiles / 2, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,
-                            ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
-  } else {
-    for (int j = 0; j < n_tiles / 2; ++j)
-      wg1_pair<BF16, true>(j, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa, ready0,
-                           ready1, tm_kv, s_m, s_sc0, s_sc1, st);
-    if (n_tiles & 1)
-      wg1_pair<BF16, false>(n_tiles / 2, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,
-                            ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
-  }
-  float (&o)[128] = st.o;
-  float &l0 = st.l0, &l1 = st.l1, &m0 = st.m0, &m1 = st.m1;
-
-  // epilogue: l = l0 + l1 over both warpgroups, O normalized, lse = m + log2(l) (base 2)
-  l0 = quad_sum(l0);
-  l1 = quad_sum(l1);
-  if ((lane & 3) == 0) {
-    s_l[wg * BM + r0] = l0;
-    s_l[wg * BM + r0 + 8] = l1;
-  }
-  bar_sync(BAR_L, 256);
-  const float lt0 = s_l[r0] + s_l[BM + r0], lt1 = s_l[r0 + 8] + s_l[BM + r0 + 8];
-  const float i0 = 1.f / lt0, i1 = 1.f / lt1;
-  if (wg == 0 && (lane & 3) == 0) {
-    if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = m0 + __log2f(lt0);
-    if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = m1 + __log2f(lt1);
-  }
-  float* out = o_part + slot * stride_ps + wg * 256 + cq;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    if (g0 < hq) *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(o[4 * i] * i0, o[4 * i + 1] * i0);
-    if (g1 < hq) *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(o[4 * i + 2] * i1, o[4 * i + 3] * i1);
+    for (int i = 0; i < 32; ++i) {
+      if (g0 < hq)
+        *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
+      if (g1 < hq)
+        *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
+    }
   }
 }
 
@@ -530,9 +537,9 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
 
 #define DDP_ARGS                                                                                                     \
   const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
-      float* o_part, float* lse_part, long long stride_ps, long long stride_pq, int prefix_len, int R, int chunk,    \
-      int hq, int H, float c, int fold
-#define DDP_CALL &tm_q, &tm_kv, bits, o_part, lse_part, stride_ps, stride_pq, prefix_len, R, chunk, hq, H, c, fold
+      const int* piece_ptr, const int* pieces, float* o_part, float* lse_part, long long stride_ps,                 \
+      long long stride_pq, int prefix_len, int hq, int H, float c
+#define DDP_CALL &tm_q, &tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_len, hq, H, c
 
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
