@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (issue 15): schedule variants of the CUDA seesaw (cubins built with the source's DDP_* macros into
 # .cuvar/, carried): for each, the seesaw GPU tests, then 64 heads at CTX beside FlashMLA (first variant only).
-#   OUT=... bash benchmarks/cuda_variants_h200.sh "base early pvfirst both" 32k,128k
+#   OUT=... bash benchmarks/cuda_variants_h200.sh "base pvb sb4 pvb_sb4" 32k,128k
 source benchmarks/peers_bundle.sh install > /tmp/peers_install.log 2>&1 || { echo "peers: $(tail -1 /tmp/peers_install.log)"; }
 set +e
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1

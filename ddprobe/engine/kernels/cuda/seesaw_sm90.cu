@@ -35,12 +35,16 @@
 
 // schedule variants (compile-time, for measurements; the shipped cubin is built with the defaults; H200, 64 heads,
 // 2026-12-02, docs/perf.md):
-//   DDP_PVFIRST  1 (default): warpgroup 0 issues P_A V_A_L before it stores P_A for warpgroup 1, so stage 0's
-//                columns 0-255 are refilled earlier (128k: 240.6 us against 257.3 with 0)
-//   DDP_EARLY    1: warpgroup 1 waits for P_A V_A_R and refills stage 0's columns 256-511 before its
-//                exponentials (slower: 283.0 us at 128k with PVFIRST 0, 279.7 with 1)
-#ifndef DDP_EARLY
-#define DDP_EARLY 0
+//   DDP_PVFIRST    1 (default): warpgroup 0 issues P_A V_A_L before it stores P_A for warpgroup 1, so stage 0's
+//                  columns 0-255 are refilled earlier (128k: 240.6 us against 257.3 with 0)
+//   DDP_PVFIRST_B  1: warpgroup 1 likewise issues P_B V_B_R before it stores P_B for warpgroup 0
+//   DDP_SB_FIRST   the piece warpgroup 1's S_B starts on (0 default; 4: the columns it refills itself first)
+// (measured and removed: warpgroup 1 refilling stage 0's columns 256-511 before its exponentials, 10% slower)
+#ifndef DDP_PVFIRST_B
+#define DDP_PVFIRST_B 0
+#endif
+#ifndef DDP_SB_FIRST
+#define DDP_SB_FIRST 0
 #endif
 #ifndef DDP_PVFIRST
 #define DDP_PVFIRST 1
@@ -359,7 +363,7 @@ __device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
 template <bool BF16, bool HAS_B>
 __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
   const int tb = 2 * j + 1;  // ph: the phase of stage 1's barriers for this pair
-  if (HAS_B) issue_s<BF16, 0>(st.s, sq, k1, ready1, ph);
+  if (HAS_B) issue_s<BF16, DDP_SB_FIRST>(st.s, sq, k1, ready1, ph);
   bar_sync(BAR_SC0, 256);
   // S_B must be complete before O_R is rescaled: ptxas would otherwise inject this wait itself (it does not let
   // registers of an earlier wgmma be touched while any wgmma is in flight), so it is stated here
@@ -391,29 +395,29 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
     bar_arrive(BAR_SC1, 256);
     st.l0 *= sc0;
     st.l1 *= sc1;
-#if DDP_EARLY
+    exp_pack<BF16>(st.s, st.pf, c, x0, x1, st.l0, st.l1);
+#if DDP_PVFIRST_B
     wg_wait<0>();
     reg_fence(st.o);
-    if (tb + 1 < n_tiles) {  // another pair follows: warpgroup 0 may write its P_A, and tile 2j + 2 may come in
-      bar_arrive(BAR_PAFREE, 256);
-      refill(BAR_WG1, wt, k0, ready0, tm_kv, 4, 8, false, start + (tb + 1) * BN);
-    }
+    scale_o(st.o, sc0, sc1);
+    issue_pv_rs<BF16>(st.o, st.pf, k1 + 4 * PIECE);
 #endif
-    exp_pack<BF16>(st.s, st.pf, c, x0, x1, st.l0, st.l1);
     bar_sync(BAR_WG1, 128);  // every warp's S_B is done with the rope piece P_B goes into
     store_p(k1 + 8 * PIECE, st.pf, r0, lane);
     fence_async_smem();
     bar_arrive(BAR_PB, 256);
-#if !DDP_EARLY
+#if !DDP_PVFIRST_B
     wg_wait<0>();
     reg_fence(st.o);
+#endif
     if (tb + 1 < n_tiles) {  // another pair follows: warpgroup 0 may write its P_A, and tile 2j + 2 may come in
       bar_arrive(BAR_PAFREE, 256);
       refill(BAR_WG1, wt, k0, ready0, tm_kv, 4, 8, false, start + (tb + 1) * BN);
     }
-#endif
+#if !DDP_PVFIRST_B
     scale_o(st.o, sc0, sc1);
     issue_pv_rs<BF16>(st.o, st.pf, k1 + 4 * PIECE);
+#endif
     wg_wait<0>();
     reg_fence(st.o);
     if (tb + 2 < n_tiles) refill(BAR_WG1, wt, k1, ready1, tm_kv, 4, 8, false, start + (tb + 2) * BN);
