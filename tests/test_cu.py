@@ -75,3 +75,20 @@ def test_cuda_work_list_of_the_split_grid_covers_every_column_once(fold, prefix_
     cfg = split_ws.config(prefix_len, hq, 132, t)
     assert not cfg.get("balance") and not cfg["tail"]
     assert _check_cover(cfg, prefix_len, 9) == cfg["n_qb"] * cfg["grid_splits"]
+
+
+def test_cuda_kernel_is_chosen_from_four_row_blocks_on_the_gluon_grid():
+    """cuda=-1 (the default) runs the CUDA kernel from CUDA_MIN_ROW_BLOCKS row blocks of 64 folded rows (64
+    heads x 9 rows: 9 blocks), not for 8 heads (72 rows, where the Gluon tail kernel runs) or with a seesaw
+    variant; its config is the Gluon kernel's, so falling back to Gluon needs no other plan."""
+    from ddprobe.engine.kernels import split_ws
+    d = split_ws.DEFAULT_TUNING
+    assert d.cuda == -1 and split_ws.CUDA_MIN_ROW_BLOCKS == 4
+    assert split_ws.uses_cuda(576, d) and split_ws.uses_cuda(193, d)
+    assert not split_ws.uses_cuda(192, d) and not split_ws.uses_cuda(72, d)
+    assert split_ws.uses_cuda(72, split_ws.WsTuning(cuda=1)) and not split_ws.uses_cuda(576, split_ws.WsTuning(cuda=0))
+    assert not split_ws.uses_cuda(576, split_ws.WsTuning(seesaw=1))
+    for ctx in (1024, 8192, 32768, 131072):
+        assert split_ws.config(ctx, 576, 132, d) == split_ws.config(ctx, 576, 132, split_ws.WsTuning(cuda=0))
+    with pytest.raises(ValueError, match="WsTuning.cuda must be one of -1, 0, 1"):
+        split_ws.check_tuning(split_ws.WsTuning(cuda=2))

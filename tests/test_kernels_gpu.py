@@ -351,6 +351,22 @@ def test_cuda_seesaw_refuses_a_negative_scale():
         m.run(q, kv, m.plan(100, mask, None, V, tuning=WsTuning(cuda=1)), -0.1)
 
 
+@gpu
+def test_cuda_default_falls_back_to_gluon_when_the_cubin_cannot_load(monkeypatch, tmp_path):
+    """No loadable cubin (DDPROBE_CU_CUBIN at a file that is not one): cuda=-1 warns once and runs the Gluon
+    kernel on the same grid (equal to the reference); cuda=1 raises the load error."""
+    from ddprobe.engine.kernels import _cu, split_ws
+    bad = tmp_path / "bad.cubin"
+    bad.write_bytes(b"not a cubin")
+    monkeypatch.setenv("DDPROBE_CU_CUBIN", str(bad))
+    monkeypatch.setattr(split_ws, "_CU_FAILED", [])
+    with pytest.warns(RuntimeWarning, match="CUDA prefix kernel is unavailable"):
+        check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)
+    check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)  # no second attempt, still right
+    with pytest.raises(_cu.LoadError):
+        check("split_ws", 5000, 8, "fork", 64, torch.bfloat16, tuning=split_ws.WsTuning(cuda=1))
+
+
 def test_tail_config_takes_72_rows_in_one_program():
     """Host-side (runs anywhere): with ``tail`` 65-72 folded rows are one row block of 64 + 8, so the grid takes
     twice the splits of two 64-row blocks, still one wave; other row counts keep 64-row blocks; the merge's

@@ -54,6 +54,10 @@ def build(nvcc: str | None = None, out: pathlib.Path = CUBIN) -> str:
     return r.stderr
 
 
+class LoadError(RuntimeError):
+    """The driver, the cubin or its kernel could not be loaded here."""
+
+
 class _TensorMap(ctypes.Structure):
     _fields_ = [("opaque", ctypes.c_uint64 * 16)]   # CUtensorMap: 128 bytes, 64-byte aligned
 
@@ -95,15 +99,17 @@ def _function(name: str, device) -> ctypes.c_void_p:
     key = (device.index, name, str(cubin))
     if key not in _funcs:
         if not cubin.exists():
-            raise RuntimeError(f"{CUBIN.name} is missing: build it with python -m ddprobe.engine.kernels._cu --build")
+            raise LoadError(f"{cubin.name} is missing: build it with python -m ddprobe.engine.kernels._cu --build")
         with torch.cuda.device(device):
-            torch.cuda.init()
             torch.empty(1, device=device)  # the runtime makes the primary context current on this thread
-            lib = _driver()
-            mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-            _check(lib.cuModuleLoadData(ctypes.byref(mod), cubin.read_bytes()), f"loading {cubin.name}")
-            _check(lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"finding {name}")
-            _check(lib.cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, SMEM_BYTES), "setting shared memory")
+            try:
+                lib = _driver()
+                mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+                _check(lib.cuModuleLoadData(ctypes.byref(mod), cubin.read_bytes()), f"loading {cubin.name}")
+                _check(lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"finding {name}")
+                _check(lib.cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, SMEM_BYTES), "setting shared memory")
+            except (OSError, AttributeError, RuntimeError) as e:
+                raise LoadError(str(e)) from None
         _funcs[key] = (mod, fn)
     return _funcs[key][1]
 

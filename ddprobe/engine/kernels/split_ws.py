@@ -39,6 +39,7 @@ BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 TAIL_MIN_PREFIX = 49152  # WsTuning.tail = -1 uses it from here (H200, 8 heads: 2% faster at 48k, 4% slower at 32k)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
+CUDA_MIN_ROW_BLOCKS = 4  # WsTuning.cuda = -1 runs the CUDA kernel from this many 64-row blocks (hq > 192) up
 BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix tiles per program up (H200, 64 heads:
                         # faster from 32k, 1.5% slower at 8k: 9 tiles a program)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
@@ -100,11 +101,14 @@ class WsTuning:
                                             # (griddepcontrol: its launch overlaps the prefix kernel's tail);
                                             # 2: also trigger it from the prefix kernel's start (not seesaw), so
                                             # its programs wait on the SMs the prefix grid leaves or frees
-    cuda: int = 0       # 1: the prefix kernel is the CUDA C++ seesaw (cuda/seesaw_sm90.cu, a prebuilt cubin launched
+    cuda: int = -1      # 1: the prefix kernel is the CUDA C++ seesaw (cuda/seesaw_sm90.cu, a prebuilt cubin launched
                         # through the driver API, _cu.py): FlashMLA's schedule with no producer warp, each warpgroup
                         # refilling by TMA the 64-column pieces it read last, named barriers for every hand-off;
                         # the same grids (the balanced one as `balance` says; no tail kernel) as a work list of
-                        # pieces (cu_pieces); needs a positive softmax scale
+                        # pieces (cu_pieces); needs a positive softmax scale; 0: the Gluon kernels; -1 (default):
+                        # 1 from CUDA_MIN_ROW_BLOCKS row blocks up with seesaw 0 and a positive scale (H200, 64
+                        # heads: 0.99-1.00x FlashMLA's time from 32k, 0.87x at 8k; the Gluon kernels stay faster
+                        # at 8 heads, where the tail kernel runs; docs/perf.md, 2026-12-02)
     tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
                         # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
                         # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
@@ -113,7 +117,7 @@ class WsTuning:
 
 DEFAULT_TUNING = WsTuning()
 _CHOICES = {"pipe": (0, 1, 2, 3), "seesaw": (0, 1, 2, 3, 4), "balance": (-1, 0, 1), "ffma": (0, 1),
-            "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "pdl": (0, 1, 2), "merge_kind": (-1, 0, 1, 2, 3), "cuda": (0, 1)}
+            "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "pdl": (0, 1, 2), "merge_kind": (-1, 0, 1, 2, 3), "cuda": (-1, 0, 1)}
 
 
 def check_tuning(t: WsTuning) -> None:
@@ -129,7 +133,7 @@ def check_tuning(t: WsTuning) -> None:
 def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
     """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel) for a plan
     bound of ``prefix_len`` tokens."""
-    if t.seesaw or t.cuda or not BLOCK_M < hq <= BLOCK_M + TAIL:
+    if t.seesaw or t.cuda == 1 or not BLOCK_M < hq <= BLOCK_M + TAIL:
         return False
     return prefix_len >= TAIL_MIN_PREFIX if t.tail < 0 else bool(t.tail)
 
@@ -137,6 +141,16 @@ def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
 def block_rows(hq: int, t: WsTuning, prefix_len: int) -> int:
     """Folded query rows per program: 64 (the default kernel), or 72 with the tail kernel (65-72 rows)."""
     return BLOCK_M + TAIL if tails(hq, t, prefix_len) else BLOCK_M
+
+
+def uses_cuda(hq: int, t: WsTuning) -> bool:
+    """Whether tuning ``t`` runs the CUDA prefix kernel for hq folded rows (before the scale's sign is known)."""
+    if t.seesaw or t.cuda == 0:
+        return False
+    return t.cuda == 1 or triton.cdiv(hq, BLOCK_M) >= CUDA_MIN_ROW_BLOCKS
+
+
+_CU_FAILED: list[str] = []  # why loading the cubin failed once (then cuda=-1 keeps to the Gluon kernels)
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
@@ -246,6 +260,13 @@ def cu_pieces(cfg: dict, prefix_len: int, r: int) -> tuple[list[int], list[int]]
     return ptr, flat
 
 
+def cu_table(cfg: dict, prefix_len: int, r: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cu_pieces as the int32 device tensors the CUDA kernel reads (piece_ptr, pieces [n, 6])."""
+    ptr, flat = cu_pieces(cfg, prefix_len, r)
+    return (torch.tensor(ptr, dtype=torch.int32, device=device),
+            torch.tensor(flat, dtype=torch.int32, device=device).view(-1, 6))
+
+
 def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> dict:
     """The balanced grid (WsTuning.balance) for ``programs`` (0: sms) programs, at most one per tile, over n_qb
     row blocks x cdiv(prefix_len, 64) tiles (_ws_gluon._piece): ``chunk`` = the full chunks' tokens,
@@ -313,6 +334,8 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         extra["config"] = cfg = config(bound, heads * r, extra["sm_count"], tuning)
         extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
         extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"], bound)
+        if uses_cuda(heads * r, tuning) and dev.type == "cuda":  # the work list, built before any graph capture
+            extra["cu_pieces"] = cu_table(cfg, bound, r, dev)
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       tuning=tuning, extra=extra)
 
@@ -364,22 +387,27 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    if t.cuda:
+    if uses_cuda(hq, t) and (t.cuda == 1 or (sm_scale > 0 and not _CU_FAILED)):
         if sm_scale <= 0:
             raise ValueError(f"WsTuning.cuda=1 needs a positive softmax scale, got {sm_scale}")
         from . import _cu
         table = p.extra.get("cu_pieces") if planned else None
         if table is None:
-            ptr, flat = cu_pieces(cfg, p.prefix_len, r)
-            table = (torch.tensor(ptr, dtype=torch.int32, device=q.device),
-                     torch.tensor(flat, dtype=torch.int32, device=q.device).view(-1, 6))
-            if planned:
-                p.extra["cu_pieces"] = table
-        info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], *table, o_part, lse_part, p.prefix_len, h,
-                                 sm_scale * LOG2E)
-        if meta is not None:
-            meta["prefix"] = info
-        return parts, gs - 1
+            table = cu_table(cfg, p.prefix_len, r, q.device)
+        try:
+            info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], *table, o_part, lse_part, p.prefix_len, h,
+                                     sm_scale * LOG2E)
+        except _cu.LoadError as e:  # no usable cubin here: cuda=-1 falls back to the Gluon kernel (same grid)
+            if t.cuda == 1:
+                raise
+            import warnings
+            _CU_FAILED.append(str(e))
+            warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
+                          RuntimeWarning, stacklevel=2)
+        else:
+            if meta is not None:
+                meta["prefix"] = info
+            return parts, gs - 1
     qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = _descs(q2, kv, p, t.seesaw, cfg["tail"])
     args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
