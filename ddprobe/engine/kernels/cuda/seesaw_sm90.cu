@@ -40,6 +40,10 @@
 //   DDP_PVFIRST_B  1: warpgroup 1 likewise issues P_B V_B_R before it stores P_B for warpgroup 0
 //   DDP_SB_FIRST   the piece warpgroup 1's S_B starts on (0 default; 4: the columns it refills itself first)
 // (measured and removed: warpgroup 1 refilling stage 0's columns 256-511 before its exponentials, 10% slower)
+//   DDP_SPREAD     1: a refill's copies issued by lane 0 of each warp in turn instead of one thread
+#ifndef DDP_SPREAD
+#define DDP_SPREAD 0
+#endif
 #ifndef DDP_PVFIRST_B
 #define DDP_PVFIRST_B 0
 #endif
@@ -270,17 +274,28 @@ __device__ __forceinline__ void scale_o(float (&o)[128], float a0, float a1) {
   }
 }
 
-// Refill pieces [p0, p1) (and the rope piece with ROPE) of a stage with tile t, from one thread once the whole
-// warpgroup is past the wgmma that read them last.
+// Refill pieces [p0, p1) (and the rope piece with ROPE) of a stage with tile t once the whole warpgroup is past
+// the wgmma that read them last: from one thread (DDP_SPREAD 0), or with lane 0 of each of the four warps issuing
+// every fourth piece (DDP_SPREAD 1), so no warp holds the warpgroup's next wgmma back by five copies.
 __device__ __forceinline__ void refill(int wg_bar, int wt, uint32_t stage, uint32_t ready, const CUtensorMap* kv,
                                        int p0, int p1, bool rope, int row) {
   bar_sync(wg_bar, 128);
+#if DDP_SPREAD
+  if ((wt & 31) == 0) {
+    const int w = wt >> 5;
+    for (int p = p0 + w; p < p1; p += 4) {
+      mbar_expect(ready + 8 * p, PIECE);
+      tma_load(stage + p * PIECE, kv, ready + 8 * p, p * 64, row);
+    }
+    if (rope && w == ((p1 - p0) & 3)) {
+#else
   if (wt == 0) {
     for (int p = p0; p < p1; ++p) {
       mbar_expect(ready + 8 * p, PIECE);
       tma_load(stage + p * PIECE, kv, ready + 8 * p, p * 64, row);
     }
     if (rope) {
+#endif
       mbar_expect(ready + 8 * 8, PIECE);
       tma_load(stage + 8 * PIECE, kv, ready + 8 * 8, 8 * 64, row);
     }
