@@ -10,7 +10,7 @@ for spec in ${1:-base}; do
   v=${spec%%:*}; promo=${spec#*:}; [ "$promo" = "$spec" ] && promo=""
   export DDPROBE_CU_CUBIN=$PWD/.cuvar/$v.cubin DDPROBE_CU_L2PROMO=$promo
   v=$v${promo:+_l2promo$promo}
-  echo "== $v: $(timeout 120 python -m pytest tests/test_kernels_gpu.py -q -x -k "cuda_seesaw_matches or cuda_seesaw_tree" -p no:cacheprovider 2>&1 | tail -1)"
+  [ -n "$promo" ] && echo "== $v (same cubin: tests not repeated)" || echo "== $v: $(timeout 120 python -m pytest tests/test_kernels_gpu.py -q -x -k "cuda_seesaw_matches or cuda_seesaw_tree" -p no:cacheprovider 2>&1 | tail -1)"
   timeout 150 python benchmarks/bench_verify.py --quick --no-step --paths "split_ws$peers" --ws-variants "cuda=1" \
       --ctx "${2:-32k,128k}" --heads "${3:-64}" --out "${OUT:-.}/bench_cuda_$v.json" 2>&1 | grep -E "^ +ctx=|rror" | cut -c1-130
   peers=""
