@@ -40,9 +40,11 @@
 //   DDP_PVFIRST_B  1: warpgroup 1 likewise issues P_B V_B_R before it stores P_B for warpgroup 0
 //   DDP_SB_FIRST   the piece warpgroup 1's S_B starts on (0 default; 4: the columns it refills itself first)
 // (measured and removed: warpgroup 1 refilling stage 0's columns 256-511 before its exponentials, 10% slower)
-//   DDP_SPREAD     1: a refill's copies issued by lane 0 of each warp in turn instead of one thread
+//   DDP_SPREAD     1 (default): a refill's copies issued by lane 0 of each warp in turn; 0: by one thread
+//                  (128k: 237.9 us against 242.7; 32k and 64k within 1%)
+// (measured and not kept: TMA L2 promotion none or 256 B instead of 128 B, within 1%)
 #ifndef DDP_SPREAD
-#define DDP_SPREAD 0
+#define DDP_SPREAD 1
 #endif
 #ifndef DDP_PVFIRST_B
 #define DDP_PVFIRST_B 0
