@@ -10,6 +10,9 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
      (WsTuning.balance): one program per SM, full chunks cut at the same tiles in every row block plus spare
      programs sharing the remainders; a spare program's share may cover pieces of several row blocks
      (``_ws_gluon._piece``).
+     From CUDA_MIN_ROW_BLOCKS row blocks up (64 heads x 9 rows: 9) the prefix kernel is the CUDA C++ seesaw
+     instead (WsTuning.cuda, cuda/seesaw_sm90.cu through _cu.py: FlashMLA's schedule, no producer warp, on the
+     same grids given as a work list of pieces, cu_pieces); it writes the same partials.
   2. The log-sum-exp merge of the partials (`split`'s buffers and layout): ``_merge_flat_kernel`` by default
      (all lse values first, then the partials with no rescale chain; 1.2x faster than `split`'s
      ``_merge_kernel`` at 8 heads and 1.8-4.2x from 16 heads up on the H200), `split`'s own as ``merge_kind=0``;
