@@ -92,3 +92,5 @@ def test_cuda_kernel_is_chosen_from_four_row_blocks_on_the_gluon_grid():
         assert split_ws.config(ctx, 576, 132, d) == split_ws.config(ctx, 576, 132, split_ws.WsTuning(cuda=0))
     with pytest.raises(ValueError, match="WsTuning.cuda must be one of -1, 0, 1"):
         split_ws.check_tuning(split_ws.WsTuning(cuda=2))
+    with pytest.raises(ValueError, match="cannot run with a Gluon seesaw"):
+        split_ws.check_tuning(split_ws.WsTuning(cuda=1, seesaw=3))

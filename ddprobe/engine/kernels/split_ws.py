@@ -129,6 +129,8 @@ def check_tuning(t: WsTuning) -> None:
     for field, allowed in _CHOICES.items():
         if getattr(t, field) not in allowed:
             raise ValueError(f"WsTuning.{field} must be one of {', '.join(map(str, allowed))}, got {getattr(t, field)}")
+    if t.cuda == 1 and t.seesaw:
+        raise ValueError(f"WsTuning.cuda=1 is the CUDA seesaw; it cannot run with a Gluon seesaw (seesaw={t.seesaw})")
     if t.programs < 0:
         raise ValueError(f"WsTuning.programs must be >= 0 (0: one per SM), got {t.programs}")
 
