@@ -15,8 +15,8 @@ from ddprobe.engine.kernels import _cu
 def test_shipped_cubin_is_built_from_the_shipped_source():
     assert _cu.CUBIN.stat().st_size > 10_000
     assert _cu.CUBIN.read_bytes()[:4] == b"\x7fELF"
-    assert _cu.STAMP.read_text().strip() == _cu.source_hash(), \
-        "cuda/seesaw_sm90.cu changed: rebuild with python -m ddprobe.engine.kernels._cu --build"
+    assert _cu.STAMP.read_text() == _cu.stamp_text(), \
+        "cuda/seesaw_sm90.cu or the cubin changed without the other: python -m ddprobe.engine.kernels._cu --build"
     for name in _cu.KERNELS.values():
         assert name.encode() in _cu.CUBIN.read_bytes()
 
@@ -80,7 +80,8 @@ def test_cuda_work_list_of_the_split_grid_covers_every_column_once(fold, prefix_
 def test_cuda_kernel_is_chosen_from_four_row_blocks_on_the_gluon_grid():
     """cuda=-1 (the default) runs the CUDA kernel from CUDA_MIN_ROW_BLOCKS row blocks of 64 folded rows (64
     heads x 9 rows: 9 blocks), not for 8 heads (72 rows, where the Gluon tail kernel runs) or with a seesaw
-    variant; its config is the Gluon kernel's, so falling back to Gluon needs no other plan."""
+    variant; its config is the Gluon kernel's (a guard: falling back to Gluon reuses the plan's config and
+    partials), and tests/test_kernels_gpu.py checks which kernel ran."""
     from ddprobe.engine.kernels import split_ws
     d = split_ws.DEFAULT_TUNING
     assert d.cuda == -1 and split_ws.CUDA_MIN_ROW_BLOCKS == 4
@@ -92,5 +93,6 @@ def test_cuda_kernel_is_chosen_from_four_row_blocks_on_the_gluon_grid():
         assert split_ws.config(ctx, 576, 132, d) == split_ws.config(ctx, 576, 132, split_ws.WsTuning(cuda=0))
     with pytest.raises(ValueError, match="WsTuning.cuda must be one of -1, 0, 1"):
         split_ws.check_tuning(split_ws.WsTuning(cuda=2))
-    with pytest.raises(ValueError, match="cannot run with a Gluon seesaw"):
-        split_ws.check_tuning(split_ws.WsTuning(cuda=1, seesaw=3))
+    for bad in (dict(seesaw=3), dict(tail=1)):
+        with pytest.raises(ValueError, match="cannot run with a Gluon seesaw or the tail kernel"):
+            split_ws.check_tuning(split_ws.WsTuning(cuda=1, **bad))

@@ -343,6 +343,46 @@ def test_cuda_seesaw_under_graph_replay_and_plan_reuse():
 
 
 @gpu
+@pytest.mark.parametrize("heads,dtype,kernel", [(64, torch.bfloat16, "ddp_seesaw_bf16"),
+                                                (32, torch.float16, "ddp_seesaw_f16"),
+                                                (8, torch.bfloat16, "ws_prefix_kernel")])
+def test_default_runs_the_cuda_kernel_from_four_row_blocks(heads, dtype, kernel):
+    """The default tuning's prefix kernel, as the launch reports it: the CUDA seesaw at 64 and 32 heads (9 and 5
+    row blocks), the Gluon kernel at 8 heads (2 row blocks; the tail kernel only from 48k)."""
+    q, kv, mask = make_inputs(3000, 8, "fork", heads, dtype)
+    m = get_path("split_ws")
+    meta = {}
+    out = m.run(q, kv, m.plan(3000, mask, None, V), 0.07, meta=meta)
+    assert meta["prefix"]["name"] == kernel
+    ref = reference.run(q, kv, reference.plan(3000, mask, None, V), 0.07)
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[dtype]
+
+
+@gpu
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "first-call-captured"])
+def test_cuda_seesaw_captured_with_a_plan_built_without_heads(warm):
+    """A plan built without ``heads`` (the engine's eager plans) has no work list of its own: the first call
+    builds one from pinned memory without blocking, so the capture holds it even when that first call is
+    inside the capture; replays with new cache contents equal the reference."""
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(9000, 8, "lopsided", 64, torch.bfloat16)
+    p = m.plan(9000, mask, None, V)
+    if warm:
+        m.run(q, kv, p, 0.07)
+    else:
+        from ddprobe.engine.kernels import _cu
+        _cu._function(_cu.KERNELS["bfloat16"], kv.device)  # the module load itself stays outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = m.run(q, kv, p, 0.07)
+    for _ in range(2):
+        kv[: 9000 + 9] = torch.randn(9009, V + PE, device="cuda").to(kv.dtype)
+        g.replay()
+        ref = reference.run(q, kv, reference.plan(9000, mask, None, V), 0.07)
+        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+
+
+@gpu
 def test_cuda_seesaw_refuses_a_negative_scale():
     from ddprobe.engine.kernels.split_ws import WsTuning
     q, kv, mask = make_inputs(100, 8, "fork", 8, torch.bfloat16)
@@ -359,7 +399,7 @@ def test_cuda_default_falls_back_to_gluon_when_the_cubin_cannot_load(monkeypatch
     bad = tmp_path / "bad.cubin"
     bad.write_bytes(b"not a cubin")
     monkeypatch.setenv("DDPROBE_CU_CUBIN", str(bad))
-    monkeypatch.setattr(split_ws, "_CU_FAILED", [])
+    monkeypatch.setattr(split_ws, "_CU_FAILED", {})
     with pytest.warns(RuntimeWarning, match="CUDA prefix kernel is unavailable"):
         check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)
     check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)  # no second attempt, still right

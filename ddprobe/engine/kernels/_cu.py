@@ -2,7 +2,9 @@
 
 ``cuda/seesaw_sm90.cu`` is compiled offline for sm_90a (``python -m ddprobe.engine.kernels._cu --build``, nvcc
 12.3 or newer; no GPU needed) into ``cuda/seesaw_sm90.cubin``, which ships with the package beside a stamp of the
-source's SHA-256 (a test fails when the source changed and the cubin was not rebuilt). At run time the cubin is
+SHA-256 of the source and of the cubin (a test fails when either changed without the other). The shipped cubin is
+nvcc 13.0's, so it needs a CUDA 13 driver (R580 or newer); with an older one `split_ws` warns once and runs its
+Gluon kernel (WsTuning.cuda = -1), or the cubin can be rebuilt with the local nvcc. At run time the cubin is
 loaded through the CUDA driver API (``libcuda.so.1`` via ctypes) into the context torch uses, so there is no
 extension build and no compiler on the GPU machine. Launches go to torch's current stream, so they are captured
 by CUDA graphs like any kernel; the two TMA descriptors travel by value as kernel parameters.
@@ -23,7 +25,7 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent / "cuda"
 SOURCE = HERE / "seesaw_sm90.cu"
 CUBIN = HERE / "seesaw_sm90.cubin"
-STAMP = HERE / "seesaw_sm90.cubin.sha256"   # SHA-256 of the source the cubin was built from
+STAMP = HERE / "seesaw_sm90.cubin.sha256"   # SHA-256 of the source and of the cubin built from it
 NVCC_FLAGS = ["-O3", "-arch=sm_90a", "-cubin", "-std=c++17", "-Xptxas", "-v"]
 SMEM_BYTES = 231832   # the kernel's SMEM_BYTES (a static_assert there keeps the two equal)
 THREADS = 256
@@ -47,6 +49,11 @@ def source_hash() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
 
 
+def stamp_text(cubin: pathlib.Path = CUBIN) -> str:
+    """What STAMP holds: the SHA-256 of the source and of the cubin built from it."""
+    return f"{source_hash()}  {SOURCE.name}\n{hashlib.sha256(cubin.read_bytes()).hexdigest()}  {cubin.name}\n"
+
+
 def build(nvcc: str | None = None, out: pathlib.Path = CUBIN) -> str:
     """Compile the source into ``out`` (and, for the shipped CUBIN, write STAMP); returns ptxas's report.
     RuntimeError (one line) when nvcc is missing or fails."""
@@ -57,7 +64,7 @@ def build(nvcc: str | None = None, out: pathlib.Path = CUBIN) -> str:
     if r.returncode:
         raise RuntimeError(f"nvcc failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
     if out == CUBIN:
-        STAMP.write_text(source_hash() + "\n")
+        STAMP.write_text(stamp_text())
     return r.stderr
 
 
@@ -155,9 +162,10 @@ def launch_seesaw(q2, kv, num_cols: int, bits, piece_ptr, pieces, o_part, lse_pa
             ctypes.c_uint64(lse_part.data_ptr()), ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
             ctypes.c_int32(prefix_len), ctypes.c_int32(hq), ctypes.c_int32(h), ctypes.c_float(qk_scale)]
     params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-    stream = torch.cuda.current_stream(kv.device).cuda_stream
-    _check(_driver().cuLaunchKernel(fn, programs, 1, 1, THREADS, 1, 1, SMEM_BYTES, ctypes.c_void_p(stream),
-                                    params, None), f"launching {name}")
+    with torch.cuda.device(kv.device):  # the context the function was loaded into is the current one
+        stream = torch.cuda.current_stream(kv.device).cuda_stream
+        _check(_driver().cuLaunchKernel(fn, programs, 1, 1, THREADS, 1, 1, SMEM_BYTES, ctypes.c_void_p(stream),
+                                        params, None), f"launching {name}")
     return {"name": name, "shared": SMEM_BYTES, "threads": THREADS, "programs": programs,
             "pieces": pieces.shape[0]}
 

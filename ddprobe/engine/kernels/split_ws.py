@@ -129,8 +129,9 @@ def check_tuning(t: WsTuning) -> None:
     for field, allowed in _CHOICES.items():
         if getattr(t, field) not in allowed:
             raise ValueError(f"WsTuning.{field} must be one of {', '.join(map(str, allowed))}, got {getattr(t, field)}")
-    if t.cuda == 1 and t.seesaw:
-        raise ValueError(f"WsTuning.cuda=1 is the CUDA seesaw; it cannot run with a Gluon seesaw (seesaw={t.seesaw})")
+    if t.cuda == 1 and (t.seesaw or t.tail == 1):
+        raise ValueError("WsTuning.cuda=1 is the CUDA seesaw on 64-row blocks; it cannot run with a Gluon seesaw "
+                         f"or the tail kernel (seesaw={t.seesaw}, tail={t.tail})")
     if t.programs < 0:
         raise ValueError(f"WsTuning.programs must be >= 0 (0: one per SM), got {t.programs}")
 
@@ -155,7 +156,7 @@ def uses_cuda(hq: int, t: WsTuning) -> bool:
     return t.cuda == 1 or triton.cdiv(hq, BLOCK_M) >= CUDA_MIN_ROW_BLOCKS
 
 
-_CU_FAILED: list[str] = []  # why loading the cubin failed once (then cuda=-1 keeps to the Gluon kernels)
+_CU_FAILED: dict[int, str] = {}  # device index -> why loading the cubin failed there (cuda=-1 then keeps to Gluon)
 
 
 def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
@@ -265,11 +266,16 @@ def cu_pieces(cfg: dict, prefix_len: int, r: int) -> tuple[list[int], list[int]]
     return ptr, flat
 
 
-def cu_table(cfg: dict, prefix_len: int, r: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cu_pieces as the int32 device tensors the CUDA kernel reads (piece_ptr, pieces [n, 6])."""
+def cu_table(cfg: dict, prefix_len: int, r: int, device) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """cu_pieces as the int32 device tensors the CUDA kernel reads (piece_ptr, pieces [n, 6]), and their pinned
+    host source. The copy does not block, so a table first needed inside a CUDA-graph capture is captured as a
+    copy node; the host tensors stay with the table, so every replay copies the same values."""
     ptr, flat = cu_pieces(cfg, prefix_len, r)
-    return (torch.tensor(ptr, dtype=torch.int32, device=device),
-            torch.tensor(flat, dtype=torch.int32, device=device).view(-1, 6))
+    device = torch.device(device)
+    host = (torch.tensor(ptr, dtype=torch.int32), torch.tensor(flat, dtype=torch.int32).view(-1, 6))
+    if device.type == "cuda":
+        host = tuple(h.pin_memory() for h in host)
+    return host[0].to(device, non_blocking=True), host[1].to(device, non_blocking=True), host
 
 
 def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> dict:
@@ -392,21 +398,25 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    if uses_cuda(hq, t) and (t.cuda == 1 or (sm_scale > 0 and not _CU_FAILED)):
+    if uses_cuda(hq, t) and (t.cuda == 1 or (sm_scale > 0 and q.device.index not in _CU_FAILED)):
         if sm_scale <= 0:
             raise ValueError(f"WsTuning.cuda=1 needs a positive softmax scale, got {sm_scale}")
         from . import _cu
         table = p.extra.get("cu_pieces") if planned else None
-        if table is None:
-            table = cu_table(cfg, p.prefix_len, r, q.device)
+        if table is None:  # a plan built without these heads: one work list per (rows, device), kept by the plan
+            key = (hq, q.device.index)
+            tables = p.extra.setdefault("cu_tables", {})
+            if key not in tables:
+                tables[key] = cu_table(cfg, p.prefix_len, r, q.device)
+            table = tables[key]
         try:
-            info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], *table, o_part, lse_part, p.prefix_len, h,
-                                     sm_scale * LOG2E)
+            info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], table[0], table[1], o_part, lse_part,
+                                     p.prefix_len, h, sm_scale * LOG2E)
         except _cu.LoadError as e:  # no usable cubin here: cuda=-1 falls back to the Gluon kernel (same grid)
             if t.cuda == 1:
                 raise
             import warnings
-            _CU_FAILED.append(str(e))
+            _CU_FAILED[q.device.index] = str(e)
             warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
                           RuntimeWarning, stacklevel=2)
         else:

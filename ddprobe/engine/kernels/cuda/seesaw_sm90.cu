@@ -1,10 +1,12 @@
 // The CUDA C++ prefix kernel of the `split_ws` path (WsTuning.cuda = 1), sm_90a only: FlashMLA's seesaw schedule
-// written below Gluon. Built offline into seesaw_sm90.cubin (benchmarks/build_cuda.py); loaded and launched by
-// ddprobe/engine/kernels/_cu.py through the CUDA driver API. No CUTLASS: raw PTX for wgmma, TMA and mbarriers.
+// written below Gluon. Built offline into seesaw_sm90.cubin (python -m ddprobe.engine.kernels._cu --build); loaded
+// and launched by ddprobe/engine/kernels/_cu.py through the CUDA driver API. No CUTLASS: raw PTX for wgmma, TMA
+// and mbarriers.
 //
 // One program (CTA, 256 threads = two warpgroups, no producer warp) = 64 folded query rows (row = r * H + h)
-// x one chunk of KV tokens, in tiles of 64 tokens; the same grid, split bounds and partial layout as the Gluon
-// prefix kernel (_ws_gluon.ws_prefix_kernel without BALANCE): O_part[slot, row, 0:512] normalized (fp32),
+// x one chunk of KV tokens (a piece of the program's work list, split_ws.cu_pieces: the Gluon prefix kernel's
+// grids, the balanced one included), in tiles of 64 tokens; the partial layout of _ws_gluon.ws_prefix_kernel:
+// O_part[slot, row, 0:512] normalized (fp32),
 // LSE_part[slot, row] = m + log2(l) in base 2, the tree columns folded into the last split (fold) or the last
 // split index being the tree part alone.
 //
@@ -16,14 +18,15 @@
 // Per pair of tiles j (the seesaw):
 //   wg0: S_A = Q K_A^T (wgmma m64n64k16 x 36), the softmax of tile A against the running maximum m after the
 //        previous pair (m_new0 = max(m, rowmax), sc0 = 2^(m - m_new0)) -> hands m_new0, sc0 over (BAR_SC0),
-//        O_L = O_L sc0 + P_A V_A[:, 0:256] issued with P_A from registers, P_A (bf16) to smem (BAR_PA); then
+//        O_L = O_L sc0 + P_A V_A[:, 0:256] issued with P_A from registers, P_A (16-bit, the input's type) to
+//        smem (BAR_PA); then
 //        (BAR_SC1) O_L *= sc1 and (BAR_PB) O_L += P_B V_B[:, 0:256] with P_B from smem.
 //   wg1: S_B issued first; (BAR_SC0, S_B done) O_R *= sc0; (BAR_PA) O_R += P_A V_A[:, 256:512] issued under its
 //        own softmax of tile B (m_new1 = max(m_new0, rowmax), sc1) -> hands m_new1, sc1 over (BAR_SC1), P_B into the
 //        dead rope piece of stage 1 (BAR_PB); then O_R *= sc1, O_R += P_B V_B[:, 256:512] from registers.
 // Every hand-off between the warpgroups is a named barrier (bar.arrive on one side, bar.sync on the other), and
-// the warpgroup that reads a piece last refills it by TMA from one thread once its wgmma completed (a
-// warpgroup-local bar.sync first, so all four warps are done with it): stage 0 rope by wg0 after S_A, stage 0
+// the warpgroup that reads a piece last refills it by TMA once its wgmma completed (a warpgroup-local bar.sync
+// first, so all four warps are done with it; lane 0 of each warp issues every fourth piece): stage 0 rope by wg0 after S_A, stage 0
 // latent 0-255 by wg0 after P_A V_A_L, 256-511 by wg1 after P_A V_A_R; stage 1 latent 0-255 and rope (P_B) by
 // wg0 after P_B V_B_L, 256-511 by wg1 after P_B V_B_R. l is kept per warpgroup (l0 over the A tiles, l1 over the
 // B tiles, both relative to the same running maximum) and summed at the end. An odd last tile: wg1 skips S_B
