@@ -165,8 +165,14 @@ template <> __device__ __forceinline__ void mma_pv_rs<false>(float (&d)[128], co
 
 // S = Q K^T of one tile into s: the nine pieces in the order FIRST, FIRST + 1, ... (mod 9), each waited on its
 // own ready barrier just before its four k-steps are issued; committed, not waited.
+// Descriptors are built once per base and advanced by constant byte offsets (the address field holds bytes / 16;
+// every shared address here is below 2^18, so the field never carries into the next one): one add per wgmma
+// operand instead of a mask, a shift and two ors (the kernel of 976b7d3 rebuilt them for every wgmma).
+__device__ __forceinline__ uint64_t desc_at(uint64_t base, uint32_t bytes) { return base + (bytes >> 4); }
+
 template <bool BF16, int FIRST>
 __device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q, uint32_t k, uint32_t ready, int phase) {
+  const uint64_t dq = desc(q, 0, 1024), dk = desc(k, 0, 1024);
   wg_fence();
 #pragma unroll
   for (int i = 0; i < NP; ++i) {
@@ -174,7 +180,7 @@ __device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q, uint32_t k, 
     mbar_wait(ready + 8 * p, phase);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      mma_s<BF16>(s, desc(q + p * PIECE + kk * 32, 0, 1024), desc(k + p * PIECE + kk * 32, 0, 1024), (i | kk) != 0);
+      mma_s<BF16>(s, desc_at(dq, p * PIECE + kk * 32), desc_at(dk, p * PIECE + kk * 32), (i | kk) != 0);
   }
   wg_commit();
 }
@@ -182,16 +188,18 @@ __device__ __forceinline__ void issue_s(float (&s)[32], uint32_t q, uint32_t k, 
 // P V on 256 value columns starting at piece v0 of a stage: P from smem (p_smem) or registers (pf).
 template <bool BF16>
 __device__ __forceinline__ void issue_pv_ss(float (&o)[128], uint32_t p_smem, uint32_t v) {
+  const uint64_t dp = desc(p_smem, 0, 1024), dv = desc(v, 8192, 1024);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) mma_pv_ss<BF16>(o, desc(p_smem + kk * 32, 0, 1024), desc(v + kk * 2048, 8192, 1024));
+  for (int kk = 0; kk < 4; ++kk) mma_pv_ss<BF16>(o, desc_at(dp, kk * 32), desc_at(dv, kk * 2048));
   wg_commit();
 }
 template <bool BF16>
 __device__ __forceinline__ void issue_pv_rs(float (&o)[128], const uint32_t (&pf)[16], uint32_t v) {
+  const uint64_t dv = desc(v, 8192, 1024);
   wg_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) mma_pv_rs<BF16>(o, pf, kk, desc(v + kk * 2048, 8192, 1024));
+  for (int kk = 0; kk < 4; ++kk) mma_pv_rs<BF16>(o, pf, kk, desc_at(dv, kk * 2048));
   wg_commit();
 }
 
