@@ -311,6 +311,33 @@ struct State {
   float m0, m1;    // the running maximum after the last pair handled
 };
 
+// The softmax of a warpgroup's tile (S in st.s, first column n0) against the running maximum (m0, m1): the new
+// maximum (x0, x1) and the factors (sc0, sc1) that rescale what was relative to the old one, published for the
+// other warpgroup in s_m / s_sc (bar.arrive on BAR); l rescaled; P's exponentials as 16-bit fragments in st.pf,
+// their row sums added to l.
+template <bool BF16>
+__device__ __forceinline__ void softmax_tile(State& st, float m0, float m1, int n0, int end, int prefix_len,
+                                             long long b0, long long b1, int cq, int r0, int lane, float c, float* s_m,
+                                             float* s_sc, int bar, float& x0, float& x1, float& sc0, float& sc1) {
+  mask_s(st.s, n0, end, prefix_len, b0, b1, cq);
+  float mx0, mx1;
+  row_max(st.s, mx0, mx1);
+  x0 = fmaxf(m0, mx0 * c);
+  x1 = fmaxf(m1, mx1 * c);
+  sc0 = ex2(m0 - (x0 == -INFINITY ? 0.f : x0));
+  sc1 = ex2(m1 - (x1 == -INFINITY ? 0.f : x1));
+  if ((lane & 3) == 0) {
+    s_m[r0] = x0;
+    s_m[r0 + 8] = x1;
+    s_sc[r0] = sc0;
+    s_sc[r0 + 8] = sc1;
+  }
+  bar_arrive(bar, 256);
+  st.l0 *= sc0;
+  st.l1 *= sc1;
+  exp_pack<BF16>(st.s, st.pf, c, x0, x1, st.l0, st.l1);
+}
+
 #define DDP_PAIR_ARGS                                                                                                \
   int j, int ph, int n_tiles, int start, int end, int prefix_len, float c, long long b0, long long b1, int cq, int r0,\
       int lane, int wt, uint32_t sq, uint32_t k0, uint32_t k1, uint32_t pa, uint32_t ready0, uint32_t ready1,       \
@@ -324,21 +351,9 @@ __device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
   wg_wait<0>();
   reg_fence(st.s);
   if (ta + 2 < n_tiles) refill(BAR_WG0, wt, k0, ready0, tm_kv, 0, 0, true, start + (ta + 2) * BN);
-  mask_s(st.s, start + ta * BN, end, prefix_len, b0, b1, cq);
-  float mx0, mx1;
-  row_max(st.s, mx0, mx1);
-  const float n0 = fmaxf(st.m0, mx0 * c), n1 = fmaxf(st.m1, mx1 * c);
-  const float sc0 = ex2(st.m0 - (n0 == -INFINITY ? 0.f : n0)), sc1 = ex2(st.m1 - (n1 == -INFINITY ? 0.f : n1));
-  if ((lane & 3) == 0) {
-    s_m[r0] = n0;
-    s_m[r0 + 8] = n1;
-    s_sc0[r0] = sc0;
-    s_sc0[r0 + 8] = sc1;
-  }
-  bar_arrive(BAR_SC0, 256);
-  st.l0 *= sc0;
-  st.l1 *= sc1;
-  exp_pack<BF16>(st.s, st.pf, c, n0, n1, st.l0, st.l1);
+  float n0, n1, sc0, sc1;
+  softmax_tile<BF16>(st, st.m0, st.m1, start + ta * BN, end, prefix_len, b0, b1, cq, r0, lane, c, s_m, s_sc0, BAR_SC0,
+                     n0, n1, sc0, sc1);
 #if DDP_PVFIRST
   scale_o(st.o, sc0, sc1);
   issue_pv_rs<BF16>(st.o, st.pf, k0);
@@ -396,21 +411,9 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
   bar_sync(BAR_PA, 256);
   issue_pv_ss<BF16>(st.o, pa, k0 + 4 * PIECE);
   if (HAS_B) {
-    mask_s(st.s, start + tb * BN, end, prefix_len, b0, b1, cq);
-    float mx0, mx1;
-    row_max(st.s, mx0, mx1);
-    const float x0 = fmaxf(n0, mx0 * c), x1 = fmaxf(n1, mx1 * c);
-    const float sc0 = ex2(n0 - (x0 == -INFINITY ? 0.f : x0)), sc1 = ex2(n1 - (x1 == -INFINITY ? 0.f : x1));
-    if ((lane & 3) == 0) {
-      s_m[r0] = x0;
-      s_m[r0 + 8] = x1;
-      s_sc1[r0] = sc0;
-      s_sc1[r0 + 8] = sc1;
-    }
-    bar_arrive(BAR_SC1, 256);
-    st.l0 *= sc0;
-    st.l1 *= sc1;
-    exp_pack<BF16>(st.s, st.pf, c, x0, x1, st.l0, st.l1);
+    float x0, x1, sc0, sc1;
+    softmax_tile<BF16>(st, n0, n1, start + tb * BN, end, prefix_len, b0, b1, cq, r0, lane, c, s_m, s_sc1, BAR_SC1,
+                       x0, x1, sc0, sc1);
 #if DDP_PVFIRST_B
     wg_wait<0>();
     reg_fence(st.o);
