@@ -110,7 +110,7 @@ class WsTuning:
                         # the same grids (the balanced one as `balance` says; no tail kernel) as a work list of
                         # pieces (cu_pieces); needs a positive softmax scale; 0: the Gluon kernels; -1 (default):
                         # 1 from CUDA_MIN_ROW_BLOCKS row blocks up with seesaw 0 and a positive scale (H200, 64
-                        # heads: 0.99-1.00x FlashMLA's time from 32k, 0.87x at 8k; the Gluon kernels stay faster
+                        # heads: 0.96-1.01x FlashMLA's time from 32k, 0.87x at 8k; the Gluon kernels stay faster
                         # at 8 heads, where the tail kernel runs; docs/perf.md, 2026-12-02)
     tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
                         # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
