@@ -393,16 +393,19 @@ def test_cuda_seesaw_refuses_a_negative_scale():
 
 @gpu
 def test_cuda_default_falls_back_to_gluon_when_the_cubin_cannot_load(monkeypatch, tmp_path):
-    """No loadable cubin (DDPROBE_CU_CUBIN at a file that is not one): cuda=-1 warns once and runs the Gluon
-    kernel on the same grid (equal to the reference); cuda=1 raises the load error."""
+    """No loadable cubin (DDPROBE_CU_CUBIN at a file that is not one): cuda=-1 warns and runs the Gluon kernel on
+    the same grid (equal to the reference), the failed load remembered by _cu; cuda=1 raises the load error."""
     from ddprobe.engine.kernels import _cu, split_ws
     bad = tmp_path / "bad.cubin"
     bad.write_bytes(b"not a cubin")
     monkeypatch.setenv("DDPROBE_CU_CUBIN", str(bad))
-    monkeypatch.setattr(split_ws, "_CU_FAILED", {})
+    monkeypatch.setattr(_cu, "_funcs", {})
     with pytest.warns(RuntimeWarning, match="CUDA prefix kernel is unavailable"):
         check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)
-    check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)  # no second attempt, still right
+    failed = [v for v in _cu._funcs.values() if isinstance(v, _cu.LoadError)]
+    assert len(failed) == 1  # remembered: the next call does not load again
+    check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)  # still right
+    assert [v for v in _cu._funcs.values() if isinstance(v, _cu.LoadError)] == failed
     with pytest.raises(_cu.LoadError):
         check("split_ws", 5000, 8, "fork", 64, torch.bfloat16, tuning=split_ws.WsTuning(cuda=1))
 

@@ -3,7 +3,7 @@
 ``cuda/seesaw_sm90.cu`` is compiled offline for sm_90a (``python -m ddprobe.engine.kernels._cu --build``, nvcc
 12.3 or newer; no GPU needed) into ``cuda/seesaw_sm90.cubin``, which ships with the package beside a stamp of the
 SHA-256 of the source and of the cubin (a test fails when either changed without the other). The shipped cubin is
-nvcc 13.0's, so it needs a CUDA 13 driver (R580 or newer); with an older one `split_ws` warns once and runs its
+nvcc 13.0's, so it needs a CUDA 13 driver (R580 or newer); with an older one `split_ws` warns and runs its
 Gluon kernel (WsTuning.cuda = -1), or the cubin can be rebuilt with the local nvcc. At run time the cubin is
 loaded through the CUDA driver API (``libcuda.so.1`` via ctypes) into the context torch uses, so there is no
 extension build and no compiler on the GPU machine. Launches go to torch's current stream, so they are captured
@@ -26,7 +26,7 @@ HERE = pathlib.Path(__file__).resolve().parent / "cuda"
 SOURCE = HERE / "seesaw_sm90.cu"
 CUBIN = HERE / "seesaw_sm90.cubin"
 STAMP = HERE / "seesaw_sm90.cubin.sha256"   # SHA-256 of the source and of the cubin built from it
-NVCC_FLAGS = ["-O3", "-arch=sm_90a", "-cubin", "-std=c++17", "-Xptxas", "-v"]
+NVCC_FLAGS = ("-O3", "-arch=sm_90a", "-cubin", "-std=c++17", "-Xptxas", "-v")
 SMEM_BYTES = 231832   # the kernel's SMEM_BYTES (a static_assert there keeps the two equal)
 THREADS = 256
 BLOCK_M = 64
@@ -35,6 +35,7 @@ KERNELS = {"bfloat16": "ddp_seesaw_bf16", "float16": "ddp_seesaw_f16"}
 _CU_TENSOR_MAP_DTYPE = {"bfloat16": 9, "float16": 6}
 _SWIZZLE_128B = 3
 _L2_PROMOTION_128B = 2
+_ATTR_MAX_DYNAMIC_SHARED = 8
 
 
 def _l2_promotion() -> int:
@@ -42,7 +43,6 @@ def _l2_promotion() -> int:
     DDPROBE_CU_L2PROMO says otherwise (a measurement hook)."""
     v = os.environ.get("DDPROBE_CU_L2PROMO", "")
     return int(v) if v in ("0", "1", "2", "3") else _L2_PROMOTION_128B
-_ATTR_MAX_DYNAMIC_SHARED = 8
 
 
 def source_hash() -> str:
@@ -77,7 +77,7 @@ class _TensorMap(ctypes.Structure):
 
 
 _lib = None
-_funcs: dict = {}
+_funcs: dict = {}   # (device index, kernel, cubin path) -> (module, function), or the LoadError it raised
 
 
 def _driver():
@@ -106,7 +106,8 @@ def _check(rc: int, what: str) -> None:
 
 
 def _function(name: str, device) -> ctypes.c_void_p:
-    """The kernel ``name`` loaded into the primary context of ``device`` (once per device)."""
+    """The kernel ``name`` loaded into the primary context of ``device`` (once per device; a load that failed is
+    not retried: its LoadError is raised again)."""
     import torch
 
     cubin = pathlib.Path(os.environ.get("DDPROBE_CU_CUBIN") or CUBIN)  # a locally rebuilt or variant cubin
@@ -123,8 +124,11 @@ def _function(name: str, device) -> ctypes.c_void_p:
                 _check(lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"finding {name}")
                 _check(lib.cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, SMEM_BYTES), "setting shared memory")
             except (OSError, AttributeError, RuntimeError) as e:
-                raise LoadError(str(e)) from None
+                _funcs[key] = LoadError(str(e))
+                raise _funcs[key] from None
         _funcs[key] = (mod, fn)
+    if isinstance(_funcs[key], LoadError):
+        raise _funcs[key]
     return _funcs[key][1]
 
 

@@ -156,9 +156,6 @@ def uses_cuda(hq: int, t: WsTuning) -> bool:
     return t.cuda == 1 or triton.cdiv(hq, BLOCK_M) >= CUDA_MIN_ROW_BLOCKS
 
 
-_CU_FAILED: dict[int, str] = {}  # device index -> why loading the cubin failed there (cuda=-1 then keeps to Gluon)
-
-
 def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
     """None when this path can run these tensors, else the reason (one line)."""
     if interpreting():
@@ -398,7 +395,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     q2 = q.reshape(hq, d)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    if uses_cuda(hq, t) and (t.cuda == 1 or (sm_scale > 0 and q.device.index not in _CU_FAILED)):
+    if uses_cuda(hq, t) and (t.cuda == 1 or sm_scale > 0):
         if sm_scale <= 0:
             raise ValueError(f"WsTuning.cuda=1 needs a positive softmax scale, got {sm_scale}")
         from . import _cu
@@ -412,11 +409,10 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         try:
             info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], table[0], table[1], o_part, lse_part,
                                      p.prefix_len, h, sm_scale * LOG2E)
-        except _cu.LoadError as e:  # no usable cubin here: cuda=-1 falls back to the Gluon kernel (same grid)
-            if t.cuda == 1:
+        except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): cuda=-1 falls back to the Gluon
+            if t.cuda == 1:         # kernel on the same grid; Python shows the repeated warning once
                 raise
             import warnings
-            _CU_FAILED[q.device.index] = str(e)
             warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
                           RuntimeWarning, stacklevel=2)
         else:

@@ -509,21 +509,20 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
     st.m0 = st.m1 = -INFINITY;
     mbar_wait(q_bar, (k - piece_ptr[blockIdx.x]) & 1);
 
+#define DDP_PAIRS(PAIR, U)                                                                                            \
+  for (int j = 0; j < n_tiles / 2; ++j)                                                                              \
+    PAIR<BF16, true>(j, ((U) + j) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
+                     ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);                                                  \
+  if (n_tiles & 1)                                                                                                   \
+    PAIR<BF16, false>(n_tiles / 2, ((U) + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, \
+                      wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+    // each warpgroup runs the full pairs, then the odd last tile alone (HAS_B false), in its own role
     if (wg == 0) {
-      for (int j = 0; j < n_tiles / 2; ++j)
-        wg0_pair<BF16, true>(j, (u0 + j) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0,
-                             k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
-      if (n_tiles & 1)
-        wg0_pair<BF16, false>(n_tiles / 2, (u0 + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq,
-                              r0, lane, wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+      DDP_PAIRS(wg0_pair, u0)
     } else {
-      for (int j = 0; j < n_tiles / 2; ++j)
-        wg1_pair<BF16, true>(j, (u1 + j) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0,
-                             k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
-      if (n_tiles & 1)
-        wg1_pair<BF16, false>(n_tiles / 2, (u1 + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq,
-                              r0, lane, wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+      DDP_PAIRS(wg1_pair, u1)
     }
+#undef DDP_PAIRS
     u0 += (n_tiles + 1) / 2;
     u1 += n_tiles / 2;
 
