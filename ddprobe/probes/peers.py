@@ -5,7 +5,7 @@
 Also PyTorch's own attention as weaker peers: ``sdpa_peer`` (scaled_dot_product_attention with a dense bool
 mask) and ``flex_peer`` (FlexAttention with a block mask), heads x rows folded into one query dimension.
 
-Imported lazily by benchmarks/bench_verify.py. ``make(name, ...)`` builds everything a peer needs once
+Used by ``verify_bench`` (``ddprobe bench verify``). ``make(name, ...)`` builds everything a peer needs once
 (workspace, page table, plan) and returns ``run(q [R, H, D], kv [rows, D]) -> out [R, H, v_dim]``; when the
 library is missing, the GPU is not one it runs on, or it refuses the shape, it raises ``PeerUnavailable``
 with the reason, and the benchmark records that reason instead of a time.
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
-
 PEERS = ("flashmla", "flashinfer-fa3", "flashinfer-fa2")
 FLASHMLA_PAGE = 64
 WORKSPACE_BYTES = 128 * 2**20
@@ -39,6 +37,8 @@ def rows_for(n: int) -> int:
 
 
 def _need_hopper(name: str) -> None:
+    import torch
+
     if not torch.cuda.is_available():
         raise PeerUnavailable(f"{name} needs a CUDA GPU")
     if torch.cuda.get_device_capability()[0] != 9:
@@ -47,6 +47,8 @@ def _need_hopper(name: str) -> None:
 
 
 def _flashmla(prefix: int, rows: int, heads: int, v_dim: int, sm_scale: float):
+    import torch
+
     _need_hopper("flashmla")
     try:
         import flash_mla
@@ -70,6 +72,8 @@ def _flashmla(prefix: int, rows: int, heads: int, v_dim: int, sm_scale: float):
 
 
 def _flashinfer(backend: str, prefix: int, rows: int, heads: int, v_dim: int, pe_dim: int, sm_scale: float, dtype):
+    import torch
+
     _need_hopper(f"flashinfer-{backend}")
     try:
         from flashinfer.mla import BatchMLAPagedAttentionWrapper
@@ -98,7 +102,9 @@ def _flashinfer(backend: str, prefix: int, rows: int, heads: int, v_dim: int, pe
 # ---------------------------------------------------------------- PyTorch's own attention (weak peers)
 def sdpa_peer(prefix, mask, heads, v_dim):
     """SDPA over the contiguous cache with a dense bool mask; heads x rows folded (MQA)."""
+    import torch
     import torch.nn.functional as F
+
     full = torch.cat([torch.ones(mask.shape[0], prefix, dtype=torch.bool, device=mask.device), mask], 1)
     dense = full.repeat_interleave(heads, dim=0)[None, None]  # [1,1,Hq,n] row hq = r*H+h
 
@@ -114,6 +120,8 @@ def sdpa_peer(prefix, mask, heads, v_dim):
 
 
 def flex_peer(prefix, mask, heads, v_dim):
+    """FlexAttention with a block mask built from the tree (compiled once per shape)."""
+    import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     r = mask.shape[0]
     n = prefix + r
@@ -136,11 +144,14 @@ def flex_peer(prefix, mask, heads, v_dim):
     return run
 
 
-def make(name: str, prefix: int, rows: int, heads: int, v_dim: int, pe_dim: int, sm_scale: float,
-         dtype=torch.bfloat16):
-    """A ready-to-time peer ``run(q, kv)``; PeerUnavailable (with the reason) when it cannot run here."""
+def make(name: str, prefix: int, rows: int, heads: int, v_dim: int, pe_dim: int, sm_scale: float, dtype=None):
+    """A ready-to-time peer ``run(q, kv)`` (bf16 unless ``dtype``); PeerUnavailable (with the reason) when it
+    cannot run here."""
     if name == "flashmla":
         return _flashmla(prefix, rows, heads, v_dim, sm_scale)
     if name in ("flashinfer-fa3", "flashinfer-fa2"):
-        return _flashinfer(name.rsplit("-", 1)[1], prefix, rows, heads, v_dim, pe_dim, sm_scale, dtype)
+        import torch
+
+        return _flashinfer(name.rsplit("-", 1)[1], prefix, rows, heads, v_dim, pe_dim, sm_scale,
+                           dtype or torch.bfloat16)
     raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
