@@ -23,12 +23,13 @@ Stages (each saves the state to --out, so a later call resumes from it with --re
 After every target stage: the teacher-forced copy on texts.recall prompts at --checks (probe layout); after every
 drafter stage: its teacher-forced accuracy per block position at --dchecks.
 
-    PYTHONPATH=$PWD python benchmarks/recall_curriculum.py --device cuda --out $OUT/rc --stages A,B,C
-    PYTHONPATH=$PWD python benchmarks/recall_curriculum.py --device cuda --out $OUT/rc --resume ckpt/rc.pt \
+    python -m ddprobe.probes.recall_curriculum --device cuda --out $OUT/rc --stages A,B,C
+    python -m ddprobe.probes.recall_curriculum --device cuda --out $OUT/rc --resume ckpt/rc.pt \
         --stages D,E,drafter,V
 
-The H200 runs of 2026-12-02 (logs in results/tiny_recall_curriculum_h200_2026-12-02/, docs/tiny-model.md; the states
-state-call3..7.pt in those folders on the branch recall2), each resuming from the state.pt the one before wrote:
+The H200 runs of 2026-12-02 (logs in benchmarks/results/tiny_recall_curriculum_h200_2026-12-02/ at the tag
+lab-2026-12-03, docs/tiny-model.md; the states state-call3..7.pt in those folders on the branch recall2; the script
+was then benchmarks/recall_curriculum.py), each resuming from the state.pt the one before wrote:
   1. (7924129) --stages A,B,C,D,E                  A-D done, E cut by the call's limit (590 s)
   2. (7924129) --resume <1> --stages E,drafter,V --checks 16384,65536,131072
   3. (6847f33) --resume <2> --fresh-drafter --stages tune,dwarm,drafter,V --checks 16384,65536,131072
@@ -36,7 +37,7 @@ state-call3..7.pt in those folders on the branch recall2), each resuming from th
          --drafter-steps 800 --drafter-xl-steps 100 --drafter-lr 1e-3 --checks 16384,65536,131072
      recall 8.00 / 8.00 / 4.70 / 2.27 / 1.42, novel 1.48-1.69, predictable 7.00 / 6.89 / 3.74 / 2.05 / 1.55 at
      1k / 16k / 64k / 128k / 256k (state-call4.pt).
-Then, with DrafterConfig.history_rotation (results/tiny_recall_rotation_h200_2026-12-02/):
+Then, with DrafterConfig.history_rotation (benchmarks/results/tiny_recall_rotation_h200_2026-12-02/ at the same tag):
   5. (01be773) --resume <4> --fresh-drafter --stages F,rwarm,rdrafter,V --checks 16384,65536,131072,262144 \
          --dchecks 1024,65536 --rdrafter-steps 400,60
   6. (f04dab7) --resume <5> --stages F,rdrafter,V --f-len 131072 --f-steps 50 --rdrafter-steps 200,30 \
@@ -57,17 +58,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ddprobe import texts
-from ddprobe.engine.generate import Engine
-from ddprobe.engine.tokenizer import WordTokenizer
-from ddprobe.engine.train import target_forward_train, train_drafter
-from ddprobe.engine.traindata import REPEAT_PROMPT, RecallStream
+from .. import texts
+from ..engine.curriculum import draft_accuracy, drafter_loop
+from ..engine.generate import Engine
+from ..engine.tokenizer import WordTokenizer
+from ..engine.train import target_forward_train, train_drafter
+from ..engine.traindata import REPEAT_PROMPT, RecallStream
 
 LONG = {"B": (1024, 16, 600), "C": (4096, 4, 400), "D": (16384, 2, 300), "E": (32768, 1, 200)}  # len, batch, steps
 
 
 def backend(eng, tok):
-    from ddprobe.probes.engine_backend import EngineBackend
+    from .engine_backend import EngineBackend
 
     return EngineBackend.around(eng, tok)
 
@@ -83,7 +85,7 @@ def trained_without_bonus_all(eng) -> None:
 def copy_at(eng, tok, ctx: int, seed: int = 0, new_tokens: int = 128) -> float:
     """Teacher-forced: the share of the passage's names after the cue that the target predicts, on the probe's own
     recall prompt of ``ctx`` tokens (its passage sized for ``new_tokens``: 160 names for 128, 64 for 32 or fewer)."""
-    from ddprobe.probes.commit import prompt_ids
+    from .commit import prompt_ids
 
     ids = prompt_ids(backend(eng, tok), "recall", ctx, seed=seed, new_tokens=new_tokens)
     _, passage = texts.recall(8, seed, texts.recall_words(new_tokens))
@@ -97,113 +99,26 @@ def copy_at(eng, tok, ctx: int, seed: int = 0, new_tokens: int = 128) -> float:
     return round((pred == y[0, len(ids):]).float().mean().item(), 3)
 
 
-def attn_loss(logw: torch.Tensor, x: torch.Tensor, anc: torch.Tensor, names: torch.Tensor | None, n_draft: int,
-              match: int = 1):
-    """-log(attention on the copy's source), averaged over heads and over the block positions k = 1..L of the
-    anchors that have one: the source rows of block position k are the context rows j < a whose ``match`` tokens
-    ending k back equal the ``match`` tokens ending at the bonus (names occur only in their passage and its copy,
-    so with match 1 that is where the copy continues; in a refrain, match 2-3 tells "the cat" from "the mat").
-    names: a [V] bool mask; then only anchors whose bonus is a name count (None: every anchor)."""
-    b, h, kl, _ = logw.shape
-    t = x.shape[1]
-    lb = n_draft + 1
-    j = torch.arange(t, device=x.device)
-    k = torch.arange(1, lb, device=x.device)
-    src = (j[None, None, None] < anc[..., None, None]).expand(b, anc.shape[1], n_draft, t)  # [B, K, L, T]
-    for m in range(match):
-        back = j[None, :] - k[:, None] - m  # [L, T]: row j's token k + m back
-        want = x.gather(1, (anc - m).clamp(min=0))  # [B, K]: the token m before the bonus
-        src = src & (x[:, back.clamp(min=0)][:, None] == want[..., None, None]) & (back >= 0)[None, None]
-        src = src & (anc - m >= 0)[..., None, None]
-    if names is not None:
-        src = src & names[x.gather(1, anc)][..., None, None]
-    lw = logw[..., :t].view(b, h, anc.shape[1], lb, t)[:, :, :, 1:]  # [B, H, K, L, T]: block positions 1..L
-    hit = torch.logsumexp(lw.masked_fill(~src[:, None], float("-inf")), -1)  # [B, H, K, L]
-    ok = src.any(-1)[:, None].expand_as(hit)
-    return -(hit[ok]).mean() if ok.any() else logw.new_zeros(())
-
-
 @torch.no_grad()
 def draft_copy_at(eng, tok, ctx: int, seed: int = 0, anchors: int = 16) -> list[float]:
     """Teacher-forced drafter accuracy at block positions k = 1..L inside the copy of the probe's recall prompt of
     ``ctx`` tokens (anchors spread over the first 100 copied names)."""
-    from ddprobe.probes.commit import prompt_ids
+    from .commit import prompt_ids
 
     ids = prompt_ids(backend(eng, tok), "recall", ctx, seed=seed)
     _, passage = texts.recall(8, seed, texts.RECALL_WORDS)
     y = ids + tok.encode(passage)[texts.RECALL_CUE_WORDS:]
-    return _draft_accuracy(eng, y, torch.linspace(len(ids), len(ids) + 100, anchors).long())
-
-
-@torch.no_grad()
-def _draft_accuracy(eng, tokens: list[int], anc: torch.Tensor) -> list[float]:
-    """Teacher-forced: the share of anchors [K] at which the drafter drafts the token k after the bonus, k = 1..L."""
-    from ddprobe.engine.train import drafter_forward_train
-
-    dev = eng.target.lm_head.weight.device
-    y, anc = torch.tensor([tokens], device=dev), anc.to(dev)[None]
-    _, feats = target_forward_train(eng.target, y)
-    n_draft = eng.drafter.cfg.block_size - 1
-    was = eng.drafter.training
-    eng.drafter.eval()
-    lp = drafter_forward_train(eng.drafter, eng.target, y, feats, anc)  # [1, K, L, V]
-    eng.drafter.train(was)
-    want = y[0, anc[0, :, None] + torch.arange(1, n_draft + 1, device=dev)]  # [K, L]
-    return [round(v, 2) for v in (lp[0].argmax(-1) == want).float().mean(0).tolist()]
+    return draft_accuracy(eng, y, torch.linspace(len(ids), len(ids) + 100, anchors).long())
 
 
 @torch.no_grad()
 def draft_predictable_at(eng, tok, ctx: int) -> list[float]:
     """Teacher-forced drafter accuracy at block positions k = 1..L on the probe's predictable prompt of ``ctx``
     tokens, anchors on every phase of the 7-token refrain in its last 120 tokens."""
-    from ddprobe.probes.commit import prompt_ids
+    from .commit import prompt_ids
 
     ids = prompt_ids(backend(eng, tok), "predictable", ctx)
-    return _draft_accuracy(eng, ids, torch.arange(len(ids) - 120, len(ids) - eng.drafter.cfg.block_size, 4))
-
-
-def drafter_loop(eng, streams, steps: int, lr: float, anchors: int, focus: int, say, tag: str, every: int,
-                 check, attn_weight: float = 1.0, match: int = 2, span: int = 64, ramp: int = 50, seed: int = 3,
-                 stop=None, names: torch.Tensor | None = None) -> None:
-    """The drafter against the frozen target, batches drawn from ``streams`` [(stream, batch)] in turn: the
-    cross-entropy of the L drafted tokens plus attn_weight * attn_loss (``match``-token match; on the anchors whose
-    bonus is a name when ``names`` is given, else on every anchor) at a constant lr after a ramp; ``check()`` every
-    ``every`` steps is logged, and ``stop(result)`` ends the loop."""
-    from ddprobe.engine.train import drafter_forward_train, focus_anchors
-
-    d, t = eng.drafter, eng.target
-    dev = t.lm_head.weight.device
-    gen = torch.Generator().manual_seed(seed)
-    n_draft = d.cfg.block_size - 1
-    offs = torch.arange(1, n_draft + 1, device=dev)
-    opt = torch.optim.AdamW(d.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
-    d.train().requires_grad_(True)
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (step + 1) / ramp)
-        stream, bs = streams[step % len(streams)]
-        x = stream.batch(bs)
-        anc = focus_anchors(x, anchors, n_draft, focus, gen, span=span).to(dev)
-        x = x.to(dev)
-        with torch.no_grad():
-            _, feats = target_forward_train(t, x)
-        att = [] if attn_weight else None
-        lp = drafter_forward_train(d, t, x, feats, anc, att)
-        want = x.gather(1, (anc[..., None] + offs).flatten(1)).view_as(lp[..., 0])
-        nll = F.nll_loss(lp.flatten(0, 2), want.flatten())
-        al = attn_loss(att[0], x, anc, names, n_draft, match=match) if att else nll.new_zeros(())
-        opt.zero_grad(set_to_none=True)
-        (nll + attn_weight * al).backward()
-        torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
-        opt.step()
-        if (step + 1) % every == 0 or step == steps - 1:
-            d.eval()
-            res = check()
-            d.train()
-            say(stage=tag, step=step + 1, nll=round(nll.item(), 3), attn=round(al.item(), 3), **res)
-            if stop and stop(res):
-                break
-    d.eval().requires_grad_(False)
+    return draft_accuracy(eng, ids, torch.arange(len(ids) - 120, len(ids) - eng.drafter.cfg.block_size, 4))
 
 
 def main() -> int:
@@ -392,8 +307,8 @@ def main() -> int:
         save("rdrafter")
         say(check="rdrafter", **dcheck(dcheck_ctx))
     if "V" in stages:
-        from ddprobe.probes.backends import GenStats
-        from ddprobe.probes.commit import output_repeats, prompt_ids, recall_copied
+        from .backends import GenStats
+        from .commit import output_repeats, prompt_ids, recall_copied
 
         ctxs = eval_ctx
         ev = Engine("tiny", seed=0, device=a.device, dtype=torch.bfloat16, max_ctx=max(ctxs) + 1024)
@@ -411,11 +326,11 @@ def main() -> int:
                     copied=(recall_copied(be, st) or (None,))[0] if kind == "recall" else None,
                     repeats=output_repeats(list(res.tokens)), gen_s=round(time.time() - t1, 1))
     if "ship" in stages:  # --out becomes the preset's weights folder: model, config, tokenizer, checksums, the log
-        from ddprobe.engine import weights
+        from ..engine import weights
 
         calls = [{"log": str(p), "entries": json.loads(p.read_text())} for p in a.ship_logs]
         log.clear()  # the folder gets train_log.json, not this call's log.json
-        training = {"recipe": "benchmarks/recall_curriculum.py, calls 1-7 of its docstring, each resuming the state "
+        training = {"recipe": "ddprobe/probes/recall_curriculum.py, calls 1-7 of its docstring, each resuming the state "
                               "the one before saved", "device": "NVIDIA H200", "resumed": str(a.resume),
                     "docstring": __doc__, "calls": calls}
         weights.save(eng, a.out, tok, {"training": {k: v for k, v in training.items() if k != "calls"}})
