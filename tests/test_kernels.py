@@ -137,7 +137,7 @@ def test_split_tile_loads(tma, block_n, tail):
         check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
 
 
-# metadata.shared of split's prefix kernel compiled for sm_90a by Triton 3.6 (benchmarks/compile_split_sm90.py at the tag lab-2026-12-03,
+# metadata.shared of split's prefix kernel compiled for sm_90a by Triton 3.6 (lab-2026-12-03:benchmarks/compile_split_sm90.py,
 # tma=1) at the k2 width: (dtype, heads, R, block_n, num_stages) -> bytes; the limit is 232,448 B
 SM90_SHARED = [
     (torch.float32, 2, 9, 64, 2, 368648),  # what `split` launched for fp32 before the fit: OutOfResources

@@ -1,4 +1,4 @@
-"""The verify-attention comparison (``ddprobe bench verify``, diagnose's step 4): every path and peer, checked and timed.
+"""The verify-attention comparison (``ddprobe bench verify``, diagnose's step 4): every path and peer, checked, timed.
 
 Per layer, for each context and head count: the median time of each verify path (``paged``, ``split``,
 ``split_ws``...) and of the peers (``peers``: FlashMLA, FlashInfer fa3/fa2, FlexAttention, SDPA), each checked
@@ -66,7 +66,8 @@ def call_cost(shape: AttnShape, ctx: int, heads: int, rows: int, layers: int = 1
     """(bytes, useful FLOPs) of verify attention over ctx + rows columns: the latent rows read once, q read, out
     written; FLOPs scale with the heads timed (the shape's count is the model's)."""
     n = ctx + rows
-    nbytes = shape.kv_bytes_per_token(DT, layers=layers) * n + layers * rows * heads * (shape.kv_row + shape.v_dim) * dtype_bytes(DT)
+    nbytes = shape.kv_bytes_per_token(DT, layers=layers) * n
+    nbytes += layers * rows * heads * (shape.kv_row + shape.v_dim) * dtype_bytes(DT)
     return nbytes, shape.attn_flops_per_token(rows, layers=layers) * n * heads / shape.num_heads
 
 
