@@ -23,7 +23,7 @@ def copy_bandwidth_Bps(torch, nbytes: int = 1 << 30) -> float:
 def timed_graph(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> float:
     """Capture fn() (which makes n_calls layer calls) in a CUDA graph and replay it; median seconds per
     call. Replay leaves out the host's launch work; fn should touch more distinct caches than L2 holds
-    (replay does not flush L2). Also used by benchmarks/bench_verify.py."""
+    (replay does not flush L2)."""
     import statistics
 
     import torch

@@ -1,7 +1,7 @@
 """Train the `tiny` target and its DFlash-style drafter, deterministic from a seed, in one call, and write a
 weights folder (model.safetensors, config.json, tokenizer.json, SHA256SUMS) plus the loss curves.
 
-The weights shipped since 2026-12-02 come from benchmarks/recall_curriculum.py instead (seven H200 calls, each
+The weights shipped since 2026-12-02 come from ddprobe/probes/recall_curriculum.py instead (seven H200 calls, each
 resuming the last; its docstring lists them): that curriculum makes a target that copies a passage from 128k
 tokens back and a drafter that drafts the copy, which this one-call recipe (the 2026-12-01 pair's) does not.
 
@@ -61,7 +61,7 @@ def main() -> int:
     ap.add_argument("--eval-dtypes", default="bfloat16")
     ap.add_argument("--eval-new", type=int, default=128)
     ap.add_argument("--out", type=Path, required=True, help="the weights folder to write (the shipped one, "
-                    "ddprobe/engine/weights/tiny, comes from benchmarks/recall_curriculum.py)")
+                    "ddprobe/engine/weights/tiny, comes from ddprobe/probes/recall_curriculum.py)")
     args = ap.parse_args()
     if args.copy_weight <= 0:
         ap.error(f"--copy-weight must be > 0, got {args.copy_weight}")

@@ -339,7 +339,7 @@ def test_h200_deep_run_reads_the_measured_decode():
         assert k["dram_pct"] < 1 and k["tensor_pct"] < 2  # the paged kernel idles the GPU under ncu too
 
 
-H200 = DATA / "h200"  # benchmarks/gpu_util_multi.py on the lent H200 (one GPU: the two-GPU kind was not lent)
+H200 = DATA / "h200"  # lab-2026-12-03:benchmarks/gpu_util_multi.py on the lent H200 (one GPU: the two-GPU kind was not lent)
 
 
 def test_recorded_matmul_load_replays_compute_bound_then_idle(tmp_path):

@@ -2,7 +2,7 @@
 
 The interpreter's tl.dot is wrong for two bf16 operands (DESIGN.md pitfalls): the kernels
 upcast operands to fp32 when interpreting (constexpr UPCAST), and bf16 itself is covered on
-the GPU by benchmarks/bench_verify.py. Tolerances (relative Frobenius error vs reference):
+the GPU by `ddprobe bench verify`. Tolerances (relative Frobenius error vs reference):
 fp32 1e-4, fp16 3e-3, bf16 1.5e-2 (the output is rounded to the input dtype).
 """
 from __future__ import annotations
@@ -137,7 +137,7 @@ def test_split_tile_loads(tma, block_n, tail):
         check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
 
 
-# metadata.shared of split's prefix kernel compiled for sm_90a by Triton 3.6 (benchmarks/compile_split_sm90.py,
+# metadata.shared of split's prefix kernel compiled for sm_90a by Triton 3.6 (lab-2026-12-03:benchmarks/compile_split_sm90.py,
 # tma=1) at the k2 width: (dtype, heads, R, block_n, num_stages) -> bytes; the limit is 232,448 B
 SM90_SHARED = [
     (torch.float32, 2, 9, 64, 2, 368648),  # what `split` launched for fp32 before the fit: OutOfResources

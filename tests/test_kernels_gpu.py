@@ -510,14 +510,11 @@ def test_tuning_outside_the_kernels_choices_is_refused(over, field):
 
 
 def test_benchmark_peers_say_why_they_cannot_run():
-    """benchmarks/peers.py: without a Hopper GPU (or without the libraries) every production peer raises
-    PeerUnavailable with a one-line reason, which bench_verify records; the SDPA peer matches the reference."""
-    import importlib.util
-    import pathlib
+    """probes/peers.py: without a Hopper GPU (or without the libraries) every production peer raises
+    PeerUnavailable with a one-line reason, which the verify comparison records; the SDPA peer matches the
+    reference."""
+    from ddprobe.probes import peers
 
-    spec = importlib.util.spec_from_file_location("peers", pathlib.Path(__file__).parents[1] / "benchmarks" / "peers.py")
-    peers = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peers)
     assert peers.rows_for(1) == 64 and peers.rows_for(64) == 64 and peers.rows_for(65) == 128
     with pytest.raises(ValueError, match="unknown peer"):
         peers.make("flashmla3", 100, 9, 8, V, PE, 0.07)

@@ -1,19 +1,15 @@
 """The recall curriculum's pieces (issue 14): prose that reuses no content word within its window, RecallStream's
 layout and copy mask, the drafter's attention weights and the loss on where its full layer looks."""
 import math
-import sys
-from pathlib import Path
 
 import torch
 
 from ddprobe import texts
+from ddprobe.engine.curriculum import attn_loss
 from ddprobe.engine.generate import Engine
 from ddprobe.engine.tokenizer import WordTokenizer
 from ddprobe.engine.train import drafter_forward_train, target_forward_train
 from ddprobe.engine.traindata import REPEAT_PROMPT, RecallStream, copy_runs
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from recall_curriculum import attn_loss  # noqa: E402
 
 
 def test_novel_prose_reuses_no_content_word_within_its_window():

@@ -112,7 +112,7 @@ def test_subset_and_unknown_kind_render(tmp_path):
 
 
 def test_raw_bench_verify_output_is_read(tmp_path):
-    """benchmarks/bench_verify.py's own JSON (meta/ceilings/results, `us`, `step61`) reads as bench-verify."""
+    """`ddprobe bench verify`'s own JSON (meta/ceilings/results, `us`, `step61`) reads as bench-verify."""
     raw = {"meta": {"date": "2026-11-29", "gpu": "NVIDIA H200", "torch": "2.11.0", "triton": "3.6.0",
                     "python": "3.12.3", "command": "bench_verify.py", "sm_count": 132},
            "ceilings": {"copy_GBps": 4240.0, "bf16_mm_TFLOPs": 790.0},

@@ -13,7 +13,7 @@ from ddprobe.engine.traindata import TensorStream, make_dataset
 from ddprobe.probes.commit import prompt_ids
 from ddprobe.probes.engine_backend import EngineBackend
 
-# Changing the shipped weights means retraining (benchmarks/recall_curriculum.py, its stage ship) and updating this
+# Changing the shipped weights means retraining (ddprobe/probes/recall_curriculum.py, its stage ship) and updating this
 # digest.
 MODEL_SHA256 = "0fdec0bddf9c77a2bec04b7ad5d7f87d718e218f639a0f4f1de2a374f75a9d44"
 

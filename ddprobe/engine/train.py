@@ -122,7 +122,7 @@ def train_target(target: TargetModel, stream, steps: int, batch: int, lr: float 
                  on_log=None, copy_weight: float = 1.0) -> TrainLog:
     """Next-token cross-entropy on the stream's sequences. copy_weight: the weight of the tokens the stream's
     copy mask marks (a passage asked for again, after its cue: ``stream.last_mask``) in a weighted mean; the
-    copy signal is rare and a small target forms no induction without it (benchmarks/induction_sweep.py)."""
+    copy signal is rare and a small target forms no induction without it (lab-2026-12-03:benchmarks/induction_sweep.py)."""
     dev = target.lm_head.weight.device
     if copy_weight <= 0:
         raise ValueError(f"copy_weight must be > 0, got {copy_weight}")

@@ -146,7 +146,7 @@ class Diagnose:
             return "skipped", "the paged vs split comparison runs on the embedded engine only"
         if not str(b.describe().get("device")).startswith("cuda"):
             return "skipped", "the embedded engine runs on the CPU (--device cpu): Triton kernels need a GPU"
-        from .verify_compare import compare
+        from .verify_bench import compare
 
         shape, _, sm_scale = attention()
         path = self.files["verify"] = self.out / "verify.json"

@@ -1,4 +1,4 @@
-"""Benchmark rows in one shape, whichever writer made them (bench_verify.py raw or converted).
+"""Benchmark rows in one shape, whichever writer made them (`ddprobe bench verify` raw or converted).
 
 ``entries(result)`` gives one ``Entry`` per row: kind "layer" (one verify-attention call)
 or "step" (the whole multi-layer verify step), path, context, heads, GPU, time, floor,

@@ -1,7 +1,7 @@
 """Read results files for reports and the gate: files or folders, every error naming its file.
 
 Besides ddprobe results files (``ddprobe.result/1``) this reads the raw JSON that
-``benchmarks/bench_verify.py`` writes (``meta``, ``ceilings``, ``results``) as a
+``ddprobe bench verify`` (probes/verify_bench.py) writes (``meta``, ``ceilings``, ``results``) as a
 ``bench-verify`` result, so a benchmark run can be reported before it is converted.
 """
 from __future__ import annotations

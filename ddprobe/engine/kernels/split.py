@@ -435,7 +435,7 @@ def smem_limit(device) -> int:
 def prefix_smem(cfg: dict, r: int, width: int, elem_bytes: int) -> int:
     """Estimated shared memory (bytes) of _split_prefix_kernel on sm_90 with config ``cfg``, for r new rows
     and kv rows of ``width`` elements of ``elem_bytes``. Calibrated on Triton 3.6's metadata.shared
-    (benchmarks/compile_split_sm90.py; within 16 B + the 1 KiB margin where the limit binds: fp32, and 16-bit
+    (lab-2026-12-03:benchmarks/compile_split_sm90.py; within 16 B + the 1 KiB margin where the limit binds: fp32, and 16-bit
     64-row blocks): the prefix loop holds num_stages [block_n, width] KV tiles and the query rows
     [block_q + tail, width] staged for the dots (an in-program tail, tail=1, takes each tile through a
     second MMA: two tile copies more); the tree part its [BLOCK_R, width] tile and the block's rows. The

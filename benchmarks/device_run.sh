@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device session: build, check, time. On the GPU machine, from the repository root:
+#   OUT=<folder> bash benchmarks/device_run.sh            # everything (about 8 minutes on an H200)
+#   OUT=<folder> QUICK=1 bash benchmarks/device_run.sh    # short grid: 1k, 32k, 128k; no FlexAttention
+# Steps (each one's log in $OUT/<step>.log, a failed step does not stop the next):
+#   peers   FlashMLA and FlashInfer from .peers/ (benchmarks/peers_bundle.sh build, made where there is network)
+#   build   the split_ws CUDA cubin rebuilt with the device's nvcc when BUILD=1 (python -m ddprobe.engine.kernels._cu
+#           --build); otherwise the shipped one is checked against its source by tests/test_cu.py
+#   check   the GPU tests: tests/test_kernels_gpu.py, tests/test_cu.py, tests/test_engine_graphs.py
+#   verify  ddprobe bench verify (every path and peer, 8 and 64 heads, the 61-layer step) -> $OUT/bench-verify.json
+#   engine  benchmarks/bench_engine.py (k2 and tiny decode steps, graphs vs eager) -> $OUT/bench-engine.json
+#   commit  ddprobe commit on the shipped tiny pair -> $OUT/commit-tiny.json
+# Last: a short table (each step's status and seconds, then the verify results at 128k).
+set -u
+OUT=${OUT:-./device-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+declare -a STATUS=()
+
+step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record status and seconds
+    local name=$1 limit=$2 t0=$SECONDS rc
+    shift 2
+    echo "== $name: $*" | tee "$OUT/$name.log"
+    timeout "$limit" "$@" >> "$OUT/$name.log" 2>&1
+    rc=$?
+    STATUS+=("$(printf '%-8s %-6s %5ss  %s' "$name" "$([ $rc = 0 ] && echo ok || echo rc=$rc)" $((SECONDS - t0)) "$OUT/$name.log")")
+    tail -3 "$OUT/$name.log"
+}
+
+if [ -d .peers ]; then
+    step peers 120 bash -c 'source benchmarks/peers_bundle.sh install && python -c "import flash_mla, flashinfer"'
+    export PYTHONPATH=/tmp/peers:$PYTHONPATH
+fi
+[ "${BUILD:-0}" = 1 ] && step build 300 python -m ddprobe.engine.kernels._cu --build
+step check 600 python -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py tests/test_cu.py \
+    tests/test_engine_graphs.py
+if [ "${QUICK:-0}" = 1 ]; then
+    step verify 400 python -m ddprobe bench verify --quick --ctx 1k,32k,128k --heads 8,64 \
+        --paths paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,sdpa --out "$OUT/bench-verify.json"
+else
+    step verify 900 python -m ddprobe bench verify --out "$OUT/bench-verify.json"
+fi
+step engine 600 python benchmarks/bench_engine.py --out "$OUT/bench-engine.json" $([ "${QUICK:-0}" = 1 ] && echo "--skip tiny")
+step commit 300 python -m ddprobe commit --ctx 1k,16k --json "$OUT/commit-tiny.json"
+
+echo
+echo "step     status  time   log"
+printf '%s\n' "${STATUS[@]}"
+[ -f "$OUT/bench-verify.json" ] && python - "$OUT/bench-verify.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"\nverify at 128k (copy {d['ceilings']['copy_GBps']:.0f} GB/s)    us/layer or ms/step   x floor")
+for r in d["results"]:
+    if r.get("ctx") != 131072:
+        continue
+    t = f"{r['us']:9.1f} us" if "us" in r else (f"{r['step_ms']:9.2f} ms" if "step_ms" in r else "        -   ")
+    what = "step61" if r.get("kind") == "step61" else f"H={r['heads']:<3}"
+    print(f"  {what} {r['path']:<24} {t}  {r.get('gap', float('nan')):5.2f}  {r.get('skipped', r.get('error', ''))[:60]}")
+PY

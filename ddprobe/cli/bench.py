@@ -1,0 +1,138 @@
+"""`ddprobe bench verify`: verify attention per layer and per step, every path against the peers, JSON out."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..units import DDProbeError, parse_token_list
+from .app import app
+from .options import err, errors_exit_1, out
+
+bench_app = typer.Typer(help="GPU benchmarks (results files that `ddprobe report` and `ddprobe gate` read).",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+DEFAULT_PATHS = "paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,flex,sdpa"
+
+
+def _names(text: str, what: str) -> list[str]:
+    """Comma-separated path and peer names, checked against the verify paths and the peers."""
+    from ..engine.kernels import available
+    from ..probes.peers import PEERS
+    from ..probes.verify_bench import WEAK_PEERS
+
+    known = [p for p in available() if p not in ("reference", "prefill")] + list(PEERS) + list(WEAK_PEERS)
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in known]
+    if bad:
+        raise DDProbeError(f"{what}: unknown path {bad[0]!r}; known: {', '.join(known)}")
+    return names
+
+
+def _overrides(text: str, what: str) -> dict[str, str]:
+    """'k=v,k=v' -> {k: v} (the values are checked against the path's tuning when it is built)."""
+    pairs = [t.strip() for t in text.split(",") if t.strip()]
+    if any("=" not in t for t in pairs):
+        raise DDProbeError(f"{what}: tuning overrides are field=value pairs, got {text!r}")
+    return dict(t.split("=", 1) for t in pairs)
+
+
+def _variants(items: list[str], what: str) -> list[tuple[str, dict]]:
+    """'split:tail=1,block_n=32' -> ("split", {"tail": "1", "block_n": "32"}) per item."""
+    out_ = []
+    for item in items:
+        path, sep, over = item.partition(":")
+        if not sep:
+            raise DDProbeError(f"{what} takes PATH:field=value[,field=value], got {item!r}")
+        out_.append((_names(path, what)[0], _overrides(over, what)))
+    return out_
+
+
+@bench_app.command("verify")
+@errors_exit_1
+def verify(
+    ctx: Annotated[str, typer.Option("--ctx", help="Contexts, k = 1024.")] = "1k,4k,16k,32k,64k,128k,256k",
+    heads: Annotated[str, typer.Option("--heads", help="Head counts timed per layer (8 = K2 under tp 8).")] = "8,64",
+    paths: Annotated[str, typer.Option("--paths", help="Verify paths and peers, in order.")] = DEFAULT_PATHS,
+    variant: Annotated[Optional[list[str]], typer.Option("--variant", help="Also time PATH with tuning overrides, "
+                                                         "e.g. split:tail=1 (repeatable).")] = None,
+    tune: Annotated[Optional[list[str]], typer.Option("--tune", help="A path's tuning for the whole run, e.g. "
+                                                      "split:tail_ratio=3 (repeatable).")] = None,
+    budget: Annotated[int, typer.Option("--budget", help="Tree budget (verify rows = budget + 1).")] = 8,
+    tree: Annotated[str, typer.Option("--tree", help="Tree shape: lopsided, fork, chain, star.")] = "lopsided",
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer cache sets and shorter timing.")] = False,
+    step_ctx: Annotated[str, typer.Option("--step-ctx", help="Context of the whole-step timing (every layer, "
+                                                             "8 heads); 0 leaves the step out.")] = "128k",
+    step_variant: Annotated[Optional[list[str]], typer.Option("--step-variant", help="Also time PATH with "
+                                                              "overrides in the step (repeatable).")] = None,
+    step_skip: Annotated[str, typer.Option("--step-skip", help="Paths left out of the step, e.g. paged.")] = "",
+    paged_max_ctx: Annotated[str, typer.Option("--paged-max-ctx", help="Time paged only up to this context.")]
+    = "256k",
+    paged_heads: Annotated[str, typer.Option("--paged-heads", help="Time paged only at these head counts "
+                                                                   "(default: all).")] = "",
+    flex_budget_s: Annotated[float, typer.Option("--flex-budget-s", help="Seconds FlexAttention may spend "
+                                                                         "compiling before it is left out.")] = 150.0,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Results file (JSON), rewritten after every "
+                                                               "context.")] = Path("bench-verify.json"),
+):
+    """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against the floor; needs CUDA."""
+    from ..probes.verify_bench import BenchOptions, run
+
+    opts = BenchOptions(
+        ctxs=parse_token_list(ctx), heads=[int(h) for h in parse_token_list(heads)], paths=_names(paths, "--paths"),
+        variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick,
+        tune={p: o for p, o in _variants(tune or [], "--tune")},
+        step_ctx=parse_token_list(step_ctx)[0] if step_ctx.strip() not in ("", "0") else None,
+        step_variants=_variants(step_variant or [], "--step-variant"), step_skip=_names(step_skip, "--step-skip"),
+        paged_max_ctx=parse_token_list(paged_max_ctx)[0],
+        paged_heads=[int(h) for h in parse_token_list(paged_heads)] if paged_heads else [],
+        flex_budget_s=flex_budget_s)
+    if budget < 1:
+        raise DDProbeError(f"--budget must be at least 1, got {budget}")
+    _need_cuda()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_path, "a"):  # an unwritable --out fails now, not after the first context
+        pass
+
+    def write(doc):
+        out_path.write_text(json.dumps(doc, indent=1, default=str))
+
+    doc = run(opts, write, on_row=lambda r: err.print(line(r), highlight=False, markup=False),
+              command=" ".join(["ddprobe", *sys.argv[1:]]),
+              on_ceilings=lambda c: err.print(f"ceilings: copy {c['copy_GBps']:.0f} GB/s, bf16 matmul "
+                                              f"{c['bf16_mm_TFLOPs']:.0f} TFLOP/s", highlight=False))
+    ceil = doc["ceilings"]
+    out.print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['bf16_mm_TFLOPs']:.0f} TFLOP/s; "
+              f"flex: {doc['flex']['failed'] or 'ok'}", highlight=False)
+    for r in doc["results"]:
+        out.print(line(r), highlight=False, markup=False)
+    out.print(f"results written to {out_path}", highlight=False)
+
+
+def _need_cuda() -> None:
+    try:
+        import torch
+    except ImportError:
+        raise DDProbeError("ddprobe bench verify needs torch with CUDA (pip install 'ddprobe[engine]')") from None
+    if not torch.cuda.is_available():
+        raise DDProbeError("ddprobe bench verify needs a CUDA GPU; none is visible to torch")
+
+
+def line(r: dict) -> str:
+    """One results row as one line of text (progress on stderr, the table last on stdout)."""
+    if r.get("kind") == "step61":
+        head = f"step {r['ctx']:>7} {'':>3} {r['path']:<32}"
+        if "step_ms" not in r:
+            return f"{head} skipped: {r.get('skipped', '')[:100]}"
+        return f"{head} {r['step_ms']:9.2f} ms  floor {r['floor_ms']:.2f} ms  gap {r['gap']:5.2f}  {r['GBps']:6.0f} GB/s"
+    head = f"{r['ctx']:>12} {r['heads']:>3} {r['path']:<32}"
+    if "us" in r:
+        k = (r.get("kernels") or {}).get("prefix") or {}
+        regs = f"  regs {k.get('n_regs')} spill {k.get('n_spills')}" if k else ""
+        return (f"{head} {r['us']:9.1f} us  {r['GBps']:6.0f} GB/s {r['TFLOPs']:6.1f} TF/s  floor {r['floor_us']:7.1f} "
+                f"gap {r['gap']:5.2f}  err {r['rel_err']:.1e}{regs}")
+    return f"{head} " + (f"skipped: {r['skipped'][:100]}" if "skipped" in r else f"ERROR {r.get('error', '')[:100]}")

@@ -1,0 +1,275 @@
+"""The verify-attention comparison (``ddprobe bench verify``, diagnose's step 4): every path and peer, checked, timed.
+
+Per layer, for each context and head count: the median time of each verify path (``paged``, ``split``,
+``split_ws``...) and of the peers (``peers``: FlashMLA, FlashInfer fa3/fa2, FlexAttention, SDPA), each checked
+against the fp32 reference (the peers under the causal mask they run with) and timed under CUDA-graph replay over
+enough input sets that L2 cannot serve the caches; bytes and FLOPs per call, GB/s, TFLOP/s, the floor from ceilings
+measured in the same run (device copy, bf16 matmul), time over floor. Then the whole multi-layer verify step
+(attention only) at one context. The document written (``meta``, ``ceilings``, ``results``, ``flex``) is what
+``reports.load`` reads as a ``bench-verify`` result and ``ddprobe gate`` compares.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..shapes import DEFAULT_L2_BYTES, KIMI_K2, AttnShape, dtype_bytes, floor_s, gpu_spec_for
+from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_graph
+from ..units import DDProbeError
+from . import peers
+
+DT = "bf16"
+WEAK_PEERS = ("flex", "sdpa")  # PyTorch's own attention
+Variant = tuple[str, dict]  # (path, tuning overrides); {} is the path's run-wide tuning
+
+
+@dataclass
+class BenchOptions:
+    ctxs: list[int]
+    heads: list[int] = field(default_factory=lambda: [8, 64])
+    paths: list[str] = field(default_factory=list)  # verify paths and peers, in order
+    variants: list[Variant] = field(default_factory=list)  # also timed per layer, labelled path[k=v,...]
+    tune: dict[str, dict] = field(default_factory=dict)  # path -> run-wide tuning overrides
+    budget: int = 8
+    tree: str = "lopsided"
+    quick: bool = False
+    step_ctx: int | None = 128 * 1024  # None: no whole-step timing
+    step_variants: list[Variant] = field(default_factory=list)
+    step_skip: list[str] = field(default_factory=list)
+    paged_max_ctx: int = 256 * 1024
+    paged_heads: list[int] = field(default_factory=list)  # empty: every head count
+    flex_budget_s: float = 150.0
+    shape: AttnShape = KIMI_K2
+    sm_scale: float | None = None  # None: the shape's (an engine's carries YaRN's factor)
+
+    @property
+    def scale(self) -> float:
+        return self.sm_scale if self.sm_scale is not None else self.shape.sm_scale
+
+
+def label(path: str, over: dict) -> str:
+    return path if not over else f"{path}[{','.join(f'{k}={v}' for k, v in over.items())}]"
+
+
+def tuned(path, name: str, base: dict, over: dict):
+    """The path's frozen tuning: its default with ``base`` then ``over`` (ints from the command line) applied."""
+    try:
+        return dataclasses.replace(path.DEFAULT_TUNING, **{k: int(v) for k, v in {**base, **over}.items()})
+    except (TypeError, ValueError) as e:
+        raise DDProbeError(f"bad {name} tuning {over or base}: {e}") from None
+
+
+def call_cost(shape: AttnShape, ctx: int, heads: int, rows: int, layers: int = 1) -> tuple[float, float]:
+    """(bytes, useful FLOPs) of verify attention over ctx + rows columns: the latent rows read once, q read, out
+    written; FLOPs scale with the heads timed (the shape's count is the model's)."""
+    n = ctx + rows
+    nbytes = shape.kv_bytes_per_token(DT, layers=layers) * n
+    nbytes += layers * rows * heads * (shape.kv_row + shape.v_dim) * dtype_bytes(DT)
+    return nbytes, shape.attn_flops_per_token(rows, layers=layers) * n * heads / shape.num_heads
+
+
+def ceilings(torch) -> dict[str, float]:
+    """Device copy GB/s and bf16 matmul TFLOP/s, measured now."""
+    copy_bw = copy_bandwidth_Bps(torch)
+    m = 8192
+    x, y = (torch.randn(m, m, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        x @ y
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(20):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record(); x @ y; e1.record(); torch.cuda.synchronize()  # noqa: E702
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    del x, y
+    torch.cuda.empty_cache()
+    return {"copy_GBps": copy_bw / 1e9, "bf16_mm_TFLOPs": 2 * m**3 / statistics.median(ts) / 1e12}
+
+
+def floor_of(nbytes: float, flops: float, ceil: dict) -> float:
+    return floor_s(nbytes, flops, bw_Bps=ceil["copy_GBps"] * 1e9, flops_per_s=ceil["bf16_mm_TFLOPs"] * 1e12)[0]
+
+
+def rel_err(out, ref) -> float:
+    if not bool(out.isfinite().all()):
+        return float("nan")
+    return float((out.float() - ref.float()).norm() / ref.float().norm())
+
+
+class Bench:
+    """One run: the options, the ceilings (measured on creation), the rows so far; ``on_row`` sees each row."""
+
+    def __init__(self, opts: BenchOptions, on_row: Callable[[dict], None] | None = None):
+        import torch
+
+        from ..engine import kernels
+        from ..engine.kernels.trees import SHAPES
+        if not torch.cuda.is_available():
+            raise DDProbeError("no CUDA GPU visible to torch: the verify comparison times kernels on a GPU")
+        if opts.tree not in SHAPES:
+            raise DDProbeError(f"unknown tree shape {opts.tree!r}; known: {', '.join(SHAPES)}")
+        self.torch, self.kernels, self.opts, self.on_row = torch, kernels, opts, on_row or (lambda row: None)
+        self.ceil = ceilings(torch)
+        self.results: list[dict[str, Any]] = []
+        self.flex = {"failed": None, "spent": 0.0}
+        spec = gpu_spec_for(torch.cuda.get_device_name())
+        self.l2 = spec.l2_bytes if spec else DEFAULT_L2_BYTES
+
+    def _entries(self, ctx: int, heads: int) -> list[Variant]:
+        o = self.opts
+        skip_paged = ctx > o.paged_max_ctx or (o.paged_heads and heads not in o.paged_heads)
+        todo = [(p, {}) for p in o.paths] + list(o.variants)
+        return [(p, over) for p, over in todo if not (p == "paged" and skip_paged)]
+
+    def _runner(self, name: str, over: dict, ctx: int, heads: int, mask, slots, rec: dict):
+        """(fn(q, kv, meta=None), the reference it is checked against: "tree", "paged" (the tree over the shuffled
+        slots) or "causal" (the production peers' mask)) for one entry; fills rec's tuning and config."""
+        o, sh = self.opts, self.opts.shape
+        rows, scale = o.budget + 1, o.scale
+        if name in peers.PEERS:
+            f = peers.make(name, ctx, rows, heads, sh.v_dim, sh.rope_dim, scale)
+            return (lambda q, kv, meta=None: f(q, kv)), "causal"
+        if name in WEAK_PEERS:
+            if name == "flex" and (self.flex["failed"] or self.flex["spent"] > o.flex_budget_s):
+                return None, None
+            t0 = time.time()
+            make = peers.flex_peer if name == "flex" else peers.sdpa_peer
+            f = make(ctx, mask, heads, sh.v_dim)
+            self.flex["spent"] += (time.time() - t0) if name == "flex" else 0.0
+            return (lambda q, kv, meta=None: f(q, kv, scale)), "tree"
+        path = self.kernels.get_path(name)
+        tun = tuned(path, name, o.tune.get(name, {}), over)
+        paged = path.layout == "paged"
+        pl = path.plan(ctx, mask, slots if paged else None, sh.v_dim, tuning=tun, heads=heads)
+        rec["tuning"] = dataclasses.asdict(tun)
+        if pl.extra.get("config") is not None:
+            rec["config"] = pl.extra["config"]
+        return (lambda q, kv, meta=None: path.run(q, kv, pl, scale, meta=meta)), ("paged" if paged else "tree")
+
+    def point(self, ctx: int, heads: int) -> None:
+        """Every entry at one (context, heads): checked, then timed; one row each (an error or skip recorded)."""
+        torch, o, sh = self.torch, self.opts, self.opts.shape
+        ref_path = self.kernels.get_path("reference")
+        rows, n = o.budget + 1, ctx + o.budget + 1
+        from ..engine.kernels.trees import shape_mask
+        n_sets = n_cache_sets(int(sh.kv_bytes_per_token(DT, layers=1) * n), self.l2, most=48 if o.quick else 96)
+        g = torch.Generator(device="cuda").manual_seed(ctx * 131 + heads)
+        # rows padded to FlashMLA's 64-row pages; every path reads only the first n
+        kvs = [torch.randn(peers.rows_for(n), sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(n_sets)]
+        qs = [torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
+              for _ in range(n_sets)]
+        mask, causal = shape_mask(o.tree, o.budget, "cuda"), shape_mask("chain", o.budget, "cuda")
+        slots = torch.randperm(n, device="cuda")  # a shuffled page_size=1 allocation over the same rows
+        refs = {kind: ref_path.run(qs[0], kvs[0], ref_path.plan(ctx, m, s, sh.v_dim), o.scale)
+                for kind, m, s in (("tree", mask, None), ("paged", mask, slots), ("causal", causal, None))}
+        nbytes, flops = call_cost(sh, ctx, heads, rows)
+        floor = floor_of(nbytes, flops, self.ceil)
+        for name, over in self._entries(ctx, heads):
+            lab = label(name, over)
+            rec = dict(ctx=ctx, heads=heads, rows=rows, path=lab, n_sets=n_sets, bytes=nbytes, flops=flops,
+                       floor_us=floor * 1e6)
+            try:
+                t0 = time.time()
+                fn, kind = self._runner(name, over, ctx, heads, mask, slots, rec)
+                if fn is None:
+                    continue
+                kmeta: dict = {}  # the compiled kernels' reports (registers, spills, shared memory)
+                rec["rel_err"] = rel_err(fn(qs[0], kvs[0], meta=kmeta), refs[kind])
+                rec["ok"] = bool(rec["rel_err"] < 2e-2)
+                if name == "flex":
+                    self.flex["spent"] += time.time() - t0
+
+                def many(fn=fn):
+                    for i in range(n_sets):
+                        fn(qs[i], kvs[i])
+                t = timed_graph(many, n_sets, min_s=0.1 if o.quick else 0.3)
+                rec.update(us=t * 1e6, GBps=nbytes / t / 1e9, TFLOPs=flops / t / 1e12, gap=t / floor,
+                           bw_frac=nbytes / t / 1e9 / self.ceil["copy_GBps"],
+                           mm_frac=flops / t / 1e12 / self.ceil["bf16_mm_TFLOPs"])
+                if kmeta:
+                    rec["kernels"] = kmeta
+            except peers.PeerUnavailable as e:
+                rec = dict(ctx=ctx, heads=heads, rows=rows, path=lab, skipped=str(e))
+            except Exception as e:  # noqa: BLE001  (a path that fails here is a row, never the end of the run)
+                rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+                if name == "flex":
+                    self.flex["failed"] = rec["error"]
+            self.results.append(rec)
+            self.on_row(rec)
+        del kvs, qs
+        torch.cuda.empty_cache()
+
+    def step(self) -> None:
+        """The whole verify step (every layer of the shape, attention only) at 8 heads under CUDA-graph replay."""
+        torch, o, sh = self.torch, self.opts, self.opts.shape
+        from ..engine.kernels.trees import shape_mask
+        ctx, heads, rows = o.step_ctx, 8, o.budget + 1
+        n = ctx + rows
+        g = torch.Generator(device="cuda").manual_seed(7)
+        caches = [torch.randn(peers.rows_for(n), sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
+                  for _ in range(sh.num_layers)]
+        q = torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
+        mask = shape_mask(o.tree, o.budget, "cuda")
+        slots = torch.randperm(n, device="cuda")
+        nbytes, flops = call_cost(sh, ctx, heads, rows, layers=sh.num_layers)
+        floor = floor_of(nbytes, flops, self.ceil)
+        todo = [(p, {}) for p in o.paths if p not in o.step_skip and p not in WEAK_PEERS] + list(o.step_variants)
+        for name, over in todo:
+            lab = label(name, over)
+            try:
+                fn, _ = self._runner(name, over, ctx, heads, mask, slots, {})
+
+                def whole(fn=fn):
+                    for kv in caches:
+                        fn(q, kv)
+                t = timed_graph(whole, 1, min_s=0.5, max_reps=10)
+                rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_ms=floor * 1e3,
+                           gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes)
+            except Exception as e:  # noqa: BLE001  (a peer that cannot run: recorded, not fatal)
+                rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, skipped=f"{type(e).__name__}: {str(e)[:300]}")
+            self.results.append(rec)
+            self.on_row(rec)
+        del caches
+        torch.cuda.empty_cache()
+
+
+def run(opts: BenchOptions, write: Callable[[dict], None], on_row: Callable[[dict], None] | None = None,
+        command: str = "", on_ceilings: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """The whole comparison: every (heads, context) point, then the step; ``write(doc)`` after each point so a run
+    cut short keeps what it measured. Returns the document."""
+    import platform
+
+    import triton
+
+    b = Bench(opts, on_row)
+    torch = b.torch
+    meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
+                triton=triton.__version__, python=platform.python_version(), command=command,
+                sm_count=torch.cuda.get_device_properties(0).multi_processor_count, tune=opts.tune,
+                budget=opts.budget, tree=opts.tree)
+    if on_ceilings:
+        on_ceilings(b.ceil)
+    doc = dict(meta=meta, ceilings=b.ceil, results=b.results, flex=b.flex)
+    for heads in opts.heads:
+        for ctx in opts.ctxs:
+            b.point(ctx, heads)
+            write(doc)
+    if opts.step_ctx:
+        b.step()
+        write(doc)
+    return doc
+
+
+def compare(ctxs: list[int], shape: AttnShape, rows: int, sm_scale: float, on_row=None):
+    """Diagnose's step 4: ``paged`` vs ``split`` for one layer of the engine's own shape (its heads) at every
+    context; returns (rows, the ceilings). ``sm_scale`` is the engine's (YaRN-corrected) scale."""
+    opts = BenchOptions(ctxs=list(ctxs), heads=[shape.num_heads], paths=["paged", "split"], budget=rows - 1,
+                        quick=True, step_ctx=None, paged_max_ctx=max(ctxs), shape=shape, sm_scale=sm_scale)
+    b = Bench(opts, on_row)
+    for ctx in ctxs:
+        b.point(ctx, shape.num_heads)
+    return b.results, b.ceil

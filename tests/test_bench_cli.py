@@ -1,0 +1,79 @@
+"""`ddprobe bench verify` through Typer's CliRunner: without CUDA one line and exit 1, bad input one line and exit 1
+(before any GPU work); the comparison's host-side pieces: tuning overrides, labels, the cost of a call."""
+import pytest
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+from ddprobe.engine.kernels import get_path
+from ddprobe.probes import verify_bench
+from ddprobe.shapes import KIMI_K2
+from ddprobe.units import DDProbeError
+
+runner = CliRunner()
+
+
+def _error_line(res) -> str:
+    lines = [ln for ln in (res.stderr or res.output).splitlines() if ln.strip()]
+    assert res.exit_code == 1, res.output
+    assert len(lines) == 1 and lines[0].startswith("error:"), lines
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_cuda(), reason="this machine has CUDA: the command would run")
+def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "bench.json"
+    res = runner.invoke(app, ["bench", "verify", "--ctx", "1k", "--quick", "--out", str(out)])
+    assert "needs a CUDA GPU" in _error_line(res)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--paths", "split,flashmla3"], "unknown path 'flashmla3'"),
+    (["--variant", "split"], "PATH:field=value"),
+    (["--variant", "nope:tail=1"], "unknown path 'nope'"),
+    (["--tune", "split:tail"], "field=value pairs"),
+    (["--step-skip", "pagd"], "unknown path 'pagd'"),
+    (["--ctx", "12q"], "12q"),
+    (["--budget", "0"], "--budget"),
+])
+def test_bad_input_is_one_line_before_any_gpu_work(args, says):
+    assert says in _error_line(runner.invoke(app, ["bench", "verify", *args]))
+
+
+def test_every_default_path_is_a_verify_path_or_a_peer():
+    from ddprobe.cli.bench import DEFAULT_PATHS, _names
+
+    assert _names(DEFAULT_PATHS, "--paths") == DEFAULT_PATHS.split(",")
+
+
+def test_tuning_overrides_apply_over_the_run_wide_base_and_bad_fields_are_one_line():
+    split = get_path("split")
+    t = verify_bench.tuned(split, "split", {"tail": "0"}, {"block_n": str(split.DEFAULT_TUNING.block_n * 2)})
+    assert t.tail == 0 and t.block_n == split.DEFAULT_TUNING.block_n * 2
+    assert verify_bench.tuned(split, "split", {}, {}) == split.DEFAULT_TUNING
+    with pytest.raises(DDProbeError, match="bad split tuning"):
+        verify_bench.tuned(split, "split", {}, {"no_such_field": "1"})
+    with pytest.raises(DDProbeError, match="bad split tuning"):
+        verify_bench.tuned(split, "split", {}, {"tail": "x"})
+
+
+def test_labels_name_the_overrides_as_the_gate_keys_them():
+    assert verify_bench.label("split", {}) == "split"
+    assert verify_bench.label("split_ws", {"fold_tree": "0", "pipe": "1"}) == "split_ws[fold_tree=0,pipe=1]"
+
+
+def test_the_cost_of_a_call_is_the_latent_cache_once_plus_q_and_out():
+    ctx, heads, rows = 131072, 8, 9
+    nbytes, flops = verify_bench.call_cost(KIMI_K2, ctx, heads, rows)
+    n = ctx + rows
+    assert nbytes == n * 576 * 2 + rows * heads * (576 + 512) * 2  # bf16 rows of 512 latent + 64 rope
+    assert flops == n * rows * heads * (2 * 576 + 2 * 512)  # QK over 576, PV over the 512 latent, per head
+    step_bytes, step_flops = verify_bench.call_cost(KIMI_K2, ctx, heads, rows, layers=61)
+    assert step_bytes == pytest.approx(61 * nbytes) and step_flops == pytest.approx(61 * flops)
