@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ddprobe import signals
 from ddprobe.gpu_verdict import analyze
 from ddprobe.probes.sampler import Sampler
 from ddprobe.results import Result, RunMeta
@@ -63,7 +64,7 @@ def timeline(loads: dict[str, callable], label: str, out: Path) -> dict:
     res = Result(kind="gpu-util", meta=RunMeta.collect(command=f"benchmarks/gpu_util_multi.py ({label})"),
                  config={"load": {dev: fn.__name__ for dev, fn in loads.items()}, "period_s": PERIOD_S,
                          "load_s": LOAD_S, "sources": dict(s.sources), "sampled_gpus": s.gpus,
-                         "gpm": any(v.startswith("ok") for k, v in s.sources.items() if k.startswith("gpm_"))},
+                         "gpm": any(v.startswith("ok") for k, v in s.sources.items() if k in signals.PROFILING)},
                  rows=rows)
     res.summary = {**analyze(rows, {}, s.sources), "request": {},
                    "markers": [[round(t, 4), p] for t, p in s.markers]}

@@ -9,15 +9,14 @@ import typer
 from rich import box
 from rich.table import Table
 
+from ..signals import COLUMNS, LABELS
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
 from .app import app
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds
 
-SIGNALS = [("util_gpu_pct", "smi util"), ("gpm_sm_util_pct", "SM"), ("gpm_tensor_util_pct", "tensor"),
-           ("gpm_dram_bw_util_pct", "DRAM"), ("util_mem_pct", "mem ctl"), ("power_pct", "power/limit"),
-           ("sm_clock_MHz", "SM MHz")]
+SIGNALS = [(k, LABELS[k]) for k in COLUMNS]  # the table's columns, from the signals table
 DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
 
 

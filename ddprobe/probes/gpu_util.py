@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable
 
 from ..results import Result, ResultWriter
+from .. import signals
 from ..shapes import gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
@@ -106,7 +107,7 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
     req = request_info(backend, st, gpu_name)
     res.config.update({"prompt_len": prompt_len, "decode_tokens": decode_tokens, "text": text, "period_s": period_s,
                        "interval_s": period_s, "gpm": any(v.startswith("ok") for k, v in sampler.sources.items()
-                                                          if k.startswith("gpm_")),
+                                                          if k in signals.PROFILING),
                        "sources": dict(sampler.sources), "sampled_gpus": sampler.gpus})
     for r in rows:
         res.rows.append(r)
