@@ -35,7 +35,7 @@ def agreement(per_phase: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(counts) == 1:
             v = next(iter(counts))
             out.append({"phase": phase, "gpus": len(ds), "agree": True, "verdict": v,
-                        "line": f"all {len(ds)} GPUs{where} agree: {v}"})
+                        "line": f"all {len(ds)} GPUs agree: {v}" + (f" ({len(nodes)} nodes)" if where else "")})
             continue
         (top, n_top), *rest = counts.most_common()
         odd = [d for d in ds if str(d.get("verdict")) != top]

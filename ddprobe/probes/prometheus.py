@@ -81,8 +81,10 @@ class PromWindow:
         return statistics.median(gaps) if gaps else 0.0
 
     def warn_coarse(self, step: float, window_s: float) -> None:
-        fix = ("set scrape_interval: 1s on the dcgm-exporter job and run dcgm-exporter with -c 1000 "
-               f"(DCGM_EXPORTER_INTERVAL=1000; its default is {DCGM_DEFAULT_S:.0f} s)")
+        want = max(0.1, round(window_s / MIN_SAMPLES, 1))  # MIN_SAMPLES samples over a window this long
+        fix = (f"set scrape_interval: {want:g}s on the dcgm-exporter job and run dcgm-exporter with -c "
+               f"{want * 1000:.0f} (DCGM_EXPORTER_INTERVAL; its default is {DCGM_DEFAULT_S:.0f} s), or decode "
+               "more tokens")
         if window_s < step:
             self.notes.append(f"the request's window ({window_s:.1f} s) is shorter than one scrape ({step:g} s): "
                               f"at most one sample per GPU; {fix}")

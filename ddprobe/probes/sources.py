@@ -102,8 +102,10 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
         reason = str(getattr(e, "reason", e))
         why = "connection refused" if "refused" in reason.lower() else reason
         raise SourceUnavailable(f"{what} {url}: cannot connect ({why}); is it running?") from None
-    except (TimeoutError, OSError) as e:
-        raise SourceUnavailable(f"{what} {url}: no answer within {timeout_s:g} s ({e})") from None
+    except TimeoutError:
+        raise SourceUnavailable(f"{what} {url}: no answer within {timeout_s:g} s") from None
+    except OSError as e:  # reset or closed mid-answer
+        raise SourceUnavailable(f"{what} {url}: cannot connect ({type(e).__name__}: {e}); is it running?") from None
 
 
 def power_limit(model: str | None) -> float | None:
