@@ -272,3 +272,18 @@ def test_gpu_util_cli_on_the_tiny_engine_with_prometheus(prom, tmp_path):
     assert "all 8 GPUs agree" in r.output or "too coarse" in r.output or "shorter than one scrape" in r.output
     assert "latency-bound" in r.output and "node-1/3" in r.output
     assert res.summary["engine"]["vllm:spec_decode_num_drafts_total"] >= 0
+
+
+def test_report_has_a_per_node_table_the_agreement_and_a_heat_strip(nodes, tmp_path):
+    from ddprobe.reports import findings, render
+
+    s, rows = _sample_decode([e.url for e in nodes])
+    res = Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config={"sources": s.sources}, rows=rows,
+                 summary=gv.analyze(rows, None, s.sources))
+    res.save(tmp_path / "in" / "gpu-util.json")
+    report = render.build([tmp_path / "in"], command="ddprobe report")
+    (sec,) = report.sections
+    node_table = next(t for t in sec.tables if t.title == "Per node")
+    assert [r[0] for r in node_table.rows] == ["node-0", "node-1"] and "all 8 GPUs agree" in node_table.note
+    assert any(f.name.endswith("-heat") and f.png.startswith(b"\x89PNG") for f in sec.figures)
+    assert "decode: all 8 GPUs agree: latency-bound (2 nodes)." in findings.gpu_util(res)
