@@ -14,6 +14,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from . import signals
+from .gpu_fleet import agreement, per_node
 from .shapes import floor_s
 
 # ---- thresholds (percent) -------------------------------------------------------------------
@@ -32,10 +34,7 @@ NVML_MEM_BOUND_PCT = 50.0  # stream 79, matmul 24, split verify 33, paged 1
 HIGH_POWER_PCT = 70.0  # matmul ~100% of the limit, split verify 97%
 NVML_MEM_LOW_PCT = 10.0
 
-SIGNALS = ["power_W", "power_avg_W", "power_pct", "sm_clock_MHz", "mem_clock_MHz", "util_gpu_pct", "util_mem_pct",
-           "mem_used_GB", "gpm_sm_util_pct", "gpm_sm_occupancy_pct", "gpm_tensor_util_pct", "gpm_hmma_util_pct",
-           "gpm_dram_bw_util_pct", "gpm_fp32_util_pct", "gpm_fp16_util_pct"]
-GPM_CORE = ["gpm_sm_util_pct", "gpm_tensor_util_pct", "gpm_dram_bw_util_pct"]
+SIGNALS = signals.STATS  # median and p90 of each per GPU and phase
 PHASE_ORDER = {"idle": 0, "warmup": 0.5, "prefill": 1, "request": 2, "decode": 3}
 
 
@@ -81,13 +80,14 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
     """(verdict, evidence sentence, basis) from a phase's medians; basis is ``gpm`` or ``power+nvml``."""
     m = {k: v["median"] for k, v in s.items()}
     util, power, mem = m["util_gpu_pct"], m["power_pct"], m["util_mem_pct"]
-    sm, tensor, dram = m["gpm_sm_util_pct"], m["gpm_tensor_util_pct"], m["gpm_dram_bw_util_pct"]
-    simt = max([v for v in (m["gpm_fp32_util_pct"], m["gpm_fp16_util_pct"]) if v is not None], default=None)
+    sm, tensor, dram = (m[k] for k in signals.CORE)
+    simt = max([v for v in (m["fp32_active_pct"], m["fp16_active_pct"]) if v is not None], default=None)
     smi = f"nvidia-smi says {_fmt(util)} busy" if util is not None else "nvidia-smi utilization missing"
     pw = f"power {_fmt(power)} of the limit" if power is not None else "power missing"
-    if all(v is not None for v in (sm, tensor, dram)):
+    if tensor is not None and dram is not None:  # SM may be missing (dcgm-exporter leaves it off by default)
+        low_sm = sm is None or sm < LOW_SM_PCT
         pipes = f"SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}"
-        if (util is not None and util < IDLE_UTIL_PCT) or (util is None and sm < 1.0):
+        if (util is not None and util < IDLE_UTIL_PCT) or (util is None and sm is not None and sm < 1.0):
             return "idle", f"{smi}; {pipes}: idle", "gpm"
         if tensor >= TENSOR_BOUND_PCT and tensor / TENSOR_BOUND_PCT >= dram / DRAM_BOUND_PCT:
             return "compute-bound", f"tensor pipes {_fmt(tensor)} busy (DRAM {_fmt(dram)}, {pw}): compute-bound", "gpm"
@@ -98,19 +98,19 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
             return "compute-bound", f"FP32/FP16 pipes {_fmt(simt)} busy, tensor {_fmt(tensor)}, DRAM {_fmt(dram)}: " \
                                     "compute-bound on CUDA cores", "gpm"
         low_power = power is None or power < LOW_POWER_PCT
-        if sm < LOW_SM_PCT and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power and \
+        if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power and \
                 util is not None and util < BUSY_UTIL_PCT:
             return "idle", f"nvidia-smi says {_fmt(util)} busy (a kernel ran {_fmt(util)} of the time); SM " \
                            f"{_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: mostly idle, waiting " \
                            "on the host (launch overhead or CPU work between kernels)", "gpm"
-        if sm < LOW_SM_PCT and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power:
+        if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power:
             lead = f"{smi}, but" if util is not None and util >= BUSY_UTIL_PCT else f"{smi};"
             return "latency-bound", f"{lead} SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: " \
                                     "latency-bound", "gpm"
         return "mixed", f"{smi}; {pipes}: busy but no unit near its limit (mixed)", "gpm"
     # fallback: no (or partial) GPM
     gone = [name for name, v in (("SM", sm), ("tensor", tensor), ("DRAM", dram)) if v is None]
-    why = (sources or {}).get("gpm") or (sources or {}).get("gpm_tensor_util_pct") or ""
+    why = (sources or {}).get("gpm") or (sources or {}).get("tensor_active_pct") or ""
     why = why.removeprefix("missing: ")
     miss = f"GPM {', '.join(gone)} missing" + (f" ({why})" if why and not why.startswith("ok") else "")
     memtxt = f"memory controller {_fmt(mem)}" if mem is not None else "memory util missing"
@@ -170,17 +170,23 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
             joules, how = _energy(rs, prs) if phase != "idle" else (None, None)
             if phase in ("decode", "request") and joules is not None:
                 decode_J, any_decode_J = decode_J + joules, True
-            per_phase.append({"gpu": gpu, "phase": phase, "samples": len(prs),
+            per_phase.append({"gpu": gpu, "name": signals.gpu_name(rs[0]), "node": rs[0].get("node"),
+                              "phase": phase, "samples": len(prs),
                               "t0_s": prs[0]["t_s"], "t1_s": prs[-1]["t_s"], "verdict": v, "evidence": ev,
                               "basis": basis, "energy_J": joules, "energy_method": how,
                               "signals": s})
-    out: dict[str, Any] = {"per_phase": per_phase}
+    out: dict[str, Any] = {"per_phase": per_phase, "agreement": agreement(per_phase)}
+    if any(d.get("node") for d in per_phase):
+        out["nodes"] = per_node(per_phase)
     out.update(_request_numbers(request, decode_J if any_decode_J else None))
     dec = [d for d in per_phase if d["phase"] == "decode"] or [d for d in per_phase if d["phase"] == "request"]
     dec = [d for d in dec if d["verdict"] != "idle"] or dec  # several GPUs: the headline is a working one's
     out["verdict"] = dec[0]["verdict"] if dec else None
     out["evidence"] = dec[0]["evidence"] if dec else \
         "no sample fell in the decode phase: shorten the sampling period or decode more tokens"
+    agree = [a for a in out["agreement"] if dec and a["phase"] == dec[0]["phase"]]
+    if agree:
+        out["agree"] = agree[0]["line"]
     return out
 
 

@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, signals
 from .units import DDProbeError
 
 SCHEMA = "ddprobe.result/1"
@@ -202,8 +202,8 @@ class Result:
             meta = RunMeta(**d["meta"])
             kind = d["kind"]
             rows = check_rows(d.get("rows", []), kind, source)
-            return cls(kind=kind, meta=meta, config=d.get("config", {}), rows=list(rows),
-                       summary=d.get("summary", {}), schema=d["schema"])
+            rows, config, summary = signals.upgrade(kind, list(rows), d.get("config", {}), d.get("summary", {}))
+            return cls(kind=kind, meta=meta, config=config, rows=rows, summary=summary, schema=d["schema"])
         except (KeyError, TypeError) as e:
             raise DDProbeError(f"{source}: malformed results file ({e})") from None
 

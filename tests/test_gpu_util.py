@@ -70,10 +70,10 @@ class FakeNvml:
 def test_reader_records_each_metric_or_why_it_is_missing():
     r = NvmlReader(FakeNvml())
     first, second = r.read(0), r.read(0)
-    assert first["gpm_sm_util_pct"] is None  # the first tick only opens the GPM window
-    assert second["gpm_sm_util_pct"] == 1.0 and second["gpm_tensor_util_pct"] == 3.0
-    assert second["gpm_fp16_util_pct"] is None  # its own nvmlReturn failed: missing, not 0
-    assert "code 3" in r.sources["gpm_fp16_util_pct"] and r.sources["gpm_sm_util_pct"].startswith("ok")
+    assert first["sm_active_pct"] is None  # the first tick only opens the GPM window
+    assert second["sm_active_pct"] == 1.0 and second["tensor_active_pct"] == 3.0
+    assert second["fp16_active_pct"] is None  # its own nvmlReturn failed: missing, not 0
+    assert "code 3" in r.sources["fp16_active_pct"] and r.sources["sm_active_pct"].startswith("ok")
     assert second["power_W"] == 142.0 and second["power_limit_W"] == 700.0 and second["sm_clock_MHz"] == 1980
     assert second["clock_reasons"] == "power_cap" and second["util_gpu_pct"] == 100.0
     assert second["power_avg_W"] is None  # FakeNvml has no NVML_FI_DEV_POWER_AVERAGE constant
@@ -103,13 +103,15 @@ class FakeReader:
         self.handles, self.sources, self.t = [0, 1], {"gpm": "ok"}, 0.0
 
     def name(self, i): return "NVIDIA H200"
+    def open(self): return [{"index": i, "name": self.name(i)} for i in self.handles]
+    def sample(self): return [self.read(i) for i in self.handles]
     def close(self): pass
 
     def read(self, i):
         self.t += 1
         return {"power_W": 140.0, "power_limit_W": 700.0, "energy_J": self.t * 10, "util_gpu_pct": 100.0,
-                "util_mem_pct": 1.0, "gpm_sm_util_pct": 5.0, "gpm_tensor_util_pct": 0.8,
-                "gpm_dram_bw_util_pct": 0.5, "gpm_fp32_util_pct": 1.0, "gpm_fp16_util_pct": None}
+                "util_mem_pct": 1.0, "sm_active_pct": 5.0, "tensor_active_pct": 0.8,
+                "dram_active_pct": 0.5, "fp32_active_pct": 1.0, "fp16_active_pct": None}
 
 
 def test_sampler_thread_ticks_every_gpu_and_assigns_phases():
@@ -136,21 +138,21 @@ def test_phase_from_window_middle():
 # ---- verdicts -----------------------------------------------------------------------------------
 def _rows(n=8, **sig):
     base = {"util_gpu_pct": 100.0, "util_mem_pct": 1.0, "power_W": 140.0, "power_limit_W": 700.0,
-            "gpm_sm_util_pct": 5.3, "gpm_tensor_util_pct": 0.8, "gpm_dram_bw_util_pct": 0.5,
-            "gpm_fp32_util_pct": 1.0, "gpm_fp16_util_pct": 0.5, "window_s": 0.2}
+            "sm_active_pct": 5.3, "tensor_active_pct": 0.8, "dram_active_pct": 0.5,
+            "fp32_active_pct": 1.0, "fp16_active_pct": 0.5, "window_s": 0.2}
     base.update(sig)
     return [dict(base, t_s=i * 0.2, gpu=0, phase="decode", energy_J=1000 + 28 * i) for i in range(n)]
 
 
 @pytest.mark.parametrize("sig, want", [
     ({}, "latency-bound"),  # the paged verify on the H200
-    (dict(gpm_tensor_util_pct=93.7, gpm_sm_util_pct=96.5, gpm_dram_bw_util_pct=17, power_W=700), "compute-bound"),
-    (dict(gpm_tensor_util_pct=0.04, gpm_sm_util_pct=73.7, gpm_dram_bw_util_pct=61.6, power_W=590),
+    (dict(tensor_active_pct=93.7, sm_active_pct=96.5, dram_active_pct=17, power_W=700), "compute-bound"),
+    (dict(tensor_active_pct=0.04, sm_active_pct=73.7, dram_active_pct=61.6, power_W=590),
      "bandwidth-bound"),
-    (dict(gpm_tensor_util_pct=43.1, gpm_sm_util_pct=92.1, gpm_dram_bw_util_pct=25.3, power_W=682), "compute-bound"),
-    (dict(util_gpu_pct=0, gpm_sm_util_pct=0, gpm_tensor_util_pct=0, gpm_dram_bw_util_pct=0, power_W=124), "idle"),
-    (dict(gpm_sm_util_pct=60, gpm_tensor_util_pct=20, gpm_dram_bw_util_pct=25, power_W=400), "mixed"),
-    (dict(gpm_fp32_util_pct=70, gpm_sm_util_pct=90, gpm_tensor_util_pct=0, gpm_dram_bw_util_pct=10, power_W=500),
+    (dict(tensor_active_pct=43.1, sm_active_pct=92.1, dram_active_pct=25.3, power_W=682), "compute-bound"),
+    (dict(util_gpu_pct=0, sm_active_pct=0, tensor_active_pct=0, dram_active_pct=0, power_W=124), "idle"),
+    (dict(sm_active_pct=60, tensor_active_pct=20, dram_active_pct=25, power_W=400), "mixed"),
+    (dict(fp32_active_pct=70, sm_active_pct=90, tensor_active_pct=0, dram_active_pct=10, power_W=500),
      "compute-bound"),
 ])
 def test_each_verdict_with_gpm(sig, want):
@@ -180,7 +182,7 @@ def test_each_verdict_without_gpm_says_what_was_missing(sig, want):
     assert "GPM SM, tensor, DRAM missing (NotSupported)" in d["evidence"]
     if want != "idle":
         assert "probably" in d["evidence"]
-    assert d["signals"]["gpm_tensor_util_pct"] == {"median": None, "p90": None, "n": 0}
+    assert d["signals"]["tensor_active_pct"] == {"median": None, "p90": None, "n": 0}
 
 
 def test_null_is_never_read_as_zero():
@@ -194,10 +196,10 @@ def test_null_is_never_read_as_zero():
 def test_missing_samples_within_a_metric_are_skipped():
     rows = _rows()
     for r in rows[:5]:
-        r["gpm_tensor_util_pct"] = None
+        r["tensor_active_pct"] = None
     for r in rows[5:]:
-        r["gpm_tensor_util_pct"] = 2.0
-    s = gv.analyze(rows)["per_phase"][0]["signals"]["gpm_tensor_util_pct"]
+        r["tensor_active_pct"] = 2.0
+    s = gv.analyze(rows)["per_phase"][0]["signals"]["tensor_active_pct"]
     assert s["median"] == 2.0 and s["n"] == 3
 
 
@@ -312,7 +314,7 @@ def test_deep_helpers():
 
 
 def test_busy_less_than_half_the_time_with_low_units_is_idle_waiting_on_the_host():
-    d = gv.analyze(_rows(util_gpu_pct=25.0, gpm_dram_bw_util_pct=1.8, gpm_sm_util_pct=6.6))["per_phase"][0]
+    d = gv.analyze(_rows(util_gpu_pct=25.0, dram_active_pct=1.8, sm_active_pct=6.6))["per_phase"][0]
     assert d["verdict"] == "idle" and "waiting on the host" in d["evidence"]
     d = gv.analyze(_rows(**{**NO_GPM, "util_gpu_pct": 25.0}))["per_phase"][0]
     assert d["verdict"] == "idle" and d["basis"] == "power+nvml"
@@ -325,7 +327,7 @@ def test_h200_timelines_replay(path, want):
     by_phase = {d["phase"]: d for d in res.summary["per_phase"]}
     assert by_phase["prefill"]["verdict"] == "compute-bound" and by_phase["decode"]["verdict"] == want
     assert res.summary["eff_bw_GBps"] < 100 and res.summary["gap"] > 100  # far off the floor either way
-    assert all(r["gpm_tensor_util_pct"] is not None for r in res.rows if r["phase"] == "decode")
+    assert all(r["tensor_active_pct"] is not None for r in res.rows if r["phase"] == "decode")
 
 
 def test_h200_deep_run_reads_the_measured_decode():
@@ -357,7 +359,7 @@ def test_two_gpus_each_get_their_rows_and_the_headline_is_the_working_one():
     idle ones, stretched over the same times): one row and verdict per GPU and phase, and the headline
     verdict is the busy GPU's, not GPU 0's."""
     rec = Result.load(H200 / "gpu-util-1gpu-one-busy.json")
-    idle = [r for r in rec.rows if r["phase"] == "idle" and r.get("gpm_sm_util_pct") is not None]
+    idle = [r for r in rec.rows if r["phase"] == "idle" and r.get("sm_active_pct") is not None]
     rows = []
     for i, r in enumerate(rec.rows):
         rows.append(dict(r, gpu=1))

@@ -177,6 +177,8 @@ class _Nvml:  # a GPU reader for the sampler (there is no GPU here); the engine 
         self.handles, self.sources = [0], {"gpm": "ok"}
 
     def name(self, i): return "NVIDIA H200"
+    def open(self): return [{"index": 0, "name": "NVIDIA H200"}]
+    def sample(self): return [self.read(0)]
     def close(self): pass
 
     def read(self, i):

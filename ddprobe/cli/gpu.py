@@ -9,15 +9,15 @@ import typer
 from rich import box
 from rich.table import Table
 
+from ..signals import COLUMNS, LABELS
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
 from .app import app
+from .gpu_source import print_fleet
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds
 
-SIGNALS = [("util_gpu_pct", "smi util"), ("gpm_sm_util_pct", "SM"), ("gpm_tensor_util_pct", "tensor"),
-           ("gpm_dram_bw_util_pct", "DRAM"), ("util_mem_pct", "mem ctl"), ("power_pct", "power/limit"),
-           ("sm_clock_MHz", "SM MHz")]
+SIGNALS = [(k, LABELS[k]) for k in COLUMNS]  # the table's columns, from the signals table
 DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
 
 
@@ -39,6 +39,16 @@ def gpu_util(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="First run a short request (256 tokens, "
                                                                      "3 new) so kernels compile outside the "
                                                                      "sampled one.")] = True,
+    source: Annotated[str, typer.Option("--source", help="Telemetry: nvml (this machine's GPUs), prometheus "
+                                                         "(every GPU's DCGM series over the request's window, "
+                                                         "--prom-url) or dcgm-exporter (scrape --exporter-url "
+                                                         "each period).")] = "nvml",
+    prom_url: Annotated[Optional[str], typer.Option("--prom-url", help="Prometheus base URL, e.g. "
+                                                                       "http://prometheus:9090.")] = None,
+    match: Annotated[Optional[str], typer.Option("--match", help="Label matchers for the DCGM series, e.g. "
+                                                                 "'Hostname=~\"node-[0-3]\"'.")] = None,
+    exporter_url: Annotated[Optional[str], typer.Option("--exporter-url", help="dcgm-exporter URL(s), comma-"
+                                                                               "separated (port 9400).")] = None,
     replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
                                                                     "(no GPU needed).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "
@@ -53,7 +63,7 @@ def gpu_util(
     from ..probes.backends import make_backend
     from ..probes.commit import check_contexts
     from ..probes.gpu_util import deep_ncu, replay as replay_result, run_gpu_util
-    from ..probes.telemetry import require_nvml
+    from .gpu_source import open_source
     from ..results import Result, ResultWriter, RunMeta
     from ..units import parse_time, parse_tokens
 
@@ -67,8 +77,7 @@ def gpu_util(
         if len(kinds) > 1:
             raise DDProbeError(f"--text takes one kind for gpu-util, got {text!r}")
         kind = kinds[0]
-        names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
-        err.print(f"sampling {len(names)} GPU(s) every {period_s * 1e3:.0f} ms: {', '.join(sorted(set(names)))}")
+        telemetry = open_source(source, prom_url, match, exporter_url, period_s)  # before any model is built
         be = make_backend(backend, url, timeout,
                           engine_factory=lambda: eng.backend(eng.capacity(n_prompt, decode_tokens)))
         check_contexts(be, [n_prompt], decode_tokens)  # one line naming --prompt-len when it does not fit
@@ -90,7 +99,7 @@ def gpu_util(
 
             res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,
                                on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup, progress=display,
-                               after_warmup=estimate)
+                               after_warmup=estimate, **telemetry)
         req = res.summary.get("request", {})
         res.summary["timing"] = {"actual_s": req.get("e2e_s"), "estimate_s": est[0].total_s if est else None,
                                  "estimate_prefill_s": est[0].prefill_s if est else None,
@@ -108,6 +117,8 @@ def gpu_util(
             writer.flush()
     print_summary(res)
     out.print(f"{len(res.rows)} sample(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+    if res.summary.get("telemetry_error"):
+        raise DDProbeError(f"{res.summary['telemetry_error']} (the request's numbers are kept in {path})")
 
 
 def print_summary(res) -> None:
@@ -123,12 +134,14 @@ def print_summary(res) -> None:
         return "-" if m is None else "/".join(f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}" for v in (m, p))
 
     for d in s.get("per_phase", []):
-        t.add_row(str(d["gpu"]), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
+        t.add_row(str(d.get("name", d["gpu"])), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
                   d["verdict"])
     out.print(t)
     for d in s.get("per_phase", []):
         if d["phase"] != "idle":
-            out.print(f"GPU {d['gpu']} {d['phase']}: {d['evidence']}", highlight=False, soft_wrap=True)
+            out.print(f"GPU {d.get('name', d['gpu'])} {d['phase']}: {d['evidence']}", highlight=False,
+                      soft_wrap=True)
+    print_fleet(s)
     nums = []
     if s.get("decode_step_ms"):
         nums.append(f"decode step {s['decode_step_ms']:.4g} ms (median)")

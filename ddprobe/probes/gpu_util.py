@@ -19,18 +19,21 @@ import time
 from typing import Any, Callable
 
 from ..results import Result, ResultWriter
+from .. import signals
 from ..shapes import gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import CellProgress, generate_hooked, prompt_ids
 from ..gpu_verdict import analyze
-from .sampler import Sampler
+from .sampler import Sampler, assign_phases
+from .sources import SourceUnavailable, http_get, undo_resets
 from .telemetry import NvmlReader, NvmlUnavailable
 
 NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
 NCU_KERNELS = {"paged": "regex:_paged_verify", "split": "regex:_split_prefix|_merge_kernel"}
 IDLE_LEAD_S = 0.5  # idle samples before and after the request: the baseline
+MAX_SCRAPE_WAIT_S = 60.0  # the longest wait for Prometheus's scrape of the window's end
 
 
 def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
@@ -53,21 +56,28 @@ def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
 def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s: float, writer: ResultWriter,
                  text: str = "novel", seed: int = 0, reader_factory: Callable[[], Any] = NvmlReader,
                  on_event: Callable[[str], None] | None = None, warmup: bool = True,
-                 progress: CellProgress | None = None, after_warmup: Callable[[], Any] | None = None) -> Result:
+                 progress: CellProgress | None = None, after_warmup: Callable[[], Any] | None = None,
+                 window: Any = None) -> Result:
     """Sample every GPU during one request of ``prompt_len`` tokens + ``decode_tokens``; the Result (kind
     "gpu-util") holds the timeline rows and the ``analyze`` summary. Raises ``NvmlUnavailable`` (one line)
     before the request when NVML sees no GPU. ``warmup`` first runs a short request (first 256 prompt tokens,
     3 new) so kernel compilation does not land in the sampled decode; ``after_warmup`` (the CLI's estimate)
     then runs inside the warm-up phase, before the sampled request. ``progress`` (``commit.CellProgress``)
-    hears of the request as one cell: its prefill and decode where the backend reports them."""
+    hears of the request as one cell: its prefill and decode where the backend reports them. ``window``
+    (``prometheus.PromWindow``) replaces the live source: the sampler keeps only the clock and the markers,
+    and the GPUs' rows are read from Prometheus after the request; if that fails the request's numbers are
+    kept and ``summary["telemetry_error"]`` says why in one line."""
     if decode_tokens < 2:
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
     say = on_event or (lambda msg: None)
     ids = prompt_ids(backend, text, prompt_len, seed)
-    sampler = Sampler(period_s, reader_factory=reader_factory).start()
-    if not sampler.available:
+    sampler = Sampler(period_s, reader_factory=None if window is not None else reader_factory).start()
+    if window is None and not sampler.available:
         sampler.stop()
-        raise NvmlUnavailable(sampler.sources["nvml"].removeprefix("missing: "))
+        why = sampler.sources[sampler.kind].removeprefix("missing: ")
+        raise (NvmlUnavailable if sampler.kind == "nvml" else SourceUnavailable)(why)
+    if sampler.kind == "nvml" and window is None:
+        sampler.notes += shared_counters_note()
     try:
         if warmup:
             t_w = sampler.now()
@@ -101,19 +111,65 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
         time.sleep(IDLE_LEAD_S)
     finally:
         rows = sampler.stop()
+    telemetry_error, engine = None, None
+    if window is not None:
+        rows, telemetry_error, engine = read_window(window, sampler, say)
     res = writer.result
     gpu_name = sampler.gpus[0]["name"] if sampler.gpus else None
     req = request_info(backend, st, gpu_name)
     res.config.update({"prompt_len": prompt_len, "decode_tokens": decode_tokens, "text": text, "period_s": period_s,
                        "interval_s": period_s, "gpm": any(v.startswith("ok") for k, v in sampler.sources.items()
-                                                          if k.startswith("gpm_")),
-                       "sources": dict(sampler.sources), "sampled_gpus": sampler.gpus})
+                                                          if k in signals.PROFILING),
+                       "sources": dict(sampler.sources), "sampled_gpus": sampler.gpus,
+                       "source": window.kind if window is not None else sampler.kind})
     for r in rows:
         res.rows.append(r)
     res.summary = {**analyze(rows, req, sampler.sources), "request": req,
-                   "markers": [[round(t, 4), p] for t, p in sampler.markers]}
+                   "markers": [[round(t, 4), p] for t, p in sampler.markers], "notes": list(sampler.notes)}
+    if engine:
+        res.summary["engine"] = engine
+    if telemetry_error:
+        res.summary["telemetry_error"] = telemetry_error
     writer.flush()
     return res
+
+
+def read_window(window: Any, sampler: Sampler, say: Callable[[str], None]) -> tuple[list, str | None, Any]:
+    """The GPUs' rows of the sampled window from a window source (Prometheus), phased by the sampler's
+    markers, with the engine's counters; (rows, one-line error or None, engine metrics or None)."""
+    t0, t1 = sampler.t0_unix, sampler.t0_unix + sampler.now()
+    try:
+        step = window.interval()
+        if step > 0:  # the samples of the window's end land at the next scrape
+            say(f"waiting {min(step, MAX_SCRAPE_WAIT_S) + 0.5:.1f} s for Prometheus's next scrape "
+                f"(scrape interval {step:g} s)")
+            time.sleep(min(step, MAX_SCRAPE_WAIT_S) + 0.5)
+        rows, sampler.gpus = window.fetch(t0, t1, t0)
+    except SourceUnavailable as e:
+        sampler.notes += window.notes
+        return [], str(e), None
+    sampler.sources.update(window.sources)
+    sampler.notes += window.notes
+    undo_resets(rows, sampler.notes)
+    assign_phases(rows, sampler.markers)
+    try:
+        engine = window.engine(t0, t1, t0)
+    except SourceUnavailable as e:
+        engine = {"error": str(e)}
+    return rows, None, engine
+
+
+def shared_counters_note(url: str = "http://127.0.0.1:9400/metrics") -> list[str]:
+    """A note when a dcgm-exporter on this node also reads the profiling counters NVML GPM reads."""
+    try:
+        text = http_get(url, 0.5, "dcgm-exporter")
+    except SourceUnavailable:
+        return []
+    if "DCGM_FI_PROF_" not in text:
+        return []
+    return ["a dcgm-exporter on this node (127.0.0.1:9400) also reads the profiling counters (DCGM_FI_PROF_*); "
+            "NVML GPM and DCGM share that hardware: the two can disturb each other's readings, and each reads "
+            "the same activity, so compare rather than add them"]
 
 
 def replay(result: Result) -> Result:

@@ -2,8 +2,10 @@
 
 The driver of the load calls ``mark("prefill")``, ``mark("decode")`` (first token), ``mark("idle")``
 (request end); ``assign_phases`` gives each row the phase in force at the middle of its window, so GPM
-numbers (which cover the window between two ticks) land where they were earned. Nothing here imports
-torch; NVML is reached through ``telemetry.NvmlReader`` (or a stand-in from ``reader_factory``).
+numbers (which cover the window between two ticks) land where they were earned. The GPUs are read through
+a ``sources.TelemetrySource`` (NVML by default, dcgm-exporter endpoints, or a stand-in from
+``reader_factory``); with ``reader_factory=None`` the sampler only keeps the clock and the markers (the
+Prometheus source reads its window afterwards). Nothing here imports torch.
 """
 from __future__ import annotations
 
@@ -12,17 +14,20 @@ import time
 from typing import Any, Callable
 
 from ..units import DDProbeError
-from .telemetry import DEFAULT_PERIOD_S, NvmlReader, NvmlUnavailable
+from .sources import SourceUnavailable, undo_resets
+from .telemetry import DEFAULT_PERIOD_S, NvmlReader
 
 
 class Sampler:
     """Background thread sampling every GPU each ``period_s``; ``mark(phase)`` from the load's driver.
 
-    ``reader_factory`` (tests) replaces ``NvmlReader``. Without NVML the thread does not start:
-    ``available`` is False and ``sources["nvml"]`` says why.
+    ``reader_factory`` returns the source (default ``NvmlReader``). When it cannot open the thread does not
+    start: ``available`` is False and ``sources[kind]`` says why (kind ``nvml`` unless the factory names
+    another). ``t0_unix`` is the wall-clock time of ``t_s = 0``.
     """
 
-    def __init__(self, period_s: float = DEFAULT_PERIOD_S, reader_factory: Callable[[], Any] = NvmlReader,
+    def __init__(self, period_s: float = DEFAULT_PERIOD_S,
+                 reader_factory: Callable[[], Any] | None = NvmlReader,
                  clock: Callable[[], float] = time.perf_counter):
         if not 0 < period_s <= 60:
             raise DDProbeError(f"sampling period must be in (0, 60] s, got {period_s}")
@@ -31,7 +36,10 @@ class Sampler:
         self.markers: list[tuple[float, str]] = []
         self.sources: dict[str, str] = {}
         self.gpus: list[dict[str, Any]] = []
+        self.notes: list[str] = []
         self.available = False
+        self.t0_unix = 0.0
+        self.kind = getattr(reader_factory, "kind", "nvml")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
@@ -45,15 +53,20 @@ class Sampler:
         self.markers.append((self.now() if t is None else t, phase))
 
     def start(self) -> "Sampler":
-        self._t0 = self._clock()
+        self._t0, self.t0_unix = self._clock(), time.time()
+        if self._factory is None:
+            return self
         try:
             self._reader = self._factory()
-        except NvmlUnavailable as e:
-            self.sources["nvml"] = f"missing: {e}"
+            self.gpus = self._reader.open()
+        except SourceUnavailable as e:
+            self.sources[self.kind] = f"missing: {e}"
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
             return self
         self.available = True
-        self.sources["nvml"] = "ok"
-        self.gpus = [{"index": i, "name": self._reader.name(i)} for i in range(len(self._reader.handles))]
+        self.sources[self.kind] = "ok"
         self._tick()  # opens the GPM windows at t = 0
         self._thread = threading.Thread(target=self._run, name="ddprobe-telemetry", daemon=True)
         self._thread.start()
@@ -61,9 +74,10 @@ class Sampler:
 
     def _tick(self) -> None:
         t = self.now()
-        for i in range(len(self.gpus)):
+        for i, (g, read) in enumerate(zip(self.gpus, self._reader.sample())):
             row = {"t_s": round(t, 4), "gpu": i, "window_s": None, "phase": None}
-            row.update(self._reader.read(i))
+            row.update({k: g[k] for k in ("node", "node_gpu") if k in g})
+            row.update(read)
             prev = next((r for r in reversed(self.rows) if r["gpu"] == i), None)
             row["window_s"] = round(t - prev["t_s"], 4) if prev else 0.0
             self.rows.append(row)
@@ -81,8 +95,10 @@ class Sampler:
             self._tick()
         if self._reader is not None:
             self.sources.update(self._reader.sources)
+            self.notes += getattr(self._reader, "notes", [])
             self._reader.close()
             self._reader = None
+        undo_resets(self.rows, self.notes)
         assign_phases(self.rows, self.markers)
         return self.rows
 

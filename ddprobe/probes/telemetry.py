@@ -15,30 +15,23 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..units import DDProbeError
+from .. import signals
+from ..signals import TABLE
+from .sources import SourceUnavailable
 
 DEFAULT_PERIOD_S = 0.2
 
 # (row key, pynvml constant name): GPM metrics read over two consecutive samples
-GPM_METRICS = [
-    ("gpm_sm_util_pct", "NVML_GPM_METRIC_SM_UTIL"),
-    ("gpm_sm_occupancy_pct", "NVML_GPM_METRIC_SM_OCCUPANCY"),
-    ("gpm_tensor_util_pct", "NVML_GPM_METRIC_ANY_TENSOR_UTIL"),
-    ("gpm_hmma_util_pct", "NVML_GPM_METRIC_HMMA_TENSOR_UTIL"),
-    ("gpm_dram_bw_util_pct", "NVML_GPM_METRIC_DRAM_BW_UTIL"),
-    ("gpm_fp32_util_pct", "NVML_GPM_METRIC_FP32_UTIL"),
-    ("gpm_fp16_util_pct", "NVML_GPM_METRIC_FP16_UTIL"),
-]
+GPM_METRICS = [(s.key, s.gpm) for s in TABLE if s.gpm]
 # clock-event reason bits (values of nvmlClocksEventReason*; the older names are ThrottleReason*)
 REASONS = {"power_cap": 0x4, "hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_thermal": 0x40, "power_brake": 0x80,
            "idle": 0x1}
 # nvmlFieldValue_t.valueType -> the union member holding the value
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-NUMERIC_KEYS = ["power_W", "power_avg_W", "power_limit_W", "energy_J", "sm_clock_MHz", "mem_clock_MHz",
-                "util_gpu_pct", "util_mem_pct", "mem_used_GB"] + [k for k, _ in GPM_METRICS]
+NUMERIC_KEYS = signals.NUMERIC_KEYS
 
 
-class NvmlUnavailable(DDProbeError):
+class NvmlUnavailable(SourceUnavailable):
     pass
 
 
@@ -47,7 +40,10 @@ def _reason(e: BaseException) -> str:
 
 
 class NvmlReader:
-    """One NVML session over every visible GPU; ``read(i)`` returns one row of readings for GPU ``i``."""
+    """One NVML session over every visible GPU; ``read(i)`` returns one row of readings for GPU ``i``.
+    A ``sources.TelemetrySource``: ``open()`` lists the GPUs, ``sample()`` reads one row each, ``close()``."""
+
+    kind = "nvml"
 
     def __init__(self, nvml: Any = None):
         if nvml is None:
@@ -73,6 +69,12 @@ class NvmlReader:
         self.sources: dict[str, str] = {}  # signal -> "ok" or why it is missing
         self._gpm_prev: list[Any] = [None] * len(self.handles)
         self._gpm_ok = [self._gpm_supported(i) for i in range(len(self.handles))]
+
+    def open(self) -> list[dict[str, Any]]:
+        return [{"index": i, "name": self.name(i)} for i in range(len(self.handles))]
+
+    def sample(self) -> list[dict[str, Any]]:
+        return [self.read(i) for i in range(len(self.handles))]
 
     def close(self) -> None:
         for s in getattr(self, "_gpm_prev", []):

@@ -85,8 +85,11 @@ def gpu(util: Result | None, record: Result | None) -> Claim:
     decode = _decode_phases(util) or per_phase
     if not decode:
         return Claim("gpu", title, "No telemetry was recorded during decode.", "failed")
-    lines = [f"GPU {p.get('gpu', '?')}: {p.get('verdict', '?')}: {p.get('evidence', '')}".rstrip(": ")
+    lines = [f"GPU {p.get('name', p.get('gpu', '?'))}: {p.get('verdict', '?')}: {p.get('evidence', '')}".rstrip(": ")
              for p in decode]
+    agree = util.summary.get("agree")
+    if agree and len(lines) > 1:  # many GPUs: whether they agree, then the first GPU's evidence
+        lines = [f"{agree[0].upper()}{agree[1:]}", lines[0]]
     return Claim("gpu", title, " ".join(s if s.endswith(".") else s + "." for s in lines), "ok")
 
 

@@ -122,11 +122,17 @@ def gpu_util(result: Result) -> list[str]:
     groups = defaultdict(list)
     for d in per_phase:
         if isinstance(d, dict) and d.get("phase") != "idle":
-            groups[(d.get("phase", "?"), d.get("verdict", "?"), d.get("evidence", ""))].append(str(d.get("gpu", "?")))
+            groups[(d.get("phase", "?"), d.get("verdict", "?"), d.get("evidence", ""))].append(
+                str(d.get("name", d.get("gpu", "?"))))
     out = [f"{phase} (GPU {', '.join(gpus)}): {verdict}" + (f" - {ev}." if ev and not ev.endswith(".") else
                                                              (f" - {ev}" if ev else "."))
            for (phase, verdict, ev), gpus in sorted(groups.items(), key=lambda kv: (kv[0][0] != "prefill", kv[0]))]
-    return out or ["No telemetry samples recorded."]
+    summary = result.summary if isinstance(result.summary, dict) else {}
+    agree = [f"{a['phase']}: {a['line']}." for a in summary.get("agreement") or [] if isinstance(a, dict)
+             and a.get("phase") != "idle" and a.get("line")]
+    if summary.get("telemetry_error"):
+        out.append(f"Telemetry failed: {summary['telemetry_error']}.")
+    return agree + out or ["No telemetry samples recorded."]
 
 
 BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..results import Result
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
+from ..signals import LABELS
 from . import bench, plots, plots_gpu
 from .findings import findings
 from .plots import Figure
@@ -127,10 +128,23 @@ def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     per_phase = r.summary.get("per_phase") if isinstance(r.summary, dict) else None
     if per_phase:
         tables.insert(0, Table("Verdict per GPU and phase", ["GPU", "phase", "verdict", "evidence"],
-                               [[str(d.get("gpu", "?")), str(d.get("phase", "?")), str(d.get("verdict", "?")),
+                               [[str(d.get("name", d.get("gpu", "?"))), str(d.get("phase", "?")), str(d.get("verdict", "?")),
                                  str(d.get("evidence", ""))] for d in per_phase if isinstance(d, dict)]))
     figs = [plots_gpu.timelines(r.rows, f"{sid}-timeline"), plots_gpu.bars(r.rows, f"{sid}-bars")] \
         if plots_gpu.by_gpu(r.rows) else []
+    summary = r.summary if isinstance(r.summary, dict) else {}
+    if summary.get("nodes"):  # many GPUs: one line per node, the agreement, a heat strip
+        from ..gpu_fleet import NODE_SIGNALS
+
+        agree = "; ".join(f"{a['phase']}: {a['line']}" for a in summary.get("agreement") or []
+                          if a.get("phase") != "idle")
+        tables.insert(0, Table("Per node", ["node", "phase", "GPUs", "verdicts"] + [LABELS[k] for k in NODE_SIGNALS],
+                               [[str(n["node"]), str(n.get("phase")), str(n["gpus"]),
+                                 ", ".join(f"{c} {v}" for v, c in n["verdicts"].items())] +
+                                [_f(n.get(k), ".1f") + ("%" if n.get(k) is not None else "") for k in NODE_SIGNALS] for n in summary["nodes"]],
+                               agree))
+    if len(plots_gpu.by_gpu(r.rows)) > 1:
+        figs.append(plots_gpu.heat_strip(r.rows, f"{sid}-heat"))
     return tables, figs
 
 

@@ -68,8 +68,8 @@ def gpu_util():
             wob = 1 + 0.04 * math.sin(i * 0.7 + gpu)
             rows.append({"t_s": t, "gpu": gpu, "phase": phase, "power_W": round(p * wob, 1), "power_limit_W": 700,
                          "sm_clock_MHz": clk, "util_gpu_pct": ug, "util_mem_pct": um,
-                         "gpm_sm_util_pct": round(sm * wob, 2), "gpm_tensor_util_pct": round(tn * wob, 2),
-                         "gpm_dram_bw_util_pct": round(dr * wob, 2)})
+                         "sm_active_pct": round(sm * wob, 2), "tensor_active_pct": round(tn * wob, 2),
+                         "dram_active_pct": round(dr * wob, 2)})
     per_phase = []
     for gpu in (0, 1):
         per_phase.append({"gpu": gpu, "phase": "prefill", "verdict": "compute-bound",

@@ -1,0 +1,81 @@
+"""`gpu-util --source`: open the telemetry source before anything else starts, and print what it found.
+
+NVML (the default) needs a GPU on this machine; ``prometheus`` and ``dcgm-exporter`` need none here: they
+are checked by asking them (one line and exit 1 when they do not answer), so a run never builds a model
+only to find its telemetry unreachable.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from rich.markup import escape
+
+from ..units import DDProbeError
+from .options import err, out
+
+
+def open_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None,
+                period_s: float) -> dict[str, Any]:
+    """{"reader_factory": ..., "window": ...} for ``run_gpu_util``, after one check of the source."""
+    from ..probes.sources import SOURCES
+
+    if source not in SOURCES:
+        raise DDProbeError(f"--source must be one of {', '.join(SOURCES)}, got {source!r}")
+    if source != "prometheus" and (prom_url or match):
+        raise DDProbeError("--prom-url and --match go with --source prometheus")
+    if source != "dcgm-exporter" and exporter_url:
+        raise DDProbeError("--exporter-url goes with --source dcgm-exporter")
+    if source == "nvml":
+        from ..probes.telemetry import NvmlReader, require_nvml
+
+        names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
+        err.print(f"sampling {len(names)} GPU(s) every {period_s * 1e3:.0f} ms: {', '.join(sorted(set(names)))}")
+        return {"reader_factory": NvmlReader, "window": None}
+    if source == "prometheus":
+        from ..probes.prometheus import PromWindow
+
+        if not prom_url:
+            raise DDProbeError("--source prometheus needs --prom-url http://host:9090")
+        window = PromWindow(prom_url, match)
+        version = window.check()
+        err.print(f"Prometheus {version} at {prom_url}: the GPUs' DCGM series are read over the request's "
+                  f"window after it ends" + (f" (matching {match})" if match else ""), highlight=False)
+        return {"reader_factory": None, "window": window}
+    from ..probes.dcgm_exporter import ExporterSource
+
+    urls = [u.strip() for u in (exporter_url or "").split(",") if u.strip()]
+    if not urls:
+        raise DDProbeError("--source dcgm-exporter needs --exporter-url http://node:9400[,http://node2:9400...]")
+    probe = ExporterSource(urls)
+    try:
+        gpus = probe.open()
+    finally:
+        probe.close()
+    nodes = sorted({g["node"] for g in gpus})
+    err.print(f"sampling {len(gpus)} GPU(s) on {len(nodes)} node(s) every {period_s * 1e3:.0f} ms through "
+              f"dcgm-exporter: {', '.join(nodes)}", highlight=False)
+    factory = functools.partial(ExporterSource, urls)
+    factory.kind = ExporterSource.kind  # type: ignore[attr-defined]
+    return {"reader_factory": factory, "window": None}
+
+
+def print_fleet(s: dict[str, Any]) -> None:
+    """The agreement per phase, one line per node, the engine's counters, the notes and a telemetry error."""
+    for a in s.get("agreement") or []:
+        if a.get("phase") != "idle":
+            out.print(f"{a['phase']}: {a['line']}", highlight=False, soft_wrap=True)
+    if len(s.get("nodes") or []) > 1 or any(r.get("gpus", 0) > 1 for r in s.get("nodes") or []):
+        from ..gpu_fleet import node_line
+
+        for rec in s["nodes"]:
+            out.print(node_line(rec), highlight=False, soft_wrap=True)
+    eng = s.get("engine")
+    if isinstance(eng, dict) and eng:
+        if "error" in eng:
+            out.print(f"engine counters: {eng['error']}", highlight=False, soft_wrap=True)
+        else:
+            vals = ", ".join(f"{k} {v:,.4g}" for k, v in eng.items() if isinstance(v, (int, float)))
+            out.print(f"engine over the window: {vals}", highlight=False, soft_wrap=True)
+    for note in s.get("notes") or []:
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
