@@ -40,7 +40,7 @@ def forward_once(eng: Engine, kv, rows: int, mask) -> None:
     ctx = kv.committed
     tokens = torch.randint(0, eng.config.target.vocab_size, (rows,), device=eng.device)
     pos = torch.arange(ctx, ctx + rows, device=eng.device)
-    eng._forward(kv, tokens, pos, mask, eng.path)
+    eng.runner.forward(eng.target, kv, tokens, pos, mask, eng.path)
     kv.commit([0])
 
 

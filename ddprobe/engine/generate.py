@@ -142,11 +142,17 @@ class Engine:
         prompt cache) while they are unchanged, else a new one."""
         spec, r = self.spec(), self._runner
         if r is None or r.spec != spec or r.config is not self.config or r.max_ctx != self.max_ctx:
-            self._runner = r = None  # the old runner's buffers and graphs go first
+            self._runner = r = None  # the old runner's buffers and graphs go first (unless a copy holds them)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             self._runner = r = StepRunner(spec, self.config, self.max_ctx)
         return r
+
+    def release(self) -> None:
+        """Free the static step (buffers, CUDA graphs) and the kept prompt cache; the next request
+        builds them again (the compiled functions stay)."""
+        if self._runner is not None:
+            self._runner.release()
 
     @property
     def compile_error(self) -> str | None:

@@ -194,12 +194,14 @@ class StaticStep:
         self.dvals.copy_(vals)
         self.didx.copy_(idx)
 
-    def run(self, name: str):
-        if name in self.graphs:
+    def run(self, name: str, eager: bool = False):
+        """Run step function ``name``: replay its graph when captured, else call it. eager: call it
+        even when captured, keeping the outputs the later functions read (benchmarks: graph vs plain)."""
+        if name in self.graphs and not eager:
             self.graphs[name].replay()
             return self.out[name]
         out = getattr(self, "_" + name)()
-        if name == "verify":
+        if name == "verify" and not (eager and name in self.graphs):
             self.logits, self.feats, self.picks = out
         return out
 

@@ -81,11 +81,9 @@ class StepRunner:
             if reset:
                 st.reset()
             return st, "", 0.0
-        self.kept = None  # its cache goes with the old step
-        self.static = st = None  # free the old buffers and graphs first (no reference may keep them)
+        st = None
+        self.release()  # the old buffers and graphs go first (no reference may keep them); the kept cache with them
         cuda = self.spec.cuda
-        if cuda:
-            torch.cuda.empty_cache()
         if self.spec.fuse and self.fused is None:
             self.fused = Fused()
         st = self._new_static(models, need)
@@ -147,3 +145,9 @@ class StepRunner:
 
     def forget(self) -> None:
         self.kept = None
+
+    def release(self) -> None:
+        """Drop the static step (its buffers and CUDA graphs) and the kept prompt cache."""
+        self.static = self.kept = None
+        if self.spec.cuda:
+            torch.cuda.empty_cache()
