@@ -198,7 +198,7 @@ def run_k2(a, out: dict, save) -> None:
 def logits_check(eng: Engine, st, ctx: int) -> dict:
     """One verify step on the same inputs: the captured graph (compiled layers) against the same
     static step run eagerly with the plain functions: relative error of the logits, argmax agreement."""
-    from ddprobe.engine.graphs import tree_from_topk
+    from ddprobe.engine.tree import tree_from_topk
 
     synthetic(st, ctx)
     st.write_commit(list(range(st.rows)), ctx, 0, 1)

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from ddprobe.engine import Engine
-from ddprobe.engine.graphs import tree_from_topk
-from ddprobe.engine.tree import build_tree
+from ddprobe.engine.tree import build_tree, tree_from_topk
 
 PROMPT = [int(t) for t in torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(5))]
 N_NEW = 96

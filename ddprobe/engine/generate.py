@@ -1,4 +1,4 @@
-"""The engine: models + KV cache + the DDTree generate loop (draft, tree build, verify, walk, commit).
+"""The engine: settings, models and the public API of DDTree decoding (draft, tree build, verify, walk, commit).
 
     eng = Engine("tiny", attn="reference", kv_layout="paged", budget=8)
     eng.warmup()                                              # {"warmup_s": ..., "what": ...}

@@ -44,20 +44,11 @@ from .drafter import DrafterContext
 from .fuse import Fused, verify_head
 from .kv_cache import KVCache
 from .spec import Models, StepSpec
-from .tree import DraftTree, build_tree
+from .tree import DraftTree
 from .tree_device import DeviceTree, ancestor_mask_device, build_tree_device, walk_device
 
 NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")  # run order within a step
 HOST_NAMES = ("draft", "unpack", "verify", "commit")  # the host tree's step
-
-
-def tree_from_topk(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus: int, shape: str) -> DraftTree:
-    """tree.build_tree over the top-k values [L, k] (host), tokens mapped back through idx [L, k]:
-    the same tree build_tree makes from the full log-probs (it only ever reads their top-k)."""
-    t = build_tree(vals, budget, bonus, shape)
-    idx = idx.tolist()
-    tokens = (bonus,) + tuple(idx[d - 1][c] for c, d in zip(t.tokens[1:], t.depths[1:]))
-    return DraftTree(tokens, t.parents, t.depths, t.scores)
 
 
 class StaticStep:

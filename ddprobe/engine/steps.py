@@ -26,10 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from .clock import StepClock
-from .graphs import tree_from_topk
 from .runner import Caches, StepRunner
 from .spec import Models
-from .tree import build_tree, target_picks, walk
+from .tree import build_tree, target_picks, tree_from_topk, walk
 
 
 @dataclass

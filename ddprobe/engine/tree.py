@@ -92,6 +92,15 @@ def build_tree(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores))
 
 
+def tree_from_topk(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus: int, shape: str) -> DraftTree:
+    """build_tree over the top-k values [L, k] (host), tokens mapped back through idx [L, k]:
+    the same tree build_tree makes from the full log-probs (it only ever reads their top-k)."""
+    t = build_tree(vals, budget, bonus, shape)
+    idx = idx.tolist()
+    tokens = (bonus,) + tuple(idx[d - 1][c] for c, d in zip(t.tokens[1:], t.depths[1:]))
+    return DraftTree(tokens, t.parents, t.depths, t.scores)
+
+
 def walk(tree: DraftTree, picks: list[int]) -> tuple[list[int], int]:
     """picks [R]: the target's token at every row (argmax or a sample). From the root, follow the
     child whose token equals the pick; stop when none does. Returns (accepted path rows starting
