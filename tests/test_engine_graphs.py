@@ -111,6 +111,22 @@ def test_static_state_is_reused_and_resized():
     assert longer.tokens[:30] == first.tokens
 
 
+def test_changed_settings_give_a_new_runner_and_release_frees_the_step():
+    """The runner is built for the engine's step plan (spec.StepSpec): a changed setting gets a new
+    one (here the host tree instead of the device tree, same tokens); release() drops the static step."""
+    eng = engine("paged", 8, True)
+    a = eng.generate(PROMPT, 24)
+    r = eng.runner
+    assert {s.d2h for s in a.steps} == {1} and eng.runner is r and r.static is not None
+    eng.device_tree = False
+    b = eng.generate(PROMPT, 24)
+    assert eng.runner is not r and {s.d2h for s in b.steps} == {2} and b.tokens == a.tokens
+    eng.release()
+    assert eng.runner.static is None
+    c = eng.generate(PROMPT, 24)
+    assert c.tokens == a.tokens and c.steps[0].graphs and eng.runner.static is not None
+
+
 def test_sampling_through_the_static_step():
     a = engine("paged", 8, False).generate(PROMPT, 30, temperature=1.0, seed=3)
     b = engine("paged", 8, True).generate(PROMPT, 30, temperature=1.0, seed=3)
