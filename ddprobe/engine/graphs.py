@@ -8,13 +8,14 @@ frozen ``spec.StepSpec`` (a ``runner.StepRunner`` makes and keeps it). The main 
 
 - ``draft``:  drafter forward over [bonus, L masks] at context length n, then the top-k of its
   log-probs (what the tree build needs): inputs ``commit_in``; outputs vals, idx [L, k].
-- ``verify``: copy the verify inputs (``unpack`` or ``tree`` wrote them) into the plan's buffers, refresh the plan, the target forward over R = budget + 1 rows (trees with fewer
-  nodes are padded with rows that only see themselves), logits and greedy picks.
+- ``verify``: the verify inputs (``unpack`` or ``tree`` wrote them) into the plan's buffers, refresh
+  the plan, the target forward over R = budget + 1 rows (trees with fewer nodes are padded with
+  rows that only see themselves), logits and greedy picks.
 - ``commit``: permute the R new rows so the accepted ones come first (contiguous: KV rows;
   paged: the slot table), append every row's drafter K/V at its permuted place (rows past the
   accepted ones are overwritten later), NaN-poison the rejected rows when asked.
 
-Two ways to run a step over them:
+Two ways to run a step over them (the strategies ``steps.DeviceTreeStep`` and ``steps.HostTreeStep``):
 
 - device tree (``spec.device_tree``, greedy): ``draft -> tree -> verify -> walk -> commit`` with no
   host round trip in between. ``tree`` builds the DDTree on the device from the draft's top-k
