@@ -39,7 +39,9 @@ from ddprobe.engine import weights as shipped  # noqa: E402
 from ddprobe.engine.config import ModelConfig  # noqa: E402
 from ddprobe.engine.generate import Engine  # noqa: E402
 from ddprobe.engine.kernels import get_path  # noqa: E402
-from ddprobe.engine.loop import decode_eager, decode_static  # noqa: E402
+from ddprobe.engine.loop import decode  # noqa: E402
+from ddprobe.engine.runner import Caches  # noqa: E402
+from ddprobe.engine.steps import DeviceTreeStep, EagerStep, HostTreeStep  # noqa: E402
 from ddprobe.units import UnitError, parse_tokens  # noqa: E402
 
 PHASES = ("draft_ms", "tree_ms", "verify_ms", "commit_ms")
@@ -59,10 +61,17 @@ def summary(steps) -> dict:
 
 def with_path(eng: Engine, attn: str) -> Engine:
     """The same weights behind another attention path (benchmark only: a shallow copy)."""
-    e = copy.copy(eng)
-    e.attn, e.path, e._static = attn, get_path(attn), None
+    e = copy.copy(eng)  # a new runner: the copy's step plan differs
+    e.attn, e.path = attn, get_path(attn)
     e.kv_layout = "paged" if attn == "paged" else "contiguous"
     return e
+
+
+def run_steps(eng: Engine, st, n: int, device_tree: bool = True, eager: bool = False) -> list:
+    """n - 1 decode steps from bonus 1 over the static step's state: the device tree (when its graphs
+    were captured), the host tree, or eager steps (host plans) on the same cache."""
+    kind = EagerStep if eager else DeviceTreeStep if device_tree and st.device_ok else HostTreeStep
+    return decode(eng.runner, eng.models, Caches(st.kv, st.dctx, None if eager else st), 1, n, strategy=kind)[1]
 
 
 def synthetic(st, ctx: int) -> None:
@@ -93,16 +102,16 @@ def k2_engine(heads: int, cap: int) -> Engine:
     return Engine(cfg, attn="split", device="cuda", dtype=torch.bfloat16, seed=0, graphs=True)
 
 
-def profile_steps(eng: Engine, st, ctx: int, steps: int) -> dict:
+def profile_steps(eng: Engine, st, ctx: int, steps: int, device_tree: bool = True) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     synthetic(st, ctx)
-    decode_static(eng, st, 1, 3, 0.0, None, None)  # settle
+    run_steps(eng, st, 3, device_tree)  # settle
     synthetic(st, ctx)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _, recs = decode_static(eng, st, 1, steps + 1, 0.0, None, None)
+        recs = run_steps(eng, st, steps + 1, device_tree)
         torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1e3 / steps
     classes = {"attention": 0.0, "gemm": 0.0, "copy": 0.0, "other": 0.0}
@@ -130,7 +139,7 @@ def profile_steps(eng: Engine, st, ctx: int, steps: int) -> dict:
     cpu = sorted(((k.key, k.self_cpu_time_total / 1e3 / steps, k.count / steps) for k in prof.key_averages()),
                  key=lambda t: -t[1])[:12]
     top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
-    return {"ctx": ctx, "steps": steps, "device_tree": eng.device_tree, "d2h_per_step": d2h / steps,
+    return {"ctx": ctx, "steps": steps, "device_tree": device_tree, "d2h_per_step": d2h / steps,
             "kernel_ms_per_step": busy, "by_class_ms": classes, "kernels_per_step": count / steps,
             "wall_ms_per_step": wall, "event_step_ms": summary(recs)["step_ms"], "wall_over_kernels": wall / busy if busy else None,
             "top_kernels_ms": top, "cpu_self_ms": cpu}
@@ -148,7 +157,6 @@ def run_k2(a, out: dict, save) -> None:
     base.graphs = False
     ee = base.generate(prompt, 12).tokens
     base.graphs = True
-    base._static = None
     out["k2_split_tokens_equal"] = ge == ee
     out["k2_split_tokens"] = {"graphs": ge, "eager": ee}
     save()
@@ -159,44 +167,38 @@ def run_k2(a, out: dict, save) -> None:
             r = {"attn": attn, "fuse": fuse, "warmup": {}, "cells": {}, "cells_host_tree": {}, "profile": []}
             out["k2"].append(r)
             for ctx in (ctxs if fuse else ctxs[:1]):
-                eng._static = None
-                torch.cuda.empty_cache()
+                eng.release()
                 # the state sized to the request (prompt + new tokens + rows), as generate() sizes it
                 r["warmup"][ctx] = eng.warmup(capacity=ctx + (a.steps + 2) * 9 + 64)
-                st = eng._static
+                st = eng.runner.static
                 r["compiled"], r["compile_error"] = bool(st.fused and st.fused.compiled), eng.compile_error
                 r["device_tree_graphs"], r["device_error"] = st.device_ok, st.device_error
                 n = a.steps if attn == "split" or ctx <= 32768 else max(4, a.steps // 3)
                 modes = {"device": (True,), "host": (False,), "both": (True, False)}[a.tree]
                 for dt in modes:  # the same captured graphs serve both
-                    eng.device_tree = dt
                     cells = []
                     for _ in range(2):
                         synthetic(st, ctx)
-                        _, recs = decode_static(eng, st, 1, n + 1, 0.0, None, None)
+                        recs = run_steps(eng, st, n + 1, dt)
                         cells.append(summary(recs))
                     r["cells" if dt else "cells_host_tree"][ctx] = cells
                     save()
-                eng.device_tree = modes[0]
                 if fuse and ctx == ctxs[0]:
                     r["logits_vs_plain"] = logits_check(eng, st, ctx)
                     synthetic(st, ctx)  # eager steps, same weights and state
-                    _, recs = decode_eager(eng, st.kv, st.dctx, 1, max(4, a.steps // 3) + 1, 0.0, None, None)
+                    recs = run_steps(eng, st, max(4, a.steps // 3) + 1, eager=True)
                     r["eager"] = {ctx: summary(recs)}
-                r["profile"].append(profile_steps(eng, st, ctx, 5))
+                r["profile"].append(profile_steps(eng, st, ctx, 5, modes[0]))
                 if a.tree == "both" and ctx == ctxs[0]:
-                    eng.device_tree = False
-                    r["profile"].append(profile_steps(eng, st, ctx, 5))
-                    eng.device_tree = True
+                    r["profile"].append(profile_steps(eng, st, ctx, 5, False))
                 save()
-            eng._static = None
-            torch.cuda.empty_cache()
+            eng.release()
 
 
 def logits_check(eng: Engine, st, ctx: int) -> dict:
     """One verify step on the same inputs: the captured graph (compiled layers) against the same
     static step run eagerly with the plain functions: relative error of the logits, argmax agreement."""
-    from ddprobe.engine.graphs import tree_from_topk
+    from ddprobe.engine.tree import tree_from_topk
 
     synthetic(st, ctx)
     st.write_commit(list(range(st.rows)), ctx, 0, 1)
@@ -205,7 +207,7 @@ def logits_check(eng: Engine, st, ctx: int) -> dict:
     widx = st.write_step(tree, ctx)
     graph = st.run("verify")[0].clone()
     fused, st.fused = st.fused, None
-    plain = st._verify()[0]
+    plain = st.run("verify", eager=True)[0]
     st.fused = fused
     if st.paged:
         st.kv.give_back(widx)
@@ -222,9 +224,9 @@ def run_tiny(out: dict, save) -> None:
             w = eng.warmup(capacity=1024 + 64 + 9)
             cells = [summary(eng.generate(prompt, 64).steps) for _ in range(2)]
             rec = {"attn": attn, "graphs": g, "warmup": w, "cells": cells,
-                   "compiled": bool(eng._fused and eng._fused.compiled), "compile_error": eng.compile_error}
+                   "compiled": bool(eng.runner.fused and eng.runner.fused.compiled), "compile_error": eng.compile_error}
             if g:
-                rec["profile"] = profile_steps(eng, eng._static, 1024, 10)
+                rec["profile"] = profile_steps(eng, eng.runner.static, 1024, 10)
             out["tiny"].append(rec)
             save()
 

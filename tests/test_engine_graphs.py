@@ -1,6 +1,7 @@
 """Static decode steps (what CUDA graphs replay) against the eager loop, on CPU.
 
-graphs=True on CPU runs the same fixed-shape step functions a GPU captures (graphs.StaticStep:
+graphs=True on CPU runs the same fixed-shape step functions a GPU captures (graphs.StaticStep, run by
+the host-tree and device-tree strategies of steps.py:
 device plans that read the prefix length from a tensor, padded R rows, permuting commit), so
 greedy tokens must be identical to the eager engine and verify logits equal within tolerance, at
 budgets 1, 8 and 32 on both KV layouts, with the tree built and walked on the device (the default
@@ -15,8 +16,7 @@ import pytest
 import torch
 
 from ddprobe.engine import Engine
-from ddprobe.engine.graphs import ancestor_bits, tree_from_topk
-from ddprobe.engine.tree import build_tree
+from ddprobe.engine.tree import build_tree, tree_from_topk
 
 PROMPT = [int(t) for t in torch.randint(0, 256, (20,), generator=torch.Generator().manual_seed(5))]
 N_NEW = 96
@@ -102,13 +102,29 @@ def test_static_state_is_reused_and_resized():
     eng = engine("contiguous", 8, True)
     info = eng.warmup(capacity=80)
     assert info["what"] == "first step" and info["warmup_s"] > 0 and info["capacity"] == 80
-    st = eng._static
+    st = eng.runner.static
     first = eng.generate(PROMPT, 30)  # 20 + 30 + 9 rows fit in 80
-    assert eng._static is st and first.steps[0].captured == ""  # same buffers, nothing new
+    assert eng.runner.static is st and first.steps[0].captured == ""  # same buffers, nothing new
     assert eng.generate(PROMPT, 30).tokens == first.tokens  # a reused state starts clean
     longer = eng.generate(PROMPT, 60)  # 20 + 60 + 9 > 80: a bigger state
-    assert eng._static is not st and eng._static.capacity >= 89
+    assert eng.runner.static is not st and eng.runner.static.capacity >= 89
     assert longer.tokens[:30] == first.tokens
+
+
+def test_changed_settings_give_a_new_runner_and_release_frees_the_step():
+    """The runner is built for the engine's step plan (spec.StepSpec): a changed setting gets a new
+    one (here the host tree instead of the device tree, same tokens); release() drops the static step."""
+    eng = engine("paged", 8, True)
+    a = eng.generate(PROMPT, 24)
+    r = eng.runner
+    assert {s.d2h for s in a.steps} == {1} and eng.runner is r and r.static is not None
+    eng.device_tree = False
+    b = eng.generate(PROMPT, 24)
+    assert eng.runner is not r and {s.d2h for s in b.steps} == {2} and b.tokens == a.tokens
+    eng.release()
+    assert eng.runner.static is None
+    c = eng.generate(PROMPT, 24)
+    assert c.tokens == a.tokens and c.steps[0].graphs and eng.runner.static is not None
 
 
 def test_sampling_through_the_static_step():
@@ -125,7 +141,7 @@ def test_device_tree_state_and_streaming(layout):
     eng = engine(layout, 8, True)
     chunks = []
     res = eng.generate(PROMPT, 40, on_tokens=lambda toks, size: chunks.append(list(toks)))
-    st = eng._static
+    st = eng.runner.static
     assert sum(chunks, []) == res.tokens[:sum(map(len, chunks))] and len(chunks) == len(res.steps) + 1
     assert st.kv.committed == len(PROMPT) + sum(s.commit_len for s in res.steps) and st.dctx.n == st.kv.committed
     assert eng.generate(PROMPT, 40).tokens == res.tokens
@@ -139,8 +155,6 @@ def test_tree_from_topk_is_build_tree():
         k = 1 if shape == "chain" else budget
         vals, idx = torch.topk(logp, k, dim=-1)
         assert tree_from_topk(vals, idx, budget, 42, shape) == build_tree(logp, budget, 42, shape)
-    assert ancestor_bits([-1, 0, 1, 0]) == [1, 3, 7, 9]
-    assert ancestor_bits([-1] + list(range(63)))[-1] == -1  # bit 63 as the int64 sign
 
 
 HOST_OPS = ("aten.lift_fresh", "aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
@@ -164,8 +178,8 @@ def test_step_functions_never_touch_the_host(layout):
     for budget in (1, 8):
         eng = engine(layout, budget, True)
         eng.generate(PROMPT, 8)
-        st = eng._static
-        st._benign_inputs()
+        st = eng.runner.static
+        st.benign_inputs()
         for name in ("draft", "tree", "unpack", "verify", "walk", "commit"):
             with torch.no_grad(), Seen() as seen:
                 st.run(name)

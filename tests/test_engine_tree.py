@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from ddprobe.engine.tree import ancestor_mask_np, build_tree, target_picks, walk
+from ddprobe.engine.kernels.trees import ancestor_mask
+from ddprobe.engine.tree import build_tree, target_picks, walk
 
 
 def brute_force(logp: torch.Tensor, budget: int) -> list[tuple[float, tuple[int, ...]]]:
@@ -78,7 +79,7 @@ def test_mask_matches_parents_and_positions_share_depth():
 
 def test_ancestor_mask_rejects_bad_parent_order():
     with pytest.raises(ValueError, match="parent"):
-        ancestor_mask_np([-1, 2, 0])
+        ancestor_mask([-1, 2, 0])
 
 
 def test_chain_shape():

@@ -1,4 +1,5 @@
-"""The device tree build and walk (tree_device.py) against the host's tree.build_tree and tree.walk.
+"""The device tree build, walk and ancestor mask (tree_device.py) against the host's tree.build_tree,
+tree.walk and kernels.trees.ancestor_mask.
 
 Exactly equal (rows in pop order, tokens, parents, depths, scores, ancestor mask) on many random
 distributions, exact ties (few distinct values, bf16-rounded log-probs) included, at budgets 1, 8
@@ -9,8 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ddprobe.engine.kernels.trees import SHAPES, ancestor_mask
 from ddprobe.engine.tree import build_tree, walk
-from ddprobe.engine.tree_device import build_tree_device, walk_device
+from ddprobe.engine.tree_device import ancestor_mask_device, build_tree_device, walk_device
 
 
 def host_and_device(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree"):
@@ -123,3 +125,32 @@ def test_device_walk_equals_walk(budget):
         assert [perm[j] for j in others] == list(range(len(path), budget + 1))
         accepted_depths.add(len(path) - 1)
     assert len(accepted_depths) >= (2 if budget == 1 else 3)
+
+
+def random_parents(n: int, g: torch.Generator) -> list[int]:
+    return [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+
+
+def test_ancestor_mask_device_equals_host():
+    """The one host mask and its device twin: equal on the named shapes and random trees of 1 to
+    80 rows (deep chains need every doubling round), padded rows (parent -1) seeing only themselves."""
+    assert ancestor_mask([-1, 0, 0, 1, 2]).tolist() == [  # fork(4), by hand
+        [True, False, False, False, False], [True, True, False, False, False], [True, False, True, False, False],
+        [True, True, False, True, False], [True, False, True, False, True]]
+    g = torch.Generator().manual_seed(4)
+    cases = [fn(b) for fn in SHAPES.values() for b in (1, 2, 3, 4, 5, 8, 31, 32, 33, 63, 64)]
+    cases += [random_parents(n, g) for n in list(range(1, 20)) + [33, 64, 65, 80] for _ in range(3)]
+    for parents in cases:
+        want = ancestor_mask(parents)
+        assert torch.equal(ancestor_mask_device(torch.tensor(parents)), want), parents
+        pad = 3  # the static step pads a tree with rows that see only themselves
+        padded = torch.eye(len(parents) + pad, dtype=torch.bool)
+        padded[:len(parents), :len(parents)] = want
+        assert torch.equal(ancestor_mask_device(torch.tensor(parents + [-1] * pad)), padded)
+
+
+def test_device_build_mask_is_the_twin_of_its_parents():
+    for seed, budget in ((1, 8), (2, 32), (3, 1)):
+        logp = distributions(seed, 7, 64)
+        _, got = host_and_device(logp, budget, 5)
+        assert torch.equal(got.mask, ancestor_mask_device(got.parents))

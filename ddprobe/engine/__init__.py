@@ -7,6 +7,7 @@ Public API:
     Engine.warmup(capacity=None) -> {"warmup_s", "what", "capacity"}   # compile + capture before measuring
     Engine.generate(prompt_ids, max_new_tokens, temperature=0.0, seed=None) -> GenerateResult
     Engine.greedy_reference(prompt_ids, max_new_tokens) -> list[int]
+    Engine.release()   # free the held static step, its CUDA graphs and the kept prompt cache
     build_tree(logp [L, V], budget, bonus, shape) -> DraftTree; walk(tree, picks) -> (path, bonus)
 """
 from .config import DrafterConfig, ModelConfig, TargetConfig, YarnConfig

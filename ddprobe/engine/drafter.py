@@ -216,7 +216,8 @@ class Drafter(nn.Module):
         f = self.cfg.full_attn_floor
         return attn_scale(positions, f, dtype) if f > 0 else None
 
-    def _logprobs(self, x: torch.Tensor, head: nn.Linear) -> torch.Tensor:
+    def logprobs(self, x: torch.Tensor, head: nn.Linear) -> torch.Tensor:
+        """Block output x [1 + L, dim] -> log-probs [L, V] of the L drafted positions (fp32 or fp64)."""
         logits = head(self.norm(x[1:]))  # [L, V]
         if logits.dtype != torch.float64:
             logits = logits.float()
@@ -254,5 +255,5 @@ class Drafter(nn.Module):
             lo = 0 if full else max(0, n - cfg.sliding_window)
             x = layer(x, cos, sin, ctx.k[i, lo:n], ctx.v[i, lo:n], qs=qs if full else None,
                       qrot=qrot if full else None)
-        return self._logprobs(x, head)
+        return self.logprobs(x, head)
 

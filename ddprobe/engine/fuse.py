@@ -17,7 +17,7 @@ from .target import layer_post, layer_pre
 
 def drafter_head(drafter, x: torch.Tensor, head, k: int):
     """Drafter block output -> top-k (values, indices) of its log-probs [L, k]."""
-    return torch.topk(drafter._logprobs(x, head).double(), k, dim=-1)
+    return torch.topk(drafter.logprobs(x, head).double(), k, dim=-1)
 
 
 def verify_head(target, hidden: torch.Tensor):

@@ -1,4 +1,4 @@
-"""The engine: models + KV cache + the DDTree generate loop (draft, tree build, verify, walk, commit).
+"""The engine: settings, models and the public API of DDTree decoding (draft, tree build, verify, walk, commit).
 
     eng = Engine("tiny", attn="reference", kv_layout="paged", budget=8)
     eng.warmup()                                              # {"warmup_s": ..., "what": ...}
@@ -17,6 +17,10 @@ of a ``graphs.StaticStep`` kept per capacity and captured as CUDA graphs once; o
 runs that same static step eagerly (what the tests compare with the eager loop).
 device_tree (default on; static steps at temperature 0 only): the tree build and the walk run on
 the device (``tree_device.py``), one device-to-host copy per step; sampling keeps them on the host.
+Who does what: the engine checks requests and holds the settings and the models; a
+``runner.StepRunner`` built for the frozen ``spec.StepSpec`` of the settings (rebuilt when they
+change) owns the caches, the plans, the static step and its graphs; ``loop.prefill`` and
+``loop.decode`` run a request over both, ``decode`` calling a step strategy of ``steps.py``.
 """
 from __future__ import annotations
 
@@ -29,11 +33,11 @@ from torch import nn
 from . import kernels
 from .config import ModelConfig
 from .drafter import Drafter, DrafterContext
-from .fuse import Fused
-from .graphs import StaticStep
 from .kv_cache import LAYOUTS, KVCache
-from .loop import decode_eager, decode_static
+from .loop import decode, prefill
 from .records import GenerateResult
+from .runner import StepRunner
+from .spec import Models, StepSpec
 from .target import TargetModel
 from .tree import TREE_SHAPES, target_picks
 
@@ -68,13 +72,10 @@ class Engine:
         self.graphs = (self.device.type == "cuda" and self._device_plans()) if graphs is None else bool(graphs)
         if self.graphs and not self._device_plans():
             raise ValueError(f"attention path {attn!r} takes host plans only: use graphs=False")
-        self._static: StaticStep | None = None  # the captured step, reused while a request fits
         # static steps at temperature 0: tree build and walk on the device, one copy back per step
         self.device_tree = bool(device_tree)
         # graph mode on CUDA: the model around the attention goes through torch.compile (fuse.py)
         self.fuse = self.graphs and self.device.type == "cuda"
-        self._fused: Fused | None = None
-        self.compile_error: str | None = None  # why torch.compile was given up, if it was
         self.max_ctx = max_ctx or self.config.max_ctx
         # prefill chunking: the reference path holds fp32 scores [chunk, H, prefix + chunk]; the
         # prefill path none (chunks only pace the progress report); the verify paths take 64 rows
@@ -83,7 +84,7 @@ class Engine:
         self.prefill_score_bytes = prefill_score_bytes
         self.prefill_max_rows = {"reference": 512, "prefill": 16384 if self.device.type == "cuda" else 1024}.get(
             prefill_attn, 64)
-        self._kept: tuple[list[int], KVCache, DrafterContext] | None = None  # reuse_prefix's prompt cache
+        self._runner: StepRunner | None = None  # built for the settings' spec (``runner``)
         target = TargetModel(self.config.target)
         target.fp32_logits = self.config.fp32_logits
         drafter = Drafter(self.config.drafter, self.config.target)
@@ -110,6 +111,10 @@ class Engine:
     def drafter(self) -> Drafter:
         return self.model["drafter"]
 
+    @property
+    def models(self) -> Models:
+        return Models(self.target, self.drafter)
+
     def init_weights(self, seed: int) -> None:
         """Random weights from ``seed`` (the target from seed, the drafter from seed + 1)."""
         self.model.to(device="cpu", dtype=torch.float32)
@@ -123,6 +128,36 @@ class Engine:
 
     def state_dict(self) -> dict:
         return self.model.state_dict()
+
+    # ---- the step plan and its runner -------------------------------------------------------
+    def spec(self) -> StepSpec:
+        """The frozen plan of this engine's decode steps, from its current settings."""
+        return StepSpec(self.path, self.prefill_path, self.kv_layout, self.budget, self.tree_shape, self.device,
+                        self.dtype, self.seed, self.shuffle_slots, self.poison, self.graphs, self.device_tree,
+                        self.fuse, self.prefill_max_rows, self.prefill_score_bytes)
+
+    @property
+    def runner(self) -> StepRunner:
+        """The StepRunner of the current settings: the held one (its static step, graphs and kept
+        prompt cache) while they are unchanged, else a new one."""
+        spec, r = self.spec(), self._runner
+        if r is None or r.spec != spec or r.config is not self.config or r.max_ctx != self.max_ctx:
+            self._runner = r = None  # the old runner's buffers and graphs go first (unless a copy holds them)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self._runner = r = StepRunner(spec, self.config, self.max_ctx)
+        return r
+
+    def release(self) -> None:
+        """Free the static step (buffers, CUDA graphs) and the kept prompt cache; the next request
+        builds them again (the compiled functions stay)."""
+        if self._runner is not None:
+            self._runner.release()
+
+    @property
+    def compile_error(self) -> str | None:
+        """Why torch.compile was given up (graph mode on CUDA), if it was."""
+        return self._runner.compile_error if self._runner is not None else None
 
     # ---- helpers -------------------------------------------------------------------------
     @property
@@ -149,88 +184,17 @@ class Engine:
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """A fresh latent KV cache of ``capacity`` token rows (default max_ctx)."""
-        t = self.config.target
-        return KVCache(t.num_layers, capacity or self.max_ctx, t.kv_dim, self.kv_layout, dtype=self.dtype, device=self.device,
-                       shuffle=self.shuffle_slots, seed=self.seed, poison=self.poison)
-
-    def _forward(self, kv: KVCache, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor, path,
-                 last_only: bool = False):
-        """Run the target on new rows (reserved, written, attended); the caller commits.
-        Returns (logits [T, V], features [T, F]); last_only: the logits of the last row only ([1, V]: a
-        prefill chunk of 16k rows would otherwise hold 16k x V fp32 logits)."""
-        prefix = kv.committed
-        write_idx, slots = kv.reserve(tokens.numel())
-        plan = path.plan(prefix, tree_mask, slots, self.config.target.kv_lora_rank)
-        hidden, feats = self.target(tokens, positions, kv.buffer, write_idx, plan, path)
-        logits = self.target.logits(hidden[-1:] if last_only else hidden)
-        if self.poison and not bool(torch.isfinite(hidden).all() and torch.isfinite(logits).all()):
-            raise RuntimeError(f"NaN in target logits (path {path.name}): attention read a row outside the plan")
-        return logits, feats
+        return self.runner.new_cache(capacity)
 
     @torch.no_grad()
     def prefill(self, kv: KVCache, prompt_ids: list[int], dctx: DrafterContext | None = None,
                 on_prefill: Callable[[int, int], None] | None = None) -> torch.Tensor:
         """Causal prefill of the prompt tokens not yet in ``kv`` (from ``kv.committed`` on), in chunks
-        through ``prefill_attn`` -> logits [V] of the last token. on_prefill(done, total) is called before
-        the first chunk and after every chunk."""
-        t = self.config.target
-        ids = torch.tensor(prompt_ids, dtype=torch.int64, device=self.device)
-        n, logits = ids.numel(), None
-        if kv.committed >= n:
-            raise ValueError(f"nothing to prefill: {kv.committed} tokens cached for a {n}-token prompt")
-        if on_prefill is not None:
-            on_prefill(kv.committed, n)
-        grid = self.prefill_path.name == "prefill"  # chunks on a grid fixed from position 0
-        while kv.committed < n:
-            c0 = kv.committed
-            if grid:  # up to the next grid line
-                limit = self.prefill_max_rows - c0 % self.prefill_max_rows
-            else:  # fp32 score bytes of the reference path: per query row H x 4 x (prefix + chunk)
-                limit = self.prefill_score_bytes // (t.num_heads * 4 * (c0 + 512) + 1)
-            chunk = int(max(1, min(self.prefill_max_rows, n - c0, limit)))
-            mask = torch.ones(chunk, chunk, dtype=torch.bool, device=self.device).tril_()
-            pos = torch.arange(c0, c0 + chunk, dtype=torch.int64, device=self.device)
-            logits, feats = self._forward(kv, ids[c0: c0 + chunk], pos, mask, self.prefill_path, last_only=True)
-            kv.commit(torch.arange(chunk))
-            if dctx is not None:
-                self.drafter.append_context(dctx, feats, pos)
-            if on_prefill is not None:
-                on_prefill(kv.committed, n)
-        return logits[-1]
+        through ``prefill_attn`` -> logits [V] of the last token (``loop.prefill``). on_prefill(done, total)
+        is called before the first chunk and after every chunk."""
+        return prefill(self.runner, self.models, kv, prompt_ids, dctx, on_prefill)
 
     # ---- decoding ------------------------------------------------------------------------
-    def _static_for(self, need: int, reset: bool = True) -> tuple[StaticStep, str, float]:
-        """The StaticStep for a request of ``need`` tokens: the held one when it fits (emptied unless
-        ``reset`` is False), else a new one (captured on CUDA). Returns (step, what was captured, capture ms)."""
-        st = self._static
-        if st is not None and st.capacity >= need:
-            if reset:
-                st.reset()
-            return st, "", 0.0
-        self._kept = None  # its cache goes with the old step
-        self._static = st = None  # free the old buffers and graphs first (no reference may keep them)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        if self.fuse and self._fused is None:
-            self._fused = Fused()
-        st = StaticStep(self, need, self._fused if self.fuse else None)
-        cap_ms, what = 0.0, ""
-        if self.device.type == "cuda":
-            try:
-                cap_ms = st.capture() * 1e3
-            except Exception as e:  # noqa: BLE001  torch.compile failed (its warm-up runs precede capture)
-                if st.fused is None or not st.fused.compiled:
-                    raise
-                self.compile_error = f"{type(e).__name__}: {e}"[:300]
-                self._fused = Fused(compile=False)
-                st = None  # the failed step's buffers go before the plain one is built
-                torch.cuda.empty_cache()
-                st = StaticStep(self, need, self._fused)
-                cap_ms = st.capture() * 1e3
-            what = "+".join(st.graphs)
-        self._static = st
-        return st, what, cap_ms
-
     @torch.no_grad()
     def warmup(self, capacity: int | None = None, prompt_len: int = 8) -> dict:
         """Compile and (graphs on CUDA) capture, then run one throwaway step, before anything is
@@ -244,7 +208,7 @@ class Engine:
             raise ValueError(f"warm-up capacity {cap} below one short request ({need} tokens)")
         t0 = time.perf_counter()
         if self.graphs:
-            self._static_for(cap)
+            self.runner.static_for(self.models, cap)
         prompt = [i % self.config.target.vocab_size for i in range(prompt_len)]
         self.generate(prompt, 2)  # prefill and decode compile here (Triton, cuBLAS), one step runs
         if self.device.type == "cuda":
@@ -255,37 +219,8 @@ class Engine:
 
     def forget_prefix(self) -> None:
         """Drop the prompt cache kept by ``generate(reuse_prefix=True)``."""
-        self._kept = None
-
-    def _caches(self, prompt_ids: list[int], need: int, reuse: bool):
-        """(kv, dctx, static step or None, capture what, capture ms, reused tokens) for a request: the
-        kept prompt cache truncated to the longest common prefix (reuse), else empty ones."""
-        kept, self._kept = self._kept, None
-        st, captured, cap_ms = None, "", 0.0
-        if self.graphs:
-            # a reusable step is sized for the largest request to come (max_ctx), as the warm-up's is
-            st, captured, cap_ms = self._static_for(max(need, self.max_ctx) if reuse else need, reset=False)
-            kv, dctx = st.kv, st.dctx
-            if not (reuse and kept is not None and kept[1] is kv):
-                st.reset()
-                kept = None
-        elif reuse and kept is not None and kept[1].capacity >= need:
-            kv, dctx = kept[1], kept[2]
-        else:  # a reusable cache is sized for the largest request to come (max_ctx)
-            kept = None
-            cap = max(need, self.max_ctx) if reuse else need
-            kv, dctx = self.new_cache(cap), self.drafter.new_context(cap)
-        n = 0
-        if kept is not None:
-            old = kept[0]
-            while n < min(len(old), len(prompt_ids)) and old[n] == prompt_ids[n]:
-                n += 1
-            n = min(n, len(prompt_ids) - 1)  # the last prompt token is always prefilled: its logits
-            if self.prefill_path.name == "prefill":  # back to the chunk grid: every kept row is then the row
-                n -= n % self.prefill_max_rows       # a fresh prefill computes, to the bit
-            kv.truncate(n)
-            dctx.n = n
-        return kv, dctx, st, captured, cap_ms, n
+        if self._runner is not None:
+            self._runner.forget()
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, temperature: float = 0.0,
@@ -306,22 +241,18 @@ class Engine:
         if temperature > 0:
             gen = torch.Generator(device=self.device).manual_seed(self.seed if seed is None else seed)
         need = len(prompt_ids) + max_new_tokens + self.budget + 1  # sized to the request, <= max_ctx
-        kv, dctx, st, captured, cap_ms, reused = self._caches(prompt_ids, need, reuse_prefix)
+        runner, models = self.runner, self.models
+        c = runner.caches(models, prompt_ids, need, reuse_prefix)
         t0 = self._now()
-        last = self.prefill(kv, prompt_ids, dctx, on_prefill)
+        last = prefill(runner, models, c.kv, prompt_ids, c.dctx, on_prefill)
         bonus = target_picks(last[None], temperature, gen)[0]
         prefill_ms = (self._now() - t0) * 1e3
-        if self.graphs:
-            out, steps = decode_static(self, st, bonus, max_new_tokens, temperature, gen, proposer, captured, cap_ms,
-                                       on_tokens=on_tokens)
-        else:
-            out, steps = decode_eager(self, kv, dctx, bonus, max_new_tokens, temperature, gen, proposer,
-                                      on_tokens=on_tokens)
+        out, steps = decode(runner, models, c, bonus, max_new_tokens, temperature, gen, proposer, on_tokens)
         if reuse_prefix:  # truncated back to the prompt when the next call starts
-            self._kept = (list(prompt_ids), kv, dctx)
+            runner.keep(prompt_ids, c)
         return GenerateResult(out[:max_new_tokens], steps, prompt_len=len(prompt_ids), prefill_ms=prefill_ms,
                               attn=self.attn, kv_layout=self.kv_layout, budget=self.budget, graphs=self.graphs,
-                              reused_tokens=reused)
+                              reused_tokens=c.reused)
 
     @torch.no_grad()
     def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int,
@@ -330,15 +261,16 @@ class Engine:
         on_token(token) (servers: streaming, cancellation) is called with each token as it is made;
         what it raises stops the decode and propagates."""
         self._check(prompt_ids, max_new_tokens, 1)
-        kv = self.new_cache(len(prompt_ids) + max_new_tokens + 1)
-        tok = int(self.prefill(kv, prompt_ids).argmax())
+        runner, target = self.runner, self.target
+        kv = runner.new_cache(len(prompt_ids) + max_new_tokens + 1)
+        tok = int(prefill(runner, self.models, kv, prompt_ids).argmax())
         out = [tok]
         if on_token is not None:
             on_token(tok)
         one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         while len(out) < max_new_tokens:
             pos = torch.tensor([kv.committed], dtype=torch.int64, device=self.device)
-            logits, _ = self._forward(kv, torch.tensor([tok], device=self.device), pos, one, self.path)
+            logits, _ = runner.forward(target, kv, torch.tensor([tok], device=self.device), pos, one, self.path)
             kv.commit([0])
             tok = int(logits[0].argmax())
             out.append(tok)

@@ -1,21 +1,23 @@
 """Static decode steps: fixed buffers and device plans, captured as CUDA graphs and replayed.
 
-One ``StaticStep`` per (engine, capacity) holds everything a decode step touches: the KV cache
-and the drafter context (sized for ``capacity`` tokens), the verify plan built ONCE as a device
-plan (kernels read the prefix length from ``prefix_t``), and three step functions:
+One ``StaticStep`` per (step plan, capacity) holds everything a decode step touches: the KV cache
+and the drafter context it is given (sized for ``capacity`` tokens), the verify plan built ONCE as a
+device plan (kernels read the prefix length from ``prefix_t``), and the step functions over them.
+It is built from what it computes with, passed explicitly: the models, the model config and the
+frozen ``spec.StepSpec`` (a ``runner.StepRunner`` makes and keeps it). The main three:
 
 - ``draft``:  drafter forward over [bonus, L masks] at context length n, then the top-k of its
   log-probs (what the tree build needs): inputs ``commit_in``; outputs vals, idx [L, k].
-- ``verify``: unpack ``step_in`` (tokens, depths, ancestor bits, write slots, prefix) into the
-  plan's buffers, refresh the plan, the target forward over R = budget + 1 rows (trees with fewer
-  nodes are padded with rows that only see themselves), logits and greedy picks.
+- ``verify``: the verify inputs (``unpack`` or ``tree`` wrote them) into the plan's buffers, refresh
+  the plan, the target forward over R = budget + 1 rows (trees with fewer nodes are padded with
+  rows that only see themselves), logits and greedy picks.
 - ``commit``: permute the R new rows so the accepted ones come first (contiguous: KV rows;
   paged: the slot table), append every row's drafter K/V at its permuted place (rows past the
   accepted ones are overwritten later), NaN-poison the rejected rows when asked.
 
-Two ways to run a step over them:
+Two ways to run a step over them (the strategies ``steps.DeviceTreeStep`` and ``steps.HostTreeStep``):
 
-- device tree (``eng.device_tree``, greedy): ``draft -> tree -> verify -> walk -> commit`` with no
+- device tree (``spec.device_tree``, greedy): ``draft -> tree -> verify -> walk -> commit`` with no
   host round trip in between. ``tree`` builds the DDTree on the device from the draft's top-k
   (``tree_device.build_tree_device``: the same tree as ``tree.build_tree``) and fills the verify
   inputs; ``walk`` (``tree_device.walk_device``) writes ``commit_in`` (permutation, prefix,
@@ -25,11 +27,12 @@ Two ways to run a step over them:
   starts, so a step writes at ``tab[prefix:prefix + R]`` and the commit's permutation leaves the
   rejected slots right after the new prefix for the next step.
 - host tree (sampling, ``device_tree=False``): the host reads the top-k, builds the tree
-  (tree.build_tree), writes ``step_in`` which ``unpack`` turns into the verify inputs, reads the
+  (tree.build_tree), writes ``step_in`` (tokens, depths, parents, write slots, prefix) which
+  ``unpack`` turns into the verify inputs (the mask: ``tree_device.ancestor_mask_device``), reads the
   picks (or samples the logits), walks (tree.walk) and writes ``commit_in``.
 
 On CUDA each function is captured once (``capture``) and replayed; on CPU the same functions run
-eagerly, which is what the CPU tests compare with the eager engine.
+eagerly, which is what the CPU tests compare with the eager step (``steps.py``).
 """
 from __future__ import annotations
 
@@ -37,46 +40,34 @@ import time
 
 import torch
 
+from .config import ModelConfig
+from .drafter import DrafterContext
 from .fuse import Fused, verify_head
-from .tree import DraftTree, build_tree
-from .tree_device import DeviceTree, build_tree_device, walk_device
+from .kv_cache import KVCache
+from .spec import Models, StepSpec
+from .tree import DraftTree
+from .tree_device import DeviceTree, ancestor_mask_device, build_tree_device, walk_device
 
 NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")  # run order within a step
 HOST_NAMES = ("draft", "unpack", "verify", "commit")  # the host tree's step
 
 
-def tree_from_topk(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus: int, shape: str) -> DraftTree:
-    """tree.build_tree over the top-k values [L, k] (host), tokens mapped back through idx [L, k]:
-    the same tree build_tree makes from the full log-probs (it only ever reads their top-k)."""
-    t = build_tree(vals, budget, bonus, shape)
-    idx = idx.tolist()
-    tokens = (bonus,) + tuple(idx[d - 1][c] for c, d in zip(t.tokens[1:], t.depths[1:]))
-    return DraftTree(tokens, t.parents, t.depths, t.scores)
-
-
-def ancestor_bits(parents) -> list[int]:
-    """Row i: bit j set when row i sees row j (itself and its ancestors), as int64 values."""
-    bits: list[int] = []
-    for i, p in enumerate(parents):
-        b = (bits[p] if p >= 0 else 0) | (1 << i)
-        bits.append(b)
-    return [b - (1 << 64) if b >= 1 << 63 else b for b in bits]
-
-
 class StaticStep:
-    def __init__(self, eng, capacity: int, fused: Fused | None = None):
-        self.eng, self.capacity, self.fused = eng, capacity, fused
-        dev, t = eng.device, eng.config.target
-        self.rows = r = eng.budget + 1
-        self.paged = eng.kv_layout == "paged"
-        self.kv = eng.new_cache(capacity)
-        self.dctx = eng.drafter.new_context(capacity)
+    def __init__(self, models: Models, config: ModelConfig, spec: StepSpec, kv: KVCache, dctx: DrafterContext,
+                 fused: Fused | None = None):
+        """kv, dctx: the request's cache and drafter context (capacity: kv.capacity tokens); fused:
+        the compiled functions (graph mode on CUDA) or None (the plain ones)."""
+        self.models, self.spec, self.fused = models, spec, fused
+        self.kv, self.dctx, self.capacity = kv, dctx, kv.capacity
+        dev, t, capacity = spec.device, config.target, kv.capacity
+        self.rows = r = spec.rows
+        self.paged = spec.kv_layout == "paged"
         self.max_prefix = capacity - r
         if self.max_prefix < 0:
             raise ValueError(f"capacity {capacity} below the {r} verify rows")
         i64 = dict(dtype=torch.int64, device=dev)
         self.ar = torch.arange(r, **i64)
-        self.step_in = torch.zeros(4 * r + 1, **i64)  # tokens, depths, bits, write slots, prefix
+        self.step_in = torch.zeros(4 * r + 1, **i64)  # tokens, depths, parents, write slots, prefix
         self.commit_in = torch.zeros(r + 3, **i64)  # perm, prefix before, accepted, bonus
         self.prefix_t = torch.zeros(1, dtype=torch.int32, device=dev)
         # the verify's inputs (written by ``unpack`` from step_in, or by ``tree`` on the device)
@@ -92,13 +83,13 @@ class StaticStep:
                                 torch.zeros(r, dtype=torch.float64, device=dev), torch.zeros((), **i64))
         self.out_buf = torch.zeros(r + 3, **i64)
         slots = self.kv.req_to_token[0] if self.paged else None
-        self.plan = eng.path.plan(self.prefix_t, self.tree_mask, slots, t.kv_lora_rank, heads=t.num_heads,
+        self.plan = spec.path.plan(self.prefix_t, self.tree_mask, slots, t.kv_lora_rank, heads=t.num_heads,
                                   max_prefix=self.max_prefix)
-        self.topk = 1 if eng.tree_shape == "chain" else min(eng.budget, t.vocab_size)
-        L = eng.config.drafter.num_draft
+        self.topk = 1 if spec.tree_shape == "chain" else min(spec.budget, t.vocab_size)
+        L = config.drafter.num_draft
         self.dvals = torch.zeros(L, self.topk, dtype=torch.float64, device=dev)  # the draft's top-k
         self.didx = torch.zeros(L, self.topk, **i64)
-        self.cuda = self.eng.device.type == "cuda"
+        self.cuda = spec.cuda
         pin = dict(pin_memory=True) if self.cuda else {}
         self.step_host = torch.zeros(4 * r + 1, dtype=torch.int64, **pin)
         self.commit_host = torch.zeros(r + 3, dtype=torch.int64, **pin)
@@ -110,14 +101,14 @@ class StaticStep:
 
     # ---- the three step functions (fixed shapes; what a graph records) ----------------------
     def _unpack(self):
-        """Host tree: step_in (tokens, depths, ancestor bits, write slots, prefix) -> verify inputs."""
+        """Host tree: step_in (tokens, depths, parents, write slots, prefix) -> verify inputs."""
         r, si = self.rows, self.step_in
-        depths, bits, prefix = si[r:2 * r], si[2 * r:3 * r], si[4 * r:]
+        depths, parents, prefix = si[r:2 * r], si[2 * r:3 * r], si[4 * r:]
         self.tokens.copy_(si[:r])
         self.widx.copy_(si[3 * r:4 * r])
         self.prefix.copy_(prefix)
         self.positions.copy_(depths + prefix)
-        self.tree_mask.copy_(((bits[:, None] >> self.ar[None, :]) & 1) != 0)
+        self.tree_mask.copy_(ancestor_mask_device(parents))
         return ()
 
     def _tree(self):
@@ -125,7 +116,7 @@ class StaticStep:
         -> the DDTree (tree_device.build_tree_device) and the verify inputs."""
         r, ci = self.rows, self.commit_in
         prefix = ci[r:r + 1] + ci[r + 1:r + 2]
-        t = build_tree_device(self.dvals, self.didx, self.eng.budget, ci[r + 2:r + 3])
+        t = build_tree_device(self.dvals, self.didx, self.spec.budget, ci[r + 2:r + 3])
         d = self.dtree
         for dst, src in ((d.tokens, t.tokens), (d.parents, t.parents), (d.depths, t.depths), (d.mask, t.mask),
                          (d.valid, t.valid), (d.size, t.size), (self.tokens, t.tokens), (self.tree_mask, t.mask),
@@ -136,15 +127,15 @@ class StaticStep:
         return ()
 
     def _verify(self):
-        eng, prefix, widx = self.eng, self.prefix, self.widx
+        path, target, prefix, widx = self.spec.path, self.models.target, self.prefix, self.widx
         self.prefix_t.copy_(prefix)
         if self.paged:
             self.kv.req_to_token[0].index_copy_(0, prefix + self.ar, widx)
-        eng.path.refresh(self.plan)
+        path.refresh(self.plan)
         f = self.fused
-        hidden, feats = eng.target(self.tokens, self.positions, self.kv.buffer, widx, self.plan, eng.path,
-                                   f.layer if f is not None else None)
-        logits, picks = (f.verify_head if f is not None else verify_head)(eng.target, hidden)
+        hidden, feats = target(self.tokens, self.positions, self.kv.buffer, widx, self.plan, path,
+                               f.layer if f is not None else None)
+        logits, picks = (f.verify_head if f is not None else verify_head)(target, hidden)
         return logits, feats, picks
 
     def _walk(self):
@@ -158,7 +149,7 @@ class StaticStep:
         self.out_buf[:r].copy_(w.out)
         self.out_buf[r].copy_(w.count)
         self.out_buf[r + 1].copy_(d.size)
-        if self.eng.poison:  # NaN in a tree row's logits: attention read outside the plan
+        if self.spec.poison:  # NaN in a tree row's logits: attention read outside the plan
             self.out_buf[r + 2].copy_(torch.where(d.valid[:, None], self.logits.isfinite(), True).all())
         return ()
 
@@ -169,23 +160,23 @@ class StaticStep:
         keep = perm < k
         if self.paged:
             tab = self.kv.req_to_token[0]
-            if self.eng.poison:
+            if self.spec.poison:
                 old = tab[src]
                 buf[:, old] = torch.where(keep[None, :, None], buf[:, old], float("nan"))
             tab[dest] = tab[src]
         else:
             rows = buf[:, src]
-            if self.eng.poison:
+            if self.spec.poison:
                 rows = torch.where(keep[None, :, None], rows, float("nan"))
             buf[:, dest] = rows
-        self.eng.drafter.append_static(self.dctx, self.feats, self.positions, dest)
+        self.models.drafter.append_static(self.dctx, self.feats, self.positions, dest)
         return ()
 
     def _draft(self):
-        eng, r, ci = self.eng, self.rows, self.commit_in
+        (target, drafter), r, ci = self.models, self.rows, self.commit_in
         n = ci[r:r + 1] + ci[r + 1:r + 2]
-        vals, idx = eng.drafter.forward_static(self.dctx, n, ci[r + 2:r + 3], eng.target.embed_tokens,
-                                               eng.target.lm_head, self.topk, self.fused)
+        vals, idx = drafter.forward_static(self.dctx, n, ci[r + 2:r + 3], target.embed_tokens, target.lm_head,
+                                           self.topk, self.fused)
         self.dvals.copy_(vals)
         self.didx.copy_(idx)
         return self.dvals, self.didx
@@ -195,12 +186,14 @@ class StaticStep:
         self.dvals.copy_(vals)
         self.didx.copy_(idx)
 
-    def run(self, name: str):
-        if name in self.graphs:
+    def run(self, name: str, eager: bool = False):
+        """Run step function ``name``: replay its graph when captured, else call it. eager: call it
+        even when captured, keeping the outputs the later functions read (benchmarks: graph vs plain)."""
+        if name in self.graphs and not eager:
             self.graphs[name].replay()
             return self.out[name]
         out = getattr(self, "_" + name)()
-        if name == "verify":
+        if name == "verify" and not (eager and name in self.graphs):
             self.logits, self.feats, self.picks = out
         return out
 
@@ -208,10 +201,10 @@ class StaticStep:
     def capture(self) -> float:
         """Record the step functions as CUDA graphs (two eager runs first on a side stream: Triton
         compiles, cuBLAS picks its kernels). Runs on an empty state and leaves it empty. Seconds.
-        The device tree's two (tree, walk) are captured when ``eng.device_tree``; should that fail,
+        The device tree's two (tree, walk) are captured when ``spec.device_tree``; should that fail,
         the step keeps the host tree (``device_error`` says why) rather than failing the request."""
         t0 = time.perf_counter()
-        names = NAMES if self.eng.device_tree else HOST_NAMES
+        names = NAMES if self.spec.device_tree else HOST_NAMES
         try:
             self._capture(names)
         except Exception as e:  # noqa: BLE001
@@ -220,7 +213,7 @@ class StaticStep:
             self.device_error = f"{type(e).__name__}: {e}"[:300]
             self.graphs, self.out = {}, {}
             torch.cuda.synchronize()
-            self._capture(HOST_NAMES)  # a compile error raises here again: generate.py handles it
+            self._capture(HOST_NAMES)  # a compile error raises here again: runner.py handles it
         self.reset()
         return time.perf_counter() - t0
 
@@ -230,18 +223,18 @@ class StaticStep:
         return not self.cuda or "tree" in self.graphs
 
     def _capture(self, names) -> None:
-        self._benign_inputs()
+        self.benign_inputs()
         torch.cuda.synchronize()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._benign_inputs()
+                self.benign_inputs()
                 for name in names:
                     self.run(name)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        self._benign_inputs()
+        self.benign_inputs()
         for name in names:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
@@ -251,7 +244,9 @@ class StaticStep:
                 self.logits, self.feats, self.picks = out
         torch.cuda.synchronize()
 
-    def _benign_inputs(self) -> None:
+    def benign_inputs(self) -> None:
+        """An empty cache and inputs every step function runs on without reading outside the plan:
+        one-row trees (each row sees itself), fresh write slots, no permutation (capture, tests)."""
         r = self.rows
         self.kv.reset(refill=False)
         slots = self.kv.take_slots(r) if self.paged else list(range(r))
@@ -259,7 +254,7 @@ class StaticStep:
             self.kv.give_back(slots)
             self.kv.req_to_token[0, :r] = torch.tensor(slots, device=self.kv.device)  # the device tree's slots
         self.step_host.zero_()
-        self.step_host[2 * r:3 * r] = torch.tensor(ancestor_bits([-1] * r))  # every row sees itself
+        self.step_host[2 * r:3 * r] = -1  # parents: every row sees itself
         self.step_host[3 * r:4 * r] = torch.tensor(slots)
         self.step_in.copy_(self.step_host)
         self.commit_host.zero_()
@@ -284,9 +279,9 @@ class StaticStep:
         pad = r - n
         tokens = list(tree.tokens) + [0] * pad
         depths = list(tree.depths) + [0] * pad
-        bits = ancestor_bits(list(tree.parents) + [-1] * pad)
+        parents = list(tree.parents) + [-1] * pad  # a padded row sees itself
         widx = self.kv.take_slots(r) if self.paged else list(range(prefix, prefix + r))
-        self.step_host.copy_(torch.tensor(tokens + depths + bits + widx + [prefix]))
+        self.step_host.copy_(torch.tensor(tokens + depths + parents + widx + [prefix]))
         self.step_in.copy_(self.step_host, non_blocking=self.cuda)
         self.run("unpack")
         return widx
@@ -321,5 +316,9 @@ class StaticStep:
         self.run("commit")
         if self.paged:
             self.kv.give_back([widx[j] for j in range(r) if j not in on_path])
+        self.advance(k)
+
+    def advance(self, k: int) -> None:
+        """The host's counters after a commit of k rows: the cache's and the drafter context's."""
         self.kv.committed += k
         self.dctx.n += k

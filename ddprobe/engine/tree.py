@@ -21,8 +21,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-import numpy as np
 import torch
+
+from .kernels.trees import ancestor_mask
 
 TREE_SHAPES = ("ddtree", "chain")
 
@@ -45,8 +46,8 @@ class DraftTree:
         return len(self.tokens) - 1
 
     def ancestor_mask(self, device="cpu") -> torch.Tensor:
-        """[R, R] bool: row i sees itself and its ancestors (row i = parent's row plus i)."""
-        return torch.from_numpy(ancestor_mask_np(self.parents)).to(device)
+        """[R, R] bool: row i sees itself and its ancestors (``kernels.trees.ancestor_mask``)."""
+        return ancestor_mask(self.parents, device)
 
     def positions(self, prefix_len: int, device="cpu") -> torch.Tensor:  # [R] int64
         return torch.tensor(self.depths, dtype=torch.int64, device=device) + prefix_len
@@ -54,18 +55,6 @@ class DraftTree:
     def children(self) -> dict[tuple[int, int], int]:
         """(parent row, token) -> child row. Siblings have distinct tokens."""
         return {(p, t): i for i, (p, t) in enumerate(zip(self.parents, self.tokens)) if i > 0}
-
-
-def ancestor_mask_np(parents) -> np.ndarray:
-    r = len(parents)
-    m = np.zeros((r, r), dtype=bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            if p >= i:
-                raise ValueError(f"parent {p} of row {i} must come before it")
-            m[i] = m[p]
-        m[i, i] = True
-    return m
 
 
 def build_tree(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree") -> DraftTree:
@@ -101,6 +90,15 @@ def build_tree(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree
         if d + 1 < depth_max:  # first child
             heapq.heappush(heap, (-(-neg + vals[d + 1][0]), ranks + (0,), d + 1, 0, row, -neg))
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(scores))
+
+
+def tree_from_topk(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus: int, shape: str) -> DraftTree:
+    """build_tree over the top-k values [L, k] (host), tokens mapped back through idx [L, k]:
+    the same tree build_tree makes from the full log-probs (it only ever reads their top-k)."""
+    t = build_tree(vals, budget, bonus, shape)
+    idx = idx.tolist()
+    tokens = (bonus,) + tuple(idx[d - 1][c] for c, d in zip(t.tokens[1:], t.depths[1:]))
+    return DraftTree(tokens, t.parents, t.depths, t.scores)
 
 
 def walk(tree: DraftTree, picks: list[int]) -> tuple[list[int], int]:

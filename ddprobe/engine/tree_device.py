@@ -15,6 +15,11 @@ candidates with different parents compare by that end (smaller first); two paren
 end lie on one rightmost chain, and the deeper parent's candidate is the smaller path. Each
 iteration keeps every popped row's preorder position, the subtree ends come from the ancestor mask.
 
+``ancestor_mask_device(parents)`` is the device twin of the host's one mask
+(``kernels.trees.ancestor_mask``) for a whole parent array: pointer doubling, ceil(log2 R) rounds
+on fixed shapes. (The build keeps its mask row by row as it pops, the same recurrence: row x = its
+parent's row | x.)
+
 ``walk_device(...)`` is ``tree.walk`` at temperature 0 on the device (greedy picks [R]): a row is
 accepted when it and every ancestor matched its parent's pick; the accepted rows form the path.
 """
@@ -34,6 +39,21 @@ class DeviceTree:
     valid: torch.Tensor  # [R] bool: row 0 and the drafted nodes
     scores: torch.Tensor  # [R] float64 summed draft log-prob (root and padded rows 0)
     size: torch.Tensor  # 0-d int64: drafted nodes (root not counted)
+
+
+def ancestor_mask_device(parents: torch.Tensor) -> torch.Tensor:
+    """parents [R] int64 on the device (-1: a root, so a padded row sees only itself; else a smaller
+    row) -> [R, R] bool, row i seeing itself and its ancestors: ``kernels.trees.ancestor_mask`` on the
+    device, with no host read (capturable). Round j ORs in the rows 2^j levels up (``up``: the
+    ancestor 2^j levels up, a root its own)."""
+    r = parents.shape[0]
+    ar = torch.arange(r, dtype=torch.int64, device=parents.device)
+    up = torch.where(parents >= 0, parents, ar)
+    mask = torch.eye(r, dtype=torch.bool, device=parents.device) | (ar[None, :] == up[:, None])
+    for _ in range(max(0, r - 2).bit_length()):  # ceil(log2(R - 1)) rounds; after round j: 2^(j+1) levels
+        mask = mask | mask.index_select(0, up)
+        up = up.index_select(0, up)
+    return mask
 
 
 def build_tree_device(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus) -> DeviceTree:

@@ -1,11 +1,14 @@
 """Named draft-tree shapes as parent arrays, and the ancestor mask they give.
 
 A tree of B nodes plus the root is a parent array of length B+1: parents[0] = -1 (the
-root, the bonus token), parents[i] < i for every other node (pop order). Used by the
-tests and the benchmark; the engine builds its own trees.
+root, the bonus token), parents[i] < i for every other node (pop order). The shapes serve
+the tests and the benchmark (the engine builds its own trees); ``ancestor_mask`` is the one host
+implementation of the mask, which the engine's trees use too (its device twin, on fixed shapes for
+CUDA graphs, is ``engine.tree_device.ancestor_mask_device``).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -42,9 +45,10 @@ SHAPES = {"chain": chain, "star": star, "fork": fork, "lopsided": lopsided}
 
 
 def ancestor_mask(parents: list[int], device: torch.device | str | None = None) -> torch.Tensor:
-    """[R, R] bool: row i sees itself and its ancestors (row i = parent's row plus i)."""
+    """[R, R] bool: row i sees itself and its ancestors (row i = parent's row plus i).
+    ValueError unless parents[0] = -1 and 0 <= parents[i] < i for every other row."""
     r = len(parents)
-    m = torch.zeros(r, r, dtype=torch.bool)
+    m = np.zeros((r, r), dtype=bool)  # rows built on the host, one copy to a tensor at the end
     for i, p in enumerate(parents):
         if i == 0:
             if p != -1:
@@ -54,7 +58,8 @@ def ancestor_mask(parents: list[int], device: torch.device | str | None = None) 
         if p >= 0:
             m[i] = m[p]
         m[i, i] = True
-    return m.to(device) if device is not None else m
+    t = torch.from_numpy(m)
+    return t.to(device) if device is not None else t
 
 
 def shape_mask(shape: str, budget: int, device=None) -> torch.Tensor:
