@@ -73,7 +73,7 @@ def commit(
     *, eng: EngineOptions,
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
-    from ..probes.backends import make_backend
+    from ..probes import make_backend
     from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe
     from ..results import Result, ResultWriter, RunMeta
 
@@ -136,15 +136,14 @@ def measured(table, n_cells: int, est):
 
 def record_timing(writer, est, display) -> None:
     """The estimate next to what the cells took, in the results summary (once there is a row)."""
+    from ..probes.estimate import timing_block
+
     res = writer.result
     if not res.rows:
         return
     took = time.perf_counter() - display.started_at
     pre = sum(r.get("prefill_s") or 0.0 for r in res.rows)
     dec = sum(r.get("decode_s") or 0.0 for r in res.rows)
-    res.summary["timing"] = {"actual_s": took, "actual_prefill_s": pre, "actual_decode_s": dec,
-                             "cells": len(res.rows), "complete": len(res.rows) == display.n_cells,
-                             "estimate_s": est.total_s if est is not None else None,
-                             "estimate_prefill_s": est.prefill_s if est is not None else None,
-                             "estimate_decode_s": est.decode_s if est is not None else None}
+    res.summary["timing"] = timing_block(took, est, actual_prefill_s=pre, actual_decode_s=dec, cells=len(res.rows),
+                                         complete=len(res.rows) == display.n_cells)
     writer.flush()
