@@ -176,6 +176,8 @@ def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
         where = ".".join(loc)
         param = param or (where or None)
         msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        if e.get("type") == "missing" and not where:
+            return "the request has no body: send a JSON object", None
         if e.get("type") == "extra_forbidden":
             msg = "unknown field (not part of this endpoint's request)"
         parts.append(f"{where}: {msg}" if where else msg)
