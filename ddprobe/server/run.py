@@ -3,9 +3,10 @@
 The first SIGINT or SIGTERM says "shutting down" (on stderr), stops accepting connections and cancels the
 engine's work (``EngineWorker.shutdown``: the running request at its next step, the queued ones before they
 start), so every waiting client gets its answer at once (a 503 error body, or a stream's end event with finish
-reason ``abort``) and the process exits 0 within ``GRACE_S`` seconds. A second SIGINT stops waiting for
-connections (uvicorn's force exit). The signal is not raised again once the server has stopped (uvicorn does
-that, which turned a clean stop into a KeyboardInterrupt).
+reason ``abort``) and the process exits 0 within ``GRACE_S`` seconds (open connections are cut after it). A
+second signal only says the stop is under way: uvicorn's force exit would skip the app's shutdown and print a
+traceback. The signal is not raised again once the server has stopped (uvicorn does that, which turned a
+clean stop into a KeyboardInterrupt).
 """
 import contextlib
 import signal
@@ -30,11 +31,13 @@ class GracefulServer(uvicorn.Server):
         self.worker, self.say = worker, say
 
     def handle_exit(self, sig: int, frame) -> None:
-        if not self.should_exit:
-            busy = self.worker.running + self.worker.waiting
-            self.say(f"ddprobe serve: shutting down ({signal.Signals(sig).name}"
-                     + (f"; cancelling {busy} request(s))" if busy else ")"))
-            self.worker.shutdown()
+        if self.should_exit:  # the stop is already bounded: forcing it would only skip the app's own shutdown
+            self.say(f"ddprobe serve: already shutting down (within {GRACE_S:g} s)")
+            return
+        busy = self.worker.running + self.worker.waiting
+        self.say(f"ddprobe serve: shutting down ({signal.Signals(sig).name}"
+                 + (f"; cancelling {busy} request(s))" if busy else ")"))
+        self.worker.shutdown()
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
