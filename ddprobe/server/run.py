@@ -8,6 +8,7 @@ second signal only says the stop is under way: uvicorn's force exit would skip t
 traceback. The signal is not raised again once the server has stopped (uvicorn does that, which turned a
 clean stop into a KeyboardInterrupt).
 """
+import asyncio
 import contextlib
 import signal
 import sys
@@ -28,17 +29,28 @@ def say_on_stderr(line: str) -> None:
 class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, worker, say=say_on_stderr):
         super().__init__(config)
-        self.worker, self.say = worker, say
+        self.worker, self.say, self.loop = worker, say, None
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
-        if self.should_exit:  # the stop is already bounded: forcing it would only skip the app's own shutdown
+        """The signal handler: it takes no lock (the main thread may hold any), so what it says and the
+        worker's shutdown run on the event loop, next."""
+        again = self.should_exit  # the stop is already bounded: forcing it would only skip the app's shutdown
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.stop_work, signal.Signals(sig).name, again)
+        if not again:
+            super().handle_exit(sig, frame)
+
+    def stop_work(self, name: str, again: bool) -> None:
+        if again:
             self.say(f"ddprobe serve: already shutting down (within {GRACE_S:g} s)")
             return
         busy = self.worker.running + self.worker.waiting
-        self.say(f"ddprobe serve: shutting down ({signal.Signals(sig).name}"
-                 + (f"; cancelling {busy} request(s))" if busy else ")"))
+        self.say(f"ddprobe serve: shutting down ({name}" + (f"; cancelling {busy} request(s))" if busy else ")"))
         self.worker.shutdown()
-        super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
     def capture_signals(self):
