@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 
 from ddprobe.cli import app
 from ddprobe import texts
-from ddprobe.probes.backends import BackendError, SGLangBackend, VLLMBackend
+from ddprobe.probes.backends import BackendError
+from ddprobe.probes.sglang import SGLangBackend
+from ddprobe.probes.vllm import VLLMBackend
 from ddprobe.probes.commit import prompt_ids, run_commit_probe
 from ddprobe.probes.engine_backend import EngineBackend
 from ddprobe.results import Result, ResultWriter, RunMeta

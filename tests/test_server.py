@@ -60,15 +60,16 @@ def assert_error(r, code, *words):
         assert w in e["message"], e["message"]
 
 
-@pytest.mark.parametrize("path,raw,field", [
-    ("/generate", '{"input_ids": [5, 6], "sampling_params": {"temperature": NaN}}', "temperature"),
-    ("/generate", '{"input_ids": [5, 6], "sampling_params": {"max_new_tokens": Infinity}}', "max_new_tokens"),
-    ("/v1/completions", '{"prompt": [5, 6], "max_tokens": NaN}', "max_tokens"),
-    ("/v1/completions", '{"prompt": [5, 6], "temperature": -Infinity}', "temperature"),
+@pytest.mark.parametrize("path,raw,words", [
+    ("/generate", '{"input_ids": [5, 6], "sampling_params": {"temperature": NaN}}', ["temperature", "finite"]),
+    ("/generate", '{"input_ids": [5, 6], "sampling_params": {"max_new_tokens": Infinity}}',
+     ["max_new_tokens", "valid integer"]),  # an integer field takes no float, finite or not
+    ("/v1/completions", '{"prompt": [5, 6], "max_tokens": NaN}', ["max_tokens", "valid integer"]),
+    ("/v1/completions", '{"prompt": [5, 6], "temperature": -Infinity}', ["temperature", "finite"]),
 ])
-def test_non_finite_numbers_are_a_400_not_a_500(srv, path, raw, field):
+def test_non_finite_numbers_are_a_400_not_a_500(srv, path, raw, words):
     r = requests.post(srv.url + path, data=raw, headers={"content-type": "application/json"}, timeout=30)
-    assert_error(r, 400, field, "finite")
+    assert_error(r, 400, *words)
 
 
 @pytest.mark.parametrize("path,body,words", [
@@ -357,7 +358,7 @@ def test_streamed_completion_never_sends_part_of_a_stop_string(srv):
 
 def test_stop_cut_takes_the_earlier_of_a_stop_string_and_a_stop_token():
     """One step completes a stop string at token 2 and holds a stop token at 4: the cut is at 2 (it was 4)."""
-    from ddprobe.server_worker import stop_cut
+    from ddprobe.server.worker import stop_cut
 
     def text_of(toks):
         return "".join(str(t) for t in toks)
@@ -374,7 +375,7 @@ def test_the_worker_is_idle_before_a_job_s_last_event(srv):
     reads /metrics never sees its own request still running (it was reset after the post)."""
     import asyncio
 
-    from ddprobe.server_worker import EngineWorker, Job
+    from ddprobe.server.worker import EngineWorker, Job
 
     worker = EngineWorker(srv.backend)
     seen = []

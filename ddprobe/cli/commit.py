@@ -1,4 +1,4 @@
-"""`ddprobe commit` (commit length across contexts) and `ddprobe serve` (the engine over HTTP)."""
+"""`ddprobe commit`: commit length across contexts."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..probes.estimate import fmt_duration
-from ..units import DDProbeError, fmt_tokens, parse_token_list
+from ..units import fmt_tokens, parse_token_list
 from .app import app
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, warm_up
@@ -73,7 +73,7 @@ def commit(
     *, eng: EngineOptions,
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
-    from ..probes.backends import make_backend
+    from ..probes import make_backend
     from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe
     from ..results import Result, ResultWriter, RunMeta
 
@@ -136,49 +136,14 @@ def measured(table, n_cells: int, est):
 
 def record_timing(writer, est, display) -> None:
     """The estimate next to what the cells took, in the results summary (once there is a row)."""
+    from ..probes.estimate import timing_block
+
     res = writer.result
     if not res.rows:
         return
     took = time.perf_counter() - display.started_at
     pre = sum(r.get("prefill_s") or 0.0 for r in res.rows)
     dec = sum(r.get("decode_s") or 0.0 for r in res.rows)
-    res.summary["timing"] = {"actual_s": took, "actual_prefill_s": pre, "actual_decode_s": dec,
-                             "cells": len(res.rows), "complete": len(res.rows) == display.n_cells,
-                             "estimate_s": est.total_s if est is not None else None,
-                             "estimate_prefill_s": est.prefill_s if est is not None else None,
-                             "estimate_decode_s": est.decode_s if est is not None else None}
+    res.summary["timing"] = timing_block(took, est, actual_prefill_s=pre, actual_decode_s=dec, cells=len(res.rows),
+                                         complete=len(res.rows) == display.n_cells)
     writer.flush()
-
-
-@app.command()
-@errors_exit_1
-@engine_options()
-def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 30000,
-    max_ctx: Annotated[Optional[str], typer.Option("--max-ctx", help="KV capacity in tokens, allocated up front "
-                                                                      "(default: 8k or the preset's limit).")] = None,
-    spec: Annotated[bool, typer.Option("--spec/--no-spec", help="DDTree speculative decoding, or plain greedy "
-                                                                "decoding without spec counters.")] = True,
-    *, eng: EngineOptions,
-):
-    """Serve the reference engine over HTTP: SGLang /generate, OpenAI /v1/completions, /tokenize, /metrics."""
-    import socket
-
-    from ..server import serve as run_server
-    from ..units import parse_tokens
-
-    if not 0 < port < 65536:
-        raise DDProbeError(f"--port must be in 1..65535, got {port}")
-    try:  # fail here, in one line, rather than in uvicorn after the engine is built
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as e:
-        raise DDProbeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    be = eng.backend(parse_tokens(max_ctx) if max_ctx else None)
-    announce(eng, be)
-    warm_up(be, None)  # the first request is then served at speed
-    err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
-              f"http://{host}:{port}")
-    run_server(be, host=host, port=port, spec=spec)

@@ -38,7 +38,7 @@ def diagnose(
     """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
     import datetime as dt
 
-    from ..probes.backends import make_backend
+    from ..probes import make_backend
     from ..probes.commit import check_contexts
     from ..probes.diagnose import Diagnose, DiagnoseOptions
     from ..probes.models import get_model
@@ -54,8 +54,7 @@ def diagnose(
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
     be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(
         eng.capacity(max(ctxs), max(max_new_tokens, decode_tokens))))
-    check_contexts(be, ctxs, max_new_tokens)
-    check_contexts(be, ctxs, decode_tokens)
+    check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))  # the longer of its two requests
     announce(eng, be)
     warm_up(be, None)  # outside every measured step, for the largest request
     folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")

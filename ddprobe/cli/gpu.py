@@ -60,8 +60,9 @@ def gpu_util(
     """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
     import tempfile
 
-    from ..probes.backends import make_backend
+    from ..probes import make_backend
     from ..probes.commit import check_contexts
+    from ..probes.estimate import timing_block
     from ..probes.gpu_util import deep_ncu, replay as replay_result, run_gpu_util
     from .gpu_source import open_source
     from ..results import Result, ResultWriter, RunMeta
@@ -101,9 +102,7 @@ def gpu_util(
                                on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup, progress=display,
                                after_warmup=estimate, **telemetry)
         req = res.summary.get("request", {})
-        res.summary["timing"] = {"actual_s": req.get("e2e_s"), "estimate_s": est[0].total_s if est else None,
-                                 "estimate_prefill_s": est[0].prefill_s if est else None,
-                                 "estimate_decode_s": est[0].decode_s if est else None}
+        res.summary["timing"] = timing_block(req.get("e2e_s"), est[0] if est else None)
         writer.flush()
         if deep:
             with tempfile.TemporaryDirectory() as tmp:

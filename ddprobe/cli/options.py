@@ -33,9 +33,9 @@ def columns() -> int:
 
 def kv_capacity(longest_ctx: int, new_tokens: int, budget: int) -> int:
     """Tokens of KV a request of ``longest_ctx`` + ``new_tokens`` needs, verify rows and slack included."""
-    from ..probes.commit import CONTEXT_SLACK
+    from ..probes.commit import request_tokens
 
-    return longest_ctx + new_tokens + budget + 1 + CONTEXT_SLACK
+    return request_tokens(longest_ctx, new_tokens, budget)
 
 
 def num_or_dash(v, spec: str) -> str:

@@ -1,4 +1,5 @@
-"""Backends the probes talk to, behind one small interface.
+"""What every backend the probes talk to shares: the interface, ``GenStats``, the errors. The backends themselves
+live in their own modules and are chosen by name in ``ddprobe.probes.make_backend``:
 
 - ``EngineBackend``: the reference DDTree engine in-process (``ddprobe.probes.engine_backend``).
 - ``SGLangBackend``: SGLang's native ``/generate`` (``input_ids`` in, ``meta_info`` out).
@@ -22,7 +23,7 @@ Every network failure becomes a ``BackendError`` naming the URL and what failed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..units import DDProbeError
 
@@ -87,30 +88,3 @@ class Backend(Protocol):
     def generate(self, input_ids: list[int], max_new_tokens: int) -> GenStats: ...  # temperature 0
 
     def describe(self) -> dict[str, Any]: ...
-
-
-def make_backend(kind: str, url: str | None = None, timeout_s: float = 600.0,
-                 engine_factory: Callable[[], Backend] | None = None) -> Backend:
-    """Backend by name: ``engine`` (needs ``engine_factory``), ``sglang`` or ``vllm`` (need ``url``)."""
-    if kind == "engine":
-        if engine_factory is None:
-            raise BackendError("the engine backend needs an engine")
-        return engine_factory()
-    if kind in ("sglang", "vllm"):
-        if not url:
-            raise BackendError(f"--backend {kind} needs --url http://host:port")
-        from .sglang import SGLangBackend
-        from .vllm import VLLMBackend
-
-        return SGLangBackend(url, timeout_s) if kind == "sglang" else VLLMBackend(url, timeout_s)
-    raise BackendError(f"unknown backend {kind!r}; known: engine, sglang, vllm")
-
-
-def __getattr__(name: str):  # the server backends live in their own modules; old imports keep working
-    if name == "SGLangBackend":
-        from .sglang import SGLangBackend
-        return SGLangBackend
-    if name == "VLLMBackend":
-        from .vllm import VLLMBackend
-        return VLLMBackend
-    raise AttributeError(name)

@@ -90,11 +90,19 @@ def _at_least(backend: Backend, make: Callable[[int], str], n: int) -> list[int]
 CONTEXT_SLACK = 64
 
 
+def request_tokens(ctx: int, new_tokens: int, budget: int | None) -> int:
+    """Tokens of KV a request of ``ctx`` + ``new_tokens`` needs: the verify rows of a ``budget``-node tree (budget +
+    1, when the backend says its budget) and ``CONTEXT_SLACK`` included. The one slack formula: the engine's
+    capacity (``cli.options``) and the context check read it."""
+    return ctx + new_tokens + CONTEXT_SLACK + (int(budget) + 1 if isinstance(budget, int) else 0)
+
+
 def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, kinds: list[str] = (),
                    seed: int = 0) -> int | None:
-    """Raise before anything runs if a context does not fit what the backend allows (the backend's verify rows,
-    when it says its budget, and the slack included), or, with recall among ``kinds``, is shorter than the recall
-    text's passage and request."""
+    """The one context check: raise before anything runs if a context does not fit what the backend allows
+    (``request_tokens``: its verify rows, when it says its budget, and the slack included), or, with recall among
+    ``kinds``, is shorter than the recall text's passage and request. Each command calls it once before it builds
+    anything; ``run_commit_probe`` calls it for callers that did not."""
     if max_new_tokens < 2:  # the first token comes from the prefill: commit length needs a verify step
         raise DDProbeError(f"--max-new-tokens must be at least 2, got {max_new_tokens}")
     if "recall" in kinds and ctxs:
@@ -103,9 +111,8 @@ def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, kinds
             raise DDProbeError(_recall_too_short(min(ctxs), need, max_new_tokens))
     limit = backend.max_context()
     budget = backend.describe().get("budget") if hasattr(backend, "describe") else None
-    slack = CONTEXT_SLACK + (int(budget) + 1 if isinstance(budget, int) else 0)
     if limit is not None:
-        too_long = [c for c in ctxs if c + max_new_tokens + slack > limit]
+        too_long = [c for c in ctxs if request_tokens(c, max_new_tokens, budget) > limit]
         if too_long:
             c = too_long[0]
             raise DDProbeError(f"context {fmt_tokens(c)} ({c:,} tokens) + {max_new_tokens} new tokens is beyond the "

@@ -22,6 +22,7 @@ from ..shapes import get_gpu, gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
+from .estimate import timing_block
 from .floor import FloorInput, floor_table
 from .models import get_model
 
@@ -122,6 +123,9 @@ class Diagnose:
         bw = self.opts.bw_Bps or gpu.bw_Bps
         step = self._measured_step()
         if step is None:
+            if any(r.get("text") == "novel" for r in self.commit_rows):  # measured, but no step time to read
+                return "skipped", (f"the {self.backend.name} backend reports no decode step time (only whole "
+                                   "requests): no measured step to compare with the floor")
             return "skipped", "no decode step was measured (the commit probe did not finish)"
         ctx, step_ms, source = step
         attention = getattr(self.backend, "attention", None)  # the embedded engine knows its own shape and dtype
@@ -175,11 +179,9 @@ class Diagnose:
         finally:
             est = self.estimate
             measured = [r["seconds"] for r in self.record.result.rows if r.get("step") in ("commit", "gpu-util")]
-            self.record.result.summary["timing"] = {  # the estimate covers the measured requests' steps
-                "actual_s": sum(measured), "all_steps_s": time.perf_counter() - t0,
-                "estimate_s": est.total_s if est is not None else None,
-                "estimate_prefill_s": est.prefill_s if est is not None else None,
-                "estimate_decode_s": est.decode_s if est is not None else None}
+            # the estimate covers the measured requests' steps
+            self.record.result.summary["timing"] = timing_block(sum(measured), est,
+                                                                all_steps_s=time.perf_counter() - t0)
             self.record.flush()
 
     def written(self) -> list[Path]:

@@ -256,6 +256,15 @@ class Estimate:
         return d
 
 
+def timing_block(actual_s: float | None, est: Estimate | None, **measured: Any) -> dict[str, Any]:
+    """A results file's summary ``timing``, one shape for every command: what the run took (``actual_s``, and
+    what else the caller ``measured``) next to what the estimate said (None where there was none)."""
+    return {"actual_s": actual_s, **measured,
+            "estimate_s": est.total_s if est is not None else None,
+            "estimate_prefill_s": est.prefill_s if est is not None else None,
+            "estimate_decode_s": est.decode_s if est is not None else None}
+
+
 def _median_step(st) -> float | None:
     times = list(st.step_times_s or [])
     if not times and st.decode_s and st.verify_steps:

@@ -11,20 +11,20 @@ import time
 from typing import Any
 
 from .backends import BackendError, GenStats
-from .http import _field, _Http
+from .http import HttpClient, field_of
 
 
-class SGLangBackend(_Http):
+class SGLangBackend(HttpClient):
     name = "sglang"
 
     def tokenize(self, text: str) -> list[int]:
-        d = self._call("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
-        return list(_field(d, "tokens", f"{self.url}/tokenize", list))
+        d = self.call("POST", "/tokenize", {"prompt": text, "add_special_tokens": False})
+        return list(field_of(d, "tokens", f"{self.url}/tokenize", list))
 
     def max_context(self) -> int | None:
         for path, key in (("/get_model_info", "max_context_length"), ("/get_model_info", "context_length"),
                           ("/v1/models", None)):
-            d = self._get_optional(path)
+            d = self.get_optional(path)
             if key and isinstance(d, dict) and isinstance(d.get(key), int):
                 return d[key]
             if key is None and isinstance(d, dict) and d.get("data"):
@@ -34,14 +34,14 @@ class SGLangBackend(_Http):
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "url": self.url, "model_info": self._get_optional("/get_model_info")}
+        return {"backend": self.name, "url": self.url, "model_info": self.get_optional("/get_model_info")}
 
     def generate(self, input_ids: list[int], max_new_tokens: int) -> GenStats:
         where = f"{self.url}/generate"
         body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
                                                               "ignore_eos": True}}
         t0 = time.perf_counter()
-        d = self._call("POST", "/generate", body)
+        d = self.call("POST", "/generate", body)
         e2e = time.perf_counter() - t0
         meta = d.get("meta_info") if isinstance(d, dict) else None
         if not isinstance(meta, dict):
@@ -49,8 +49,8 @@ class SGLangBackend(_Http):
         if "spec_verify_ct" not in meta:
             raise BackendError(f"{where}: the server reports no speculative-decoding counters (meta_info has no "
                                "spec_verify_ct): is speculative decoding enabled?")
-        completion = int(_field(meta, "completion_tokens", where))
-        verify = int(_field(meta, "spec_verify_ct", where))
+        completion = int(field_of(meta, "completion_tokens", where))
+        verify = int(field_of(meta, "spec_verify_ct", where))
         if verify <= 0:
             raise BackendError(f"{where}: spec_verify_ct is {verify}: no verify step ran")
         if completion < 1:

@@ -6,10 +6,10 @@ import time
 from typing import Any
 
 from .backends import BackendError, GenStats
-from .http import _field, _Http
+from .http import HttpClient, field_of
 
 
-class VLLMBackend(_Http):
+class VLLMBackend(HttpClient):
     name = "vllm"
     ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
     DRAFTS = "vllm:spec_decode_num_drafts"
@@ -26,7 +26,7 @@ class VLLMBackend(_Http):
 
     def _model_card(self) -> dict:
         if self._models is None:
-            d = self._call("GET", "/v1/models")
+            d = self.call("GET", "/v1/models")
             data = d.get("data") if isinstance(d, dict) else None
             if not data or not isinstance(data, list) or not isinstance(data[0], dict):
                 raise BackendError(f"{self.url}/v1/models: lists no model")
@@ -37,8 +37,8 @@ class VLLMBackend(_Http):
 
     def tokenize(self, text: str) -> list[int]:
         self._model_card()
-        d = self._call("POST", "/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": False})
-        return list(_field(d, "tokens", f"{self.url}/tokenize", list))
+        d = self.call("POST", "/tokenize", {"model": self._model, "prompt": text, "add_special_tokens": False})
+        return list(field_of(d, "tokens", f"{self.url}/tokenize", list))
 
     def max_context(self) -> int | None:
         v = self._model_card().get("max_model_len")
@@ -49,7 +49,7 @@ class VLLMBackend(_Http):
 
     def spec_counters(self) -> dict[str, float]:
         """Sum of each counter (``_total`` samples) and gauge we read, over all label sets."""
-        text = self._call("GET", "/metrics", expect_json=False)
+        text = self.call("GET", "/metrics", expect_json=False)
         totals = parse_metrics(text, f"{self.url}/metrics", counters=(self.ACCEPTED, self.DRAFTS, self.DRAFT_TOKENS,
                                                                        self.SUCCESS, self.GEN_TOKENS),
                                gauges=self.GAUGES)
@@ -93,11 +93,11 @@ class VLLMBackend(_Http):
         body = {"model": self._model, "prompt": input_ids, "max_tokens": max_new_tokens, "temperature": 0.0,
                 "ignore_eos": True}
         t0 = time.perf_counter()
-        d = self._call("POST", "/v1/completions", body)
+        d = self.call("POST", "/v1/completions", body)
         e2e = time.perf_counter() - t0
         after = self.spec_counters()
-        usage = _field(d, "usage", where, dict)
-        completion = int(_field(usage, "completion_tokens", where))
+        usage = field_of(d, "usage", where, dict)
+        completion = int(field_of(usage, "completion_tokens", where))
         traffic = self.other_traffic(before, after, completion)
         if traffic:
             return None, traffic
@@ -106,7 +106,7 @@ class VLLMBackend(_Http):
         if drafts <= 0:
             raise BackendError(f"{self.url}/metrics: no draft was counted during the request (speculative "
                                "decoding off?)")
-        stats = GenStats(prompt_tokens=int(_field(usage, "prompt_tokens", where)), completion_tokens=completion,
+        stats = GenStats(prompt_tokens=int(field_of(usage, "prompt_tokens", where)), completion_tokens=completion,
                          verify_steps=int(round(drafts)), accepted_tokens=accepted, e2e_s=e2e)
         if self.DRAFT_TOKENS in after:
             stats.drafts_per_step = (after[self.DRAFT_TOKENS] - before[self.DRAFT_TOKENS]) / drafts

@@ -1,11 +1,14 @@
 """Request models of ``ddprobe serve``: strict, so nothing a client asks for is silently ignored.
 
 Policy (documented in the README):
-- Numbers must be finite (``NaN``/``Infinity`` literals are a 400), integers integers, and each
-  value in its range.
-- Token ids (``input_ids``, a token-id ``prompt``, ``stop_token_ids``) and ``seed`` are strict integers
-  (``true``/``1.0`` are a 400); ``seed`` is in [0, 2**63 - 1]; a positive ``temperature`` is at least
-  ``MIN_TEMPERATURE`` (1e-5: below it the logits / temperature overflow; use 0 for greedy).
+- Every field is strict (pydantic strict mode): nothing is coerced. An integer field takes a JSON integer
+  only (``true``, ``"8"`` and ``8.0`` are a 400), a number field a JSON number (``"0.5"`` and ``true`` are a
+  400; an integer is a number), a boolean ``true`` or ``false`` (``"yes"`` and ``1`` are a 400).
+- Numbers must be finite (``NaN``/``Infinity`` literals are a 400) and each value in its range:
+  ``seed`` in [0, 2**63 - 1]; a positive ``temperature`` at least ``MIN_TEMPERATURE`` (1e-5: below it the
+  logits / temperature overflow; use 0 for greedy). Token ids (``input_ids``, a token-id ``prompt``,
+  ``stop_token_ids``) within the vocabulary are checked by the app, which knows it.
+- A body that is not JSON is a 400 saying so.
 - Unknown fields are a 400 naming them.
 - Fields the engine cannot honour are accepted only at their neutral value (``n: 1``,
   ``best_of: 1``, ``echo: false``, ``logprobs: null``, ``top_p: 1``, penalties 0, ...); any other
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOPS = 4  # OpenAI's limit on stop sequences
 MIN_TEMPERATURE = 1e-5  # smallest positive temperature: below it logits / temperature overflow (0 = greedy)
@@ -26,7 +29,7 @@ MAX_SEED = 2 ** 63 - 1  # the engine's generator takes a signed 64-bit seed
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def _neutral(values: dict[str, Any], neutral: dict[str, tuple]) -> None:
@@ -71,7 +74,7 @@ class SamplingParams(_Sampled):
     temperature: float = Field(0.0, ge=0.0, le=100.0)
     ignore_eos: bool = True  # the engine has no end-of-sequence token: true or false decode alike
     stop: Union[str, list[str], None] = None
-    stop_token_ids: Optional[list[StrictInt]] = None
+    stop_token_ids: Optional[list[int]] = None
     n: int = 1
     top_p: float = 1.0
     top_k: int = -1
@@ -95,7 +98,7 @@ class GenerateRequest(Strict):
     """SGLang's native ``/generate`` (one prompt per request)."""
 
     text: Optional[str] = None
-    input_ids: Optional[list[StrictInt]] = None
+    input_ids: Optional[list[int]] = None
     sampling_params: SamplingParams = SamplingParams()
     stream: bool = False
     rid: Optional[str] = None
@@ -118,13 +121,13 @@ class CompletionRequest(_Sampled):
     """OpenAI's ``/v1/completions`` (vLLM's ``ignore_eos`` extension included)."""
 
     model: Optional[str] = None
-    prompt: Union[str, list[StrictInt]]
+    prompt: Union[str, list[int]]
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Union[str, list[str], None] = None
-    seed: Optional[StrictInt] = Field(None, ge=0, le=MAX_SEED)
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
     user: Optional[str] = None  # metadata: accepted, unused
     ignore_eos: bool = True
     n: int = 1
@@ -164,10 +167,17 @@ def validation_message(errors: list[dict]) -> tuple[str, Optional[str]]:
     """One line from pydantic's errors, never echoing the input (it may hold NaN, which JSON cannot carry)."""
     parts, param = [], None
     for e in errors[:3]:
+        if e.get("type") == "json_invalid":  # FastAPI's loc is ("body", character offset)
+            at = e.get("loc", ("body", None))[-1]
+            why = str((e.get("ctx") or {}).get("error", "")) or "JSON decode error"
+            return f"the request body is not valid JSON: {why}" + (f" at character {at}" if isinstance(at, int)
+                                                                      else ""), None
         loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
         where = ".".join(loc)
         param = param or (where or None)
         msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        if e.get("type") == "missing" and not where:
+            return "the request has no body: send a JSON object", None
         if e.get("type") == "extra_forbidden":
             msg = "unknown field (not part of this endpoint's request)"
         parts.append(f"{where}: {msg}" if where else msg)

@@ -6,7 +6,9 @@ Requests queue as ``Job``s. The worker runs each through the backend's ``generat
 event loop (one event per verify step: what streaming sends). Plain greedy (``--no-spec``) goes
 through the same hook token by token. A job cancelled while still queued never starts. Counters
 and the running gauge are updated before the job's last event, so a client that has its answer
-reads ``/metrics`` that include it (and no longer count it as running). Nothing here imports FastAPI.
+reads ``/metrics`` that include it (and no longer count it as running). ``shutdown`` (the server's first
+SIGINT/SIGTERM) cancels the running job at its next step and every queued one: each gets a ("shutdown", ...)
+event. Nothing here imports FastAPI.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .probes.backends import BackendError, GenStats, StopGeneration
+from ..probes.backends import BackendError, GenStats, StopGeneration
 
 
 @dataclass
@@ -30,7 +32,8 @@ class Job:
     seed: int | None = None
     loop: asyncio.AbstractEventLoop | None = None
     events: asyncio.Queue | None = None  # ("tokens", [ids]) ... then ("done", GenStats), ("error", message)
-    # (the request's fault: a 400) or ("internal", message) (the engine's: a 500)
+    # (the request's fault: a 400), ("internal", message) (the engine's: a 500) or ("shutdown", GenStats of the
+    # tokens so far, None when it never started) (the server is stopping)
     cancel: threading.Event = field(default_factory=threading.Event)
 
     def post(self, kind: str, value: Any) -> None:
@@ -67,41 +70,69 @@ class EngineWorker:
 
     def __init__(self, backend, spec: bool = True, on_done: Callable[[Job, GenStats], None] | None = None):
         self.backend, self.spec, self.on_done = backend, spec, on_done
-        self._q: queue.Queue[Job | None] = queue.Queue()
+        self.queue: queue.Queue[Job | None] = queue.Queue()
         self.running = 0
-        self._thread = threading.Thread(target=self._loop, name="ddprobe-engine", daemon=True)
-        self._thread.start()
+        self.current: Job | None = None  # the job the engine is on
+        self.closing = False
+        self.thread = threading.Thread(target=self.loop, name="ddprobe-engine", daemon=True)
+        self.thread.start()
 
     @property
     def waiting(self) -> int:
-        return self._q.qsize()
+        return self.queue.qsize()
 
     def submit(self, job: Job) -> Job:
         job.loop = asyncio.get_running_loop()
         job.events = asyncio.Queue()
-        self._q.put(job)
+        if self.closing:
+            job.post("shutdown", None)
+        else:
+            self.queue.put(job)
         return job
 
     def close(self) -> None:
-        self._q.put(None)
+        self.queue.put(None)
 
-    def _loop(self) -> None:
-        while (job := self._q.get()) is not None:
+    def shutdown(self) -> None:
+        """Stop taking work: the running job ends at its next step, queued ones never start (each gets a
+        "shutdown" event); the thread ends after them. Safe to call from a signal handler, and more than once."""
+        if self.closing:
+            return
+        self.closing = True
+        job = self.current
+        if job is not None:
+            job.cancel.set()
+        self.close()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for the thread to end (after ``close`` or ``shutdown``); True when it did."""
+        self.thread.join(timeout_s)
+        return not self.thread.is_alive()
+
+    def loop(self) -> None:
+        while (job := self.queue.get()) is not None:
+            if self.closing:
+                job.post("shutdown", None)
+                continue
             if job.cancel.is_set():
                 continue  # the client left while the job was queued
-            self.running = 1
+            self.current, self.running = job, 1
+            if self.closing:  # shutdown came between the check above and ``current``
+                job.cancel.set()
             try:
-                kind, value = "done", self._run(job)
+                kind, value = "done", self.run(job)
             except BackendError as e:
                 kind, value = "error", str(e)
             except Exception as e:  # never let one request kill the worker
                 kind, value = "internal", f"internal error: {type(e).__name__}: {e}"
-            self.running = 0  # before the last event: a client that has its answer never sees it running
+            self.current, self.running = None, 0  # before the last event: a client that has its answer never
+            # sees it running
             if kind == "done" and self.on_done is not None:
                 self.on_done(job, value)
-            job.post(kind, value)
+            cut_short = kind == "done" and self.closing and value.extra.get("finish_reason") == "abort"
+            job.post("shutdown" if cut_short else kind, value)
 
-    def _run(self, job: Job) -> GenStats:
+    def run(self, job: Job) -> GenStats:
         sent: list[int] = []
 
         def on_tokens(new: list[int]) -> None:
@@ -119,11 +150,17 @@ class EngineWorker:
             job.post("tokens", new)
 
         if not self.spec:
-            return self._greedy(job, sent, on_tokens)
+            return self.greedy(job, sent, on_tokens)
+        hooks = inspect.signature(self.backend.generate).parameters
+        kw = {"on_prefill": self.stop_if_closing} if "on_prefill" in hooks else {}  # a shutdown ends a prefill too
         return self.backend.generate(job.ids, job.max_new, temperature=job.temperature, on_tokens=on_tokens,
-                                     seed=job.seed)
+                                     seed=job.seed, **kw)
 
-    def _greedy(self, job: Job, sent: list[int], on_tokens: Callable[[list[int]], None]) -> GenStats:
+    def stop_if_closing(self, done: int = 0, total: int = 0) -> None:
+        if self.closing:
+            raise StopGeneration("abort")
+
+    def greedy(self, job: Job, sent: list[int], on_tokens: Callable[[list[int]], None]) -> GenStats:
         """Plain greedy (``--no-spec``): token by token through the backend's ``on_token`` hook, so a
         cancel or a stop ends it at the next token (a backend without the hook: all, then cut)."""
         finish = "length"

@@ -1,0 +1,79 @@
+"""The FastAPI app of ``ddprobe serve`` (see the package's doc): ``build_app`` wires the engine's worker, the
+metrics and the one error body to the routes; the routes that only describe the server are here, the two that
+decode in ``routes``."""
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import models as m
+from . import routes
+from .metrics import Metrics
+from .served import ApiError, Served, served
+from .worker import EngineWorker
+
+
+def build_app(backend, spec: bool = True, model_name: str | None = None) -> FastAPI:
+    """FastAPI app around an ``EngineBackend``; ``app.state.served`` holds what the routes share,
+    ``app.state.worker`` the engine's thread (``worker.close()`` ends it)."""
+    name = model_name or f"ddprobe-{backend.preset}"
+    metrics = Metrics(name, spec)
+    worker = EngineWorker(backend, spec, on_done=lambda job, st: metrics.finished(st))
+    metrics.gauges(lambda: worker.running, lambda: worker.waiting)
+    app = FastAPI(title="ddprobe serve", version="1")
+    app.state.served = Served(backend, spec, name, worker, metrics, backend.max_commit())
+    app.state.worker = worker
+    app.add_exception_handler(ApiError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid_request)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    for path, fn, method in (("/health", health, "GET"), ("/get_model_info", model_info, "GET"),
+                             ("/v1/models", models, "GET"), ("/tokenize", tokenize, "POST"),
+                             ("/generate", routes.generate, "POST"), ("/v1/completions", routes.completions, "POST"),
+                             ("/metrics", metrics_text, "GET")):
+        app.add_api_route(path, fn, methods=[method])
+    return app
+
+
+def error(code: int, message: str, param: str | None = None) -> JSONResponse:
+    kind = "not_found_error" if code == 404 else "server_error" if code >= 500 else "invalid_request_error"
+    return JSONResponse(m.error_body(message, code, param, kind), status_code=code)
+
+
+async def api_error(request: Request, exc: ApiError):
+    return error(exc.code, exc.message, exc.param)
+
+
+async def invalid_request(request: Request, exc: RequestValidationError):
+    return error(400, *m.validation_message(exc.errors()))
+
+
+async def http_error(request: Request, exc: StarletteHTTPException):
+    return error(exc.status_code, str(exc.detail))
+
+
+async def health(request: Request):
+    w = served(request).worker
+    return {"status": "ok", "running": w.running, "waiting": w.waiting}
+
+
+async def model_info(request: Request):
+    s = served(request)
+    return {"model_path": s.name, "tokenizer_path": "word-level", "is_generation": True,
+            "max_context_length": s.backend.max_context(), "speculative_algorithm": "DDTREE" if s.spec else None,
+            "engine": s.backend.describe()}
+
+
+async def models(request: Request):
+    s = served(request)
+    return {"object": "list", "data": [{"id": s.name, "object": "model", "owned_by": "ddprobe",
+                                        "max_model_len": s.backend.max_context()}]}
+
+
+async def tokenize(req: m.TokenizeRequest, request: Request):
+    s = served(request)
+    ids = s.backend.tokenize(req.prompt)
+    return {"tokens": ids, "count": len(ids), "max_model_len": s.backend.max_context()}
+
+
+async def metrics_text(request: Request):
+    return PlainTextResponse(served(request).metrics.text(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,252 @@
+"""Bad input to `ddprobe serve` and to the commands that talk to a server, as one table each (request or
+command, expected status or exit code, message pattern), so the next audit starts from them; and the graceful
+stop of a real `ddprobe serve` process with requests in flight. A real uvicorn server on 127.0.0.1 (tiny
+engine) and real clients (requests, the CLI)."""
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from ddprobe.probes.engine_backend import EngineBackend
+
+uvicorn = pytest.importorskip("uvicorn")
+ROOT = Path(__file__).resolve().parent.parent
+VALID_INT, VALID_NUM, VALID_BOOL = "Input should be a valid integer", "Input should be a valid number", \
+    "Input should be a valid boolean"
+
+
+class Served:
+    """The app in a uvicorn thread of this process, on a free port."""
+
+    def __init__(self, backend):
+        from ddprobe.server import build_app
+
+        self.backend, self.app = backend, build_app(backend)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        t0 = time.time()
+        while not self.server.started:
+            assert time.time() - t0 < 30, "server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.app.state.worker.close()
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = Served(EngineBackend(preset="tiny", seed=0))
+    yield s
+    s.close()
+
+
+G, C = "/generate", "/v1/completions"
+IDS = {"input_ids": [5, 6]}
+# (route, JSON body or raw text, HTTP status, pattern of the error message); a status of 200 is a request that
+# must still pass (the strict models refuse coercion, not plain values).
+REQUESTS = [
+    # nothing coerced into an integer: not a boolean, a string or a float
+    (C, {"prompt": [5, 6], "max_tokens": True}, 400, f"max_tokens: {VALID_INT}"),
+    (C, {"prompt": [5, 6], "max_tokens": "8"}, 400, f"max_tokens: {VALID_INT}"),
+    (C, {"prompt": [5, 6], "max_tokens": 8.0}, 400, f"max_tokens: {VALID_INT}"),
+    (G, {**IDS, "sampling_params": {"max_new_tokens": True}}, 400, f"max_new_tokens: {VALID_INT}"),
+    (G, {**IDS, "sampling_params": {"max_new_tokens": "8"}}, 400, f"max_new_tokens: {VALID_INT}"),
+    (G, {**IDS, "sampling_params": {"max_new_tokens": 8.0}}, 400, f"max_new_tokens: {VALID_INT}"),
+    (C, {"prompt": [5, 6], "seed": "7"}, 400, f"seed: {VALID_INT}"),
+    (G, {"input_ids": ["5", 6]}, 400, f"input_ids.0: {VALID_INT}"),
+    (G, {**IDS, "sampling_params": {"stop_token_ids": [3.0]}}, 400, f"stop_token_ids.0: {VALID_INT}"),
+    # nor a string into a boolean or a number
+    (C, {"prompt": [5, 6], "stream": "yes"}, 400, f"stream: {VALID_BOOL}"),
+    (G, {**IDS, "stream": "yes"}, 400, f"stream: {VALID_BOOL}"),
+    (C, {"prompt": [5, 6], "stream": 1}, 400, f"stream: {VALID_BOOL}"),
+    (C, {"prompt": [5, 6], "temperature": "0.5"}, 400, f"temperature: {VALID_NUM}"),
+    (G, {**IDS, "sampling_params": {"temperature": "0.5"}}, 400, f"temperature: {VALID_NUM}"),
+    (G, {**IDS, "sampling_params": {"temperature": True}}, 400, f"temperature: {VALID_NUM}"),
+    # stop tokens within the vocabulary (tiny: 512)
+    (G, {**IDS, "sampling_params": {"stop_token_ids": [512]}}, 400, r"stop_token_ids: token ids must be integers "
+                                                                       r"in \[0, 512\)"),
+    (G, {**IDS, "sampling_params": {"stop_token_ids": [-1]}}, 400, r"stop_token_ids: .*\[0, 512\)"),
+    # a body that is not JSON says so (it was "0: JSON decode error")
+    (G, "garbage", 400, r"^the request body is not valid JSON: .* at character 0$"),
+    (C, '{"prompt": [5, 6],', 400, r"^the request body is not valid JSON"),
+    (C, "", 400, r"^the request has no body: send a JSON object$"),
+    # plain values still pass: an integer is a number, a temperature of 0 decodes greedily
+    (C, {"prompt": [5, 6], "max_tokens": 2, "temperature": 0, "stream": False}, 200, ""),
+    (G, {**IDS, "sampling_params": {"max_new_tokens": 2, "temperature": 0, "stop_token_ids": [511]}}, 200, ""),
+]
+
+
+@pytest.mark.parametrize("path,body,status,pattern", REQUESTS)
+def test_bad_requests_table(srv, path, body, status, pattern):
+    if isinstance(body, str):
+        r = requests.post(srv.url + path, data=body, headers={"content-type": "application/json"}, timeout=60)
+    else:
+        r = requests.post(srv.url + path, json=body, timeout=60)
+    assert r.status_code == status, r.text
+    if status != 200:
+        e = r.json()["error"]
+        assert set(e) == {"message", "type", "param", "code"} and e["code"] == status and "\n" not in e["message"]
+        assert re.search(pattern, e["message"]), e["message"]
+
+
+# (command, with {url} for the server's root, exit code, pattern in the output); {out} is a fresh folder
+COMMANDS = [
+    # an OpenAI base URL (what OpenAI clients take) is read as the server's root: it once requested /v1/v1/models
+    ("commit --backend vllm --url {url}/v1 --ctx 128 --max-new-tokens 8 --text novel --json {out}/c.json", 0,
+     r"1 cell\(s\) written"),
+    ("commit --backend sglang --url {url}/v1/ --ctx 128 --max-new-tokens 8 --text novel --json {out}/c.json", 0,
+     r"1 cell\(s\) written"),
+    # diagnose over a server that reports no step time says so (it blamed an unfinished commit probe)
+    ("diagnose --backend sglang --url {url} --ctx 128 --max-new-tokens 8 --decode-tokens 8 --bw 1TB/s "
+     "--out-dir {out}/d", 0, r"floor: skipped: the sglang backend reports no decode step time"),
+]
+
+
+@pytest.mark.parametrize("command,code,pattern", COMMANDS)
+def test_server_commands_table(srv, tmp_path, command, code, pattern):
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+
+    r = CliRunner().invoke(app, command.format(url=srv.url, out=tmp_path).split())
+    assert r.exit_code == code, r.output
+    assert re.search(pattern, r.output) and "Traceback" not in r.output, r.output
+    assert "the commit probe did not finish" not in r.output
+
+
+def test_server_url_normalization():
+    from ddprobe.probes.http import server_root
+
+    for given in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"):
+        assert server_root(given) == "http://h:8000"
+    assert server_root("http://h:8000/proxy/v1") == "http://h:8000/proxy"  # only OpenAI's suffix goes
+    assert server_root("http://h:8000/v10") == "http://h:8000/v10"
+
+
+# ---- graceful stop: a real `ddprobe serve` process ------------------------------------------------------------
+
+LONG = {"text": "the cat sat on the mat and", "sampling_params": {"max_new_tokens": 8000}}
+
+
+class ServeProcess:
+    def __init__(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "ddprobe", "serve", "--preset", "tiny", "--port",
+                                      str(self.port), "--device", "cpu"], cwd=ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
+        self.reader.start()
+        t0 = time.time()
+        while True:
+            assert self.proc.poll() is None, "".join(self.lines)
+            assert time.time() - t0 < 180, "ddprobe serve did not come up"
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+
+    def health(self) -> dict:
+        return requests.get(self.url + "/health", timeout=10).json()
+
+    def wait_for(self, running: int, waiting: int) -> None:
+        t0 = time.time()
+        while (h := self.health())["running"] != running or h["waiting"] != waiting:
+            assert time.time() - t0 < 60, h
+            time.sleep(0.05)
+
+    def stop(self, sig, twice: bool = False) -> tuple[int, float]:
+        """Send ``sig`` (``twice``: again 50 ms later, as an impatient user does); (exit code, seconds to exit),
+        killed after 30 s."""
+        t0 = time.perf_counter()
+        self.proc.send_signal(sig)
+        if twice:
+            time.sleep(0.05)
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = None
+        took = time.perf_counter() - t0
+        self.reader.join(timeout=10)
+        return code, took
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def served_process():
+    p = ServeProcess()
+    yield p
+    p.close()
+
+
+def in_thread(fn, *args):
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.update(r=fn(*args)), daemon=True)
+    t.start()
+    return t, out
+
+
+def test_sigint_with_a_stream_running_and_a_request_queued(served_process):
+    """Ctrl-C with a long stream decoding and a plain request queued behind it: "shutting down" is printed, the
+    stream gets its end event (finish reason abort) and [DONE], the queued request a 503 error body, and the
+    process exits 0 within 5 s; a second Ctrl-C changes nothing (it once hung over 60 s, and a second Ctrl-C
+    printed tracebacks)."""
+    p = served_process
+    stream = requests.post(p.url + G, json={**LONG, "stream": True}, stream=True, timeout=60)
+    lines = stream.iter_lines()
+    first = next(ln for ln in lines if ln.startswith(b"data: "))  # the engine is on it
+    assert json.loads(first[6:])["meta_info"]["finish_reason"] is None
+    queued_t, queued = in_thread(lambda: requests.post(p.url + G, json=LONG, timeout=60))
+    p.wait_for(running=1, waiting=1)
+    code, took = p.stop(signal.SIGINT, twice=True)
+    events = [ln[6:] for ln in lines if ln.startswith(b"data: ")]
+    queued_t.join(timeout=30)
+    output = "".join(p.lines)
+    assert code == 0 and took < 5.0, (code, took, output)
+    assert "shutting down" in output and "Traceback" not in output, output
+    assert events[-1] == b"[DONE]" and json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "abort"
+    r = queued["r"]
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
+
+
+def test_sigterm_with_a_plain_request_running(served_process):
+    """SIGTERM with a plain (not streamed) request decoding: the client gets a 503 JSON error body at the
+    engine's next step, the process exits 0 within 5 s."""
+    p = served_process
+    running_t, running = in_thread(lambda: requests.post(p.url + C, json={"prompt": LONG["text"],
+                                                                         "max_tokens": 8000}, timeout=60))
+    p.wait_for(running=1, waiting=0)
+    code, took = p.stop(signal.SIGTERM)
+    running_t.join(timeout=30)
+    output = "".join(p.lines)
+    assert code == 0 and took < 5.0, (code, took, output)
+    assert "shutting down" in output and "Traceback" not in output, output
+    r = running["r"]
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
+    assert "shutting down" in r.json()["error"]["message"]
