@@ -62,6 +62,14 @@ class MoeShape:
         return 3 * hidden * self.moe_intermediate_size
 
 
+# Kimi K2 / K2.6 (moonshotai/Kimi-K2-Instruct, moonshotai/Kimi-K2.6 config.json): 384 routed experts, top-8,
+# moe_intermediate_size 2048, 1 shared expert, the first layer dense (intermediate_size 18432).
+KIMI_K2_MOE = MoeShape(n_routed_experts=384, num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1,
+                       first_k_dense_replace=1)
+KIMI_K2_INTERMEDIATE = 18432
+KIMI_K2_ROUTED_SCALING = 2.827  # routed_scaling_factor
+
+
 @dataclass
 class StepWeights:
     """Weights one GPU reads in one verify step (bytes) and its FLOPs, routed experts both ways."""
