@@ -254,6 +254,10 @@ def run_anatomy(a, out: dict, save) -> None:
     eng = k2_engine(a.heads, cap)
     out["k2_init_s"] = time.perf_counter() - t0
     ex = eng.target.layers[1].mlp.experts
+    if a.moe_kernel == "batched":  # before the warm-up: compile and capture take the batched path
+        for layer in eng.target.layers:
+            if hasattr(layer.mlp, "experts"):
+                layer.mlp.experts.grouped = False
     out["moe"] = {"grouped_mm": ex.grouped, "experts": ex.n, "top_k": eng.config.target.experts_per_tok}
     out["warmup"] = eng.warmup(capacity=cap)
     st = eng._static
@@ -317,6 +321,8 @@ def main() -> int:
     ap.add_argument("--tree", choices=("both", "device", "host"), default="both",
                     help="k2 cells with the tree on the device, on the host, or both")
     ap.add_argument("--anatomy", action="store_true", help="only the step anatomy of k2 with its MoE (split)")
+    ap.add_argument("--moe-kernel", choices=("auto", "batched"), default="auto",
+                    help="--anatomy: the routed experts through torch._grouped_mm where it runs (auto) or batched")
     a = ap.parse_args()
     try:
         [parse_tokens(c) for c in a.ctxs.split(",")]
