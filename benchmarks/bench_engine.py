@@ -19,6 +19,10 @@ profile counts the device-to-host copies per step. Order: k2, equality, tiny.
     # short: split only, compiled only, no tiny timing
     PYTHONPATH=$PWD python benchmarks/bench_engine.py --paths split --fuse on --skip tiny --out ...
 
+    # the step's anatomy (k2 with its MoE, split, graphs): step and kernel classes at each context, the
+    # non-attention part against the weight floor, the fitted marginal cost against the attention growth
+    PYTHONPATH=$PWD python benchmarks/bench_engine.py --anatomy --ctxs 8k,32k,128k --out $OUT/anatomy.json
+
 Writes the JSON as it goes; prints a short table last.
 """
 from __future__ import annotations
@@ -215,6 +219,82 @@ def logits_check(eng: Engine, st, ctx: int) -> dict:
     return {"rel_err": err, "argmax_equal": float((graph.argmax(-1) == plain.argmax(-1)).float().mean())}
 
 
+def engine_weight_floor(eng: Engine, bw_Bps: float) -> dict:
+    """Bytes one k2 step (draft + verify) must read besides the KV: every target and drafter weight once
+    (the embedding: its rows only), the shared lm_head twice (draft and verify logits), and per MoE layer
+    the routed experts 9 rows with top-k touch (expected distinct, ``step_shape.expected_distinct``)."""
+    from ddprobe.engine.moe import Experts
+    from ddprobe.step_shape import expected_distinct
+
+    t = eng.config.target
+    seen, dense = set(), 0
+    for mod in (eng.target, eng.drafter):
+        for name, p in mod.named_parameters():
+            if id(p) in seen or "embed_tokens" in name:
+                continue
+            seen.add(id(p))
+            if "." not in name or not isinstance(mod.get_submodule(name.rsplit(".", 1)[0]), Experts):
+                dense += p.numel() * p.element_size()
+    dense += eng.target.lm_head.weight.numel() * eng.target.lm_head.weight.element_size()  # read again by the drafter
+    rows = eng.budget + 1
+    moe_layers = t.num_layers - t.first_dense_layers if t.n_experts else 0
+    per_expert = 3 * t.hidden_size * t.moe_intermediate_size * eng.target.lm_head.weight.element_size()
+    distinct = expected_distinct(t.n_experts, t.n_experts, t.experts_per_tok, rows) if t.n_experts else 0.0
+    routed = moe_layers * distinct * per_expert
+    return {"dense_B": dense, "routed_B": routed, "experts_per_layer": distinct, "moe_layers": moe_layers,
+            "weight_floor_ms": (dense + routed) / bw_Bps * 1e3, "bw_Bps": bw_Bps}
+
+
+def run_anatomy(a, out: dict, save) -> None:
+    """k2 (MoE), split, graphs, one capture at the longest context; per context: step, kernel classes."""
+    from ddprobe.probes.anatomy import fit_anatomy
+    from ddprobe.shapes import gpu_spec_for
+
+    ctxs = sorted(parse_tokens(c) for c in a.ctxs.split(","))
+    cap = max(ctxs) + (a.steps + 2) * 9 + 64
+    t0 = time.perf_counter()
+    eng = k2_engine(a.heads, cap)
+    out["k2_init_s"] = time.perf_counter() - t0
+    ex = eng.target.layers[1].mlp.experts
+    if a.moe_kernel == "batched":  # before the warm-up: compile and capture take the batched path
+        for layer in eng.target.layers:
+            if hasattr(layer.mlp, "experts"):
+                layer.mlp.experts.grouped = False
+    out["moe"] = {"grouped_mm": ex.grouped, "experts": ex.n, "top_k": eng.config.target.experts_per_tok}
+    out["warmup"] = eng.warmup(capacity=cap)
+    st = eng._static
+    out["compiled"], out["compile_error"] = bool(st.fused and st.fused.compiled), eng.compile_error
+    gpu = gpu_spec_for(torch.cuda.get_device_name())
+    bw = gpu.bw_Bps if gpu else 4.8e12
+    out["weights"] = engine_weight_floor(eng, bw)
+    kv_tok = eng.config.target.attn_shape.kv_bytes_per_token(eng.dtype)
+    out["cells"] = []
+    save()
+    for ctx in ctxs:
+        cells = []
+        for _ in range(2):
+            synthetic(st, ctx)
+            _, recs = decode_static(eng, st, 1, a.steps + 1, 0.0, None, None)
+            cells.append(summary(recs))
+        prof = profile_steps(eng, st, ctx, 5)
+        out["cells"].append({"ctx": ctx, "cells": cells, "profile": prof})
+        save()
+    steps = [c["cells"][1]["step_ms"] for c in out["cells"]]
+    attn = [c["profile"]["by_class_ms"]["attention"] for c in out["cells"]]
+    an = fit_anatomy(ctxs, steps, kv_B_per_token=kv_tok, bw_Bps=bw,
+                     weight_floor_ms=out["weights"]["weight_floor_ms"])
+    out["anatomy"] = an.to_dict()
+    growth = [(a1 - a0) / (c1 - c0) * 1024 for (c0, a0), (c1, a1) in zip(zip(ctxs, attn), list(zip(ctxs, attn))[1:])]
+    fit_attn = (attn[-1] - attn[0]) / (ctxs[-1] - ctxs[0]) * 1024
+    out["check"] = {
+        "non_attention_ms": [s - x for s, x in zip(steps, attn)],
+        "non_attention_over_weight_floor": [(s - x) / out["weights"]["weight_floor_ms"] for s, x in zip(steps, attn)],
+        "attention_ms": attn, "attention_ms_per_1k_intervals": growth, "attention_ms_per_1k": fit_attn,
+        "anatomy_ms_per_1k": an.ms_per_1k, "anatomy_over_attention_growth": an.ms_per_1k / fit_attn if fit_attn else None,
+    }
+    save()
+
+
 def run_tiny(out: dict, save) -> None:
     prompt = [(i * 37 + 11) % 256 for i in range(1024)]
     for attn in ("split", "paged"):
@@ -242,6 +322,9 @@ def main() -> int:
     ap.add_argument("--fuse", choices=("both", "on"), default="both", help="split: compiled and plain, or compiled only")
     ap.add_argument("--tree", choices=("both", "device", "host"), default="both",
                     help="k2 cells with the tree on the device, on the host, or both")
+    ap.add_argument("--anatomy", action="store_true", help="only the step anatomy of k2 with its MoE (split)")
+    ap.add_argument("--moe-kernel", choices=("auto", "batched"), default="auto",
+                    help="--anatomy: the routed experts through torch._grouped_mm where it runs (auto) or batched")
     a = ap.parse_args()
     try:
         [parse_tokens(c) for c in a.ctxs.split(",")]
@@ -261,6 +344,12 @@ def main() -> int:
         Path(a.out).write_text(json.dumps(out, indent=1, default=str))
 
     skip = set(a.skip.split(","))
+    if a.anatomy:
+        with torch.no_grad():
+            run_anatomy(a, out, save)
+        print(json.dumps({k: out[k] for k in ("moe", "compiled", "weights", "check", "anatomy")}, indent=1,
+                         default=str))
+        return 0
     with torch.no_grad():
         if "k2" not in skip:
             run_k2(a, out, save)

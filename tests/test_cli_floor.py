@@ -37,6 +37,53 @@ def test_floor_table_reproduces_investigation():
     assert "9.21 GB" in r.output and "5.12 ms" in r.output and "140x" in r.output and "15.5x" in r.output
 
 
+def test_investigation_anatomy_in_one_command():
+    r = run("floor", "--ctx", "32k,128k,185k", "--step-ms", "159,714,1430", "--tp", "8", "--gpu", "rtx-pro-6000")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "32k -> 128k 5.78 12.4 GB/s" in text and "128k -> 185k 12.6 5.73 GB/s" in text
+    assert "not linear" in text and "At 185k the context-dependent part" in text
+    assert "routed experts (bf16): 9 rows x top-8 of 384" in text
+
+
+def test_anatomy_json_and_failed_anatomy_keeps_the_floor(tmp_path):
+    r = run("floor", "--ctx", "32k,128k,185k", "--step-ms", "159,714,1430", "--tp", "8", "--json")
+    an = json.loads(r.stdout)["summary"]["anatomy"]
+    assert [round(i["ms_per_1k"], 2) for i in an["intervals"]] == [5.78, 12.56]
+    path = tmp_path / "f.json"
+    r = run("floor", "--ctx", "32k,128k", "--step-ms", "714,159", "--out", str(path))
+    assert r.exit_code == 1 and "step times decrease" in r.output and str(path) in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert [row["step_ms"] for row in Result.load(path).rows] == [714, 159]  # nothing measured lost
+
+
+def test_whole_step_columns_and_dense_note(tmp_path):
+    r = run("floor", "--ctx", "128k", "--tp", "8", "--ep", "8", "--expert-dtype", "int4", "--json")
+    row = json.loads(r.stdout)["rows"][0]
+    assert row["experts_worst"] == 48 and 8.2 < row["experts_per_layer"] < 8.4 and row["binds"] in ("KV", "weights")
+    assert row["total_floor_ms"] > max(row["kv_floor_ms"], row["weight_floor_ms"])
+    r = run("floor", "--model", "llama-3.1-8b", "--ctx", "1k")
+    assert r.output.count("dense model (no MoE fields): the routed-expert terms are zero") == 1
+
+
+def test_real_configs_match_presets():
+    for cfg, preset in (("tests/data/configs/kimi-k2.6-config.json", "kimi-k2.6"),
+                        ("tests/data/configs/deepseek-v3-config.json", "deepseek-v3")):
+        a = json.loads(run("floor", "--config", cfg, "--ctx", "64k", "--tp", "8", "--ep", "8", "--json").stdout)
+        b = json.loads(run("floor", "--model", preset, "--ctx", "64k", "--tp", "8", "--ep", "8", "--json").stdout)
+        assert a["rows"] == b["rows"] and a["config"]["moe_layers"] == b["config"]["moe_layers"]
+    ds = json.loads(run("floor", "--config", "tests/data/configs/deepseek-v3-config.json", "--ctx", "1k",
+                        "--json").stdout)
+    assert ds["config"]["moe_layers"] == 61 - 3 and ds["config"]["n_routed_experts"] == 256
+
+
+def test_steps_from_a_commit_file():
+    r = run("floor", "--model", "kimi-k2.6", "--steps-from", "tests/data/commit-tiny-cpu.json", "--json")
+    assert r.exit_code == 0, r.output
+    printed = json.loads(r.stdout)
+    assert all(row["step_ms"] for row in printed["rows"])
+
+
 def test_floor_json_and_results_file(tmp_path):
     path = tmp_path / "floor.json"
     r = run("floor", "--ctx", "1k,128k", "--gpu", "rtx-pro-6000", "--tp", "8", "--step-ms", "10,714ms",
@@ -73,7 +120,11 @@ def test_config_files_match_presets(tmp_path):
     (["--step-ms", "-5"], "bad time"),
     (["--step-ms", "1,2", "--ctx", "1k,2k,4k"], "one per context"),
     (["--tflops", "0"], "--tflops must be greater than zero"),
-    (["--include-weights", "--weight-dtype", "fp7"], "unknown dtype 'fp7'"),
+    (["--weight-dtype", "fp7"], "unknown dtype 'fp7'"),
+    (["--tp", "8", "--ep", "5"], "--ep 5 does not divide the model's 384 routed experts"),
+    (["--model", "deepseek-v3", "--tp", "8", "--ep", "3"], "--ep 3 does not divide the model's 256 routed experts"),
+    (["--ctx", "32k", "--step-ms", "159", "--anatomy"], "two or more contexts, got 1"),
+    (["--ctx", "32k,128k", "--step-ms", "714,159"], "step times decrease with context"),
     (["--config", "/nonexistent/config.json"], "cannot read config"),
     (["--ctx", "1e300"], "beyond any model"),
     (["--tp", "3"], "tp 3 does not divide the model's 64 attention heads"),

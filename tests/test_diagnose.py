@@ -48,8 +48,16 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     assert "Novel text is simply unpredictable" in text
     assert claims["gpu"][0] == "skipped" and "no NVIDIA GPU visible" in claims["gpu"][1]
     status, text = claims["floor"]
-    floor = Result.load(out / "floor.json").rows[0]
-    assert status == "ok" and floor["ctx"] == 2048 and floor["step_ms"] > 0
+    fl = Result.load(out / "floor.json")
+    floor = fl.rows[-1]
+    assert status == "ok" and [r["ctx"] for r in fl.rows] == [1024, 2048] and floor["step_ms"] > 0
+    # where the step goes: the anatomy of the two measured novel steps, worked out by hand (or why it is missing)
+    (c0, t0), (c1, t1) = [(r["ctx"], r["step_ms"]) for r in fl.rows]
+    if "anatomy" in fl.summary:
+        assert fl.summary["anatomy"]["intervals"][0]["ms_per_1k"] == pytest.approx((t1 - t0) / (c1 - c0) * 1024)
+        assert "Where the step goes" in (out / "report.html").read_text()
+    else:
+        assert t1 < t0 and "step times decrease with context" in fl.summary["anatomy_error"]
     # the tiny engine on the CPU runs fp32: 4 layers x (64 latent + 32 rope) x 4 bytes = 1536 B per token;
     # 2048 tokens of it at the 20 GB/s given is 157.3 us
     assert floor["kv_B_per_token"] == 4 * (64 + 32) * 4 == 1536

@@ -71,7 +71,8 @@ def test_k2_preset_keeps_kimi_attention_shapes():
 
 
 def test_small_k2_runs_with_576_wide_rows():
-    cfg = ModelConfig.from_name("k2", heads=8, num_layers=2, vocab_size=512, feature_layers=(0, 1), max_ctx=128)
+    cfg = ModelConfig.from_name("k2", heads=8, num_layers=2, vocab_size=512, feature_layers=(0, 1), max_ctx=128,
+                                n_experts=4, experts_per_tok=2, moe_intermediate_size=32)  # the MoE at CPU size
     eng = Engine(cfg, budget=8, dtype=torch.float64, poison=True)
     assert eng.new_cache().buffer.shape == (2, 128, 576)
     assert eng.generate([3, 1, 4, 1, 5], 10).tokens == eng.greedy_reference([3, 1, 4, 1, 5], 10)

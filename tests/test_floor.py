@@ -76,13 +76,72 @@ def test_compute_term_makes_64_heads_compute_bound():
         == "memory"
 
 
-def test_weights_added_to_bytes_read():
-    active = K26.params(active=True)
-    inp = FloorInput(attn=A26, bw_Bps=4.8e12, tp=8, weights="int4", active_params=active)
-    row = floor_row(inp, 1024)
-    assert row.weights_GB == pytest.approx(active * 0.5 / 8 / 1e9)
-    assert row.read_GB == pytest.approx(row.kv_GB + row.weights_GB)
-    assert row.mem_floor_ms == pytest.approx(row.read_GB * 1e9 / 4.8e12 * 1e3)
+def test_whole_step_weights_by_hand():
+    """Kimi K2.6, tp 8, ep 8, 9 rows, bf16 dense weights, int4 experts: every term from the config fields."""
+    h, ql, n, v, E, k, I, Id = 7168, 1536, 64, 163840, 384, 8, 2048, 18432
+    w = K26.step_weights(rows=9, tp=8, ep=8, dense_dtype="bf16", expert_dtype="int4")
+    rep = h * ql + ql + h * 576 + 512  # q_a (+ norm), kv_a (+ norm): replicated
+    split = (ql * n * 192 + 512 * n * 256 + n * 128 * h) / 8  # q_b, kv_b, o over tp
+    attn = 61 * (rep + split + 2 * h)
+    dense_mlp = 1 * 3 * h * Id / 8
+    shared = 60 * 3 * h * I / 8
+    router = 60 * h * E
+    head = h * v / 8 + h
+    embed_rows = 9 * h
+    assert w.dense_B == pytest.approx(2 * (attn + dense_mlp + shared + router + head + embed_rows))
+    local = E // 8  # 48 whole experts per GPU under ep 8
+    distinct = local * (1 - (1 - k / E) ** 9)  # 8.29 expected
+    assert w.experts_per_layer == pytest.approx(distinct) and 8.2 < distinct < 8.4
+    assert w.experts_worst == 48  # min(48, 9 x 8)
+    assert w.routed_B == pytest.approx(60 * distinct * 3 * h * I * 0.5)
+    assert w.routed_worst_B == pytest.approx(60 * 48 * 3 * h * I * 0.5)
+    # without ep every GPU holds 1/8 of each of the 384 experts: the same expected bytes, a smaller worst case
+    w1 = K26.step_weights(rows=9, tp=8, ep=1, expert_dtype="int4")
+    assert w1.routed_B == pytest.approx(w.routed_B) and w1.experts_worst == 72
+    assert w1.routed_worst_B == pytest.approx(60 * 72 * 3 * h * I / 8 * 0.5)
+
+
+def test_whole_step_floor_row():
+    w = K26.step_weights(rows=9, tp=8, ep=8, expert_dtype="int4")
+    inp = FloorInput(attn=A26, bw_Bps=4.8e12, flops_per_s=989e12, tp=8, step=w)
+    row = floor_row(inp, 131072, step_ms=100.0)
+    kv = 131072 * 70272
+    assert row.kv_floor_ms == pytest.approx(kv / 4.8e12 * 1e3)
+    assert row.weight_floor_ms == pytest.approx(w.total_B / 4.8e12 * 1e3)
+    assert row.total_floor_ms == pytest.approx((kv + w.total_B) / 4.8e12 * 1e3)  # memory-bound
+    assert row.binds == ("KV" if kv > w.total_B else "weights")
+    assert row.total_gap == pytest.approx(100.0 / row.total_floor_ms)
+    assert row.floor_ms == pytest.approx(kv / 4.8e12 * 1e3)  # the attention floor is unchanged
+    short = floor_row(inp, 1024)
+    assert short.binds == "weights" and short.total_floor_ms > short.kv_floor_ms
+    # the whole model on one GPU reads its experts' weights: weights bind; a slow tensor rate makes it compute
+    w1 = K26.step_weights(rows=9, tp=1)
+    assert floor_row(FloorInput(attn=A26, bw_Bps=4.8e12, flops_per_s=989e12, step=w1), 131072).binds == "weights"
+    slow = floor_row(FloorInput(attn=A26, bw_Bps=4.8e12, flops_per_s=1e12, step=w1), 131072)
+    assert slow.binds == "compute" and slow.step_GFLOP == pytest.approx(slow.attn_GFLOP + w1.flops / 1e9)
+
+
+def test_dense_model_has_no_expert_terms():
+    w = get_model("llama-3.1-8b").step_weights(rows=9, tp=1)
+    assert w.routed_B == 0 and w.moe_layers == 0 and w.experts_per_layer == 0
+    params = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 128256 * 4096 + 4096
+    assert w.dense_B == pytest.approx(2 * (params + 9 * 4096))
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"ep": 5}, "--ep 5 does not divide the model's 384 routed experts"),
+    ({"ep": 16, "tp": 8}, "--ep 16 must divide --tp 8"),
+    ({"ep": 0}, "--ep must be at least 1"),
+])
+def test_expert_parallel_checks(kw, msg):
+    with pytest.raises(DDProbeError, match=msg):
+        K26.step_weights(**({"tp": 8} | kw))
+
+
+def test_top_k_above_experts():
+    from dataclasses import replace
+    with pytest.raises(DDProbeError, match="top-k 400 experts per token is not within the model's 384 experts"):
+        replace(K26, num_experts_per_tok=400).step_weights()
 
 
 def test_parameter_counts_match_published_sizes():
@@ -105,9 +164,8 @@ def test_table_step_times():
 
 @pytest.mark.parametrize("kwargs,msg", [
     ({"queries": 0}, "--queries"), ({"tp": 0}, "--tp"), ({"bw_Bps": -1}, "bandwidth"),
-    ({"bw_Bps": float("nan")}, "bandwidth"), ({"weights": "fp7", "active_params": 1e9}, "unknown dtype"),
+    ({"bw_Bps": float("nan")}, "bandwidth"),
     ({"kv_dtype": "int2"}, "unknown dtype"), ({"tp": 128}, "does not divide"), ({"tp": 3}, "does not divide"),
-    ({"weights": "int4"}, "parameter count"),
 ])
 def test_bad_input(kwargs, msg):
     args = {"attn": A26, "bw_Bps": 1e12} | kwargs

@@ -1,4 +1,5 @@
-"""`ddprobe floor`: the bandwidth floor of a verify step."""
+"""`ddprobe floor`: the floor of a verify step (KV, weights, compute) and, from step times measured at two
+or more contexts, the step's anatomy (fixed part + marginal cost per token)."""
 from __future__ import annotations
 
 import sys
@@ -9,10 +10,14 @@ import typer
 from rich import box
 from rich.table import Table
 
-from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_tokens, parse_bandwidth, \
+from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth, \
     parse_time_list, parse_token_list
 from .app import app
 from .options import errors_exit_1, out
+
+
+def _ms(v: Optional[float]) -> str:
+    return "-" if v is None else fmt_time(v / 1e3)
 
 
 @app.command()
@@ -21,11 +26,13 @@ def floor(
     model: Annotated[str, typer.Option("--model", "-m", help="Model preset: kimi-k2.6, kimi-k2, deepseek-v3, "
                                                              "qwen3-8b, llama-3.1-8b.")] = "kimi-k2.6",
     config: Annotated[Optional[Path], typer.Option("--config", help="Hugging Face config.json instead of a preset "
-                                                                    "(MLA or GQA).")] = None,
+                                                                    "(MLA or GQA, MoE or dense).")] = None,
     ctx: Annotated[str, typer.Option("--ctx", help="Context length(s), k = 1024: 128k or 1k,16k,64k,128k.")] = "128k",
     queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1).")] = 9,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (MLA keeps the whole latent cache on "
                                                  "each; heads are split).")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs (divides --tp and the routed experts): "
+                                                 "each holds experts / ep whole experts.")] = 1,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for bandwidth and tensor rate "
                                                              "(default h200 unless --bw).")] = None,
     bw: Annotated[Optional[str], typer.Option("--bw", help="Memory bandwidth instead of a preset, e.g. 1.8TB/s "
@@ -35,62 +42,138 @@ def floor(
     step_ms: Annotated[Optional[str], typer.Option("--step-ms", help="Measured step time(s): one for all "
                                                                      "contexts or one per context; bare numbers "
                                                                      "are ms (714 or 714ms,1.43s).")] = None,
-    include_weights: Annotated[bool, typer.Option("--include-weights", help="Add the active weights to the "
-                                                                            "bytes read per step.")] = False,
-    weight_dtype: Annotated[str, typer.Option("--weight-dtype", help="Bytes per weight for --include-weights: "
-                                                                     "bf16, fp8, int8, int4, fp4.")] = "bf16",
+    steps_from: Annotated[Optional[Path], typer.Option("--steps-from", help="Take contexts and step times from a "
+                                                                            "results file (commit cells, gpu-util)."
+                                                       )] = None,
+    anatomy: Annotated[Optional[bool], typer.Option("--anatomy/--no-anatomy", help="Fit step = fixed + marginal x "
+                                                    "ctx (default: when two or more contexts have step times).")] = None,
+    weight_dtype: Annotated[str, typer.Option("--weight-dtype", help="Weight dtype: bf16, fp8, int4 (...).")] = "bf16",
+    expert_dtype: Annotated[Optional[str], typer.Option("--expert-dtype", help="Routed experts' dtype when it "
+                                                        "differs (K2's INT4 experts: int4); default --weight-dtype."
+                                                        )] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: bf16, fp16, fp8, fp32.")] = "bf16",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).")] = None,
 ):
-    """Bandwidth floor of a verify step: bytes read, floor time, and the gap to a measured step."""
+    """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute) and the step's anatomy."""
+    from ..probes.anatomy import fit_anatomy
     from ..probes.floor import FloorInput, floor_table
     from ..probes.models import get_model, model_from_config
     from ..results import Result, RunMeta
-    from ..shapes import get_gpu
+    from ..shapes import dtype_name, get_gpu
 
     spec = model_from_config(config) if config else get_model(model)
-    ctxs = parse_token_list(ctx)
-    steps = [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
+    if steps_from is not None:
+        if step_ms:
+            raise DDProbeError("give --step-ms or --steps-from, not both")
+        ctxs, steps = _steps_from(steps_from)
+    else:
+        ctxs = parse_token_list(ctx)
+        steps = [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
     gpu_spec = get_gpu(gpu) if gpu else (None if bw else get_gpu("h200"))
     bw_Bps = parse_bandwidth(bw) if bw else gpu_spec.bw_Bps
     if tflops is not None and not tflops > 0:
         raise DDProbeError(f"--tflops must be greater than zero, got {tflops}")
     rate = tflops * 1e12 if tflops else (gpu_spec.bf16_flops if gpu_spec else None)
-    active = spec.params(active=True)
+    if queries < 1:
+        raise DDProbeError(f"--queries must be at least 1, got {queries}")
+    if tp < 1:
+        raise DDProbeError(f"--tp must be at least 1, got {tp}")
+    wd = dtype_name(weight_dtype)
+    ed = dtype_name(expert_dtype) if expert_dtype else wd
+    weights = spec.step_weights(rows=queries, tp=tp, ep=ep, dense_dtype=wd, expert_dtype=ed)
     inp = FloorInput(attn=spec.attn, bw_Bps=bw_Bps, queries=queries, tp=tp, kv_dtype=kv_dtype, flops_per_s=rate,
-                     weights=weight_dtype if include_weights else None, active_params=active)
+                     step=weights)
     rows = floor_table(inp, ctxs, steps)
-
-    config_d = {"model": spec.name, "queries": queries, "tp": tp, "gpu": gpu_spec.name if gpu_spec else None,
-                "bw_Bps": bw_Bps, "flops_per_s": rate, "kv_dtype": inp.kv_dtype,
-                "weights": inp.weights, "active_params": active}
+    config_d = {"model": spec.name, "queries": queries, "tp": tp, "ep": ep, "gpu": gpu_spec.name if gpu_spec else None,
+                "bw_Bps": bw_Bps, "flops_per_s": rate, "kv_dtype": inp.kv_dtype, "weight_dtype": wd,
+                "expert_dtype": ed, "moe": spec.n_routed_experts > 0, "n_routed_experts": spec.n_routed_experts,
+                "num_experts_per_tok": spec.num_experts_per_tok, "moe_layers": weights.moe_layers}
     result = Result(kind="floor", meta=RunMeta.collect(probe_gpu=False), config=config_d,
                     rows=[r.to_dict() for r in rows])
+    timed = [(r.ctx, r.step_ms) for r in rows if r.step_ms is not None]
+    want = anatomy if anatomy is not None else (steps is not None and len(steps) > 1 and len(set(ctxs)) > 1)
+    an = None
+    try:
+        if want:
+            an = fit_anatomy([c for c, _ in timed], [t for _, t in timed], kv_B_per_token=rows[0].kv_B_per_token,
+                             bw_Bps=bw_Bps, weight_floor_ms=rows[0].weight_floor_ms)
+            result.summary["anatomy"] = an.to_dict()
+    except DDProbeError as e:
+        if save:  # the floor rows are kept
+            result.save(save)
+            raise DDProbeError(f"{e} (the floor rows were written to {save})") from None
+        raise
     if save:
         result.save(save)
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
         return
+    _print(spec, rows, inp, gpu_spec if not bw else None, weights, ep, ed, an)
+    if save:
+        out.print(f"results written to {save}")
 
-    where = gpu_spec.label if gpu_spec and not bw else "given bandwidth"
-    t = Table(title=f"{spec.name}: verify floor per GPU ({queries} rows, tp {tp}, {where}, "
-                    f"{fmt_bandwidth(bw_Bps)}; KV {rows[0].kv_B_per_token:,.0f} B/token)",
+
+def _steps_from(path: Path) -> tuple[list[int], list[float]]:
+    from ..probes.anatomy import steps_from_result
+    from ..results import Result
+
+    r = Result.load(path)
+    pts = steps_from_result(r.kind, r.rows, r.summary, r.config)
+    if not pts:
+        raise DDProbeError(f"{path}: no step times per context in this {r.kind!r} results file")
+    return [c for c, _ in pts], [t for _, t in pts]
+
+
+def _print(spec, rows, inp, gpu_spec, w, ep, expert_dtype, an) -> None:
+    where = gpu_spec.label if gpu_spec else "given bandwidth"
+    t = Table(title=f"{spec.name}: verify step floor per GPU ({inp.queries} rows, tp {inp.tp}, ep {ep}, {where}, "
+                    f"{fmt_bandwidth(inp.bw_Bps)}; KV {rows[0].kv_B_per_token:,.0f} B/token)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = ["ctx", "KV"] + (["weights", "read"] if include_weights else []) + ["floor", "bound"]
-    if steps:
-        cols += ["step", "eff bw", "gap", "re-read gap"]
+    timed = any(r.step_ms is not None for r in rows)
+    cols = ["ctx", "KV", "weights", "KV fl", "wt fl", "compute", "floor", "binds"]
+    if timed:
+        cols += ["step", "eff bw", "gap", "attn gap", "re-read"]
     for c in cols:
         t.add_column(c, justify="right", no_wrap=True)
     for r in rows:
-        cells = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9)]
-        if include_weights:
-            cells += [fmt_bytes(r.weights_GB * 1e9), fmt_bytes(r.read_GB * 1e9)]
-        cells += [f"{r.floor_ms:.3g} ms", r.bound]
-        if steps:
-            cells += [f"{r.step_ms:.4g} ms", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.gap),
-                      fmt_ratio(r.gap_if_rows_reread)]
+        cells = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
+                 _ms(r.weight_floor_ms), _ms(r.step_compute_floor_ms), _ms(r.total_floor_ms), r.binds]
+        if timed:
+            cells += ([f"{r.step_ms:.4g} ms", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.total_gap),
+                       fmt_ratio(r.gap), fmt_ratio(r.gap_if_rows_reread)] if r.step_ms is not None else ["-"] * 5)
         t.add_row(*cells)
     out.print(t)
-    if save:
-        out.print(f"results written to {save}")
+    if w.moe_layers:
+        local = spec.n_routed_experts // ep
+        out.print(f"routed experts ({expert_dtype}): {inp.queries} rows x top-{spec.num_experts_per_tok} of "
+                  f"{spec.n_routed_experts}, {local} on this GPU, {w.moe_layers} MoE layers: "
+                  f"{w.experts_per_layer:.3g} distinct per layer expected (uniform routing), {w.experts_worst} at "
+                  f"worst: weight floor {_ms(rows[0].weight_floor_ms)} expected, "
+                  f"{_ms(rows[0].weight_floor_worst_ms)} at worst", highlight=False)
+    else:
+        out.print("dense model (no MoE fields): the routed-expert terms are zero", highlight=False)
+    out.print("KV fl / wt fl: KV / weight bytes over bandwidth; compute: all FLOPs / tensor rate; floor = max((KV + "
+              "weights) / bandwidth, compute); gap = step / floor; attn gap = step / KV fl (the attention alone); "
+              "re-read: the attention gap if every row re-read the cache", highlight=False, style="dim")
+    if an is not None:
+        _print_anatomy(an)
+
+
+def _print_anatomy(an) -> None:
+    t = Table(title="where the step goes: step = fixed + marginal x ctx", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("interval", "ms per 1k tokens", "marginal KV bw", "of GPU bw"):
+        t.add_column(c, justify="right", no_wrap=True)
+    for iv in an.intervals:
+        t.add_row(f"{fmt_tokens(iv.ctx0)} -> {fmt_tokens(iv.ctx1)}", f"{iv.ms_per_1k:.3g}",
+                  fmt_bandwidth(iv.kv_GBps * 1e9) if iv.kv_GBps else "-",
+                  f"{iv.kv_GBps / an.bw_GBps:.2%}" if iv.kv_GBps and an.bw_GBps else "-")
+    t.add_row("fit (all)", f"{an.ms_per_1k:.3g}", fmt_bandwidth(an.kv_GBps * 1e9) if an.kv_GBps else "-",
+              f"{an.kv_GBps / an.bw_GBps:.2%}" if an.kv_GBps and an.bw_GBps else "-")
+    out.print(t)
+    wf = f" vs weight floor {an.weight_floor_ms:.3g} ms" if an.weight_floor_ms is not None else ""
+    out.print(f"fixed part (fit intercept, >= 0): {an.fixed_ms:.3g} ms{wf}", highlight=False)
+    for n in an.notes:
+        out.print(n, highlight=False)
+    out.print(an.verdict, highlight=False)

@@ -4,8 +4,12 @@
 >= 16 where the Triton paths need it (latent 64 + rope 32 = 96-wide latent row, v_dim 64);
 trained weights ship in ddprobe/engine/weights/tiny.
 ``k2``: Kimi K2.6's attention shapes exactly (61 layers, latent 512 + rope 64 = 576-wide row,
-qk_nope 128, v_head 128, heads as a parameter, vocabulary 163840, YaRN x64 from 4096); the hidden
-size is shrunk and the MoE is replaced by a small dense MLP. See docs/engine.md.
+qk_nope 128, v_head 128, heads as a parameter, vocabulary 163840, YaRN x64 from 4096) and its MoE at
+one GPU's share under tp 8 / ep 8: 384 / 8 = 48 local experts of width 2048, top-8 of them per row,
+the shared expert's 2048 / 8 = 256 columns, the first layer dense (18432 / 8 = 2304); the hidden size
+is shrunk to 1024. The 60 MoE layers share one bank of 48 experts (``moe_shared_bank``): what a layer
+reads from memory is the same (its touched experts, ~0.5 GB, are ten times the H200's L2), while 60
+banks would take 36 GB of GPU memory and 74 GB of fp32 host memory to initialize. See docs/engine.md.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 
 from ..shapes import AttnShape
+from ..step_shape import KIMI_K2_INTERMEDIATE, KIMI_K2_MOE, KIMI_K2_ROUTED_SCALING
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class TargetConfig:
     qk_rope_head_dim: int  # rope part of K, shared by all heads
     qk_nope_head_dim: int
     v_head_dim: int
-    intermediate_size: int  # dense SwiGLU MLP (the k2 preset's stand-in for the MoE)
+    intermediate_size: int  # dense SwiGLU MLP (every layer, or the first ``first_dense_layers`` of a MoE)
     q_lora_rank: int = 0  # 0: one q projection, else q_a -> norm -> q_b
     rope_theta: float = 10000.0
     yarn: YarnConfig | None = None
@@ -56,6 +61,14 @@ class TargetConfig:
     nope_layers: tuple[int, ...] = ()
     nope_attn_floor: int = 0  # > 0: NoPE layers' queries scaled by rope.attn_scale(pos, this floor)
     rope_max_wavelength: float | None = None  # partial rope: longer-wavelength pairs do not rotate
+    # mixture of experts (engine/moe.py); n_experts 0: dense MLPs only
+    n_experts: int = 0  # routed experts on this GPU
+    experts_per_tok: int = 0  # top-k of them per row
+    moe_intermediate_size: int = 0
+    shared_intermediate_size: int = 0  # the shared expert's width on this GPU (0: none)
+    first_dense_layers: int = 0
+    routed_scaling: float = 1.0
+    moe_shared_bank: bool = False  # one bank of routed experts for every MoE layer
 
     @cached_property
     def attn_shape(self) -> AttnShape:
@@ -189,13 +202,21 @@ def _tiny() -> ModelConfig:
     return ModelConfig("tiny", target, drafter, max_ctx=4096, max_position=262144 + 8192, fp32_logits=True)
 
 
+K2_TP = K2_EP = 8  # the k2 preset is one GPU of tp 8 / ep 8
+
+
 def _k2() -> ModelConfig:
+    moe = KIMI_K2_MOE
     target = TargetConfig(
         vocab_size=163840, hidden_size=1024, num_layers=61, num_heads=8,
         kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-        intermediate_size=1024, q_lora_rank=0, rope_theta=50000.0,
+        intermediate_size=KIMI_K2_INTERMEDIATE // K2_TP, q_lora_rank=0, rope_theta=50000.0,
         yarn=YarnConfig(factor=64.0, original_max_position=4096, mscale=1.0, mscale_all_dim=1.0),
         feature_layers=(1, 15, 30, 45, 59),
+        n_experts=moe.n_routed_experts // K2_EP, experts_per_tok=moe.num_experts_per_tok,
+        moe_intermediate_size=moe.moe_intermediate_size,
+        shared_intermediate_size=moe.n_shared_experts * moe.moe_intermediate_size // K2_TP,
+        first_dense_layers=moe.first_k_dense_replace, routed_scaling=KIMI_K2_ROUTED_SCALING, moe_shared_bank=True,
     )
     drafter = DrafterConfig(
         num_layers=5, num_heads=16, head_dim=64, intermediate_size=2048, block_size=8,

@@ -33,7 +33,8 @@ class SwiGLU(nn.Module):
 
 @torch.no_grad()
 def init_random(module: nn.Module, seed: int) -> None:
-    """Seeded random weights with O(1) activations: Linear ~ N(0, 1/fan_in), Embedding ~ N(0, 1),
+    """Seeded random weights with O(1) activations: Linear ~ N(0, 1/fan_in) (and modules with
+    ``init_std(param name)``: N(0, that std)), Embedding ~ N(0, 1),
     norms = 1, other parameters (mask embedding) ~ N(0, 1). Same seed -> same weights on any device."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in module.named_parameters():
@@ -43,6 +44,8 @@ def init_random(module: nn.Module, seed: int) -> None:
             w = torch.ones(p.shape, dtype=torch.float32)
         elif isinstance(sub, nn.Linear):
             w = torch.randn(p.shape, generator=gen, dtype=torch.float32) / math.sqrt(p.shape[1])
+        elif hasattr(sub, "init_std"):  # stacked weights that know their fan-in (moe.Experts)
+            w = torch.randn(p.shape, generator=gen, dtype=torch.float32) * sub.init_std(name.rsplit(".", 1)[1])
         else:
             w = torch.randn(p.shape, generator=gen, dtype=torch.float32)
         p.copy_(w.to(p.dtype))

@@ -1,4 +1,5 @@
-"""Target model: decoder layers with MLA attention, RMSNorm, dense SwiGLU MLP.
+"""Target model: decoder layers with MLA attention, RMSNorm, and a dense SwiGLU MLP or (``cfg.n_experts``,
+after the first ``cfg.first_dense_layers``) a mixture of experts (``moe.MoE``).
 
 ``forward`` processes any set of new rows (a prefill chunk, one decode token, or [bonus, tree
 nodes]) at explicit positions against the KV cache through one attention plan, and returns the
@@ -13,6 +14,7 @@ from torch import nn
 from .config import TargetConfig
 from .layers import RMSNorm, SwiGLU, init_random
 from .mla import MLAttention, make_rope
+from .moe import MoE, Experts
 from .rope import attn_scale
 
 
@@ -30,12 +32,14 @@ def layer_post(layer: "DecoderLayer", x, o_lat):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig):
+    def __init__(self, cfg: TargetConfig, experts: Experts | None = None):
+        """experts: this layer's routed experts (a MoE layer), else None (a dense MLP)."""
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.self_attn = MLAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size) if experts is None else \
+            MoE(cfg.hidden_size, experts, cfg.experts_per_tok, cfg.shared_intermediate_size, cfg.routed_scaling)
 
     def forward(self, x, cos, sin, kv_layer, write_idx, plan, path, fused=None, qs=None) -> torch.Tensor:
         """fused: (pre, post) replacing layer_pre / layer_post (torch.compile'd in graph mode);
@@ -61,10 +65,21 @@ class TargetModel(nn.Module):
                     raise ValueError(f"{what} layer {i} outside 0..{cfg.num_layers - 1}")
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self._experts(cfg, i)) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = make_rope(cfg)
+
+    def _experts(self, cfg: TargetConfig, i: int) -> Experts | None:
+        """Layer i's routed experts: None for a dense layer; one bank for every MoE layer when
+        ``cfg.moe_shared_bank`` (see engine/config.py), else a bank per layer."""
+        if not cfg.n_experts or i < cfg.first_dense_layers:
+            return None
+        if cfg.moe_shared_bank:
+            if getattr(self, "bank", None) is None:
+                self.bank = Experts(cfg.n_experts, cfg.hidden_size, cfg.moe_intermediate_size)
+            return self.bank
+        return Experts(cfg.n_experts, cfg.hidden_size, cfg.moe_intermediate_size)
 
     @property
     def feature_dim(self) -> int:

@@ -22,6 +22,7 @@ from ..shapes import get_gpu, gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
+from .anatomy import fit_anatomy
 from .estimate import timing_block
 from .floor import FloorInput, floor_table
 from .models import get_model
@@ -128,20 +129,35 @@ class Diagnose:
                                    "requests): no measured step to compare with the floor")
             return "skipped", "no decode step was measured (the commit probe did not finish)"
         ctx, step_ms, source = step
+        queries = int(self.backend.describe().get("budget", 8)) + 1
         attention = getattr(self.backend, "attention", None)  # the embedded engine knows its own shape and dtype
+        weights = None
         if attention is not None:
             shape, kv_dtype, _ = attention()
             name = f"engine-{self.backend.describe().get('preset', '?')}"
         else:
-            shape, kv_dtype, name = get_model(self.opts.model).attn, "bf16", self.opts.model
-        queries = int(self.backend.describe().get("budget", 8)) + 1
+            spec = get_model(self.opts.model)
+            shape, kv_dtype, name = spec.attn, "bf16", self.opts.model
+            weights = spec.step_weights(rows=queries)  # the whole step: the model's weights on one GPU
         inp = FloorInput(attn=shape, bw_Bps=bw, queries=queries, kv_dtype=kv_dtype,
-                         flops_per_s=gpu.bf16_flops if gpu else None)
-        rows = floor_table(inp, [ctx], [step_ms])
+                         flops_per_s=gpu.bf16_flops if gpu else None, step=weights)
+        # where the step goes: every context whose novel-text step was measured (else the one step)
+        timed = sorted({r["ctx"]: float(r["decode_ms_per_step"]) for r in self.commit_rows
+                        if r["text"] == "novel" and r.get("decode_ms_per_step")}.items()) or [(ctx, step_ms)]
+        rows = floor_table(inp, [c for c, _ in timed], [t for _, t in timed])
+        summary = {}
+        if len(timed) > 1:
+            try:
+                summary["anatomy"] = fit_anatomy([c for c, _ in timed], [t for _, t in timed],
+                                                 kv_B_per_token=rows[0].kv_B_per_token, bw_Bps=bw,
+                                                 weight_floor_ms=rows[0].weight_floor_ms).to_dict()
+            except DDProbeError as e:  # the rows are kept; the anatomy says why it is missing
+                summary["anatomy_error"] = str(e)
         path = self.files["floor"] = self.out / "floor.json"
-        Result(kind="floor", meta=self.meta, rows=[r.to_dict() for r in rows],
+        Result(kind="floor", meta=self.meta, rows=[r.to_dict() for r in rows], summary=summary,
                config={"model": name, "queries": queries, "tp": 1, "gpu": preset, "bw_Bps": bw,
-                       "flops_per_s": inp.flops_per_s, "kv_dtype": inp.kv_dtype, "step_source": source}).save(path)
+                       "flops_per_s": inp.flops_per_s, "kv_dtype": inp.kv_dtype,
+                       "step_source": "commit probe, novel text" if len(timed) > 1 else source}).save(path)
 
     def verify(self):
         b = self.backend

@@ -1,15 +1,18 @@
-"""Bandwidth floor of a speculative-decoding verify step: the least time physics allows.
+"""Floor of a speculative-decoding verify step: the least time physics allows, per GPU.
 
-floor = max(bytes the step must read / memory bandwidth, FLOPs / tensor rate), per GPU.
-With a measured step time: effective bandwidth = bytes / time, gap = time / floor, and
-the gap if every one of the ``queries`` verify rows re-read the whole cache (the most
-a kernel without row sharing could be excused for).
+The attention floor (``floor_ms``, ``bound``, ``gap``): max(KV bytes / bandwidth, attention FLOPs /
+tensor rate). With a measured step time: effective bandwidth = KV bytes / time, gap = time / floor,
+and the gap if every one of the ``queries`` verify rows re-read the whole cache.
+The whole-step floor (``total_floor_ms``, ``binds``), when the input carries the step's weights
+(``ddprobe.step_shape.StepWeights``): max((KV + weight bytes) / bandwidth, all FLOPs / tensor rate),
+and which term binds: "KV", "weights" or "compute".
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..shapes import DTYPE_BYTES, AttnShape, dtype_name, floor_s
+from ..shapes import AttnShape, dtype_name, floor_s
+from ..step_shape import StepWeights
 from ..units import DDProbeError
 
 MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a context
@@ -23,8 +26,7 @@ class FloorInput:
     tp: int = 1
     kv_dtype: str = "bf16"
     flops_per_s: float | None = None  # None: memory term only
-    weights: str | None = None  # a dtype to add the active weights to the bytes read
-    active_params: float = 0.0  # parameters one decoded token reads (for ``weights``)
+    step: StepWeights | None = None  # the step's weights on one GPU; None: the attention floor only
 
     def __post_init__(self):
         if self.queries < 1:
@@ -37,10 +39,6 @@ class FloorInput:
         if self.flops_per_s is not None and not self.flops_per_s > 0:
             raise DDProbeError("tensor rate must be greater than zero")
         object.__setattr__(self, "kv_dtype", dtype_name(self.kv_dtype))
-        if self.weights is not None:
-            object.__setattr__(self, "weights", dtype_name(self.weights))
-            if self.active_params <= 0:
-                raise DDProbeError("--include-weights needs the model's parameter count")
 
 
 @dataclass
@@ -48,8 +46,7 @@ class FloorRow:
     ctx: int
     kv_B_per_token: float
     kv_GB: float  # latent/KV cache of the context, per GPU
-    weights_GB: float
-    read_GB: float  # bytes the step must read, per GPU
+    read_GB: float  # bytes the attention must read, per GPU (the KV)
     attn_GFLOP: float
     mem_floor_ms: float
     compute_floor_ms: float | None
@@ -59,6 +56,20 @@ class FloorRow:
     eff_bw_GBps: float | None = None
     gap: float | None = None
     gap_if_rows_reread: float | None = None
+    # the whole step (None without the step's weights)
+    weights_GB: float | None = None  # weights read, routed experts expected under uniform routing
+    weights_worst_GB: float | None = None  # every row on different experts
+    experts_per_layer: float | None = None  # expected distinct local experts per MoE layer
+    experts_worst: int | None = None
+    kv_floor_ms: float | None = None
+    weight_floor_ms: float | None = None
+    weight_floor_worst_ms: float | None = None
+    step_GFLOP: float | None = None  # attention over the context + 2 x params x rows
+    step_compute_floor_ms: float | None = None
+    total_floor_ms: float | None = None
+    total_floor_worst_ms: float | None = None
+    binds: str | None = None  # "KV", "weights" or "compute"
+    total_gap: float | None = None  # step / total floor
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -75,14 +86,11 @@ def floor_row(inp: FloorInput, ctx: int, step_ms: float | None = None) -> FloorR
     a = inp.attn
     kv_tok = a.kv_bytes_per_token(inp.kv_dtype, inp.tp)
     kv = kv_tok * ctx
-    weights = inp.active_params * DTYPE_BYTES[inp.weights] / inp.tp if inp.weights else 0.0
-    read = kv + weights
+    read = kv
     flops = a.attn_flops_per_token(inp.queries, inp.tp) * ctx
-    if inp.weights:
-        flops += 2.0 * inp.active_params / inp.tp * inp.queries
     fl, bound = floor_s(read, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
     row = FloorRow(
-        ctx=ctx, kv_B_per_token=kv_tok, kv_GB=kv / 1e9, weights_GB=weights / 1e9, read_GB=read / 1e9,
+        ctx=ctx, kv_B_per_token=kv_tok, kv_GB=kv / 1e9, read_GB=read / 1e9,
         attn_GFLOP=flops / 1e9, mem_floor_ms=read / inp.bw_Bps * 1e3,
         compute_floor_ms=flops / inp.flops_per_s * 1e3 if inp.flops_per_s else None,
         floor_ms=fl * 1e3, bound=bound,
@@ -91,9 +99,27 @@ def floor_row(inp: FloorInput, ctx: int, step_ms: float | None = None) -> FloorR
         row.step_ms = step_ms
         row.eff_bw_GBps = read / (step_ms / 1e3) / 1e9
         row.gap = step_ms / row.floor_ms
-        reread_s, _ = floor_s(kv * inp.queries + weights, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
+        reread_s, _ = floor_s(kv * inp.queries, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
         row.gap_if_rows_reread = step_ms / (reread_s * 1e3)
+    if inp.step is not None:
+        _whole_step(row, inp, kv, flops)
     return row
+
+
+def _whole_step(row: FloorRow, inp: FloorInput, kv: float, attn_flops: float) -> None:
+    w, ms = inp.step, 1e3 / inp.bw_Bps
+    flops = attn_flops + w.flops
+    row.weights_GB, row.weights_worst_GB = w.total_B / 1e9, w.total_worst_B / 1e9
+    row.experts_per_layer, row.experts_worst = w.experts_per_layer, w.experts_worst
+    row.kv_floor_ms, row.weight_floor_ms, row.weight_floor_worst_ms = kv * ms, w.total_B * ms, w.total_worst_B * ms
+    row.step_GFLOP = flops / 1e9
+    row.step_compute_floor_ms = flops / inp.flops_per_s * 1e3 if inp.flops_per_s else None
+    total, bound = floor_s(kv + w.total_B, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
+    worst, _ = floor_s(kv + w.total_worst_B, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
+    row.total_floor_ms, row.total_floor_worst_ms = total * 1e3, worst * 1e3
+    row.binds = "compute" if bound == "compute" else ("KV" if kv >= w.total_B else "weights")
+    if row.step_ms is not None:
+        row.total_gap = row.step_ms / row.total_floor_ms
 
 
 def floor_table(inp: FloorInput, ctxs: list[int], step_ms: list[float] | None = None) -> list[FloorRow]:

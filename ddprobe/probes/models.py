@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..shapes import KIMI_K2, AttnShape
+from ..step_shape import MoeShape, StepWeights, step_weights
 from ..units import DDProbeError
 
 
@@ -71,6 +72,19 @@ class ModelSpec:
         embed = 0 if (active or self.tie_word_embeddings) else self.vocab_size * self.hidden_size
         return body + head + embed
 
+    @property
+    def moe(self) -> MoeShape:
+        """The MoE facts (n_routed_experts 0: a dense model)."""
+        return MoeShape(self.n_routed_experts, self.num_experts_per_tok, self.moe_intermediate_size,
+                        self.n_shared_experts, self.first_k_dense_replace)
+
+    def step_weights(self, rows: int = 9, tp: int = 1, ep: int = 1, dense_dtype: str = "bf16",
+                     expert_dtype: str = "bf16") -> StepWeights:
+        """Weights one GPU reads in one verify step of ``rows`` rows (``ddprobe.step_shape``)."""
+        return step_weights(self.attn, self.moe, hidden=self.hidden_size, vocab=self.vocab_size,
+                            q_lora_rank=self.q_lora_rank, intermediate=self.intermediate_size, rows=rows, tp=tp,
+                            ep=ep, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -89,6 +103,14 @@ def _gqa(name: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: 
     return ModelSpec(name=name, attn=attn, hidden_size=hidden, vocab_size=vocab, intermediate_size=inter)
 
 
+# Sources (Hugging Face config.json fields; copies under tests/data/configs, SOURCES.md there):
+# - Kimi K2 / K2.6: moonshotai/Kimi-K2-Instruct and moonshotai/Kimi-K2.6 (text_config): num_hidden_layers 61,
+#   hidden_size 7168, num_attention_heads 64, vocab_size 163840, q_lora_rank 1536, kv_lora_rank 512,
+#   qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128, intermediate_size 18432,
+#   moe_intermediate_size 2048, n_routed_experts 384, num_experts_per_tok 8, n_shared_experts 1,
+#   first_k_dense_replace 1.
+# - DeepSeek-V3: deepseek-ai/DeepSeek-V3: the same but num_attention_heads 128, vocab_size 129280,
+#   n_routed_experts 256, first_k_dense_replace 3.
 PRESETS: dict[str, ModelSpec] = {
     "kimi-k2.6": _deepseek_v3_family("kimi-k2.6", heads=KIMI_K2.num_heads, experts=384, vocab=163840, first_dense=1),
     "kimi-k2": _deepseek_v3_family("kimi-k2", heads=KIMI_K2.num_heads, experts=384, vocab=163840, first_dense=1),

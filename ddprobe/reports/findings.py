@@ -72,6 +72,9 @@ def floor(result: Result) -> list[str]:
         if r.get("gap_if_rows_reread"):
             line += f"; still {fmt_ratio(r['gap_if_rows_reread'])} if every verify row re-read the cache"
         out.append(line + ".")
+    an = result.summary.get("anatomy") if isinstance(result.summary, dict) else None
+    if an and an.get("verdict"):
+        out.append(f"Where the step goes: {an['verdict']}")
     return out
 
 

@@ -139,6 +139,27 @@ def floor_time(rows: list[dict], name: str) -> Figure:
                            "Verify step time vs context with the floor")
 
 
+def step_anatomy(rows: list[dict], anatomy: dict | None, name: str) -> Figure:
+    """Where the step goes: measured step time vs context beside the KV, weight and whole-step floors, and
+    the anatomy's fit (fixed + marginal x ctx) when there is one."""
+    fig, axs = _new()
+    ax = axs[0][0]
+    rows = sorted(rows, key=lambda r: r["ctx"])
+    xs = [r["ctx"] for r in rows]
+    for key, style, label in (("total_floor_ms", "k--", "whole-step floor"), ("kv_floor_ms", "C0:", "KV floor"),
+                              ("weight_floor_ms", "C2:", "weight floor")):
+        if all(r.get(key) for r in rows):
+            ax.plot(xs, [r[key] for r in rows], style, lw=2, label=label)
+    meas = [r for r in rows if r.get("step_ms")]
+    if meas:
+        ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], "C3", marker="s", label="measured step")
+    if anatomy:
+        fit = [anatomy["fixed_ms"] + anatomy["ms_per_1k"] * x / 1024 for x in xs]
+        ax.plot(xs, fit, "C1-.", label=f"fit: {anatomy['fixed_ms']:.3g} ms + {anatomy['ms_per_1k']:.3g} ms per 1k")
+    return _log_ctx_figure(fig, ax, "step (ms)", "Where the step goes: measured vs floors", name,
+                           "Measured step time vs context beside the KV, weight and whole-step floors")
+
+
 def floor_bandwidth(rows: list[dict], bw_Bps: float | None, name: str) -> Figure:
     fig, axs = _new()
     ax = axs[0][0]

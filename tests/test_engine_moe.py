@@ -1,0 +1,107 @@
+"""The engine's mixture of experts: the grouped-GEMM and batched paths and the fp32 reference all equal
+a per-token loop over each row's top-k experts; the k2 preset carries Kimi's MoE at one GPU's share; a
+small k2 with MoE decodes speculatively exactly as plain greedy; tiny stays dense."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ddprobe.engine import Engine, ModelConfig
+from ddprobe.engine import weights as shipped
+from ddprobe.engine.layers import init_random
+from ddprobe.engine.moe import MoE, Experts, experts_batched, experts_grouped, grouped_mm_works, route
+from ddprobe.step_shape import KIMI_K2_MOE
+
+
+def make_moe(n=5, dim=32, inter=48, k=3, shared=16, seed=0, dtype=torch.float64) -> MoE:
+    m = MoE(dim, Experts(n, dim, inter), k, shared, routed_scaling=2.5)
+    init_random(m, seed)
+    return m.to(dtype)
+
+
+def per_token_loop(m: MoE, x: torch.Tensor) -> torch.Tensor:
+    """Row by row, expert by expert, in float64: shared(x) + sum_k w_k SwiGLU_k(x)."""
+    ids, w = route(m.gate, x, m.top_k, m.routed_scaling)
+    e, out = m.experts, []
+    for r in range(x.shape[0]):
+        xr = x[r].double()
+        acc = torch.zeros(x.shape[1], dtype=torch.float64)
+        for j in range(m.top_k):
+            w13, w2 = e.w13[ids[r, j]].double(), e.w2[ids[r, j]].double()
+            gu = w13 @ xr
+            acc += w[r, j].double() * (w2 @ (F.silu(gu[:e.inter]) * gu[e.inter:]))
+        if m.shared is not None:
+            s = m.shared
+            acc += s.down_proj.weight.double() @ (F.silu(s.gate_proj.weight.double() @ xr)
+                                                  * (s.up_proj.weight.double() @ xr))
+        out.append(acc)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("n,k,rows,shared", [(5, 3, 9, 16), (8, 8, 9, 0), (6, 1, 1, 16), (48, 8, 9, 16)])
+def test_paths_equal_a_per_token_loop(n, k, rows, shared):
+    m = make_moe(n=n, k=k, shared=shared, seed=n + k, dtype=torch.float32)
+    x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows + n))
+    want = per_token_loop(m, x)
+    ids, w = route(m.gate, x, m.top_k, m.routed_scaling)
+    assert ids.shape == (rows, k) and torch.allclose(w.sum(-1), torch.full((rows,), 2.5))
+    tol = 1e-5 * want.abs().max()
+    assert (m.reference(x).double() - want).abs().max() < tol  # the fp32 reference
+    base = m.shared(x) if m.shared is not None else 0
+    assert (experts_batched(m.experts, x, ids, w) + base - want).abs().max() < tol
+    assert grouped_mm_works(x.device, torch.float32)  # torch._grouped_mm runs on the CPU in torch >= 2.8
+    assert (experts_grouped(m.experts, x, ids, w) + base - want).abs().max() < tol
+    m.experts.grouped = True
+    assert (m(x).double() - want).abs().max() < tol
+    m.experts.grouped = False
+    assert (m(x).double() - want).abs().max() < tol
+
+
+def test_bf16_grouped_path_near_the_fp32_reference():
+    m = make_moe(n=12, k=4, dim=64, inter=64, seed=3, dtype=torch.bfloat16)
+    x = torch.randn(9, 64, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    assert m.experts.grouped == grouped_mm_works(x.device, torch.bfloat16)  # chosen when the weights moved
+    ref = m.reference(x)
+    err = (m(x).float() - ref).abs().max() / ref.abs().max()
+    assert err < 3e-2, err  # bf16 activations and weights against fp32 arithmetic on the same bf16 weights
+
+
+def test_leading_dims_and_determinism():
+    m = make_moe(dtype=torch.float32)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(2))
+    y = m(x)
+    assert y.shape == x.shape and torch.equal(y, m(x))
+    assert torch.allclose(y.reshape(14, 32), m(x.reshape(14, 32)))
+
+
+def test_top_k_above_the_experts_is_refused():
+    with pytest.raises(ValueError, match="top-k 9 is not within the 8 local experts"):
+        MoE(32, Experts(8, 32, 16), 9)
+
+
+def test_k2_preset_has_kimis_moe_at_one_gpus_share():
+    t = ModelConfig.from_name("k2").target
+    assert (t.n_experts, t.experts_per_tok, t.moe_intermediate_size) == (384 // 8, 8, 2048)
+    assert (t.shared_intermediate_size, t.first_dense_layers, t.intermediate_size) == (256, 1, 18432 // 8)
+    assert KIMI_K2_MOE.n_routed_experts == 384 and t.moe_shared_bank
+
+
+def test_small_k2_with_moe_decodes_like_greedy():
+    cfg = ModelConfig.from_name("k2", heads=8, num_layers=3, vocab_size=512, feature_layers=(0, 2), max_ctx=128,
+                                n_experts=6, experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64,
+                                shared_intermediate_size=16, moe_shared_bank=False)
+    eng = Engine(cfg, budget=8, dtype=torch.float64, poison=True)
+    layers = eng.target.layers
+    assert not isinstance(layers[0].mlp, MoE) and isinstance(layers[1].mlp, MoE) and isinstance(layers[2].mlp, MoE)
+    assert layers[1].mlp.experts is not layers[2].mlp.experts  # a bank per layer unless moe_shared_bank
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert eng.generate(prompt, 12).tokens == eng.greedy_reference(prompt, 12)
+
+
+def test_tiny_stays_dense_and_its_weights_still_load():
+    cfg = ModelConfig.from_name("tiny")
+    assert cfg.target.n_experts == 0
+    assert shipped.config_mismatch("tiny", cfg) is None
+    assert "n_experts" in shipped.config_mismatch("tiny", cfg.with_overrides(n_experts=4, experts_per_tok=2,
+                                                                             moe_intermediate_size=16))
