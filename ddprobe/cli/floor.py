@@ -10,9 +10,9 @@ from rich import box
 from rich.table import Table
 
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_tokens, parse_bandwidth, \
-    parse_time_list, parse_token_list
+    parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
-from .options import errors_exit_1, out
+from .options import checked, errors_exit_1, out, output_file
 
 
 @app.command()
@@ -23,25 +23,30 @@ def floor(
     config: Annotated[Optional[Path], typer.Option("--config", help="Hugging Face config.json instead of a preset "
                                                                     "(MLA or GQA).")] = None,
     ctx: Annotated[str, typer.Option("--ctx", help="Context length(s), k = 1024: 128k or 1k,16k,64k,128k.")] = "128k",
-    queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1).")] = 9,
+    queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1).",
+                                         callback=checked(parse_rows))] = 9,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (MLA keeps the whole latent cache on "
                                                  "each; heads are split).")] = 1,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for bandwidth and tensor rate "
                                                              "(default h200 unless --bw).")] = None,
     bw: Annotated[Optional[str], typer.Option("--bw", help="Memory bandwidth instead of a preset, e.g. 1.8TB/s "
-                                                           "(a measured ceiling beats a datasheet).")] = None,
+                                                           "(a measured ceiling beats a datasheet).",
+                                                      callback=checked(parse_bandwidth))] = None,
     tflops: Annotated[Optional[float], typer.Option("--tflops", help="Dense bf16 tensor rate in TFLOP/s "
-                                                                     "(default: the GPU preset's).")] = None,
+                                                                     "(default: the GPU preset's).",
+                                                            callback=checked(parse_tflops))] = None,
     step_ms: Annotated[Optional[str], typer.Option("--step-ms", help="Measured step time(s): one for all "
                                                                      "contexts or one per context; bare numbers "
-                                                                     "are ms (714 or 714ms,1.43s).")] = None,
+                                                                     "are ms (714 or 714ms,1.43s).",
+                                                            callback=checked(parse_step_times))] = None,
     include_weights: Annotated[bool, typer.Option("--include-weights", help="Add the active weights to the "
                                                                             "bytes read per step.")] = False,
     weight_dtype: Annotated[str, typer.Option("--weight-dtype", help="Bytes per weight for --include-weights: "
                                                                      "bf16, fp8, int8, int4, fp4.")] = "bf16",
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: bf16, fp16, fp8, fp32.")] = "bf16",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
-    save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).")] = None,
+    save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
+                                                 callback=output_file)] = None,
 ):
     """Bandwidth floor of a verify step: bytes read, floor time, and the gap to a measured step."""
     from ..probes.floor import FloorInput, floor_table

@@ -96,28 +96,34 @@ def checked(parse):
     return callback
 
 
-def within(lo: float, hi: float, what: str = "value"):
+def within(lo: float, hi: float, unit: str = ""):
     """A check for ``checked``: a number in [lo, hi] (NaN and infinities refused)."""
 
     def check(v) -> None:
         if not (v == v and lo <= v <= hi):
-            raise DDProbeError(f"{what} {v} is outside {lo:g}..{hi:g}")
+            raise DDProbeError(f"must be in {lo:g}..{hi:g}{unit}, got {v}" if isinstance(lo, float) else
+                               f"must be in {lo}..{hi}{unit}, got {v}")
 
     return check
 
 
-def typed_flags(names) -> list[str]:
+def typed_flags(ctx: typer.Context, names) -> list[str]:
     """The options among parameter ``names`` the user gave on the command line (or in the environment)."""
-    import click
-    from click.core import ParameterSource
+    return [p.opts[0] for p in ctx.command.params if p.name in names and
+            getattr(ctx.get_parameter_source(p.name), "name", "") in ("COMMANDLINE", "ENVIRONMENT")]
 
-    ctx = click.get_current_context()
-    flags = []
-    for p in ctx.command.params:
-        if p.name in names and ctx.get_parameter_source(p.name) in (ParameterSource.COMMANDLINE,
-                                                                      ParameterSource.ENVIRONMENT):
-            flags.append(p.opts[0])
-    return flags
+
+def output_file(ctx: typer.Context, param: typer.CallbackParam, value):
+    """A Typer option callback for a file the command writes (``outputs.check_file``), checked as the options
+    are parsed: before anything is computed or measured."""
+    from .outputs import check_file
+
+    if value is not None and not ctx.resilient_parsing:
+        try:
+            check_file(param.opts[0], value)
+        except DDProbeError as e:
+            fail(str(e))
+    return value
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -126,7 +132,7 @@ BackendOpt = Annotated[str, typer.Option("--backend", help="engine (in-process),
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm, e.g. "
                                                              "http://127.0.0.1:30000.")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.",
-                                           callback=checked(within(1e-3, MAX_TIMEOUT_S, "seconds")))]
+                                           callback=checked(within(1e-3, MAX_TIMEOUT_S, " s")))]
 
 _PANEL = "Engine backend"
 MAX_SEED = 2**64 - 1  # torch's generators take 64-bit seeds
@@ -134,18 +140,18 @@ _ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
     "preset": (str, "--preset", "Engine preset: tiny or k2."),
     "attn": (str, "--attn", f"Verify-attention path: {', '.join(VERIFY_PATHS)}."),
     "budget": (int, "--budget", f"Draft-tree nodes (verify rows = budget + 1), 1..{MAX_BUDGET}.",
-               checked(within(1, MAX_BUDGET, "budget"))),
+               checked(within(1, MAX_BUDGET))),
     "device": (str, "--device", "auto (cuda when a GPU is visible, else cpu), cpu or cuda."),
     "dtype": (str, "--dtype", "auto (bf16 on cuda, fp32 on cpu), fp32, bf16, fp16."),
     "heads": (Optional[int], "--heads", "Attention heads (k2: 8 = one tensor-parallel shard, 64 = all)."),
     "weights": (str, "--weights", "auto (the preset's trained weights when shipped: tiny), trained, or random "
                                   "(from --seed)."),
-    "seed": (int, "--seed", "Weights seed (engine) and text seed.", checked(within(0, MAX_SEED, "seed"))),
+    "seed": (int, "--seed", "Weights seed (engine) and text seed.", checked(within(0, MAX_SEED))),
     "graphs": (Optional[bool], "--graphs/--no-graphs", "Replay decode steps as CUDA graphs (default: on for cuda, "
                                                        "off on cpu; cuda only)."),
     "threads": (Optional[int], "--threads", "CPU threads of torch (default: the cores this process may use less "
                                             "the busy ones; OMP_NUM_THREADS when set).",
-                checked(within(1, 4096, "threads"))),
+                checked(within(1, 4096))),
 }
 
 
