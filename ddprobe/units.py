@@ -35,12 +35,33 @@ def _split(text: str, what: str) -> tuple[float, str]:
     m = re.fullmatch(_NUM + r"\s*([a-zA-Zµ/]*)", s)
     if not m:
         raise UnitError(f"bad {what} {text!r}: expected a number with an optional unit")
-    return float(m.group(1)), m.group(2).lower()
+    value = float(m.group(1))
+    if not math.isfinite(value):  # 1e400 reads as inf
+        raise UnitError(f"bad {what} {text!r}: too large")
+    return value, m.group(2).lower()
 
 
 def _positive(value: float, text: str, what: str) -> None:
     if not math.isfinite(value) or value <= 0:
         raise UnitError(f"bad {what} {text!r}: must be greater than zero")
+
+
+# Physical inputs, base units: (lowest, highest) accepted, wide enough for any real machine and narrow enough
+# that a typo (1e-300, 1e9 rows) is refused rather than printed as a 0 ms floor or an "inf TB/s".
+RANGES = {  # what: (lowest, highest, how the range is said)
+    "bandwidth": (1e6, 1e15, "1 MB/s and 1 PB/s (1000 TB/s)"),
+    "FLOP rate": (1e9, 1e17, "0.001 and 100000 TFLOP/s"),
+    "step time": (1e-6, 3600.0, "1 us and 1 h"),
+    "query rows": (1, 65536, "1 and 65536"),  # verify rows per step (budget + 1)
+}
+
+
+def in_range(value: float, what: str, text) -> float:
+    """``value`` when it lies in ``RANGES[what]``, else UnitError naming the range."""
+    lo, hi, said = RANGES[what]
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise UnitError(f"bad {what} {text!r}: must be between {said}")
+    return value
 
 
 def parse_tokens(text: str | int) -> int:
@@ -107,7 +128,7 @@ def parse_bandwidth(text: str | float) -> float:
     if not unit.endswith("/s") or unit[:-2] not in _BYTE_UNITS:
         raise UnitError(f"bad bandwidth {text!r}: unit must be one of TB/s, GB/s, MB/s, TiB/s, GiB/s")
     _positive(value, str(text), "bandwidth")
-    return value * _BYTE_UNITS[unit[:-2]]
+    return in_range(value * _BYTE_UNITS[unit[:-2]], "bandwidth", text)
 
 
 def parse_time(text: str | float, default_unit: str = "s") -> float:
@@ -123,6 +144,29 @@ def parse_time(text: str | float, default_unit: str = "s") -> float:
 def parse_time_list(text: str, default_unit: str = "s") -> list[float]:
     """'159ms,714ms,1.43s' -> [0.159, 0.714, 1.43] (seconds)."""
     return _parse_list(text, lambda p: parse_time(p, default_unit), "time")
+
+
+def parse_step_times(text: str) -> list[float]:
+    """Measured step times, bare numbers in ms ('714,1.43s' -> [0.714, 1.43] s), each in ``RANGES``."""
+    return _parse_list(text, lambda p: in_range(parse_time(p, "ms"), "step time", p), "time")
+
+
+def parse_tflops(value: str | float) -> float:
+    """A dense tensor rate in TFLOP/s (a number) -> FLOP/s, in ``RANGES``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise UnitError(f"bad FLOP rate {value!r}: expected a number of TFLOP/s") from None
+    return in_range(v * 1e12, "FLOP rate", value)
+
+
+def parse_rows(value: int | str) -> int:
+    """Verify rows per step, in ``RANGES``."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise UnitError(f"bad query rows {value!r}: expected a whole number") from None
+    return int(in_range(v, "query rows", value))
 
 
 # ---- formatting -------------------------------------------------------------

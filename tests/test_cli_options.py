@@ -8,7 +8,8 @@ from ddprobe.cli import app
 from ddprobe.cli.options import EngineOptions, engine_options, kv_capacity
 from ddprobe.probes.commit import CONTEXT_SLACK
 
-ENGINE_FLAGS = ["--preset", "--attn", "--budget", "--device", "--dtype", "--heads", "--weights", "--seed", "--graphs"]
+ENGINE_FLAGS = ["--preset", "--attn", "--budget", "--device", "--dtype", "--heads", "--weights", "--seed", "--graphs",
+                "--threads"]
 
 
 @pytest.mark.parametrize("command", ["commit", "serve", "gpu-util", "diagnose"])
@@ -32,7 +33,7 @@ def test_defaults_per_command_and_round_trip():
     assert r.exit_code == 0, r.output
     assert seen["eng"] == EngineOptions(preset="k2", heads=8)
     want = EngineOptions(preset="tiny", attn="split", budget=4, device="cpu", dtype="fp16", heads=2,
-                         weights="random", seed=3, graphs=False)
+                         weights="random", seed=3, graphs=False, threads=1)
     r = CliRunner().invoke(probe, ["--n", "5", *want.args()])  # what a child process is handed
     assert r.exit_code == 0, r.output
     assert seen["eng"] == want and seen["n"] == 5
@@ -47,7 +48,8 @@ def test_auto_resolves_to_cpu_without_a_gpu():
         pytest.skip("this machine has a GPU: auto picks cuda")
     r = EngineOptions().resolved()
     assert (r.device, r.dtype) == ("cpu", "fp32")
-    assert EngineOptions().chosen() == "device cpu, dtype fp32 (auto)"
+    assert EngineOptions().chosen() == "device cpu (auto), dtype fp32 (auto)"
+    assert EngineOptions(dtype="fp16").chosen() == "device cpu (auto), dtype fp16"  # typed: no "(auto)"
     assert EngineOptions(device="cuda", dtype="bf16").chosen() is None
     assert EngineOptions(device="cuda").resolved().dtype == "bf16"
 

@@ -243,7 +243,7 @@ def test_cli_commit_engine_and_errors(tmp_path):
                       (["--ctx", "512k"], "context 512k (524,288 tokens) + 128 new tokens is beyond the 270,336 "
                                           "tokens"),
                       (["--text", "poetry"], "unknown text kind 'poetry'"),
-                      (["--budget", "0", "--ctx", "200"], "budget must be >= 1"),
+                      (["--budget", "0", "--ctx", "200"], "--budget: must be in 1..1024, got 0"),
                       (["--backend", "vllm"], "needs --url"),
                       (["--backend", "sglang", "--url", f"http://127.0.0.1:{free_port()}"], "connection refused")]:
         r = runner.invoke(app, ["commit", *args, "--json", str(tmp_path / "x.json")])

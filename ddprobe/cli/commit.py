@@ -14,6 +14,7 @@ from rich.table import Table
 from ..probes.estimate import fmt_duration
 from ..units import fmt_tokens, parse_token_list
 from .app import app
+from .outputs import check_outputs
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, warm_up
 
@@ -24,7 +25,7 @@ _COLUMNS = [
     ("ctx", "ctx", lambda r: fmt_tokens(r["ctx"])),
     ("prompt", None, lambda r: str(r["prompt_tokens"])),
     ("reused", None, lambda r: num_or_dash(r.get("reused_tokens"), "d")),  # prompt tokens from the kept prefix
-    ("commit len", "commit", lambda r: f"{r['commit_len']:.2f}"),
+    ("commit len", "commit", lambda r: f"{r['commit_len']:.2f}" + (" !" if r.get("suspect") else "")),
     ("p10-p90", "p10-90", lambda r: "-" if r["commit_len_p10"] is None
         else f"{r['commit_len_p10']:.0f}-{r['commit_len_p90']:.0f}"),
     ("accepted", None, lambda r: f"{r['accepted_depth']:.2f}"),  # = commit len - 1: dropped when narrow
@@ -42,16 +43,19 @@ WIDE_COLUMNS = 116  # the wide table's width: below it, the narrow one (80 colum
 def commit_table(title: str, narrow: bool) -> tuple[Table, callable]:
     """The commit table and a function adding one row to it; ``narrow`` fits an 80-column terminal."""
     cols = [(n if not narrow else short, cell) for n, short, cell in _COLUMNS if not (narrow and short is None)]
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=narrow)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=narrow,
+                  show_edge=False)  # no blank last line
     for name, _ in cols:
         table.add_column(name, justify="left" if name == "text" else "right", no_wrap=True)
     return table, lambda row: table.add_row(*[cell(row) for _, cell in cols])
 
 
 def announce(eng: EngineOptions, be) -> None:
-    """Say what ``auto`` chose and any note the backend has (random weights...)."""
-    if be.name == "engine" and eng.chosen():
-        err.print(f"engine: {eng.chosen()}", highlight=False)
+    """Say what ``auto`` chose (device, dtype, CPU threads) and any note the backend has (random weights...)."""
+    threads = getattr(be, "threads", None) if be.name == "engine" else None
+    said = [s for s in (eng.chosen() if be.name == "engine" else None, threads.line() if threads else None) if s]
+    if said:
+        err.print(f"engine: {', '.join(said)}", highlight=False)
     if getattr(be, "note", None):
         err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
 
@@ -75,17 +79,19 @@ def commit(
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
     from ..probes import make_backend
     from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe
+    from ..probes.sanity import suspect_notes
     from ..results import Result, ResultWriter, RunMeta
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
     kinds = text_kinds(text)
+    path = results_path(json_path, "commit")
+    check_outputs({"--json": path, "--csv": csv_path})  # before anything is built or measured
     be = make_backend(backend, url, timeout,
                       engine_factory=lambda: eng.backend(eng.capacity(max(ctxs), max_new_tokens)))
     check_contexts(be, ctxs, max_new_tokens, kinds, eng.seed)  # before any file is written
     announce(eng, be)
     warm = warm_up(be, None)  # outside every measured cell, for the largest request
     est = say_estimate(be, cell_order(ctxs, kinds), max_new_tokens, eng.seed)  # after the warm-up, before cells
-    path = results_path(json_path, "commit")
     config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": eng.seed, **be.describe(),
               **({"warmup": warm} if warm else {}), **({"estimate": est.to_dict()} if est else {})}
     writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(), config=config), path, csv_path)
@@ -102,6 +108,8 @@ def commit(
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
     for line in loop_notes(rows):
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
+    for line in suspect_notes(rows):
+        err.print(f"[bold red]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def say_estimate(be, order, max_new_tokens: int, seed: int):
@@ -116,17 +124,39 @@ def say_estimate(be, order, max_new_tokens: int, seed: int):
     return est
 
 
+class _Printed:
+    """Stands in for the live region when stdout is not a terminal: the table is printed once, at the end
+    (each line with its newline), followed by the lines printed meanwhile (``console.print``)."""
+
+    def __init__(self, table):
+        self.table, self.console, self.lines = table, self, []
+
+    def print(self, *args, **kwargs):
+        self.lines.append((args, kwargs))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        out.print(self.table)
+        for args, kwargs in self.lines:
+            out.print(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def measured(table, n_cells: int, est):
     """The live results table on stdout and the cells' progress (``progress.CellDisplay``) on stderr; when
-    both are one terminal the bars share the table's live region (and leave it at the end)."""
+    both are one terminal the bars share the table's live region (and leave it at the end). A stdout that is
+    not a terminal (a pipe, a file) gets the table once, when the cells are done (or interrupted)."""
     from rich.live import Live
 
     from .progress import CellDisplay
 
     out_tty, err_tty = out.is_terminal, err.is_terminal  # read before the live region redirects stderr
     fit = est.calibration.prefill if est is not None and est.calibration is not None else None
-    with Live(table, console=out, refresh_per_second=4, transient=False, redirect_stderr=err_tty) as live:
+    region = Live(table, console=out, refresh_per_second=4, transient=False, redirect_stderr=err_tty) if out_tty \
+        else _Printed(table)
+    with region as live:
         display = CellDisplay(err, n_cells, fit, embed_in=live if out_tty and err_tty else None, live=err_tty,
                               estimate=None if est is None else f"about {fmt_duration(est.total_s)}")
         display.started_at = time.perf_counter()

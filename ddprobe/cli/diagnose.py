@@ -11,6 +11,7 @@ from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
 from ..probes.estimate import fmt_duration
 from .commit import announce
+from .outputs import check_folder
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, warm_up
@@ -52,12 +53,13 @@ def diagnose(
     bw_Bps = parse_bandwidth(bw) if bw else None
     if decode_tokens < 2:
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
+    folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    check_folder("--out-dir", folder)  # before anything is built or measured
     be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(
         eng.capacity(max(ctxs), max(max_new_tokens, decode_tokens))))
     check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))  # the longer of its two requests
     announce(eng, be)
     warm_up(be, None)  # outside every measured step, for the largest request
-    folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
                            bw_Bps=bw_Bps, model=model, seed=eng.seed)
     report_path = folder / "report.html"

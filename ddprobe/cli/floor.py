@@ -11,9 +11,9 @@ from rich import box
 from rich.table import Table
 
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth, \
-    parse_time_list, parse_token_list
+    parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
-from .options import errors_exit_1, out
+from .options import checked, errors_exit_1, out, output_file
 
 
 def _ms(v: Optional[float]) -> str:
@@ -28,7 +28,8 @@ def floor(
     config: Annotated[Optional[Path], typer.Option("--config", help="Hugging Face config.json instead of a preset "
                                                                     "(MLA or GQA, MoE or dense).")] = None,
     ctx: Annotated[str, typer.Option("--ctx", help="Context length(s), k = 1024: 128k or 1k,16k,64k,128k.")] = "128k",
-    queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1).")] = 9,
+    queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1).",
+                                         callback=checked(parse_rows))] = 9,
     tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (MLA keeps the whole latent cache on "
                                                  "each; heads are split).")] = 1,
     ep: Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs (divides --tp and the routed experts): "
@@ -36,12 +37,15 @@ def floor(
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for bandwidth and tensor rate "
                                                              "(default h200 unless --bw).")] = None,
     bw: Annotated[Optional[str], typer.Option("--bw", help="Memory bandwidth instead of a preset, e.g. 1.8TB/s "
-                                                           "(a measured ceiling beats a datasheet).")] = None,
+                                                           "(a measured ceiling beats a datasheet).",
+                                                      callback=checked(parse_bandwidth))] = None,
     tflops: Annotated[Optional[float], typer.Option("--tflops", help="Dense bf16 tensor rate in TFLOP/s "
-                                                                     "(default: the GPU preset's).")] = None,
+                                                                     "(default: the GPU preset's).",
+                                                            callback=checked(parse_tflops))] = None,
     step_ms: Annotated[Optional[str], typer.Option("--step-ms", help="Measured step time(s): one for all "
                                                                      "contexts or one per context; bare numbers "
-                                                                     "are ms (714 or 714ms,1.43s).")] = None,
+                                                                     "are ms (714 or 714ms,1.43s).",
+                                                             callback=checked(parse_step_times))] = None,
     steps_from: Annotated[Optional[Path], typer.Option("--steps-from", help="Take contexts and step times from a "
                                                                             "results file (commit cells, gpu-util)."
                                                        )] = None,
@@ -53,7 +57,8 @@ def floor(
                                                         )] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: bf16, fp16, fp8, fp32.")] = "bf16",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
-    save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).")] = None,
+    save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
+                                                 callback=output_file)] = None,
 ):
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute) and the step's anatomy."""
     from ..probes.anatomy import fit_anatomy

@@ -15,9 +15,14 @@ from .app import app
 from .gpu_source import print_fleet
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
-    num_or_dash, out, results_path, text_kinds
+    num_or_dash, out, results_path, text_kinds, typed_flags
+from .outputs import check_outputs
 
 SIGNALS = [(k, LABELS[k]) for k in COLUMNS]  # the table's columns, from the signals table
+# every option but the files: what a --replay does not use
+REPLAY_IGNORES = {"prompt_len", "decode_tokens", "period", "text", "backend", "url", "timeout", "deep", "warmup",
+                  "preset", "attn", "budget", "device", "dtype", "heads", "weights", "seed", "graphs", "threads",
+                  "source", "prom_url", "match", "exporter_url"}
 DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
 
 
@@ -55,7 +60,7 @@ def gpu_util(
                                                                      "ddprobe-results/gpu-util-<time>.json).")]
     = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the timeline as CSV.")] = None,
-    *, eng: EngineOptions,
+    *, ctx: typer.Context, eng: EngineOptions,
 ):
     """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
     import tempfile
@@ -69,7 +74,12 @@ def gpu_util(
     from ..units import parse_time, parse_tokens
 
     path = results_path(json_path, "gpu-util")
+    check_outputs({"--json": path, "--csv": csv_path})  # before anything is sampled
     if replay is not None:
+        ignored = typed_flags(ctx, REPLAY_IGNORES)
+        if ignored:
+            raise DDProbeError(f"--replay re-analyses a saved file: {', '.join(ignored)} would be ignored (drop "
+                               f"{'it' if len(ignored) == 1 else 'them'}, or measure without --replay)")
         res = replay_result(Result.load(replay))
         ResultWriter(res, path, csv_path)
     else:

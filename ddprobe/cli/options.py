@@ -19,6 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..probes.engine_backend import MAX_BUDGET
+from ..shapes import VERIFY_PATHS
 from ..units import DDProbeError
 
 # Piped output (CI logs, files) gets a wide page instead of rich's default 80 columns, unless COLUMNS says.
@@ -72,25 +74,84 @@ def text_kinds(text: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
+def fail(message: str, code: int = 1):
+    """One line on stderr and exit ``code`` (for checks that run while the options are parsed)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def checked(parse):
+    """A Typer option callback: ``parse(value)`` must accept the value (its ``DDProbeError`` becomes one line
+    naming the option, exit 1); the option keeps the value as typed."""
+
+    def callback(ctx: typer.Context, param: typer.CallbackParam, value):
+        if value is None or ctx.resilient_parsing:
+            return value
+        try:
+            parse(value)
+        except DDProbeError as e:
+            fail(f"{param.opts[0]}: {e}")
+        return value
+
+    return callback
+
+
+def within(lo: float, hi: float, unit: str = ""):
+    """A check for ``checked``: a number in [lo, hi] (NaN and infinities refused)."""
+
+    def check(v) -> None:
+        if not (v == v and lo <= v <= hi):
+            raise DDProbeError(f"must be in {lo:g}..{hi:g}{unit}, got {v}" if isinstance(lo, float) else
+                               f"must be in {lo}..{hi}{unit}, got {v}")
+
+    return check
+
+
+def typed_flags(ctx: typer.Context, names) -> list[str]:
+    """The options among parameter ``names`` the user gave on the command line (or in the environment)."""
+    return [p.opts[0] for p in ctx.command.params if p.name in names and
+            getattr(ctx.get_parameter_source(p.name), "name", "") in ("COMMANDLINE", "ENVIRONMENT")]
+
+
+def output_file(ctx: typer.Context, param: typer.CallbackParam, value):
+    """A Typer option callback for a file the command writes (``outputs.check_file``), checked as the options
+    are parsed: before anything is computed or measured."""
+    from .outputs import check_file
+
+    if value is not None and not ctx.resilient_parsing:
+        try:
+            check_file(param.opts[0], value)
+        except DDProbeError as e:
+            fail(str(e))
+    return value
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 BackendOpt = Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
                                                            "this host).")]
 UrlOpt = Annotated[Optional[str], typer.Option("--url", help="Server URL for sglang/vllm, e.g. "
                                                              "http://127.0.0.1:30000.")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for one HTTP answer.",
+                                           callback=checked(within(1e-3, MAX_TIMEOUT_S, " s")))]
 
 _PANEL = "Engine backend"
-_ENGINE_OPTS = {  # field -> (annotation, flag, help)
+MAX_SEED = 2**64 - 1  # torch's generators take 64-bit seeds
+_ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
     "preset": (str, "--preset", "Engine preset: tiny or k2."),
-    "attn": (str, "--attn", "Verify-attention path: reference, paged, split."),
-    "budget": (int, "--budget", "Draft-tree nodes (verify rows = budget + 1)."),
+    "attn": (str, "--attn", f"Verify-attention path: {', '.join(VERIFY_PATHS)}."),
+    "budget": (int, "--budget", f"Draft-tree nodes (verify rows = budget + 1), 1..{MAX_BUDGET}.",
+               checked(within(1, MAX_BUDGET))),
     "device": (str, "--device", "auto (cuda when a GPU is visible, else cpu), cpu or cuda."),
     "dtype": (str, "--dtype", "auto (bf16 on cuda, fp32 on cpu), fp32, bf16, fp16."),
     "heads": (Optional[int], "--heads", "Attention heads (k2: 8 = one tensor-parallel shard, 64 = all)."),
     "weights": (str, "--weights", "auto (the preset's trained weights when shipped: tiny), trained, or random "
                                   "(from --seed)."),
-    "seed": (int, "--seed", "Weights seed (engine) and text seed."),
+    "seed": (int, "--seed", "Weights seed (engine) and text seed.", checked(within(0, MAX_SEED))),
     "graphs": (Optional[bool], "--graphs/--no-graphs", "Replay decode steps as CUDA graphs (default: on for cuda, "
-                                                       "off on cpu)."),
+                                                       "off on cpu; cuda only)."),
+    "threads": (Optional[int], "--threads", "CPU threads of torch (default: the cores this process may use less "
+                                            "the busy ones; OMP_NUM_THREADS when set).",
+                checked(within(1, 4096))),
 }
 
 
@@ -107,6 +168,7 @@ class EngineOptions:
     weights: str = "auto"
     seed: int = 0
     graphs: Optional[bool] = None
+    threads: Optional[int] = None
 
     def resolved(self) -> "EngineOptions":
         """``auto`` device and dtype made concrete: cuda when torch sees a GPU, else cpu; bf16 on cuda, fp32 on cpu."""
@@ -124,14 +186,16 @@ class EngineOptions:
         if self.device != "auto" and self.dtype != "auto":
             return None
         r = self.resolved()
-        return f"device {r.device}, dtype {r.dtype} (auto)"
+        return ", ".join(f"{what} {v}" + (" (auto)" if typed == "auto" else "")
+                         for what, v, typed in (("device", r.device, self.device), ("dtype", r.dtype, self.dtype)))
 
     def backend(self, max_ctx: Optional[int]):
         from ..probes.engine_backend import EngineBackend
 
         r = self.resolved()
         return EngineBackend(preset=r.preset, attn=r.attn, budget=r.budget, device=r.device, dtype=r.dtype,
-                             seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights, graphs=r.graphs)
+                             seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights, graphs=r.graphs,
+                             threads=r.threads)
 
     def position_limit(self) -> int:
         """Longest context the preset's weights reach (its RoPE/YaRN range), known before anything is built."""
@@ -170,8 +234,9 @@ def engine_options(**defaults):
     def deco(fn):
         sig = inspect.signature(fn, eval_str=True)
         params = [p for p in sig.parameters.values() if p.name != "eng"]
-        for name, (typ, flag, help_) in _ENGINE_OPTS.items():
-            ann = Annotated[typ, typer.Option(flag, help=help_, rich_help_panel=_PANEL)]
+        for name, (typ, flag, help_, *callback) in _ENGINE_OPTS.items():
+            ann = Annotated[typ, typer.Option(flag, help=help_, rich_help_panel=_PANEL,
+                                              callback=callback[0] if callback else None)]
             params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name),
                                             annotation=ann))
 

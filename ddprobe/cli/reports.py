@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
-from .options import err, errors_exit_1, out
+from .options import err, errors_exit_1, out, output_file
 
 
 @app.command()
@@ -21,7 +21,8 @@ def report(
     results: Annotated[list[Path], typer.Argument(help="Results files (JSON from any probe or benchmark); a folder "
                                                        "means every *.json in it.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Report file: .html (one self-contained file) or .md "
-                                                               "(images in <name>_files/ beside it).")]
+                                                               "(images in <name>_files/ beside it).",
+                                                   callback=output_file)]
     = Path("report.html"),
 ):
     """Write one report (summary, tables, plots) from results files."""

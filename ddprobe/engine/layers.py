@@ -14,8 +14,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
-        var = x.pow(2).mean(-1, keepdim=True)
-        return x * torch.rsqrt(var + self.eps) * self.weight
+        # fp16 ends at 65504: the square of a residual value above 256 is inf there, and the row's norm
+        # would be 0 (the tiny preset's residual reaches thousands). Its variance is taken in fp32;
+        # the other dtypes (fp32's range) keep their own.
+        xv = x.float() if x.dtype == torch.float16 else x
+        var = xv.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + self.eps).to(x.dtype) * self.weight
 
 
 class SwiGLU(nn.Module):

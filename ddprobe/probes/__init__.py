@@ -21,6 +21,8 @@ def make_backend(kind: str, url: str | None = None, timeout_s: float = 600.0,
                  engine_factory: Callable[[], Backend] | None = None) -> Backend:
     """Backend by name: ``engine`` (needs ``engine_factory``), ``sglang`` or ``vllm`` (need ``url``)."""
     if kind == "engine":
+        if url:
+            raise BackendError("--url is for --backend sglang or vllm: the engine backend runs in this process")
         if engine_factory is None:
             raise BackendError("the engine backend needs an engine")
         return engine_factory()

@@ -31,6 +31,7 @@ from ..results import ResultWriter
 from ..units import DDProbeError, fmt_tokens
 from .. import texts
 from .backends import Backend, GenStats
+from .sanity import suspect
 
 
 DEFINITIONS = {
@@ -41,6 +42,8 @@ DEFINITIONS = {
     "output_repeats": "share of the output's tokens that continue a 5-token span already seen earlier in the output "
                       "(0: no repeats, 1: a loop); on novel text, high together with a high commit length means the "
                       "target is likely looping and commit length measures the loop",
+    "suspect": "why the cell's numbers cannot be trusted (its output is one token repeated, or the target's logits "
+               "are not finite or all equal), else null",
     "recall_copied_words": "recall text: how many words the output begins with that equal the passage after its cue (the "
                            "target itself recalling it); a high commit length with few copied words is a drafter "
                            "agreeing with something else the target wrote",
@@ -263,6 +266,8 @@ def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_ne
                 row = cell_row(kind, ctx, max_new_tokens, stats, backend.name)
                 copied = recall_copied(backend, stats, seed, max_new_tokens) if kind == "recall" else None
                 row["recall_copied_words"] = copied[0] if copied else None
+                check = getattr(backend, "logits_problem", None)
+                row["suspect"] = suspect(stats.tokens, check(ids + list(stats.tokens)) if check else None)
             finally:
                 if progress is not None:
                     progress.cell_done(row)

@@ -20,6 +20,17 @@ from .backends import BackendError, GenStats, StopGeneration
 ENGINE_DTYPES = ("fp32", "bf16", "fp16", "fp64")  # what the engine runs in (sizes: ddprobe.shapes)
 DEFAULT_MAX_CTX = 8192
 WEIGHTS = ("auto", "trained", "random")  # auto: the preset's shipped weights when it has them
+# Draft-tree nodes: verify rows = budget + 1, and the tree's masks and buffers grow with budget squared (100000
+# nodes asked for 160 GB); trees past a few hundred nodes verify more rows than any step commits.
+MAX_BUDGET = 1024
+LOGITS_CHECK_TOKENS = 64  # tokens the after-cell logits check recomputes (the output's end, prompt before it)
+
+
+def check_device(device: str) -> None:
+    """cpu, cuda or cuda:N (one line otherwise, before torch sees the string)."""
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+        raise BackendError(f"unknown device {device!r}; known: auto, cpu, cuda, cuda:N")
 
 
 class EngineBackend:
@@ -29,8 +40,16 @@ class EngineBackend:
 
     def __init__(self, preset: str = "tiny", attn: str = "reference", budget: int = 8, device: str = "cpu",
                  dtype: str = "fp32", seed: int = 0, heads: int | None = None, max_ctx: int | None = None,
-                 weights: str = "auto", graphs: bool | None = None):
+                 weights: str = "auto", graphs: bool | None = None, threads: int | None = None):
+        check_device(device)
+        if not 1 <= budget <= MAX_BUDGET:
+            raise BackendError(f"--budget must be in 1..{MAX_BUDGET} (draft-tree nodes; memory grows with its "
+                               f"square), got {budget}")
+        if graphs and not device.startswith("cuda"):
+            raise BackendError("--graphs replays CUDA graphs: it needs --device cuda")
         import torch
+
+        from .threads import choose_threads
 
         from ..engine.config import ModelConfig
         from ..engine.generate import Engine
@@ -48,8 +67,12 @@ class EngineBackend:
         if canon not in ENGINE_DTYPES:
             raise BackendError(f"unknown dtype {dtype!r} for the engine; known: {', '.join(ENGINE_DTYPES)}")
         dtype = canon
-        if attn not in kernels.available():
-            raise BackendError(f"unknown attention path {attn!r}; known: {', '.join(kernels.available())}")
+        # the CPU's thread count from the cores free now (``threads``); a GPU run keeps torch's default
+        self.threads = choose_threads(threads) if device == "cpu" or threads is not None else None
+        if self.threads is not None:
+            torch.set_num_threads(self.threads.threads)
+        if attn not in kernels.verify_paths():
+            raise BackendError(f"unknown attention path {attn!r}; known: {', '.join(kernels.verify_paths())}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError(f"--device {device}: no CUDA GPU is visible to torch")
         if attn != "reference" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET", "0") in ("",
@@ -93,7 +116,7 @@ class EngineBackend:
         be.engine, be.tokenizer, be.limit = engine, tokenizer, 1 << 30
         be.note, be.weights, be.preset, be.attn = None, "in training", engine.config.name, engine.attn
         be.budget, be.device, be.seed = engine.budget, str(engine.device), engine.seed
-        be.dtype = dtype_name(engine.dtype)
+        be.dtype, be.threads = dtype_name(engine.dtype), None
         return be
 
     def tokenize(self, text: str) -> list[int]:
@@ -113,7 +136,8 @@ class EngineBackend:
         return {"backend": self.name, "preset": self.preset, "attn": self.attn, "kv_layout": self.engine.kv_layout,
                 "budget": self.budget, "block_size": self.engine.config.drafter.block_size, "device": self.device,
                 "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
-                "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs}
+                "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs,
+                **({"threads": self.threads.to_dict()} if getattr(self, "threads", None) else {})}
 
     def warmup(self, capacity: int | None = None) -> dict:
         """Compile, capture (CUDA graphs) and one throwaway step before anything is measured: the
@@ -216,6 +240,13 @@ class EngineBackend:
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
                    "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish})
+
+    def logits_problem(self, ids: list[int]) -> str | None:
+        """The target's logits after the last ``LOGITS_CHECK_TOKENS`` of ``ids`` (a prompt and its output),
+        recomputed: 'not finite', 'all equal' or None (``sanity.logits_problem``)."""
+        from .sanity import logits_problem
+
+        return logits_problem(self.engine.next_token_logits(list(ids[-LOGITS_CHECK_TOKENS:])))
 
     @property
     def reuses_prefix(self) -> bool:

@@ -212,6 +212,7 @@ class Estimate:
     gpu_s: float | None = None  # the same run on a recorded GPU, where ddprobe has one (a CPU run's hint)
     gpu_name: str | None = None
     reuse: bool = False  # cells reuse the previous prompt's cache (the estimate counted only the new tokens)
+    threads: int | None = None  # CPU threads the calibration ran with (and the run will: the estimate assumes it)
 
     @property
     def total_s(self) -> float:
@@ -225,7 +226,7 @@ class Estimate:
         return Estimate(prefill_s=self.prefill_s + other.prefill_s, decode_s=self.decode_s + other.decode_s,
                         device=self.device, calibration=self.calibration, cells=self.cells + other.cells,
                         max_new_tokens=self.max_new_tokens, gpu_s=gpu, gpu_name=self.gpu_name if gpu else None,
-                        reuse=self.reuse)
+                        reuse=self.reuse, threads=self.threads)
 
     def line(self, threshold_s: float | None = None) -> str | None:
         """One line for the user, or None when the run should take no longer than ``threshold_s`` (default
@@ -233,7 +234,8 @@ class Estimate:
         if self.total_s <= (SAY_OVER_S if threshold_s is None else threshold_s):
             return None
         dev = self.device or ""
-        where = "on this CPU" if dev == "cpu" else "on this GPU" if dev.startswith("cuda") else \
+        threads = f" with {self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads else ""
+        where = f"on this CPU{threads}" if dev == "cpu" else "on this GPU" if dev.startswith("cuda") else \
             f"on {dev}" if dev else "here"
         s = (f"estimate: about {fmt_duration(self.total_s)} {where} (prefill {fmt_duration(self.prefill_s)}, "
              f"decode {fmt_duration(self.decode_s)})")
@@ -245,7 +247,8 @@ class Estimate:
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"total_s": self.total_s, "prefill_s": self.prefill_s, "decode_s": self.decode_s,
                              "device": self.device, "printed_over_s": SAY_OVER_S, "reuse_prefix": self.reuse, "commit_guess": dict(COMMIT_GUESS),
-                             "cells": [list(c) for c in self.cells], "max_new_tokens": self.max_new_tokens}
+                             "cells": [list(c) for c in self.cells], "max_new_tokens": self.max_new_tokens,
+                             "threads": self.threads}
         if self.calibration is not None:
             c = self.calibration
             d["calibration"] = {"seconds": c.seconds, "prefill_points": [list(p) for p in c.prefill_points],
@@ -336,8 +339,9 @@ def estimate_run(backend, order: Sequence[tuple[str, int]], max_new_tokens: int,
     max_commit = backend.max_commit() if hasattr(backend, "max_commit") else 1
     cells = reuse_plan(order, reuse)
     pre, dec = estimate_cells(cells, max_new_tokens, cal.prefill, cal.decode, max_commit)
+    threads = (backend.describe().get("threads") or {}).get("threads") if cal.device == "cpu" else None
     est = Estimate(prefill_s=pre, decode_s=dec, device=cal.device, calibration=cal, cells=cells,
-                   max_new_tokens=max_new_tokens, reuse=reuse)
+                   max_new_tokens=max_new_tokens, reuse=reuse, threads=threads)
     if cal.device == "cpu":
         gpu = gpu_recorded(backend.describe().get("preset"), cells, max_new_tokens, max_commit)
         if gpu is not None:

@@ -81,6 +81,11 @@ def write(report: Report, out: str | os.PathLike) -> list[Path]:
                 (folder / f"{f.name}.png").write_bytes(f.png)
                 written.append(folder / f"{f.name}.png")
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(render(report, fmt, image_dir), encoding="utf-8")
-    os.replace(tmp, out)
+    try:
+        tmp.write_text(render(report, fmt, image_dir), encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as e:  # the error names the report, never its temporary file
+        tmp.unlink(missing_ok=True)
+        raise DDProbeError(f"cannot write report {out}: {'it is a directory' if out.is_dir() else e.strerror or e}") \
+            from None
     return written

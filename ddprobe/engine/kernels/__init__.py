@@ -20,30 +20,34 @@ from __future__ import annotations
 
 import importlib
 
+from ...shapes import VERIFY_PATHS
 from .plan import VerifyPlan
 
-# name -> module path (relative); fast paths register here as they land.
-_PATHS = {
-    "reference": ".reference",
-    "prefill": ".prefill",  # causal prompt prefill through PyTorch's fused attention (not a verify path)
-    "paged": ".paged",  # SGLang's page_size=1 Triton verify, faithfully rendered (needs triton)
-    "split": ".split",  # split-K over the contiguous prefix + masked tree pass + fused merge (needs triton)
-    "split_ws": ".split_ws",  # split with a warp-specialized Gluon prefix kernel (sm_90 only)
-}
+# name -> module path (relative): the verify paths (``shapes.VERIFY_PATHS``: reference; paged, SGLang's
+# page_size=1 Triton verify; split, split-K over the contiguous prefix + masked tree pass + fused merge;
+# split_ws, split with a warp-specialized Gluon prefix kernel, sm_90 only) and the prompt prefill.
+_PATHS = {**{name: f".{name}" for name in VERIFY_PATHS},
+          "prefill": ".prefill"}  # causal prompt prefill through PyTorch's fused attention (not a verify path)
 
 
 def available() -> list[str]:
+    """Every path, the prompt prefill included."""
     return list(_PATHS)
+
+
+def verify_paths() -> list[str]:
+    """The verify paths (what ``--attn`` takes)."""
+    return list(VERIFY_PATHS)
 
 
 def get_path(name: str):
     """Return the verify-attention path called ``name`` (ValueError lists the known ones)."""
     if name not in _PATHS:
-        raise ValueError(f"unknown attention path {name!r}; known: {', '.join(_PATHS)}")
+        raise ValueError(f"unknown attention path {name!r}; known: {', '.join(VERIFY_PATHS)}")
     try:
         return importlib.import_module(_PATHS[name], __name__)
     except ImportError as e:  # no Triton, or one too old for the fast paths
         raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.4): {e}") from None
 
 
-__all__ = ["VerifyPlan", "available", "get_path"]
+__all__ = ["VerifyPlan", "available", "get_path", "verify_paths"]

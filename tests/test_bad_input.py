@@ -1,0 +1,228 @@
+"""Bad input, as a table: each case is a command line, the exit code it must give and a pattern its one-line
+message must match, run through the real CLI (Typer's runner: the same parsing, callbacks and error wrapper as
+the console script). None may print a traceback, and none that would measure may get as far as measuring: every
+case here fails before an engine step (the checks run before the model is built, or while the options are
+parsed), so the table stays fast. The next audit starts from this table (issue 36).
+"""
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddprobe.cli import app
+
+DATA = Path(__file__).parent / "data"
+REPLAY = str(DATA / "gpu-util-synthetic.json")
+RESULTS = str(DATA / "commit-tiny-cpu.json")
+
+
+def _cases(tmp: Path):
+    """(id, args, exit code, message pattern). ``tmp`` holds a folder ``dir``, a file ``file`` and a folder named
+    like a report file (``dir.html``)."""
+    d, f, dh = str(tmp / "dir"), str(tmp / "file"), str(tmp / "dir.html")
+    return [
+        # tracebacks before
+        ("floor ctx 1e400", ["floor", "--ctx", "1e400"], 1, r"bad token count '1e400': too large"),
+        ("commit ctx 1e400", ["commit", "--ctx", "1e400"], 1, r"bad token count '1e400': too large"),
+        ("serve max-ctx 1e400", ["serve", "--max-ctx", "1e400", "--port", "39217"], 1,
+         r"bad token count '1e400': too large"),
+        ("floor bw 1e300TB/s", ["floor", "--bw", "1e300TB/s", "--step-ms", "100"], 1,
+         r"--bw: bad bandwidth '1e300TB/s': must be between 1 MB/s and 1 PB/s"),
+        ("commit device tpu", ["commit", "--device", "tpu", "--ctx", "256"], 1,
+         r"unknown device 'tpu'; known: auto, cpu, cuda, cuda:N"),
+        ("timeout nan, sglang", ["commit", "--timeout", "nan", "--backend", "sglang", "--url", "http://127.0.0.1:9"],
+         1, r"--timeout: must be in 0.001\.\.604800 s, got nan"),
+        ("timeout nan, engine", ["commit", "--timeout", "nan", "--ctx", "256"], 1, r"--timeout: must be in"),
+        ("budget 100000", ["commit", "--budget", "100000", "--ctx", "256"], 1, r"--budget: must be in 1\.\.1024"),
+        # silent accepts before
+        ("json = csv", ["commit", "--ctx", "256", "--json", f + ".x", "--csv", f + ".x"], 1,
+         r"--csv .*file\.x is the same file as --json"),
+        ("url with engine", ["commit", "--ctx", "256", "--url", "http://127.0.0.1:9"], 1,
+         r"--url is for --backend sglang or vllm"),
+        ("replay with backend", ["gpu-util", "--replay", REPLAY, "--backend", "sglang", "--json", d + "/g.json"], 1,
+         r"--replay re-analyses a saved file: --backend would be ignored"),
+        ("replay with prompt-len", ["gpu-util", "--replay", REPLAY, "--prompt-len", "1k", "--json", d + "/g.json"], 1,
+         r"--prompt-len would be ignored"),
+        ("floor step 1e-300", ["floor", "--step-ms", "1e-300"], 1, r"--step-ms: bad step time '1e-300'"),
+        ("floor queries 1e9", ["floor", "--queries", "1000000000"], 1, r"--queries: bad query rows 1000000000"),
+        ("floor bw 1e-300GB/s", ["floor", "--bw", "1e-300GB/s"], 1, r"--bw: bad bandwidth '1e-300GB/s'"),
+        ("floor tflops inf", ["floor", "--tflops", "inf"], 1, r"--tflops: bad FLOP rate inf"),
+        # outputs checked before anything is measured
+        ("commit json is a dir", ["commit", "--ctx", "256", "--json", d], 1, r"--json .*dir: is a directory"),
+        ("commit csv under a file", ["commit", "--ctx", "256", "--json", d + "/c.json", "--csv", f + "/c.csv"], 1,
+         r"--csv .*file/c\.csv: .*file is not a directory"),
+        ("gpu-util json is a dir", ["gpu-util", "--replay", REPLAY, "--json", d], 1, r"--json .*dir: is a directory"),
+        ("floor out is a dir", ["floor", "-o", d], 1, r"--out .*dir: is a directory"),
+        ("report out is a dir", ["report", RESULTS, "-o", dh], 1, r"--out .*dir\.html: is a directory"),
+        ("diagnose out-dir is a file", ["diagnose", "--ctx", "256", "--out-dir", f], 1,
+         r"--out-dir .*file: is a file, not a folder"),
+        # messages
+        ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
+         r"--seed: must be in 0\.\.18446744073709551615"),
+        ("unknown attn lists verify paths", ["commit", "--ctx", "256", "--attn", "nope"], 1,
+         r"known: reference, paged, split, split_ws$"),
+    ]
+
+
+@pytest.fixture
+def tmp(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir.html").mkdir()
+    (tmp_path / "file").write_text("not a folder\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _cases(Path("/x"))])
+def test_bad_input(case, tmp):
+    _, args, code, pattern = next(c for c in _cases(tmp) if c[0] == case)
+    before = sorted(p.name for p in tmp.rglob("*"))
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "400", "OMP_NUM_THREADS": "1"})
+    text = r.stderr + r.stdout
+    assert r.exit_code == code, (args, r.exit_code, text)
+    assert r.exception is None or isinstance(r.exception, SystemExit), (args, repr(r.exception))
+    assert "Traceback" not in text
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) >= 1 and re.search(pattern, lines[-1]), (pattern, r.stderr)
+    assert lines[-1].startswith("error: ")
+    assert sorted(p.name for p in tmp.rglob("*")) == before  # refused before anything was written
+
+
+def test_graphs_on_cpu_refused():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --graphs is valid here")
+    r = CliRunner().invoke(app, ["commit", "--ctx", "256", "--graphs"], env={"OMP_NUM_THREADS": "1"})
+    assert r.exit_code == 1 and "--graphs replays CUDA graphs: it needs --device cuda" in r.stderr
+
+
+def test_auto_only_beside_what_was_automatic(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = CliRunner().invoke(app, ["commit", "--ctx", "256", "--text", "predictable", "--max-new-tokens", "2",
+                                 "--dtype", "fp32", "--json", str(tmp_path / "c.json")], env={"OMP_NUM_THREADS": "1"})
+    assert r.exit_code == 0, r.output
+    assert "engine: device cpu (auto), dtype fp32, 1 thread (OMP_NUM_THREADS)" in r.stderr
+
+
+def test_piped_output_ends_in_a_newline_without_a_blank_line(tmp_path):
+    """stdout a pipe: the table once, each line ending in a newline, no line of spaces at the end."""
+    import os
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "commit", "--ctx", "256", "--text", "predictable",
+                        "--max-new-tokens", "2", "--json", str(tmp_path / "c.json")], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.endswith("\n") and p.stdout.count("commit length (") == 1
+    last_lines = p.stdout.rstrip("\n").split("\n")[-3:]
+    assert all(line.strip() for line in last_lines), repr(last_lines)
+    assert last_lines[-1].endswith("written to " + str(tmp_path / "c.json"))
+
+
+def test_attention_paths_listed_from_one_table():
+    """--help, the README and the error list the same verify paths, ``shapes.VERIFY_PATHS``."""
+    from ddprobe.engine import kernels
+    from ddprobe.shapes import VERIFY_PATHS
+
+    assert kernels.verify_paths() == list(VERIFY_PATHS) and "prefill" not in VERIFY_PATHS
+    r = CliRunner().invoke(app, ["commit", "--help"], env={"COLUMNS": "300"})
+    assert "Verify-attention path: " + ", ".join(VERIFY_PATHS) + "." in r.stdout
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "--attn\n" + "|".join(VERIFY_PATHS) in readme or "--attn " + "|".join(VERIFY_PATHS) in readme
+
+
+def test_report_error_names_the_report_not_its_temporary_file(tmp_path):
+    """A report that cannot be written (a folder of that name, found only at write time) names the report."""
+    from ddprobe.reports.render import build, write
+    from ddprobe.units import DDProbeError
+
+    target = tmp_path / "r.html"
+    target.mkdir()
+    with pytest.raises(DDProbeError, match=r"cannot write report .*r\.html: it is a directory") as e:
+        write(build([RESULTS]), target)
+    assert ".tmp" not in str(e.value) and not list(tmp_path.glob(".*.tmp"))
+
+
+# ---- numbers that cannot be right --------------------------------------------------------------------------
+
+def test_fp16_rmsnorm_does_not_overflow():
+    """fp16 squares overflow above 256: the norm of a residual in the thousands must still match fp32's."""
+    import torch
+
+    from ddprobe.engine.layers import RMSNorm
+
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(1)) * 3000
+    norm = RMSNorm(256)
+    ref = norm(x)
+    got = norm(x.half())
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_fp16_on_the_cpu_decodes_what_fp32_decodes():
+    """The tiny preset's trained weights in fp16 on the CPU: the same greedy tokens as fp32 (they were all id 0
+    before the norm's variance moved to fp32), and no cell flagged."""
+    from ddprobe.probes.commit import prompt_ids
+    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.sanity import suspect
+
+    outs = {}
+    for dtype in ("fp32", "fp16"):
+        be = EngineBackend(dtype=dtype, device="cpu", max_ctx=1024, threads=1)
+        ids = prompt_ids(be, "predictable", 512)
+        st = be.generate(ids, 24)
+        outs[dtype] = st.tokens
+        assert suspect(st.tokens, be.logits_problem(ids + st.tokens)) is None
+    assert outs["fp16"] == outs["fp32"] and len(set(outs["fp32"])) > 1
+
+
+def test_broken_weights_flag_the_cell(tmp_path):
+    """An engine whose lm_head went non-finite: the commit probe still writes the cell, flagged ``suspect`` with
+    both reasons, and the CLI marks it."""
+    import torch
+
+    from ddprobe.probes.commit import run_commit_probe
+    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.sanity import suspect_notes
+    from ddprobe.results import Result, ResultWriter, RunMeta
+
+    be = EngineBackend(dtype="fp32", device="cpu", max_ctx=1024, threads=1)
+    with torch.no_grad():
+        be.engine.target.lm_head.weight.fill_(math.nan)
+    w = ResultWriter(Result(kind="commit", meta=RunMeta.collect(probe_gpu=False)), tmp_path / "c.json")
+    rows = run_commit_probe(be, [256], ["novel"], 16, w)
+    why = rows[0]["suspect"]
+    assert why and "every one of its 16 output tokens is id" in why and "logits are not finite" in why
+    assert Result.load(tmp_path / "c.json").rows[0]["suspect"] == why
+    assert suspect_notes(rows)[0].startswith("novel @ 256 is suspect: ")
+
+    import io
+
+    from rich.console import Console
+
+    from ddprobe.cli.commit import commit_table
+
+    table, add = commit_table("t", narrow=False)
+    add(rows[0])
+    shown = io.StringIO()
+    Console(file=shown, width=200).print(table)
+    assert re.search(r"novel +256 .* 1\.\d\d ! ", shown.getvalue()), shown.getvalue()
+
+
+def test_healthy_cells_are_not_flagged():
+    from ddprobe.probes.sanity import logits_problem, suspect
+
+    import torch
+
+    assert suspect([5, 6, 5, 6, 5, 6, 5, 6]) is None and suspect([3] * 4) is None  # short outputs: no call
+    assert suspect([3] * 8) == "every one of its 8 output tokens is id 3"
+    assert logits_problem(torch.zeros(10)) == "all equal"
+    assert logits_problem(torch.tensor([0.0, math.inf])) == "not finite"
+    assert logits_problem(torch.tensor([0.0, 1.0])) is None
