@@ -222,6 +222,16 @@ def run_kernel(a, out: dict, save) -> None:
                     m.run(q, kv, p, 0.0722)
                 host.append((time.perf_counter() - t0) / n * 1e6)
                 torch.cuda.synchronize()
+            from ddprobe.engine.kernels import split_ws
+            parts = {}
+            for key, fn in (("check", lambda: split_ws._checked(q, kv, p)),
+                            ("prefix", lambda: split_ws.launch_prefix(q, kv, p, 0.0722)),
+                            ("stream", lambda: torch.cuda.current_stream(0).cuda_stream)):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                parts[key] = (time.perf_counter() - t0) / n * 1e6
+                torch.cuda.synchronize()
             ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
             eager = []
             for _ in range(3):
@@ -243,11 +253,11 @@ def run_kernel(a, out: dict, save) -> None:
                 torch.cuda.synchronize()
                 graph.append(ev[0].elapsed_time(ev[1]) * 1e3 / n)
             r = {"heads": heads, "ctx": ctx, "host_us": statistics.median(host), "eager_us": statistics.median(eager),
-                 "graph_us": statistics.median(graph), "kernel": p.detail.launcher.report}
+                 "graph_us": statistics.median(graph), "kernel": p.detail.launcher.report, "host_parts_us": parts}
             r["eager_over_graph"] = r["eager_us"] / r["graph_us"]
             out["kernel"].append(r)
             print(f"kernel split_ws H={heads} ctx={ctx}: host {r['host_us']:.1f} us/call, eager {r['eager_us']:.1f} us, "
-                  f"graph {r['graph_us']:.1f} us (x{r['eager_over_graph']:.3f})", flush=True)
+                  f"graph {r['graph_us']:.1f} us (x{r['eager_over_graph']:.3f}); host parts {parts}", flush=True)
             save()
             del g
             torch.cuda.empty_cache()

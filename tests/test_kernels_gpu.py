@@ -519,7 +519,7 @@ def test_engine_graphs_equal_eager_on_split_ws(heads):
     CUDA kernel) and eager steps (host plans) commit the same greedy tokens."""
     from ddprobe.engine.config import ModelConfig
     from ddprobe.engine.generate import Engine
-    cfg = ModelConfig.from_name("k2", heads=heads, num_layers=2, max_ctx=4096)
+    cfg = ModelConfig.from_name("k2", heads=heads, num_layers=2, feature_layers=(0, 1), max_ctx=4096)
     toks = {}
     for graphs in (True, False):
         eng = Engine(cfg, attn="split_ws", device="cuda", dtype=torch.bfloat16, graphs=graphs, seed=0, poison=True)

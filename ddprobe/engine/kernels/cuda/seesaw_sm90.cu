@@ -303,8 +303,9 @@ __device__ __forceinline__ void refill(int wg_bar, int wt, uint32_t stage, uint3
 }
 
 // Rows [from, 64) of a stage's eight latent pieces set to zero (128-byte rows, so the swizzle does not matter):
-// the tile that holds the last live row (prefix_len + R) of a device plan, whose kv map spans the plan's bound, so
-// rows past the live end may hold anything (NaN included) and P = 0 there must not meet them in P V. The caller's
+// a tile reaching past the last live row (prefix_len + R; any piece's last tile can) of a device plan, whose kv map
+// spans the plan's bound, so rows past the live end may hold anything (NaN included) and P = 0 there must not
+// meet them in P V. The caller's
 // warpgroup then fences for the async proxy and syncs its four warps; the other warpgroup sees the rows through the
 // named barrier of the next hand-off.
 __device__ __forceinline__ void zero_rows(uint32_t stage, int from, int wt) {
@@ -352,7 +353,7 @@ __device__ __forceinline__ void softmax_tile(State& st, float m0, float m1, int 
 }
 
 #define DDP_PAIR_ARGS                                                                                                \
-  int j, int ph, int n_tiles, int start, int end, int prefix_len, float c, long long b0, long long b1, int cq, int r0,\
+  int j, int ph, int n_tiles, int start, int end, int prefix_len, int live_end, float c, long long b0, long long b1, int cq, int r0,\
       int lane, int wt, uint32_t sq, uint32_t k0, uint32_t k1, uint32_t pa, uint32_t ready0, uint32_t ready1,       \
       const CUtensorMap *tm_kv, float *s_m, float *s_sc0, float *s_sc1, State &st
 
@@ -363,8 +364,8 @@ __device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
   issue_s<BF16, 8>(st.s, sq, k0, ready0, ph);
   wg_wait<0>();
   reg_fence(st.s);
-  if (end > prefix_len && start + ta * BN + BN > end) {  // the tile past the live rows: zero them (zero_rows)
-    zero_rows(k0, end - start - ta * BN, wt);
+  if (start + ta * BN + BN > live_end) {  // a tile reaching past the live rows: zero those (zero_rows)
+    zero_rows(k0, live_end - start - ta * BN, wt);
     fence_async_smem();
     bar_sync(BAR_WG0, 128);
   }
@@ -418,8 +419,8 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
   if (HAS_B) {
     wg_wait<0>();
     reg_fence(st.s);
-    if (end > prefix_len && start + tb * BN + BN > end) {  // as in wg0_pair, for tile B
-      zero_rows(k1, end - start - tb * BN, wt);
+    if (start + tb * BN + BN > live_end) {  // as in wg0_pair, for tile B
+      zero_rows(k1, live_end - start - tb * BN, wt);
       fence_async_smem();
       bar_sync(BAR_WG1, 128);
     }
@@ -560,10 +561,10 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
 
 #define DDP_PAIRS(PAIR, U)                                                                                            \
   for (int j = 0; j < n_tiles / 2; ++j)                                                                              \
-    PAIR<BF16, true>(j, ((U) + j) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
+    PAIR<BF16, true>(j, ((U) + j) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
                      ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);                                                  \
   if (n_tiles & 1)                                                                                                   \
-    PAIR<BF16, false>(n_tiles / 2, ((U) + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, \
+    PAIR<BF16, false>(n_tiles / 2, ((U) + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, \
                       wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
     // each warpgroup runs the full pairs, then the odd last tile alone (HAS_B false), in its own role
     if (wg == 0) {
