@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .. import verify_paths
 from ..units import DDProbeError
 
 # Piped output (CI logs, files) gets a wide page instead of rich's default 80 columns, unless COLUMNS says.
@@ -81,7 +82,7 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait fo
 _PANEL = "Engine backend"
 _ENGINE_OPTS = {  # field -> (annotation, flag, help)
     "preset": (str, "--preset", "Engine preset: tiny or k2."),
-    "attn": (str, "--attn", "Verify-attention path: reference, paged, split."),
+    "attn": (str, "--attn", verify_paths.attn_help()),
     "budget": (int, "--budget", "Draft-tree nodes (verify rows = budget + 1)."),
     "device": (str, "--device", "auto (cuda when a GPU is visible, else cpu), cpu or cuda."),
     "dtype": (str, "--dtype", "auto (bf16 on cuda, fp32 on cpu), fp32, bf16, fp16."),
@@ -117,14 +118,20 @@ class EngineOptions:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
             dtype = "bf16" if device.startswith("cuda") else "fp32"
-        return dataclasses.replace(self, device=device, dtype=dtype)
+        attn = self.attn
+        if attn == verify_paths.AUTO:  # split_ws on sm_90, split on other GPUs, reference on the CPU
+            import torch
+
+            attn = (verify_paths.auto_path(torch.cuda.get_device_capability(device)) if device.startswith("cuda")
+                    and torch.cuda.is_available() else "reference")
+        return dataclasses.replace(self, device=device, dtype=dtype, attn=attn)
 
     def chosen(self) -> str | None:
         """One line saying what ``auto`` chose, or None when nothing was automatic."""
-        if self.device != "auto" and self.dtype != "auto":
+        if self.device != "auto" and self.dtype != "auto" and self.attn != verify_paths.AUTO:
             return None
         r = self.resolved()
-        return f"device {r.device}, dtype {r.dtype} (auto)"
+        return f"device {r.device}, dtype {r.dtype}, attn {r.attn} (auto)"
 
     def backend(self, max_ctx: Optional[int]):
         from ..probes.engine_backend import EngineBackend

@@ -1,4 +1,4 @@
-"""`paged` vs `split` verify attention on this GPU, at the engine's own shapes (diagnose's step 4).
+"""`paged` vs the auto path (verify_paths.auto_path: `split_ws` on sm_90, `split` elsewhere) verify attention on this GPU, at the engine's own shapes (diagnose's step 4).
 
 A small, in-package cousin of ``benchmarks/bench_verify.py``: per context, one layer's latent
 cache of random bf16 rows (page_size=1 pool in shuffled order for ``paged``, contiguous for
@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import verify_paths
 from ..shapes import AttnShape, floor_s
 from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_graph
 
-PATHS = ("paged", "split")
+
+
+def paths_for(sm: tuple[int, int] | None) -> tuple[str, str]:
+    """paged (always, the comparison) and the auto path of a GPU of compute capability ``sm`` (verify_paths)."""
+    return ("paged", verify_paths.auto_path(sm))
 
 
 def compare(ctxs: list[int], shape: AttnShape, rows: int, sm_scale: float,
@@ -49,7 +54,7 @@ def compare(ctxs: list[int], shape: AttnShape, rows: int, sm_scale: float,
             p[slots] = c
             pools.append(p)
         oracle = ref.run(q, caches[0], ref.plan(ctx, mask, None, v_dim), sm_scale).float()
-        for name in PATHS:
+        for name in paths_for(torch.cuda.get_device_capability(dev)):
             path = kernels.get_path(name)
             plan = path.plan(ctx, mask, slots if path.layout == "paged" else None, v_dim)
             kvs = pools if path.layout == "paged" else caches
