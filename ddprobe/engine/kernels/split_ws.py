@@ -494,6 +494,15 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     return d, d.cfg["grid_splits"] - 1
 
 
+def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
+    """The log-sum-exp merge of the partials into out [R, H, v_dim] (split.launch_merge): the plan's merge when it
+    was built for these heads, else merge_plan for them."""
+    r, h, _ = out.shape
+    d = p.detail
+    mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count, p.prefix_len)
+    return split_launch_merge(parts, n_splits, out, mc, meta=meta)
+
+
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
     """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a dict
     to receive the compiled kernels' reports under "prefix" and "merge"."""
