@@ -42,6 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ddprobe.engine import weights as shipped  # noqa: E402
 from ddprobe.engine.config import ModelConfig  # noqa: E402
 from ddprobe.engine.generate import Engine  # noqa: E402
+from ddprobe import verify_paths  # noqa: E402
+import re  # noqa: E402
+
+# every verify path's kernels (the table's ncu regexes): the profile's "attention" class
+ATTN_RE = re.compile("|".join(p.ncu_regex for p in verify_paths.PATHS if p.ncu_regex))
 from ddprobe.engine.kernels import get_path  # noqa: E402
 from ddprobe.engine.loop import decode  # noqa: E402
 from ddprobe.engine.runner import Caches  # noqa: E402
@@ -128,7 +133,7 @@ def profile_steps(eng: Engine, st, ctx: int, steps: int, device_tree: bool = Tru
         t = ev.device_time / 1e3 / steps
         n = ev.name
         low = n.lower()
-        if any(k in n for k in ("_split_prefix_kernel", "_merge_kernel", "_paged_verify_kernel")):
+        if ATTN_RE.search(n):
             c = "attention"
         elif any(k in low for k in ("gemm", "nvjet", "cutlass", "xmma", "gemv", "splitk")):
             c = "gemm"
@@ -197,6 +202,71 @@ def run_k2(a, out: dict, save) -> None:
                     r["profile"].append(profile_steps(eng, st, ctx, 5, False))
                 save()
             eng.release()
+
+
+def run_kernel(a, out: dict, save) -> None:
+    """split_ws run() on a device plan, per layer (k2 shapes, budget 8, bf16): host time of an eager call
+    (time.perf_counter over 200 calls, no sync), the eager time (CUDA events around 200 back-to-back calls) and
+    the graph-replayed time (200 calls captured in one graph), at 8 and 64 heads, 32k and 128k."""
+    from ddprobe.engine.kernels import get_path
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    m, n = get_path("split_ws"), 200
+    for heads in (8, 64):
+        for ctx in (parse_tokens(c) for c in a.ctxs.split(",")):
+            q = torch.randn(9, heads, 576, device="cuda").to(torch.bfloat16)
+            kv = torch.randn(ctx + 9 + 64, 576, device="cuda").to(torch.bfloat16)
+            pt = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+            p = m.plan(pt, shape_mask("lopsided", 8, "cuda"), None, 512, heads=heads, max_prefix=ctx + 64)
+            for _ in range(3):
+                m.run(q, kv, p, 0.0722)
+            torch.cuda.synchronize()
+            host = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    m.run(q, kv, p, 0.0722)
+                host.append((time.perf_counter() - t0) / n * 1e6)
+                torch.cuda.synchronize()
+            from ddprobe.engine.kernels import split_ws
+            parts = {}
+            for key, fn in (("check", lambda: split_ws._checked(q, kv, p)),
+                            ("prefix", lambda: split_ws.launch_prefix(q, kv, p, 0.0722)),
+                            ("stream", lambda: torch.cuda.current_stream(0).cuda_stream)):
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                parts[key] = (time.perf_counter() - t0) / n * 1e6
+                torch.cuda.synchronize()
+            ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            eager = []
+            for _ in range(3):
+                ev[0].record()
+                for _ in range(n):
+                    m.run(q, kv, p, 0.0722)
+                ev[1].record()
+                torch.cuda.synchronize()
+                eager.append(ev[0].elapsed_time(ev[1]) * 1e3 / n)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(n):
+                    m.run(q, kv, p, 0.0722)
+            graph = []
+            for _ in range(3):
+                ev[0].record()
+                g.replay()
+                ev[1].record()
+                torch.cuda.synchronize()
+                graph.append(ev[0].elapsed_time(ev[1]) * 1e3 / n)
+            r = {"heads": heads, "ctx": ctx, "host_us": statistics.median(host), "eager_us": statistics.median(eager),
+                 "graph_us": statistics.median(graph), "kernel": p.detail.launcher.report, "host_parts_us": parts}
+            r["eager_over_graph"] = r["eager_us"] / r["graph_us"]
+            out["kernel"].append(r)
+            print(f"kernel split_ws H={heads} ctx={ctx}: host {r['host_us']:.1f} us/call, eager {r['eager_us']:.1f} us, "
+                  f"graph {r['graph_us']:.1f} us (x{r['eager_over_graph']:.3f}); host parts {parts}", flush=True)
+            save()
+            del g
+            torch.cuda.empty_cache()
 
 
 def logits_check(eng: Engine, st, ctx: int) -> dict:
@@ -318,7 +388,7 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", default="bench_engine.json")
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: equality,k2,tiny")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: kernel,equality,k2,tiny")
     ap.add_argument("--fuse", choices=("both", "on"), default="both", help="split: compiled and plain, or compiled only")
     ap.add_argument("--tree", choices=("both", "device", "host"), default="both",
                     help="k2 cells with the tree on the device, on the host, or both")
@@ -333,7 +403,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     out = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                    "command": " ".join(sys.argv)}, "equality": {}, "k2": [], "tiny": []}
+                    "command": " ".join(sys.argv)}, "equality": {}, "k2": [], "tiny": [], "kernel": []}
     try:
         import triton
         out["meta"]["triton"] = triton.__version__
@@ -351,6 +421,8 @@ def main() -> int:
                          default=str))
         return 0
     with torch.no_grad():
+        if "kernel" not in skip:
+            run_kernel(a, out, save)
         if "k2" not in skip:
             run_k2(a, out, save)
         if "equality" not in skip:

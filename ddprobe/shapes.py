@@ -8,7 +8,6 @@ dtype, GPU specs, and the floor of a step.
 - ``DTYPE_BYTES``: the one dtype-size table (KV caches, weights, engine dtypes).
 - ``GPUS``: datasheet peak bandwidth, dense bf16 tensor rate and last-level cache (L2) size.
 - ``floor_s``: max(bytes / bandwidth, FLOPs / tensor rate) and which term wins.
-- ``VERIFY_PATHS``: the engine's verify-attention paths (``--attn``), each a module of ``engine.kernels``.
 """
 from __future__ import annotations
 
@@ -22,10 +21,6 @@ DTYPE_BYTES: dict[str, float] = {"fp64": 8.0, "fp32": 4.0, "bf16": 2.0, "fp16": 
 _DTYPE_ALIASES = {"float64": "fp64", "double": "fp64", "float32": "fp32", "float": "fp32",
                   "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float8_e4m3fn": "fp8",
                   "float8_e5m2": "fp8"}
-
-# the engine's verify-attention paths, in the order help and errors list them (module names in engine.kernels)
-VERIFY_PATHS = ("reference", "paged", "split", "split_ws")
-
 
 def dtype_name(name: object) -> str:
     """Canonical short name of a dtype: "bf16" for "bf16", "bfloat16" or torch.bfloat16."""

@@ -127,15 +127,19 @@ def test_piped_output_ends_in_a_newline_without_a_blank_line(tmp_path):
 
 
 def test_attention_paths_listed_from_one_table():
-    """--help, the README and the error list the same verify paths, ``shapes.VERIFY_PATHS``."""
+    """--help, the README and the error list the same verify paths, from ``ddprobe.verify_paths``."""
+    from ddprobe import verify_paths
     from ddprobe.engine import kernels
-    from ddprobe.shapes import VERIFY_PATHS
 
-    assert kernels.verify_paths() == list(VERIFY_PATHS) and "prefill" not in VERIFY_PATHS
-    r = CliRunner().invoke(app, ["commit", "--help"], env={"COLUMNS": "300"})
-    assert "Verify-attention path: " + ", ".join(VERIFY_PATHS) + "." in r.stdout
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    assert "--attn\n" + "|".join(VERIFY_PATHS) in readme or "--attn " + "|".join(VERIFY_PATHS) in readme
+    names = verify_paths.verify_names()
+    assert "prefill" not in names and set(names) < set(kernels.available())
+    r = CliRunner().invoke(app, ["commit", "--help"], env={"COLUMNS": "400"})
+    flat = " ".join(r.stdout.replace("│", " ").split())
+    assert " ".join(verify_paths.attn_help().split()) in flat
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    assert "--attn auto|" + "|".join(names) in readme
+    r = CliRunner().invoke(app, ["commit", "--attn", "nope", "--ctx", "1k"])
+    assert r.exit_code == 1 and ", ".join(names) in r.output
 
 
 def test_report_error_names_the_report_not_its_temporary_file(tmp_path):

@@ -48,9 +48,19 @@ def test_auto_resolves_to_cpu_without_a_gpu():
         pytest.skip("this machine has a GPU: auto picks cuda")
     r = EngineOptions().resolved()
     assert (r.device, r.dtype) == ("cpu", "fp32")
-    assert EngineOptions().chosen() == "device cpu (auto), dtype fp32 (auto)"
-    assert EngineOptions(dtype="fp16").chosen() == "device cpu (auto), dtype fp16"  # typed: no "(auto)"
+    assert EngineOptions().chosen() == "device cpu (auto), dtype fp32 (auto), attn reference"
+    assert EngineOptions(device="cpu", dtype="fp32", attn="auto").chosen() == "device cpu, dtype fp32, attn reference (auto)"
+    assert EngineOptions(dtype="fp16", attn="paged").chosen() == "device cpu (auto), dtype fp16, attn paged"  # typed: no "(auto)"
     assert EngineOptions(device="cuda", dtype="bf16").chosen() is None
+    assert EngineOptions(attn="auto").resolved().attn == "reference"  # no GPU: the CPU runs the reference path
+
+
+def test_attn_auto_picks_split_ws_on_sm90_only():
+    from ddprobe import verify_paths
+    assert verify_paths.auto_path((9, 0)) == "split_ws"
+    assert verify_paths.auto_path((8, 0)) == verify_paths.auto_path((10, 0)) == "split"
+    assert verify_paths.auto_path(None) == "reference"
+    assert "auto" in verify_paths.attn_help() and all(n in verify_paths.attn_help() for n in verify_paths.verify_names())
     assert EngineOptions(device="cuda").resolved().dtype == "bf16"
 
 

@@ -79,8 +79,7 @@ def test_cuda_work_list_of_the_split_grid_covers_every_column_once(fold, prefix_
 
 def test_cuda_kernel_is_chosen_from_four_row_blocks_on_the_gluon_grid():
     """cuda=-1 (the default) runs the CUDA kernel from CUDA_MIN_ROW_BLOCKS row blocks of 64 folded rows (64
-    heads x 9 rows: 9 blocks), not for 8 heads (72 rows, where the Gluon tail kernel runs) or with a seesaw
-    variant; its config is the Gluon kernel's (a guard: falling back to Gluon reuses the plan's config and
+    heads x 9 rows: 9 blocks), not for 8 heads (72 rows, where the Gluon tail kernel runs); its config is the Gluon kernel's (a guard: falling back to Gluon reuses the plan's config and
     partials), and tests/test_kernels_gpu.py checks which kernel ran."""
     from ddprobe.engine.kernels import split_ws
     d = split_ws.DEFAULT_TUNING
@@ -88,11 +87,33 @@ def test_cuda_kernel_is_chosen_from_four_row_blocks_on_the_gluon_grid():
     assert split_ws.uses_cuda(576, d) and split_ws.uses_cuda(193, d)
     assert not split_ws.uses_cuda(192, d) and not split_ws.uses_cuda(72, d)
     assert split_ws.uses_cuda(72, split_ws.WsTuning(cuda=1)) and not split_ws.uses_cuda(576, split_ws.WsTuning(cuda=0))
-    assert not split_ws.uses_cuda(576, split_ws.WsTuning(seesaw=1))
     for ctx in (1024, 8192, 32768, 131072):
         assert split_ws.config(ctx, 576, 132, d) == split_ws.config(ctx, 576, 132, split_ws.WsTuning(cuda=0))
     with pytest.raises(ValueError, match="WsTuning.cuda must be one of -1, 0, 1"):
         split_ws.check_tuning(split_ws.WsTuning(cuda=2))
-    for bad in (dict(seesaw=3), dict(tail=1)):
-        with pytest.raises(ValueError, match="cannot run with a Gluon seesaw or the tail kernel"):
-            split_ws.check_tuning(split_ws.WsTuning(cuda=1, **bad))
+    with pytest.raises(ValueError, match="cannot run with the tail kernel"):
+        split_ws.check_tuning(split_ws.WsTuning(cuda=1, tail=1))
+
+
+@pytest.mark.parametrize("bound,hq,fold", [(20000, 72, 0), (20000, 576, 1), (131072, 72, 0), (0, 9, 0), (0, 576, 1),
+                                          (100, 64, 1)])
+def test_device_grid_covers_every_live_length(bound, hq, fold):
+    """The CUDA kernel's grid for a device plan (no work list: split_ws.grid_piece, the kernel's own arithmetic),
+    sized for ``bound`` and run at live lengths 0 .. bound: every column of every row block is covered exactly once,
+    the tree columns by the last slot, and every slot is written or marked empty (lse -inf) by exactly one
+    program, whatever the length."""
+    from ddprobe.engine.kernels import split_ws
+    cfg = split_ws.choose_config(bound, hq, 132, 64, fold)
+    r = 9
+    for n in sorted({0, 1, 63, 64, 65, bound // 3, bound - 1, bound} & set(range(bound + 1))):
+        for rb in range(cfg["n_qb"]):
+            cols, slots = [], []
+            for slot in range(cfg["grid_splits"]):
+                piece = split_ws.grid_piece(rb + slot * cfg["n_qb"], cfg["n_qb"], cfg["grid_splits"], cfg["fold"], n, r)
+                assert piece[0] == rb and piece[3] == slot
+                cols.extend(range(piece[1], piece[2]))
+                slots.append(slot)
+                if piece[2] > n:
+                    assert slot == cfg["grid_splits"] - 1 and piece[2] == n + r
+            assert sorted(cols) == cols == list(range(n + r)), f"length {n}, row block {rb}"
+            assert slots == list(range(cfg["grid_splits"]))

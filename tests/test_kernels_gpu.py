@@ -92,11 +92,9 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-@pytest.mark.parametrize("over", [{}, dict(seesaw=1), dict(seesaw=2), dict(seesaw=3), dict(seesaw=4), dict(tail=1),
-                                  dict(tail=1, fold_tree=1), dict(tail=0), dict(balance=1), dict(balance=1, programs=7),
-                                  dict(cuda=1)],
-                         ids=["default", "seesaw1", "seesaw2", "seesaw3", "seesaw4", "tail", "tail-fold", "no-tail",
-                              "balance", "balance-7", "cuda"])
+@pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=0), dict(balance=1),
+                                  dict(balance=1, programs=7), dict(cuda=1), dict(cuda=1, balance=1)],
+                         ids=["default", "tail", "tail-fold", "no-tail", "balance", "balance-7", "cuda", "cuda-balance"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -110,11 +108,11 @@ def test_plan_reused_across_layers_with_poisoned_partials(over):
         out = m.run(q, kv_l, p, 0.07)
         ref = reference.run(q, kv_l, reference.plan(5000, mask, None, V), 0.07)
         assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
-        for buf in p.extra["partials"]:
+        for buf in p.detail.partials:
             buf.fill_(float("nan"))
 
 
-MERGE_TUNINGS = [dict(pdl=1), dict(pdl=2), dict(merge_kind=0), dict(merge_kind=1), dict(merge_kind=3, pdl=1),
+MERGE_TUNINGS = [dict(merge_kind=0), dict(merge_kind=1), dict(merge_kind=3),
                  dict(merge_kind=2, merge_bv=64, merge_split_chunk=16),
                  dict(merge_kind=0, merge_split_chunk=64, merge_warps=8, merge_block_m=8)]
 
@@ -123,35 +121,9 @@ MERGE_TUNINGS = [dict(pdl=1), dict(pdl=2), dict(merge_kind=0), dict(merge_kind=1
 @pytest.mark.parametrize("over", MERGE_TUNINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", CASES)
 def test_merge_variants_match_reference(over, ctx, budget, shape, heads, dtype):
-    """The merge launched as a programmatic dependent of the prefix kernel (pdl=1: it waits on griddepcontrol
-    for the partials) and other merge shapes, same shapes and poisoned rows as above; called twice, the same
-    bits (a merge that read partials before the prefix kernel finished would differ or hold NaN)."""
+    """Every merge kind and shape, same shapes and poisoned rows as above; called twice, the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(**over), repeat=2)
-
-
-@gpu
-def test_pdl_merge_under_graph_replay_with_poisoned_partials():
-    """pdl=1 inside a CUDA graph (the engine's and the benchmark's case): the partial buffers are poisoned
-    with NaN before every replay, so a merge that ran ahead of the prefix kernel would output NaN."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    m = get_path("split_ws")
-    q, kv, mask = make_inputs(33000, 8, "lopsided", 8, torch.bfloat16)
-    p = m.plan(33000, mask, None, V, heads=8, tuning=WsTuning(pdl=1))
-    ref = reference.run(q, kv, reference.plan(33000, mask, None, V), 0.07)
-    m.run(q, kv, p, 0.07)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for buf in p.extra["partials"]:
-            buf.fill_(float("nan"))
-        out = m.run(q, kv, p, 0.07)
-    for _ in range(5):
-        out.zero_()
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.isfinite(out).all()
-        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
 
 
 # the one-program kernel for 65-72 folded rows: the CASES in that range, and more shapes there (4 heads x 17 rows =
@@ -182,10 +154,10 @@ def test_tail_by_default_from_its_threshold():
     for ctx in (split_ws.TAIL_MIN_PREFIX - 1, split_ws.TAIL_MIN_PREFIX + 100):
         q, kv, mask = make_inputs(ctx, 8, "lopsided", 8, torch.bfloat16)
         p = split_ws.plan(ctx, mask, None, V, heads=8)
-        assert p.extra["config"]["tail"] == (ctx >= split_ws.TAIL_MIN_PREFIX)
+        assert p.detail.cfg["tail"] == (ctx >= split_ws.TAIL_MIN_PREFIX)
         meta = {}
         out = split_ws.run(q, kv, p, 0.0722, meta=meta)
-        assert meta["prefix"]["name"].startswith("ws_tail_kernel" if p.extra["config"]["tail"] else "ws_prefix_kernel")
+        assert meta["prefix"]["name"].startswith("ws_tail_kernel" if p.detail.cfg["tail"] else "ws_prefix_kernel")
         ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
         assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
 
@@ -219,43 +191,9 @@ def test_refuses_without_hopper(monkeypatch):
         m.run(q, kv, m.plan(100, mask, None, V), 0.1)
 
 
-@gpu
-@pytest.mark.parametrize("pipe,fold", [(1, 1), (2, 1), (0, 0), (0, 1), (3, 1), (3, 0)])
-@pytest.mark.parametrize("ctx,budget,shape,heads", [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64)])
-def test_other_schedules_match_reference(pipe, fold, ctx, budget, shape, heads):
-    """Warpgroup 0's other schedules (S of the next tile issued early), the tree part as a program of its
-    own, and longer chunks give the same results."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    q, kv, mask = make_inputs(ctx, budget, shape, heads, torch.bfloat16)
-    m = get_path("split_ws")
-    out = m.run(q, kv, m.plan(ctx, mask, None, V, tuning=WsTuning(pipe=pipe, min_chunk=256, fold_tree=fold)), 0.0722)
-    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
-    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
-
-
 # seesaw: CASES plus splits of 2 and 3 tiles (8 heads at 5000 and 12000), so every parity of a split's tile
 # count meets the kernel's pairs (1, 2, 3, 4, 5 and 8 tiles per split occur below)
 SEESAW_CASES = CASES + [(5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star", 8, torch.bfloat16)]
-
-
-@gpu
-@pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
-def test_seesaw_matches_reference(seesaw, ctx, budget, shape, heads, dtype):
-    """The seesaw schedule (both warpgroups compute S for alternate tiles), same shapes and poisoned rows as
-    the default; called twice, it must give the same bits."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(seesaw=seesaw), repeat=2)
-
-
-@gpu
-@pytest.mark.parametrize("pipe", [3, 0], ids=["pipe3", "pipe0"])
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
-def test_handoff_schedules_match_reference(pipe, ctx, budget, shape, heads, dtype):
-    """P handed to warpgroup 1 on a named barrier (pipe 3, the default) or on mbarriers (pipe 0): the same shapes
-    and poisoned rows as test_matches_reference plus splits of 2 and 3 tiles; called twice, the same bits."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(pipe=pipe), repeat=2)
 
 
 @gpu
@@ -266,30 +204,6 @@ def test_balanced_grid_matches_reference(programs, ctx, budget, shape, heads, dt
     the same shapes and poisoned rows as test_matches_reference; called twice, the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(balance=1, programs=programs), repeat=2)
-
-
-@gpu
-@pytest.mark.parametrize("over", [dict(ffma=0), dict(ffma=1, balance=1, programs=37), dict(ffma=1, pipe=0)],
-                         ids=["no-ffma", "ffma-balanced", "ffma-pipe0"])
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
-def test_ffma_softmax_matches_reference(over, ctx, budget, shape, heads, dtype):
-    """The softmax scale inside the exponent (one FFMA per score, the default) and the scale applied first (ffma=0):
-    the same shapes, poisoned rows and tolerance; called twice, the same bits."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(**over), repeat=2)
-
-
-@gpu
-@pytest.mark.parametrize("seesaw", [1, 2, 3, 4], ids=["seesaw1", "seesaw2", "seesaw3", "seesaw4"])
-@pytest.mark.parametrize("fold", [0, 1])
-@pytest.mark.parametrize("ctx,budget,shape,heads",
-                         [(0, 8, "fork", 8), (700, 8, "lopsided", 8), (5000, 32, "star", 64), (130, 63, "chain", 2)])
-def test_seesaw_tree_placements(seesaw, fold, ctx, budget, shape, heads):
-    """The seesaw schedule with the tree part folded into the last split or as a program of its own, and
-    chunks of at least 256 tokens (4+ tiles per split)."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, torch.bfloat16,
-          tuning=WsTuning(seesaw=seesaw, min_chunk=256, fold_tree=fold))
 
 
 # The CUDA C++ seesaw (WsTuning.cuda = 1, cuda/seesaw_sm90.cu): the seesaw cases (every parity of a split's tile
@@ -335,7 +249,7 @@ def test_cuda_seesaw_under_graph_replay_and_plan_reuse():
         out = m.run(q, kv, p, 0.07)
     for _ in range(3):
         kv[: 20000 + 9] = torch.randn(20009, V + PE, device="cuda").to(kv.dtype)
-        for buf in p.extra["partials"]:
+        for buf in p.detail.partials:
             buf.fill_(float("nan"))
         g.replay()
         ref = reference.run(q, kv, reference.plan(20000, mask, None, V), 0.07)
@@ -429,7 +343,7 @@ def test_tail_config_takes_72_rows_in_one_program():
         assert split_ws.merge_plan(split_ws.DEFAULT_TUNING, hq, 512, 132, below) == split_ws.merge_plan(two_t, hq, 512, 132, below)
     for hq in (9, 64, 73, 144, 576):
         assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
-    assert not split_ws.tails(72, split_ws.WsTuning(tail=1, seesaw=1), 131072)
+    assert not split_ws.tails(72, split_ws.WsTuning(tail=0, cuda=1), 131072)
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])
@@ -490,11 +404,9 @@ def test_balanced_grid_covers_every_tile_once():
     assert not split_ws.config(8192, 576, 132, d).get("balance")       # under BALANCE_MIN_TILES tiles a program
     assert not split_ws.config(32768, 72, 132, d).get("balance")       # 8 heads: tree part on its own (not folded)
     assert not split_ws.config(131072, 72, 132, d).get("balance")      # 8 heads from 48k: the tail kernel
-    with pytest.raises(ValueError, match="pipe 3"):
-        split_ws.config(8192, 576, 132, split_ws.WsTuning(balance=1, pipe=0))
 
 
-@pytest.mark.parametrize("over,field", [(dict(seesaw=5), "seesaw"), (dict(pipe=4), "pipe"),
+@pytest.mark.parametrize("over,field", [(dict(fold_tree=2), "fold_tree"), (dict(cuda=2), "cuda"),
                                         (dict(balance=2), "balance"), (dict(tail=3), "tail"),
                                         (dict(merge_kind=7), "merge_kind"), (dict(programs=-1), "programs")])
 def test_tuning_outside_the_kernels_choices_is_refused(over, field):
@@ -528,3 +440,70 @@ def test_benchmark_peers_say_why_they_cannot_run():
     out = peers.sdpa_peer(300, mask, 4, 64)(q, kv, 0.1)
     ref = reference.run(q, kv, reference.plan(300, mask, None, 64), 0.1)
     assert float((out - ref).norm() / ref.norm()) < 1e-5
+
+
+# ---- device plans (the engine's CUDA-graph-captured step) ----------------------------------------------------------
+
+DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16), (8, "fork", 64, torch.bfloat16), (1, "chain", 1, torch.float16),
+                (32, "star", 2, torch.bfloat16), (63, "lopsided", 1, torch.bfloat16)]
+
+
+@gpu
+@pytest.mark.parametrize("budget,shape,heads,dtype", DEVICE_CASES)
+def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads, dtype):
+    """A device plan sized for max_prefix, captured once in a CUDA graph, replayed at prefix lengths from 0 and 1
+    to max_prefix (mid-tile ends, one split, every split): the length, the tree mask and the cache rows rewritten
+    in place before each replay, every cache row past prefix + R and the partial buffers poisoned with NaN; each
+    replay equals the fp32 reference at that length."""
+    from ddprobe.engine.kernels import split_ws
+    max_prefix, r = 20000, budget + 1
+    m = get_path("split_ws")
+    assert m.device_plans
+    q, kv, mask = make_inputs(max_prefix, budget, shape, heads, dtype)
+    prefix_t = torch.zeros(1, dtype=torch.int32, device="cuda")
+    tree = torch.eye(r, dtype=torch.bool, device="cuda")
+    p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype)
+    assert p.detail.kernel == "cuda" and p.detail.launcher.report["work_list"] is False
+    m.refresh(p)
+    m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        m.refresh(p)
+        out = m.run(q, kv, p, 0.0722)
+    rows = torch.randn(max_prefix + r, V + PE, device="cuda").to(dtype)
+    for n in (1, 0, 63, 64, 65, 1000, 4097, 12345, max_prefix - 1, max_prefix):
+        prefix_t.fill_(n)
+        tree.copy_(mask)
+        kv.fill_(float("nan"))
+        kv[: n + r] = rows[: n + r]
+        for buf in p.detail.partials:
+            buf.fill_(float("nan"))
+        g.replay()
+        ref = reference.run(q, kv, reference.plan(n, mask, None, V), 0.0722)
+        assert torch.isfinite(out).all(), f"prefix {n}: NaN (a poisoned row or partial was read)"
+        err = float((out.float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL[dtype], f"prefix {n}: rel err {err:.2e}"
+
+
+@gpu
+def test_device_plan_eager_equals_replay_and_run_checks_its_inputs():
+    """The same device plan run eagerly gives the replay's bits; run() refuses inputs the plan was not built for
+    (heads, dtype) in one line."""
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(5000, 8, "fork", 8, torch.bfloat16)
+    prefix_t = torch.full((1,), 4321, dtype=torch.int32, device="cuda")
+    p = m.plan(prefix_t, mask.clone(), None, V, heads=8, max_prefix=5000)
+    eager = m.run(q, kv, p, 0.07).clone()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = m.run(q, kv, p, 0.07)
+    g.replay()
+    assert torch.equal(out, eager)
+    with pytest.raises(ValueError, match="built for 8 heads"):
+        m.run(q[:, :4].contiguous(), kv, p, 0.07)
+    with pytest.raises(ValueError, match="built for 8 heads"):
+        m.run(q.half(), kv.half(), p, 0.07)
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    with pytest.raises(ValueError, match="cuda=0 needs a host plan"):
+        m.plan(prefix_t, mask, None, V, heads=8, max_prefix=5000, tuning=WsTuning(cuda=0))

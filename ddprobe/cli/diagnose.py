@@ -19,7 +19,7 @@ from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_optio
 
 @app.command()
 @errors_exit_1
-@engine_options()
+@engine_options(attn="auto")
 def diagnose(
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for every results file and the "

@@ -28,7 +28,7 @@ DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catc
 
 @app.command("gpu-util")
 @errors_exit_1
-@engine_options(preset="k2", attn="paged", device="cuda", dtype="bf16", heads=8)
+@engine_options(preset="k2", attn="auto", device="cuda", dtype="bf16", heads=8)
 def gpu_util(
     prompt_len: Annotated[str, typer.Option("--prompt-len", help="Prompt tokens, k = 1024.")] = "64k",
     decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded (novel text: about one "
@@ -89,6 +89,8 @@ def gpu_util(
             raise DDProbeError(f"--text takes one kind for gpu-util, got {text!r}")
         kind = kinds[0]
         telemetry = open_source(source, prom_url, match, exporter_url, period_s)  # before any model is built
+        if backend == "engine" and eng.chosen():
+            err.print(f"engine: {eng.chosen()}", highlight=False)
         be = make_backend(backend, url, timeout,
                           engine_factory=lambda: eng.backend(eng.capacity(n_prompt, decode_tokens)))
         check_contexts(be, [n_prompt], decode_tokens)  # one line naming --prompt-len when it does not fit
@@ -122,7 +124,7 @@ def gpu_util(
                          "--decode-tokens", str(DEEP_DECODE_TOKENS), "--no-warmup", "--period", period,
                          "--text", kind, "--backend", backend, "--timeout", str(timeout),
                          *(["--url", url] if url else []), *eng.args(), "--json", str(Path(tmp) / "child.json")]
-                res.summary["deep"] = deep_ncu(child, eng.attn)
+                res.summary["deep"] = deep_ncu(child, eng.resolved().attn)
             writer.flush()
     print_summary(res)
     out.print(f"{len(res.rows)} sample(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))

@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .. import verify_paths
 from ..probes.engine_backend import MAX_BUDGET
-from ..shapes import VERIFY_PATHS
 from ..units import DDProbeError
 
 # Piped output (CI logs, files) gets a wide page instead of rich's default 80 columns, unless COLUMNS says.
@@ -138,7 +138,7 @@ _PANEL = "Engine backend"
 MAX_SEED = 2**64 - 1  # torch's generators take 64-bit seeds
 _ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
     "preset": (str, "--preset", "Engine preset: tiny or k2."),
-    "attn": (str, "--attn", f"Verify-attention path: {', '.join(VERIFY_PATHS)}."),
+    "attn": (str, "--attn", verify_paths.attn_help()),
     "budget": (int, "--budget", f"Draft-tree nodes (verify rows = budget + 1), 1..{MAX_BUDGET}.",
                checked(within(1, MAX_BUDGET))),
     "device": (str, "--device", "auto (cuda when a GPU is visible, else cpu), cpu or cuda."),
@@ -179,15 +179,22 @@ class EngineOptions:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
             dtype = "bf16" if device.startswith("cuda") else "fp32"
-        return dataclasses.replace(self, device=device, dtype=dtype)
+        attn = self.attn
+        if attn == verify_paths.AUTO:  # split_ws on sm_90, split on other GPUs, reference on the CPU
+            import torch
+
+            on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+            attn = verify_paths.auto_path(torch.cuda.get_device_capability(device) if on_gpu else None)
+        return dataclasses.replace(self, device=device, dtype=dtype, attn=attn)
 
     def chosen(self) -> str | None:
         """One line saying what ``auto`` chose, or None when nothing was automatic."""
-        if self.device != "auto" and self.dtype != "auto":
+        if self.device != "auto" and self.dtype != "auto" and self.attn != verify_paths.AUTO:
             return None
         r = self.resolved()
         return ", ".join(f"{what} {v}" + (" (auto)" if typed == "auto" else "")
-                         for what, v, typed in (("device", r.device, self.device), ("dtype", r.dtype, self.dtype)))
+                         for what, v, typed in (("device", r.device, self.device), ("dtype", r.dtype, self.dtype),
+                                                ("attn", r.attn, self.attn)))
 
     def backend(self, max_ctx: Optional[int]):
         from ..probes.engine_backend import EngineBackend

@@ -163,7 +163,7 @@ class Diagnose:
         b = self.backend
         attention = getattr(b, "attention", None)
         if attention is None:
-            return "skipped", "the paged vs split comparison runs on the embedded engine only"
+            return "skipped", "the paged vs split(_ws) comparison runs on the embedded engine only"
         if not str(b.describe().get("device")).startswith("cuda"):
             return "skipped", "the embedded engine runs on the CPU (--device cpu): Triton kernels need a GPU"
         from .verify_bench import compare

@@ -13,6 +13,7 @@ import os
 import time
 from typing import Any, Callable
 
+from .. import verify_paths
 from ..shapes import dtype_name
 from ..units import DDProbeError
 from .backends import BackendError, GenStats, StopGeneration
@@ -71,8 +72,8 @@ class EngineBackend:
         self.threads = choose_threads(threads) if device == "cpu" or threads is not None else None
         if self.threads is not None:
             torch.set_num_threads(self.threads.threads)
-        if attn not in kernels.verify_paths():
-            raise BackendError(f"unknown attention path {attn!r}; known: {', '.join(kernels.verify_paths())}")
+        if attn not in verify_paths.verify_names():
+            raise BackendError(f"unknown attention path {attn!r}; known: {', '.join(verify_paths.verify_names())}")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise BackendError(f"--device {device}: no CUDA GPU is visible to torch")
         if attn != "reference" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET", "0") in ("",

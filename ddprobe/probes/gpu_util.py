@@ -18,6 +18,7 @@ import subprocess
 import time
 from typing import Any, Callable
 
+from .. import verify_paths
 from ..results import Result, ResultWriter
 from .. import signals
 from ..shapes import gpu_spec_for
@@ -31,7 +32,8 @@ from .telemetry import NvmlReader, NvmlUnavailable
 
 NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
-NCU_KERNELS = {"paged": "regex:_paged_verify", "split": "regex:_split_prefix|_merge_kernel"}
+# the verify kernels of each path (ncu -k), from the one verify-path table
+NCU_KERNELS = {p.name: f"regex:{p.ncu_regex}" for p in verify_paths.PATHS if p.ncu_regex}
 IDLE_LEAD_S = 0.5  # idle samples before and after the request: the baseline
 MAX_SCRAPE_WAIT_S = 60.0  # the longest wait for Prometheus's scrape of the window's end
 
@@ -224,7 +226,7 @@ def deep_ncu(child_cmd: list[str], attn: str, count: int = 4, timeout_s: float =
     if ncu is None:
         return {"skipped": "ncu not found on PATH or in /usr/local/cuda/bin"}
     if attn not in NCU_KERNELS:
-        return {"skipped": f"--deep knows the verify kernels of the paged and split paths, not {attn!r}"}
+        return {"skipped": f"--deep knows the verify kernels of {', '.join(NCU_KERNELS)}, not {attn!r}"}
     cmd = [ncu, "--clock-control", "none", "--csv", "--metrics", ",".join(NCU_METRICS), "-k", NCU_KERNELS[attn],
            "--launch-count", str(count), *child_cmd]
     try:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import verify_paths
 from ..shapes import DEFAULT_L2_BYTES, KIMI_K2, AttnShape, dtype_bytes, floor_s, gpu_spec_for
 from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_graph
 from ..units import DDProbeError
@@ -264,10 +265,21 @@ def run(opts: BenchOptions, write: Callable[[dict], None], on_row: Callable[[dic
     return doc
 
 
+def paths_for(sm: tuple[int, int] | None) -> list[str]:
+    """``paged`` (always: the comparison) and ``--attn auto``'s path on a GPU of compute capability ``sm``."""
+    return ["paged", verify_paths.auto_path(sm)]
+
+
 def compare(ctxs: list[int], shape: AttnShape, rows: int, sm_scale: float, on_row=None):
-    """Diagnose's step 4: ``paged`` vs ``split`` for one layer of the engine's own shape (its heads) at every
-    context; returns (rows, the ceilings). ``sm_scale`` is the engine's (YaRN-corrected) scale."""
-    opts = BenchOptions(ctxs=list(ctxs), heads=[shape.num_heads], paths=["paged", "split"], budget=rows - 1,
+    """Diagnose's step 4: ``paged`` vs the auto path (split_ws on sm_90, split elsewhere) for one layer of the
+    engine's own shape (its heads) at every context; returns (rows, the ceilings). ``sm_scale`` is the engine's
+    (YaRN-corrected) scale."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise DDProbeError("the verify comparison needs a CUDA GPU visible to torch")
+    paths = paths_for(torch.cuda.get_device_capability())
+    opts = BenchOptions(ctxs=list(ctxs), heads=[shape.num_heads], paths=paths, budget=rows - 1,
                         quick=True, step_ctx=None, paged_max_ctx=max(ctxs), shape=shape, sm_scale=sm_scale)
     b = Bench(opts, on_row)
     for ctx in ctxs:

@@ -13,10 +13,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
+from .. import verify_paths
 from ..units import fmt_tokens
 from .bench import Entry
 
-PATH_COLORS = {"paged": "C1", "split": "C3", "flex": "C0", "sdpa": "C2", "reference": "C4"}  # same in every plot
+# same in every plot: the verify paths' colours from their table, and the benchmark's peers
+PATH_COLORS = {**{p.name: p.colour for p in verify_paths.PATHS}, "flex": "C0", "sdpa": "C2"}
 PHASE_COLORS = {"prefill": "#f6c85f", "decode": "#9dd9d2", "idle": "#eeeeee"}
 
 

@@ -9,6 +9,7 @@ Every path is a module (or object) with:
   refresh(plan) -> None          # device plans: rebuild derived buffers after the caller rewrote
                                  # prefix_t / tree_mask / slots in place (fixed shapes, capturable)
   run(q [R,H,D], kv [slots,D], plan, sm_scale, *, meta=None) -> out [R,H,v_dim]   # once per layer
+  device_plans: bool             # plan() takes a device prefix length (ddprobe.verify_paths: one table)
 prefix_len is an int (host plan) or a [1] int32 device tensor with max_prefix (device plan: the
 kernels read the length from memory, so a CUDA graph of the forward replays at any length up to
 max_prefix). tuning: the path's frozen dataclass (split.SplitTuning, paged.PagedTuning), held by
@@ -20,34 +21,24 @@ from __future__ import annotations
 
 import importlib
 
-from ...shapes import VERIFY_PATHS
+from ... import verify_paths
 from .plan import VerifyPlan
-
-# name -> module path (relative): the verify paths (``shapes.VERIFY_PATHS``: reference; paged, SGLang's
-# page_size=1 Triton verify; split, split-K over the contiguous prefix + masked tree pass + fused merge;
-# split_ws, split with a warp-specialized Gluon prefix kernel, sm_90 only) and the prompt prefill.
-_PATHS = {**{name: f".{name}" for name in VERIFY_PATHS},
-          "prefill": ".prefill"}  # causal prompt prefill through PyTorch's fused attention (not a verify path)
 
 
 def available() -> list[str]:
-    """Every path, the prompt prefill included."""
-    return list(_PATHS)
-
-
-def verify_paths() -> list[str]:
-    """The verify paths (what ``--attn`` takes)."""
-    return list(VERIFY_PATHS)
+    """Every path behind the seam (the verify paths of ddprobe.verify_paths, and prefill)."""
+    return [p.name for p in verify_paths.PATHS]
 
 
 def get_path(name: str):
     """Return the verify-attention path called ``name`` (ValueError lists the known ones)."""
-    if name not in _PATHS:
-        raise ValueError(f"unknown attention path {name!r}; known: {', '.join(VERIFY_PATHS)}")
+    row = verify_paths.BY_NAME.get(name)
+    if row is None:
+        raise ValueError(f"unknown attention path {name!r}; known: {', '.join(available())}")
     try:
-        return importlib.import_module(_PATHS[name], __name__)
+        return importlib.import_module(row.module, __name__)
     except ImportError as e:  # no Triton, or one too old for the fast paths
         raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.4): {e}") from None
 
 
-__all__ = ["VerifyPlan", "available", "get_path", "verify_paths"]
+__all__ = ["VerifyPlan", "available", "get_path"]

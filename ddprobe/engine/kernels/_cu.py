@@ -148,30 +148,62 @@ def tensor_map(t, rows: int, box_rows: int):
     return buf, tm
 
 
-def launch_seesaw(q2, kv, num_cols: int, bits, piece_ptr, pieces, o_part, lse_part, prefix_len: int, h: int,
-                  qk_scale: float) -> dict:
-    """Launch the seesaw prefix kernel on torch's current stream: q2 [hq, 576] and kv [>= num_cols, 576] (bf16 or
-    fp16), one program per entry of the piece table (split_ws.cu_pieces: piece_ptr [programs + 1] and pieces
-    [n, 6] int32 on the device); writes o_part / lse_part as the Gluon prefix kernel does. ``qk_scale`` (the
-    softmax scale times log2 e) must be positive. Returns a small report for ``meta``."""
-    import torch
+class Launcher:
+    """One plan's launch of the seesaw kernel, built once (plan time): the function, the parameter block (the
+    plan's bitmask, work list or grid, partial buffers, device prefix length) and the TMA maps of the q and kv
+    tensors it has met, cached by address and shape. A call only points the block at q's and kv's maps (encoded on
+    first sight) and launches on torch's current stream, so an eager call costs a few microseconds of host time.
 
-    name = KERNELS[str(kv.dtype).removeprefix("torch.")]
-    fn = _function(name, kv.device)
-    hq = q2.shape[0]
-    programs = piece_ptr.numel() - 1
-    keep = [tensor_map(q2, hq, BLOCK_M), tensor_map(kv, num_cols, 64)]
-    args = [keep[0][1], keep[1][1], ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(piece_ptr.data_ptr()),
-            ctypes.c_uint64(pieces.data_ptr()), ctypes.c_uint64(o_part.data_ptr()),
-            ctypes.c_uint64(lse_part.data_ptr()), ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
-            ctypes.c_int32(prefix_len), ctypes.c_int32(hq), ctypes.c_int32(h), ctypes.c_float(qk_scale)]
-    params = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
-    with torch.cuda.device(kv.device):  # the context the function was loaded into is the current one
-        stream = torch.cuda.current_stream(kv.device).cuda_stream
-        _check(_driver().cuLaunchKernel(fn, programs, 1, 1, THREADS, 1, 1, SMEM_BYTES, ctypes.c_void_p(stream),
-                                        params, None), f"launching {name}")
-    return {"name": name, "shared": SMEM_BYTES, "threads": THREADS, "programs": programs,
-            "pieces": pieces.shape[0]}
+    table: (piece_ptr, pieces) int32 device tensors (split_ws.cu_table: the balanced grid of a host plan), or None
+    for the row-block x split grid the kernel derives from the live prefix length (n_qb x grid_splits programs)."""
+
+    MAX_MAPS = 512   # cached TMA maps (per role) before the cache is cleared
+
+    def __init__(self, device, dtype, hq: int, h: int, r: int, num_cols: int, bits, prefix_t, o_part, lse_part,
+                 n_qb: int, grid_splits: int, fold: int, table=None):
+        import torch
+
+        self.device = torch.device(device)
+        self.name = KERNELS[str(dtype).removeprefix("torch.")]
+        self.fn = _function(self.name, self.device)
+        self.hq, self.num_cols = hq, num_cols
+        self.programs = table[0].numel() - 1 if table is not None else n_qb * grid_splits
+        self.pieces = table[1].shape[0] if table is not None else self.programs
+        self._keep = (bits, prefix_t, o_part, lse_part, table)   # the buffers the block points at stay alive
+        self._maps: dict = {}
+        self.scale = ctypes.c_float(1.0)
+        ptr = table[0].data_ptr() if table is not None else 0
+        pcs = table[1].data_ptr() if table is not None else 0
+        self._args = [ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(ptr), ctypes.c_uint64(pcs),
+                      ctypes.c_uint64(o_part.data_ptr()), ctypes.c_uint64(lse_part.data_ptr()),
+                      ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
+                      ctypes.c_uint64(prefix_t.data_ptr()), ctypes.c_int32(hq), ctypes.c_int32(h), self.scale,
+                      ctypes.c_int32(r), ctypes.c_int32(n_qb), ctypes.c_int32(grid_splits), ctypes.c_int32(fold)]
+        self.params = (ctypes.c_void_p * (2 + len(self._args)))(
+            None, None, *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
+        self.report = {"name": self.name, "shared": SMEM_BYTES, "threads": THREADS, "programs": self.programs,
+                       "pieces": self.pieces, "work_list": table is not None}
+
+    def _map(self, t, rows: int) -> int:
+        key = (t.data_ptr(), t.stride(0), rows)
+        m = self._maps.get(key)
+        if m is None:
+            if len(self._maps) >= self.MAX_MAPS:
+                self._maps.clear()
+            m = self._maps[key] = tensor_map(t, rows, 64)
+        return ctypes.addressof(m[1])
+
+    def __call__(self, q2, kv, qk_scale: float, stream: int) -> dict:
+        """Launch on ``stream`` (torch's current stream's handle): q2 [hq, 576] and kv [>= num_cols, 576] of the
+        plan's dtype, 16-byte aligned rows; ``qk_scale`` (the softmax scale times log2 e) > 0."""
+        self.params[0] = self._map(q2, self.hq)
+        self.params[1] = self._map(kv, self.num_cols)
+        self.scale.value = qk_scale
+        rc = _driver().cuLaunchKernel(self.fn, self.programs, 1, 1, THREADS, 1, 1, SMEM_BYTES, stream, self.params,
+                                      None)
+        if rc:
+            _check(rc, f"launching {self.name}")
+        return self.report
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,11 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import verify_paths
 from ._common import check_dims, check_rows, dot_flags, kernel_meta
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "paged"
-layout = "paged"
+layout = verify_paths.BY_NAME[name].layout
+device_plans = verify_paths.BY_NAME[name].device_plans
 
 BLOCK_M = 32  # query rows per program (SGLang's choice for 576-wide heads on sm_80+/sm_90)
 BLOCK_N = 64  # KV tokens per block

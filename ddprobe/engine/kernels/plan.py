@@ -40,6 +40,7 @@ class VerifyPlan:
     dynamic:    True for device plans (prefix_t may be less than prefix_len).
     tuning:     the path's frozen tuning dataclass (None for paths without knobs).
     extra:      path-specific device buffers built by ``plan`` (never filled later).
+    detail:     a path's typed plan (split_ws.WsPlan), built by ``plan``; None for paths that use ``extra``.
     """
 
     prefix_len: int
@@ -50,6 +51,7 @@ class VerifyPlan:
     dynamic: bool = False
     tuning: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
+    detail: Any = None
 
     @property
     def num_rows(self) -> int:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from ... import verify_paths
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "reference"
-layout = "any"
+layout = verify_paths.BY_NAME[name].layout
+device_plans = verify_paths.BY_NAME[name].device_plans
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,

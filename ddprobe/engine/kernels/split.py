@@ -37,11 +37,13 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ... import verify_paths
 from ._common import check_dims, check_rows, dot_flags, interpreting, kernel_meta, next_pow2, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "split"
-layout = "contiguous"
+layout = verify_paths.BY_NAME[name].layout
+device_plans = verify_paths.BY_NAME[name].device_plans
 
 LOG2E = 1.4426950408889634
 

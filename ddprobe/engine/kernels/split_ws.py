@@ -1,41 +1,42 @@
-"""`split_ws`: `split`'s algorithm with a warp-specialized Gluon prefix kernel (Hopper only).
+"""`split_ws`: `split`'s algorithm with warp-specialized Hopper prefix kernels (sm_90 only).
 
 Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..P-1, then the R new rows):
-  1. ``_ws_gluon.ws_prefix_kernel``, grid (cdiv(Hq, 64), splits + 1): per 64 folded query rows and chunk of
-     the prefix, a TMA loader warp feeding a ring of KV stages, warpgroup 0 doing S and the softmax and half
-     of P V, warpgroup 1 the other half of P V (see that module). The last split index is the tree part.
-     65-72 folded rows (8 heads x 9) from TAIL_MIN_PREFIX tokens: ``_ws_tail.ws_tail_kernel``, one program of
-     64 + 8 rows per chunk (the 8 with KV tokens on the MMA's M side, on warpgroup 1), twice the splits.
-     With the tree folded and at least BALANCE_MIN_TILES tiles a program (64 heads from 32k), the balanced grid
-     (WsTuning.balance): one program per SM, full chunks cut at the same tiles in every row block plus spare
-     programs sharing the remainders; a spare program's share may cover pieces of several row blocks
-     (``_ws_gluon._piece``).
-     From CUDA_MIN_ROW_BLOCKS row blocks up (64 heads x 9 rows: 9) the prefix kernel is the CUDA C++ seesaw
-     instead (WsTuning.cuda, cuda/seesaw_sm90.cu through _cu.py: FlashMLA's schedule, no producer warp, on the
-     same grids given as a work list of pieces, cu_pieces); it writes the same partials.
-  2. The log-sum-exp merge of the partials (`split`'s buffers and layout): ``_merge_flat_kernel`` by default
-     (all lse values first, then the partials with no rescale chain; 1.2x faster than `split`'s
-     ``_merge_kernel`` at 8 heads and 1.8-4.2x from 16 heads up on the H200), `split`'s own as ``merge_kind=0``;
-     with ``WsTuning.pdl`` launched as a programmatic dependent of step 1 (measured: no gain, off by default).
-It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the
-MLA widths the kernel is written for (v_dim 512, rope 64, rope a power of two); anything else is a one-line
-ValueError. There is no interpreter path: Gluon does not run under TRITON_INTERPRET; `split` is the
-CPU-tested path with the same results, and tests/test_kernels_gpu.py checks this one on the GPU.
+  1. The prefix kernel, per 64 folded query rows (row hq = r * H + h) and chunk of the prefix:
+     - the CUDA C++ seesaw (cuda/seesaw_sm90.cu through _cu.py; FlashMLA's schedule, no producer warp) from
+       CUDA_MIN_ROW_BLOCKS row blocks up (64 heads x 9 rows: 9), and for every device plan. It reads the prefix
+       length from device memory and derives its chunk from it on the row-block x split grid sized for the plan's
+       bound (splits past the live length mark their slot empty and exit at once), so a CUDA graph replays one
+       launch at any length up to the bound; host plans with the balanced grid (WsTuning.balance) give it a work
+       list of pieces built at plan time (cu_table).
+     - below that, on host plans, the Gluon kernels: ``_ws_gluon.ws_prefix_kernel`` (a TMA loader warp, warpgroup
+       0 doing S, the softmax and half of P V, warpgroup 1 the other half) and, for 65-72 folded rows (8 heads x 9)
+       from TAIL_MIN_PREFIX tokens, ``_ws_tail.ws_tail_kernel`` (one program of 64 + 8 rows per chunk).
+  2. The log-sum-exp merge of the partials (`split`'s buffers, layout and launch_merge; merge_config's kind).
+``plan`` plans and ``run`` only launches: given the heads and the dtype, ``plan`` chooses the kernel and the grid,
+allocates the partials and builds the CUDA kernel's launcher (its parameter block; _cu.Launcher) into a typed
+WsPlan (VerifyPlan.detail); ``run`` checks that the inputs match it (a one-line ValueError otherwise) and launches.
+A plan built without heads is completed per call for the call's heads (correct, with the host cost of a plan).
+It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the MLA widths the
+kernels are written for (v_dim 512, rope 64); anything else is a one-line ValueError. There is no interpreter path:
+`split` is the CPU-tested path with the same results, and tests/test_kernels_gpu.py checks this one on the GPU.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import triton
 
-from ._common import check_dims, check_rows, interpreting, kernel_meta, sm_count
+from ... import verify_paths
+from ._common import check_rows, interpreting, kernel_meta, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
-from .split import LOG2E, _partials, mask_bits, merge_config
+from .split import LOG2E, _partials, bit_weights, mask_bits, merge_config
 from .split import launch_merge as split_launch_merge
 
 name = "split_ws"
-layout = "contiguous"
+layout = verify_paths.BY_NAME[name].layout
+device_plans = verify_paths.BY_NAME[name].device_plans  # the engine reads this to capture steps in CUDA graphs
 
 BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
@@ -52,86 +53,49 @@ LOAD_REGS = 40   # registers per thread of the loader warp
 
 @dataclass(frozen=True)
 class WsTuning:
-    """Knobs of the Gluon prefix kernel, fixed per plan."""
+    """Knobs of the prefix kernels, fixed per plan: the schedules that run by default or that the tests or the
+    benchmark still select (the rejected ones, the Gluon seesaw, pipe 0-2 and PDL merges among them, are kept by the
+    tag lab-2026-12-03; their measurements are in docs/perf.md)."""
 
-    pipe: int = 3       # warpgroup 0's schedule: 0 S, softmax, P V strictly in order, P and alpha handed to
-                        # warpgroup 1 through the p_ready / p_free mbarriers; 3 (default): 0 with that hand-off on a
-                        # named barrier (bar.arrive in warpgroup 0, bar.sync in warpgroup 1) and p_free folded into
-                        # kv_free (H200: 1-2% faster at 64 heads, 0-1% at 8 heads); 1 S of tile i + 1 issued
-                        # before the softmax of tile i (1.5x slower; with a 2-stage ring that tile is likely still in
-                        # flight then, docs/perf.md);
-                        # 2 S of tile i + 1 issued right behind P V of tile i (1-10% slower)
-    balance: int = -1   # 1: one wave of `programs` programs (one per SM): chunks of cdiv(row blocks x tiles,
-                        # programs) tiles cut at the same tiles in every row block, one program each, and the spare
-                        # programs sharing the row blocks' remainders, a share crossing row blocks split into one
-                        # piece per row block (_ws_gluon._piece; the tree folded into each row block's last piece);
-                        # 64 heads at 128k: 140 tiles a program instead of 147 (9 x 14 programs on 132 SMs, as
-                        # FlashMLA's grid); H200, two runs: 32k 0.6-1.2%, 64k 3.0-3.5%, 128k 1.2-5.0% faster (an
-                        # even share of every row block's tiles, not cut at the same tiles, was 0-9% slower: the row
-                        # blocks stop sharing tiles in L2); the tree is always folded (fold_tree is then unused);
-                        # 0: row blocks x splits (choose_config); -1: 1 with pipe 3, no seesaw or tail kernel, the
-                        # tree folded and at least BALANCE_MIN_TILES tiles a program
-    programs: int = 0   # programs of the balanced grid (0: one per SM)
-    ffma: int = 1       # 1 (default): the softmax scale inside the exponent, p = 2^(s c - m) as one FFMA per score
-                        # (needs c > 0, so max(s) c = max(s c); a scale <= 0 runs the FMUL path)
-                        # (pipe 0 / 3; 65 fewer instructions a tile in warpgroup 0's loop; H200: 0.2-1.6% faster at
-                        # 64 heads from 32k, within 0.1 us elsewhere); 0: s scaled first (FMUL), then s - m (FADD)
-    min_chunk: int = 64  # fewest prefix tokens per split
-    fold_tree: int = -1  # 1: the last prefix split also attends the R tree columns (no program of its own);
-                         # 0: the tree part is one more program per row block; -1: fold from 4 row blocks up
-                         # (64 heads: one split more, 6% faster at 128k; 8 heads: the longer last split
-                         # costs more than the 2 programs it saves, 1-14% slower; docs/perf.md round 4);
-                         # -1 also folds behind the tail kernel (8 heads from 48k: 1.0 us faster at 64k-128k)
-    seesaw: int = 0     # 1: FlashMLA's seesaw schedule (_ws_gluon.ws_seesaw_kernel): both warpgroups compute S
-                        # for alternate tiles and P V of every tile on their own half of the columns; 2: the
-                        # same, warpgroup 0 issuing S of its next tile behind its last P V (1 and 2: correct,
-                        # 2-29% slower than 0 on the H200; docs/perf.md round 4); 3: tiles loaded and S issued
-                        # in 64-column pieces (FlashMLA's granularity); 4: 3 with warpgroup 1 issuing P0 V0_R
-                        # before P1 V1_R (3 and 4: correct on the H200, 5-16% slower than 1); `pipe` is then unused
-                        # (a fifth, with no loader warp and consumer-issued TMA per piece, is on the branch seesaw5:
-                        # correct, 1-65% slower; docs/perf.md, eighth session)
-    merge_kind: int = -1    # the merge of the partials: 0 split's online merge (a running maximum, partials in
-                            # steps of merge_split_chunk); 1 _merge_flat_kernel (the maximum of all lse first, then
-                            # partials in steps with no rescale chain); 2: 1 with each step as unrolled per-thread 2-D
-                            # loads; 3: 1 summing over the partials once, after the loop; -1: 3 up to 128 folded rows,
-                            # else 1 (H200, 2026-12-01: 8 heads 128k 7.9 -> 6.4 us, 64 heads 25.3 -> 6.0 us; perf.md)
+    balance: int = -1   # the balanced grid (one wave of `programs` programs, chunks cut at the same tiles in every
+                        # row block, spare programs sharing the remainders; H200, 64 heads: 1-5% faster from 32k);
+                        # -1 (default): from BALANCE_MIN_TILES tiles a program, tree folded, host plans; 1 always
+                        # (host plans; the tests select it at small contexts); 0 never (row blocks x splits)
+    programs: int = 0   # programs of the balanced grid (0: one per SM; the tests select 5 and 37 for odd shares)
+    min_chunk: int = 64  # fewest prefix tokens per split (the tests select 128 and 256 for multi-tile chunks)
+    fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
+                         # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
+                         # 8 heads without the tail kernel 1-14% slower folded); both placements are tested
+    merge_kind: int = -1    # the merge (split.merge_config): -1 (default) 3 up to 128 folded rows, else 1; 0-3 as
+                            # split's (the tests check every kind against the reference)
     merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, split.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4        # warps per merge program
     merge_bv: int = 0           # value columns per merge program (0: halve 512 until the grid fills the SMs)
-    pdl: int = 0                            # 1: launch the merge as a programmatic dependent of the prefix kernel
-                                            # (griddepcontrol: its launch overlaps the prefix kernel's tail);
-                                            # 2: also trigger it from the prefix kernel's start (not seesaw), so
-                                            # its programs wait on the SMs the prefix grid leaves or frees
-    cuda: int = -1      # 1: the prefix kernel is the CUDA C++ seesaw (cuda/seesaw_sm90.cu, a prebuilt cubin launched
-                        # through the driver API, _cu.py): FlashMLA's schedule with no producer warp, each warpgroup
-                        # refilling by TMA the 64-column pieces it read last, named barriers for every hand-off;
-                        # the same grids (the balanced one as `balance` says; no tail kernel) as a work list of
-                        # pieces (cu_pieces); needs a positive softmax scale; 0: the Gluon kernels; -1 (default):
-                        # 1 from CUDA_MIN_ROW_BLOCKS row blocks up with seesaw 0 and a positive scale (H200, 64
-                        # heads: 0.96-1.01x FlashMLA's time from 32k, 0.87x at 8k; the Gluon kernels stay faster
-                        # at 8 heads, where the tail kernel runs; docs/perf.md, 2026-12-02)
-    tail: int = -1      # 65-72 folded query rows (8 heads x 9) in ONE program per chunk (_ws_tail.ws_tail_kernel):
-                        # rows 0..63 as usual, the 8 others with KV tokens on the MMA's M side on warpgroup 1, so
-                        # twice the splits of the two-program grid, each half as long; 1 always, 0 never, -1 from
-                        # TAIL_MIN_PREFIX tokens of prefix (the plan's bound) up; other row counts: unused
+    cuda: int = -1      # the CUDA C++ prefix kernel: -1 (default) from CUDA_MIN_ROW_BLOCKS row blocks up on host
+                        # plans and always on device plans (H200, 64 heads: 0.96-1.01x FlashMLA from 32k); 1 always
+                        # (needs a positive softmax scale); 0 never (the Gluon kernels: host plans only; the benchmark
+                        # selects it as the comparison)
+    tail: int = -1      # 65-72 folded rows (8 heads x 9) in one Gluon program of 64 + 8 rows per chunk: -1 (default)
+                        # from TAIL_MIN_PREFIX tokens on host plans (H200: 4-10% faster than two 64-row programs at
+                        # 64k-128k); 1 always; 0 never (both tested)
 
 
 DEFAULT_TUNING = WsTuning()
-_CHOICES = {"pipe": (0, 1, 2, 3), "seesaw": (0, 1, 2, 3, 4), "balance": (-1, 0, 1), "ffma": (0, 1),
-            "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "pdl": (0, 1, 2), "merge_kind": (-1, 0, 1, 2, 3), "cuda": (-1, 0, 1)}
+_CHOICES = {"balance": (-1, 0, 1), "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-1, 0, 1, 2, 3),
+            "cuda": (-1, 0, 1)}
 
 
 def check_tuning(t: WsTuning) -> None:
-    """One-line ValueError for a schedule knob outside the kernels' choices (a value no kernel implements would
-    otherwise run some other schedule silently)."""
+    """One-line ValueError for a knob outside the kernels' choices (a value no kernel implements would otherwise run
+    some other schedule silently)."""
     for field, allowed in _CHOICES.items():
         if getattr(t, field) not in allowed:
             raise ValueError(f"WsTuning.{field} must be one of {', '.join(map(str, allowed))}, got {getattr(t, field)}")
-    if t.cuda == 1 and (t.seesaw or t.tail == 1):
-        raise ValueError("WsTuning.cuda=1 is the CUDA seesaw on 64-row blocks; it cannot run with a Gluon seesaw "
-                         f"or the tail kernel (seesaw={t.seesaw}, tail={t.tail})")
+    if t.cuda == 1 and t.tail == 1:
+        raise ValueError("WsTuning.cuda=1 is the CUDA kernel on 64-row blocks; it cannot run with the tail kernel "
+                         "(tail=1)")
     if t.programs < 0:
         raise ValueError(f"WsTuning.programs must be >= 0 (0: one per SM), got {t.programs}")
 
@@ -139,7 +103,7 @@ def check_tuning(t: WsTuning) -> None:
 def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
     """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel) for a plan
     bound of ``prefix_len`` tokens."""
-    if t.seesaw or t.cuda == 1 or not BLOCK_M < hq <= BLOCK_M + TAIL:
+    if t.cuda == 1 or not BLOCK_M < hq <= BLOCK_M + TAIL:
         return False
     return prefix_len >= TAIL_MIN_PREFIX if t.tail < 0 else bool(t.tail)
 
@@ -151,7 +115,7 @@ def block_rows(hq: int, t: WsTuning, prefix_len: int) -> int:
 
 def uses_cuda(hq: int, t: WsTuning) -> bool:
     """Whether tuning ``t`` runs the CUDA prefix kernel for hq folded rows (before the scale's sign is known)."""
-    if t.seesaw or t.cuda == 0:
+    if t.cuda == 0:
         return False
     return t.cuda == 1 or triton.cdiv(hq, BLOCK_M) >= CUDA_MIN_ROW_BLOCKS
 
@@ -263,6 +227,19 @@ def cu_pieces(cfg: dict, prefix_len: int, r: int) -> tuple[list[int], list[int]]
     return ptr, flat
 
 
+def grid_piece(g: int, n_qb: int, grid_splits: int, fold: int, prefix_len: int, r: int) -> tuple[int, int, int, int]:
+    """Host mirror of the CUDA kernel's grid without a work list (device plans): program g's (row block, first
+    column, end column, slot) at live length ``prefix_len``; start == end: an empty split (lse -inf, exits)."""
+    rb, slot = g % n_qb, g // n_qb
+    ns = grid_splits - 1 + fold
+    if not fold and slot == ns:
+        return rb, prefix_len, prefix_len + r, slot
+    chunk = max(BLOCK_N, -(-(-(-prefix_len // ns)) // BLOCK_N) * BLOCK_N)
+    start = min(slot * chunk, prefix_len)
+    end = prefix_len + r if fold and slot == ns - 1 else min(start + chunk, prefix_len)
+    return rb, start, end, slot
+
+
 def cu_table(cfg: dict, prefix_len: int, r: int, device) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """cu_pieces as the int32 device tensors the CUDA kernel reads (piece_ptr, pieces [n, 6]), and their pinned
     host source. The copy does not block, so a table first needed inside a CUDA-graph capture is captured as a
@@ -294,11 +271,7 @@ def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> di
 
 def balances(prefix_len: int, hq: int, sms: int, t: WsTuning) -> bool:
     """Whether tuning ``t`` runs the balanced grid for this plan (WsTuning.balance)."""
-    if t.balance == 0 or prefix_len == 0 or t.seesaw or tails(hq, t, prefix_len):
-        return False
-    if t.pipe != 3:
-        if t.balance == 1:
-            raise ValueError(f"WsTuning.balance=1 needs pipe 3 (the default), got pipe {t.pipe}")
+    if t.balance == 0 or prefix_len == 0 or tails(hq, t, prefix_len):
         return False
     if t.balance == 1:
         return True
@@ -317,135 +290,6 @@ def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
     return dict(choose_config(prefix_len, hq, sms, t.min_chunk, fold, bq), block_q=bq, tail=tail)
 
 
-def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
-         tuning=None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
-    """Per-step metadata (as `split`): the ancestor bitmask on the device, the SM count; with ``heads``
-    also the split config and the partial buffers (else run() derives them per call). Host plans only:
-    the Gluon kernel takes the prefix length as a launch argument."""
-    tuning = DEFAULT_TUNING if tuning is None else tuning
-    if not isinstance(tuning, WsTuning):
-        raise ValueError(f"the split_ws path takes a WsTuning, got {type(tuning).__name__}")
-    check_tuning(tuning)
-    if isinstance(prefix_len, torch.Tensor) or max_prefix is not None:
-        raise ValueError("the split_ws path takes a host prefix length (an int), not a device plan")
-    dev = tree_mask.device
-    bound, prefix_t, _ = split_prefix_arg(prefix_len, None, dev)
-    check_plan_args(bound, tree_mask, slots)
-    if slots is not None:
-        raise ValueError("the split_ws path reads the contiguous layout (slots=None)")
-    check_diagonal(tree_mask)
-    r = int(tree_mask.shape[0])
-    check_rows(r, name)
-    extra = {"path": name, "bits": mask_bits(tree_mask), "sm_count": sm_count(dev)}
-    if heads is not None:
-        extra["heads"] = heads
-        extra["config"] = cfg = config(bound, heads * r, extra["sm_count"], tuning)
-        extra["partials"] = _partials(cfg["grid_splits"] - 1, heads * r, v_dim, dev)
-        extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"], bound)
-        if uses_cuda(heads * r, tuning) and dev.type == "cuda":  # the work list, built before any graph capture
-            extra["cu_pieces"] = cu_table(cfg, bound, r, dev)
-    return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
-                      tuning=tuning, extra=extra)
-
-
-def refresh(p: VerifyPlan) -> None:
-    """Rebuild the bitmask from tree_mask after the caller rewrote it in place."""
-    p.extra["bits"].copy_(mask_bits(p.tree_mask))
-
-
-def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, seesaw: int = 0, tail: bool = False):
-    """Tensor descriptors: Q in 64-row blocks (latent, rope), the KV tiles (latent, rope), and with ``tail`` the
-    Q tail's TAIL-row blocks after them."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    dt = gl.bfloat16 if kv.dtype == torch.bfloat16 else gl.float16
-    v, pe = p.v_dim, kv.shape[1] - p.v_dim
-    rows = p.num_cols  # rows past the prefix and the tree read as zeros
-
-    def desc(t, shape, block):
-        return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
-    kv_w = (64 if seesaw >= 3 else v // 2) if seesaw else v  # seesaw: a tile's latent in halves or 64-col pieces
-    hq = q2.shape[0]
-    out = (desc(q2, [hq, v], [BLOCK_M, v]), desc(q2[:, v:], [hq, pe], [BLOCK_M, pe]),
-           desc(kv, [rows, v], [BLOCK_N, kv_w]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
-    return out + (desc(q2, [hq, v], [TAIL, v]), desc(q2[:, v:], [hq, pe], [TAIL, pe])) if tail else out
-
-
-def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
-    """Check the inputs and launch the prefix kernel; returns (partials, number of prefix partials n):
-    the merge combines partials 0 .. n - 1 with the tree part's at index n."""
-    check_run_args(q, kv, p)
-    check_dims(q, kv, p.v_dim, name)
-    if p.extra.get("path") != name:
-        raise ValueError("plan was not built by split_ws.plan")
-    why = supported(q, kv, p.v_dim)
-    if why:
-        raise ValueError(f"the {name} path {why}")
-    from ._ws_gluon import ws_prefix_kernel, ws_seesaw_kernel  # Gluon: imported only where it can run
-
-    r, h, d = q.shape
-    hq = r * h
-    planned = p.extra.get("heads") == h and p.extra["partials"][0].device == q.device
-    t = p.tuning
-    cfg = p.extra["config"] if planned else config(p.prefix_len, hq, p.extra["sm_count"], t)
-    gs = cfg["grid_splits"]  # partials 0 .. gs - 1; the merge starts from the last (finite lse: the tree columns)
-    parts = p.extra["partials"] if planned else _partials(gs - 1, hq, p.v_dim, q.device)
-    o_part, lse_part = parts
-    q2 = q.reshape(hq, d)  # row hq = r * H + h
-    if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
-        q2 = q2.contiguous()
-    if uses_cuda(hq, t) and (t.cuda == 1 or sm_scale > 0):
-        if sm_scale <= 0:
-            raise ValueError(f"WsTuning.cuda=1 needs a positive softmax scale, got {sm_scale}")
-        from . import _cu
-        table = p.extra.get("cu_pieces") if planned else None
-        if table is None:  # a plan built without these heads: one work list per (rows, device), kept by the plan
-            key = (hq, q.device.index)
-            tables = p.extra.setdefault("cu_tables", {})
-            if key not in tables:
-                tables[key] = cu_table(cfg, p.prefix_len, r, q.device)
-            table = tables[key]
-        try:
-            info = _cu.launch_seesaw(q2, kv, p.num_cols, p.extra["bits"], table[0], table[1], o_part, lse_part,
-                                     p.prefix_len, h, sm_scale * LOG2E)
-        except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): cuda=-1 falls back to the Gluon
-            if t.cuda == 1:         # kernel on the same grid; Python shows the repeated warning once
-                raise
-            import warnings
-            warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
-                          RuntimeWarning, stacklevel=2)
-        else:
-            if meta is not None:
-                meta["prefix"] = info
-            return parts, gs - 1
-    qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = _descs(q2, kv, p, t.seesaw, cfg["tail"])
-    args = (qd_lat, qd_pe, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part, o_part.stride(0), o_part.stride(1),
-            p.prefix_len, r, cfg["chunk"], hq, h, sm_scale * LOG2E)
-    if cfg["tail"]:
-        from ._ws_tail import ws_tail_kernel
-        qt_lat, qt_pe = q_tail
-        k = ws_tail_kernel[(cfg["n_qb"], gs)](
-            qd_lat, qd_pe, qt_lat, qt_pe, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
-            PE_DIM=d - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
-        )
-    elif t.seesaw:
-        k = ws_seesaw_kernel[(cfg["n_qb"], gs)](
-            *args, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=d - p.v_dim,
-            PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], SEESAW=t.seesaw, num_warps=4,
-        )
-    else:
-        bal = cfg.get("balance", False)
-        k = ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
-            *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
-            PE_DIM=d - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=t.pipe, FOLD=cfg["fold"],
-            TRIGGER=t.pdl >= 2, BALANCE=bal, FFMA=bool(t.ffma) and sm_scale > 0, num_warps=4,
-        )
-    if meta is not None:
-        meta["prefix"] = kernel_meta(k)
-    return parts, gs - 1
-
-
 def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int, prefix_len: int) -> dict:
     """split.merge_config for this path: its prefix grid gives at most sms // (row blocks) partials; behind
     the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says;
@@ -458,17 +302,210 @@ def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int, prefix_len: int) -> d
     return merge_config(t, hq, v_dim, sms, parts)
 
 
+@dataclass(frozen=True)
+class WsPlan:
+    """What ``plan`` built for one head count and dtype (VerifyPlan.detail); ``run`` only launches from it.
+    heads None: a plan built without heads (``run`` completes one per call)."""
+
+    heads: int | None
+    dtype: torch.dtype
+    bits: torch.Tensor          # [R] int64 ancestor bits, rebuilt by refresh()
+    bit_weights: torch.Tensor
+    sm_count: int
+    tuning: WsTuning = DEFAULT_TUNING   # the effective tuning (device plans: cuda=1, no balance, no tail kernel)
+    kernel: str = ""            # "cuda", "gluon" or "tail"
+    cfg: dict | None = None     # the grid (config / choose_config)
+    partials: tuple | None = None
+    merge: dict | None = None
+    launcher: Any = None        # _cu.Launcher of the CUDA kernel
+
+
+def _why_not(device, dtype, v_dim: int, rope_dim: int) -> str | None:
+    """None when this path runs on ``device`` with this dtype and widths, else the reason (one line)."""
+    if interpreting():
+        return "does not run under TRITON_INTERPRET (use 'split' there)"
+    dev = torch.device(device)
+    if not (dev.type == "cuda" and torch.cuda.get_device_capability(dev) == (9, 0)):
+        return "needs an sm_90 GPU (H100/H200: wgmma, TMA, mbarriers)"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16 or fp16 q and kv, got {dtype}"
+    if v_dim != 512 or rope_dim != 64:
+        return f"is written for MLA rows of 512 + 64, got {v_dim} + {rope_dim}"
+    return None
+
+
+def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
+    """None when this path can run these tensors, else the reason (one line)."""
+    why = _why_not(q.device, q.dtype, v_dim, q.shape[2] - v_dim)
+    if why is None and (kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16):
+        why = "needs 16-byte aligned kv rows"
+    return why
+
+
+def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_dim: int = 64) -> WsPlan:
+    """base (bits, SM count) with the kernel, grid, partials, merge and launcher for ``heads`` and ``dtype``."""
+    why = _why_not(base.bits.device, dtype, p.v_dim, rope_dim)
+    if why:
+        raise ValueError(f"the {name} path {why}")
+    t, r, dev, sms = p.tuning, p.num_rows, base.bits.device, base.sm_count
+    hq = heads * r
+    if p.dynamic:  # device plans: the CUDA kernel on the row-block x split grid, chunks derived on the device
+        if t.cuda == 0:
+            raise ValueError(f"the {name} path runs device plans on its CUDA kernel: WsTuning.cuda=0 needs a host plan")
+        t = replace(t, cuda=1, balance=0, tail=0)
+    cfg = config(p.prefix_len, hq, sms, t)
+    kernel = "cuda" if uses_cuda(hq, t) else ("tail" if cfg["tail"] else "gluon")
+    parts = _partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
+    launcher = None
+    if kernel == "cuda":
+        from . import _cu
+        table = cu_table(cfg, p.prefix_len, r, dev) if cfg.get("balance") else None
+        try:
+            launcher = _cu.Launcher(dev, dtype, hq, heads, r, p.num_cols, base.bits, p.prefix_t, *parts, cfg["n_qb"],
+                                    cfg["grid_splits"], cfg["fold"], table)
+        except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): cuda=-1 host plans run Gluon instead
+            if t.cuda == 1:
+                raise
+            import warnings
+            warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
+                          RuntimeWarning, stacklevel=3)
+            kernel = "gluon"
+    return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
+                   merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher)
+
+
+def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
+         tuning=None, heads: int | None = None, max_prefix: int | None = None,
+         dtype: torch.dtype = torch.bfloat16, rope_dim: int = 64) -> VerifyPlan:
+    """Per-step metadata: the ancestor bitmask on the device and the SM count; with ``heads`` (and q/kv's
+    ``dtype``) also the kernel, the grid, the partial buffers, the merge and the CUDA kernel's launcher.
+    prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix`` (device plan: the CUDA kernel,
+    its grid and buffers sized for max_prefix; ``refresh`` rebuilds the bitmask)."""
+    tuning = DEFAULT_TUNING if tuning is None else tuning
+    if not isinstance(tuning, WsTuning):
+        raise ValueError(f"the split_ws path takes a WsTuning, got {type(tuning).__name__}")
+    check_tuning(tuning)
+    dev = tree_mask.device
+    bound, prefix_t, dynamic = split_prefix_arg(prefix_len, max_prefix, dev)
+    check_plan_args(bound, tree_mask, slots)
+    if slots is not None:
+        raise ValueError("the split_ws path reads the contiguous layout (slots=None)")
+    if not dynamic:
+        check_diagonal(tree_mask)
+    r = int(tree_mask.shape[0])
+    check_rows(r, name)
+    w = bit_weights(r, dev)
+    base = WsPlan(heads=None, dtype=dtype, bits=mask_bits(tree_mask, w), bit_weights=w, sm_count=sm_count(dev),
+                  tuning=tuning)
+    p = VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
+                   dynamic=dynamic, tuning=tuning, detail=base)
+    if heads is None:
+        return p
+    return replace(p, detail=_complete(p, base, heads, dtype, rope_dim))
+
+
+def refresh(p: VerifyPlan) -> None:
+    """Rebuild the bitmask from tree_mask after the caller rewrote it in place (fixed shapes, capturable)."""
+    p.detail.bits.copy_(mask_bits(p.tree_mask, p.detail.bit_weights))
+
+
+def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, tail: bool = False):
+    """Tensor descriptors: Q in 64-row blocks (latent, rope), the KV tiles (latent, rope), and with ``tail`` the
+    Q tail's TAIL-row blocks after them."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dt = gl.bfloat16 if kv.dtype == torch.bfloat16 else gl.float16
+    v, pe = p.v_dim, kv.shape[1] - p.v_dim
+    rows = p.num_cols  # rows past the prefix and the tree read as zeros
+
+    def desc(t, shape, block):
+        return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
+    hq = q2.shape[0]
+    out = (desc(q2, [hq, v], [BLOCK_M, v]), desc(q2[:, v:], [hq, pe], [BLOCK_M, pe]),
+           desc(kv, [rows, v], [BLOCK_N, v]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
+    return out + (desc(q2, [hq, v], [TAIL, v]), desc(q2[:, v:], [hq, pe], [TAIL, pe])) if tail else out
+
+
+def _launch_gluon(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
+    """The Gluon prefix kernel (host plans): the tail kernel or ws_prefix_kernel on d's grid."""
+    from ._ws_gluon import ws_prefix_kernel
+
+    cfg, (o_part, lse_part) = d.cfg, d.partials
+    hq, dim = q2.shape
+    gs = cfg["grid_splits"]
+    qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = _descs(q2, kv, p, cfg["tail"])
+    args = (qd_lat, qd_pe, kd_lat, kd_pe, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1),
+            p.prefix_len, p.num_rows, cfg["chunk"], hq, h, sm_scale * LOG2E)
+    if cfg["tail"]:
+        from ._ws_tail import ws_tail_kernel
+        return ws_tail_kernel[(cfg["n_qb"], gs)](
+            qd_lat, qd_pe, *q_tail, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
+            PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
+        )
+    bal = cfg.get("balance", False)
+    return ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
+        *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
+        PE_DIM=dim - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=3, FOLD=cfg["fold"],
+        TRIGGER=False, BALANCE=bal, FFMA=sm_scale > 0, num_warps=4,
+    )
+
+
+def _checked(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
+    """The plan's WsPlan for these inputs (completed for q's heads when the plan was built without heads); a
+    one-line ValueError when the plan does not match them."""
+    d = p.detail
+    if not isinstance(d, WsPlan):
+        raise ValueError("plan was not built by split_ws.plan")
+    check_run_args(q, kv, p)
+    if d.heads is None:
+        return _complete(p, d, q.shape[1], q.dtype, q.shape[2] - p.v_dim)
+    if (q.shape[1], q.dtype, kv.dtype, q.shape[2]) != (d.heads, d.dtype, d.dtype, p.v_dim + 64) \
+            or q.device != d.bits.device:
+        raise ValueError(f"the {name} plan was built for {d.heads} heads of {d.dtype} rows {p.v_dim} + 64 wide on "
+                         f"{d.bits.device}; got q {tuple(q.shape)} {q.dtype} and kv {kv.dtype} on {q.device}")
+    if kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16 or kv.stride(1) != 1:
+        raise ValueError(f"the {name} path needs 16-byte aligned kv rows with unit column stride")
+    return d
+
+
+def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
+    """Check the inputs and launch the prefix kernel; returns (WsPlan, number of prefix partials n): the merge
+    combines partials 0 .. n - 1 with the tree part's at index n."""
+    d = _checked(q, kv, p)
+    r, h, dim = q.shape
+    q2 = q.reshape(r * h, dim)  # row hq = r * H + h
+    if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
+        q2 = q2.contiguous()
+    if d.kernel == "cuda" and (sm_scale > 0 or d.tuning.cuda == 1 or p.dynamic):
+        if sm_scale <= 0:
+            raise ValueError(f"the {name} CUDA kernel needs a positive softmax scale, got {sm_scale}")
+        dev = q.device.index
+        if dev == torch.cuda.current_device():
+            info = d.launcher(q2, kv, sm_scale * LOG2E, torch.cuda.current_stream(dev).cuda_stream)
+        else:
+            with torch.cuda.device(dev):
+                info = d.launcher(q2, kv, sm_scale * LOG2E, torch.cuda.current_stream(dev).cuda_stream)
+    else:  # the Gluon kernels (a host plan with cuda=-1 and a scale <= 0 runs them on the CUDA kernel's grid)
+        k = _launch_gluon(q2, kv, p, d, sm_scale, h)
+        info = kernel_meta(k) if meta is not None else None
+    if meta is not None:
+        meta["prefix"] = info
+    return d, d.cfg["grid_splits"] - 1
+
+
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
-    """The log-sum-exp merge of the partials into out [R, H, v_dim] (split.launch_merge, merge_config's kind)."""
+    """The log-sum-exp merge of the partials into out [R, H, v_dim] (split.launch_merge): the plan's merge when it
+    was built for these heads, else merge_plan for them."""
     r, h, _ = out.shape
-    mc = (p.extra["merge"] if p.extra.get("heads") == h
-          else merge_plan(p.tuning, r * h, p.v_dim, p.extra["sm_count"], p.prefix_len))
-    return split_launch_merge(parts, n_splits, out, mc, bool(p.tuning.pdl), meta)
+    d = p.detail
+    mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count, p.prefix_len)
+    return split_launch_merge(parts, n_splits, out, mc, meta=meta)
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
     """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a dict
     to receive the compiled kernels' reports under "prefix" and "merge"."""
-    parts, n_splits = launch_prefix(q, kv, p, sm_scale, meta)
+    d, n_splits = launch_prefix(q, kv, p, sm_scale, meta)
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
-    return launch_merge(parts, n_splits, out, p, meta)
+    return split_launch_merge(d.partials, n_splits, out, d.merge, meta=meta)

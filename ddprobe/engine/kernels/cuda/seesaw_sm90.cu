@@ -302,6 +302,20 @@ __device__ __forceinline__ void refill(int wg_bar, int wt, uint32_t stage, uint3
   }
 }
 
+// Rows [from, 64) of a stage's eight latent pieces set to zero (128-byte rows, so the swizzle does not matter):
+// a tile reaching past the last live row (prefix_len + R; any piece's last tile can) of a device plan, whose kv map
+// spans the plan's bound, so rows past the live end may hold anything (NaN included) and P = 0 there must not
+// meet them in P V. The caller's
+// warpgroup then fences for the async proxy and syncs its four warps; the other warpgroup sees the rows through the
+// named barrier of the next hand-off.
+__device__ __forceinline__ void zero_rows(uint32_t stage, int from, int wt) {
+  for (int i = wt; i < (BN - from) * 64; i += 128) {
+    const int rest = i >> 3;
+    const uint32_t a = stage + (rest & 7) * PIECE + (from + (rest >> 3)) * 128 + ((i & 7) << 4);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(a), "r"(0) : "memory");
+  }
+}
+
 // A warpgroup's registers across the pairs.
 struct State {
   float o[128];    // its 256 columns of O (unnormalized, relative to the running maximum)
@@ -339,7 +353,7 @@ __device__ __forceinline__ void softmax_tile(State& st, float m0, float m1, int 
 }
 
 #define DDP_PAIR_ARGS                                                                                                \
-  int j, int ph, int n_tiles, int start, int end, int prefix_len, float c, long long b0, long long b1, int cq, int r0,\
+  int j, int ph, int n_tiles, int start, int end, int prefix_len, int live_end, float c, long long b0, long long b1, int cq, int r0,\
       int lane, int wt, uint32_t sq, uint32_t k0, uint32_t k1, uint32_t pa, uint32_t ready0, uint32_t ready1,       \
       const CUtensorMap *tm_kv, float *s_m, float *s_sc0, float *s_sc1, State &st
 
@@ -350,6 +364,11 @@ __device__ __forceinline__ void wg0_pair(DDP_PAIR_ARGS) {
   issue_s<BF16, 8>(st.s, sq, k0, ready0, ph);
   wg_wait<0>();
   reg_fence(st.s);
+  if (start + ta * BN + BN > live_end) {  // a tile reaching past the live rows: zero those (zero_rows)
+    zero_rows(k0, live_end - start - ta * BN, wt);
+    fence_async_smem();
+    bar_sync(BAR_WG0, 128);
+  }
   if (ta + 2 < n_tiles) refill(BAR_WG0, wt, k0, ready0, tm_kv, 0, 0, true, start + (ta + 2) * BN);
   float n0, n1, sc0, sc1;
   softmax_tile<BF16>(st, st.m0, st.m1, start + ta * BN, end, prefix_len, b0, b1, cq, r0, lane, c, s_m, s_sc0, BAR_SC0,
@@ -400,6 +419,11 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
   if (HAS_B) {
     wg_wait<0>();
     reg_fence(st.s);
+    if (start + tb * BN + BN > live_end) {  // as in wg0_pair, for tile B
+      zero_rows(k1, live_end - start - tb * BN, wt);
+      fence_async_smem();
+      bar_sync(BAR_WG1, 128);
+    }
   }
   const float n0 = s_m[r0], n1 = s_m[r0 + 8];
   {
@@ -452,8 +476,8 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
 template <bool BF16>
 __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
                                        const int* piece_ptr, const int* pieces, float* o_part, float* lse_part,
-                                       long long stride_ps, long long stride_pq, int prefix_len, int hq, int H,
-                                       float c) {
+                                       long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
+                                       int H, float c, int r, int n_qb, int grid_splits, int fold) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   {
     uint32_t dyn;
@@ -474,18 +498,44 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
   const int r0 = ((wt >> 5) << 4) + (lane >> 2);  // the thread's rows: r0 and r0 + 8 of the block
   const int cq = (lane & 3) * 2;                  // its first column in each 8-column chunk
 
+  // the live prefix length, from device memory (a CUDA graph replays one launch at any length up to the bound)
+  const int prefix_len = *prefix_ptr;
+  // no work list (piece_ptr null): the row-block x split grid, program = slot x n_qb + row block, its chunk derived
+  // from the live length (split's rule: grid_splits - 1 + fold prefix splits of whole tiles); the tree columns on
+  // the last prefix split (fold) or on slot grid_splits - 1 alone. A split past the live length marks its slot
+  // empty (lse -inf) and exits at once.
+  int g_rb = 0, g_start = 0, g_end = 0, g_slot = 0;
+  if (!piece_ptr) {
+    g_rb = blockIdx.x % n_qb;
+    g_slot = blockIdx.x / n_qb;
+    const int ns = grid_splits - 1 + fold;
+    if (!fold && g_slot == ns) {
+      g_start = prefix_len;
+      g_end = prefix_len + r;
+    } else {
+      const int chunk = max(BN, ((prefix_len + ns - 1) / ns + BN - 1) / BN * BN);
+      g_start = min(g_slot * chunk, prefix_len);
+      g_end = (fold && g_slot == ns - 1) ? prefix_len + r : min(g_start + chunk, prefix_len);
+    }
+    if (g_start >= g_end) {
+      for (int i = tid; i < BM; i += 256)
+        if (g_rb * BM + i < hq) lse_part[static_cast<long long>(g_slot) * hq + g_rb * BM + i] = -INFINITY;
+      return;
+    }
+  }
   if (tid == 0) {
     mbar_init(q_bar, 1);
     for (int i = 0; i < 2 * NP; ++i) mbar_init(ready0 + 8 * i, 1);
     fence_barrier_init();
   }
   int u0 = 0, u1 = 0;  // tiles loaded into stage 0 / stage 1 by earlier pieces (their barriers' phases)
-  const int k_end = piece_ptr[blockIdx.x + 1];
-  for (int k = piece_ptr[blockIdx.x]; k < k_end; ++k) {
+  const int k_beg = piece_ptr ? piece_ptr[blockIdx.x] : 0, k_end = piece_ptr ? piece_ptr[blockIdx.x + 1] : 1;
+  for (int k = k_beg; k < k_end; ++k) {
     // piece: row block, columns [start, end), partial slot, and the slots [fill_lo, fill_hi) of the row block
-    // that no piece writes (their lse is set to -inf for the merge)
-    const int* pc = pieces + 6 * k;
-    const int rb = pc[0], start = pc[1], end = pc[2], slot = pc[3], fill_lo = pc[4], fill_hi = pc[5];
+    // that no piece writes (their lse is set to -inf for the merge); without a work list, the grid's own piece
+    const int* pc = piece_ptr ? pieces + 6 * k : nullptr;
+    const int rb = pc ? pc[0] : g_rb, start = pc ? pc[1] : g_start, end = pc ? pc[2] : g_end;
+    const int slot = pc ? pc[3] : g_slot, fill_lo = pc ? pc[4] : 0, fill_hi = pc ? pc[5] : 0;
     const int n_tiles = (end - start + BN - 1) / BN;
     __syncthreads();  // barriers initialized; both warpgroups done with the previous piece's Q, tiles and l
     if (tid == 0) {
@@ -507,14 +557,14 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
     for (int i = 0; i < 128; ++i) st.o[i] = 0.f;
     st.l0 = st.l1 = 0.f;
     st.m0 = st.m1 = -INFINITY;
-    mbar_wait(q_bar, (k - piece_ptr[blockIdx.x]) & 1);
+    mbar_wait(q_bar, (k - k_beg) & 1);
 
 #define DDP_PAIRS(PAIR, U)                                                                                            \
   for (int j = 0; j < n_tiles / 2; ++j)                                                                              \
-    PAIR<BF16, true>(j, ((U) + j) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
+    PAIR<BF16, true>(j, ((U) + j) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
                      ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);                                                  \
   if (n_tiles & 1)                                                                                                   \
-    PAIR<BF16, false>(n_tiles / 2, ((U) + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, c, b0, b1, cq, r0, lane, \
+    PAIR<BF16, false>(n_tiles / 2, ((U) + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, \
                       wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
     // each warpgroup runs the full pairs, then the odd last tile alone (HAS_B false), in its own role
     if (wg == 0) {
@@ -559,8 +609,10 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
 #define DDP_ARGS                                                                                                     \
   const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
       const int* piece_ptr, const int* pieces, float* o_part, float* lse_part, long long stride_ps,                 \
-      long long stride_pq, int prefix_len, int hq, int H, float c
-#define DDP_CALL &tm_q, &tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_len, hq, H, c
+      long long stride_pq, const int* prefix_ptr, int hq, int H, float c, int r, int n_qb, int grid_splits, int fold
+#define DDP_CALL                                                                                                     \
+  &tm_q, &tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq, H, c, r, n_qb,     \
+      grid_splits, fold
 
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
