@@ -48,9 +48,9 @@ def test_auto_resolves_to_cpu_without_a_gpu():
         pytest.skip("this machine has a GPU: auto picks cuda")
     r = EngineOptions().resolved()
     assert (r.device, r.dtype) == ("cpu", "fp32")
-    assert EngineOptions().chosen() == "device cpu (auto), dtype fp32 (auto), attn reference"
+    assert EngineOptions().chosen() == "device cpu (auto), dtype fp32 (auto)"
     assert EngineOptions(device="cpu", dtype="fp32", attn="auto").chosen() == "device cpu, dtype fp32, attn reference (auto)"
-    assert EngineOptions(dtype="fp16", attn="paged").chosen() == "device cpu (auto), dtype fp16, attn paged"  # typed: no "(auto)"
+    assert EngineOptions(dtype="fp16", attn="paged").chosen() == "device cpu (auto), dtype fp16"  # typed: no "(auto)"
     assert EngineOptions(device="cuda", dtype="bf16").chosen() is None
     assert EngineOptions(attn="auto").resolved().attn == "reference"  # no GPU: the CPU runs the reference path
 

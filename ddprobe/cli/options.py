@@ -192,9 +192,10 @@ class EngineOptions:
         if self.device != "auto" and self.dtype != "auto" and self.attn != verify_paths.AUTO:
             return None
         r = self.resolved()
-        return ", ".join(f"{what} {v}" + (" (auto)" if typed == "auto" else "")
-                         for what, v, typed in (("device", r.device, self.device), ("dtype", r.dtype, self.dtype),
-                                                ("attn", r.attn, self.attn)))
+        said = [("device", r.device, self.device), ("dtype", r.dtype, self.dtype)]
+        if self.attn == verify_paths.AUTO:  # the attention path is named only when it was chosen here
+            said.append(("attn", r.attn, self.attn))
+        return ", ".join(f"{what} {v}" + (" (auto)" if typed == "auto" else "") for what, v, typed in said)
 
     def backend(self, max_ctx: Optional[int]):
         from ..probes.engine_backend import EngineBackend
