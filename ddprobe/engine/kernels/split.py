@@ -272,11 +272,8 @@ def _split_prefix_kernel(
 
 
 @triton.jit
-def _merge_tile(Hq, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr):
-    """A merge program's folded rows (and which are real) and value columns; with PDL (GPU only) it first
-    waits for the prefix kernel it was launched behind as a programmatic dependent (griddepcontrol.wait)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
+def _merge_tile(Hq, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
+    """A merge program's folded rows (and which are real) and value columns."""
     offs_q = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     return offs_q, offs_q < Hq, tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
 
@@ -284,16 +281,15 @@ def _merge_tile(Hq, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.conste
 @triton.jit
 def _merge_kernel(
     O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
 ):
     """out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the prefix splits 0 .. num_splits - 1
     and the tree part at index num_splits, in one online pass whose running max M starts at the tree
     part's lse (finite: every row sees itself). The partial loads of a chunk depend neither on each
     other nor on the running state: an empty split's O_part was never written, so its value is
     discarded with tl.where rather than masked on its lse (which would chain a second global load
-    behind the first). PDL (GPU only): launched as a programmatic dependent of the prefix kernel, it waits
-    here for that kernel's partials (griddepcontrol.wait) instead of behind its launch."""
-    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
+    behind the first)."""
+    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V)
     m = tl.load(LSE_part + num_splits * Hq + offs_q, mask=q_ok, other=0.0)
     acc = tl.load(O_part + num_splits * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
                   mask=q_ok[:, None], other=0.0)
@@ -320,7 +316,7 @@ def _merge_kernel(
 def _merge_flat_kernel(
     O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, S_MAX: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr, UNROLL: tl.constexpr, ACC3: tl.constexpr,
+    STAGES: tl.constexpr, UNROLL: tl.constexpr, ACC3: tl.constexpr,
 ):
     """The same merge as _merge_kernel (partials 0 .. num_splits - 1 of the prefix, the tree part's at
     num_splits), in two steps: the maximum M of all num_splits + 1 lse values of a row and the sum of their
@@ -330,7 +326,7 @@ def _merge_flat_kernel(
     loads are independent. An empty split (lse -inf) has weight 0 and its never-written partial is dropped
     with tl.where. UNROLL: each step is SPLIT_CHUNK unrolled 2-D loads (a thread's own elements of every
     partial, so the sum over partials stays in its registers) instead of one 3-D load summed across threads."""
-    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V, PDL)
+    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V)
     offs_all = tl.arange(0, S_MAX)
     lse_all = tl.load(LSE_part + offs_all[:, None] * Hq + offs_q[None, :],
                       mask=(offs_all <= num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
@@ -390,10 +386,9 @@ def merge_config(t, hq: int, v_dim: int, sms: int, max_parts: int) -> dict:
                 warps=t.merge_warps, n_mb=n_mb, bv=bv, s_max=next_pow2(max_parts + 1))
 
 
-def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, pdl: bool = False,
-                 meta: dict | None = None) -> torch.Tensor:
+def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, meta: dict | None = None) -> torch.Tensor:
     """Merge prefix partials 0 .. n_splits - 1 and the tree part's (index n_splits) into out [R, H, v_dim]
-    with merge_config's choice ``mc``; pdl (GPU only): launched as a programmatic dependent."""
+    with merge_config's choice ``mc``."""
     o_part, lse_part = parts
     r, h, v = out.shape
     grid = (mc["n_mb"], v // mc["bv"])
@@ -401,13 +396,13 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, pdl: bool = 
     if mc["kind"]:
         k = _merge_flat_kernel[grid](
             *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
-            S_MAX=max(mc["s_max"], next_pow2(n_splits + 1)), STAGES=mc["stages"], PDL=pdl,
-            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"], launch_pdl=pdl,
+            S_MAX=max(mc["s_max"], next_pow2(n_splits + 1)), STAGES=mc["stages"],
+            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"],
         )
     else:
         k = _merge_kernel[grid](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"], PDL=pdl,
-            num_warps=mc["warps"], num_stages=mc["stages"], launch_pdl=pdl,
+            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
+            num_warps=mc["warps"], num_stages=mc["stages"],
         )
     if meta is not None:
         meta["merge"] = kernel_meta(k)
