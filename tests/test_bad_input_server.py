@@ -19,31 +19,10 @@ import requests
 from ddprobe.probes.engine_backend import EngineBackend
 
 uvicorn = pytest.importorskip("uvicorn")
+from test_server import Served  # noqa: E402  (the app in a uvicorn thread on a free port)
 ROOT = Path(__file__).resolve().parent.parent
 VALID_INT, VALID_NUM, VALID_BOOL = "Input should be a valid integer", "Input should be a valid number", \
     "Input should be a valid boolean"
-
-
-class Served:
-    """The app in a uvicorn thread of this process, on a free port."""
-
-    def __init__(self, backend):
-        from ddprobe.server import build_app
-
-        self.backend, self.app = backend, build_app(backend)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        t0 = time.time()
-        while not self.server.started:
-            assert time.time() - t0 < 30, "server did not start"
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.app.state.worker.close()
 
 
 @pytest.fixture(scope="module")
