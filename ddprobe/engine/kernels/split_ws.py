@@ -120,21 +120,6 @@ def uses_cuda(hq: int, t: WsTuning) -> bool:
     return t.cuda == 1 or triton.cdiv(hq, BLOCK_M) >= CUDA_MIN_ROW_BLOCKS
 
 
-def supported(q: torch.Tensor, kv: torch.Tensor, v_dim: int) -> str | None:
-    """None when this path can run these tensors, else the reason (one line)."""
-    if interpreting():
-        return "Gluon kernels do not run under TRITON_INTERPRET (use 'split' there)"
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)):
-        return "needs an sm_90 GPU (H100/H200: wgmma, TMA, mbarriers)"
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return f"needs bf16 or fp16 q and kv, got {q.dtype}"
-    if v_dim != 512 or q.shape[2] - v_dim != 64:
-        return f"is written for MLA rows of 512 + 64, got {v_dim} + {q.shape[2] - v_dim}"
-    if kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16:
-        return "needs 16-byte aligned kv rows"
-    return None
-
-
 def folds(n_qb: int, fold_tree: int) -> bool:
     """Whether the tree part rides on the last prefix split (fold_tree -1: from 4 row blocks of 64 up)."""
     return n_qb >= 4 if fold_tree < 0 else bool(fold_tree)
