@@ -12,7 +12,7 @@ from rich.table import Table
 from ..signals import COLUMNS, LABELS
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
 from .app import app
-from .gpu_source import print_fleet
+from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, print_fleet
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
@@ -22,7 +22,7 @@ SIGNALS = [(k, LABELS[k]) for k in COLUMNS]  # the table's columns, from the sig
 # every option but the files: what a --replay does not use
 REPLAY_IGNORES = {"prompt_len", "decode_tokens", "period", "text", "backend", "url", "timeout", "deep", "warmup",
                   "preset", "attn", "budget", "device", "dtype", "heads", "weights", "seed", "graphs", "threads",
-                  "source", "prom_url", "match", "exporter_url"}
+                  *SOURCE_PARAMS}
 DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
 
 
@@ -44,16 +44,10 @@ def gpu_util(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="First run a short request (256 tokens, "
                                                                      "3 new) so kernels compile outside the "
                                                                      "sampled one.")] = True,
-    source: Annotated[str, typer.Option("--source", help="Telemetry: nvml (this machine's GPUs), prometheus "
-                                                         "(every GPU's DCGM series over the request's window, "
-                                                         "--prom-url) or dcgm-exporter (scrape --exporter-url "
-                                                         "each period).")] = "nvml",
-    prom_url: Annotated[Optional[str], typer.Option("--prom-url", help="Prometheus base URL, e.g. "
-                                                                       "http://prometheus:9090.")] = None,
-    match: Annotated[Optional[str], typer.Option("--match", help="Label matchers for the DCGM series, e.g. "
-                                                                 "'Hostname=~\"node-[0-3]\"'.")] = None,
-    exporter_url: Annotated[Optional[str], typer.Option("--exporter-url", help="dcgm-exporter URL(s), comma-"
-                                                                               "separated (port 9400).")] = None,
+    source: SourceOpt = "nvml",
+    prom_url: PromUrlOpt = None,
+    match: MatchOpt = None,
+    exporter_url: ExporterUrlOpt = None,
     replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
                                                                     "(no GPU needed).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "

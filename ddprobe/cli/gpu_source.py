@@ -1,4 +1,5 @@
-"""`gpu-util --source`: open the telemetry source before anything else starts, and print what it found.
+"""`--source`: the telemetry options of `gpu-util` and `diagnose`, defined once; open the source before
+anything else starts, and print what it found.
 
 NVML (the default) needs a GPU on this machine; ``prometheus`` and ``dcgm-exporter`` need none here: they
 are checked by asking them (one line and exit 1 when they do not answer), so a run never builds a model
@@ -7,17 +8,30 @@ only to find its telemetry unreachable.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Annotated, Any, Optional
 
+import typer
 from rich.markup import escape
 
 from ..units import DDProbeError
 from .options import err, out
 
 
-def open_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None,
-                period_s: float) -> dict[str, Any]:
-    """{"reader_factory": ..., "window": ...} for ``run_gpu_util``, after one check of the source."""
+SourceOpt = Annotated[str, typer.Option("--source", help="Telemetry: nvml (this machine's GPUs), prometheus "
+                                                       "(every GPU's DCGM series over the request's window, "
+                                                       "--prom-url) or dcgm-exporter (scrape --exporter-url "
+                                                       "each period).")]
+PromUrlOpt = Annotated[Optional[str], typer.Option("--prom-url", help="Prometheus base URL, e.g. "
+                                                                      "http://prometheus:9090.")]
+MatchOpt = Annotated[Optional[str], typer.Option("--match", help="Label matchers for the DCGM series, e.g. "
+                                                                 "'Hostname=~\"node-[0-3]\"'.")]
+ExporterUrlOpt = Annotated[Optional[str], typer.Option("--exporter-url", help="dcgm-exporter URL(s), comma-"
+                                                                              "separated (port 9400).")]
+SOURCE_PARAMS = ("source", "prom_url", "match", "exporter_url")  # the parameter names of the four options
+
+
+def check_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None) -> None:
+    """One line when --source is unknown or a URL option goes with another source."""
     from ..probes.sources import SOURCES
 
     if source not in SOURCES:
@@ -26,6 +40,12 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
         raise DDProbeError("--prom-url and --match go with --source prometheus")
     if source != "dcgm-exporter" and exporter_url:
         raise DDProbeError("--exporter-url goes with --source dcgm-exporter")
+
+
+def open_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None,
+                period_s: float) -> dict[str, Any]:
+    """{"reader_factory": ..., "window": ...} for ``run_gpu_util``, after one check of the source."""
+    check_source(source, prom_url, match, exporter_url)
     if source == "nvml":
         from ..probes.telemetry import NvmlReader, require_nvml
 
