@@ -12,7 +12,8 @@ from rich.table import Table
 from ..signals import COLUMNS, LABELS
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
 from .app import app
-from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, print_fleet
+from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, evidence_lines, \
+    print_fleet
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
@@ -127,7 +128,8 @@ def gpu_util(
 
 
 def print_summary(res) -> None:
-    """The per-GPU, per-phase table, the evidence lines and the step numbers."""
+    """The per-GPU, per-phase table, the evidence per phase (one line where the GPUs agree) and the step
+    numbers."""
     s = res.summary
     t = Table(title="gpu-util: median/p90 per GPU and phase", title_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False)
@@ -142,10 +144,8 @@ def print_summary(res) -> None:
         t.add_row(str(d.get("name", d["gpu"])), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
                   d["verdict"])
     out.print(t)
-    for d in s.get("per_phase", []):
-        if d["phase"] != "idle":
-            out.print(f"GPU {d.get('name', d['gpu'])} {d['phase']}: {d['evidence']}", highlight=False,
-                      soft_wrap=True)
+    for line in evidence_lines(s):
+        out.print(line, highlight=False, soft_wrap=True)
     print_fleet(s)
     nums = []
     if s.get("decode_step_ms"):

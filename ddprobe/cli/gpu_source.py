@@ -80,11 +80,32 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
     return {"reader_factory": factory, "window": None}
 
 
+def evidence_lines(s: dict[str, Any]) -> list[str]:
+    """The evidence per phase (idle left out). One GPU: its sentence. Many GPUs that agree: one line, the
+    agreement and the sentence at the medians over them. Many that disagree: the disagreement, the
+    majority's sentence at their medians, then one line per GPU that is not of the majority."""
+    per_phase = [d for d in s.get("per_phase") or [] if isinstance(d, dict) and d.get("phase") != "idle"]
+    agreement = {a.get("phase"): a for a in s.get("agreement") or [] if isinstance(a, dict)}
+    lines = []
+    for phase in dict.fromkeys(d["phase"] for d in per_phase):
+        ds, a = [d for d in per_phase if d["phase"] == phase], agreement.get(phase)
+        ev = f": {a['evidence']}" if a and a.get("evidence") else ""
+        if a is not None and a.get("agree"):
+            lines.append(f"{phase}: {a['line']}; at the GPUs' medians{ev}")
+            continue
+        if a is not None:
+            top = a.get("majority")
+            n_top = sum(d.get("verdict") == top for d in ds)
+            lines.append(f"{phase}: {a['line']}")
+            if ev:
+                lines.append(f"{phase}, the {n_top} {top} GPUs at their medians{ev}")
+            ds = [d for d in ds if d.get("verdict") != top]
+        lines += [f"GPU {d.get('name', d['gpu'])} {phase}: {d['evidence']}" for d in ds]
+    return lines
+
+
 def print_fleet(s: dict[str, Any]) -> None:
-    """The agreement per phase, one line per node, the engine's counters, the notes and a telemetry error."""
-    for a in s.get("agreement") or []:
-        if a.get("phase") != "idle":
-            out.print(f"{a['phase']}: {a['line']}", highlight=False, soft_wrap=True)
+    """One line per node, the engine's counters, the notes and a telemetry error."""
     if len(s.get("nodes") or []) > 1 or any(r.get("gpus", 0) > 1 for r in s.get("nodes") or []):
         from ..gpu_fleet import node_line
 
