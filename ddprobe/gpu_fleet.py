@@ -20,7 +20,8 @@ def _names(ds: list[dict[str, Any]]) -> str:
 
 
 def agreement(per_phase: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per phase with more than one GPU: {"phase", "gpus", "agree", "verdict" (when they agree), "line"},
+    """Per phase with more than one GPU: {"phase", "gpus", "agree", "verdict" (when they agree), "majority"
+    (the commonest verdict), "line"},
     e.g. "all 8 GPUs agree: latency-bound" or "GPUs disagree: 6 latency-bound, 2 idle (node-1/3, node-1/4)"."""
     phases: dict[str, list[dict]] = defaultdict(list)
     for d in per_phase:
@@ -34,13 +35,13 @@ def agreement(per_phase: list[dict[str, Any]]) -> list[dict[str, Any]]:
         where = f" on {len(nodes)} nodes" if len(nodes) > 1 else ""
         if len(counts) == 1:
             v = next(iter(counts))
-            out.append({"phase": phase, "gpus": len(ds), "agree": True, "verdict": v,
+            out.append({"phase": phase, "gpus": len(ds), "agree": True, "verdict": v, "majority": v,
                         "line": f"all {len(ds)} GPUs agree: {v}" + (f" ({len(nodes)} nodes)" if where else "")})
             continue
         (top, n_top), *rest = counts.most_common()
         odd = [d for d in ds if str(d.get("verdict")) != top]
         parts = ", ".join(f"{n} {v}" for v, n in rest)
-        out.append({"phase": phase, "gpus": len(ds), "agree": False, "verdict": None,
+        out.append({"phase": phase, "gpus": len(ds), "agree": False, "verdict": None, "majority": top,
                     "counts": dict(counts),
                     "line": f"GPUs{where} disagree: {n_top} {top}, {parts} ({_names(odd)})"})
     return out

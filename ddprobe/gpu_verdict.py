@@ -76,8 +76,21 @@ def _fmt(v: float | None) -> str:
     return "0%" if v == 0 else f"{v:.0f}%" if v >= 10 else f"{v:.1f}%" if v >= 0.1 else f"{v:.2f}%"
 
 
+def counters_source(sources: dict[str, str] | None) -> str:
+    """Where a timeline's profiling counters came from: ``dcgm`` (dcgm-exporter or Prometheus, the
+    ``DCGM_FI_PROF_*`` fields) or ``gpm`` (NVML GPM, also for a timeline that does not say)."""
+    s = sources or {}
+    if "dcgm-exporter" in s or "prometheus" in s or any("DCGM_FI_" in str(v) for v in s.values()):
+        return "dcgm"
+    return "gpm"
+
+
 def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | None = None) -> tuple[str, str, str]:
-    """(verdict, evidence sentence, basis) from a phase's medians; basis is ``gpm`` or ``power+nvml``."""
+    """(verdict, evidence sentence, basis) from a phase's medians; the basis names where the values came from:
+    the profiling counters (``gpm`` or ``dcgm``, ``counters_source``), else power and utilization only
+    (``power+nvml`` or ``power+dcgm``)."""
+    src = counters_source(sources)
+    fb = "power+nvml" if src == "gpm" else f"power+{src}"
     m = {k: v["median"] for k, v in s.items()}
     util, power, mem = m["util_gpu_pct"], m["power_pct"], m["util_mem_pct"]
     sm, tensor, dram = (m[k] for k in signals.CORE)
@@ -88,47 +101,64 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
         low_sm = sm is None or sm < LOW_SM_PCT
         pipes = f"SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}"
         if (util is not None and util < IDLE_UTIL_PCT) or (util is None and sm is not None and sm < 1.0):
-            return "idle", f"{smi}; {pipes}: idle", "gpm"
+            return "idle", f"{smi}; {pipes}: idle", src
         if tensor >= TENSOR_BOUND_PCT and tensor / TENSOR_BOUND_PCT >= dram / DRAM_BOUND_PCT:
-            return "compute-bound", f"tensor pipes {_fmt(tensor)} busy (DRAM {_fmt(dram)}, {pw}): compute-bound", "gpm"
+            return "compute-bound", f"tensor pipes {_fmt(tensor)} busy (DRAM {_fmt(dram)}, {pw}): compute-bound", src
         if dram >= DRAM_BOUND_PCT:
             return "bandwidth-bound", f"DRAM bandwidth {_fmt(dram)} of peak (tensor pipes {_fmt(tensor)}, {pw}): " \
-                                      "bandwidth-bound", "gpm"
+                                      "bandwidth-bound", src
         if simt is not None and simt >= SIMT_BOUND_PCT:
             return "compute-bound", f"FP32/FP16 pipes {_fmt(simt)} busy, tensor {_fmt(tensor)}, DRAM {_fmt(dram)}: " \
-                                    "compute-bound on CUDA cores", "gpm"
+                                    "compute-bound on CUDA cores", src
         low_power = power is None or power < LOW_POWER_PCT
         if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power and \
                 util is not None and util < BUSY_UTIL_PCT:
             return "idle", f"nvidia-smi says {_fmt(util)} busy (a kernel ran {_fmt(util)} of the time); SM " \
                            f"{_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: mostly idle, waiting " \
-                           "on the host (launch overhead or CPU work between kernels)", "gpm"
+                           "on the host (launch overhead or CPU work between kernels)", src
         if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power:
             lead = f"{smi}, but" if util is not None and util >= BUSY_UTIL_PCT else f"{smi};"
             return "latency-bound", f"{lead} SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: " \
-                                    "latency-bound", "gpm"
-        return "mixed", f"{smi}; {pipes}: busy but no unit near its limit (mixed)", "gpm"
+                                    "latency-bound", src
+        return "mixed", f"{smi}; {pipes}: busy but no unit near its limit (mixed)", src
     # fallback: no (or partial) GPM
     gone = [name for name, v in (("SM", sm), ("tensor", tensor), ("DRAM", dram)) if v is None]
     why = (sources or {}).get("gpm") or (sources or {}).get("tensor_active_pct") or ""
     why = why.removeprefix("missing: ")
-    miss = f"GPM {', '.join(gone)} missing" + (f" ({why})" if why and not why.startswith("ok") else "")
+    miss = f"{src.upper()} {', '.join(gone)} missing" + (f" ({why})" if why and not why.startswith("ok") else "")
     memtxt = f"memory controller {_fmt(mem)}" if mem is not None else "memory util missing"
-    ev = f"{smi}, {pw}, {memtxt}; {miss}, so from power and NVML utilization only"
+    ev = f"{smi}, {pw}, {memtxt}; {miss}, so from power and {'NVML' if src == 'gpm' else 'DCGM'} utilization only"
     if util is None and power is None:
         return "unknown", f"no utilization or power reading; {miss}", "none"
     if util is not None and util < IDLE_UTIL_PCT:
-        return "idle", f"{ev}: idle", "power+nvml"
+        return "idle", f"{ev}: idle", fb
     if mem is not None and mem >= NVML_MEM_BOUND_PCT:
-        return "bandwidth-bound", f"{ev}: probably bandwidth-bound", "power+nvml"
+        return "bandwidth-bound", f"{ev}: probably bandwidth-bound", fb
     if power is not None and power >= HIGH_POWER_PCT:
-        return "compute-bound", f"{ev}: probably compute-bound", "power+nvml"
+        return "compute-bound", f"{ev}: probably compute-bound", fb
     if power is not None and power < LOW_POWER_PCT and (mem is None or mem < NVML_MEM_LOW_PCT) and \
             (util is None or util >= BUSY_UTIL_PCT):
-        return "latency-bound", f"{ev}: probably latency-bound", "power+nvml"
+        return "latency-bound", f"{ev}: probably latency-bound", fb
     if power is not None and power < LOW_POWER_PCT and util is not None and util < BUSY_UTIL_PCT:
-        return "idle", f"{ev}: mostly idle, probably waiting on the host", "power+nvml"
-    return "mixed", f"{ev}: busy, no clear limit (mixed)", "power+nvml"
+        return "idle", f"{ev}: mostly idle, probably waiting on the host", fb
+    return "mixed", f"{ev}: busy, no clear limit (mixed)", fb
+
+
+def group_evidence(group: list[dict[str, Any]], sources: dict[str, str] | None = None) -> str:
+    """One evidence sentence for GPUs of one phase that share a verdict: the verdict's sentence at the median
+    over the GPUs of each signal's median; where those medians would read as another verdict, the sentence
+    of the GPU with the median tensor activity."""
+    med = {}
+    for key in SIGNALS:
+        xs = [v for v in ((d.get("signals") or {}).get(key, {}).get("median") for d in group) if _num(v) is not None]
+        med[key] = {"median": quantile(xs, 0.5)}
+    v, ev, _ = verdict(med, sources)
+    if v == group[0].get("verdict"):
+        return ev
+    by_tensor = sorted(group, key=lambda d: _num((d.get("signals") or {}).get("tensor_active_pct", {})
+                                                 .get("median")) or 0.0)
+    mid = by_tensor[len(by_tensor) // 2]
+    return f"GPU {mid.get('name', mid.get('gpu'))}: {mid.get('evidence', '')}"
 
 
 def _energy(rows_all: list[dict[str, Any]], phase_rows: list[dict[str, Any]]) -> tuple[float | None, str | None]:
@@ -176,6 +206,9 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
                               "basis": basis, "energy_J": joules, "energy_method": how,
                               "signals": s})
     out: dict[str, Any] = {"per_phase": per_phase, "agreement": agreement(per_phase)}
+    for a in out["agreement"]:
+        group = [d for d in per_phase if d["phase"] == a["phase"] and d["verdict"] == a["majority"]]
+        a["evidence"] = group_evidence(group, sources)
     if any(d.get("node") for d in per_phase):
         out["nodes"] = per_node(per_phase)
     out.update(_request_numbers(request, decode_J if any_decode_J else None))

@@ -106,8 +106,11 @@ def attn_params(attn: AttnShape, hidden: int, q_lora_rank: int, tp: int = 1) -> 
 
 def step_weights(attn: AttnShape, moe: MoeShape, *, hidden: int, vocab: int, q_lora_rank: int = 0,
                  intermediate: int = 0, rows: int = 9, tp: int = 1, ep: int = 1,
-                 dense_dtype: str = "bf16", expert_dtype: str = "bf16") -> StepWeights:
-    """The weights of one verify step of ``rows`` rows on one GPU (see the module docstring)."""
+                 dense_dtype: str = "bf16", expert_dtype: str = "bf16",
+                 shared_intermediate: int | None = None) -> StepWeights:
+    """The weights of one verify step of ``rows`` rows on one GPU (see the module docstring).
+    ``shared_intermediate``: the shared experts' total width on this GPU when it is not
+    n_shared_experts x moe_intermediate_size / tp (an engine that sizes its shared expert itself)."""
     attn.check_tp(tp)
     moe.check(tp, ep)
     layers = attn.num_layers
@@ -123,7 +126,8 @@ def step_weights(attn: AttnShape, moe: MoeShape, *, hidden: int, vocab: int, q_l
         e, k = moe.n_routed_experts, moe.num_experts_per_tok
         local, moe_tp = moe.local_experts(ep), tp // ep
         one = moe.expert_params(hidden) / moe_tp  # one local expert's share on this GPU
-        shared = moe.n_shared_experts * moe.expert_params(hidden) / tp
+        shared = moe.n_shared_experts * moe.expert_params(hidden) / tp if shared_intermediate is None else \
+            3 * hidden * shared_intermediate
         router = hidden * e
         expected = expected_distinct(local, e, k, rows)
         worst_n = worst_distinct(local, k, rows)

@@ -13,6 +13,8 @@ from ddprobe.probes.engine_backend import EngineBackend
 from ddprobe.reports.diagnosis import TOPICS
 from ddprobe.results import Result
 from ddprobe.units import fmt_ratio
+from test_fleet import Endpoint, _free_port, nodes, prom  # noqa: F401  (the fleet: recorded dcgm-exporter
+# endpoints on 127.0.0.1, and a real Prometheus scraping them)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,7 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     if "anatomy" in fl.summary:
         assert fl.summary["anatomy"]["intervals"][0]["ms_per_1k"] == pytest.approx((t1 - t0) / (c1 - c0) * 1024)
         assert "Where the step goes" in (out / "report.html").read_text()
+        assert fl.summary["anatomy"]["weight_floor_ms"] == pytest.approx(fl.rows[0]["weight_floor_ms"])
     else:
         assert t1 < t0 and "step times decrease with context" in fl.summary["anatomy_error"]
     # the tiny engine on the CPU runs fp32: 4 layers x (64 latent + 32 rope) x 4 bytes = 1536 B per token;
@@ -64,6 +67,11 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     assert floor["floor_ms"] == pytest.approx(2048 * 1536 / 20e9 * 1e3)
     assert floor["gap"] == pytest.approx(floor["step_ms"] / (2048 * 1536 / 20e9 * 1e3))
     assert f"{fmt_ratio(floor['gap'])} the floor" in text and "effective bandwidth" in text
+    # the whole step: the engine's own weights, the tiny target in fp32 for 9 verify rows, 3,090,432 B
+    # (tests/test_floor.py works them out), at 20 GB/s 154.5 us beside the 157.3 us of KV at 2k
+    assert floor["weight_floor_ms"] == pytest.approx(3090432 / 20e9 * 1e3)
+    assert floor["total_floor_ms"] == pytest.approx((2048 * 1536 + 3090432) / 20e9 * 1e3)
+    assert floor["binds"] == "KV" and fl.rows[0]["binds"] == "weights"  # 1k of KV is 1.57 MB
     status, text = claims["help"]
     assert "batch more requests" in text and "no telemetry here" in text
     assert "skipped: the embedded engine runs on the CPU" in text
@@ -107,6 +115,52 @@ def test_bad_input_is_one_line(tmp_path):
         r = CliRunner().invoke(app, ["diagnose", *args, "--out-dir", str(tmp_path / "x")])
         assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, (args, r.output)
     assert not (tmp_path / "x").exists()
+
+
+def _fleet_diagnosis(tmp_path, *source_args):
+    out = tmp_path / "d"
+    r = CliRunner().invoke(app, ["diagnose", "--ctx", "1k", "--max-new-tokens", "16", *source_args,
+                                 "--out-dir", str(out)])
+    assert r.exit_code == 0, r.output
+    steps = {row["step"]: row for row in Result.load(out / "diagnose.json").rows}
+    assert steps["gpu-util"]["status"] == "ok", steps["gpu-util"]
+    util = Result.load(out / "gpu-util.json")
+    assert len({row["gpu"] for row in util.rows}) == 8 and {g["node"] for g in util.config["sampled_gpus"]} == {
+        "node-0", "node-1"}
+    # no NVML here and no --gpu/--bw: the floor compares with the GPUs the telemetry read (modelName NVIDIA H200)
+    assert Result.load(out / "floor.json").config["gpu"] == "h200" and steps["floor"]["status"] == "ok"
+    return out, util, claims_of((out / "report.html").read_text())
+
+
+def test_diagnose_reads_a_fleet_through_dcgm_exporter(nodes, tmp_path):  # noqa: F811
+    out, util, claims = _fleet_diagnosis(tmp_path, "--source", "dcgm-exporter", "--exporter-url",
+                                         ",".join(e.url for e in nodes))
+    assert util.config["source"] == "dcgm-exporter"
+    dec = [d for d in util.summary["per_phase"] if d["phase"] == "decode"]
+    assert len(dec) == 8 and {d["basis"] for d in dec} == {"dcgm"}
+    assert util.summary["agree"] == "all 8 GPUs agree: latency-bound (2 nodes)"
+    assert claims["gpu"][0] == "ok" and "All 8 GPUs agree: latency-bound (2 nodes)." in claims["gpu"][1]
+
+
+def test_diagnose_reads_a_fleet_through_prometheus(prom, tmp_path):  # noqa: F811
+    url, _ = prom
+    out, util, claims = _fleet_diagnosis(tmp_path, "--source", "prometheus", "--prom-url", url)
+    assert util.config["source"] == "prometheus"
+    # the tiny engine's request lasts about a second: one or two of Prometheus's 1 s scrapes fall in its window
+    assert claims["gpu"][0] == "ok" and "latency-bound" in claims["gpu"][1]
+    assert {d["basis"] for d in util.summary["per_phase"]} == {"dcgm"}
+
+
+def test_bad_telemetry_options_are_one_line(tmp_path):
+    port = _free_port()
+    for args, msg in [(["--prom-url", "http://127.0.0.1:9090"], "--prom-url and --match go with --source "
+                                                                 "prometheus"),
+                      (["--source", "dcgm"], "--source must be one of nvml, prometheus, dcgm-exporter"),
+                      (["--source", "dcgm-exporter"], "needs --exporter-url"),
+                      (["--source", "dcgm-exporter", "--exporter-url", f"http://127.0.0.1:{port}"], "cannot connect")]:
+        r = CliRunner().invoke(app, ["diagnose", *args, "--out-dir", str(tmp_path / "x")])
+        assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, (args, r.output)
+    assert not (tmp_path / "x").exists()  # nothing built, nothing measured
 
 
 def test_claims_from_recorded_h200_and_investigation_files():

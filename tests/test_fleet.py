@@ -120,6 +120,7 @@ def test_eight_gpu_latency_bound_decode_one_verdict_each_and_they_agree(nodes, t
     a = gv.analyze(rows, None, s.sources)
     dec = [d for d in a["per_phase"] if d["phase"] == "decode"]
     assert len(dec) == 8 and {d["verdict"] for d in dec} == {"latency-bound"}
+    assert {d["basis"] for d in dec} == {"dcgm"}  # the values came from DCGM's fields, not NVML GPM
     assert a["agree"] == "all 8 GPUs agree: latency-bound (2 nodes)"
     assert [n["node"] for n in a["nodes"]] == ["node-0", "node-1"] and a["nodes"][0]["verdicts"] == {
         "latency-bound": 4}
@@ -130,6 +131,34 @@ def test_eight_gpu_latency_bound_decode_one_verdict_each_and_they_agree(nodes, t
     res.save(tmp_path / "g.json")
     again = replay(Result.load(tmp_path / "g.json")).summary
     assert again["agree"] == a["agree"] and len([d for d in again["per_phase"] if d["phase"] == "decode"]) == 8
+
+
+def test_gpus_that_agree_print_one_evidence_line_per_phase(nodes, tmp_path):
+    from ddprobe.cli.gpu_source import evidence_lines
+
+    s, rows = _sample_decode([e.url for e in nodes])
+    a = gv.analyze(rows, None, s.sources)
+    (dec,) = [line for line in evidence_lines(a) if line.startswith("decode")]
+    # the medians over the 8 GPUs (tensor 3.0, 3.05 ... 3.35%: median 3.175%; power 140 W of 700 W), in the
+    # sentence of their verdict
+    assert dec.startswith("decode: all 8 GPUs agree: latency-bound (2 nodes); at the GPUs' medians: ")
+    assert "tensor pipes 3.2%" in dec and "power 20% of the limit" in dec and dec.endswith("latency-bound")
+    # two GPUs of node-1 fall idle: the disagreement, the majority at its medians, a line for each idle GPU
+    for r in rows:
+        if r["node"] == "node-1" and r["node_gpu"] in ("2", "3") and r["phase"] == "decode":
+            r.update(util_gpu_pct=0.0, sm_active_pct=0.0, tensor_active_pct=0.0, dram_active_pct=0.0)
+    lines = [line for line in evidence_lines(gv.analyze(rows, None, s.sources)) if "decode" in line]
+    assert lines[0] == "decode: GPUs on 2 nodes disagree: 6 latency-bound, 2 idle (node-1/2, node-1/3)"
+    assert lines[1].startswith("decode, the 6 latency-bound GPUs at their medians: ") and "tensor pipes 3" in lines[1]
+    assert [line.split(":")[0] for line in lines[2:]] == ["GPU node-1/2 decode", "GPU node-1/3 decode"]
+    # the CLI prints the same: one decode line for the 8 agreeing GPUs, none per GPU
+    res = Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config={"sources": s.sources},
+                 rows=_sample_decode([e.url for e in nodes])[1])
+    res.save(tmp_path / "g.json")
+    r = CliRunner().invoke(app, ["gpu-util", "--replay", str(tmp_path / "g.json"), "--json", str(tmp_path / "r.json")])
+    assert r.exit_code == 0, r.output
+    printed = [line for line in r.output.splitlines() if "decode:" in line]
+    assert len(printed) == 1 and "all 8 GPUs agree" in printed[0] and "GPU node-0/0 decode" not in r.output
 
 
 def test_an_exporter_that_stops_answering_keeps_the_other_nodes(nodes):
@@ -240,6 +269,7 @@ def test_prometheus_window_reads_every_gpu_of_both_nodes(prom):
         r["phase"] = "decode"
     a = gv.analyze(rows, None, w.sources)
     assert a["agree"] == "all 8 GPUs agree: latency-bound (2 nodes)"
+    assert {d["basis"] for d in a["per_phase"]} == {"dcgm"}
     eng = w.engine(t0, time.time(), t0)
     assert eng["vllm:spec_decode_num_drafts_total"] > 0 and eng["commit_len"] > 1 and eng["timeline"]
 

@@ -121,6 +121,27 @@ def test_whole_step_floor_row():
     assert slow.binds == "compute" and slow.step_GFLOP == pytest.approx(slow.attn_GFLOP + w1.flops / 1e9)
 
 
+def test_engine_k2_weights_by_hand():
+    """The k2 engine is one GPU's share of K2 (tp 8 / ep 8) at hidden 1024: its 48 local experts routed top-8
+    among themselves, a 256-wide shared expert, the first layer dense at 2304, the whole 163840-row lm_head."""
+    from ddprobe.engine.config import ModelConfig
+    from ddprobe.probes.engine_backend import target_step_weights
+
+    w = target_step_weights(ModelConfig.from_name("k2").target, 9, "bf16")
+    h, n, v, E, k, I = 1024, 8, 163840, 48, 8, 2048
+    attn = 61 * (h * 576 + 512 + h * n * 192 + 512 * n * 256 + n * 128 * h + 2 * h)  # q has no lora: h x n x 192
+    dense_mlp, shared, router = 3 * h * 2304, 60 * 3 * h * 256, 60 * h * E
+    assert w.dense_B == pytest.approx(2 * (attn + dense_mlp + shared + router + h * v + h + 9 * h))
+    distinct = E * (1 - (1 - k / E) ** 9)  # 38.7 of the 48 local experts
+    assert w.experts_per_layer == pytest.approx(distinct) and w.experts_worst == 48 and w.moe_layers == 60
+    assert w.routed_B == pytest.approx(2 * 60 * distinct * 3 * h * I)  # 29.2 GB: the shared bank read per layer
+    assert w.routed_worst_B == pytest.approx(2 * 60 * 48 * 3 * h * I)
+    # the tiny engine is dense, fp32: 4 x (attention 78,144 + MLP 98,304) + lm_head 65,536 + final norm 128
+    tiny = target_step_weights(ModelConfig.from_name("tiny").target, 9, "fp32")
+    assert tiny.total_B == 4 * (4 * (78144 + 3 * 128 * 256) + 128 * 512 + 128 + 9 * 128) == 3090432
+    assert tiny.routed_B == 0 and tiny.moe_layers == 0
+
+
 def test_dense_model_has_no_expert_terms():
     w = get_model("llama-3.1-8b").step_weights(rows=9, tp=1)
     assert w.routed_B == 0 and w.moe_layers == 0 and w.experts_per_layer == 0

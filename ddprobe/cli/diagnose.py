@@ -11,6 +11,7 @@ from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
 from ..probes.estimate import fmt_duration
 from .commit import announce
+from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
@@ -34,6 +35,10 @@ def diagnose(
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="Floor GPU preset (default: the GPU NVML sees).")]
     = None,
     bw: Annotated[Optional[str], typer.Option("--bw", help="Floor bandwidth instead, e.g. 4.8TB/s.")] = None,
+    source: SourceOpt = "nvml",
+    prom_url: PromUrlOpt = None,
+    match: MatchOpt = None,
+    exporter_url: ExporterUrlOpt = None,
     *, eng: EngineOptions,
 ):
     """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
@@ -41,9 +46,10 @@ def diagnose(
 
     from ..probes import make_backend
     from ..probes.commit import check_contexts
-    from ..probes.diagnose import Diagnose, DiagnoseOptions
+    from ..probes.diagnose import GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from ..probes.models import get_model
     from ..shapes import get_gpu
+    from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
     if gpu:
@@ -55,13 +61,17 @@ def diagnose(
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
     folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     check_folder("--out-dir", folder)  # before anything is built or measured
+    check_source(source, prom_url, match, exporter_url)
+    # a fleet's source is asked now, before any model is built; NVML is checked by the gpu-util step (skipped
+    # with the reason where this machine has no GPU)
+    telemetry = open_source(source, prom_url, match, exporter_url, GPU_UTIL_PERIOD_S) if source != "nvml" else None
     be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(
         eng.capacity(max(ctxs), max(max_new_tokens, decode_tokens))))
     check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))  # the longer of its two requests
     announce(eng, be)
     warm_up(be, None)  # outside every measured step, for the largest request
     opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
-                           bw_Bps=bw_Bps, model=model, seed=eng.seed)
+                           bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry)
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
     run.estimate = diagnose_estimate(be, run, opts)

@@ -12,7 +12,8 @@ from rich.table import Table
 from ..signals import COLUMNS, LABELS
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
 from .app import app
-from .gpu_source import print_fleet
+from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, evidence_lines, \
+    print_fleet
 from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
@@ -22,7 +23,7 @@ SIGNALS = [(k, LABELS[k]) for k in COLUMNS]  # the table's columns, from the sig
 # every option but the files: what a --replay does not use
 REPLAY_IGNORES = {"prompt_len", "decode_tokens", "period", "text", "backend", "url", "timeout", "deep", "warmup",
                   "preset", "attn", "budget", "device", "dtype", "heads", "weights", "seed", "graphs", "threads",
-                  "source", "prom_url", "match", "exporter_url"}
+                  *SOURCE_PARAMS}
 DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
 
 
@@ -44,16 +45,10 @@ def gpu_util(
     warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="First run a short request (256 tokens, "
                                                                      "3 new) so kernels compile outside the "
                                                                      "sampled one.")] = True,
-    source: Annotated[str, typer.Option("--source", help="Telemetry: nvml (this machine's GPUs), prometheus "
-                                                         "(every GPU's DCGM series over the request's window, "
-                                                         "--prom-url) or dcgm-exporter (scrape --exporter-url "
-                                                         "each period).")] = "nvml",
-    prom_url: Annotated[Optional[str], typer.Option("--prom-url", help="Prometheus base URL, e.g. "
-                                                                       "http://prometheus:9090.")] = None,
-    match: Annotated[Optional[str], typer.Option("--match", help="Label matchers for the DCGM series, e.g. "
-                                                                 "'Hostname=~\"node-[0-3]\"'.")] = None,
-    exporter_url: Annotated[Optional[str], typer.Option("--exporter-url", help="dcgm-exporter URL(s), comma-"
-                                                                               "separated (port 9400).")] = None,
+    source: SourceOpt = "nvml",
+    prom_url: PromUrlOpt = None,
+    match: MatchOpt = None,
+    exporter_url: ExporterUrlOpt = None,
     replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
                                                                     "(no GPU needed).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "
@@ -133,7 +128,8 @@ def gpu_util(
 
 
 def print_summary(res) -> None:
-    """The per-GPU, per-phase table, the evidence lines and the step numbers."""
+    """The per-GPU, per-phase table, the evidence per phase (one line where the GPUs agree) and the step
+    numbers."""
     s = res.summary
     t = Table(title="gpu-util: median/p90 per GPU and phase", title_justify="left", box=box.SIMPLE_HEAD,
               pad_edge=False)
@@ -148,10 +144,8 @@ def print_summary(res) -> None:
         t.add_row(str(d.get("name", d["gpu"])), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
                   d["verdict"])
     out.print(t)
-    for d in s.get("per_phase", []):
-        if d["phase"] != "idle":
-            out.print(f"GPU {d.get('name', d['gpu'])} {d['phase']}: {d['evidence']}", highlight=False,
-                      soft_wrap=True)
+    for line in evidence_lines(s):
+        out.print(line, highlight=False, soft_wrap=True)
     print_fleet(s)
     nums = []
     if s.get("decode_step_ms"):

@@ -1,4 +1,5 @@
-"""`gpu-util --source`: open the telemetry source before anything else starts, and print what it found.
+"""`--source`: the telemetry options of `gpu-util` and `diagnose`, defined once; open the source before
+anything else starts, and print what it found.
 
 NVML (the default) needs a GPU on this machine; ``prometheus`` and ``dcgm-exporter`` need none here: they
 are checked by asking them (one line and exit 1 when they do not answer), so a run never builds a model
@@ -7,17 +8,30 @@ only to find its telemetry unreachable.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Annotated, Any, Optional
 
+import typer
 from rich.markup import escape
 
 from ..units import DDProbeError
 from .options import err, out
 
 
-def open_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None,
-                period_s: float) -> dict[str, Any]:
-    """{"reader_factory": ..., "window": ...} for ``run_gpu_util``, after one check of the source."""
+SourceOpt = Annotated[str, typer.Option("--source", help="Telemetry: nvml (this machine's GPUs), prometheus "
+                                                       "(every GPU's DCGM series over the request's window, "
+                                                       "--prom-url) or dcgm-exporter (scrape --exporter-url "
+                                                       "each period).")]
+PromUrlOpt = Annotated[Optional[str], typer.Option("--prom-url", help="Prometheus base URL, e.g. "
+                                                                      "http://prometheus:9090.")]
+MatchOpt = Annotated[Optional[str], typer.Option("--match", help="Label matchers for the DCGM series, e.g. "
+                                                                 "'Hostname=~\"node-[0-3]\"'.")]
+ExporterUrlOpt = Annotated[Optional[str], typer.Option("--exporter-url", help="dcgm-exporter URL(s), comma-"
+                                                                              "separated (port 9400).")]
+SOURCE_PARAMS = ("source", "prom_url", "match", "exporter_url")  # the parameter names of the four options
+
+
+def check_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None) -> None:
+    """One line when --source is unknown or a URL option goes with another source."""
     from ..probes.sources import SOURCES
 
     if source not in SOURCES:
@@ -26,6 +40,12 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
         raise DDProbeError("--prom-url and --match go with --source prometheus")
     if source != "dcgm-exporter" and exporter_url:
         raise DDProbeError("--exporter-url goes with --source dcgm-exporter")
+
+
+def open_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None,
+                period_s: float) -> dict[str, Any]:
+    """{"reader_factory": ..., "window": ...} for ``run_gpu_util``, after one check of the source."""
+    check_source(source, prom_url, match, exporter_url)
     if source == "nvml":
         from ..probes.telemetry import NvmlReader, require_nvml
 
@@ -60,11 +80,32 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
     return {"reader_factory": factory, "window": None}
 
 
+def evidence_lines(s: dict[str, Any]) -> list[str]:
+    """The evidence per phase (idle left out). One GPU: its sentence. Many GPUs that agree: one line, the
+    agreement and the sentence at the medians over them. Many that disagree: the disagreement, the
+    majority's sentence at their medians, then one line per GPU that is not of the majority."""
+    per_phase = [d for d in s.get("per_phase") or [] if isinstance(d, dict) and d.get("phase") != "idle"]
+    agreement = {a.get("phase"): a for a in s.get("agreement") or [] if isinstance(a, dict)}
+    lines = []
+    for phase in dict.fromkeys(d["phase"] for d in per_phase):
+        ds, a = [d for d in per_phase if d["phase"] == phase], agreement.get(phase)
+        ev = f": {a['evidence']}" if a and a.get("evidence") else ""
+        if a is not None and a.get("agree"):
+            lines.append(f"{phase}: {a['line']}; at the GPUs' medians{ev}")
+            continue
+        if a is not None:
+            top = a.get("majority")
+            n_top = sum(d.get("verdict") == top for d in ds)
+            lines.append(f"{phase}: {a['line']}")
+            if ev:
+                lines.append(f"{phase}, the {n_top} {top} GPUs at their medians{ev}")
+            ds = [d for d in ds if d.get("verdict") != top]
+        lines += [f"GPU {d.get('name', d['gpu'])} {phase}: {d['evidence']}" for d in ds]
+    return lines
+
+
 def print_fleet(s: dict[str, Any]) -> None:
-    """The agreement per phase, one line per node, the engine's counters, the notes and a telemetry error."""
-    for a in s.get("agreement") or []:
-        if a.get("phase") != "idle":
-            out.print(f"{a['phase']}: {a['line']}", highlight=False, soft_wrap=True)
+    """One line per node, the engine's counters, the notes and a telemetry error."""
     if len(s.get("nodes") or []) > 1 or any(r.get("gpus", 0) > 1 for r in s.get("nodes") or []):
         from ..gpu_fleet import node_line
 

@@ -2,7 +2,8 @@
 
 Steps, each writing its results file into the output folder as soon as it has numbers:
 1. commit: commit length on predictable and novel text at every context;
-2. gpu-util: telemetry during a decode-heavy request at the longest context (needs an NVIDIA GPU);
+2. gpu-util: telemetry during a decode-heavy request at the longest context (NVML: needs an NVIDIA GPU
+   here; ``telemetry`` from ``--source prometheus|dcgm-exporter``: the fleet's GPUs, none needed here);
 3. floor: the bandwidth floor of the measured decode step (needs a GPU's bandwidth: detected, or
    ``--gpu``/``--bw``);
 4. verify: `paged` vs `split` verify attention at the engine's shapes (embedded engine on a GPU);
@@ -15,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..results import Result, ResultWriter, RunMeta
 from ..shapes import get_gpu, gpu_spec_for
@@ -29,6 +30,7 @@ from .models import get_model
 
 
 COMMIT_KINDS = ("predictable", "novel")
+GPU_UTIL_PERIOD_S = 0.1  # the gpu-util step's sampling period
 
 
 @dataclass
@@ -40,6 +42,8 @@ class DiagnoseOptions:
     bw_Bps: float | None = None
     model: str = "kimi-k2.6"  # the floor's model for HTTP backends
     seed: int = 0
+    # run_gpu_util's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
+    telemetry: dict[str, Any] | None = None
 
 
 def detect_gpu_preset(meta: RunMeta) -> str | None:
@@ -96,16 +100,23 @@ class Diagnose:
                                             self.opts.max_new_tokens, w, seed=self.opts.seed, progress=self.progress)
 
     def gpu_util(self):
-        if not self.meta.gpus:
-            return "skipped", "no NVIDIA GPU visible to NVML on this machine"
+        if not self._samples_gpus():
+            return "skipped", "no NVIDIA GPU visible to NVML on this machine (a fleet's GPUs: --source " \
+                              "prometheus or dcgm-exporter)"
         try:
             from .gpu_util import run_gpu_util
         except ImportError as e:
             return "skipped", f"the gpu-util probe is not available ({e})"
         path = self.files["gpu-util"] = self.out / "gpu-util.json"
         w = ResultWriter(Result(kind="gpu-util", meta=self.meta, config=self.backend.describe()), path)
-        self.util = run_gpu_util(self.backend, max(self.opts.ctxs), self.opts.decode_tokens, 0.1, w, text="novel",
-                                 progress=self.progress)
+        self.util = run_gpu_util(self.backend, max(self.opts.ctxs), self.opts.decode_tokens, GPU_UTIL_PERIOD_S, w,
+                                 text="novel", progress=self.progress, **(self.opts.telemetry or {}))
+        if self.util.summary.get("telemetry_error"):  # the request's numbers are kept in the file
+            return "failed", self.util.summary["telemetry_error"]
+
+    def _samples_gpus(self) -> bool:
+        """Is there telemetry to sample: a fleet source given, or a GPU NVML sees here?"""
+        return self.opts.telemetry is not None or bool(self.meta.gpus)
 
     def _measured_step(self) -> tuple[int, float, str] | None:
         if self.util is not None and self.util.summary.get("decode_step_ms"):
@@ -116,8 +127,15 @@ class Diagnose:
             return r["ctx"], float(r["decode_ms_per_step"]), "commit probe, novel text"
         return None
 
+    def _sampled_preset(self) -> str | None:
+        """The floor preset of the GPUs the gpu-util step read (a fleet's, through Prometheus or dcgm-exporter),
+        if ddprobe knows their model."""
+        gpus = (self.util.config.get("sampled_gpus") or []) if self.util is not None else []
+        spec = next((s for s in (gpu_spec_for(g.get("name")) for g in gpus if isinstance(g, dict)) if s), None)
+        return spec.name if spec else None
+
     def floor(self):
-        preset = self.opts.gpu or (None if self.opts.bw_Bps else detect_gpu_preset(self.meta))
+        preset = self.opts.gpu or (None if self.opts.bw_Bps else detect_gpu_preset(self.meta) or self._sampled_preset())
         if preset is None and self.opts.bw_Bps is None:
             return "skipped", "no GPU detected and no --gpu or --bw given: no bandwidth to compare with"
         gpu = get_gpu(preset) if preset else None
@@ -131,10 +149,10 @@ class Diagnose:
         ctx, step_ms, source = step
         queries = int(self.backend.describe().get("budget", 8)) + 1
         attention = getattr(self.backend, "attention", None)  # the embedded engine knows its own shape and dtype
-        weights = None
         if attention is not None:
             shape, kv_dtype, _ = attention()
             name = f"engine-{self.backend.describe().get('preset', '?')}"
+            weights = self.backend.step_weights(rows=queries)  # the engine's own weights (one GPU's share)
         else:
             spec = get_model(self.opts.model)
             shape, kv_dtype, name = spec.attn, "bf16", self.opts.model
@@ -177,9 +195,9 @@ class Diagnose:
 
     def requests(self) -> dict[str, list[tuple[str, int]]]:
         """The requests the run will measure, in order, per step: {"commit": [(kind, ctx)...], "gpu-util": [...]}
-        (gpu-util only where NVML sees a GPU)."""
+        (gpu-util only where there is telemetry: a fleet source, or a GPU NVML sees here)."""
         out = {"commit": cell_order(self.opts.ctxs, COMMIT_KINDS)}
-        if self.meta.gpus:
+        if self._samples_gpus():
             out["gpu-util"] = [("novel", max(self.opts.ctxs))]
         return out
 

@@ -132,6 +132,11 @@ class EngineBackend:
         t = self.engine.config.target
         return t.attn_shape, self.dtype, t.sm_scale
 
+    def step_weights(self, rows: int | None = None):
+        """The target's weights one verify step of ``rows`` rows (default budget + 1) reads
+        (``target_step_weights``): what ``probes.floor`` adds to the KV for the whole-step floor."""
+        return target_step_weights(self.engine.config.target, rows or self.budget + 1, self.dtype)
+
     def describe(self) -> dict[str, Any]:
         t = self.engine.config.target
         return {"backend": self.name, "preset": self.preset, "attn": self.attn, "kv_layout": self.engine.kv_layout,
@@ -268,6 +273,23 @@ class EngineBackend:
             return self.engine.greedy_reference(input_ids, max_new_tokens, on_token=on_token)
         except ValueError as e:
             raise BackendError(str(e)) from None
+
+
+def target_step_weights(t, rows: int, dtype: str):
+    """``step_shape.StepWeights`` of an engine target (``engine.config.TargetConfig``) for one verify step of
+    ``rows`` rows. The config is already one GPU's share (the k2 preset: tp 8 / ep 8), so tp = ep = 1 here:
+    its local experts routed top-k among themselves, its shared expert at its own width, its whole lm_head,
+    every weight in the engine's ``dtype``. A bank of routed experts shared by the MoE layers
+    (``moe_shared_bank``) is read by each of them, so it counts per layer. The drafter's weights are not
+    counted, as in ``ddprobe floor``."""
+    from ..step_shape import MoeShape, step_weights
+
+    moe = MoeShape(t.n_experts, t.experts_per_tok, t.moe_intermediate_size,
+                   n_shared_experts=1 if t.shared_intermediate_size else 0,
+                   first_k_dense_replace=t.first_dense_layers if t.n_experts else 0)
+    return step_weights(t.attn_shape, moe, hidden=t.hidden_size, vocab=t.vocab_size, q_lora_rank=t.q_lora_rank,
+                        intermediate=t.intermediate_size, rows=rows, dense_dtype=dtype, expert_dtype=dtype,
+                        shared_intermediate=t.shared_intermediate_size)
 
 
 def _oom(what: str) -> str:
