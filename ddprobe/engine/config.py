@@ -5,7 +5,8 @@
 trained weights ship in ddprobe/engine/weights/tiny.
 ``k2``: Kimi K2.6's attention shapes exactly (61 layers, latent 512 + rope 64 = 576-wide row,
 qk_nope 128, v_head 128, heads as a parameter, vocabulary 163840, YaRN x64 from 4096) and its MoE at
-one GPU's share under tp 8 / ep 8: 384 / 8 = 48 local experts of width 2048, top-8 of them per row,
+one GPU's share under tp 8 / ep 8: 384 / 8 = 48 local experts of width 2048, top-8 of them per row
+(of the 48, not of 384: about 4.7x the expert traffic a real ep-8 GPU sees; a heavy stand-in),
 the shared expert's 2048 / 8 = 256 columns, the first layer dense (18432 / 8 = 2304); the hidden size
 is shrunk to 1024. The 60 MoE layers share one bank of 48 experts (``moe_shared_bank``): what a layer
 reads from memory is the same (its touched experts, ~0.5 GB, are ten times the H200's L2), while 60
