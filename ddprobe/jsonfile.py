@@ -29,3 +29,28 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
         raise DDProbeError(f"{p}: not valid JSON (line {e.lineno}: {e.msg})") from None
     except ValueError as e:
         raise DDProbeError(f"{p}: {e}") from None
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Any) -> Path:
+    """Write ``doc`` as JSON through a temp file and a rename: a reader never sees half a file, and a run that
+    dies mid-write leaves the previous version."""
+    import tempfile
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise DDProbeError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

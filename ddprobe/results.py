@@ -198,6 +198,9 @@ class Result:
     def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> "Result":
         if not isinstance(d, dict) or d.get("schema") != SCHEMA:
             raise DDProbeError(f"{source}: not a ddprobe results file (schema {SCHEMA!r} missing)")
+        for key in ("meta", "config", "summary"):
+            if key in d and not isinstance(d[key], dict):
+                raise DDProbeError(f"{source}: {key!r} is not a JSON object (got {type(d[key]).__name__})")
         try:
             meta = RunMeta(**d["meta"])
             kind = d["kind"]

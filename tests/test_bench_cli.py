@@ -77,3 +77,37 @@ def test_the_cost_of_a_call_is_the_latent_cache_once_plus_q_and_out():
     assert flops == n * rows * heads * (2 * 576 + 2 * 512)  # QK over 576, PV over the 512 latent, per head
     step_bytes, step_flops = verify_bench.call_cost(KIMI_K2, ctx, heads, rows, layers=61)
     assert step_bytes == pytest.approx(61 * nbytes) and step_flops == pytest.approx(61 * flops)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--tree", "nope"], "--tree: unknown tree shape 'nope'"),
+    (["--heads", "0"], "--heads takes head counts"),
+    (["--heads", "8,65"], "--heads takes head counts"),
+    (["--heads", "x"], "--heads takes head counts"),
+    (["--paged-heads", "-1"], "--paged-heads takes head counts"),
+    (["--flex-budget-s", "-1"], "--flex-budget-s"),
+    (["--flex-budget-s", "nan"], "--flex-budget-s"),
+])
+def test_every_option_is_checked_before_the_cuda_check(args, says):
+    line = _error_line(runner.invoke(app, ["bench", "verify", *args]))
+    assert says in line and "CUDA" not in line
+
+
+def test_out_is_checked_before_the_cuda_check(tmp_path):
+    line = _error_line(runner.invoke(app, ["bench", "verify", "-o", str(tmp_path)]))
+    assert "is a directory" in line and "CUDA" not in line
+
+
+@pytest.mark.skipif(_cuda(), reason="this machine has CUDA: the command would run")
+def test_a_run_that_stops_before_its_first_result_leaves_no_file(tmp_path):
+    out = tmp_path / "sub" / "bench.json"
+    res = runner.invoke(app, ["bench", "verify", "--heads", "3", "--tree", "chain", "-o", str(out)])
+    assert "needs a CUDA GPU" in _error_line(res)
+    assert not out.exists() and not out.parent.exists()
+
+
+def test_results_file_is_written_whole_and_only_with_results(tmp_path):
+    from ddprobe.jsonfile import read_json, write_json_atomic
+
+    p = write_json_atomic(tmp_path / "a" / "b.json", {"results": [{"x": 1}]})
+    assert read_json(p) == {"results": [{"x": 1}]} and [f.name for f in p.parent.iterdir()] == ["b.json"]

@@ -317,3 +317,19 @@ def test_report_has_a_per_node_table_the_agreement_and_a_heat_strip(nodes, tmp_p
     assert [r[0] for r in node_table.rows] == ["node-0", "node-1"] and "all 8 GPUs agree" in node_table.note
     assert any(f.name.endswith("-heat") and f.png.startswith(b"\x89PNG") for f in sec.figures)
     assert "decode: all 8 GPUs agree: latency-bound (2 nodes)." in findings.gpu_util(res)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--source", "prometheus", "--prom-url", "notaurl"], "bad Prometheus URL 'notaurl': expected http://host:port"),
+    (["--source", "dcgm-exporter", "--exporter-url", "http://127.0.0.1:1,node2:9400"],
+     "bad dcgm-exporter URL 'node2:9400'"),
+])
+def test_bad_url_is_named_as_given(tmp_path, args, says):
+    r = CliRunner().invoke(app, ["gpu-util", *args, "--json", str(tmp_path / "x.json")])
+    assert r.exit_code == 1 and says in r.output and "/api/v1" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_prom_window_names_the_url_as_given():
+    with pytest.raises(SourceUnavailable, match=r"bad Prometheus URL 'notaurl': expected"):
+        PromWindow("notaurl")

@@ -169,3 +169,31 @@ def test_path_names_with_brackets_print_as_text(tmp_path):
     r = runner.invoke(app, ["gate", str(cur), "--baseline", str(cur)], env={"COLUMNS": "250"})
     assert r.exit_code == 0, r.output
     assert "split_ws[fold_tree=0]" in r.output
+
+
+def test_failed_output_check_fails(tmp_path):
+    def edit(d):
+        _row(d).update(ok=False, rel_err=0.5)
+    r = gate_cli(_write(tmp_path, "cur.json", edit), "--baseline", BASE)
+    assert r.exit_code == 1, r.output
+    assert ("FAILED: split heads=8 ctx=128k on NVIDIA H200: output check against the reference failed in the "
+            "current run (rel_err 5.0e-01)") in r.output
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity"])
+def test_non_finite_number_counts_as_missing(tmp_path, value):
+    cur = _write(tmp_path, "cur.json")
+    cur.write_text(cur.read_text().replace('"GBps": ' + str(_row(json.loads(BASE.read_text()))["GBps"]),
+                                           f'"GBps": {value}', 1))
+    assert value in cur.read_text()
+    r = gate_cli(cur, "--baseline", BASE)
+    assert r.exit_code == 1, r.output
+    assert "MISSING: split heads=8 ctx=128k on NVIDIA H200: GBps not a finite number in the current run" in r.output
+
+
+def test_duplicate_entries_are_an_error(tmp_path):
+    cur = _write(tmp_path, "cur.json", lambda d: d["rows"].append(copy.deepcopy(_row(d))))
+    r = gate_cli(cur, "--baseline", BASE)
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert "current results have two rows for split heads=8 ctx=128k on NVIDIA H200" in r.output
+    assert len(r.output.strip().splitlines()) == 1

@@ -377,3 +377,10 @@ def test_sampler_costs_under_one_percent_of_a_step():
     with_s, without = statistics.median(o["per_run_with"]), statistics.median(o["per_run_without"])
     assert abs(with_s - without) / without < 0.01
     assert o["tick_ms"] / (o["period_s"] * 1e3) < 0.05  # the sampler thread is busy under 5% of the time
+
+
+@pytest.mark.parametrize("source", [[], ["--source", "prometheus", "--prom-url", "http://127.0.0.1:1"]])
+def test_bad_decode_tokens_is_named_before_any_gpu_or_source_probe(tmp_path, source):
+    r = CliRunner().invoke(app, ["gpu-util", "--decode-tokens", "0", *source, "--json", str(tmp_path / "x.json")])
+    assert r.exit_code == 1
+    assert r.output.strip() == "error: --decode-tokens must be at least 2, got 0", r.output

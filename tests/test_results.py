@@ -1,5 +1,6 @@
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -142,3 +143,26 @@ def test_cli_refuses_garbage_rows_naming_file_and_row(tmp_path, cmd):
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 1 and "junk.json: row 2 of this gpu-util file has a bad 't_s'" in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("field,value", [("config", []), ("summary", "x"), ("meta", [1])])
+def test_sections_must_be_objects(tmp_path, field, value):
+    d = Result(kind="gpu-util", meta=RunMeta.collect(command="x")).to_dict()
+    d[field] = value
+    p = tmp_path / "odd.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(DDProbeError, match=f"odd.json: '{field}' is not a JSON object"):
+        Result.load(p)
+
+
+def test_replay_with_a_list_config_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+    d = json.loads((Path(__file__).parent / "data" / "gpu-util-synthetic.json").read_text())
+    d["config"] = []
+    p = tmp_path / "f.json"
+    p.write_text(json.dumps(d))
+    r = CliRunner().invoke(app, ["gpu-util", "--replay", str(p)])
+    assert r.exit_code == 1, r.output
+    assert "f.json: 'config' is not a JSON object (got list)" in r.output and "Traceback" not in r.output

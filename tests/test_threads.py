@@ -61,3 +61,42 @@ def test_estimate_says_the_threads_it_assumed():
     assert e.line().startswith("estimate: about 1 min on this CPU with 1 thread (prefill")
     assert e.to_dict()["threads"] == 1
     assert "thread" not in Estimate(prefill_s=50.0, decode_s=20.0, device="cuda:0").line()
+
+
+def _cgroup(tmp_path, files):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("files,want", [
+    ({"cpu.max": "150000 100000"}, 2),  # v2: 1.5 cores' worth -> 2
+    ({"cpu.max": "100000 100000"}, 1),
+    ({"cpu.max": "max 100000"}, None),  # v2 unlimited
+    ({"cpu/cpu.cfs_quota_us": "300000", "cpu/cpu.cfs_period_us": "100000"}, 3),  # v1
+    ({"cpu,cpuacct/cpu.cfs_quota_us": "50000", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 1),
+    ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),  # v1 unlimited
+    ({}, None),
+])
+def test_cgroup_quota_from_real_files(tmp_path, files, want):
+    assert th.cpu_quota(_cgroup(tmp_path, files)) == want
+
+
+def test_quota_caps_the_cores(tmp_path):
+    root = _cgroup(tmp_path, {"cpu.max": "100000 100000"})
+    assert th.allowed_cores(root) == sorted(os.sched_getaffinity(0))[:1]
+    auto = th.choose_threads(None, env={}, cgroup_root=root)
+    assert (auto.threads, auto.cores, auto.how) == (1, 1, "auto")
+    free = th.choose_threads(None, env={}, cgroup_root=tmp_path / "none")
+    assert free.cores == len(os.sched_getaffinity(0))
+
+
+def test_nested_omp_num_threads_uses_the_first_field():
+    c = th.choose_threads(None, env={"OMP_NUM_THREADS": "4,2"})
+    assert (c.threads, c.how) == (4, "OMP_NUM_THREADS")
+    assert th.choose_threads(None, env={"OMP_NUM_THREADS": " 3 "}).threads == 3
+    for bad in ("abc", "0", ",2"):
+        with pytest.raises(th.DDProbeError, match="OMP_NUM_THREADS=.* is not a thread count"):
+            th.choose_threads(None, env={"OMP_NUM_THREADS": bad})
+    assert th.choose_threads(2, env={"OMP_NUM_THREADS": "abc"}).threads == 2  # --threads wins

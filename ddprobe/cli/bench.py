@@ -1,7 +1,6 @@
 """`ddprobe bench verify`: verify attention per layer and per step, every path against the peers, JSON out."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -10,7 +9,7 @@ import typer
 
 from ..units import DDProbeError, parse_token_list
 from .app import app
-from .options import err, errors_exit_1, out
+from .options import MAX_TIMEOUT_S, checked, err, errors_exit_1, out, output_file, within
 
 bench_app = typer.Typer(help="GPU benchmarks (results files that `ddprobe report` and `ddprobe gate` read).",
                         no_args_is_help=True)
@@ -75,31 +74,33 @@ def verify(
     paged_heads: Annotated[str, typer.Option("--paged-heads", help="Time paged only at these head counts "
                                                                    "(default: all).")] = "",
     flex_budget_s: Annotated[float, typer.Option("--flex-budget-s", help="Seconds FlexAttention may spend "
-                                                                         "compiling before it is left out.")] = 150.0,
+                                                                         "compiling before it is left out.",
+                                         callback=checked(within(0.0, MAX_TIMEOUT_S, " s")))] = 150.0,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Results file (JSON), rewritten after every "
-                                                               "context.")] = Path("bench-verify.json"),
+                                                               "context.", callback=output_file)]
+    = Path("bench-verify.json"),
 ):
     """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against the floor; needs CUDA."""
+    from ..jsonfile import write_json_atomic
     from ..probes.verify_bench import BenchOptions, run
 
     opts = BenchOptions(
-        ctxs=parse_token_list(ctx), heads=[int(h) for h in parse_token_list(heads)], paths=_names(paths, "--paths"),
+        ctxs=parse_token_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
         variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick,
         tune={p: o for p, o in _variants(tune or [], "--tune")},
         step_ctx=parse_token_list(step_ctx)[0] if step_ctx.strip() not in ("", "0") else None,
         step_variants=_variants(step_variant or [], "--step-variant"), step_skip=_names(step_skip, "--step-skip"),
         paged_max_ctx=parse_token_list(paged_max_ctx)[0],
-        paged_heads=[int(h) for h in parse_token_list(paged_heads)] if paged_heads else [],
+        paged_heads=_counts(paged_heads, "--paged-heads") if paged_heads else [],
         flex_budget_s=flex_budget_s)
     if budget < 1:
         raise DDProbeError(f"--budget must be at least 1, got {budget}")
+    _check_tree(tree)
     _need_cuda()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "a"):  # an unwritable --out fails now, not after the first context
-        pass
 
-    def write(doc):
-        out_path.write_text(json.dumps(doc, indent=1, default=str))
+    def write(doc):  # nothing until the first result: a run that dies early leaves no empty file
+        if doc["results"]:
+            write_json_atomic(out_path, doc)
 
     doc = run(opts, write, on_row=lambda r: err.print(line(r), highlight=False, markup=False),
               command=" ".join(["ddprobe", *sys.argv[1:]]),
@@ -111,6 +112,25 @@ def verify(
     for r in doc["results"]:
         out.print(line(r), highlight=False, markup=False)
     out.print(f"results written to {out_path}", highlight=False)
+
+
+def _counts(text: str, what: str) -> list[int]:
+    """Comma-separated head counts: whole numbers from 1 to the model's heads (K2's 64)."""
+    from ..shapes import KIMI_K2
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names or any(not t.isdigit() or not 1 <= int(t) <= KIMI_K2.num_heads for t in names):
+        raise DDProbeError(f"{what} takes head counts from 1 to {KIMI_K2.num_heads}, got {text!r}")
+    return [int(t) for t in names]
+
+
+def _check_tree(tree: str) -> None:
+    try:
+        from ..engine.kernels.trees import SHAPES
+    except ImportError:  # no torch: the CUDA check that follows says so
+        return
+    if tree not in SHAPES:
+        raise DDProbeError(f"--tree: unknown tree shape {tree!r}; known: {', '.join(SHAPES)}")
 
 
 def _need_cuda() -> None:

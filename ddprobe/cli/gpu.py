@@ -63,7 +63,7 @@ def gpu_util(
     from ..probes import make_backend
     from ..probes.commit import check_contexts
     from ..probes.estimate import timing_block
-    from ..probes.gpu_util import deep_ncu, replay as replay_result, run_gpu_util
+    from ..probes.gpu_util import check_decode_tokens, deep_ncu, replay as replay_result, run_gpu_util
     from .gpu_source import open_source
     from ..results import Result, ResultWriter, RunMeta
     from ..units import parse_time, parse_tokens
@@ -83,6 +83,7 @@ def gpu_util(
         if len(kinds) > 1:
             raise DDProbeError(f"--text takes one kind for gpu-util, got {text!r}")
         kind = kinds[0]
+        check_decode_tokens(decode_tokens)  # plain values first: no GPU or source is probed for a bad one
         telemetry = open_source(source, prom_url, match, exporter_url, period_s)  # before any model is built
         if backend == "engine" and eng.chosen():
             err.print(f"engine: {eng.chosen()}", highlight=False)

@@ -40,6 +40,13 @@ def check_source(source: str, prom_url: str | None, match: str | None, exporter_
         raise DDProbeError("--prom-url and --match go with --source prometheus")
     if source != "dcgm-exporter" and exporter_url:
         raise DDProbeError("--exporter-url goes with --source dcgm-exporter")
+    from ..probes.sources import check_url
+
+    if prom_url:
+        check_url(prom_url, "Prometheus")
+    for u in (exporter_url or "").split(","):
+        if u.strip():
+            check_url(u.strip(), "dcgm-exporter")
 
 
 def open_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None,

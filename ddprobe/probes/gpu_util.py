@@ -55,6 +55,12 @@ def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
             "gpu_bw_source": f"{spec.label} datasheet" if spec else None}
 
 
+def check_decode_tokens(decode_tokens: int) -> None:
+    """A sampled decode needs two tokens at least (one step to time after the first)."""
+    if decode_tokens < 2:
+        raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
+
+
 def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s: float, writer: ResultWriter,
                  text: str = "novel", seed: int = 0, reader_factory: Callable[[], Any] = NvmlReader,
                  on_event: Callable[[str], None] | None = None, warmup: bool = True,
@@ -69,8 +75,7 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
     (``prometheus.PromWindow``) replaces the live source: the sampler keeps only the clock and the markers,
     and the GPUs' rows are read from Prometheus after the request; if that fails the request's numbers are
     kept and ``summary["telemetry_error"]`` says why in one line."""
-    if decode_tokens < 2:
-        raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
+    check_decode_tokens(decode_tokens)
     say = on_event or (lambda msg: None)
     ids = prompt_ids(backend, text, prompt_len, seed)
     sampler = Sampler(period_s, reader_factory=None if window is not None else reader_factory).start()

@@ -16,7 +16,7 @@ import urllib.parse
 from typing import Any
 
 from .. import signals
-from .sources import KEEP_LABELS, SourceUnavailable, gpu_of, http_get, natural, power_limit, row_value
+from .sources import KEEP_LABELS, SourceUnavailable, check_url, gpu_of, http_get, natural, power_limit, row_value
 from .dcgm_exporter import gpu_entry
 
 DCGM_DEFAULT_S = 30.0  # dcgm-exporter's default collection interval (-c 30000 ms)
@@ -37,7 +37,7 @@ class PromWindow:
     kind = "prometheus"
 
     def __init__(self, url: str, match: str | None = None, timeout_s: float = 10.0):
-        self.url, self.match, self.timeout_s = url.rstrip("/"), match, timeout_s
+        self.url, self.match, self.timeout_s = check_url(url, "Prometheus").rstrip("/"), match, timeout_s
         self.notes: list[str] = []
         self.sources: dict[str, str] = {}
         self.step_s: float | None = None

@@ -88,10 +88,16 @@ def undo_resets(rows: list[dict[str, Any]], notes: list[str]) -> None:
             last[g] = r[sig.key]
 
 
-def http_get(url: str, timeout_s: float, what: str) -> str:
-    """GET ``url`` as text; any failure one line naming ``what`` and the URL (SourceUnavailable)."""
+def check_url(url: str, what: str) -> str:
+    """``url`` itself when it is http(s)://...; else one line naming it as given."""
     if not url.startswith(("http://", "https://")):
         raise SourceUnavailable(f"bad {what} URL {url!r}: expected http://host:port")
+    return url
+
+
+def http_get(url: str, timeout_s: float, what: str) -> str:
+    """GET ``url`` as text; any failure one line naming ``what`` and the URL (SourceUnavailable)."""
+    check_url(url, what)
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
             return r.read().decode("utf-8", "replace")

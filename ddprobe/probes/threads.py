@@ -6,15 +6,23 @@ elsewhere, two threads make every op wait for the thread that is descheduled: a 
 622 ms with two threads against 19 ms with one (issue 36). One thread per idle core avoids that.
 
 Order of choice: ``--threads N``; else ``OMP_NUM_THREADS`` when set (the user's own choice); else
-``auto``: cores in ``os.sched_getaffinity`` minus the cores found busy (the summed non-idle share of those
+``auto``: cores in ``os.sched_getaffinity`` (at most the cgroup CPU quota, ceil(quota / period), read from
+``cpu.max`` under cgroup v2 or ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` under v1) minus the cores found busy (the summed non-idle share of those
 cores in /proc/stat over ``SAMPLE_S``, rounded), at least one. Where /proc/stat cannot be read (not Linux), the
 1-minute load average (/proc/loadavg, or ``os.getloadavg``) stands in; failing that, every core.
+``OMP_NUM_THREADS`` may be OpenMP's nested list ("4,2"): its first field is the count here.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+from ..units import DDProbeError
+
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 SAMPLE_S = 0.25  # the window over which other work's CPU use is measured
 BUSY_ROUNDING = 0.35  # a core counts as busy from this share of use upward (0.65 busy -> 1 core)
@@ -39,11 +47,54 @@ class ThreadChoice:
         return {"threads": self.threads, "cores": self.cores, "busy_cores": self.busy, "how": self.how}
 
 
-def allowed_cores() -> list[int]:
+def _read(path: Path) -> str | None:
     try:
-        return sorted(os.sched_getaffinity(0))
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cpu_quota(root: str | os.PathLike = CGROUP_ROOT) -> int | None:
+    """Cores' worth of CPU time the cgroup quota allows, ceil(quota / period); None where not limited."""
+    root = Path(root)
+    pairs = []
+    v2 = _read(root / "cpu.max")  # "max 100000" or "150000 100000"
+    if v2 is not None:
+        pairs.append(tuple(v2.split()[:2]))
+    for d in (root, root / "cpu", root / "cpu,cpuacct"):
+        q, p = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+        if q is not None and p is not None:
+            pairs.append((q, p))
+    for pair in pairs:
+        try:
+            quota, period = int(pair[0]), int(pair[1])
+        except (ValueError, IndexError):
+            continue  # "max" (v2) or garbage: not limited
+        if quota > 0 and period > 0:
+            return max(1, math.ceil(quota / period))
+    return None
+
+
+def allowed_cores(cgroup_root: str | os.PathLike = CGROUP_ROOT) -> list[int]:
+    """The cores in this process's affinity, at most the cgroup quota's worth of them (the first ones)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return list(range(os.cpu_count() or 1))
+        cores = list(range(os.cpu_count() or 1))
+    quota = cpu_quota(cgroup_root)
+    return cores[:quota] if quota else cores
+
+
+def omp_threads(value: str) -> int | None:
+    """OMP_NUM_THREADS's count: "4" or nested "4,2" -> 4; "" -> None; anything else is an error."""
+    value = value.strip()
+    if not value:
+        return None
+    first = value.split(",")[0].strip()
+    if not first.isdigit() or int(first) < 1:
+        raise DDProbeError(f"OMP_NUM_THREADS={value!r} is not a thread count (e.g. 4, or 4,2 nested); "
+                           "fix or unset it, or pass --threads")
+    return int(first)
 
 
 def _cpu_times(path: str = "/proc/stat") -> dict[int, tuple[int, int]] | None:
@@ -98,14 +149,15 @@ def threads_for(cores: int, busy: float | None) -> int:
     return max(1, min(cores, cores - int(busy + BUSY_ROUNDING)))
 
 
-def choose_threads(requested: int | None = None, env: dict | None = None) -> ThreadChoice:
+def choose_threads(requested: int | None = None, env: dict | None = None,
+                   cgroup_root: str | os.PathLike = CGROUP_ROOT) -> ThreadChoice:
     """The thread count to use (see the module docstring for the order of choice)."""
     env = os.environ if env is None else env
-    cores = allowed_cores()
+    cores = allowed_cores(cgroup_root)
     if requested is not None:
         return ThreadChoice(int(requested), len(cores), None, "--threads")
-    omp = str(env.get("OMP_NUM_THREADS", "")).strip()
-    if omp.isdigit() and int(omp) > 0:
-        return ThreadChoice(int(omp), len(cores), None, "OMP_NUM_THREADS")
+    omp = omp_threads(str(env.get("OMP_NUM_THREADS", "")))
+    if omp is not None:
+        return ThreadChoice(omp, len(cores), None, "OMP_NUM_THREADS")
     busy = busy_cores(cores) if len(cores) > 1 else None
     return ThreadChoice(threads_for(len(cores), busy), len(cores), busy, "auto")

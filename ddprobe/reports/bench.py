@@ -7,6 +7,7 @@ effective bandwidth. Old and new key names are both accepted (``us`` / ``time_us
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,8 @@ class Entry:
     error: str | None
     bytes: float | None = None
     flops: float | None = None
+    ok: bool | None = None  # the row's output check against the reference (None: not recorded)
+    nonfinite: tuple[str, ...] = ()  # keys whose number is NaN or infinite (read as missing)
 
     @property
     def key(self) -> tuple:
@@ -50,7 +53,14 @@ class Entry:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    """A finite number, else None (NaN and infinities count as missing)."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _nonfinite(row: dict) -> tuple[str, ...]:
+    return tuple(k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v))
 
 
 def _first(row: dict, *keys: str, scale: float = 1.0) -> float | None:
@@ -102,5 +112,6 @@ def entries(result: Result) -> list[Entry]:
                          time_us=t, floor_us=floor, GBps=bw, TFLOPs=_first(row, "TFLOPs"),
                          rel_err=_first(row, "rel_err"),
                          error=row.get("error") or (None if t else "no time recorded"),
-                         bytes=nbytes, flops=_first(row, "flops")))
+                         bytes=nbytes, flops=_first(row, "flops"),
+                         ok=row["ok"] if isinstance(row.get("ok"), bool) else None, nonfinite=_nonfinite(row)))
     return out

@@ -31,8 +31,7 @@ class GateRow:
 
     @property
     def label(self) -> str:
-        kind, path, ctx, heads, gpu = self.key
-        return f"{'step ' if kind == 'step' else ''}{path} heads={heads} ctx={fmt_tokens(ctx)} on {gpu}"
+        return _label(self.key)
 
     def fail(self, status: str, why: str) -> None:
         self.status = status if self.status in ("ok", "new") else self.status
@@ -54,6 +53,21 @@ class GateOutcome:
         return not self.failures
 
 
+def _label(key: tuple) -> str:
+    kind, path, ctx, heads, gpu = key
+    return f"{'step ' if kind == 'step' else ''}{path} heads={heads} ctx={fmt_tokens(ctx)} on {gpu}"
+
+
+def _by_key(entries: list[bench.Entry], name: str) -> dict[tuple, bench.Entry]:
+    """Entries by key; two rows with one key in one file is an error (one would hide the other)."""
+    out: dict[tuple, bench.Entry] = {}
+    for e in entries:
+        if e.key in out:
+            raise DDProbeError(f"{name} results have two rows for {_label(e.key)}; the gate needs one per entry")
+        out[e.key] = e
+    return out
+
+
 def _drop(base: bench.Entry, cur: bench.Entry) -> float:
     if base.GBps and cur.GBps:
         return 1.0 - cur.GBps / base.GBps
@@ -71,8 +85,8 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
     def keep(e: bench.Entry) -> bool:
         return (not paths or e.path in paths) and (not ctxs or e.ctx in ctxs) and (not heads or e.heads in heads)
 
-    base = {e.key: e for e in bench.entries(baseline) if keep(e)}
-    cur = {e.key: e for e in bench.entries(current) if keep(e)}
+    base = _by_key([e for e in bench.entries(baseline) if keep(e)], "baseline")
+    cur = _by_key([e for e in bench.entries(current) if keep(e)], "current")
     if not base:
         raise DDProbeError("the baseline has no benchmark entries" + (" matching --paths/--ctx/--heads"
                                                                         if paths or ctxs or heads else ""))
@@ -80,10 +94,16 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
     for key in sorted(set(base) | set(cur), key=lambda k: (k[0], k[1], k[3] or 0, k[2], k[4])):
         b, c = base.get(key), cur.get(key)
         row = GateRow(key, b, c, status="ok" if b else "new")
+        for e, where in ((b, "baseline"), (c, "current run")):
+            if e is not None and e.nonfinite:
+                row.fail("MISSING", f"{', '.join(e.nonfinite)} not a finite number in the {where}")
         if c is None:
             row.fail("MISSING", "baseline entry missing in the current run")
         elif not c.time_us:
             row.fail("FAILED", f"failed in the current run: {c.error}")
+        elif c.ok is False:
+            rel = f" (rel_err {c.rel_err:.1e})" if c.rel_err is not None else ""
+            row.fail("FAILED", f"output check against the reference failed in the current run{rel}")
         elif b is not None and b.time_us:
             row.drop = _drop(b, c)
             if row.drop > max_drop:
