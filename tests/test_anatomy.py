@@ -47,7 +47,7 @@ def test_fit_line_is_least_squares():
 
 @pytest.mark.parametrize("ctx,step,msg", [
     ([32 * K], [159.0], "two or more contexts, got 1"),
-    ([32 * K, 32 * K], [159.0, 160.0], "two or more contexts, got 1"),
+    ([32 * K, 32 * K], [159.0, 160.0], "32k given more than once"),
     ([32 * K, 128 * K], [714.0, 159.0], "step times decrease with context (714 ms at 32k, 159 ms at 128k)"),
     ([32 * K, 128 * K], [159.0], "one step time per context"),
 ])
@@ -63,3 +63,15 @@ def test_steps_from_results():
     assert steps_from_result("commit", rows, {}, {}) == [(1024, 10.0), (2048, 12.0)]
     assert steps_from_result("gpu-util", [], {"decode_step_ms": 8.1}, {"prompt_len": 32768}) == [(32768, 8.1)]
     assert steps_from_result("bench-verify", [], {}, {}) == []
+
+
+def test_duplicate_contexts_are_refused():
+    with pytest.raises(DDProbeError, match="1k given more than once"):
+        fit_anatomy([1024, 1024, 2048], [5.0, 9.0, 10.0])
+
+
+def test_an_intercept_below_the_weight_floor_is_not_the_fixed_cost():
+    an = fit_anatomy([1024, 4096], [20.0, 50.0], weight_floor_ms=30.0)  # intercept 10 ms < 30 ms
+    assert an.fixed_below_floor and "is below the weight floor (30 ms): it is not the fixed cost" in an.verdict
+    above = fit_anatomy([1024, 4096], [40.0, 50.0], weight_floor_ms=30.0)  # intercept 36.7 ms
+    assert not above.fixed_below_floor and "not the fixed cost" not in above.verdict

@@ -209,3 +209,40 @@ def test_python_dash_m_ddprobe():
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["rows"][0]["kv_B_per_token"] == 61 * 576 * 2
+
+
+def test_steps_from_refuses_ctx_and_warns_on_another_model():
+    r = run("floor", "--steps-from", "tests/data/commit-tiny-cpu.json", "--ctx", "1k")
+    assert r.exit_code == 1 and "give --ctx or --steps-from, not both" in r.output and "Traceback" not in r.output
+    r = run("floor", "--model", "kimi-k2.6", "--steps-from", "tests/data/commit-tiny-cpu.json", "--json")
+    assert r.exit_code == 0 and "cannot be kimi-k2.6's steps (the tiny engine preset; measured on the CPU" in r.stderr
+    # the k2 engine preset on an H200: K2.6's layers, latent row and vocabulary, heads a tp-8 share of 64
+    r = run("floor", "--model", "kimi-k2.6", "--tp", "8", "--steps-from", "tests/data/gpu-util-h200-paged.json")
+    assert r.exit_code == 0 and "cannot be" not in r.output, r.output
+
+
+def test_a_step_below_the_floor_is_flagged_and_said_once():
+    r = run("floor", "--model", "kimi-k2.6", "--ctx", "1k,4k", "--step-ms", "30,40", "--json")  # tp 1 floor 77 ms
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["below_floor"] for row in rows] == [True, True]
+    assert r.stderr.count("step below the floor: check --tp/--ep/--weight-dtype/--expert-dtype") == 1
+    r = run("floor", "--model", "kimi-k2.6", "--ctx", "1k,4k", "--step-ms", "30,40")
+    assert "30 ms!" in r.stdout and r.stdout.count("step below the floor: check --tp/--ep") == 1
+    assert "it is not the fixed cost" in r.stdout  # the fitted 26.7 ms intercept is under the 77 ms weight floor
+    r = run("floor", "--model", "kimi-k2.6", "--tp", "8", "--ctx", "1k,4k", "--step-ms", "30,40", "--json")
+    assert not any(row["below_floor"] for row in json.loads(r.stdout)["rows"]) and "below" not in r.stderr
+
+
+def test_dtype_help_lists_what_is_accepted_and_ep_on_dense():
+    from ddprobe.shapes import DTYPE_BYTES
+
+    help_text = " ".join(run("floor", "--help").stdout.replace("│", " ").split())  # the panel's borders out
+    assert f"KV cache dtype: {', '.join(DTYPE_BYTES)}." in help_text
+    assert "int4 counts 0.5 B per weight, without its scales (K2's group-32 bf16 scales add 1/16): a lower bound" \
+        in help_text
+    for d in DTYPE_BYTES:
+        assert run("floor", "--kv-dtype", d, "--ctx", "1k", "--json").exit_code == 0, d
+    r = run("floor", "--kv-dtype", "int9", "--ctx", "1k")
+    assert r.exit_code == 1 and "--kv-dtype: unknown dtype 'int9'" in r.output
+    r = run("floor", "--model", "qwen3-8b", "--tp", "2", "--ep", "2", "--ctx", "1k", "--json")
+    assert r.exit_code == 0 and r.stderr.count("qwen3-8b is dense (no routed experts): --ep 2 has no effect") == 1

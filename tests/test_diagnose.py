@@ -231,3 +231,57 @@ def test_recorded_h200_diagnose_runs(run, want):
     for topic, text in want.items():
         assert claims[topic].status == "ok" and text in claims[topic].text, claims[topic].text
         assert html[topic][0] == "ok" and text in html[topic][1]
+
+
+def _server_floor(tmp_path, **sharding):
+    """The floor step of a diagnosis of an SGLang server (a loopback server; its /get_model_info is a 404) whose
+    novel-text steps took 100 and 159 ms at 1k and 4k (as the commit probe records them)."""
+    from ddprobe.probes.sglang import SGLangBackend
+    from test_backends import replay
+
+    srv, url = replay({})
+    try:
+        d = Diagnose(SGLangBackend(url), DiagnoseOptions(ctxs=[1024, 4096], gpu="h200", **sharding), tmp_path,
+                     say=lambda m: None)
+        d.commit_rows = [{"text": "novel", "ctx": c, "decode_ms_per_step": t} for c, t in ((1024, 100.0),
+                                                                                          (4096, 159.0))]
+        status = d.floor()
+    finally:
+        srv.shutdown()
+    return status, Result.load(tmp_path / "floor.json")
+
+
+def test_server_floor_uses_the_servers_sharding(tmp_path):
+    # K2.6 on 8 GPUs, INT4 experts: 10.1 ms of bf16 weights at tp 8 shrink to a few ms; tp 1 bf16 would be 77 ms
+    status, f = _server_floor(tmp_path / "tp8", tp=8, ep=8, weight_dtype="bf16", expert_dtype="int4")
+    assert status is None and f.config["tp"] == 8 and f.config["ep"] == 8 and f.config["expert_dtype"] == "int4"
+    assert all(r["below_floor"] is False for r in f.rows) and f.rows[0]["weight_floor_ms"] < 10
+    status, f1 = _server_floor(tmp_path / "tp1")  # the defaults: one GPU holding all of K2.6 in bf16
+    assert f1.config["tp"] == 1 and f1.rows[0]["weight_floor_ms"] == pytest.approx(77.4, abs=0.1)
+    assert f1.rows[1]["total_floor_ms"] > 77 and not f1.rows[1]["below_floor"]
+
+
+def test_server_floor_says_a_step_below_it(tmp_path):
+    # 100 ms at 1k is above the one-GPU floor at the H200's 4.8 TB/s (77 ms), below it at 2 TB/s (186 ms)
+    from ddprobe.probes.sglang import SGLangBackend
+    from test_backends import replay
+
+    srv, url = replay({})
+    try:
+        d = Diagnose(SGLangBackend(url), DiagnoseOptions(ctxs=[1024], bw_Bps=2e12), tmp_path / "slow",
+                     say=lambda m: None)
+        d.commit_rows = [{"text": "novel", "ctx": 1024, "decode_ms_per_step": 100.0}]
+        assert d.floor() == ("ok", "step below the floor: check --tp/--ep/--weight-dtype/--expert-dtype")
+    finally:
+        srv.shutdown()
+    assert Result.load(tmp_path / "slow" / "floor.json").rows[0]["below_floor"] is True
+
+
+def test_sharding_options_on_the_engine_are_refused(tmp_path):
+    for args, msg in [(["--tp", "8"], "--tp: the engine backend's floor uses the engine's own weights"),
+                      (["--backend", "sglang", "--url", "http://127.0.0.1:9", "--ep", "5"], "--ep 5"),
+                      (["--backend", "sglang", "--url", "http://127.0.0.1:9", "--expert-dtype", "int9"],
+                       "--expert-dtype: unknown dtype 'int9'")]:
+        r = CliRunner().invoke(app, ["diagnose", *args, "--out-dir", str(tmp_path / "x")])
+        assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, (args, r.output)
+    assert not (tmp_path / "x").exists()

@@ -2,12 +2,15 @@
 
 Every expected number is written out from the inputs (layers x row x bytes, bytes / bandwidth),
 never copied from a run of the code."""
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
 from ddprobe.probes.floor import FloorInput, floor_row, floor_table
-from ddprobe.probes.models import get_model
+from ddprobe.probes.models import get_model, model_from_config
 from ddprobe.shapes import KIMI_K2, AttnShape, dtype_bytes, floor_s, get_gpu
 from ddprobe.units import DDProbeError
 
@@ -224,3 +227,52 @@ def test_tp_over_gqa_kv_heads():
 def test_context_beyond_any_model():
     with pytest.raises(DDProbeError, match="beyond any model"):
         floor_row(FloorInput(attn=A26, bw_Bps=1e12), ctx=10**300)
+
+
+# ---- the whole-step floor's review (issue 33) ----------------------------------------------------------------
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+
+def test_a_step_below_the_whole_step_floor_is_flagged():
+    k26 = get_model("kimi-k2.6")
+    inp = FloorInput(attn=k26.attn, bw_Bps=4.8e12, queries=9, step=k26.step_weights(rows=9))  # tp 1: 77 ms
+    fast, slow = floor_table(inp, [1024, 1024], [10.0, 100.0])
+    assert fast.total_gap < 1 and fast.below_floor is True
+    assert slow.total_gap > 1 and slow.below_floor is False
+    assert floor_row(inp, 1024).below_floor is None  # no step time: nothing to judge
+
+
+def test_mixtral_local_experts_are_routed_experts():
+    m = model_from_config(CONFIGS / "mixtral-8x7b-config.json")
+    assert (m.n_routed_experts, m.num_experts_per_tok, m.moe_intermediate_size) == (8, 2, 14336)
+    assert m.params() == pytest.approx(46.7e9, rel=0.005)  # Mixtral 8x7B: 46.7B parameters
+    assert m.params(active=True) == pytest.approx(12.75e9, rel=0.01)  # 2 of 8 experts (12.9B with the embedding)
+    assert m.step_weights(rows=9).moe_layers == 32
+
+
+def _config_with(tmp_path, **change):
+    cfg = json.loads((CONFIGS / "deepseek-v3-config.json").read_text())
+    cfg.update(change)
+    for k in [k for k, v in change.items() if v is ...]:
+        del cfg[k]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.parametrize("change, msg", [
+    ({"moe_intermediate_size": ...}, "no positive 'moe_intermediate_size'"),
+    ({"moe_intermediate_size": 0}, "'moe_intermediate_size' must be a positive integer"),
+    ({"first_k_dense_replace": "x"}, "'first_k_dense_replace' must be an integer in 0..61"),
+    ({"first_k_dense_replace": 1.5}, "'first_k_dense_replace' must be an integer in 0..61"),
+    ({"first_k_dense_replace": -1}, "'first_k_dense_replace' must be an integer in 0..61"),
+    ({"first_k_dense_replace": 62}, "'first_k_dense_replace' must be an integer in 0..61"),
+])
+def test_bad_moe_fields_are_one_error(tmp_path, change, msg):
+    with pytest.raises(DDProbeError, match=re.escape(msg)):
+        model_from_config(_config_with(tmp_path, **change))
+
+
+def test_first_k_dense_replace_in_range_is_read(tmp_path):
+    assert model_from_config(_config_with(tmp_path, first_k_dense_replace=61)).step_weights().moe_layers == 0
+    assert model_from_config(_config_with(tmp_path, first_k_dense_replace=None)).first_k_dense_replace == 0

@@ -14,14 +14,16 @@ from .commit import announce
 from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
+from .floor_options import SHARDING, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
-    out, warm_up
+    out, typed_flags, warm_up
 
 
 @app.command()
 @errors_exit_1
 @engine_options(attn="auto")
 def diagnose(
+    tctx: typer.Context,
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
     out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for every results file and the "
                                                                       "report (default ddprobe-diagnose-<time>).")]
@@ -35,6 +37,10 @@ def diagnose(
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="Floor GPU preset (default: the GPU NVML sees).")]
     = None,
     bw: Annotated[Optional[str], typer.Option("--bw", help="Floor bandwidth instead, e.g. 4.8TB/s.")] = None,
+    tp: TpOpt = 1,
+    ep: EpOpt = 1,
+    weight_dtype: WeightDtypeOpt = "bf16",
+    expert_dtype: ExpertDtypeOpt = None,
     source: SourceOpt = "nvml",
     prom_url: PromUrlOpt = None,
     match: MatchOpt = None,
@@ -48,14 +54,22 @@ def diagnose(
     from ..probes.commit import check_contexts
     from ..probes.diagnose import GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from ..probes.models import get_model
-    from ..shapes import get_gpu
+    from ..shapes import dtype_name, get_gpu
     from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
     if gpu:
         get_gpu(gpu)  # unknown names fail before anything runs
+    sharding = typed_flags(tctx, SHARDING)
+    if backend == "engine" and sharding:
+        raise DDProbeError(f"{', '.join(sharding)}: the engine backend's floor uses the engine's own weights; "
+                           "these options are for a server backend (sglang, vllm)")
     if backend != "engine":
-        get_model(model)
+        spec = get_model(model)
+        spec.moe.check(tp, ep)  # a sharding the model cannot have fails before anything runs
+        spec.attn.check_tp(tp)
+        if ep > 1 and not spec.n_routed_experts:
+            err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
     bw_Bps = parse_bandwidth(bw) if bw else None
     if decode_tokens < 2:
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
@@ -71,7 +85,9 @@ def diagnose(
     announce(eng, be)
     warm_up(be, None)  # outside every measured step, for the largest request
     opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
-                           bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry)
+                           bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry, tp=tp, ep=ep,
+                           weight_dtype=dtype_name(weight_dtype),
+                           expert_dtype=dtype_name(expert_dtype or weight_dtype))
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
     run.estimate = diagnose_estimate(be, run, opts)

@@ -13,7 +13,8 @@ from rich.table import Table
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth, \
     parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
-from .options import checked, errors_exit_1, out, output_file
+from .floor_options import EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, WeightDtypeOpt
+from .options import checked, err, errors_exit_1, out, output_file, typed_flags
 
 
 def _ms(v: Optional[float]) -> str:
@@ -23,6 +24,7 @@ def _ms(v: Optional[float]) -> str:
 @app.command()
 @errors_exit_1
 def floor(
+    tctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Model preset: kimi-k2.6, kimi-k2, deepseek-v3, "
                                                              "qwen3-8b, llama-3.1-8b.")] = "kimi-k2.6",
     config: Annotated[Optional[Path], typer.Option("--config", help="Hugging Face config.json instead of a preset "
@@ -30,10 +32,8 @@ def floor(
     ctx: Annotated[str, typer.Option("--ctx", help="Context length(s), k = 1024: 128k or 1k,16k,64k,128k.")] = "128k",
     queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1).",
                                          callback=checked(parse_rows))] = 9,
-    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (MLA keeps the whole latent cache on "
-                                                 "each; heads are split).")] = 1,
-    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs (divides --tp and the routed experts): "
-                                                 "each holds experts / ep whole experts.")] = 1,
+    tp: TpOpt = 1,
+    ep: EpOpt = 1,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for bandwidth and tensor rate "
                                                              "(default h200 unless --bw).")] = None,
     bw: Annotated[Optional[str], typer.Option("--bw", help="Memory bandwidth instead of a preset, e.g. 1.8TB/s "
@@ -51,18 +51,16 @@ def floor(
                                                        )] = None,
     anatomy: Annotated[Optional[bool], typer.Option("--anatomy/--no-anatomy", help="Fit step = fixed + marginal x "
                                                     "ctx (default: when two or more contexts have step times).")] = None,
-    weight_dtype: Annotated[str, typer.Option("--weight-dtype", help="Weight dtype: bf16, fp8, int4 (...).")] = "bf16",
-    expert_dtype: Annotated[Optional[str], typer.Option("--expert-dtype", help="Routed experts' dtype when it "
-                                                        "differs (K2's INT4 experts: int4); default --weight-dtype."
-                                                        )] = None,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: bf16, fp16, fp8, fp32.")] = "bf16",
+    weight_dtype: WeightDtypeOpt = "bf16",
+    expert_dtype: ExpertDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = "bf16",
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
 ):
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute) and the step's anatomy."""
     from ..probes.anatomy import fit_anatomy
-    from ..probes.floor import FloorInput, floor_table
+    from ..probes.floor import BELOW_FLOOR, FloorInput, floor_table
     from ..probes.models import get_model, model_from_config
     from ..results import Result, RunMeta
     from ..shapes import dtype_name, get_gpu
@@ -71,7 +69,9 @@ def floor(
     if steps_from is not None:
         if step_ms:
             raise DDProbeError("give --step-ms or --steps-from, not both")
-        ctxs, steps = _steps_from(steps_from)
+        if typed_flags(tctx, ("ctx",)):
+            raise DDProbeError("give --ctx or --steps-from, not both (the file's contexts are used)")
+        ctxs, steps = _steps_from(steps_from, spec)
     else:
         ctxs = parse_token_list(ctx)
         steps = [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
@@ -84,6 +84,8 @@ def floor(
         raise DDProbeError(f"--queries must be at least 1, got {queries}")
     if tp < 1:
         raise DDProbeError(f"--tp must be at least 1, got {tp}")
+    if ep > 1 and not spec.n_routed_experts:
+        err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
     wd = dtype_name(weight_dtype)
     ed = dtype_name(expert_dtype) if expert_dtype else wd
     weights = spec.step_weights(rows=queries, tp=tp, ep=ep, dense_dtype=wd, expert_dtype=ed)
@@ -111,15 +113,20 @@ def floor(
         raise
     if save:
         result.save(save)
+    below = any(r.below_floor for r in rows)
     if as_json:
+        if below:
+            err.print(BELOW_FLOOR, highlight=False, markup=False)
         sys.stdout.write(result.to_json() + "\n")
         return
     _print(spec, rows, inp, gpu_spec if not bw else None, weights, ep, ed, an)
+    if below:
+        out.print(BELOW_FLOOR, highlight=False, markup=False)
     if save:
         out.print(f"results written to {save}")
 
 
-def _steps_from(path: Path) -> tuple[list[int], list[float]]:
+def _steps_from(path: Path, spec) -> tuple[list[int], list[float]]:
     from ..probes.anatomy import steps_from_result
     from ..results import Result
 
@@ -127,7 +134,28 @@ def _steps_from(path: Path) -> tuple[list[int], list[float]]:
     pts = steps_from_result(r.kind, r.rows, r.summary, r.config)
     if not pts:
         raise DDProbeError(f"{path}: no step times per context in this {r.kind!r} results file")
+    why = _not_the_model(r.config, spec)
+    if why:
+        err.print(f"warning: {path} cannot be {spec.name}'s steps ({why}): its floor is not these steps' floor",
+                  highlight=False, markup=False, soft_wrap=True)
     return [c for c, _ in pts], [t for _, t in pts]
+
+
+def _not_the_model(config: dict, spec) -> str:
+    """Why a results file's steps cannot be ``spec``'s (its config's preset, device and shape; heads may be a
+    tensor-parallel share of the model's), or "" where they can be."""
+    why = []
+    if config.get("preset") == "tiny":
+        why.append("the tiny engine preset")
+    if config.get("device") == "cpu":
+        why.append("measured on the CPU")
+    for key, want in (("layers", spec.num_layers), ("kv_row", spec.attn.kv_row), ("vocab", spec.vocab_size)):
+        if isinstance(config.get(key), int) and config[key] != want:
+            why.append(f"{key} {config[key]}, not {want}")
+    heads = config.get("heads")
+    if isinstance(heads, int) and (heads <= 0 or spec.num_heads % heads):
+        why.append(f"heads {heads}, not {spec.num_heads} or a tensor-parallel share of them")
+    return "; ".join(why)
 
 
 def _print(spec, rows, inp, gpu_spec, w, ep, expert_dtype, an) -> None:
@@ -145,7 +173,8 @@ def _print(spec, rows, inp, gpu_spec, w, ep, expert_dtype, an) -> None:
         cells = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
                  _ms(r.weight_floor_ms), _ms(r.step_compute_floor_ms), _ms(r.total_floor_ms), r.binds]
         if timed:
-            cells += ([f"{r.step_ms:.4g} ms", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.total_gap),
+            below = "!" if r.below_floor else ""  # below the whole-step floor (BELOW_FLOOR is printed)
+            cells += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.total_gap),
                        fmt_ratio(r.gap), fmt_ratio(r.gap_if_rows_reread)] if r.step_ms is not None else ["-"] * 5)
         t.add_row(*cells)
     out.print(t)

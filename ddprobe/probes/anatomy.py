@@ -41,6 +41,7 @@ class Anatomy:
     context_ms: float = 0.0  # the fit's context part at the longest context
     dominant: str = ""  # "context" or "fixed"
     verdict: str = ""
+    fixed_below_floor: bool = False  # the fit's intercept is below the weight floor: not the fixed cost
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -50,7 +51,11 @@ class Anatomy:
 def _check(ctxs: list[int], step_ms: list[float]) -> list[tuple[int, float]]:
     if len(ctxs) != len(step_ms):
         raise DDProbeError(f"an anatomy needs one step time per context: {len(ctxs)} contexts, {len(step_ms)} times")
-    pts = sorted(dict(zip(ctxs, step_ms)).items())
+    dup = sorted({c for c in ctxs if ctxs.count(c) > 1})
+    if dup:
+        raise DDProbeError(f"an anatomy needs one step time per context: {', '.join(fmt_tokens(c) for c in dup)} "
+                           "given more than once")
+    pts = sorted(zip(ctxs, step_ms))
     if len(pts) < 2:
         raise DDProbeError(f"an anatomy needs step times at two or more contexts, got {len(pts)}")
     for (c0, t0), (c1, t1) in zip(pts, pts[1:]):
@@ -108,6 +113,8 @@ def fit_anatomy(ctxs: list[int], step_ms: list[float], *, kv_B_per_token: float 
     if not linear:
         an.notes.append(f"not linear: the marginal cost goes {' -> '.join(f'{s:.3g}' for s in slopes)} ms per 1k "
                         "tokens over the intervals; each interval is reported on its own")
+    if weight_floor_ms is not None and a < weight_floor_ms:
+        an.fixed_below_floor = True
     an.verdict = _verdict(an, last_t, fixed_there)
     return an
 
@@ -119,6 +126,13 @@ def _verdict(an: Anatomy, last_t: float, fixed_there: float) -> str:
           + (f", {kv / an.bw_GBps:.2%} of the GPU's {fmt_bandwidth(an.bw_GBps * 1e9)}" if an.bw_GBps else "")
           if kv else "")
     wf = f" (weight floor {an.weight_floor_ms:.3g} ms)" if an.weight_floor_ms is not None else ""
+    return _sentence(an, last_t, fixed_there, share, bw, wf) + (
+        f" The fitted intercept ({an.fixed_ms:.3g} ms) is below the weight floor ({an.weight_floor_ms:.3g} ms): it is "
+        "not the fixed cost (the slope grows with context, or the floor's sharding is wrong: check "
+        "--tp/--ep/--weight-dtype/--expert-dtype)." if an.fixed_below_floor else "")
+
+
+def _sentence(an: Anatomy, last_t: float, fixed_there: float, share: float, bw: str, wf: str) -> str:
     if an.dominant == "context":
         return (f"At {fmt_tokens(an.longest_ctx)} the context-dependent part (attention over the cache) is "
                 f"{share:.0%} of the {last_t:.4g} ms step{bw}; the fixed part is {fixed_there:.3g} ms{wf}.")

@@ -25,7 +25,7 @@ from .backends import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
 from .anatomy import fit_anatomy
 from .estimate import timing_block
-from .floor import FloorInput, floor_table
+from .floor import BELOW_FLOOR, FloorInput, floor_table
 from .models import get_model
 
 
@@ -40,7 +40,11 @@ class DiagnoseOptions:
     decode_tokens: int = 64
     gpu: str | None = None  # a floor GPU preset
     bw_Bps: float | None = None
-    model: str = "kimi-k2.6"  # the floor's model for HTTP backends
+    model: str = "kimi-k2.6"  # the floor's model for HTTP backends, sharded and stored as below
+    tp: int = 1
+    ep: int = 1
+    weight_dtype: str = "bf16"
+    expert_dtype: str = "bf16"
     seed: int = 0
     # run_gpu_util's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
     telemetry: dict[str, Any] | None = None
@@ -148,16 +152,21 @@ class Diagnose:
             return "skipped", "no decode step was measured (the commit probe did not finish)"
         ctx, step_ms, source = step
         queries = int(self.backend.describe().get("budget", 8)) + 1
+        o = self.opts
         attention = getattr(self.backend, "attention", None)  # the embedded engine knows its own shape and dtype
         if attention is not None:
             shape, kv_dtype, _ = attention()
             name = f"engine-{self.backend.describe().get('preset', '?')}"
             weights = self.backend.step_weights(rows=queries)  # the engine's own weights (one GPU's share)
+            sharding = {"tp": 1, "ep": 1, "weights": "the engine's own"}
         else:
-            spec = get_model(self.opts.model)
-            shape, kv_dtype, name = spec.attn, "bf16", self.opts.model
-            weights = spec.step_weights(rows=queries)  # the whole step: the model's weights on one GPU
-        inp = FloorInput(attn=shape, bw_Bps=bw, queries=queries, kv_dtype=kv_dtype,
+            spec = get_model(o.model)
+            shape, kv_dtype, name = spec.attn, "bf16", o.model
+            # the whole step: the model's weights on one GPU of the server's tp/ep, in its dtypes
+            weights = spec.step_weights(rows=queries, tp=o.tp, ep=o.ep, dense_dtype=o.weight_dtype,
+                                        expert_dtype=o.expert_dtype)
+            sharding = {"tp": o.tp, "ep": o.ep, "weight_dtype": o.weight_dtype, "expert_dtype": o.expert_dtype}
+        inp = FloorInput(attn=shape, bw_Bps=bw, queries=queries, tp=sharding["tp"], kv_dtype=kv_dtype,
                          flops_per_s=gpu.bf16_flops if gpu else None, step=weights)
         # where the step goes: every context whose novel-text step was measured (else the one step)
         timed = sorted({r["ctx"]: float(r["decode_ms_per_step"]) for r in self.commit_rows
@@ -173,9 +182,11 @@ class Diagnose:
                 summary["anatomy_error"] = str(e)
         path = self.files["floor"] = self.out / "floor.json"
         Result(kind="floor", meta=self.meta, rows=[r.to_dict() for r in rows], summary=summary,
-               config={"model": name, "queries": queries, "tp": 1, "gpu": preset, "bw_Bps": bw,
+               config={"model": name, "queries": queries, **sharding, "gpu": preset, "bw_Bps": bw,
                        "flops_per_s": inp.flops_per_s, "kv_dtype": inp.kv_dtype,
                        "step_source": "commit probe, novel text" if len(timed) > 1 else source}).save(path)
+        if any(r.below_floor for r in rows):
+            return "ok", BELOW_FLOOR
 
     def verify(self):
         b = self.backend

@@ -5,7 +5,8 @@ tensor rate). With a measured step time: effective bandwidth = KV bytes / time, 
 and the gap if every one of the ``queries`` verify rows re-read the whole cache.
 The whole-step floor (``total_floor_ms``, ``binds``), when the input carries the step's weights
 (``ddprobe.step_shape.StepWeights``): max((KV + weight bytes) / bandwidth, all FLOPs / tensor rate),
-and which term binds: "KV", "weights" or "compute".
+and which term binds: "KV", "weights" or "compute". A measured step below that floor (``below_floor``) means
+the floor's sharding or dtypes are not the server's (``BELOW_FLOOR``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..shapes import AttnShape, dtype_name, floor_s
 from ..step_shape import StepWeights
 from ..units import DDProbeError
 
+BELOW_FLOOR = "step below the floor: check --tp/--ep/--weight-dtype/--expert-dtype"
 MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a context
 
 
@@ -70,6 +72,7 @@ class FloorRow:
     total_floor_worst_ms: float | None = None
     binds: str | None = None  # "KV", "weights" or "compute"
     total_gap: float | None = None  # step / total floor
+    below_floor: bool | None = None  # the step took less than the whole-step floor: the floor's inputs are wrong
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -120,6 +123,7 @@ def _whole_step(row: FloorRow, inp: FloorInput, kv: float, attn_flops: float) ->
     row.binds = "compute" if bound == "compute" else ("KV" if kv >= w.total_B else "weights")
     if row.step_ms is not None:
         row.total_gap = row.step_ms / row.total_floor_ms
+        row.below_floor = row.total_gap < 1
 
 
 def floor_table(inp: FloorInput, ctxs: list[int], step_ms: list[float] | None = None) -> list[FloorRow]:

@@ -144,6 +144,33 @@ def _opt(cfg: dict[str, Any], key: str, source: str, default: int = 0, *aliases:
     return default
 
 
+def _experts(cfg: dict[str, Any], src: str) -> dict[str, int]:
+    """The routed experts: ``n_routed_experts`` (DeepSeek), ``num_experts`` (Qwen) or ``num_local_experts``
+    (Mixtral, whose expert width is ``intermediate_size``); with experts, a positive width and top-k."""
+    mixtral = cfg.get("n_routed_experts") is None and cfg.get("num_experts") is None
+    experts = _opt(cfg, "n_routed_experts", src, 0, "num_experts", "num_local_experts")
+    width = _opt(cfg, "moe_intermediate_size", src, 0, *(("intermediate_size",) if mixtral else ()))
+    top_k = _opt(cfg, "num_experts_per_tok", src)
+    if experts:
+        if not width:
+            raise DDProbeError(f"{src}: {experts} routed experts but no positive 'moe_intermediate_size'"
+                               + (" or 'intermediate_size'" if mixtral else ""))
+        if not top_k:
+            raise DDProbeError(f"{src}: {experts} routed experts but no positive 'num_experts_per_tok'")
+    return dict(n_routed_experts=experts, moe_intermediate_size=width, num_experts_per_tok=top_k)
+
+
+def _first_dense(cfg: dict[str, Any], src: str, layers: int) -> int:
+    """``first_k_dense_replace``: the leading dense layers, an integer in 0..layers (absent or null: 0)."""
+    value = cfg.get("first_k_dense_replace")
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= layers:
+        raise DDProbeError(f"{src}: 'first_k_dense_replace' must be an integer in 0..{layers} (the layers), "
+                           f"got {value!r}")
+    return value
+
+
 def model_from_config(path: str | Path) -> ModelSpec:
     """Read a Hugging Face style config.json (MLA when it has kv_lora_rank, else GQA).
 
@@ -165,11 +192,9 @@ def model_from_config(path: str | Path) -> ModelSpec:
         name=str(name), hidden_size=hidden, vocab_size=_need(cfg, "vocab_size", src),
         intermediate_size=_opt(cfg, "intermediate_size", src),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        moe_intermediate_size=_opt(cfg, "moe_intermediate_size", src),
-        n_routed_experts=_opt(cfg, "n_routed_experts", src, 0, "num_experts"),
-        num_experts_per_tok=_opt(cfg, "num_experts_per_tok", src),
         n_shared_experts=_opt(cfg, "n_shared_experts", src),
-        first_k_dense_replace=int(cfg.get("first_k_dense_replace") or 0),
+        first_k_dense_replace=_first_dense(cfg, src, layers),
+        **_experts(cfg, src),
     )
     try:
         if cfg.get("kv_lora_rank") is not None:

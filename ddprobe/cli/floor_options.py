@@ -1,0 +1,25 @@
+"""The whole-step floor's sharding and dtype options, declared once for `ddprobe floor` and `ddprobe diagnose`."""
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..shapes import DTYPE_BYTES, dtype_name
+from .options import checked
+
+DTYPES = ", ".join(DTYPE_BYTES)  # the one dtype table (ddprobe.shapes)
+INT4_NOTE = ("int4 counts 0.5 B per weight, without its scales (K2's group-32 bf16 scales add 1/16): a lower "
+             "bound")
+
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel GPUs (MLA keeps the whole latent cache on each; "
+                                                 "heads are split).")]
+EpOpt = Annotated[int, typer.Option("--ep", help="Expert-parallel GPUs (divides --tp and the routed experts): each "
+                                                 "holds experts / ep whole experts.")]
+WeightDtypeOpt = Annotated[str, typer.Option("--weight-dtype", help=f"Weight dtype: {DTYPES}; {INT4_NOTE}.",
+                                             callback=checked(dtype_name))]
+ExpertDtypeOpt = Annotated[Optional[str], typer.Option("--expert-dtype", help="Routed experts' dtype when it differs "
+                                                       "(K2's INT4 experts: int4); default --weight-dtype.",
+                                                       callback=checked(dtype_name))]
+KvDtypeOpt = Annotated[str, typer.Option("--kv-dtype", help=f"KV cache dtype: {DTYPES}.", callback=checked(dtype_name))]
+SHARDING = ("tp", "ep", "weight_dtype", "expert_dtype")  # the parameter names of the options above
