@@ -3,10 +3,21 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 from .units import DDProbeError
+
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process umask (read by setting and restoring it: there is no getter; locked, as writers run in threads)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
 
 
 def read_json(path: str | os.PathLike, what: str = "file") -> Any:
@@ -31,9 +42,9 @@ def read_json(path: str | os.PathLike, what: str = "file") -> Any:
         raise DDProbeError(f"{p}: {e}") from None
 
 
-def write_json_atomic(path: str | os.PathLike, doc: Any) -> Path:
-    """Write ``doc`` as JSON through a temp file and a rename: a reader never sees half a file, and a run that
-    dies mid-write leaves the previous version."""
+def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> Path:
+    """Write ``text`` through a temp file and a rename: a reader never sees half a file, and a run that dies
+    mid-write leaves the previous version. Errors are one line naming ``what`` and the path."""
     import tempfile
 
     path = Path(path)
@@ -41,16 +52,21 @@ def write_json_atomic(path: str | os.PathLike, doc: Any) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as e:
-        raise DDProbeError(f"cannot write {path}: {e.strerror or e}") from None
+        raise DDProbeError(f"cannot write {what} {path}: {e.strerror or e}") from None
     try:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; these are ordinary files
         with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-            f.write("\n")
+            f.write(text)
         os.replace(tmp, path)
+    except IsADirectoryError:
+        Path(tmp).unlink(missing_ok=True)
+        raise DDProbeError(f"cannot write {what} {path}: it is a directory") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Any) -> Path:
+    """``doc`` as JSON, written atomically (``write_text_atomic``)."""
+    return write_text_atomic(path, json.dumps(doc, indent=1, default=str) + "\n", "results file")

@@ -19,14 +19,13 @@ import platform
 import socket
 import subprocess
 import sys
-import tempfile
-import threading
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from . import __version__, signals
+from .jsonfile import write_text_atomic
 from .units import DDProbeError
 
 SCHEMA = "ddprobe.result/1"
@@ -35,15 +34,6 @@ ROW_KEYS: dict[str, dict[str, tuple]] = {
     "gpu-util": {"t_s": (int, float), "gpu": (int,)},
     "commit": {"ctx": (int,), "text": (str,), "commit_len": (int, float, type(None))},
 }
-_UMASK_LOCK = threading.Lock()
-
-
-def _umask() -> int:
-    """The process umask (read by setting and restoring it: there is no getter)."""
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
 
 
 def check_rows(rows: Any, kind: str, source: str) -> list[dict[str, Any]]:
@@ -174,25 +164,7 @@ class Result:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write atomically (temp file + rename): a reader never sees half a file."""
-        path = Path(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        except OSError as e:
-            raise DDProbeError(f"cannot write results file {path}: {e.strerror or e}") from None
-        try:
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; results are ordinary files
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-                f.write("\n")
-            os.replace(tmp, path)
-        except IsADirectoryError:
-            Path(tmp).unlink(missing_ok=True)
-            raise DDProbeError(f"cannot write results file {path}: it is a directory") from None
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, self.to_json() + "\n", "results file")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> "Result":
