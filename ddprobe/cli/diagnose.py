@@ -53,6 +53,7 @@ def diagnose(
     from ..probes import make_backend
     from ..probes.commit import check_contexts
     from ..probes.diagnose import GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
+    from ..probes.gpu_util import check_decode_tokens
     from ..probes.models import get_model
     from ..shapes import dtype_name, get_gpu
     from .gpu_source import check_source, open_source
@@ -71,8 +72,7 @@ def diagnose(
         if ep > 1 and not spec.n_routed_experts:
             err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
     bw_Bps = parse_bandwidth(bw) if bw else None
-    if decode_tokens < 2:
-        raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
+    check_decode_tokens(decode_tokens)
     folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     check_folder("--out-dir", folder)  # before anything is built or measured
     check_source(source, prom_url, match, exporter_url)
