@@ -228,11 +228,15 @@ def run_kernel(a, out: dict, save) -> None:
                     m.run(q, kv, p, 0.0722)
                 host.append((time.perf_counter() - t0) / n * 1e6)
                 torch.cuda.synchronize()
-            from ddprobe.engine.kernels import split_ws
+            from ddprobe.engine.kernels import _cu, split_ws
             parts = {}
-            for key, fn in (("check", lambda: split_ws._checked(q, kv, p)),
+            o = torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")
+            ns = p.detail.cfg["grid_splits"] - 1
+            for key, fn in (("check", lambda: split_ws.check_inputs(q, kv, p)),
                             ("prefix", lambda: split_ws.launch_prefix(q, kv, p, 0.0722)),
-                            ("stream", lambda: torch.cuda.current_stream(0).cuda_stream)):
+                            ("out", lambda: torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")),
+                            ("merge", lambda: split_ws.launch_merge(p.detail.partials, ns, o, p)),
+                            ("stream", lambda: _cu.stream_of(0))):
                 t0 = time.perf_counter()
                 for _ in range(n):
                     fn()

@@ -17,7 +17,7 @@ def test_shipped_cubin_is_built_from_the_shipped_source():
     assert _cu.CUBIN.read_bytes()[:4] == b"\x7fELF"
     assert _cu.STAMP.read_text() == _cu.stamp_text(), \
         "cuda/seesaw_sm90.cu or the cubin changed without the other: python -m ddprobe.engine.kernels._cu --build"
-    for name in _cu.KERNELS.values():
+    for name in (*_cu.KERNELS.values(), *_cu.MERGE_KERNELS.values()):
         assert name.encode() in _cu.CUBIN.read_bytes()
 
 
@@ -27,7 +27,7 @@ def test_source_compiles_without_spills_or_serialized_wgmma(tmp_path):
     assert (tmp_path / "k.cubin").stat().st_size > 10_000
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
-    assert len(spills) == len(regs) == len(_cu.KERNELS)
+    assert len(spills) == len(regs) == len(_cu.KERNELS) + len(_cu.MERGE_KERNELS)
     assert all(a == "0" and b == "0" for a, b in spills), report
     assert max(regs) <= 255
     assert "C7520" not in report and "serialized" not in report, report   # wgmma serialized by ptxas

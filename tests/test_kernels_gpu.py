@@ -536,3 +536,55 @@ def test_engine_captured_split_ws_step_equals_its_eager_run(heads):
         err = float((graph[:n].float() - eager[:n].float()).norm() / eager[:n].float().norm())
         assert err < 1e-3, (n_prompt, err)
         assert torch.equal(graph[:n].argmax(-1), eager[:n].argmax(-1))
+
+
+@gpu
+@pytest.mark.parametrize("heads,dtype", [(8, torch.bfloat16), (64, torch.bfloat16), (8, torch.float16),
+                                         (1, torch.bfloat16)])
+def test_cuda_merge_matches_the_formula_with_poisoned_empty_partials(heads, dtype):
+    """The CUDA merge (the default, WsTuning.merge_kind -1) on the plan's own partial buffers filled with fresh
+    random values, three empty splits (lse -inf) whose partials hold NaN (never written by the prefix kernel):
+    out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M), rounded to the output dtype (relative error under the
+    dtype's tolerance); every column slice and row written, nothing read from the empty splits."""
+    from ddprobe.engine.kernels import split_ws
+    q, kv, mask = make_inputs(20000, 8, "lopsided", heads, dtype)
+    p = split_ws.plan(20000, mask, None, V, heads=heads)
+    d = p.detail
+    assert d.merger is not None and d.merger.report["name"] == _cu_merge_name(dtype)
+    o, lse = d.partials
+    ns = o.shape[0] - 1
+    g = torch.Generator(device="cuda").manual_seed(heads)
+    o.copy_(torch.randn(o.shape, generator=g, device="cuda"))
+    lse.copy_(torch.randn(lse.shape, generator=g, device="cuda") * 4)
+    empty = torch.tensor([0, ns // 2, ns - 1], device="cuda")
+    lse[empty] = float("-inf")
+    o[empty] = float("nan")
+    w = torch.exp2(lse - lse.max(0).values)
+    want = ((torch.nan_to_num(o) * w[..., None]).sum(0) / w.sum(0)[:, None]).view(9, heads, V)
+    out = torch.full((9, heads, V), float("nan"), dtype=dtype, device="cuda")
+    assert split_ws.launch_merge(d.partials, ns, out, p) is out
+    assert torch.isfinite(out).all()
+    err = float((out.float() - want).norm() / want.norm())
+    assert err < TOL[dtype], f"H={heads} {dtype}: rel err {err:.2e}"
+
+
+def _cu_merge_name(dtype) -> str:
+    from ddprobe.engine.kernels import _cu
+    return _cu.MERGE_KERNELS[str(dtype).removeprefix("torch.")]
+
+
+@gpu
+def test_run_merges_on_cuda_by_default_and_on_triton_when_asked():
+    """meta names the merge that ran: the CUDA merge by default, split's Triton merge with merge_kind 0-3; the
+    two agree with each other (both within the tolerance of the reference, checked by check())."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(9000, 8, "fork", 8, torch.bfloat16)
+    outs = {}
+    for kind in (-1, 3):
+        meta: dict = {}
+        outs[kind] = m.run(q, kv, m.plan(9000, mask, None, V, heads=8, tuning=WsTuning(merge_kind=kind)), 0.07,
+                           meta=meta)
+        assert (meta["merge"].get("name") == _cu_merge_name(torch.bfloat16)) == (kind == -1), meta["merge"]
+    err = float((outs[-1].float() - outs[3].float()).norm() / outs[3].float().norm())
+    assert err < TOL[torch.bfloat16]

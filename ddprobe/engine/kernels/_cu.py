@@ -1,4 +1,5 @@
-"""The CUDA C++ prefix kernel of `split_ws` (WsTuning.cuda = 1): load the prebuilt cubin, encode TMA maps, launch.
+"""The CUDA C++ kernels of `split_ws` (the prefix kernel, WsTuning.cuda = 1, and the merge of its partials): load
+the prebuilt cubin, encode TMA maps, launch.
 
 ``cuda/seesaw_sm90.cu`` is compiled offline for sm_90a (``python -m ddprobe.engine.kernels._cu --build``, nvcc
 12.3 or newer; no GPU needed) into ``cuda/seesaw_sm90.cubin``, which ships with the package beside a stamp of the
@@ -31,6 +32,9 @@ SMEM_BYTES = 231832   # the kernel's SMEM_BYTES (a static_assert there keeps the
 THREADS = 256
 BLOCK_M = 64
 KERNELS = {"bfloat16": "ddp_seesaw_bf16", "float16": "ddp_seesaw_f16"}
+MERGE_KERNELS = {"bfloat16": "ddp_merge_bf16", "float16": "ddp_merge_f16"}
+MERGE_THREADS = 256
+MERGE_MAX_PARTS = 1024   # the merge's MERGE_MAX_PARTS (weights kept in shared memory)
 
 _CU_TENSOR_MAP_DTYPE = {"bfloat16": 9, "float16": 6}
 _SWIZZLE_128B = 3
@@ -77,7 +81,8 @@ class _TensorMap(ctypes.Structure):
 
 
 _lib = None
-_funcs: dict = {}   # (device index, kernel, cubin path) -> (module, function), or the LoadError it raised
+_funcs: dict = {}   # (device index, cubin path) -> the loaded module or the LoadError its load raised;
+                    # (device index, cubin path, kernel) -> the function
 
 
 def _driver():
@@ -105,31 +110,46 @@ def _check(rc: int, what: str) -> None:
         raise RuntimeError(f"{what}: CUDA error {rc} ({msg.value.decode() if msg.value else 'unknown'})")
 
 
-def _function(name: str, device) -> ctypes.c_void_p:
-    """The kernel ``name`` loaded into the primary context of ``device`` (once per device; a load that failed is
-    not retried: its LoadError is raised again)."""
+def _function(name: str, device, smem: int = SMEM_BYTES) -> ctypes.c_void_p:
+    """The kernel ``name`` loaded into the primary context of ``device`` with ``smem`` bytes of dynamic shared
+    memory allowed (the cubin once per device; a load that failed is not retried: its LoadError is raised again)."""
     import torch
 
     cubin = pathlib.Path(os.environ.get("DDPROBE_CU_CUBIN") or CUBIN)  # a locally rebuilt or variant cubin
-    key = (device.index, name, str(cubin))
+    key = (device.index, str(cubin))
+    if (*key, name) in _funcs:
+        return _funcs[(*key, name)]
     if key not in _funcs:
         if not cubin.exists():
             raise LoadError(f"{cubin.name} is missing: build it with python -m ddprobe.engine.kernels._cu --build")
         with torch.cuda.device(device):
             torch.empty(1, device=device)  # the runtime makes the primary context current on this thread
             try:
-                lib = _driver()
-                mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
-                _check(lib.cuModuleLoadData(ctypes.byref(mod), cubin.read_bytes()), f"loading {cubin.name}")
-                _check(lib.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()), f"finding {name}")
-                _check(lib.cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, SMEM_BYTES), "setting shared memory")
+                mod = ctypes.c_void_p()
+                _check(_driver().cuModuleLoadData(ctypes.byref(mod), cubin.read_bytes()), f"loading {cubin.name}")
+                _funcs[key] = mod
             except (OSError, AttributeError, RuntimeError) as e:
                 _funcs[key] = LoadError(str(e))
-                raise _funcs[key] from None
-        _funcs[key] = (mod, fn)
     if isinstance(_funcs[key], LoadError):
         raise _funcs[key]
-    return _funcs[key][1]
+    fn = ctypes.c_void_p()
+    try:
+        _check(_driver().cuModuleGetFunction(ctypes.byref(fn), _funcs[key], name.encode()), f"finding {name}")
+        if smem:
+            _check(_driver().cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, smem), "setting shared memory")
+    except RuntimeError as e:
+        raise LoadError(str(e)) from None
+    _funcs[(*key, name)] = fn
+    return fn
+
+
+def stream_of(device_index: int) -> int:
+    """The handle of torch's current stream on this device (torch's raw accessor: a fraction of a microsecond,
+    against a few for torch.cuda.current_stream(...).cuda_stream, which it falls back to)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(device_index) if raw is not None else torch.cuda.current_stream(device_index).cuda_stream
 
 
 def tensor_map(t, rows: int, box_rows: int):
@@ -200,6 +220,45 @@ class Launcher:
         self.params[1] = self._map(kv, self.num_cols)
         self.scale.value = qk_scale
         rc = _driver().cuLaunchKernel(self.fn, self.programs, 1, 1, THREADS, 1, 1, SMEM_BYTES, stream, self.params,
+                                      None)
+        if rc:
+            _check(rc, f"launching {self.name}")
+        return self.report
+
+
+class MergeLauncher:
+    """One plan's launch of the merge (ddp_merge_*): out [R, H, 512] (16-bit, unit column stride) from the plan's
+    n_parts partials of hq = R H folded rows, built once (plan time); a call only points the block at ``out``.
+    The grid is hq programs x ``slices`` column slices of 512 / slices (more slices where the rows are few, so
+    the grid covers the SMs)."""
+
+    def __init__(self, device, dtype, o_part, lse_part, hq: int, h: int, n_parts: int, sms: int):
+        import torch
+
+        if not 1 <= n_parts <= MERGE_MAX_PARTS:
+            raise ValueError(f"the CUDA merge takes 1 to {MERGE_MAX_PARTS} partials, got {n_parts}")
+        self.device = torch.device(device)
+        self.name = MERGE_KERNELS[str(dtype).removeprefix("torch.")]
+        self.fn = _function(self.name, self.device, smem=0)
+        self.hq, self.h = hq, h
+        self.slices = next(s for s in (1, 2, 4) if hq * s >= 2 * sms or s == 4)
+        self._keep = (o_part, lse_part)
+        self.out = ctypes.c_uint64(0)
+        self.stride_or, self.stride_oh = ctypes.c_int64(h * 512), ctypes.c_int64(512)
+        self._args = [ctypes.c_uint64(o_part.data_ptr()), ctypes.c_uint64(lse_part.data_ptr()), self.out,
+                      self.stride_or, self.stride_oh, ctypes.c_int64(o_part.stride(0)),
+                      ctypes.c_int64(o_part.stride(1)), ctypes.c_int32(hq), ctypes.c_int32(h),
+                      ctypes.c_int32(n_parts)]
+        self.params = (ctypes.c_void_p * len(self._args))(
+            *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
+        self.report = {"name": self.name, "threads": MERGE_THREADS, "programs": hq * self.slices,
+                       "partials": n_parts}
+
+    def __call__(self, out, stream: int) -> dict:
+        """Launch on ``stream`` into ``out`` [R, H, 512] of the plan's dtype, unit column stride, 8-byte aligned."""
+        self.out.value = out.data_ptr()
+        self.stride_or.value, self.stride_oh.value = out.stride(0), out.stride(1)
+        rc = _driver().cuLaunchKernel(self.fn, self.hq, self.slices, 1, MERGE_THREADS, 1, 1, 0, stream, self.params,
                                       None)
         if rc:
             _check(rc, f"launching {self.name}")

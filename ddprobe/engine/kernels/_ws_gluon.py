@@ -8,10 +8,9 @@ Written in Gluon (``triton.experimental.gluon``, Triton >= 3.6) because Triton 3
                       buffers; waits ``kv_free[s]``, signals ``kv_ready[s]`` (byte-count completion).
   softmax  (4 warps, the default partition, warpgroup 0): S = Q_lat K_lat^T + Q_pe K_pe^T (wgmma m64n64,
                       K = 576), the mask, the online softmax in base 2; hands P (bf16) and the rescale
-                      factor alpha to warpgroup 1 through shared memory (PIPE 3, what split_ws launches: a named
-                      barrier, bar.arrive here and bar.sync there, with warpgroup 1 done with the previous P
-                      when the previous tile's ``kv_free`` completes; else ``p_ready`` / ``p_free``), then
-                      O[:, :256] = alpha O + P V[:, :256] with P from registers.
+                      factor alpha to warpgroup 1 through shared memory (a named barrier, bar.arrive here and
+                      bar.sync there, with warpgroup 1 done with the previous P when the previous tile's
+                      ``kv_free`` completes), then O[:, :256] = alpha O + P V[:, :256] with P from registers.
   pv       (4 warps, warpgroup 1): O[:, 256:] = alpha O + P V[:, 256:] with P from shared memory.
 The 64 x 512 fp32 accumulator is split over the two warpgroups (128 registers each), so warpgroup 1
 computes the second half of P V while warpgroup 0 already computes S of the next tile. At the end
@@ -147,7 +146,7 @@ def _issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, i, STAGES: gl.c
     return warpgroup_mma(q_pe_s, k_pe_s.index(st).permute((1, 0)), s, is_async=True)
 
 
-NAMED_BAR = 8  # the named barrier of the PIPE=3 hand-off (Gluon's partitions use ids 0-2)
+NAMED_BAR = 8  # the named barrier of the hand-off to warpgroup 1 (Gluon's partitions use ids 0-2)
 _ARRIVE_ASM = gl.constexpr(f"bar.arrive {NAMED_BAR}, 256; // $0")
 _SYNC_ASM = gl.constexpr(f"bar.sync {NAMED_BAR}, 256; // $0")
 
@@ -164,9 +163,9 @@ def _named_sync():
 
 
 @gluon.jit
-def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start, end,
+def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, kv_free, start, end,
                   prefix_len, qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
-                  STAGES: gl.constexpr, kv_free=None, NAMED: gl.constexpr = False, FFMA: gl.constexpr = False):
+                  STAGES: gl.constexpr, FFMA: gl.constexpr = False):
     """Tile i of the piece (the program's tile gi, which sets the ring stage) -> online softmax; P and alpha
     handed to warpgroup 1; O[:, :HALF] rescaled and P V[:, :HALF] issued asynchronously (a wgmma token)."""
     n0 = start + i * BLOCK_N
@@ -187,21 +186,14 @@ def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_r
     l_i = l_i * alpha + gl.sum(p, axis=1)
     k_lat = k_lat_s.index(gi % STAGES)
     p16 = p.to(k_lat.dtype)
-    # hand P and alpha to warpgroup 1 once it has finished with the previous ones
-    if NAMED:  # warpgroup 1 is done with P(gi - 1) when tile gi - 1's stage is free (kv_free, as the loader waits)
-        if gi > 0:
-            mbarrier.wait(kv_free.index((gi - 1) % STAGES), ((gi - 1) // STAGES) & 1)
-        p_s.store(p16)
-        a_s.store(alpha)
-        fence_async_shared()
-        _named_arrive()
-    else:
-        mbarrier.wait(p_free, (i & 1) ^ 1)
-        p_s.store(p16)
-        a_s.store(alpha)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(p_ready, count=1)
+    # hand P and alpha to warpgroup 1 once it has finished with the previous ones: it is done with P(gi - 1) when
+    # tile gi - 1's stage is free (kv_free, as the loader waits)
+    if gi > 0:
+        mbarrier.wait(kv_free.index((gi - 1) % STAGES), ((gi - 1) // STAGES) & 1)
+    p_s.store(p16)
+    a_s.store(alpha)
+    fence_async_shared()
+    _named_arrive()
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
@@ -211,26 +203,24 @@ def _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_r
 
 @gluon.jit
 def _tile(i, gi, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, q_free, kv_ready, kv_free,
-          p_ready, p_free, s_zero, start, end, prefix_len, qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-          HALF: gl.constexpr, STAGES: gl.constexpr, NAMED: gl.constexpr, FREE_Q: gl.constexpr,
-          FFMA: gl.constexpr = False):
-    """One tile of pipe 0 / 3: S (waited), the softmax and P V; FREE_Q: release Q (q_free) once S is done."""
+          s_zero, start, end, prefix_len, qk_scale, o_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+          HALF: gl.constexpr, STAGES: gl.constexpr, FREE_Q: gl.constexpr, FFMA: gl.constexpr = False):
+    """One tile: S (waited), the softmax and P V; FREE_Q: release Q (q_free) once S is done."""
     s = warpgroup_mma_wait(num_outstanding=0,
                            deps=(_issue_s(q_lat_s, q_pe_s, k_lat_s, k_pe_s, kv_ready, s_zero, gi, STAGES), ))
     if FREE_Q:
         mbarrier.arrive(q_free, count=1)
-    m_i, l_i, acc = _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, p_ready, p_free, start,
-                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, kv_free, NAMED, FFMA)
+    m_i, l_i, acc = _softmax_step(s, i, gi, m_i, l_i, acc, bits, offs_n0, k_lat_s, p_s, a_s, kv_free, start,
+                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, FFMA)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
     mbarrier.arrive(kv_free.index(gi % STAGES), count=1)
     return m_i, l_i, acc
 
 
 @gluon.jit
-def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free, p_ready, p_free,
-                Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles, programs, slots,
+def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free, Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles, programs, slots,
                 qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr,
-                PIPE: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr, FFMA: gl.constexpr = False):
+                FOLD: gl.constexpr, BALANCE: gl.constexpr, FFMA: gl.constexpr = False):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -259,30 +249,25 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, 
         if BALANCE:  # the piece's last tile peeled: once its S is done, the loader may bring the next Q
             for i in range(n_tiles - 1):
                 m_i, l_i, acc = _tile(i, done + i, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s,
-                                      p_s, a_s, q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start, end,
-                                      prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False, FFMA)
+                                      p_s, a_s, q_free, kv_ready, kv_free, s_zero, start, end, prefix_len, qk_scale,
+                                      o_layout, BLOCK_N, HALF, STAGES, False, FFMA)
             m_i, l_i, acc = _tile(n_tiles - 1, done + n_tiles - 1, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s,
-                                  k_lat_s, k_pe_s, p_s, a_s, q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start,
-                                  end, prefix_len, qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, True, FFMA)
-        else:  # PIPE 0, and 3 (the hand-off to warpgroup 1 on a named barrier, p_free folded into kv_free)
+                                  k_lat_s, k_pe_s, p_s, a_s, q_free, kv_ready, kv_free, s_zero, start, end, prefix_len,
+                                  qk_scale, o_layout, BLOCK_N, HALF, STAGES, True, FFMA)
+        else:
             for i in range(n_tiles):
                 m_i, l_i, acc = _tile(i, i, m_i, l_i, acc, bits, offs_n0, q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s,
-                                      q_free, kv_ready, kv_free, p_ready, p_free, s_zero, start, end, prefix_len,
-                                      qk_scale, o_layout, BLOCK_N, HALF, STAGES, PIPE == 3, False, FFMA)
+                                      q_free, kv_ready, kv_free, s_zero, start, end, prefix_len, qk_scale, o_layout,
+                                      BLOCK_N, HALF, STAGES, False, FFMA)
         inv_l = 1.0 / l_i
-        if PIPE == 3:  # 1 / l in l_s (a_s itself unless BALANCE: then the next piece's alpha must not overwrite it)
-            if n_tiles > 0:
-                mbarrier.wait(kv_free.index((done + n_tiles - 1) % STAGES), ((done + n_tiles - 1) // STAGES) & 1)
-            l_s.store(inv_l)
-            if BALANCE:  # sync, not arrive: the next piece's first arrive must not meet warpgroup 1 before this
-                _named_sync()  # one's bar.sync (two arrives of warpgroup 0 would complete the barrier alone)
-            else:
-                _named_arrive()
+        # 1 / l in l_s (a_s itself unless BALANCE: then the next piece's alpha must not overwrite it)
+        if n_tiles > 0:
+            mbarrier.wait(kv_free.index((done + n_tiles - 1) % STAGES), ((done + n_tiles - 1) // STAGES) & 1)
+        l_s.store(inv_l)
+        if BALANCE:  # sync, not arrive: the next piece's first arrive must not meet warpgroup 1 before this
+            _named_sync()  # one's bar.sync (two arrives of warpgroup 0 would complete the barrier alone)
         else:
-            mbarrier.wait(p_free, (n_tiles & 1) ^ 1)
-            a_s.store(inv_l)
-            gl.thread_barrier()
-            mbarrier.arrive(p_ready, count=1)
+            _named_arrive()
         gl.store(LSE_part + slot * Hq + rows, m_i + gl.log2(l_i), mask=rows < Hq)
         for j in range(fill_lo, slots - 1):  # slots this row block leaves unused: empty for the merge
             gl.store(LSE_part + j * Hq + rows, gl.full([BLOCK_M], float("-inf"), gl.float32, row_s), mask=rows < Hq)
@@ -295,9 +280,9 @@ def _softmax_wg(q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, 
 
 
 @gluon.jit
-def _pv_wg(k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq,
+def _pv_wg(k_lat_s, p_s, a_s, l_s, kv_free, O_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq,
            tiles, programs, slots, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
-           STAGES: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr, NAMED: gl.constexpr = False):
+           STAGES: gl.constexpr, FOLD: gl.constexpr, BALANCE: gl.constexpr):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -311,22 +296,14 @@ def _pv_wg(k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, 
         acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
         for i in range(n_tiles):
             st = (done + i) % STAGES
-            if NAMED:
-                _named_sync()
-            else:
-                mbarrier.wait(p_ready, i & 1)
+            _named_sync()
             alpha = a_s.load(row_o)
             acc = acc * alpha[:, None]
             acc = warpgroup_mma(p_s, k_lat_s.index(st).slice(HALF, HALF, dim=1), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             gl.thread_barrier()
-            if not NAMED:
-                mbarrier.arrive(p_free, count=1)
             mbarrier.arrive(kv_free.index(st), count=1)
-        if NAMED:
-            _named_sync()
-        else:
-            mbarrier.wait(p_ready, n_tiles & 1)
+        _named_sync()
         inv_l = l_s.load(row_o)
         out = acc * inv_l[:, None]
         rows = rb * BLOCK_M + gl.arange(0, BLOCK_M, row_o)
@@ -340,20 +317,13 @@ def _pv_wg(k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, 
 def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
                      prefix_len, R, chunk, Hq, H, qk_scale, tiles, programs, slots,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
-                     STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, PIPE: gl.constexpr,
-                     FOLD: gl.constexpr, TRIGGER: gl.constexpr = False, BALANCE: gl.constexpr = False,
-                     FFMA: gl.constexpr = False):
+                     STAGES: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+                     FOLD: gl.constexpr, BALANCE: gl.constexpr = False, FFMA: gl.constexpr = False):
     """Grid (cdiv(Hq, 64), num_splits) with FOLD (the last split also takes the R tree columns), else
     (cdiv(Hq, 64), num_splits + 1) with the tree part as split index num_splits; ``slots`` is the grid's
-    second dimension. BALANCE (PIPE 3, FOLD): grid (programs,), full chunks of ``chunk`` tokens aligned across
-    row blocks plus programs sharing the remainders (_piece), each row block's partials in ``slots`` slots
-    (FFMA: the softmax scale inside the exponent's FFMA). TRIGGER: let a programmatic dependent launch (the
-    merge, which then waits on griddepcontrol.wait) as soon as every program has started, so its programs take
-    the SMs this grid leaves free and those freed as programs finish."""
-    gl.static_assert(not BALANCE or PIPE == 3, "BALANCE runs pieces with the named-barrier hand-off (PIPE 3) only")
-    if TRIGGER:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
+    second dimension. BALANCE (FOLD): grid (programs,), full chunks of ``chunk`` tokens aligned across
+    row blocks plus programs sharing the remainders (_piece), each row block's partials in ``slots`` slots.
+    FFMA (a positive scale): the softmax scale inside the exponent's FFMA."""
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
 
@@ -372,23 +342,19 @@ def ws_prefix_kernel(q_lat_d, q_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, s
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     mbarrier.init(q_free, count=1)
-    mbarrier.init(p_ready, count=1)
-    mbarrier.init(p_free, count=1)
     for st in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(st), count=1)
         mbarrier.init(kv_free.index(st), count=2)  # both warpgroups release a stage
     fence_async_shared()
 
     gl.warp_specialize([
-        (_softmax_wg, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free, p_ready,
-                       p_free, Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles,
-                       programs, slots, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, PIPE, FOLD, BALANCE, FFMA)),
-        (_pv_wg, (k_lat_s, p_s, a_s, l_s, kv_free, p_ready, p_free, O_part, stride_ps, stride_pq, chunk, prefix_len,
-                  R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, HALF, STAGES, FOLD, BALANCE, PIPE == 3)),
+        (_softmax_wg, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, p_s, a_s, l_s, q_bar, q_free, kv_ready, kv_free,
+                       Bits, O_part, LSE_part, stride_ps, stride_pq, chunk, prefix_len, R, Hq, H, tiles,
+                       programs, slots, qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES, FOLD, BALANCE, FFMA)),
+        (_pv_wg, (k_lat_s, p_s, a_s, l_s, kv_free, O_part, stride_ps, stride_pq, chunk, prefix_len,
+                  R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, HALF, STAGES, FOLD, BALANCE)),
         (_loader, (q_lat_d, q_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, k_lat_s, k_pe_s, q_bar, q_free, kv_ready,
                    kv_free, chunk, prefix_len, R, Hq, tiles, programs, slots, BLOCK_M, BLOCK_N, STAGES, FOLD,
                    BALANCE)),

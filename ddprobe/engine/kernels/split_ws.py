@@ -11,10 +11,13 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
      - below that, on host plans, the Gluon kernels: ``_ws_gluon.ws_prefix_kernel`` (a TMA loader warp, warpgroup
        0 doing S, the softmax and half of P V, warpgroup 1 the other half) and, for 65-72 folded rows (8 heads x 9)
        from TAIL_MIN_PREFIX tokens, ``_ws_tail.ws_tail_kernel`` (one program of 64 + 8 rows per chunk).
-  2. The log-sum-exp merge of the partials (`split`'s buffers, layout and launch_merge; merge_config's kind).
+  2. The log-sum-exp merge of the partials: the CUDA merge (cuda/seesaw_sm90.cu, _cu.MergeLauncher) by default,
+     `split`'s Triton merges (launch_merge, merge_config's kinds) where WsTuning.merge_kind picks one or the cubin
+     does not load here.
 ``plan`` plans and ``run`` only launches: given the heads and the dtype, ``plan`` chooses the kernel and the grid,
-allocates the partials and builds the CUDA kernel's launcher (its parameter block; _cu.Launcher) into a typed
-WsPlan (VerifyPlan.detail); ``run`` checks that the inputs match it (a one-line ValueError otherwise) and launches.
+allocates the partials and builds the CUDA kernels' launchers (their parameter blocks) into a typed WsPlan
+(VerifyPlan.detail); ``run`` checks that the inputs match it (a one-line ValueError otherwise) and launches: on
+the CUDA kernels, two driver launches and the output's allocation, about 10 us of host time (docs/perf.md).
 A plan built without heads is completed per call for the call's heads (correct, with the host cost of a plan).
 It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the MLA widths the
 kernels are written for (v_dim 512, rope 64); anything else is a one-line ValueError. There is no interpreter path:
@@ -46,6 +49,7 @@ TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 u
 CUDA_MIN_ROW_BLOCKS = 4  # WsTuning.cuda = -1 runs the CUDA kernel from this many 64-row blocks (hq > 192) up
 BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix tiles per program up (H200, 64 heads:
                         # faster from 32k, 1.5% slower at 8k: 9 tiles a program)
+MERGE_MAX_PARTS = 1024  # partials the CUDA merge takes (_cu.MERGE_MAX_PARTS; more: the Triton merge)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -66,8 +70,9 @@ class WsTuning:
     fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
                          # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
                          # 8 heads without the tail kernel 1-14% slower folded); both placements are tested
-    merge_kind: int = -1    # the merge (split.merge_config): -1 (default) 3 up to 128 folded rows, else 1; 0-3 as
-                            # split's (the tests check every kind against the reference)
+    merge_kind: int = -1    # the merge: -1 (default) the CUDA merge (where the cubin does not load: split's
+                            # Triton merge, kind 3 up to 128 folded rows, else 1); 0-3 split's Triton merges
+                            # (split.merge_config; the tests check every kind against the reference)
     merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, split.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
@@ -301,8 +306,10 @@ class WsPlan:
     kernel: str = ""            # "cuda", "gluon" or "tail"
     cfg: dict | None = None     # the grid (config / choose_config)
     partials: tuple | None = None
-    merge: dict | None = None
-    launcher: Any = None        # _cu.Launcher of the CUDA kernel
+    merge: dict | None = None   # the Triton merge's config (split.merge_config), when ``merger`` is None
+    launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
+    merger: Any = None          # _cu.MergeLauncher of the CUDA merge
+    signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype)
 
 
 def _why_not(device, dtype, v_dim: int, rope_dim: int) -> str | None:
@@ -355,8 +362,17 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
             warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
                           RuntimeWarning, stacklevel=3)
             kernel = "gluon"
+    merger = None
+    if t.merge_kind < 0 and cfg["grid_splits"] <= MERGE_MAX_PARTS:
+        from . import _cu
+        try:
+            merger = _cu.MergeLauncher(dev, dtype, *parts, hq, heads, cfg["grid_splits"], sms)
+        except _cu.LoadError:  # no usable cubin here (warned above or by the prefix kernel): the Triton merge
+            merger = None
+    dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
-                   merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher)
+                   merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher, merger=merger,
+                   signature=(r, heads, dim, dim, dtype, dtype))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -431,22 +447,24 @@ def _launch_gluon(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
     bal = cfg.get("balance", False)
     return ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
         *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
-        PE_DIM=dim - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, PIPE=3, FOLD=cfg["fold"],
-        TRIGGER=False, BALANCE=bal, FFMA=sm_scale > 0, num_warps=4,
+        PE_DIM=dim - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"],
+        BALANCE=bal, FFMA=sm_scale > 0, num_warps=4,
     )
 
 
-def _checked(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
+def check_inputs(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
     """The plan's WsPlan for these inputs (completed for q's heads when the plan was built without heads); a
-    one-line ValueError when the plan does not match them."""
+    one-line ValueError when the plan does not match them. The common case is one tuple comparison."""
     d = p.detail
     if not isinstance(d, WsPlan):
         raise ValueError("plan was not built by split_ws.plan")
-    check_run_args(q, kv, p)
     if d.heads is None:
+        check_run_args(q, kv, p)
         return _complete(p, d, q.shape[1], q.dtype, q.shape[2] - p.v_dim)
-    if (q.shape[1], q.dtype, kv.dtype, q.shape[2]) != (d.heads, d.dtype, d.dtype, p.v_dim + 64) \
-            or q.device != d.bits.device:
+    qs, ks = q.shape, kv.shape
+    if len(qs) != 3 or len(ks) != 2 or (qs[0], qs[1], qs[2], ks[1], q.dtype, kv.dtype) != d.signature \
+            or ks[0] < p.prefix_len + qs[0] or q.device != d.bits.device:
+        check_run_args(q, kv, p)
         raise ValueError(f"the {name} plan was built for {d.heads} heads of {d.dtype} rows {p.v_dim} + 64 wide on "
                          f"{d.bits.device}; got q {tuple(q.shape)} {q.dtype} and kv {kv.dtype} on {q.device}")
     if kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16 or kv.stride(1) != 1:
@@ -457,7 +475,7 @@ def _checked(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
 def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
     """Check the inputs and launch the prefix kernel; returns (WsPlan, number of prefix partials n): the merge
     combines partials 0 .. n - 1 with the tree part's at index n."""
-    d = _checked(q, kv, p)
+    d = check_inputs(q, kv, p)
     r, h, dim = q.shape
     q2 = q.reshape(r * h, dim)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
@@ -465,12 +483,13 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     if d.kernel == "cuda" and (sm_scale > 0 or d.tuning.cuda == 1 or p.dynamic):
         if sm_scale <= 0:
             raise ValueError(f"the {name} CUDA kernel needs a positive softmax scale, got {sm_scale}")
+        from ._cu import stream_of
         dev = q.device.index
         if dev == torch.cuda.current_device():
-            info = d.launcher(q2, kv, sm_scale * LOG2E, torch.cuda.current_stream(dev).cuda_stream)
+            info = d.launcher(q2, kv, sm_scale * LOG2E, stream_of(dev))
         else:
             with torch.cuda.device(dev):
-                info = d.launcher(q2, kv, sm_scale * LOG2E, torch.cuda.current_stream(dev).cuda_stream)
+                info = d.launcher(q2, kv, sm_scale * LOG2E, stream_of(dev))
     else:  # the Gluon kernels (a host plan with cuda=-1 and a scale <= 0 runs them on the CUDA kernel's grid)
         k = _launch_gluon(q2, kv, p, d, sm_scale, h)
         info = kernel_meta(k) if meta is not None else None
@@ -480,12 +499,27 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
 
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
-    """The log-sum-exp merge of the partials into out [R, H, v_dim] (split.launch_merge): the plan's merge when it
-    was built for these heads, else merge_plan for them."""
+    """The log-sum-exp merge of the partials into out [R, H, v_dim]: the plan's CUDA merge when it was built for
+    these heads, else split's Triton merge (split.launch_merge) with the plan's config or merge_plan's for them."""
     r, h, _ = out.shape
     d = p.detail
+    if d.heads == h and d.merger is not None and parts is d.partials:
+        return _cuda_merge(d, out, meta)
     mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count, p.prefix_len)
     return split_launch_merge(parts, n_splits, out, mc, meta=meta)
+
+
+def _cuda_merge(d: WsPlan, out: torch.Tensor, meta: dict | None) -> torch.Tensor:
+    from ._cu import stream_of
+    dev = out.device.index
+    if dev == torch.cuda.current_device():
+        info = d.merger(out, stream_of(dev))
+    else:
+        with torch.cuda.device(dev):
+            info = d.merger(out, stream_of(dev))
+    if meta is not None:
+        meta["merge"] = info
+    return out
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
@@ -493,4 +527,6 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     to receive the compiled kernels' reports under "prefix" and "merge"."""
     d, n_splits = launch_prefix(q, kv, p, sm_scale, meta)
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
+    if d.merger is not None:
+        return _cuda_merge(d, out, meta)
     return split_launch_merge(d.partials, n_splits, out, d.merge, meta=meta)

@@ -1,11 +1,12 @@
-// The CUDA C++ prefix kernel of the `split_ws` path (WsTuning.cuda = 1), sm_90a only: FlashMLA's seesaw schedule
-// written below Gluon. Built offline into seesaw_sm90.cubin (python -m ddprobe.engine.kernels._cu --build); loaded
-// and launched by ddprobe/engine/kernels/_cu.py through the CUDA driver API. No CUTLASS: raw PTX for wgmma, TMA
-// and mbarriers.
+// The CUDA C++ kernels of the `split_ws` path, sm_90a only: the prefix kernel (FlashMLA's seesaw schedule written
+// below Gluon) and the log-sum-exp merge of its partials. Built offline into seesaw_sm90.cubin (python -m
+// ddprobe.engine.kernels._cu --build); loaded and launched by ddprobe/engine/kernels/_cu.py through the CUDA driver
+// API. No CUTLASS: raw PTX for wgmma, TMA and mbarriers.
 //
-// One program (CTA, 256 threads = two warpgroups, no producer warp) = 64 folded query rows (row = r * H + h)
-// x one chunk of KV tokens (a piece of the program's work list, split_ws.cu_pieces: the Gluon prefix kernel's
-// grids, the balanced one included), in tiles of 64 tokens; the partial layout of _ws_gluon.ws_prefix_kernel:
+// Prefix kernel: one program (CTA, 256 threads = two warpgroups, no producer warp) = 64 folded query rows
+// (row = r * H + h) x one chunk of KV tokens, in tiles of 64 tokens: on the row-block x split grid, the chunk is
+// derived from the live prefix length read from device memory (device plans); with a work list (host plans with
+// the balanced grid, split_ws.cu_pieces) the program's pieces. The partial layout of _ws_gluon.ws_prefix_kernel:
 // O_part[slot, row, 0:512] normalized (fp32),
 // LSE_part[slot, row] = m + log2(l) in base 2, the tree columns folded into the last split (fold) or the last
 // split index being the tree part alone.
@@ -616,3 +617,99 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
 
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
+
+// The merge (ddp_merge_*): out[r, h, :] = sum_s 2^(lse_s - M) O_part[s, row] / sum_s 2^(lse_s - M) over the
+// n_parts partials of row = r * H + h (M their maximum; the tree part's lse is finite, every row sees itself).
+// One program per (row, column slice of 512 / gridDim.y): its 256 threads first reduce the row's lse values to M
+// and the weights' sum, the weights kept in shared memory; then groups of cols / 4 threads (a float4 each) take
+// every G-th partial, so a thread's loads are independent of each other; the groups' sums meet in shared memory.
+// A partial of weight 0 (an empty split, lse -inf) is never read: its O_part was never written.
+namespace {
+constexpr int MERGE_THREADS = 256;
+constexpr int MERGE_MAX_PARTS = 1024;
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <bool BF16>
+__device__ __forceinline__ void merge(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                      void* out, long long stride_or, long long stride_oh, long long stride_ps,
+                                      long long stride_pq, int hq, int H, int n_parts) {
+  __shared__ float s_w[MERGE_MAX_PARTS];
+  __shared__ float s_red[MERGE_THREADS / 32];
+  __shared__ __align__(16) float s_acc[MERGE_THREADS * 4];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, row = blockIdx.x;
+  float m = -INFINITY;
+  for (int s = tid; s < n_parts; s += MERGE_THREADS) m = fmaxf(m, lse_part[static_cast<long long>(s) * hq + row]);
+  m = warp_max(m);
+  if (lane == 0) s_red[warp] = m;
+  __syncthreads();
+  m = s_red[0];
+#pragma unroll
+  for (int i = 1; i < MERGE_THREADS / 32; ++i) m = fmaxf(m, s_red[i]);
+  if (m == -INFINITY) m = 0.f;
+  __syncthreads();
+  float sum = 0.f;
+  for (int s = tid; s < n_parts; s += MERGE_THREADS) {
+    const float w = exp2f(lse_part[static_cast<long long>(s) * hq + row] - m);
+    s_w[s] = w;
+    sum += w;
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) s_red[warp] = sum;
+  __syncthreads();
+  sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < MERGE_THREADS / 32; ++i) sum += s_red[i];
+
+  const int cols = 512 / gridDim.y, tpg = cols / 4, groups = MERGE_THREADS / tpg;
+  const int g = tid / tpg, c = (tid % tpg) * 4, col = blockIdx.y * cols + c;
+  const float* src = o_part + static_cast<long long>(row) * stride_pq + col;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int s = g; s < n_parts; s += groups) {
+    const float w = s_w[s];
+    if (w > 0.f) {
+      const float4 o = __ldg(reinterpret_cast<const float4*>(src + s * stride_ps));
+      acc.x += w * o.x;
+      acc.y += w * o.y;
+      acc.z += w * o.z;
+      acc.w += w * o.w;
+    }
+  }
+  *reinterpret_cast<float4*>(s_acc + g * cols + c) = acc;
+  __syncthreads();
+  if (g == 0) {
+    float4 t = acc;
+    for (int i = 1; i < groups; ++i) {
+      const float4 o = *reinterpret_cast<const float4*>(s_acc + i * cols + c);
+      t.x += o.x;
+      t.y += o.y;
+      t.z += o.z;
+      t.w += o.w;
+    }
+    const float inv = 1.f / sum;
+    uint2 v;
+    v.x = pack2<BF16>(t.x * inv, t.y * inv);
+    v.y = pack2<BF16>(t.z * inv, t.w * inv);
+    char* dst = static_cast<char*>(out) + 2 * ((row / H) * stride_or + (row % H) * stride_oh + col);
+    *reinterpret_cast<uint2*>(dst) = v;
+  }
+}
+}  // namespace
+
+#define DDP_MERGE_ARGS                                                                                                \
+  const float* o_part, const float* lse_part, void* out, long long stride_or, long long stride_oh,                   \
+      long long stride_ps, long long stride_pq, int hq, int H, int n_parts
+#define DDP_MERGE_CALL o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts
+
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_bf16(DDP_MERGE_ARGS) { merge<true>(DDP_MERGE_CALL); }
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_f16(DDP_MERGE_ARGS) { merge<false>(DDP_MERGE_CALL); }
