@@ -232,10 +232,12 @@ def run_kernel(a, out: dict, save) -> None:
             parts = {}
             o = torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")
             ns = p.detail.cfg["grid_splits"] - 1
+            s0, d = _cu.stream_of(0), p.detail
             for key, fn in (("check", lambda: split_ws.check_inputs(q, kv, p)),
-                            ("prefix", lambda: split_ws.launch_prefix(q, kv, p, 0.0722)),
+                            ("prefix_launch", lambda: d.launcher(q, kv, 0.0722 * 1.4427, s0)),
                             ("out", lambda: torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")),
-                            ("merge", lambda: split_ws.launch_merge(p.detail.partials, ns, o, p)),
+                            ("merge_launch", lambda: d.merger(o, s0)),
+                            ("merge_seam", lambda: split_ws.launch_merge(d.partials, ns, o, p)),
                             ("stream", lambda: _cu.stream_of(0))):
                 t0 = time.perf_counter()
                 for _ in range(n):

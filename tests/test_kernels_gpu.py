@@ -548,7 +548,7 @@ def test_cuda_merge_matches_the_formula_with_poisoned_empty_partials(heads, dtyp
     dtype's tolerance); every column slice and row written, nothing read from the empty splits."""
     from ddprobe.engine.kernels import split_ws
     q, kv, mask = make_inputs(20000, 8, "lopsided", heads, dtype)
-    p = split_ws.plan(20000, mask, None, V, heads=heads)
+    p = split_ws.plan(20000, mask, None, V, heads=heads, dtype=dtype)
     d = p.detail
     assert d.merger is not None and d.merger.report["name"] == _cu_merge_name(dtype)
     o, lse = d.partials

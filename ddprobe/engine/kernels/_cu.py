@@ -205,17 +205,20 @@ class Launcher:
                        "pieces": self.pieces, "work_list": table is not None}
 
     def _map(self, t, rows: int) -> int:
-        key = (t.data_ptr(), t.stride(0), rows)
+        """The address of the TMA map of ``t`` seen as 2-D rows of its last dimension (``t`` contiguous but for
+        its row stride), encoded on first sight."""
+        key = (t.data_ptr(), t.stride(-2), rows)
         m = self._maps.get(key)
         if m is None:
             if len(self._maps) >= self.MAX_MAPS:
                 self._maps.clear()
-            m = self._maps[key] = tensor_map(t, rows, 64)
+            m = self._maps[key] = tensor_map(t.reshape(-1, t.shape[-1]), rows, 64)
         return ctypes.addressof(m[1])
 
     def __call__(self, q2, kv, qk_scale: float, stream: int) -> dict:
-        """Launch on ``stream`` (torch's current stream's handle): q2 [hq, 576] and kv [>= num_cols, 576] of the
-        plan's dtype, 16-byte aligned rows; ``qk_scale`` (the softmax scale times log2 e) > 0."""
+        """Launch on ``stream`` (torch's current stream's handle): q2 [hq, 576] (or a contiguous [R, H, 576]) and
+        kv [>= num_cols, 576] of the plan's dtype, 16-byte aligned rows; ``qk_scale`` (the softmax scale times
+        log2 e) > 0."""
         self.params[0] = self._map(q2, self.hq)
         self.params[1] = self._map(kv, self.num_cols)
         self.scale.value = qk_scale

@@ -32,6 +32,7 @@ import torch
 import triton
 
 from ... import verify_paths
+from ._cu import stream_of
 from ._common import check_rows, interpreting, kernel_meta, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 from .split import LOG2E, _partials, bit_weights, mask_bits, merge_config
@@ -309,7 +310,8 @@ class WsPlan:
     merge: dict | None = None   # the Triton merge's config (split.merge_config), when ``merger`` is None
     launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
     merger: Any = None          # _cu.MergeLauncher of the CUDA merge
-    signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype)
+    signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, device)
+    index: int = -1             # the CUDA device's index
 
 
 def _why_not(device, dtype, v_dim: int, rope_dim: int) -> str | None:
@@ -372,7 +374,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
                    merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher, merger=merger,
-                   signature=(r, heads, dim, dim, dtype, dtype))
+                   signature=(r, heads, dim, dim, dtype, dtype, dev), index=dev.index if dev.index is not None else -1)
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -462,8 +464,8 @@ def check_inputs(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
         check_run_args(q, kv, p)
         return _complete(p, d, q.shape[1], q.dtype, q.shape[2] - p.v_dim)
     qs, ks = q.shape, kv.shape
-    if len(qs) != 3 or len(ks) != 2 or (qs[0], qs[1], qs[2], ks[1], q.dtype, kv.dtype) != d.signature \
-            or ks[0] < p.prefix_len + qs[0] or q.device != d.bits.device:
+    if len(qs) != 3 or len(ks) != 2 or (qs[0], qs[1], qs[2], ks[1], q.dtype, kv.dtype, q.device) != d.signature \
+            or ks[0] < p.prefix_len + qs[0]:
         check_run_args(q, kv, p)
         raise ValueError(f"the {name} plan was built for {d.heads} heads of {d.dtype} rows {p.v_dim} + 64 wide on "
                          f"{d.bits.device}; got q {tuple(q.shape)} {q.dtype} and kv {kv.dtype} on {q.device}")
@@ -483,7 +485,6 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     if d.kernel == "cuda" and (sm_scale > 0 or d.tuning.cuda == 1 or p.dynamic):
         if sm_scale <= 0:
             raise ValueError(f"the {name} CUDA kernel needs a positive softmax scale, got {sm_scale}")
-        from ._cu import stream_of
         dev = q.device.index
         if dev == torch.cuda.current_device():
             info = d.launcher(q2, kv, sm_scale * LOG2E, stream_of(dev))
@@ -510,7 +511,6 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
 
 
 def _cuda_merge(d: WsPlan, out: torch.Tensor, meta: dict | None) -> torch.Tensor:
-    from ._cu import stream_of
     dev = out.device.index
     if dev == torch.cuda.current_device():
         info = d.merger(out, stream_of(dev))
@@ -525,6 +525,16 @@ def _cuda_merge(d: WsPlan, out: torch.Tensor, meta: dict | None) -> torch.Tensor
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
     """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a dict
     to receive the compiled kernels' reports under "prefix" and "merge"."""
+    d = check_inputs(q, kv, p)
+    if d.merger is not None and d.kernel == "cuda" and sm_scale > 0 and meta is None and q.is_contiguous() \
+            and not q.data_ptr() % 16 \
+            and d.index == torch.cuda.current_device():
+        # the common case, both kernels in CUDA: two driver launches on the plan's parameter blocks
+        stream = stream_of(d.index)
+        d.launcher(q, kv, sm_scale * LOG2E, stream)
+        out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
+        d.merger(out, stream)
+        return out
     d, n_splits = launch_prefix(q, kv, p, sm_scale, meta)
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
     if d.merger is not None:
