@@ -193,3 +193,20 @@ def test_commit_table_shows_sglangs_accept_length_beside_commit_len(tmp_path):
     table = render.build([tmp_path / "c.json"]).sections[0].tables[0]
     i, j = table.columns.index("commit len"), table.columns.index("SGLang accept len")
     assert {(row[i], row[j]) for row in table.rows} == {("7.94", "8.00")}
+
+
+def test_where_the_step_goes_flags_steps_below_the_whole_step_floor(tmp_path):
+    """ddprobe floor with steps too fast for K2.6 at tp 8 (10 ms at 32k: below its ~10.4 ms whole-step floor;
+    20 ms at 128k: above it): the report's "Where the step goes" table marks the first row, not the second, and
+    says what a step below its floor means."""
+    res = CliRunner().invoke(app, ["floor", "--ctx", "32k,128k", "--step-ms", "10,20", "--tp", "8",
+                                   "-o", str(tmp_path / "floor.json")])
+    assert (tmp_path / "floor.json").exists(), res.output
+    rows = json.loads((tmp_path / "floor.json").read_text())["rows"]
+    assert [r["below_floor"] for r in rows] == [True, False]
+    render.write_report([tmp_path / "floor.json"], tmp_path / "r.md")
+    md = (tmp_path / "r.md").read_text()
+    table = md[md.rindex("Where the step goes (per GPU)"):]
+    lines = [ln for ln in table.splitlines() if ln.startswith("| 32k") or ln.startswith("| 128k")]
+    assert len(lines) == 2 and "below the floor" in lines[0] and "below the floor" not in lines[1]
+    assert "A step below its whole-step floor cannot be" in table

@@ -100,13 +100,15 @@ def _where_the_step_goes(rows: list[dict], an: dict | None) -> Table:
     ms = lambda v: fmt_time(v / 1e3) if isinstance(v, (int, float)) else "-"  # noqa: E731
     body = [[fmt_tokens(x["ctx"]), ms(x.get("kv_floor_ms")), ms(x.get("weight_floor_ms")),
              ms(x.get("step_compute_floor_ms")), ms(x.get("total_floor_ms")), str(x.get("binds")),
-             ms(x.get("step_ms")), fmt_ratio(x["total_gap"]) if x.get("total_gap") else "-"] for x in rows]
-    note = ""
+             ms(x.get("step_ms")), (fmt_ratio(x["total_gap"]) + (" below the floor" if x.get("below_floor") else ""))
+             if x.get("total_gap") else "-"] for x in rows]
+    note = ("A step below its whole-step floor cannot be: the floor's inputs (--tp, --ep, the weight and expert "
+            "dtypes) do not describe the run that was measured. " if any(x.get("below_floor") for x in rows) else "")
     if an:
         ivs = "; ".join(f"{fmt_tokens(i['ctx0'])} -> {fmt_tokens(i['ctx1'])}: {i['ms_per_1k']:.3g} ms per 1k"
                         + (f" ({fmt_bandwidth(i['kv_GBps'] * 1e9)} of KV)" if i.get("kv_GBps") else "")
                         for i in an["intervals"])
-        note = (f"Fit: fixed {an['fixed_ms']:.3g} ms + {an['ms_per_1k']:.3g} ms per 1k tokens ({ivs}). "
+        note += (f"Fit: fixed {an['fixed_ms']:.3g} ms + {an['ms_per_1k']:.3g} ms per 1k tokens ({ivs}). "
                 + " ".join(an.get("notes", [])) + " " + an["verdict"])
     return Table("Where the step goes (per GPU)", ["ctx", "KV floor", "weight floor", "compute floor",
                                                    "whole-step floor", "binds", "step", "gap"], body, note.strip())
