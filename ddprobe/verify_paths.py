@@ -46,7 +46,7 @@ PATHS: tuple[VerifyPath, ...] = (
     VerifyPath("split", "contiguous", "split (split-K Triton)", "C3", "_split_prefix|_merge_kernel|_merge_flat", True,
                ("any",), ".split", "split-K over the contiguous prefix + masked tree pass + merge (Triton)"),
     VerifyPath("split_ws", "contiguous", "split_ws (Hopper warp-specialized)", "C6",
-               "ddp_seesaw|ws_prefix|ws_tail|_merge_kernel|_merge_flat", True, ("sm_90",), ".split_ws",
+               "ddp_seesaw|ddp_merge|ws_prefix|ws_tail|_merge_kernel|_merge_flat", True, ("sm_90",), ".split_ws",
                "split with warp-specialized Hopper prefix kernels (CUDA C++ / Gluon; sm_90 only)"),
 )
 BY_NAME = {p.name: p for p in PATHS}

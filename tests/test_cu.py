@@ -117,3 +117,13 @@ def test_device_grid_covers_every_live_length(bound, hq, fold):
                     assert slot == cfg["grid_splits"] - 1 and piece[2] == n + r
             assert sorted(cols) == cols == list(range(n + r)), f"length {n}, row block {rb}"
             assert slots == list(range(cfg["grid_splits"]))
+
+
+def test_every_cuda_kernel_is_named_by_the_split_ws_row_of_the_path_table():
+    """The profiler and ncu attribute kernels to a path by its row's regex: the CUDA prefix kernel and the CUDA merge
+    must both count as split_ws's attention (a merge left out would land in "other")."""
+    from ddprobe import verify_paths
+    rx = re.compile(verify_paths.BY_NAME["split_ws"].ncu_regex)
+    for name in (*_cu.KERNELS.values(), *_cu.MERGE_KERNELS.values()):
+        assert rx.search(name), name
+    assert not re.compile(verify_paths.BY_NAME["split"].ncu_regex).search(_cu.MERGE_KERNELS["bfloat16"])

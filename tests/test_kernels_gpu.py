@@ -588,38 +588,3 @@ def test_run_merges_on_cuda_by_default_and_on_triton_when_asked():
         assert (meta["merge"].get("name") == _cu_merge_name(torch.bfloat16)) == (kind == -1), meta["merge"]
     err = float((outs[-1].float() - outs[3].float()).norm() / outs[3].float().norm())
     assert err < TOL[torch.bfloat16]
-
-
-@gpu
-@pytest.mark.parametrize("heads", [8, 64])
-def test_cuda_merge_as_a_programmatic_dependent_gives_the_plain_launchs_bits(heads):
-    """merge_pdl 1 (the default: the merge launched behind the CUDA prefix kernel by cuLaunchKernelEx, waiting in
-    griddepcontrol.wait) and 0 (a plain launch) give the same bits, eagerly, called 20 times back to back with the
-    partials poisoned before each call, and replayed from one CUDA graph (a merge that read partials before the
-    prefix kernel finished would read NaN or the previous call's values)."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    m = get_path("split_ws")
-    q, kv, mask = make_inputs(40000, 8, "lopsided", heads, torch.bfloat16)
-    prefix_t = torch.full((1,), 40000, dtype=torch.int32, device="cuda")
-    plans = {pdl: m.plan(prefix_t, mask, None, V, heads=heads, max_prefix=40000, tuning=WsTuning(merge_pdl=pdl))
-             for pdl in (0, 1)}
-    assert plans[1].detail.merger.report["pdl"] and not plans[0].detail.merger.report["pdl"]
-    want = m.run(q, kv, plans[0], 0.07)
-    ref = reference.run(q, kv, reference.plan(40000, mask, None, V), 0.07)
-    assert float((want.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
-    p = plans[1]
-    outs = []
-    for _ in range(20):
-        for buf in p.detail.partials:
-            buf.fill_(float("nan"))
-        outs.append(m.run(q, kv, p, 0.07))
-    assert all(torch.equal(o, want) for o in outs)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for buf in p.detail.partials:
-            buf.fill_(float("nan"))
-        out = m.run(q, kv, p, 0.07)
-    for _ in range(3):
-        out.fill_(float("nan"))
-        g.replay()
-        assert torch.equal(out, want)

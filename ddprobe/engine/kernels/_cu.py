@@ -76,18 +76,6 @@ class LoadError(RuntimeError):
     """The driver, the cubin or its kernel could not be loaded here."""
 
 
-class _LaunchAttr(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]  # CUlaunchAttribute
-
-
-class _LaunchConfig(ctypes.Structure):
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared", ctypes.c_uint),
-                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttr)), ("num_attrs", ctypes.c_uint)]
-
-
-_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
 class _TensorMap(ctypes.Structure):
     _fields_ = [("opaque", ctypes.c_uint64 * 16)]   # CUtensorMap: 128 bytes, 64-byte aligned
 
@@ -108,8 +96,6 @@ def _driver():
         lib.cuLaunchKernel.argtypes = [
             ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
             ctypes.c_uint, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
-                                         ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
@@ -247,11 +233,9 @@ class MergeLauncher:
     """One plan's launch of the merge (ddp_merge_*): out [R, H, 512] (16-bit, unit column stride) from the plan's
     n_parts partials of hq = R H folded rows, built once (plan time); a call only points the block at ``out``.
     The grid is hq programs x ``slices`` column slices of 512 / slices (more slices where the rows are few, so
-    the grid covers the SMs). ``pdl``: launched as a programmatic dependent of the prefix kernel launched just
-    before it on the same stream (cuLaunchKernelEx; its programs wait in griddepcontrol.wait), so its launch
-    overlaps the prefix kernel instead of following it."""
+    the grid covers the SMs)."""
 
-    def __init__(self, device, dtype, o_part, lse_part, hq: int, h: int, n_parts: int, sms: int, pdl: bool = True):
+    def __init__(self, device, dtype, o_part, lse_part, hq: int, h: int, n_parts: int, sms: int):
         import torch
 
         if not 1 <= n_parts <= MERGE_MAX_PARTS:
@@ -271,24 +255,14 @@ class MergeLauncher:
         self.params = (ctypes.c_void_p * len(self._args))(
             *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
         self.report = {"name": self.name, "threads": MERGE_THREADS, "programs": hq * self.slices,
-                       "partials": n_parts, "pdl": pdl}
-        self.pdl = pdl
-        self._attr = _LaunchAttr(_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
-        self._attr.value[0] = 1
-        self.config = _LaunchConfig((hq, self.slices, 1), (MERGE_THREADS, 1, 1), 0, None,
-                                    ctypes.pointer(self._attr), 1)
-        self._config_ref = ctypes.byref(self.config)
+                       "partials": n_parts}
 
     def __call__(self, out, stream: int) -> dict:
         """Launch on ``stream`` into ``out`` [R, H, 512] of the plan's dtype, unit column stride, 8-byte aligned."""
         self.out.value = out.data_ptr()
         self.stride_or.value, self.stride_oh.value = out.stride(0), out.stride(1)
-        if self.pdl:
-            self.config.stream = stream
-            rc = _driver().cuLaunchKernelEx(self._config_ref, self.fn, self.params, None)
-        else:
-            rc = _driver().cuLaunchKernel(self.fn, self.hq, self.slices, 1, MERGE_THREADS, 1, 1, 0, stream,
-                                          self.params, None)
+        rc = _driver().cuLaunchKernel(self.fn, self.hq, self.slices, 1, MERGE_THREADS, 1, 1, 0, stream, self.params,
+                                      None)
         if rc:
             _check(rc, f"launching {self.name}")
         return self.report

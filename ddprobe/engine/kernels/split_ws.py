@@ -79,8 +79,6 @@ class WsTuning:
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4        # warps per merge program
     merge_bv: int = 0           # value columns per merge program (0: halve 512 until the grid fills the SMs)
-    merge_pdl: int = 1          # the CUDA merge launched as a programmatic dependent of the CUDA prefix kernel (1,
-                                # default) or plainly (0; the benchmark compares the two)
     cuda: int = -1      # the CUDA C++ prefix kernel: -1 (default) from CUDA_MIN_ROW_BLOCKS row blocks up on host
                         # plans and always on device plans (H200, 64 heads: 0.96-1.01x FlashMLA from 32k); 1 always
                         # (needs a positive softmax scale); 0 never (the Gluon kernels: host plans only; the benchmark
@@ -92,7 +90,7 @@ class WsTuning:
 
 DEFAULT_TUNING = WsTuning()
 _CHOICES = {"balance": (-1, 0, 1), "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-1, 0, 1, 2, 3),
-            "cuda": (-1, 0, 1), "merge_pdl": (0, 1)}
+            "cuda": (-1, 0, 1)}
 
 
 def check_tuning(t: WsTuning) -> None:
@@ -370,8 +368,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     if t.merge_kind < 0 and cfg["grid_splits"] <= MERGE_MAX_PARTS:
         from . import _cu
         try:
-            merger = _cu.MergeLauncher(dev, dtype, *parts, hq, heads, cfg["grid_splits"], sms,
-                                       pdl=bool(t.merge_pdl) and kernel == "cuda")
+            merger = _cu.MergeLauncher(dev, dtype, *parts, hq, heads, cfg["grid_splits"], sms)
         except _cu.LoadError:  # no usable cubin here (warned above or by the prefix kernel): the Triton merge
             merger = None
     dim = p.v_dim + rope_dim

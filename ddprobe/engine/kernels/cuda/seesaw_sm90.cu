@@ -499,9 +499,6 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
   const int r0 = ((wt >> 5) << 4) + (lane >> 2);  // the thread's rows: r0 and r0 + 8 of the block
   const int cq = (lane & 3) * 2;                  // its first column in each 8-column chunk
 
-  // the merge launched behind this grid as a programmatic dependent (_cu.MergeLauncher, pdl) may be scheduled now:
-  // its programs wait in griddepcontrol.wait until this grid has finished and its writes are visible
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   // the live prefix length, from device memory (a CUDA graph replays one launch at any length up to the bound)
   const int prefix_len = *prefix_ptr;
   // no work list (piece_ptr null): the row-block x split grid, program = slot x n_qb + row block, its chunk derived
@@ -650,9 +647,6 @@ __device__ __forceinline__ void merge(const float* __restrict__ o_part, const fl
   __shared__ float s_red[MERGE_THREADS / 32];
   __shared__ __align__(16) float s_acc[MERGE_THREADS * 4];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, row = blockIdx.x;
-  // launched as a programmatic dependent of the prefix kernel: wait until its partials are complete and visible
-  // (a no-op for a plain launch)
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   float m = -INFINITY;
   for (int s = tid; s < n_parts; s += MERGE_THREADS) m = fmaxf(m, lse_part[static_cast<long long>(s) * hq + row]);
   m = warp_max(m);
