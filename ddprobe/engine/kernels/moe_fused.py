@@ -146,26 +146,37 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, w13: torch.
     return launch(x, ids, w, w13, w2)
 
 
-def launch(x, ids, w, w13, w2, gate_up: tuple = GATE_UP_CFG, down: tuple = DOWN_CFG) -> torch.Tensor:
+def launch(x, ids, w, w13, w2, gate_up_cfg: tuple = GATE_UP_CFG, down_cfg: tuple = DOWN_CFG) -> torch.Tensor:
     """``moe_experts`` with explicit (BN, BK, num_warps, num_stages) per GEMM (the benchmark's sweep)."""
-    r, dim = x.shape
-    if r > MAX_ROWS:
-        raise ValueError(f"the fused MoE takes at most {MAX_ROWS} rows, got {r}")
-    k = ids.shape[1]
-    n, two_inter, _ = w13.shape
-    inter = two_inter // 2
-    rp = max(16, next_pow2(r))
+    if x.shape[0] > MAX_ROWS:
+        raise ValueError(f"the fused MoE takes at most {MAX_ROWS} rows, got {x.shape[0]}")
     x, ids, w, w13, w2 = (t.contiguous() for t in (x, ids, w, w13, w2))
-    h = torch.empty(n, rp, inter, dtype=torch.float32, device=x.device)
-    y = torch.empty(r, k, dim, dtype=torch.float32, device=x.device)
+    h = gate_up(x, ids, w13, gate_up_cfg)
+    return down(h, ids, w, w2, down_cfg).sum(1).to(x.dtype)
+
+
+def gate_up(x, ids, w13, cfg: tuple = GATE_UP_CFG) -> torch.Tensor:
+    """silu(gate) * up of every row for each expert some row routes to: h [n, RP, inter] fp32 (others unwritten)."""
+    (r, dim), k, (n, two_inter, _) = x.shape, ids.shape[1], w13.shape
+    inter, rp = two_inter // 2, max(16, next_pow2(r))
     upcast, prec = dot_flags(w13.dtype)
-    bn, bk, nw, ns = gate_up
+    h = torch.empty(n, rp, inter, dtype=torch.float32, device=x.device)
+    bn, bk, nw, ns = cfg
     _moe_gemm_gate_up[(n, triton.cdiv(inter, bn))](x, ids, w13, h, r, dim, inter, TOPK=k, RP=rp, KP=next_pow2(k),
-                                                    BN=bn, BK=bk, PREC=prec, UPCAST=upcast, num_warps=nw, num_stages=ns)
-    bn, bk, nw, ns = down
+                                                    BN=bn, BK=bk, PREC=prec, UPCAST=upcast, num_warps=nw,
+                                                    num_stages=ns)
+    return h
+
+
+def down(h, ids, w, w2, cfg: tuple = DOWN_CFG) -> torch.Tensor:
+    """h [n, RP, inter] -> y [R, k, dim] fp32: slot (r, j) holds w[r, j] * down_{ids[r, j]}(h[ids[r, j], r])."""
+    (r, k), (n, dim, inter), rp = ids.shape, w2.shape, h.shape[1]
+    upcast, prec = dot_flags(w2.dtype)
+    y = torch.empty(r, k, dim, dtype=torch.float32, device=h.device)
+    bn, bk, nw, ns = cfg
     _moe_gemm_down[(n, triton.cdiv(dim, bn))](h, ids, w, w2, y, r, dim, inter, TOPK=k, RP=rp, KP=next_pow2(k),
                                               BN=bn, BK=bk, PREC=prec, UPCAST=upcast, num_warps=nw, num_stages=ns)
-    return y.sum(1).to(x.dtype)
+    return y
 
 
 @moe_experts.register_fake
