@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddprobe.engine.moe import MoE, Experts, experts_reference, fused_moe_works, route
+from ddprobe.engine.moe import MoE, Experts, experts_reference, fused_moe_agrees, fused_moe_works, route
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -141,6 +141,12 @@ def test_moe_layer_through_the_fused_path(rows):
     m.experts.kernel = "fused"  # as chosen on CUDA; on the CPU this runs the interpreter
     x = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows)).to(DEV)
     assert rel(m(x), m.reference(x)) < TOL[torch.float32]
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_choice_check_passes_where_the_kernels_run(dtype):
+    assert fused_moe_agrees(torch.device(DEV), dtype)  # what fused_moe_works runs (and caches) on CUDA
 
 
 def test_the_choice_is_explicit_off_cuda():

@@ -59,17 +59,18 @@ def fused_moe_works(device: torch.device, dtype: torch.dtype) -> bool:
     and ``route`` on a small random problem? (cached; False off CUDA and without Triton)"""
     key = (str(device), dtype)
     if key not in _FUSED_OK:
-        ok = torch.device(device).type == "cuda"
-        if ok:
+        _FUSED_OK[key] = False  # while checking: the check's own Experts moving to the device takes another path
+        if torch.device(device).type == "cuda":
             try:
-                ok = _fused_agrees(torch.device(device), dtype)
+                _FUSED_OK[key] = fused_moe_agrees(torch.device(device), dtype)
             except (ImportError, RuntimeError, ValueError, TypeError):
-                ok = False
-        _FUSED_OK[key] = ok
+                pass
     return _FUSED_OK[key]
 
 
-def _fused_agrees(device: torch.device, dtype: torch.dtype) -> bool:
+def fused_moe_agrees(device: torch.device, dtype: torch.dtype) -> bool:
+    """The fused kernels against ``experts_reference`` and sigmoid top-k on a small random problem (any device
+    Triton runs on: CUDA, or the CPU under TRITON_INTERPRET=1)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     e = Experts(6, 64, 48)
     with torch.no_grad():

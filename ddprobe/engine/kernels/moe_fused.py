@@ -4,7 +4,7 @@ Three kernels per MoE layer, all static shapes, no host sync (capturable in a CU
 - ``_moe_route``: router logits [R, n] -> sigmoid, top-k of the n local experts (the lowest index first
   among equal scores), normalized to sum to one and scaled: ids [R, k] int64, weights [R, k] fp32;
 - ``_moe_gemm_gate_up``, grid (n experts, inter / BN): each program reads the [R, k] ids, and where no
-  row routes to its expert does nothing (untouched experts cost no bytes); else it streams its gate and
+  row routes to its expert reads and writes nothing more (untouched experts cost no bytes); else it streams its gate and
   up tiles [BN, dim] once and writes h = silu(gate) * up for all rows (padded to RP >= 16 for tl.dot)
   into h [n, RP, inter] fp32;
 - ``_moe_gemm_down``, grid (n experts, dim / BN): the down projection of its expert's h, each routed
@@ -62,29 +62,31 @@ def _moe_gemm_gate_up(x_ptr, ids_ptr, w13_ptr, h_ptr, R, DIM, INTER,
     ks = tl.arange(0, KP)
     idv = tl.load(ids_ptr + rows[:, None] * TOPK + ks[None, :],
                   mask=(rows[:, None] < R) & (ks[None, :] < TOPK), other=-1)
-    if tl.sum((idv == e).to(tl.int32)) > 0:
-        cols = nb * BN + tl.arange(0, BN)
-        cmask = cols < INTER
-        wbase = w13_ptr + e.to(tl.int64) * (2 * INTER * DIM)
-        acc_g = tl.zeros((BN, RP), tl.float32)
-        acc_u = tl.zeros((BN, RP), tl.float32)
-        for k0 in range(0, DIM, BK):
-            kk = k0 + tl.arange(0, BK)
-            kmask = kk < DIM
-            xt = tl.load(x_ptr + rows[None, :] * DIM + kk[:, None], mask=(rows[None, :] < R) & kmask[:, None],
-                         other=0.0)  # [BK, RP]
-            wmask = cmask[:, None] & kmask[None, :]
-            wg = tl.load(wbase + cols[:, None] * DIM + kk[None, :], mask=wmask, other=0.0)  # [BN, BK]
-            wu = tl.load(wbase + (INTER + cols)[:, None] * DIM + kk[None, :], mask=wmask, other=0.0)
-            if UPCAST:  # the interpreter's bf16 tl.dot is wrong: fp32 operands there
-                wg, wu, xt = wg.to(tl.float32), wu.to(tl.float32), xt.to(tl.float32)
-            else:
-                xt = xt.to(wg.dtype)
-            acc_g = tl.dot(wg, xt, acc_g, input_precision=PREC)
-            acc_u = tl.dot(wu, xt, acc_u, input_precision=PREC)
-        h = acc_g * tl.sigmoid(acc_g) * acc_u  # [BN, RP]
-        tl.store(h_ptr + e.to(tl.int64) * (RP * INTER) + rows[None, :] * INTER + cols[:, None], h,
-                 mask=cmask[:, None])
+    touched = tl.sum((idv == e).to(tl.int32)) > 0
+    # untouched: a loop of no trips and no store (a bound, not a branch, keeps the loop software-pipelined)
+    k_end = DIM * touched.to(tl.int32)
+    cols = nb * BN + tl.arange(0, BN)
+    cmask = cols < INTER * touched.to(tl.int32)
+    wbase = w13_ptr + e.to(tl.int64) * (2 * INTER * DIM)
+    acc_g = tl.zeros((BN, RP), tl.float32)
+    acc_u = tl.zeros((BN, RP), tl.float32)
+    for k0 in range(0, k_end, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < DIM
+        xt = tl.load(x_ptr + rows[None, :] * DIM + kk[:, None], mask=(rows[None, :] < R) & kmask[:, None],
+                     other=0.0)  # [BK, RP]
+        wmask = cmask[:, None] & kmask[None, :]
+        wg = tl.load(wbase + cols[:, None] * DIM + kk[None, :], mask=wmask, other=0.0)  # [BN, BK]
+        wu = tl.load(wbase + (INTER + cols)[:, None] * DIM + kk[None, :], mask=wmask, other=0.0)
+        if UPCAST:  # the interpreter's bf16 tl.dot is wrong: fp32 operands there
+            wg, wu, xt = wg.to(tl.float32), wu.to(tl.float32), xt.to(tl.float32)
+        else:
+            xt = xt.to(wg.dtype)
+        acc_g = tl.dot(wg, xt, acc_g, input_precision=PREC)
+        acc_u = tl.dot(wu, xt, acc_u, input_precision=PREC)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u  # [BN, RP]
+    tl.store(h_ptr + e.to(tl.int64) * (RP * INTER) + rows[None, :] * INTER + cols[:, None], h,
+             mask=cmask[:, None])
 
 
 @triton.jit
@@ -99,26 +101,27 @@ def _moe_gemm_down(h_ptr, ids_ptr, rw_ptr, w2_ptr, y_ptr, R, DIM, INTER,
     idv = tl.load(ids_ptr + rows[:, None] * TOPK + ks[None, :], mask=pm, other=-1)
     match = idv == e  # [RP, KP]: at most one slot per row (a row's top-k ids are distinct)
     hit = tl.sum(match.to(tl.int32), axis=1)
-    if tl.sum(hit) > 0:
-        slot = tl.sum(tl.where(match, ks[None, :], 0), axis=1)
-        rw = tl.sum(tl.where(match, tl.load(rw_ptr + rows[:, None] * TOPK + ks[None, :], mask=pm, other=0.0), 0.0),
-                    axis=1)
-        cols = nb * BN + tl.arange(0, BN)
-        cmask = cols < DIM
-        wbase = w2_ptr + e.to(tl.int64) * (DIM * INTER)
-        hbase = h_ptr + e.to(tl.int64) * (RP * INTER)
-        acc = tl.zeros((BN, RP), tl.float32)
-        for k0 in range(0, INTER, BK):
-            kk = k0 + tl.arange(0, BK)
-            kmask = kk < INTER
-            w = tl.load(wbase + cols[:, None] * INTER + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0)
-            ht = tl.load(hbase + rows[None, :] * INTER + kk[:, None], mask=kmask[:, None], other=0.0)  # [BK, RP]
-            if UPCAST:
-                w = w.to(tl.float32)
-            acc = tl.dot(w, ht.to(w.dtype), acc, input_precision=PREC)
-        y = acc * rw[None, :]
-        tl.store(y_ptr + (rows[None, :] * TOPK + slot[None, :]) * DIM + cols[:, None], y,
-                 mask=(hit[None, :] > 0) & cmask[:, None])
+    touched = tl.sum(hit) > 0
+    k_end = INTER * touched.to(tl.int32)  # untouched: no trips, no store
+    slot = tl.sum(tl.where(match, ks[None, :], 0), axis=1)
+    rw = tl.sum(tl.where(match, tl.load(rw_ptr + rows[:, None] * TOPK + ks[None, :], mask=pm, other=0.0), 0.0),
+                axis=1)
+    cols = nb * BN + tl.arange(0, BN)
+    cmask = cols < DIM
+    wbase = w2_ptr + e.to(tl.int64) * (DIM * INTER)
+    hbase = h_ptr + e.to(tl.int64) * (RP * INTER)
+    acc = tl.zeros((BN, RP), tl.float32)
+    for k0 in range(0, k_end, BK):
+        kk = k0 + tl.arange(0, BK)
+        kmask = kk < INTER
+        w = tl.load(wbase + cols[:, None] * INTER + kk[None, :], mask=cmask[:, None] & kmask[None, :], other=0.0)
+        ht = tl.load(hbase + rows[None, :] * INTER + kk[:, None], mask=kmask[:, None], other=0.0)  # [BK, RP]
+        if UPCAST:
+            w = w.to(tl.float32)
+        acc = tl.dot(w, ht.to(w.dtype), acc, input_precision=PREC)
+    y = acc * rw[None, :]
+    tl.store(y_ptr + (rows[None, :] * TOPK + slot[None, :]) * DIM + cols[:, None], y,
+             mask=(hit[None, :] > 0) & cmask[:, None])
 
 
 @torch.library.custom_op("ddprobe::moe_route", mutates_args=())
