@@ -128,7 +128,7 @@ def experts_fused(e: Experts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tenso
     """Routed experts through the fused Triton kernels (up to MAX_ROWS rows): x [R, dim], ids/w [R, k] -> [R, dim]."""
     from .kernels.moe_fused import moe_experts
 
-    return moe_experts(x, ids, w, e.w13, e.w2)
+    return moe_experts(x, ids, w, e.w13, e.w2).sum(1).to(x.dtype)  # [R, k, dim] fp32: the k slots summed in order
 
 
 def experts_grouped(e: Experts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

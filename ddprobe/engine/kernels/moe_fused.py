@@ -10,7 +10,7 @@ Three kernels per MoE layer, all static shapes, no host sync (capturable in a CU
 - ``_moe_gemm_down``, grid (n experts, dim / BN): the down projection of its expert's h, each routed
   row's result scaled by its routing weight and written to that row's k slot of y [R, k, dim] fp32
   (the slot whose id is this expert: every slot written exactly once, no atomics).
-The sum over k is one torch reduction in a fixed order: the same result every run. Rows not routed to
+The sum over k is the caller's (one torch reduction in a fixed order: the same result every run). Rows not routed to
 an expert are computed (compute is free here: the weights' bytes bound) and dropped.
 Both entry points are ``torch.library`` custom ops, so torch.compile treats them as opaque calls.
 """
@@ -145,17 +145,19 @@ def _(logits, k, scale):
 @torch.library.custom_op("ddprobe::moe_experts", mutates_args=())
 def moe_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, w13: torch.Tensor,
                 w2: torch.Tensor) -> torch.Tensor:
-    """Routed experts' SwiGLU: x [R, dim], ids / w [R, k], w13 [n, 2 inter, dim], w2 [n, dim, inter] -> [R, dim]."""
+    """Routed experts' SwiGLU, per (row, k slot): x [R, dim], ids / w [R, k], w13 [n, 2 inter, dim],
+    w2 [n, dim, inter] -> y [R, k, dim] fp32, y[r, j] = w[r, j] expert_{ids[r, j]}(x[r]); the caller sums over k
+    (under torch.compile, fused with what follows)."""
     return launch(x, ids, w, w13, w2)
 
 
 def launch(x, ids, w, w13, w2, gate_up_cfg: tuple = GATE_UP_CFG, down_cfg: tuple = DOWN_CFG) -> torch.Tensor:
-    """``moe_experts`` with explicit (BN, BK, num_warps, num_stages) per GEMM (the benchmark's sweep)."""
+    """``moe_experts`` with explicit (BN, BK, num_warps, num_stages) per GEMM (the benchmark's sweep): [R, k, dim] fp32."""
     if x.shape[0] > MAX_ROWS:
         raise ValueError(f"the fused MoE takes at most {MAX_ROWS} rows, got {x.shape[0]}")
     x, ids, w, w13, w2 = (t.contiguous() for t in (x, ids, w, w13, w2))
     h = gate_up(x, ids, w13, gate_up_cfg)
-    return down(h, ids, w, w2, down_cfg).sum(1).to(x.dtype)
+    return down(h, ids, w, w2, down_cfg)
 
 
 def gate_up(x, ids, w13, cfg: tuple = GATE_UP_CFG) -> torch.Tensor:
@@ -184,4 +186,4 @@ def down(h, ids, w, w2, cfg: tuple = DOWN_CFG) -> torch.Tensor:
 
 @moe_experts.register_fake
 def _(x, ids, w, w13, w2):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape[0], ids.shape[1], x.shape[1], dtype=torch.float32)
