@@ -333,7 +333,7 @@ def run_anatomy(a, out: dict, save) -> None:
                 layer.mlp.experts.kernel = a.moe_kernel
     out["moe"] = {"kernel": ex.kernel, "experts": ex.n, "top_k": eng.config.target.experts_per_tok}
     out["warmup"] = eng.warmup(capacity=cap)
-    st = eng._static
+    st = eng.runner.static
     out["compiled"], out["compile_error"] = bool(st.fused and st.fused.compiled), eng.compile_error
     gpu = gpu_spec_for(torch.cuda.get_device_name())
     bw = gpu.bw_Bps if gpu else 4.8e12

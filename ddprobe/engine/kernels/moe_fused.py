@@ -23,9 +23,15 @@ import triton.language as tl
 from ._common import dot_flags, next_pow2
 
 MAX_ROWS = 64
-# (BN, BK, num_warps, num_stages) per GEMM; chosen on the H200 by benchmarks/bench_engine.py --moe-layer
-GATE_UP_CFG = (64, 128, 4, 4)
-DOWN_CFG = (64, 128, 4, 4)
+# (BN, BK, num_warps, num_stages) per GEMM for 2-byte weights, the fastest of benchmarks/bench_moe.py --sweep on the
+# H200 (2026-12-03); fp32 weights take half the BK and 2 stages (shared memory)
+GATE_UP_CFG = (64, 128, 4, 3)
+DOWN_CFG = (64, 128, 4, 3)
+
+
+def _fit(cfg: tuple, dtype: torch.dtype) -> tuple:
+    bn, bk, nw, ns = cfg
+    return (bn, max(16, bk // 2), nw, min(ns, 2)) if dtype == torch.float32 else cfg
 
 
 @triton.jit
@@ -166,7 +172,7 @@ def gate_up(x, ids, w13, cfg: tuple = GATE_UP_CFG) -> torch.Tensor:
     inter, rp = two_inter // 2, max(16, next_pow2(r))
     upcast, prec = dot_flags(w13.dtype)
     h = torch.empty(n, rp, inter, dtype=torch.float32, device=x.device)
-    bn, bk, nw, ns = cfg
+    bn, bk, nw, ns = _fit(cfg, w13.dtype)
     _moe_gemm_gate_up[(n, triton.cdiv(inter, bn))](x, ids, w13, h, r, dim, inter, TOPK=k, RP=rp, KP=next_pow2(k),
                                                     BN=bn, BK=bk, PREC=prec, UPCAST=upcast, num_warps=nw,
                                                     num_stages=ns)
@@ -178,7 +184,7 @@ def down(h, ids, w, w2, cfg: tuple = DOWN_CFG) -> torch.Tensor:
     (r, k), (n, dim, inter), rp = ids.shape, w2.shape, h.shape[1]
     upcast, prec = dot_flags(w2.dtype)
     y = torch.empty(r, k, dim, dtype=torch.float32, device=h.device)
-    bn, bk, nw, ns = cfg
+    bn, bk, nw, ns = _fit(cfg, w2.dtype)
     _moe_gemm_down[(n, triton.cdiv(dim, bn))](h, ids, w, w2, y, r, dim, inter, TOPK=k, RP=rp, KP=next_pow2(k),
                                               BN=bn, BK=bk, PREC=prec, UPCAST=upcast, num_warps=nw, num_stages=ns)
     return y
