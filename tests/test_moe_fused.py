@@ -179,5 +179,6 @@ def test_fused_moe_is_chosen_and_captures_in_a_cuda_graph():
     graph.replay()
     assert rel(out, m(fresh).float()) < 1e-2  # cuBLAS may pick another router GEMM under capture
     compiled = torch.compile(m, fullgraph=True, dynamic=False)  # the custom ops are opaque to dynamo
-    assert rel(compiled(fresh), m.reference(fresh)) < TOL[torch.bfloat16]
+    with torch.inference_mode():  # as the engine runs (the custom ops have no backward)
+        assert rel(compiled(fresh), m.reference(fresh)) < TOL[torch.bfloat16]
     assert ids.shape == (9, 3)
