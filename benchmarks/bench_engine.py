@@ -329,13 +329,14 @@ def run_anatomy(a, out: dict, save) -> None:
     eng = k2_engine(a.heads, cap)
     out["k2_init_s"] = time.perf_counter() - t0
     ex = eng.target.layers[1].mlp.experts
-    if a.moe_kernel == "batched":  # before the warm-up: compile and capture take the batched path
+    out["moe_auto"] = ex.kernel  # what Experts chose on this GPU
+    if a.moe_kernel != "auto":  # before the warm-up: compile and capture take this path
         for layer in eng.target.layers:
             if hasattr(layer.mlp, "experts"):
-                layer.mlp.experts.grouped = False
-    out["moe"] = {"grouped_mm": ex.grouped, "experts": ex.n, "top_k": eng.config.target.experts_per_tok}
+                layer.mlp.experts.kernel = a.moe_kernel
+    out["moe"] = {"kernel": ex.kernel, "experts": ex.n, "top_k": eng.config.target.experts_per_tok}
     out["warmup"] = eng.warmup(capacity=cap)
-    st = eng._static
+    st = eng.runner.static
     out["compiled"], out["compile_error"] = bool(st.fused and st.fused.compiled), eng.compile_error
     gpu = gpu_spec_for(torch.cuda.get_device_name())
     bw = gpu.bw_Bps if gpu else 4.8e12
@@ -396,8 +397,9 @@ def main() -> int:
     ap.add_argument("--tree", choices=("both", "device", "host"), default="both",
                     help="k2 cells with the tree on the device, on the host, or both")
     ap.add_argument("--anatomy", action="store_true", help="only the step anatomy of k2 with its MoE (split)")
-    ap.add_argument("--moe-kernel", choices=("auto", "batched"), default="auto",
-                    help="--anatomy: the routed experts through torch._grouped_mm where it runs (auto) or batched")
+    ap.add_argument("--moe-kernel", choices=("auto", "fused", "grouped", "batched"), default="auto",
+                    help="--anatomy: the routed experts' path (engine/moe.py); auto: what Experts chose (fused on "
+                         "CUDA where the Triton kernels work, else grouped where torch._grouped_mm runs, else batched)")
     a = ap.parse_args()
     try:
         [parse_tokens(c) for c in a.ctxs.split(",")]

@@ -1,18 +1,22 @@
 """Mixture of experts at one GPU's share (DeepSeek-V3 / Kimi K2 layout): router, top-k of the local
-experts, a shared expert, the routed experts' SwiGLU through a grouped GEMM.
+experts, a shared expert, the routed experts' SwiGLU.
 
 Routing: sigmoid scores of a linear router over the ``n_experts`` local experts, the top-k per row,
 normalized to sum to one and scaled by ``routed_scaling`` (Kimi's norm_topk_prob and
 routed_scaling_factor). The output is shared(x) + sum_k weight_k expert_k(x).
 
-Expert compute, all static shapes (capturable in a CUDA graph, no host sync):
+Expert compute, all static shapes (capturable in a CUDA graph, no host sync); ``Experts.kernel`` says
+which runs, chosen when the weights move (``_apply``):
+- ``fused`` (CUDA, where ``fused_moe_works``; up to 64 rows): the routing epilogue in one Triton kernel
+  and the experts in two (``kernels/moe_fused.py``): no sort, each touched expert's weights read once,
+  untouched ones not at all; more rows take the next path;
 - ``grouped``: the R x k (row, expert) pairs sorted by expert, counts per expert by one-hot sums,
   offsets by cumsum, then ``torch._grouped_mm`` for gate/up and for down: each touched expert's
   weights read once, untouched ones not at all;
 - ``batched``: where ``torch._grouped_mm`` does not run for the device and dtype, every local
   expert over every row in one batched matmul (all experts read), weights zero where not routed.
 ``reference``: the same function in fp32 plain PyTorch (gathered weights per pair).
-The combine is a gather and a sum over k in a fixed order (no atomics): the same result every run.
+The combine is a sum over k in a fixed order (no atomics): the same result every run.
 """
 from __future__ import annotations
 
@@ -22,9 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kernels._common import MAX_ROWS
 from .layers import SwiGLU
 
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
+_FUSED_OK: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
@@ -47,6 +53,39 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
     return _GROUPED_OK[key]
 
 
+def fused_moe_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Do the fused Triton MoE kernels run on this CUDA device and dtype and agree with ``experts_reference``
+    and ``route`` on a small random problem? (cached; False off CUDA and without Triton)"""
+    key = (str(device), dtype)
+    if key not in _FUSED_OK:
+        _FUSED_OK[key] = False  # while checking: the check's own Experts moving to the device takes another path
+        if torch.device(device).type == "cuda":
+            try:
+                _FUSED_OK[key] = fused_moe_agrees(torch.device(device), dtype)
+            except Exception:  # noqa: BLE001  no Triton, a compile error, too little shared memory: not fused
+                pass
+    return _FUSED_OK[key]
+
+
+def fused_moe_agrees(device: torch.device, dtype: torch.dtype) -> bool:
+    """The fused kernels against ``experts_reference`` and sigmoid top-k on a small random problem (any device
+    Triton runs on: CUDA, or the CPU under TRITON_INTERPRET=1)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    e = Experts(6, 64, 48)
+    with torch.no_grad():
+        e.w13.copy_(torch.randn(e.w13.shape, generator=g) / 8)
+        e.w2.copy_(torch.randn(e.w2.shape, generator=g) / 7)
+    e = e.to(device, dtype)
+    x = torch.randn(5, 64, generator=g).to(device, dtype)
+    logits = torch.randn(5, 6, generator=g).to(device)
+    ids, w = route_fused(logits, 3, 2.0)
+    want_w, want_ids = torch.topk(torch.sigmoid(logits), 3, dim=-1)
+    ok = torch.equal(ids, want_ids) and torch.allclose(w, want_w / want_w.sum(-1, keepdim=True) * 2, rtol=1e-5)
+    ref = experts_reference(e, x, ids, w)
+    err = (experts_fused(e, x, ids, w).float() - ref).norm() / ref.norm()
+    return bool(ok and err < (1e-4 if dtype == torch.float32 else 2e-2))
+
+
 class Experts(nn.Module):
     """``n`` routed experts' SwiGLU weights, nn.Linear layout: w13 [n, 2 inter, dim] (gate; up), w2 [n, dim, inter]."""
 
@@ -55,11 +94,14 @@ class Experts(nn.Module):
         self.n, self.dim, self.inter = n, dim, inter
         self.w13 = nn.Parameter(torch.empty(n, 2 * inter, dim))
         self.w2 = nn.Parameter(torch.empty(n, dim, inter))
-        self.grouped: bool | None = None  # chosen when the weights move (``_apply``): grouped GEMM or batched
+        self.kernel: str | None = None  # chosen when the weights move (``_apply``): fused, grouped or batched
+        self.grouped_ok = False  # torch._grouped_mm runs here (what more than MAX_ROWS rows take after fused)
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
-        self.grouped = grouped_mm_works(self.w13.device, self.w13.dtype)
+        dev, dt = self.w13.device, self.w13.dtype
+        self.grouped_ok = grouped_mm_works(dev, dt)
+        self.kernel = "fused" if fused_moe_works(dev, dt) else "grouped" if self.grouped_ok else "batched"
         return out
 
     def init_std(self, name: str) -> float:
@@ -72,6 +114,20 @@ def route(router: nn.Linear, x: torch.Tensor, k: int, scale: float) -> tuple[tor
     scores = torch.sigmoid(router(x).float())
     w, ids = torch.topk(scores, k, dim=-1)
     return ids, w / w.sum(-1, keepdim=True) * scale
+
+
+def route_fused(logits: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route``'s epilogue in one Triton kernel: router logits [R, n] -> (ids [R, k] int64, weights [R, k] fp32)."""
+    from .kernels.moe_fused import moe_route
+
+    return moe_route(logits, k, float(scale))
+
+
+def experts_fused(e: Experts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Routed experts through the fused Triton kernels (up to MAX_ROWS rows): x [R, dim], ids/w [R, k] -> [R, dim]."""
+    from .kernels.moe_fused import moe_experts
+
+    return moe_experts(x, ids, w, e.w13, e.w2).sum(1).to(x.dtype)  # [R, k, dim] fp32: the k slots summed in order
 
 
 def experts_grouped(e: Experts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -124,9 +180,14 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         flat = x.reshape(-1, x.shape[-1])
-        ids, w = route(self.gate, flat, self.top_k, self.routed_scaling)
-        run = experts_grouped if self.experts.grouped else experts_batched
-        out = run(self.experts, flat, ids, w)
+        ex = self.experts
+        if ex.kernel == "fused" and flat.shape[0] <= MAX_ROWS:
+            ids, w = route_fused(self.gate(flat), self.top_k, self.routed_scaling)
+            out = experts_fused(ex, flat, ids, w)
+        else:
+            ids, w = route(self.gate, flat, self.top_k, self.routed_scaling)
+            grouped = ex.kernel == "grouped" or (ex.kernel == "fused" and ex.grouped_ok)
+            out = (experts_grouped if grouped else experts_batched)(ex, flat, ids, w)
         out = out + self.shared(flat) if self.shared is not None else out
         return out.view(x.shape)
 
