@@ -348,7 +348,7 @@ def run_anatomy(a, out: dict, save) -> None:
         cells = []
         for _ in range(2):
             synthetic(st, ctx)
-            _, recs = decode_static(eng, st, 1, a.steps + 1, 0.0, None, None)
+            recs = run_steps(eng, st, a.steps + 1)
             cells.append(summary(recs))
         prof = profile_steps(eng, st, ctx, 5)
         out["cells"].append({"ctx": ctx, "cells": cells, "profile": prof})

@@ -458,7 +458,6 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     to max_prefix (mid-tile ends, one split, every split): the length, the tree mask and the cache rows rewritten
     in place before each replay, every cache row past prefix + R and the partial buffers poisoned with NaN; each
     replay equals the fp32 reference at that length."""
-    from ddprobe.engine.kernels import split_ws
     max_prefix, r = 20000, budget + 1
     m = get_path("split_ws")
     assert m.device_plans
