@@ -8,7 +8,11 @@
 #           --build); otherwise the shipped one is checked against its source by tests/test_cu.py
 #   check   the GPU tests: tests/test_kernels_gpu.py, tests/test_cu.py, tests/test_engine_graphs.py
 #   verify  ddprobe bench verify (every path and peer, 8 and 64 heads, the 61-layer step) -> $OUT/bench-verify.json
-#   engine  benchmarks/bench_engine.py (k2 and tiny decode steps, graphs vs eager) -> $OUT/bench-engine.json
+#   engine  benchmarks/bench_engine.py (k2 and tiny decode steps, graphs vs eager, split_ws run() host time and
+#           eager vs graph) -> $OUT/bench-engine.json
+#   moe     benchmarks/bench_moe.py (one MoE layer per expert path) -> $OUT/bench-moe.json
+#   anatomy benchmarks/bench_engine.py --anatomy (k2 with its MoE at 8k/32k/128k: the step's non-attention part
+#           against its weight floor, the fitted marginal cost against the attention growth) -> $OUT/anatomy.json
 #   commit  ddprobe commit on the shipped tiny pair -> $OUT/commit-tiny.json
 # Last: a short table (each step's status and seconds, then the verify results at 128k).
 set -u
@@ -41,6 +45,9 @@ else
     step verify 900 python -m ddprobe bench verify --out "$OUT/bench-verify.json"
 fi
 step engine 600 python benchmarks/bench_engine.py --out "$OUT/bench-engine.json" $([ "${QUICK:-0}" = 1 ] && echo "--skip tiny")
+step moe 300 python benchmarks/bench_moe.py --out "$OUT/bench-moe.json"
+step anatomy 600 python benchmarks/bench_engine.py --anatomy --ctxs 8k,32k,128k --steps 12 --heads 8 \
+    --out "$OUT/anatomy.json"
 step commit 300 python -m ddprobe commit --ctx 1k,16k --json "$OUT/commit-tiny.json"
 
 echo
