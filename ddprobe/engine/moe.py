@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .kernels._common import MAX_ROWS
+from .kernels._common import MOE_MAX_ROWS
 from .layers import SwiGLU
 
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
@@ -95,7 +95,7 @@ class Experts(nn.Module):
         self.w13 = nn.Parameter(torch.empty(n, 2 * inter, dim))
         self.w2 = nn.Parameter(torch.empty(n, dim, inter))
         self.kernel: str | None = None  # chosen when the weights move (``_apply``): fused, grouped or batched
-        self.grouped_ok = False  # torch._grouped_mm runs here (what more than MAX_ROWS rows take after fused)
+        self.grouped_ok = False  # torch._grouped_mm runs here (what more than MOE_MAX_ROWS rows take after fused)
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
@@ -124,7 +124,7 @@ def route_fused(logits: torch.Tensor, k: int, scale: float) -> tuple[torch.Tenso
 
 
 def experts_fused(e: Experts, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """Routed experts through the fused Triton kernels (up to MAX_ROWS rows): x [R, dim], ids/w [R, k] -> [R, dim]."""
+    """Routed experts through the fused Triton kernels (up to MOE_MAX_ROWS rows): x [R, dim], ids/w [R, k] -> [R, dim]."""
     from .kernels.moe_fused import moe_experts
 
     return moe_experts(x, ids, w, e.w13, e.w2).sum(1).to(x.dtype)  # [R, k, dim] fp32: the k slots summed in order
@@ -181,7 +181,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         flat = x.reshape(-1, x.shape[-1])
         ex = self.experts
-        if ex.kernel == "fused" and flat.shape[0] <= MAX_ROWS:
+        if ex.kernel == "fused" and flat.shape[0] <= MOE_MAX_ROWS:
             ids, w = route_fused(self.gate(flat), self.top_k, self.routed_scaling)
             out = experts_fused(ex, flat, ids, w)
         else:

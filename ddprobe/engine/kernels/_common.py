@@ -7,6 +7,7 @@ import os
 import torch
 
 MAX_ROWS = 64  # fast paths take up to 64 query rows (budget 63); larger R goes to reference
+MOE_MAX_ROWS = 64  # rows per call of the fused MoE (kernels/moe_fused.py: its padded row tile); more take grouped
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 

@@ -20,9 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import dot_flags, next_pow2
+from ._common import MOE_MAX_ROWS, dot_flags, next_pow2
 
-MAX_ROWS = 64
 # (BN, BK, num_warps, num_stages) per GEMM for 2-byte weights, the fastest of benchmarks/bench_moe.py --sweep on the
 # H200 (2026-12-03); fp32 weights take half the BK and 2 stages (shared memory)
 GATE_UP_CFG = (64, 128, 4, 3)
@@ -159,8 +158,8 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, w13: torch.
 
 def launch(x, ids, w, w13, w2, gate_up_cfg: tuple = GATE_UP_CFG, down_cfg: tuple = DOWN_CFG) -> torch.Tensor:
     """``moe_experts`` with explicit (BN, BK, num_warps, num_stages) per GEMM (the benchmark's sweep): [R, k, dim] fp32."""
-    if x.shape[0] > MAX_ROWS:
-        raise ValueError(f"the fused MoE takes at most {MAX_ROWS} rows, got {x.shape[0]}")
+    if x.shape[0] > MOE_MAX_ROWS:
+        raise ValueError(f"the fused MoE takes at most {MOE_MAX_ROWS} rows, got {x.shape[0]}")
     x, ids, w, w13, w2 = (t.contiguous() for t in (x, ids, w, w13, w2))
     h = gate_up(x, ids, w13, gate_up_cfg)
     return down(h, ids, w, w2, down_cfg)
