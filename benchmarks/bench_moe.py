@@ -6,7 +6,10 @@ shared expert), so the bank (0.6 GB) never sits in L2. Prints, per path: the err
 reference (eager and replayed from a CUDA graph), kernels per layer (profiled eagerly), and ms per layer
 from CUDA-graph replays of all layers (median of triton.testing.do_bench), for the whole MoE layer and for
 the routed experts alone (given the routing), with the bandwidth of the touched experts' bytes. --sweep
-times the fused GEMMs' tile shapes alone. Usage: python benchmarks/bench_moe.py [--sweep] [--out f.json]
+times the fused GEMMs' tile shapes alone. --flips (CPU or GPU, fp32): how often bf16-sized noise on the input
+(relative 4e-3) changes a row's set of experts, layer by layer through a residual stack of these MoE layers, and
+how far the outputs drift: why two numerically valid bf16 runs of the k2 engine (compiled and plain) give
+different logits. Usage: python benchmarks/bench_moe.py [--sweep | --flips] [--out f.json]
 """
 from __future__ import annotations
 
@@ -49,13 +52,53 @@ def kernels_per_call(fn) -> int:
     return sum(1 for ev in prof.events() if ev.device_type.name == "CUDA")
 
 
+def routing_flips(n_layers: int, rows: int, noise: float = 4e-3) -> dict:
+    """A residual stack of n_layers k2 MoE layers (fp32, one shared bank, RMS-normed inputs) run on x and on
+    x (1 + noise N(0, 1)): rows whose top-k expert set differs, per layer, and ||out - out'|| / ||out||."""
+    t = ModelConfig.from_name("k2").target
+    n, dim, inter, k = t.n_experts, t.hidden_size, t.moe_intermediate_size, t.experts_per_tok
+    torch.manual_seed(0)
+    bank = Experts(n, dim, inter)
+    layers = [MoE(dim, bank, k, t.shared_intermediate_size, routed_scaling=2.827) for _ in range(n_layers)]
+    with torch.no_grad():
+        bank.w13.normal_(std=dim ** -0.5)
+        bank.w2.normal_(std=inter ** -0.5)
+        for m in layers:
+            for name, p in m.named_parameters():
+                if not name.startswith("experts."):
+                    p.normal_(std=p.shape[-1] ** -0.5)
+
+    def run(h):
+        sets = []
+        for m in layers:
+            x = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            sets.append(route(m.gate, x, k, m.routed_scaling)[0].sort(-1).values)
+            h = h + m(x)
+        return h, sets
+
+    x = torch.randn(rows, dim)
+    with torch.no_grad():
+        a, sa = run(x)
+        b, sb = run(x * (1 + noise * torch.randn_like(x)))
+    flips = [int((u != v).any(-1).sum()) for u, v in zip(sa, sb)]
+    return {"layers": n_layers, "rows": rows, "noise": noise, "rows_with_other_experts": flips,
+            "rel_diff": float((a - b).norm() / a.norm())}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=9)
     ap.add_argument("--layers", type=int, default=60)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--flips", action="store_true", help="routing flips under bf16-sized noise (CPU or GPU)")
     ap.add_argument("--out", default="bench_moe.json")
     a = ap.parse_args()
+    if a.flips:
+        r = routing_flips(a.layers, a.rows)
+        print(f"rows (of {r['rows']}) whose experts change, per layer: {r['rows_with_other_experts']}; outputs "
+              f"differ by {r['rel_diff']:.3f} (relative) after {r['layers']} layers")
+        Path(a.out).write_text(json.dumps(r, indent=1))
+        return 0
     if not torch.cuda.is_available():
         print("needs CUDA")
         return 2
