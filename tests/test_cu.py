@@ -127,3 +127,21 @@ def test_every_cuda_kernel_is_named_by_the_split_ws_row_of_the_path_table():
     for name in (*_cu.KERNELS.values(), *_cu.MERGE_KERNELS.values()):
         assert rx.search(name), name
     assert not re.compile(verify_paths.BY_NAME["split"].ncu_regex).search(_cu.MERGE_KERNELS["bfloat16"])
+
+
+def test_the_merge_limits_are_the_sources_own():
+    """_cu's MERGE_MAX_PARTS and MERGE_THREADS are the .cu's constexprs (the weights' shared array and the block):
+    a bound out of step with the source would let a plan past the array through."""
+    src = _cu.SOURCE.read_text()
+    assert int(re.search(r"constexpr int MERGE_MAX_PARTS = (\d+);", src).group(1)) == _cu.MERGE_MAX_PARTS
+    assert int(re.search(r"constexpr int MERGE_THREADS = (\d+);", src).group(1)) == _cu.MERGE_THREADS
+
+
+def test_a_merge_knob_selects_the_triton_merge():
+    """merge_kind -1 with no knob set runs the CUDA merge; a kind 0-3 or any of the Triton merge's knobs runs that
+    merge (the CUDA merge has no knobs: a knob must not be ignored silently)."""
+    from ddprobe.engine.kernels import split_ws
+    assert not split_ws.triton_merge(split_ws.WsTuning())
+    for over in (dict(merge_kind=3), dict(merge_block_m=32), dict(merge_split_chunk=16), dict(merge_stages=2),
+                 dict(merge_bv=64), dict(merge_warps=8)):
+        assert split_ws.triton_merge(split_ws.WsTuning(**over)), over

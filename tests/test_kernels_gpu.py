@@ -587,3 +587,39 @@ def test_run_merges_on_cuda_by_default_and_on_triton_when_asked():
         assert (meta["merge"].get("name") == _cu_merge_name(torch.bfloat16)) == (kind == -1), meta["merge"]
     err = float((outs[-1].float() - outs[3].float()).norm() / outs[3].float().norm())
     assert err < TOL[torch.bfloat16]
+
+
+@gpu
+def test_run_refuses_kv_of_another_dtype_or_device_and_merges_any_out_correctly():
+    """kv in another dtype than q, or on the CPU, is a one-line ValueError for plans built with and without heads
+    (never a launch on the wrong bytes); launch_merge into an fp32 `out` (which the CUDA merge cannot write) takes
+    the Triton merge, into a strided view the CUDA merge writes through its strides: both equal run()'s result."""
+    from ddprobe.engine.kernels import split_ws
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(6000, 8, "fork", 8, torch.bfloat16)
+    for heads in (8, None):
+        p = m.plan(6000, mask, None, V, heads=heads)
+        with pytest.raises(ValueError, match="kv"):
+            m.run(q, kv.half(), p, 0.07)
+        with pytest.raises(ValueError, match="kv"):
+            m.run(q, kv.cpu(), p, 0.07)
+    p = m.plan(6000, mask, None, V, heads=8)
+    want = m.run(q, kv, p, 0.07)
+    ns = p.detail.partials[0].shape[0] - 1
+    out32 = torch.full((9, 8, V), float("nan"), device="cuda")
+    assert torch.allclose(split_ws.launch_merge(p.detail.partials, ns, out32, p).to(want.dtype).float(),
+                          want.float(), rtol=1e-2, atol=1e-2)
+    wide = torch.full((9, 8, 2 * V), float("nan"), dtype=want.dtype, device="cuda")
+    split_ws.launch_merge(p.detail.partials, ns, wide[..., :V], p)
+    assert torch.allclose(wide[..., :V].float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert torch.isnan(wide[..., V:].float()).all()  # nothing written past the view
+
+
+@gpu
+def test_a_merge_knob_runs_the_triton_merge():
+    m = get_path("split_ws")
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    q, kv, mask = make_inputs(6000, 8, "fork", 8, torch.bfloat16)
+    assert m.plan(6000, mask, None, V, heads=8).detail.merger is not None
+    assert m.plan(6000, mask, None, V, heads=8, tuning=WsTuning(merge_block_m=32)).detail.merger is None
+    check("split_ws", 6000, 8, "fork", 8, torch.bfloat16, tuning=WsTuning(merge_block_m=32))

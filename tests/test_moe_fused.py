@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddprobe.engine.moe import MoE, Experts, experts_fused, experts_reference, fused_moe_agrees, fused_moe_works, route
+from ddprobe.engine.config import ModelConfig
+from ddprobe.engine.moe import MoE, Experts, experts_fused, experts_reference, fused_moe_agrees, fused_moe_works
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -150,14 +151,14 @@ def test_the_choice_check_passes_where_the_kernels_run(dtype):
     assert fused_moe_agrees(torch.device(DEV), dtype)  # what fused_moe_works runs (and caches) on CUDA
 
 
-def test_the_choice_is_explicit_off_cuda():
+def test_the_choice_is_explicit():
+    """Off CUDA the fused path is never chosen (the interpreter is for tests); on a GPU where the kernels run, it is."""
     m = moe(torch.float32)
     if DEV == "cpu":
         assert not fused_moe_works(torch.device("cpu"), torch.float32)
         assert m.experts.kernel in ("grouped", "batched")
     else:
-        assert m.experts.kernel == ("fused" if fused_moe_works(torch.device(DEV), torch.float32) else
-                                    "grouped" if m.experts.grouped_ok else "batched")
+        assert m.experts.kernel == "fused"
 
 
 @needs_cuda
@@ -165,7 +166,6 @@ def test_fused_moe_is_chosen_and_captures_in_a_cuda_graph():
     m = moe(torch.bfloat16)
     assert m.experts.kernel == "fused"
     x = torch.randn(9, 32, generator=torch.Generator().manual_seed(11)).to(DEV, torch.bfloat16)
-    ids, _ = route(m.gate, x, m.top_k, m.routed_scaling)
     eager = m(x)
     assert rel(eager, m.reference(x)) < TOL[torch.bfloat16]
     static = x.clone()
@@ -181,4 +181,32 @@ def test_fused_moe_is_chosen_and_captures_in_a_cuda_graph():
     compiled = torch.compile(m, fullgraph=True, dynamic=False)  # the custom ops are opaque to dynamo
     with torch.inference_mode():  # as the engine runs (the custom ops have no backward)
         assert rel(compiled(fresh), m.reference(fresh)) < TOL[torch.bfloat16]
-    assert ids.shape == (9, 3)
+
+
+@needs_kernels
+def test_a_row_with_a_nan_logit_gets_nan_weights_and_valid_ids():
+    """As torch's path shows a NaN input as a NaN output, the fused routing gives the row NaN weights (so its
+    output is NaN, not a silent value) and ids that are still experts (no slot left unwritten)."""
+    from ddprobe.engine.kernels.moe_fused import moe_experts, moe_route
+
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(3))
+    logits[1, 2] = float("nan")
+    logits[3] = float("nan")
+    ids, w = moe_route(logits.to(DEV), 3, 2.0)
+    assert ((ids >= 0) & (ids < 6)).all()
+    assert torch.isnan(w[[1, 3]]).all() and torch.isfinite(w[[0, 2]]).all()
+    e = experts(6, 32, 48, torch.float32, seed=2)
+    y = moe_experts(torch.randn(4, 32, device=DEV), ids, w, e.w13, e.w2).sum(1)
+    assert torch.isnan(y[[1, 3]]).all() and torch.isfinite(y[[0, 2]]).all()
+
+
+@needs_cuda
+@pytest.mark.parametrize("rows", [9, 64])
+def test_fused_experts_at_the_k2_shapes_equal_the_reference(rows):
+    """The shipped bf16 tiles at the engine's own shapes (48 experts, hidden 1024, width 2048, top-8): many K and
+    N tiles of both GEMMs, the widest row tile at 64 rows."""
+    t = ModelConfig.from_name("k2").target
+    e = experts(t.n_experts, t.hidden_size, t.moe_intermediate_size, torch.bfloat16, seed=rows)
+    x = torch.randn(rows, t.hidden_size, generator=torch.Generator().manual_seed(rows)).to(DEV, torch.bfloat16)
+    ids, w = routing(rows, t.n_experts, t.experts_per_tok, seed=rows)
+    assert rel(experts_fused(e, x, ids, w), experts_reference(e, x, ids, w)) < TOL[torch.bfloat16]

@@ -68,22 +68,26 @@ def fused_moe_works(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 def fused_moe_agrees(device: torch.device, dtype: torch.dtype) -> bool:
-    """The fused kernels against ``experts_reference`` and sigmoid top-k on a small random problem (any device
-    Triton runs on: CUDA, or the CPU under TRITON_INTERPRET=1)."""
+    """The fused kernels against ``experts_reference`` and sigmoid top-k on small random problems (any device
+    Triton runs on: CUDA, or the CPU under TRITON_INTERPRET=1): 5 rows, and MOE_MAX_ROWS rows with several tiles
+    along both GEMMs' K (the widest row tile and the pipelined loop the engine runs)."""
     g = torch.Generator(device="cpu").manual_seed(0)
-    e = Experts(6, 64, 48)
-    with torch.no_grad():
-        e.w13.copy_(torch.randn(e.w13.shape, generator=g) / 8)
-        e.w2.copy_(torch.randn(e.w2.shape, generator=g) / 7)
-    e = e.to(device, dtype)
-    x = torch.randn(5, 64, generator=g).to(device, dtype)
-    logits = torch.randn(5, 6, generator=g).to(device)
-    ids, w = route_fused(logits, 3, 2.0)
-    want_w, want_ids = torch.topk(torch.sigmoid(logits), 3, dim=-1)
-    ok = torch.equal(ids, want_ids) and torch.allclose(w, want_w / want_w.sum(-1, keepdim=True) * 2, rtol=1e-5)
-    ref = experts_reference(e, x, ids, w)
-    err = (experts_fused(e, x, ids, w).float() - ref).norm() / ref.norm()
-    return bool(ok and err < (1e-4 if dtype == torch.float32 else 2e-2))
+    ok = True
+    for rows, dim, inter in ((5, 64, 48), (MOE_MAX_ROWS, 288, 272)):
+        e = Experts(6, dim, inter)
+        with torch.no_grad():
+            e.w13.copy_(torch.randn(e.w13.shape, generator=g) / dim ** 0.5)
+            e.w2.copy_(torch.randn(e.w2.shape, generator=g) / inter ** 0.5)
+        e = e.to(device, dtype)
+        x = torch.randn(rows, dim, generator=g).to(device, dtype)
+        logits = torch.randn(rows, 6, generator=g).to(device)
+        ids, w = route_fused(logits, 3, 2.0)
+        want_w, want_ids = torch.topk(torch.sigmoid(logits), 3, dim=-1)
+        ok &= torch.equal(ids, want_ids) and torch.allclose(w, want_w / want_w.sum(-1, keepdim=True) * 2, rtol=1e-5)
+        ref = experts_reference(e, x, ids, w)
+        err = (experts_fused(e, x, ids, w).float() - ref).norm() / ref.norm()
+        ok &= bool(err < (1e-4 if dtype == torch.float32 else 2e-2))
+    return bool(ok)
 
 
 class Experts(nn.Module):

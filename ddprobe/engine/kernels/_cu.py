@@ -112,35 +112,38 @@ def _check(rc: int, what: str) -> None:
 
 def _function(name: str, device, smem: int = SMEM_BYTES) -> ctypes.c_void_p:
     """The kernel ``name`` loaded into the primary context of ``device`` with ``smem`` bytes of dynamic shared
-    memory allowed (the cubin once per device; a load that failed is not retried: its LoadError is raised again)."""
+    memory allowed (the cubin once per device, each kernel once; a load that failed is not retried: its LoadError
+    is raised again)."""
     import torch
 
     cubin = pathlib.Path(os.environ.get("DDPROBE_CU_CUBIN") or CUBIN)  # a locally rebuilt or variant cubin
     key = (device.index, str(cubin))
-    if (*key, name) in _funcs:
-        return _funcs[(*key, name)]
-    if key not in _funcs:
-        if not cubin.exists():
+    fkey = (*key, name)
+    if fkey not in _funcs:
+        if key not in _funcs and not cubin.exists():
             raise LoadError(f"{cubin.name} is missing: build it with python -m ddprobe.engine.kernels._cu --build")
         with torch.cuda.device(device):
             torch.empty(1, device=device)  # the runtime makes the primary context current on this thread
             try:
-                mod = ctypes.c_void_p()
-                _check(_driver().cuModuleLoadData(ctypes.byref(mod), cubin.read_bytes()), f"loading {cubin.name}")
-                _funcs[key] = mod
+                if key not in _funcs:
+                    mod = ctypes.c_void_p()
+                    _check(_driver().cuModuleLoadData(ctypes.byref(mod), cubin.read_bytes()), f"loading {cubin.name}")
+                    _funcs[key] = mod
             except (OSError, AttributeError, RuntimeError) as e:
                 _funcs[key] = LoadError(str(e))
-    if isinstance(_funcs[key], LoadError):
-        raise _funcs[key]
-    fn = ctypes.c_void_p()
-    try:
-        _check(_driver().cuModuleGetFunction(ctypes.byref(fn), _funcs[key], name.encode()), f"finding {name}")
-        if smem:
-            _check(_driver().cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, smem), "setting shared memory")
-    except RuntimeError as e:
-        raise LoadError(str(e)) from None
-    _funcs[(*key, name)] = fn
-    return fn
+            if isinstance(_funcs[key], LoadError):
+                raise _funcs[key]
+            fn = ctypes.c_void_p()
+            try:
+                _check(_driver().cuModuleGetFunction(ctypes.byref(fn), _funcs[key], name.encode()), f"finding {name}")
+                if smem:
+                    _check(_driver().cuFuncSetAttribute(fn, _ATTR_MAX_DYNAMIC_SHARED, smem), "setting shared memory")
+                _funcs[fkey] = fn
+            except RuntimeError as e:
+                _funcs[fkey] = LoadError(str(e))
+    if isinstance(_funcs[fkey], LoadError):
+        raise _funcs[fkey]
+    return _funcs[fkey]
 
 
 def stream_of(device_index: int) -> int:
@@ -210,8 +213,6 @@ class Launcher:
         key = (t.data_ptr(), t.stride(-2), rows)
         m = self._maps.get(key)
         if m is None:
-            if len(self._maps) >= self.MAX_MAPS:
-                self._maps.clear()
             m = self._maps[key] = tensor_map(t.reshape(-1, t.shape[-1]), rows, 64)
         return ctypes.addressof(m[1])
 
@@ -219,6 +220,8 @@ class Launcher:
         """Launch on ``stream`` (torch's current stream's handle): q2 [hq, 576] (or a contiguous [R, H, 576]) and
         kv [>= num_cols, 576] of the plan's dtype, 16-byte aligned rows; ``qk_scale`` (the softmax scale times
         log2 e) > 0."""
+        if len(self._maps) >= self.MAX_MAPS - 1:  # room for both maps: none freed between lookup and launch
+            self._maps.clear()
         self.params[0] = self._map(q2, self.hq)
         self.params[1] = self._map(kv, self.num_cols)
         self.scale.value = qk_scale

@@ -42,6 +42,7 @@ def _moe_route(logits_ptr, ids_ptr, w_ptr, R, N, scale,
     m = (rows[:, None] < R) & (cols[None, :] < N)
     s = tl.load(logits_ptr + rows[:, None] * N + cols[None, :], mask=m, other=0.0).to(tl.float32)
     s = tl.where(m, tl.sigmoid(s), -1.0)  # sigmoid is in (0, 1): padding never wins
+    nan_row = tl.sum((s != s).to(tl.int32), axis=1) > 0  # a NaN score: the row's weights NaN (as the torch path's)
     ids = tl.zeros((RP, KP), tl.int32)
     w = tl.zeros((RP, KP), tl.float32)
     for j in tl.static_range(TOPK):
@@ -51,6 +52,8 @@ def _moe_route(logits_ptr, ids_ptr, w_ptr, R, N, scale,
         w = tl.where(ks[None, :] == j, best[:, None], w)
         s = tl.where(cols[None, :] == idx[:, None], -2.0, s)
     w = w / tl.sum(w, axis=1)[:, None] * scale
+    w = tl.where(nan_row[:, None], float("nan"), w)
+    ids = tl.where(nan_row[:, None], ks[None, :], ids)  # distinct experts 0..k-1 (NaN compares with nothing)
     out = rows[:, None] * TOPK + ks[None, :]
     keep = (rows[:, None] < R) & (ks[None, :] < TOPK)
     tl.store(ids_ptr + out, ids.to(tl.int64), mask=keep)
@@ -104,11 +107,11 @@ def _moe_gemm_down(h_ptr, ids_ptr, rw_ptr, w2_ptr, y_ptr, R, DIM, INTER,
     ks = tl.arange(0, KP)
     pm = (rows[:, None] < R) & (ks[None, :] < TOPK)
     idv = tl.load(ids_ptr + rows[:, None] * TOPK + ks[None, :], mask=pm, other=-1)
-    match = idv == e  # [RP, KP]: at most one slot per row (a row's top-k ids are distinct)
+    match = idv == e  # [RP, KP]: one slot per row when the row's ids are distinct (top-k's are)
     hit = tl.sum(match.to(tl.int32), axis=1)
     touched = tl.sum(hit) > 0
     k_end = INTER * touched.to(tl.int32)  # untouched: no trips, no store
-    slot = tl.sum(tl.where(match, ks[None, :], 0), axis=1)
+    slot = tl.min(tl.where(match, ks[None, :], TOPK - 1), axis=1)  # the first match: in bounds whatever the ids
     rw = tl.sum(tl.where(match, tl.load(rw_ptr + rows[:, None] * TOPK + ks[None, :], mask=pm, other=0.0), 0.0),
                 axis=1)
     cols = nb * BN + tl.arange(0, BN)
@@ -131,7 +134,8 @@ def _moe_gemm_down(h_ptr, ids_ptr, rw_ptr, w2_ptr, y_ptr, R, DIM, INTER,
 
 @torch.library.custom_op("ddprobe::moe_route", mutates_args=())
 def moe_route(logits: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [R, n] -> (ids [R, k] int64, weights [R, k] fp32): sigmoid, top-k, normalized, scaled."""
+    """logits [R, n] -> (ids [R, k] int64, weights [R, k] fp32): sigmoid, top-k, normalized, scaled; a row with a NaN
+    logit gets NaN weights (its output NaN, as on the torch path) and ids that are still experts."""
     r, n = logits.shape
     logits = logits.contiguous()
     ids = torch.empty(r, k, dtype=torch.int64, device=logits.device)
@@ -152,7 +156,8 @@ def moe_experts(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, w13: torch.
                 w2: torch.Tensor) -> torch.Tensor:
     """Routed experts' SwiGLU, per (row, k slot): x [R, dim], ids / w [R, k], w13 [n, 2 inter, dim],
     w2 [n, dim, inter] -> y [R, k, dim] fp32, y[r, j] = w[r, j] expert_{ids[r, j]}(x[r]); the caller sums over k
-    (under torch.compile, fused with what follows)."""
+    (under torch.compile, fused with what follows). A row's ids must be distinct experts (moe_route's are): a
+    repeated id writes only its first slot."""
     return launch(x, ids, w, w13, w2)
 
 

@@ -12,8 +12,8 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
        0 doing S, the softmax and half of P V, warpgroup 1 the other half) and, for 65-72 folded rows (8 heads x 9)
        from TAIL_MIN_PREFIX tokens, ``_ws_tail.ws_tail_kernel`` (one program of 64 + 8 rows per chunk).
   2. The log-sum-exp merge of the partials: the CUDA merge (cuda/seesaw_sm90.cu, _cu.MergeLauncher) by default,
-     `split`'s Triton merges (launch_merge, merge_config's kinds) where WsTuning.merge_kind picks one or the cubin
-     does not load here.
+     `split`'s Triton merges (launch_merge, merge_config's kinds) where the tuning asks for one (a merge kind or
+     knob, ``triton_merge``), past the CUDA merge's 1,024 partials, or where the cubin does not load here.
 ``plan`` plans and ``run`` only launches: given the heads and the dtype, ``plan`` chooses the kernel and the grid,
 allocates the partials and builds the CUDA kernels' launchers (their parameter blocks) into a typed WsPlan
 (VerifyPlan.detail); ``run`` checks that the inputs match it (a one-line ValueError otherwise) and launches: on
@@ -51,7 +51,6 @@ TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 u
 CUDA_MIN_ROW_BLOCKS = 4  # WsTuning.cuda = -1 runs the CUDA kernel from this many 64-row blocks (hq > 192) up
 BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix tiles per program up (H200, 64 heads:
                         # faster from 32k, 1.5% slower at 8k: 9 tiles a program)
-MERGE_MAX_PARTS = 1024  # partials the CUDA merge takes (_cu.MERGE_MAX_PARTS; more: the Triton merge)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -72,9 +71,9 @@ class WsTuning:
     fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
                          # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
                          # 8 heads without the tail kernel 1-14% slower folded); both placements are tested
-    merge_kind: int = -1    # the merge: -1 (default) the CUDA merge (where the cubin does not load: split's
-                            # Triton merge, kind 3 up to 128 folded rows, else 1); 0-3 split's Triton merges
-                            # (split.merge_config; the tests check every kind against the reference)
+    merge_kind: int = -1    # the merge: -1 (default) the CUDA merge (with a merge knob below set, or where the
+                            # cubin does not load: split's Triton merge, kind 3 up to 128 folded rows, else 1);
+                            # 0-3 split's Triton merges (split.merge_config; the tests check every kind)
     merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, split.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
@@ -311,7 +310,7 @@ class WsPlan:
     merge: dict | None = None   # the Triton merge's config (split.merge_config), when ``merger`` is None
     launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
     merger: Any = None          # _cu.MergeLauncher of the CUDA merge
-    signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, device)
+    signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, device, device)
     index: int = -1             # the CUDA device's index
 
 
@@ -365,17 +364,39 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
             warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
                           RuntimeWarning, stacklevel=3)
             kernel = "gluon"
-    merger = None
-    if t.merge_kind < 0 and cfg["grid_splits"] <= MERGE_MAX_PARTS:
-        from . import _cu
-        try:
-            merger = _cu.MergeLauncher(dev, dtype, *parts, hq, heads, cfg["grid_splits"], sms)
-        except _cu.LoadError:  # no usable cubin here (warned above or by the prefix kernel): the Triton merge
-            merger = None
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
-                   merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher, merger=merger,
-                   signature=(r, heads, dim, dim, dtype, dtype, dev), index=dev.index if dev.index is not None else -1)
+                   merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher,
+                   merger=_merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms),
+                   signature=(r, heads, dim, dim, dtype, dtype, dev, dev),
+                   index=dev.index if dev.index is not None else -1)
+
+
+def triton_merge(t: WsTuning) -> bool:
+    """Whether tuning ``t`` asks for split's Triton merge: a merge kind 0-3, or any of its knobs set (the CUDA merge
+    has none, so a knob set with merge_kind -1 means the Triton merge's default kind with that knob)."""
+    return t.merge_kind >= 0 or (t.merge_block_m, t.merge_split_chunk, t.merge_stages, t.merge_bv, t.merge_warps) \
+        != (0, 0, 0, 0, 4)
+
+
+_merge_warned: set = set()
+
+
+def _merger(t: WsTuning, dev, dtype, parts, hq: int, heads: int, n_parts: int, sms: int):
+    """The CUDA merge's launcher (_cu.MergeLauncher), or None for the Triton merge: when the tuning asks for it,
+    past the CUDA merge's MERGE_MAX_PARTS partials, or where its kernel does not load here (warned once)."""
+    from . import _cu
+    if triton_merge(t) or n_parts > _cu.MERGE_MAX_PARTS:
+        return None
+    try:
+        return _cu.MergeLauncher(dev, dtype, *parts, hq, heads, n_parts, sms)
+    except _cu.LoadError as e:
+        if str(e) not in _merge_warned:
+            _merge_warned.add(str(e))
+            import warnings
+            warnings.warn(f"split_ws: the CUDA merge is unavailable ({e}); using the Triton merge", RuntimeWarning,
+                          stacklevel=4)
+        return None
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -463,16 +484,26 @@ def check_inputs(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
         raise ValueError("plan was not built by split_ws.plan")
     if d.heads is None:
         check_run_args(q, kv, p)
+        if kv.dtype != q.dtype or kv.device != q.device:
+            raise ValueError(f"the {name} path needs q and kv of one dtype on one device, got q {q.dtype} on "
+                             f"{q.device} and kv {kv.dtype} on {kv.device}")
+        _check_kv_rows(kv)
         return _complete(p, d, q.shape[1], q.dtype, q.shape[2] - p.v_dim)
     qs, ks = q.shape, kv.shape
-    if len(qs) != 3 or len(ks) != 2 or (qs[0], qs[1], qs[2], ks[1], q.dtype, kv.dtype, q.device) != d.signature \
+    if len(qs) != 3 or len(ks) != 2 \
+            or (qs[0], qs[1], qs[2], ks[1], q.dtype, kv.dtype, q.device, kv.device) != d.signature \
             or ks[0] < p.prefix_len + qs[0]:
         check_run_args(q, kv, p)
         raise ValueError(f"the {name} plan was built for {d.heads} heads of {d.dtype} rows {p.v_dim} + 64 wide on "
-                         f"{d.bits.device}; got q {tuple(q.shape)} {q.dtype} and kv {kv.dtype} on {q.device}")
+                         f"{d.bits.device}; got q {tuple(q.shape)} {q.dtype} on {q.device} and kv {kv.dtype} on "
+                         f"{kv.device}")
+    _check_kv_rows(kv)
+    return d
+
+
+def _check_kv_rows(kv: torch.Tensor) -> None:
     if kv.data_ptr() % 16 or (kv.stride(0) * kv.element_size()) % 16 or kv.stride(1) != 1:
         raise ValueError(f"the {name} path needs 16-byte aligned kv rows with unit column stride")
-    return d
 
 
 def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
@@ -505,10 +536,18 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
     these heads, else split's Triton merge (split.launch_merge) with the plan's config or merge_plan's for them."""
     r, h, _ = out.shape
     d = p.detail
-    if d.heads == h and d.merger is not None and parts is d.partials:
+    if d.heads == h and d.merger is not None and parts is d.partials and _cuda_out(out, d, r):
         return _cuda_merge(d, out, meta)
     mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count, p.prefix_len)
     return split_launch_merge(parts, n_splits, out, mc, meta=meta)
+
+
+def _cuda_out(out: torch.Tensor, d: WsPlan, r: int) -> bool:
+    """Whether the CUDA merge can write ``out``: the plan's dtype, rows, heads and device, 512 values of unit stride,
+    strides of whole 4-value groups and an 8-byte aligned start (it stores 4 16-bit values at a time)."""
+    return (out.dtype == d.dtype and tuple(out.shape) == (r, d.heads, 512) and out.stride(2) == 1
+            and not out.stride(0) % 4 and not out.stride(1) % 4 and not out.data_ptr() % 8
+            and out.device == d.bits.device)
 
 
 def _cuda_merge(d: WsPlan, out: torch.Tensor, meta: dict | None) -> torch.Tensor:
