@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from .shapes import AttnShape, dtype_bytes
 from .units import DDProbeError
 
+# what a measured step below its whole-step floor means (the CLI prints it, the reports' "Where the step goes" says it)
+BELOW_FLOOR = "step below the floor: check --tp/--ep/--weight-dtype/--expert-dtype"
+
 
 def expected_distinct(local: int, n_experts: int, top_k: int, rows: int) -> float:
     """Expected distinct experts among ``local`` of ``n_experts`` that ``rows`` rows touch, each row

@@ -209,4 +209,4 @@ def test_where_the_step_goes_flags_steps_below_the_whole_step_floor(tmp_path):
     table = md[md.rindex("Where the step goes (per GPU)"):]
     lines = [ln for ln in table.splitlines() if ln.startswith("| 32k") or ln.startswith("| 128k")]
     assert len(lines) == 2 and "below the floor" in lines[0] and "below the floor" not in lines[1]
-    assert "A step below its whole-step floor cannot be" in table
+    assert "A row below the floor: step below the floor: check --tp/--ep" in table

@@ -60,7 +60,8 @@ def floor(
 ):
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute) and the step's anatomy."""
     from ..probes.anatomy import fit_anatomy
-    from ..probes.floor import BELOW_FLOOR, FloorInput, floor_table
+    from ..probes.floor import FloorInput, floor_table
+    from ..step_shape import BELOW_FLOOR
     from ..probes.models import get_model, model_from_config
     from ..results import Result, RunMeta
     from ..shapes import dtype_name, get_gpu

@@ -20,12 +20,13 @@ from typing import Any, Callable
 
 from ..results import Result, ResultWriter, RunMeta
 from ..shapes import get_gpu, gpu_spec_for
+from ..step_shape import BELOW_FLOOR
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
 from .anatomy import fit_anatomy
 from .estimate import timing_block
-from .floor import BELOW_FLOOR, FloorInput, floor_table
+from .floor import FloorInput, floor_table
 from .models import get_model
 
 

@@ -6,7 +6,7 @@ and the gap if every one of the ``queries`` verify rows re-read the whole cache.
 The whole-step floor (``total_floor_ms``, ``binds``), when the input carries the step's weights
 (``ddprobe.step_shape.StepWeights``): max((KV + weight bytes) / bandwidth, all FLOPs / tensor rate),
 and which term binds: "KV", "weights" or "compute". A measured step below that floor (``below_floor``) means
-the floor's sharding or dtypes are not the server's (``BELOW_FLOOR``).
+the floor's sharding or dtypes are not the server's (``step_shape.BELOW_FLOOR``).
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from ..shapes import AttnShape, dtype_name, floor_s
 from ..step_shape import StepWeights
 from ..units import DDProbeError
 
-BELOW_FLOOR = "step below the floor: check --tp/--ep/--weight-dtype/--expert-dtype"
 MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a context
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..results import Result
+from ..step_shape import BELOW_FLOOR
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from ..signals import LABELS
 from . import bench, plots, plots_gpu
@@ -102,8 +103,8 @@ def _where_the_step_goes(rows: list[dict], an: dict | None) -> Table:
              ms(x.get("step_compute_floor_ms")), ms(x.get("total_floor_ms")), str(x.get("binds")),
              ms(x.get("step_ms")), (fmt_ratio(x["total_gap"]) + (" below the floor" if x.get("below_floor") else ""))
              if x.get("total_gap") else "-"] for x in rows]
-    note = ("A step below its whole-step floor cannot be: the floor's inputs (--tp, --ep, the weight and expert "
-            "dtypes) do not describe the run that was measured. " if any(x.get("below_floor") for x in rows) else "")
+    note = (f"A row below the floor: {BELOW_FLOOR} (the floor's inputs do not describe the measured run). "
+            if any(x.get("below_floor") for x in rows) else "")
     if an:
         ivs = "; ".join(f"{fmt_tokens(i['ctx0'])} -> {fmt_tokens(i['ctx1'])}: {i['ms_per_1k']:.3g} ms per 1k"
                         + (f" ({fmt_bandwidth(i['kv_GBps'] * 1e9)} of KV)" if i.get("kv_GBps") else "")

@@ -1,4 +1,5 @@
-"""Verify-attention paths behind one seam. Never imports the rest of the engine.
+"""Verify-attention paths behind one seam. Never imports the rest of the engine. (``moe_fused`` beside them is the
+fused MoE's kernels, called by engine/moe.py, not a path.)
 
 Every path is a module (or object) with:
   name:   str
