@@ -574,7 +574,7 @@ def _cu_merge_name(dtype) -> str:
 
 @gpu
 def test_run_merges_on_cuda_by_default_and_on_triton_when_asked():
-    """meta names the merge that ran: the CUDA merge by default, split's Triton merge with merge_kind 0-3; the
+    """meta names the merge that ran: the CUDA merge by default, the Triton merge (merge.py) with merge_kind 0-3; the
     two agree with each other (both within the tolerance of the reference, checked by check())."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     m = get_path("split_ws")

@@ -23,9 +23,9 @@ Two launches per layer, metadata built once per step in ``plan``:
      The tiles and stages are sized on the host to fit the GPU's shared memory (prefix_smem: the
      64-token, 2-stage tiles fit 16-bit rows at 576 wide; fp32 rows there step down to fewer stages,
      then 32-token tiles, then 32-row blocks).
-  2. The log-sum-exp merge of the prefix partials and the tree part (``launch_merge``; the choice is
-     ``merge_config``'s, shared with `split_ws`): ``_merge_flat_kernel`` by default (every lse first,
-     then the partials with no rescale chain), or the online ``_merge_kernel`` (``merge_kind=0``);
+  2. The log-sum-exp merge of the prefix partials and the tree part (merge.py's ``launch_merge``; the
+     choice is ``merge_config``'s, shared with `split_ws`): ``_merge_flat_kernel`` by default (every lse
+     first, then the partials with no rescale chain), or the online ``_merge_kernel`` (``merge_kind=0``);
      writes the output in q's dtype.
 """
 from __future__ import annotations
@@ -39,6 +39,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ... import verify_paths
 from ._common import check_dims, check_rows, dot_flags, interpreting, kernel_meta, next_pow2, sm_count
+from .merge import launch_merge, merge_config, partials
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "split"
@@ -63,7 +64,7 @@ class SplitTuning:
     tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
     tma: int = 1              # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
     merge_kind: int = -1      # the merge (merge_config; as WsTuning.merge_kind): -1 auto by folded rows, 0-3
-    merge_block_m: int = 0    # folded rows per merge program (0: the kind's preset, MERGE_PRESETS)
+    merge_block_m: int = 0    # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0     # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4
@@ -72,9 +73,6 @@ class SplitTuning:
 
 DEFAULT_TUNING = SplitTuning()
 SMEM_SM90 = 232448  # shared memory a block may opt into on sm_90 (H100/H200): the plan's limit off CUDA
-# merge kind -> (rows per program, partials per step, pipeline stages); kind 0 is the online _merge_kernel
-MERGE_PRESETS = {0: (16, 8, 2), 1: (8, 1, 4), 2: (8, 8, 1), 3: (16, 8, 3)}
-
 
 @triton.jit
 def _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC: tl.constexpr):
@@ -271,144 +269,6 @@ def _split_prefix_kernel(
                      V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
 
 
-@triton.jit
-def _merge_tile(Hq, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr):
-    """A merge program's folded rows (and which are real) and value columns."""
-    offs_q = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    return offs_q, offs_q < Hq, tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-
-
-@triton.jit
-def _merge_kernel(
-    O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
-):
-    """out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the prefix splits 0 .. num_splits - 1
-    and the tree part at index num_splits, in one online pass whose running max M starts at the tree
-    part's lse (finite: every row sees itself). The partial loads of a chunk depend neither on each
-    other nor on the running state: an empty split's O_part was never written, so its value is
-    discarded with tl.where rather than masked on its lse (which would chain a second global load
-    behind the first)."""
-    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V)
-    m = tl.load(LSE_part + num_splits * Hq + offs_q, mask=q_ok, other=0.0)
-    acc = tl.load(O_part + num_splits * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
-                  mask=q_ok[:, None], other=0.0)
-    wsum = tl.full([BLOCK_M], 1.0, tl.float32)
-    for s0 in range(0, num_splits, SPLIT_CHUNK):
-        offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
-        ok = (offs_s < num_splits)[:, None] & q_ok[None, :]
-        lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
-        o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                    mask=ok[:, :, None], other=0.0)
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        alpha = tl.exp2(m - m_new)
-        w = tl.exp2(lse - m_new[None, :])  # [SPLIT_CHUNK, BLOCK_M], 0 for empty splits
-        o = tl.where((lse > float("-inf"))[:, :, None], o, 0.0)
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
-        wsum = wsum * alpha + tl.sum(w, 0)
-        m = m_new
-    out = acc / wsum[:, None]
-    o_ptr = Out + (offs_q // H)[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
-    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
-
-
-@triton.jit
-def _merge_flat_kernel(
-    O_part, LSE_part, Out, stride_or, stride_oh, stride_ps, stride_pq, Hq, H, num_splits,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, SPLIT_CHUNK: tl.constexpr, S_MAX: tl.constexpr,
-    STAGES: tl.constexpr, UNROLL: tl.constexpr, ACC3: tl.constexpr,
-):
-    """The same merge as _merge_kernel (partials 0 .. num_splits - 1 of the prefix, the tree part's at
-    num_splits), in two steps: the maximum M of all num_splits + 1 lse values of a row and the sum of their
-    weights 2^(lse_i - M) from one load (S_MAX >= num_splits + 1, fixed per head count so a growing prefix
-    compiles nothing new), then sum_i 2^(lse_i - M) o_i over the partials, SPLIT_CHUNK at a time. The weights
-    are known before any partial is read, so no step waits on the one before (no running rescale): the loop's
-    loads are independent. An empty split (lse -inf) has weight 0 and its never-written partial is dropped
-    with tl.where. UNROLL: each step is SPLIT_CHUNK unrolled 2-D loads (a thread's own elements of every
-    partial, so the sum over partials stays in its registers) instead of one 3-D load summed across threads."""
-    offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V)
-    offs_all = tl.arange(0, S_MAX)
-    lse_all = tl.load(LSE_part + offs_all[:, None] * Hq + offs_q[None, :],
-                      mask=(offs_all <= num_splits)[:, None] & q_ok[None, :], other=float("-inf"))
-    m = tl.max(lse_all, 0)
-    m = tl.where(q_ok, m, 0.0)
-    wsum = tl.sum(tl.exp2(lse_all - m[None, :]), 0)
-    acc = tl.zeros([BLOCK_M, BLOCK_V], dtype=tl.float32)
-    if UNROLL:  # SPLIT_CHUNK separate [BLOCK_M, BLOCK_V] loads per step, each thread's own: no cross-thread sum
-        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
-            for j in tl.static_range(SPLIT_CHUNK):
-                ok = q_ok & (tl.full([BLOCK_M], s0 + j, tl.int32) <= num_splits)
-                lse = tl.load(LSE_part + (s0 + j) * Hq + offs_q, mask=ok, other=float("-inf"))
-                o = tl.load(O_part + (s0 + j) * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
-                            mask=ok[:, None], other=0.0)
-                w = tl.exp2(lse - m)
-                acc += tl.where((w > 0)[:, None], w[:, None] * o, 0.0)
-    else:
-        # ACC3: keep one [BLOCK_M, BLOCK_V] sum per partial slot of a step and add the slots once at the end
-        # (a sum across threads after the loop instead of in every step)
-        acc3 = tl.zeros([SPLIT_CHUNK if ACC3 else 1, BLOCK_M, BLOCK_V], dtype=tl.float32)
-        for s0 in tl.range(0, num_splits + 1, SPLIT_CHUNK, num_stages=STAGES):
-            offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
-            ok = (offs_s <= num_splits)[:, None] & q_ok[None, :]
-            lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
-            o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                        mask=ok[:, :, None], other=0.0)
-            w = tl.exp2(lse - m[None, :])
-            if ACC3:
-                acc3 += tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0)
-            else:
-                acc += tl.sum(tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0), 0)
-        if ACC3:
-            acc = tl.sum(acc3, 0)
-    out = acc / wsum[:, None]
-    o_ptr = Out + (offs_q // H)[:, None] * stride_or + (offs_q % H)[:, None] * stride_oh + offs_v[None, :]
-    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=q_ok[:, None])
-
-
-def merge_config(t, hq: int, v_dim: int, sms: int, max_parts: int) -> dict:
-    """The merge for hq folded rows, from a tuning with the merge_* fields (SplitTuning, WsTuning): its kind
-    (-1: 3 up to 128 rows, else 1; measured on the H200, docs/perf.md "The merge"), rows per program,
-    partials per step, stages and warps, the grid (n_mb row blocks x v_dim / bv column blocks: merge_bv
-    columns, or v_dim halved until the grid fills the SMs) and S_MAX for the flat kinds: a power of two
-    above max_parts, the most prefix partials the path's prefix grid can write for these rows (fixed per
-    head count, so a growing prefix compiles nothing new)."""
-    kind = t.merge_kind if t.merge_kind >= 0 else (3 if hq <= 128 else 1)
-    if kind not in MERGE_PRESETS:
-        raise ValueError(f"merge_kind must be -1 or one of {sorted(MERGE_PRESETS)}, got {kind}")
-    bm, ch, st = MERGE_PRESETS[kind]
-    bm = t.merge_block_m or bm
-    n_mb = triton.cdiv(hq, bm)
-    bv = t.merge_bv or v_dim
-    if not t.merge_bv:
-        while bv > 16 and n_mb * (v_dim // bv) < sms:
-            bv //= 2
-    return dict(kind=kind, block_m=bm, split_chunk=t.merge_split_chunk or ch, stages=t.merge_stages or st,
-                warps=t.merge_warps, n_mb=n_mb, bv=bv, s_max=next_pow2(max_parts + 1))
-
-
-def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, meta: dict | None = None) -> torch.Tensor:
-    """Merge prefix partials 0 .. n_splits - 1 and the tree part's (index n_splits) into out [R, H, v_dim]
-    with merge_config's choice ``mc``."""
-    o_part, lse_part = parts
-    r, h, v = out.shape
-    grid = (mc["n_mb"], v // mc["bv"])
-    args = (o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits)
-    if mc["kind"]:
-        k = _merge_flat_kernel[grid](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
-            S_MAX=max(mc["s_max"], next_pow2(n_splits + 1)), STAGES=mc["stages"],
-            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"],
-        )
-    else:
-        k = _merge_kernel[grid](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
-            num_warps=mc["warps"], num_stages=mc["stages"],
-        )
-    if meta is not None:
-        meta["merge"] = kernel_meta(k)
-    return out
-
-
 def bit_weights(r: int, device) -> torch.Tensor:
     """[R] int64: 1 << j (bit 63 as the int64 minimum)."""
     return torch.tensor([1 << j if j < 63 else -(1 << 63) for j in range(r)], dtype=torch.int64, device=device)
@@ -537,7 +397,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         extra["heads"] = heads
         extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning, dtype=dtype,
                                               width=v_dim + rope_dim, r=r, smem_limit=extra["smem_limit"])
-        extra["partials"] = _partials(cfg["num_splits"], heads * r, v_dim, dev)
+        extra["partials"] = partials(cfg["num_splits"], heads * r, v_dim, dev)
         extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       dynamic=dynamic, tuning=tuning, extra=extra)
@@ -551,12 +411,6 @@ def refresh(p: VerifyPlan) -> None:
 def merge_plan(t: SplitTuning, hq: int, v_dim: int, sms: int) -> dict:
     """merge_config for this path: its prefix grid writes at most sms x ctas_per_sm prefix partials."""
     return merge_config(t, hq, v_dim, sms, sms * max(1, t.ctas_per_sm))
-
-
-def _partials(ns: int, hq: int, v_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial outputs and log2-sum-exps of the ns prefix splits, then the tree part's at index ns."""
-    return (torch.empty(ns + 1, hq, v_dim, dtype=torch.float32, device=device),
-            torch.empty(ns + 1, hq, dtype=torch.float32, device=device))
 
 
 def config_for(p: VerifyPlan, heads: int, dtype: torch.dtype | None = None, rope_dim: int | None = None) -> dict:
@@ -592,7 +446,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     cfg = config_for(p, h, q.dtype, pe)
     ns = cfg["num_splits"]
     planned = cfg is p.extra.get("config") and p.extra["partials"][0].device == q.device
-    o_part, lse_part = p.extra["partials"] if planned else _partials(ns, hq, p.v_dim, q.device)
+    o_part, lse_part = p.extra["partials"] if planned else partials(ns, hq, p.v_dim, q.device)
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     upcast, prec = dot_flags(q.dtype)
     qk_scale = sm_scale * LOG2E

@@ -12,7 +12,7 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
        0 doing S, the softmax and half of P V, warpgroup 1 the other half) and, for 65-72 folded rows (8 heads x 9)
        from TAIL_MIN_PREFIX tokens, ``_ws_tail.ws_tail_kernel`` (one program of 64 + 8 rows per chunk).
   2. The log-sum-exp merge of the partials: the CUDA merge (cuda/seesaw_sm90.cu, _cu.MergeLauncher) by default,
-     `split`'s Triton merges (launch_merge, merge_config's kinds) where the tuning asks for one (a merge kind or
+     the Triton merges (merge.py: launch_merge, merge_config's kinds) where the tuning asks for one (a merge kind or
      knob, ``triton_merge``), past the CUDA merge's 1,024 partials, or where the cubin does not load here.
 ``plan`` plans and ``run`` only launches: given the heads and the dtype, ``plan`` chooses the kernel and the grid,
 allocates the partials and builds the CUDA kernels' launchers (their parameter blocks) into a typed WsPlan
@@ -36,8 +36,9 @@ from ... import verify_paths
 from ._cu import stream_of
 from ._common import check_rows, interpreting, kernel_meta, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
-from .split import LOG2E, _partials, bit_weights, mask_bits, merge_config
-from .split import launch_merge as split_launch_merge
+from .merge import launch_merge as launch_triton_merge
+from .merge import merge_config, partials
+from .split import LOG2E, bit_weights, mask_bits
 
 name = "split_ws"
 layout = verify_paths.BY_NAME[name].layout
@@ -72,9 +73,9 @@ class WsTuning:
                          # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
                          # 8 heads without the tail kernel 1-14% slower folded); both placements are tested
     merge_kind: int = -1    # the merge: -1 (default) the CUDA merge (with a merge knob below set, or where the
-                            # cubin does not load: split's Triton merge, kind 3 up to 128 folded rows, else 1);
-                            # 0-3 split's Triton merges (split.merge_config; the tests check every kind)
-    merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, split.MERGE_PRESETS)
+                            # cubin does not load: the Triton merge, kind 3 up to 128 folded rows, else 1);
+                            # 0-3 the Triton merges (merge.merge_config; the tests check every kind)
+    merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4        # warps per merge program
@@ -282,7 +283,7 @@ def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
 
 
 def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int, prefix_len: int) -> dict:
-    """split.merge_config for this path: its prefix grid gives at most sms // (row blocks) partials; behind
+    """merge.merge_config for this path: its prefix grid gives at most sms // (row blocks) partials; behind
     the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says;
     the balanced grid at most cdiv(sms, row blocks) + 1 with the tree's (S_MAX covers both, fixed per head count)."""
     if tails(hq, t, prefix_len) and not t.merge_block_m:
@@ -307,7 +308,7 @@ class WsPlan:
     kernel: str = ""            # "cuda", "gluon" or "tail"
     cfg: dict | None = None     # the grid (config / choose_config)
     partials: tuple | None = None
-    merge: dict | None = None   # the Triton merge's config (split.merge_config), when ``merger`` is None
+    merge: dict | None = None   # the Triton merge's config (merge.merge_config), when ``merger`` is None
     launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
     merger: Any = None          # _cu.MergeLauncher of the CUDA merge
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, device, device)
@@ -349,7 +350,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
         t = replace(t, cuda=1, balance=0, tail=0)
     cfg = config(p.prefix_len, hq, sms, t)
     kernel = "cuda" if uses_cuda(hq, t) else ("tail" if cfg["tail"] else "gluon")
-    parts = _partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
+    parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
     launcher = None
     if kernel == "cuda":
         from . import _cu
@@ -373,8 +374,8 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
 
 
 def triton_merge(t: WsTuning) -> bool:
-    """Whether tuning ``t`` asks for split's Triton merge: a merge kind 0-3, or any of its knobs set (the CUDA merge
-    has none, so a knob set with merge_kind -1 means the Triton merge's default kind with that knob)."""
+    """Whether tuning ``t`` asks for the Triton merge (merge.py): a merge kind 0-3, or any of its knobs set (the
+    CUDA merge has none, so a knob set with merge_kind -1 means the Triton merge's default kind with that knob)."""
     return t.merge_kind >= 0 or (t.merge_block_m, t.merge_split_chunk, t.merge_stages, t.merge_bv, t.merge_warps) \
         != (0, 0, 0, 0, 4)
 
@@ -533,13 +534,14 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
 
 def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: dict | None = None) -> torch.Tensor:
     """The log-sum-exp merge of the partials into out [R, H, v_dim]: the plan's CUDA merge when it was built for
-    these heads, else split's Triton merge (split.launch_merge) with the plan's config or merge_plan's for them."""
+    these heads (and ``out`` is one it can write), else the Triton merge (merge.launch_merge) with the plan's
+    config or merge_plan's for these heads."""
     r, h, _ = out.shape
     d = p.detail
     if d.heads == h and d.merger is not None and parts is d.partials and _cuda_out(out, d, r):
         return _cuda_merge(d, out, meta)
     mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count, p.prefix_len)
-    return split_launch_merge(parts, n_splits, out, mc, meta=meta)
+    return launch_triton_merge(parts, n_splits, out, mc, meta=meta)
 
 
 def _cuda_out(out: torch.Tensor, d: WsPlan, r: int) -> bool:
@@ -579,4 +581,4 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
     if d.merger is not None:
         return _cuda_merge(d, out, meta)
-    return split_launch_merge(d.partials, n_splits, out, d.merge, meta=meta)
+    return launch_triton_merge(d.partials, n_splits, out, d.merge, meta=meta)
