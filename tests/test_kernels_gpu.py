@@ -621,5 +621,5 @@ def test_a_merge_knob_runs_the_triton_merge():
     from ddprobe.engine.kernels.split_ws import WsTuning
     q, kv, mask = make_inputs(6000, 8, "fork", 8, torch.bfloat16)
     assert m.plan(6000, mask, None, V, heads=8).detail.merger is not None
-    assert m.plan(6000, mask, None, V, heads=8, tuning=WsTuning(merge_block_m=32)).detail.merger is None
-    check("split_ws", 6000, 8, "fork", 8, torch.bfloat16, tuning=WsTuning(merge_block_m=32))
+    assert m.plan(6000, mask, None, V, heads=8, tuning=WsTuning(merge_block_m=8)).detail.merger is None
+    check("split_ws", 6000, 8, "fork", 8, torch.bfloat16, tuning=WsTuning(merge_block_m=8))
