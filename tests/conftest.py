@@ -78,3 +78,24 @@ def run_triton_script():
         assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
     return run
+
+
+@pytest.fixture
+def rerun_under_interpreter():
+    """run(test_file, timeout): the whole test file again in one child pytest with TRITON_INTERPRET=1 set for that
+    child alone (kernel tests on a machine without a GPU); the child must pass every test it runs."""
+    import os
+    import sys
+
+    pytest.importorskip("triton")
+
+    def run(test_file: str, timeout: int = 600) -> None:
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
+                               "-W", "ignore::RuntimeWarning", test_file],
+                              env=env, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).parents[1])
+        print(done.stdout[-3000:])
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+        assert " passed" in done.stdout and " failed" not in done.stdout
+
+    return run

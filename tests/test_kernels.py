@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,14 +28,8 @@ needs_kernels = pytest.mark.skipif(not CHILD, reason="runs in the interpreter ch
 
 
 @pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
-def test_under_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
-                           "-W", "ignore::RuntimeWarning", __file__],
-                          env=env, capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[1])
-    print(done.stdout[-3000:])
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout
+def test_under_interpreter(rerun_under_interpreter):
+    rerun_under_interpreter(__file__, timeout=900)
 
 
 PATHS = {name: get_path(name) for name in ("paged", "split")} if CHILD else {}

@@ -9,9 +9,6 @@ bf16 1.5e-2 (bf16 operands, bf16 output).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,15 +24,8 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
 
 
 @pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
-def test_under_interpreter():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
-                           "-W", "ignore::RuntimeWarning", __file__],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
-    print(done.stdout[-3000:])
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    assert " passed" in done.stdout and " failed" not in done.stdout
+def test_under_interpreter(rerun_under_interpreter):
+    rerun_under_interpreter(__file__, timeout=600)
 
 
 def experts(n, dim, inter, dtype, seed) -> Experts:

@@ -61,16 +61,23 @@ def _moe_route(logits_ptr, ids_ptr, w_ptr, R, N, scale,
 
 
 @triton.jit
+def _routed_to(ids_ptr, e, R, TOPK: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr):
+    """[RP, KP]: whether row r's k slot j routes to expert e (rows past R and slots past TOPK never)."""
+    rows = tl.arange(0, RP)
+    ks = tl.arange(0, KP)
+    idv = tl.load(ids_ptr + rows[:, None] * TOPK + ks[None, :],
+                  mask=(rows[:, None] < R) & (ks[None, :] < TOPK), other=-1)
+    return idv == e
+
+
+@triton.jit
 def _moe_gemm_gate_up(x_ptr, ids_ptr, w13_ptr, h_ptr, R, DIM, INTER,
                       TOPK: tl.constexpr, RP: tl.constexpr, KP: tl.constexpr,
                       BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
     e = tl.program_id(0)
     nb = tl.program_id(1)
     rows = tl.arange(0, RP)
-    ks = tl.arange(0, KP)
-    idv = tl.load(ids_ptr + rows[:, None] * TOPK + ks[None, :],
-                  mask=(rows[:, None] < R) & (ks[None, :] < TOPK), other=-1)
-    touched = tl.sum((idv == e).to(tl.int32)) > 0
+    touched = tl.sum(_routed_to(ids_ptr, e, R, TOPK, RP, KP).to(tl.int32)) > 0
     # untouched: a loop of no trips and no store (a bound, not a branch, keeps the loop software-pipelined)
     k_end = DIM * touched.to(tl.int32)
     cols = nb * BN + tl.arange(0, BN)
@@ -105,14 +112,12 @@ def _moe_gemm_down(h_ptr, ids_ptr, rw_ptr, w2_ptr, y_ptr, R, DIM, INTER,
     nb = tl.program_id(1)
     rows = tl.arange(0, RP)
     ks = tl.arange(0, KP)
-    pm = (rows[:, None] < R) & (ks[None, :] < TOPK)
-    idv = tl.load(ids_ptr + rows[:, None] * TOPK + ks[None, :], mask=pm, other=-1)
-    match = idv == e  # [RP, KP]: one slot per row when the row's ids are distinct (top-k's are)
+    match = _routed_to(ids_ptr, e, R, TOPK, RP, KP)  # one slot per row when the row's ids are distinct (top-k's are)
     hit = tl.sum(match.to(tl.int32), axis=1)
     touched = tl.sum(hit) > 0
     k_end = INTER * touched.to(tl.int32)  # untouched: no trips, no store
     slot = tl.min(tl.where(match, ks[None, :], TOPK - 1), axis=1)  # the first match: in bounds whatever the ids
-    rw = tl.sum(tl.where(match, tl.load(rw_ptr + rows[:, None] * TOPK + ks[None, :], mask=pm, other=0.0), 0.0),
+    rw = tl.sum(tl.where(match, tl.load(rw_ptr + rows[:, None] * TOPK + ks[None, :], mask=match, other=0.0), 0.0),
                 axis=1)
     cols = nb * BN + tl.arange(0, BN)
     cmask = cols < DIM
