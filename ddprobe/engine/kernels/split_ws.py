@@ -33,7 +33,7 @@ import torch
 import triton
 
 from ... import verify_paths
-from ._cu import stream_of
+from . import _cu
 from ._common import check_rows, interpreting, kernel_meta, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 from .merge import launch_merge as launch_triton_merge
@@ -353,7 +353,6 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
     launcher = None
     if kernel == "cuda":
-        from . import _cu
         table = cu_table(cfg, p.prefix_len, r, dev) if cfg.get("balance") else None
         try:
             launcher = _cu.Launcher(dev, dtype, hq, heads, r, p.num_cols, base.bits, p.prefix_t, *parts, cfg["n_qb"],
@@ -380,23 +379,17 @@ def triton_merge(t: WsTuning) -> bool:
         != (0, 0, 0, 0, 4)
 
 
-_merge_warned: set = set()
-
-
 def _merger(t: WsTuning, dev, dtype, parts, hq: int, heads: int, n_parts: int, sms: int):
     """The CUDA merge's launcher (_cu.MergeLauncher), or None for the Triton merge: when the tuning asks for it,
-    past the CUDA merge's MERGE_MAX_PARTS partials, or where its kernel does not load here (warned once)."""
-    from . import _cu
+    past the CUDA merge's MERGE_MAX_PARTS partials, or where its kernel does not load here (warned)."""
     if triton_merge(t) or n_parts > _cu.MERGE_MAX_PARTS:
         return None
     try:
         return _cu.MergeLauncher(dev, dtype, *parts, hq, heads, n_parts, sms)
-    except _cu.LoadError as e:
-        if str(e) not in _merge_warned:
-            _merge_warned.add(str(e))
-            import warnings
-            warnings.warn(f"split_ws: the CUDA merge is unavailable ({e}); using the Triton merge", RuntimeWarning,
-                          stacklevel=4)
+    except _cu.LoadError as e:  # the warnings module shows it once per message
+        import warnings
+        warnings.warn(f"split_ws: the CUDA merge is unavailable ({e}); using the Triton merge", RuntimeWarning,
+                      stacklevel=4)
         return None
 
 
@@ -520,10 +513,10 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
             raise ValueError(f"the {name} CUDA kernel needs a positive softmax scale, got {sm_scale}")
         dev = q.device.index
         if dev == torch.cuda.current_device():
-            info = d.launcher(q2, kv, sm_scale * LOG2E, stream_of(dev))
+            info = d.launcher(q2, kv, sm_scale * LOG2E, _cu.stream_of(dev))
         else:
             with torch.cuda.device(dev):
-                info = d.launcher(q2, kv, sm_scale * LOG2E, stream_of(dev))
+                info = d.launcher(q2, kv, sm_scale * LOG2E, _cu.stream_of(dev))
     else:  # the Gluon kernels (a host plan with cuda=-1 and a scale <= 0 runs them on the CUDA kernel's grid)
         k = _launch_gluon(q2, kv, p, d, sm_scale, h)
         info = kernel_meta(k) if meta is not None else None
@@ -555,10 +548,10 @@ def _cuda_out(out: torch.Tensor, d: WsPlan, r: int) -> bool:
 def _cuda_merge(d: WsPlan, out: torch.Tensor, meta: dict | None) -> torch.Tensor:
     dev = out.device.index
     if dev == torch.cuda.current_device():
-        info = d.merger(out, stream_of(dev))
+        info = d.merger(out, _cu.stream_of(dev))
     else:
         with torch.cuda.device(dev):
-            info = d.merger(out, stream_of(dev))
+            info = d.merger(out, _cu.stream_of(dev))
     if meta is not None:
         meta["merge"] = info
     return out
@@ -572,7 +565,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
             and not q.data_ptr() % 16 \
             and d.index == torch.cuda.current_device():
         # the common case, both kernels in CUDA: two driver launches on the plan's parameter blocks
-        stream = stream_of(d.index)
+        stream = _cu.stream_of(d.index)
         d.launcher(q, kv, sm_scale * LOG2E, stream)
         out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
         d.merger(out, stream)
