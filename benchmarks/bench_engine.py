@@ -211,11 +211,9 @@ def run_k2(a, out: dict, save) -> None:
 def run_kernel(a, out: dict, save) -> None:
     """split_ws run() on a device plan, per layer (k2 shapes, budget 8, bf16): host time of an eager call
     (time.perf_counter over 200 calls, no sync) and of its parts, the eager time (CUDA events around 200
-    back-to-back calls) and the graph-replayed time (200 calls captured in one graph), at 8 and 64 heads, 32k and
-    128k."""
-    from ddprobe.engine.kernels import _cu, get_path, split_ws
-    from ddprobe.engine.kernels.split import LOG2E
-    from ddprobe.engine.kernels.trees import shape_mask
+    back-to-back calls) and the graph-replayed time (200 calls captured in one graph), at 8 and 64 heads, the
+    contexts of --ctxs, with the merge fused into the prefix kernel's launch (the default) and as its own launch."""
+    from ddprobe.engine.kernels import get_path
 
     m, n = get_path("split_ws"), 200
 
@@ -237,43 +235,58 @@ def run_kernel(a, out: dict, save) -> None:
 
     for heads in (8, 64):
         for ctx in (parse_tokens(c) for c in a.ctxs.split(",")):
-            q = torch.randn(9, heads, 576, device="cuda").to(torch.bfloat16)
-            kv = torch.randn(ctx + 9 + 64, 576, device="cuda").to(torch.bfloat16)
-            pt = torch.tensor([ctx], dtype=torch.int32, device="cuda")
-            p = m.plan(pt, shape_mask("lopsided", 8, "cuda"), None, 512, heads=heads, max_prefix=ctx + 64)
-            call = lambda: m.run(q, kv, p, 0.0722)  # noqa: E731
-            for _ in range(3):
-                call()
-            torch.cuda.synchronize()
-            host = [per_call(call) for _ in range(5)]
-            d, s0 = p.detail, _cu.stream_of(0)
-            o = torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")
-            parts = {k: per_call(fn) for k, fn in (
-                ("check", lambda: split_ws.check_inputs(q, kv, p)),
-                ("prefix_launch", lambda: d.launcher(q, kv, 0.0722 * LOG2E, s0)),
-                ("out", lambda: torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")),
-                ("merge_launch", lambda: d.merger(o, s0)),
-                ("stream", lambda: _cu.stream_of(0)))}
+            for kind, merge in ((-1, "fused"), (-2, "own launch")):
+                kernel_cell(m, heads, ctx, kind, merge, per_call, events, n, out, save)
 
-            def loop():
-                for _ in range(n):
-                    call()
-            eager = [events(loop) for _ in range(3)]
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                loop()
-            graph = [events(g.replay) for _ in range(3)]
-            r = {"heads": heads, "ctx": ctx, "host_us": statistics.median(host),
-                 "eager_us": statistics.median(eager), "graph_us": statistics.median(graph),
-                 "kernel": d.launcher.report, "merge": d.merger.report, "host_parts_us": parts}
-            r["eager_over_graph"] = r["eager_us"] / r["graph_us"]
-            out["kernel"].append(r)
-            print(f"kernel split_ws H={heads} ctx={ctx}: host {r['host_us']:.1f} us/call, eager "
-                  f"{r['eager_us']:.1f} us, graph {r['graph_us']:.1f} us (x{r['eager_over_graph']:.3f}); host "
-                  f"parts {', '.join(f'{k} {v:.1f}' for k, v in parts.items())}", flush=True)
-            save()
-            del g
-            torch.cuda.empty_cache()
+
+def kernel_cell(m, heads: int, ctx: int, kind: int, merge: str, per_call, events, n: int, out: dict, save) -> None:
+    """One run_kernel cell: split_ws on a device plan whose merge is fused into the prefix launch (merge_kind -1,
+    the default) or its own launch (-2)."""
+    from ddprobe.engine.kernels import _cu, split_ws
+    from ddprobe.engine.kernels.split import LOG2E
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    q = torch.randn(9, heads, 576, device="cuda").to(torch.bfloat16)
+    kv = torch.randn(ctx + 9 + 64, 576, device="cuda").to(torch.bfloat16)
+    pt = torch.tensor([ctx], dtype=torch.int32, device="cuda")
+    p = m.plan(pt, shape_mask("lopsided", 8, "cuda"), None, 512, heads=heads, max_prefix=ctx + 64,
+               tuning=split_ws.WsTuning(merge_kind=kind))
+    d, s0 = p.detail, _cu.stream_of(0)
+    assert d.fused == (kind == -1), (kind, d.fused)
+    call = lambda: m.run(q, kv, p, 0.0722)  # noqa: E731
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    host = [per_call(call) for _ in range(5)]
+    o = torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")
+    launches = {"prefix_launch": lambda: d.launcher(q, kv, 0.0722 * LOG2E, s0, o)} if d.fused else {
+        "prefix_launch": lambda: d.launcher(q, kv, 0.0722 * LOG2E, s0), "merge_launch": lambda: d.merger(o, s0)}
+    parts = {k: per_call(fn) for k, fn in (
+        ("check", lambda: split_ws.check_inputs(q, kv, p)),
+        *launches.items(),
+        ("out", lambda: torch.empty(9, heads, 512, dtype=torch.bfloat16, device="cuda")),
+        ("stream", lambda: _cu.stream_of(0)))}
+
+    def loop():
+        for _ in range(n):
+            call()
+    eager = [events(loop) for _ in range(3)]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        loop()
+    graph = [events(g.replay) for _ in range(3)]
+    r = {"heads": heads, "ctx": ctx, "merge": merge, "host_us": statistics.median(host),
+         "eager_us": statistics.median(eager), "graph_us": statistics.median(graph),
+         "kernel": d.launcher.fused_report if d.fused else d.launcher.report,
+         "merge_kernel": None if d.fused else d.merger.report, "host_parts_us": parts}
+    r["eager_over_graph"] = r["eager_us"] / r["graph_us"]
+    out["kernel"].append(r)
+    print(f"kernel split_ws H={heads} ctx={ctx} merge {merge}: host {r['host_us']:.1f} us/call, eager "
+          f"{r['eager_us']:.1f} us, graph {r['graph_us']:.1f} us (x{r['eager_over_graph']:.3f}); host "
+          f"parts {', '.join(f'{k} {v:.1f}' for k, v in parts.items())}", flush=True)
+    save()
+    del g
+    torch.cuda.empty_cache()
 
 
 def logits_check(eng: Engine, st, ctx: int) -> dict:

@@ -466,6 +466,7 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     tree = torch.eye(r, dtype=torch.bool, device="cuda")
     p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype)
     assert p.detail.kernel == "cuda" and p.detail.launcher.report["work_list"] is False
+    assert p.detail.fused, "device plans merge inside the prefix kernel's launch by default"
     m.refresh(p)
     m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
     torch.cuda.synchronize()
@@ -623,3 +624,38 @@ def test_a_merge_knob_runs_the_triton_merge():
     assert m.plan(6000, mask, None, V, heads=8).detail.merger is not None
     assert m.plan(6000, mask, None, V, heads=8, tuning=WsTuning(merge_block_m=8)).detail.merger is None
     check("split_ws", 6000, 8, "fork", 8, torch.bfloat16, tuning=WsTuning(merge_block_m=8))
+
+
+@gpu
+@pytest.mark.parametrize("heads,ctx,dynamic", [(8, 20000, True), (64, 33000, False), (64, 4097, True),
+                                               (1, 300, True), (16, 65, False)])
+def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
+    """The merge fused into the CUDA prefix kernel (after its grid barrier; merge_kind -1, the default) against the
+    same prefix kernel with the merge as its own launch (merge_kind -2): both within the tolerance of the fp32
+    reference and within it of each other (only the order of the merge's sums differs); 30 launches in a row (30
+    epochs of the barrier's counter, partials poisoned with NaN before each) give the same bits; device plans (the
+    row-block x split grid, empty splits) and host plans (the balanced grid's work list at 64 heads)."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    m = get_path("split_ws")
+    dtype = torch.bfloat16
+    q, kv, mask = make_inputs(ctx, 8, "fork", heads, dtype)
+    prefix = torch.full((1,), ctx, dtype=torch.int32, device="cuda") if dynamic else ctx
+    extra = dict(max_prefix=ctx + 3000) if dynamic else {}
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.07)
+    outs = {}
+    for kind in (-1, -2):
+        p = m.plan(prefix, mask, None, V, heads=heads, tuning=WsTuning(cuda=1, merge_kind=kind), **extra)
+        d = p.detail
+        assert d.kernel == "cuda" and d.fused == (kind == -1)
+        outs[kind] = m.run(q, kv, p, 0.07).clone()
+        for _ in range(30):
+            for buf in d.partials:
+                buf.fill_(float("nan"))
+            assert torch.equal(m.run(q, kv, p, 0.07), outs[kind]), f"merge_kind {kind}: outputs move between launches"
+        err = float((outs[kind].float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL[dtype], f"merge_kind {kind}: rel err {err:.2e}"
+        if kind == -2:
+            with pytest.raises(ValueError, match="cannot merge"):
+                d.launcher(q, kv, 0.1, 0, torch.empty_like(outs[kind]))
+    err = float((outs[-1].float() - outs[-2].float()).norm() / outs[-2].float().norm())
+    assert err < TOL[dtype], f"fused vs own launch: rel err {err:.2e}"

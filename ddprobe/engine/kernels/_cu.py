@@ -178,12 +178,15 @@ class Launcher:
     first sight) and launches on torch's current stream, so an eager call costs a few microseconds of host time.
 
     table: (piece_ptr, pieces) int32 device tensors (split_ws.cu_table: the balanced grid of a host plan), or None
-    for the row-block x split grid the kernel derives from the live prefix length (n_qb x grid_splits programs)."""
+    for the row-block x split grid the kernel derives from the live prefix length (n_qb x grid_splits programs).
+    fuse_parts > 0: the merge of that many partials can run inside the launch (a call given ``out``), after a grid
+    barrier on a counter of the launcher's own; only where the grid is one wave (at most ``sms`` programs, one per
+    SM), else ``fused`` is False and a call given ``out`` raises."""
 
     MAX_MAPS = 512   # cached TMA maps (per role) before the cache is cleared
 
     def __init__(self, device, dtype, hq: int, h: int, r: int, num_cols: int, bits, prefix_t, o_part, lse_part,
-                 n_qb: int, grid_splits: int, fold: int, table=None):
+                 n_qb: int, grid_splits: int, fold: int, table=None, fuse_parts: int = 0, sms: int = 0):
         import torch
 
         self.device = torch.device(device)
@@ -192,7 +195,9 @@ class Launcher:
         self.hq, self.num_cols = hq, num_cols
         self.programs = table[0].numel() - 1 if table is not None else n_qb * grid_splits
         self.pieces = table[1].shape[0] if table is not None else self.programs
-        self._keep = (bits, prefix_t, o_part, lse_part, table)   # the buffers the block points at stay alive
+        self.fused = 1 <= fuse_parts <= MERGE_MAX_PARTS and self.programs <= sms
+        counter = torch.zeros(1, dtype=torch.int64, device=self.device) if self.fused else None
+        self._keep = (bits, prefix_t, o_part, lse_part, table, counter)   # what the block points at stays alive
         self._maps: dict = {}
         self.scale = ctypes.c_float(1.0)
         ptr = table[0].data_ptr() if table is not None else 0
@@ -202,10 +207,18 @@ class Launcher:
                       ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
                       ctypes.c_uint64(prefix_t.data_ptr()), ctypes.c_int32(hq), ctypes.c_int32(h), self.scale,
                       ctypes.c_int32(r), ctypes.c_int32(n_qb), ctypes.c_int32(grid_splits), ctypes.c_int32(fold)]
+        # the fused merge: out (0: none), its row and head strides, the barrier's counter, partials, column slices
+        # (the fewest of 512 / 1, 2, 4, 8 columns that give every program two (row, slice) items)
+        self.slices = next(s for s in (1, 2, 4, 8) if hq * s >= 2 * self.programs or s == 8)
+        self.out, self.stride_or, self.stride_oh = ctypes.c_uint64(0), ctypes.c_int64(0), ctypes.c_int64(0)
+        self._args += [self.out, self.stride_or, self.stride_oh,
+                       ctypes.c_uint64(counter.data_ptr() if counter is not None else 0),
+                       ctypes.c_int32(fuse_parts if self.fused else 0), ctypes.c_int32(self.slices)]
         self.params = (ctypes.c_void_p * (2 + len(self._args)))(
             None, None, *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
         self.report = {"name": self.name, "shared": SMEM_BYTES, "threads": THREADS, "programs": self.programs,
                        "pieces": self.pieces, "work_list": table is not None}
+        self.fused_report = {**self.report, "merge": "fused", "partials": fuse_parts, "slices": self.slices}
 
     def _map(self, t, rows: int) -> int:
         """The address of the TMA map of ``t`` seen as 2-D rows of its last dimension (``t`` contiguous but for
@@ -216,20 +229,28 @@ class Launcher:
             m = self._maps[key] = tensor_map(t.reshape(-1, t.shape[-1]), rows, 64)
         return ctypes.addressof(m[1])
 
-    def __call__(self, q2, kv, qk_scale: float, stream: int) -> dict:
+    def __call__(self, q2, kv, qk_scale: float, stream: int, out=None) -> dict:
         """Launch on ``stream`` (torch's current stream's handle): q2 [hq, 576] (or a contiguous [R, H, 576]) and
         kv [>= num_cols, 576] of the plan's dtype, 16-byte aligned rows; ``qk_scale`` (the softmax scale times
-        log2 e) > 0."""
+        log2 e) > 0. ``out`` [R, H, 512] of the plan's dtype (unit column stride, strides of whole 4-value groups,
+        8-byte aligned): the merge runs inside the launch (``fused`` launchers only)."""
         if len(self._maps) >= self.MAX_MAPS - 1:  # room for both maps: none freed between lookup and launch
             self._maps.clear()
         self.params[0] = self._map(q2, self.hq)
         self.params[1] = self._map(kv, self.num_cols)
         self.scale.value = qk_scale
+        if out is None:
+            self.out.value = 0
+        elif not self.fused:
+            raise ValueError(f"{self.name}: this launcher cannot merge (its grid is not one wave or has no partials)")
+        else:
+            self.out.value = out.data_ptr()
+            self.stride_or.value, self.stride_oh.value = out.stride(0), out.stride(1)
         rc = _driver().cuLaunchKernel(self.fn, self.programs, 1, 1, THREADS, 1, 1, SMEM_BYTES, stream, self.params,
                                       None)
         if rc:
             _check(rc, f"launching {self.name}")
-        return self.report
+        return self.report if out is None else self.fused_report
 
 
 class MergeLauncher:

@@ -17,8 +17,9 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
 ``plan`` plans and ``run`` only launches: given the heads and the dtype, ``plan`` chooses the kernel and the grid,
 allocates the partials and builds the CUDA kernels' launchers (their parameter blocks) into a typed WsPlan
 (VerifyPlan.detail); ``run`` checks that the inputs match it (a one-line ValueError otherwise) and launches: on
-the CUDA kernels, two driver launches and the output's allocation (22-23 us of host time on the H200 machine,
-docs/perf.md).
+the CUDA kernels, the output's allocation and one driver launch: the prefix kernel merges its own partials after a
+grid barrier (its grid is one wave), WsTuning.merge_kind -2 keeps the merge as a second launch (host time on the
+H200 machine: docs/perf.md).
 A plan built without heads is completed per call for the call's heads (correct, with the host cost of a plan).
 It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the MLA widths the
 kernels are written for (v_dim 512, rope 64); anything else is a one-line ValueError. There is no interpreter path:
@@ -72,8 +73,10 @@ class WsTuning:
     fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
                          # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
                          # 8 heads without the tail kernel 1-14% slower folded); both placements are tested
-    merge_kind: int = -1    # the merge: -1 (default) the CUDA merge (with a merge knob below set, or where the
-                            # cubin does not load: the Triton merge, kind 3 up to 128 folded rows, else 1);
+    merge_kind: int = -1    # the merge: -1 (default) the CUDA merge, inside the CUDA prefix kernel's launch where
+                            # that kernel runs (one launch), else its own launch (with a merge knob below set, or
+                            # where the cubin does not load: the Triton merge, kind 3 up to 128 folded rows, else
+                            # 1); -2 the CUDA merge always in its own launch (the benchmark's comparison);
                             # 0-3 the Triton merges (merge.merge_config; the tests check every kind)
     merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
@@ -90,7 +93,7 @@ class WsTuning:
 
 
 DEFAULT_TUNING = WsTuning()
-_CHOICES = {"balance": (-1, 0, 1), "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-1, 0, 1, 2, 3),
+_CHOICES = {"balance": (-1, 0, 1), "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3),
             "cuda": (-1, 0, 1)}
 
 
@@ -311,6 +314,7 @@ class WsPlan:
     merge: dict | None = None   # the Triton merge's config (merge.merge_config), when ``merger`` is None
     launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
     merger: Any = None          # _cu.MergeLauncher of the CUDA merge
+    fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out))
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, device, device)
     index: int = -1             # the CUDA device's index
 
@@ -351,12 +355,14 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     cfg = config(p.prefix_len, hq, sms, t)
     kernel = "cuda" if uses_cuda(hq, t) else ("tail" if cfg["tail"] else "gluon")
     parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
+    merger = _merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms)
     launcher = None
     if kernel == "cuda":
         table = cu_table(cfg, p.prefix_len, r, dev) if cfg.get("balance") else None
+        fuse = cfg["grid_splits"] if merger is not None and t.merge_kind == -1 else 0
         try:
             launcher = _cu.Launcher(dev, dtype, hq, heads, r, p.num_cols, base.bits, p.prefix_t, *parts, cfg["n_qb"],
-                                    cfg["grid_splits"], cfg["fold"], table)
+                                    cfg["grid_splits"], cfg["fold"], table, fuse_parts=fuse, sms=sms)
         except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): cuda=-1 host plans run Gluon instead
             if t.cuda == 1:
                 raise
@@ -367,7 +373,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
                    merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher,
-                   merger=_merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms),
+                   merger=merger, fused=launcher is not None and launcher.fused,
                    signature=(r, heads, dim, dim, dtype, dtype, dev, dev),
                    index=dev.index if dev.index is not None else -1)
 
@@ -564,11 +570,15 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     if d.merger is not None and d.kernel == "cuda" and sm_scale > 0 and meta is None and q.is_contiguous() \
             and not q.data_ptr() % 16 \
             and d.index == torch.cuda.current_device():
-        # the common case, both kernels in CUDA: two driver launches on the plan's parameter blocks
+        # the common case, both kernels in CUDA: one driver launch (the merge fused) or two on the plan's
+        # parameter blocks
         stream = _cu.stream_of(d.index)
-        d.launcher(q, kv, sm_scale * LOG2E, stream)
         out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
-        d.merger(out, stream)
+        if d.fused:
+            d.launcher(q, kv, sm_scale * LOG2E, stream, out)
+        else:
+            d.launcher(q, kv, sm_scale * LOG2E, stream)
+            d.merger(out, stream)
         return out
     d, n_splits = launch_prefix(q, kv, p, sm_scale, meta)
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)

@@ -475,7 +475,7 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
 }
 
 template <bool BF16>
-__device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
+__device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
                                        const int* piece_ptr, const int* pieces, float* o_part, float* lse_part,
                                        long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
                                        int H, float c, int r, int n_qb, int grid_splits, int fold) {
@@ -607,17 +607,6 @@ __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMa
 
 }  // namespace
 
-#define DDP_ARGS                                                                                                     \
-  const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
-      const int* piece_ptr, const int* pieces, float* o_part, float* lse_part, long long stride_ps,                 \
-      long long stride_pq, const int* prefix_ptr, int hq, int H, float c, int r, int n_qb, int grid_splits, int fold
-#define DDP_CALL                                                                                                     \
-  &tm_q, &tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq, H, c, r, n_qb,     \
-      grid_splits, fold
-
-extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
-
 // The merge (ddp_merge_*): out[r, h, :] = sum_s 2^(lse_s - M) O_part[s, row] / sum_s 2^(lse_s - M) over the
 // n_parts partials of row = r * H + h (M their maximum; the tree part's lse is finite, every row sees itself).
 // One program per (row, column slice of 512 / gridDim.y): its 256 threads first reduce the row's lse values to M
@@ -640,15 +629,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 template <bool BF16>
-__device__ __forceinline__ void merge(const float* __restrict__ o_part, const float* __restrict__ lse_part,
-                                      void* out, long long stride_or, long long stride_oh, long long stride_ps,
-                                      long long stride_pq, int hq, int H, int n_parts) {
-  __shared__ float s_w[MERGE_MAX_PARTS];
-  __shared__ float s_red[MERGE_THREADS / 32];
-  __shared__ __align__(16) float s_acc[MERGE_THREADS * 4];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, row = blockIdx.x;
+__device__ __forceinline__ void merge_item(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                           void* out, long long stride_or, long long stride_oh, long long stride_ps,
+                                           long long stride_pq, int hq, int H, int n_parts, int row, int slice,
+                                           int slices, float* s_w, float* s_red, float* s_acc) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float m = -INFINITY;
-  for (int s = tid; s < n_parts; s += MERGE_THREADS) m = fmaxf(m, lse_part[static_cast<long long>(s) * hq + row]);
+  for (int s = tid; s < n_parts; s += MERGE_THREADS) m = fmaxf(m, __ldcg(lse_part + static_cast<long long>(s) * hq + row));
   m = warp_max(m);
   if (lane == 0) s_red[warp] = m;
   __syncthreads();
@@ -659,7 +646,7 @@ __device__ __forceinline__ void merge(const float* __restrict__ o_part, const fl
   __syncthreads();
   float sum = 0.f;
   for (int s = tid; s < n_parts; s += MERGE_THREADS) {
-    const float w = exp2f(lse_part[static_cast<long long>(s) * hq + row] - m);
+    const float w = exp2f(__ldcg(lse_part + static_cast<long long>(s) * hq + row) - m);
     s_w[s] = w;
     sum += w;
   }
@@ -670,15 +657,15 @@ __device__ __forceinline__ void merge(const float* __restrict__ o_part, const fl
 #pragma unroll
   for (int i = 0; i < MERGE_THREADS / 32; ++i) sum += s_red[i];
 
-  const int cols = 512 / gridDim.y, tpg = cols / 4, groups = MERGE_THREADS / tpg;
-  const int g = tid / tpg, c = (tid % tpg) * 4, col = blockIdx.y * cols + c;
+  const int cols = 512 / slices, tpg = cols / 4, groups = MERGE_THREADS / tpg;
+  const int g = tid / tpg, c = (tid % tpg) * 4, col = slice * cols + c;
   const float* src = o_part + static_cast<long long>(row) * stride_pq + col;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
   for (int s = g; s < n_parts; s += groups) {
     const float w = s_w[s];
     if (w > 0.f) {
-      const float4 o = __ldg(reinterpret_cast<const float4*>(src + s * stride_ps));
+      const float4 o = __ldcg(reinterpret_cast<const float4*>(src + s * stride_ps));
       acc.x += w * o.x;
       acc.y += w * o.y;
       acc.z += w * o.z;
@@ -704,6 +691,52 @@ __device__ __forceinline__ void merge(const float* __restrict__ o_part, const fl
     *reinterpret_cast<uint2*>(dst) = v;
   }
 }
+
+// The grid barrier before the fused merge: every program of the launch arrives once on the plan's 64-bit counter
+// (release), then waits (acquire) until the counter reaches the next multiple of the grid size. The counter only
+// grows, so it needs no reset between launches or graph replays; a plan's launches are serialized on one stream
+// (they share its partial buffers anyway). All programs must be resident at once: the grid is one wave (at most
+// one program per SM, _cu.Launcher checks it), so a waiting program never holds an SM another one needs.
+__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
+  __syncthreads();  // the program's partials (every thread's stores) are written
+  if (threadIdx.x == 0) {
+    const unsigned long long n = gridDim.x;
+    unsigned long long old;
+    asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;\n" : "=l"(old) : "l"(counter) : "memory");
+    const unsigned long long target = (old / n + 1) * n;
+    unsigned long long now;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(now) : "l"(counter) : "memory");
+    } while (now < target);
+  }
+  __syncthreads();
+}
+
+// The prefix kernel with its merge fused (one launch instead of two): with ``out`` set, after the grid barrier the
+// programs share the (row, column slice) items of the merge, item i on program i mod grid, in the dynamic shared
+// memory the prefix left (the merge needs 8 KB of it; every TMA copy and wgmma of the prefix has completed).
+template <bool BF16>
+__device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
+                                       const int* piece_ptr, const int* pieces, float* o_part, float* lse_part,
+                                       long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
+                                       int H, float c, int r, int n_qb, int grid_splits, int fold, void* out,
+                                       long long stride_or, long long stride_oh, unsigned long long* counter,
+                                       int n_parts, int slices) {
+  seesaw_prefix<BF16>(tm_q, tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq,
+                      H, c, r, n_qb, grid_splits, fold);
+  if (out == nullptr) return;
+  grid_barrier(counter);
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  float* s_w = reinterpret_cast<float*>(smem_raw);
+  float* s_acc = s_w + MERGE_MAX_PARTS;
+  float* s_red = s_acc + MERGE_THREADS * 4;
+  for (int i = blockIdx.x; i < hq * slices; i += gridDim.x) {
+    merge_item<BF16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts, i / slices,
+                     i % slices, slices, s_w, s_red, s_acc);
+    __syncthreads();  // the item's shared memory is free for the next one
+  }
+}
+static_assert(4 * (MERGE_MAX_PARTS + MERGE_THREADS * 4 + MERGE_THREADS / 32) <= SMEM_BYTES, "the fused merge fits");
 }  // namespace
 
 #define DDP_MERGE_ARGS                                                                                                \
@@ -711,5 +744,30 @@ __device__ __forceinline__ void merge(const float* __restrict__ o_part, const fl
       long long stride_ps, long long stride_pq, int hq, int H, int n_parts
 #define DDP_MERGE_CALL o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts
 
+namespace {
+template <bool BF16>
+__device__ __forceinline__ void merge(DDP_MERGE_ARGS) {
+  __shared__ float s_w[MERGE_MAX_PARTS];
+  __shared__ float s_red[MERGE_THREADS / 32];
+  __shared__ __align__(16) float s_acc[MERGE_THREADS * 4];
+  merge_item<BF16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts, blockIdx.x,
+                   blockIdx.y, gridDim.y, s_w, s_red, s_acc);
+}
+}  // namespace
+
 extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_bf16(DDP_MERGE_ARGS) { merge<true>(DDP_MERGE_CALL); }
 extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_f16(DDP_MERGE_ARGS) { merge<false>(DDP_MERGE_CALL); }
+
+// The prefix kernels; ``out`` null: the partials only (the merge is ddp_merge_*'s launch or Triton's), else the
+// merge fused after a grid barrier into out [R, H, 512] (16-bit, unit column stride, 8-byte aligned).
+#define DDP_ARGS                                                                                                     \
+  const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
+      const int* piece_ptr, const int* pieces, float* o_part, float* lse_part, long long stride_ps,                 \
+      long long stride_pq, const int* prefix_ptr, int hq, int H, float c, int r, int n_qb, int grid_splits, int fold, \
+      void* out, long long stride_or, long long stride_oh, unsigned long long* counter, int n_parts, int slices
+#define DDP_CALL                                                                                                     \
+  &tm_q, &tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq, H, c, r, n_qb,     \
+      grid_splits, fold, out, stride_or, stride_oh, counter, n_parts, slices
+
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
