@@ -207,18 +207,16 @@ class Launcher:
                       ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
                       ctypes.c_uint64(prefix_t.data_ptr()), ctypes.c_int32(hq), ctypes.c_int32(h), self.scale,
                       ctypes.c_int32(r), ctypes.c_int32(n_qb), ctypes.c_int32(grid_splits), ctypes.c_int32(fold)]
-        # the fused merge: out (0: none), its row and head strides, the barrier's counter, partials, column slices
-        # (the fewest of 512 / 1, 2, 4, 8 columns that give every program two (row, slice) items)
-        self.slices = next(s for s in (1, 2, 4, 8) if hq * s >= 2 * self.programs or s == 8)
+        # the fused merge: out (0: none), its row and head strides, the barrier's counter, the partials
         self.out, self.stride_or, self.stride_oh = ctypes.c_uint64(0), ctypes.c_int64(0), ctypes.c_int64(0)
         self._args += [self.out, self.stride_or, self.stride_oh,
                        ctypes.c_uint64(counter.data_ptr() if counter is not None else 0),
-                       ctypes.c_int32(fuse_parts if self.fused else 0), ctypes.c_int32(self.slices)]
+                       ctypes.c_int32(fuse_parts if self.fused else 0)]
         self.params = (ctypes.c_void_p * (2 + len(self._args)))(
             None, None, *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
         self.report = {"name": self.name, "shared": SMEM_BYTES, "threads": THREADS, "programs": self.programs,
                        "pieces": self.pieces, "work_list": table is not None}
-        self.fused_report = {**self.report, "merge": "fused", "partials": fuse_parts, "slices": self.slices}
+        self.fused_report = {**self.report, "merge": "fused", "partials": fuse_parts}
 
     def _map(self, t, rows: int) -> int:
         """The address of the TMA map of ``t`` seen as 2-D rows of its last dimension (``t`` contiguous but for

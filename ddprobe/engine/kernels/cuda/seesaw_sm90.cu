@@ -712,31 +712,83 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
   __syncthreads();
 }
 
-// The prefix kernel with its merge fused (one launch instead of two): with ``out`` set, after the grid barrier the
-// programs share the (row, column slice) items of the merge, item i on program i mod grid, in the dynamic shared
-// memory the prefix left (the merge needs 8 KB of it; every TMA copy and wgmma of the prefix has completed).
+// The merge inside the prefix kernel's launch, after the grid barrier: one warp per item (row, 128-column slice,
+// a float4 per lane; item i on program i mod grid, so every SM takes a share), no block-wide synchronization. The
+// launch has one program per SM, 8 warps, against the merge kernel's many small programs, so each warp keeps
+// FUSED_BATCH partials' loads in flight: the row's weights 2^(lse_s - M) go to the warp's own MERGE_MAX_PARTS floats
+// of the dynamic shared memory the prefix left (every TMA copy and wgmma of the prefix has completed), then the
+// partials are read in batches of FUSED_BATCH independent loads (an empty split, weight 0, is never read).
+constexpr int FUSED_BATCH = 16;
+constexpr int FUSED_SLICES = 4;  // 512 / 128 columns
+template <bool BF16>
+__device__ __forceinline__ void merge_fused(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                            void* out, long long stride_or, long long stride_oh,
+                                            long long stride_ps, long long stride_pq, int hq, int H, int n_parts,
+                                            float* s_w_all) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  float* s_w = s_w_all + warp * MERGE_MAX_PARTS;
+  for (int it = blockIdx.x + gridDim.x * warp; it < hq * FUSED_SLICES; it += gridDim.x * nw) {
+    const int row = it / FUSED_SLICES, col = (it % FUSED_SLICES) * 128 + lane * 4;
+    const float* lse = lse_part + row;
+    float m = -INFINITY;
+    for (int s = lane; s < n_parts; s += 32) m = fmaxf(m, __ldcg(lse + static_cast<long long>(s) * hq));
+    m = warp_max(m);
+    if (m == -INFINITY) m = 0.f;
+    float sum = 0.f;
+    for (int s = lane; s < n_parts; s += 32) {
+      const float w = exp2f(__ldcg(lse + static_cast<long long>(s) * hq) - m);
+      s_w[s] = w;
+      sum += w;
+    }
+    sum = warp_sum(sum);
+    __syncwarp();
+    const float* src = o_part + static_cast<long long>(row) * stride_pq + col;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < n_parts; s0 += FUSED_BATCH) {
+      float w[FUSED_BATCH];
+      float4 o[FUSED_BATCH];
+#pragma unroll
+      for (int j = 0; j < FUSED_BATCH; ++j) {
+        w[j] = s0 + j < n_parts ? s_w[s0 + j] : 0.f;
+        o[j] = w[j] > 0.f ? __ldcg(reinterpret_cast<const float4*>(src + (s0 + j) * stride_ps))
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int j = 0; j < FUSED_BATCH; ++j) {
+        acc.x += w[j] * o[j].x;
+        acc.y += w[j] * o[j].y;
+        acc.z += w[j] * o[j].z;
+        acc.w += w[j] * o[j].w;
+      }
+    }
+    const float inv = 1.f / sum;
+    uint2 v;
+    v.x = pack2<BF16>(acc.x * inv, acc.y * inv);
+    v.y = pack2<BF16>(acc.z * inv, acc.w * inv);
+    char* dst = static_cast<char*>(out) + 2 * ((row / H) * stride_or + (row % H) * stride_oh + col);
+    *reinterpret_cast<uint2*>(dst) = v;
+    __syncwarp();  // the warp's weights are free for its next item
+  }
+}
+
+// The prefix kernel with its merge fused (one launch instead of two): with ``out`` set, the grid barrier, then
+// merge_fused.
 template <bool BF16>
 __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
                                        const int* piece_ptr, const int* pieces, float* o_part, float* lse_part,
                                        long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
                                        int H, float c, int r, int n_qb, int grid_splits, int fold, void* out,
                                        long long stride_or, long long stride_oh, unsigned long long* counter,
-                                       int n_parts, int slices) {
+                                       int n_parts) {
   seesaw_prefix<BF16>(tm_q, tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq,
                       H, c, r, n_qb, grid_splits, fold);
   if (out == nullptr) return;
   grid_barrier(counter);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  float* s_w = reinterpret_cast<float*>(smem_raw);
-  float* s_acc = s_w + MERGE_MAX_PARTS;
-  float* s_red = s_acc + MERGE_THREADS * 4;
-  for (int i = blockIdx.x; i < hq * slices; i += gridDim.x) {
-    merge_item<BF16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts, i / slices,
-                     i % slices, slices, s_w, s_red, s_acc);
-    __syncthreads();  // the item's shared memory is free for the next one
-  }
+  merge_fused<BF16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts,
+                    reinterpret_cast<float*>(smem_raw));
 }
-static_assert(4 * (MERGE_MAX_PARTS + MERGE_THREADS * 4 + MERGE_THREADS / 32) <= SMEM_BYTES, "the fused merge fits");
+static_assert(4 * MERGE_MAX_PARTS * (256 / 32) <= SMEM_BYTES, "the fused merge's weights fit");
 }  // namespace
 
 #define DDP_MERGE_ARGS                                                                                                \
@@ -764,10 +816,10 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_f16(DDP_ME
   const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
       const int* piece_ptr, const int* pieces, float* o_part, float* lse_part, long long stride_ps,                 \
       long long stride_pq, const int* prefix_ptr, int hq, int H, float c, int r, int n_qb, int grid_splits, int fold, \
-      void* out, long long stride_or, long long stride_oh, unsigned long long* counter, int n_parts, int slices
+      void* out, long long stride_or, long long stride_oh, unsigned long long* counter, int n_parts
 #define DDP_CALL                                                                                                     \
   &tm_q, &tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq, H, c, r, n_qb,     \
-      grid_splits, fold, out, stride_or, stride_oh, counter, n_parts, slices
+      grid_splits, fold, out, stride_or, stride_oh, counter, n_parts
 
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
