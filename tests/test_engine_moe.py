@@ -56,6 +56,46 @@ def test_paths_equal_a_per_token_loop(n, k, rows, shared):
         m.experts.kernel = kernel
         assert (m(x).double() - want).abs().max() < tol
 
+    m.requires_grad_(False)
+    m.join_projections()  # the router and the shared expert's gate and up: one GEMM, the same function
+    assert (m.joined is not None) == bool(shared)
+    for kernel in ("grouped", "batched"):
+        m.experts.kernel = kernel
+        assert (m(x).double() - want).abs().max() < tol
+
+
+def test_joined_projections_are_the_linears_weights():
+    """After join_projections the Linears' weights are views of the joined tensor: a state_dict load (in place)
+    reaches it, the state_dict keeps its keys (no extra entry), and a layer's input projections through project()
+    equal the separate Linears; with gradients on, the separate Linears run (the joined tensor has none)."""
+    from ddprobe.engine.target import layer_pre
+
+    eng = Engine(ModelConfig.from_name("k2", heads=2, num_layers=2, feature_layers=(0, 1), max_ctx=256), device="cpu",
+                 dtype=torch.float32, seed=0)
+    layer = eng.target.layers[1]
+    attn, moe = layer.self_attn, layer.mlp
+    assert attn.joined is not None and moe.joined is not None
+    first = attn.q_a_proj if attn.cfg.q_lora_rank else attn.q_proj
+    n = first.out_features
+    assert attn.kv_a_proj_with_mqa.weight.data_ptr() == attn.joined[n:].data_ptr()
+    keys = set(eng.state_dict())
+    assert not any(k.endswith("joined") for k in keys)
+    sd = {k: v + 1 if k.endswith("kv_a_proj_with_mqa.weight") or k.endswith("mlp.gate.weight") else v
+          for k, v in eng.state_dict().items()}
+    eng.load_state_dict(sd)
+    assert torch.equal(attn.joined[n:], attn.kv_a_proj_with_mqa.weight)
+    assert torch.equal(moe.joined[:moe.experts.n], moe.gate.weight)
+    x = torch.randn(9, eng.config.target.hidden_size)
+    a, kv_a = attn.project(x)
+    assert torch.allclose(a, first(x), atol=1e-5) and torch.allclose(kv_a, attn.kv_a_proj_with_mqa(x),
+                                                                              atol=1e-5)
+    cos, sin = eng.target.rope.cos_sin(torch.arange(9), x.dtype)
+    rows, q = layer_pre(layer, x, cos, sin)
+    assert torch.allclose(rows, attn.latent_rows(layer.input_layernorm(x), cos, sin), atol=1e-5)
+    assert torch.allclose(q, attn.absorbed_q(layer.input_layernorm(x), cos, sin), atol=1e-5)
+    moe.gate.weight.requires_grad_(True)
+    assert moe(x[None]).requires_grad  # the separate Linears ran: the gradient reaches the router
+
 
 def test_bf16_grouped_path_near_the_fp32_reference():
     m = make_moe(n=12, k=4, dim=64, inter=64, seed=3, dtype=torch.bfloat16)

@@ -22,6 +22,21 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(var + self.eps).to(x.dtype) * self.weight
 
 
+@torch.no_grad()
+def join_linears(*linears: nn.Linear) -> torch.Tensor:
+    """The weights of bias-free Linears that read the same input, as one tensor [sum of out_features, in] whose row
+    blocks the Linears' weights become (views: a load or an in-place update of a Linear's weight reaches it), so
+    one GEMM (F.linear with it) replaces one launch per Linear. Call it after the last move of the module
+    (``Module.to`` gives every tensor its own storage again)."""
+    w = torch.cat([lin.weight for lin in linears])
+    i = 0
+    for lin in linears:
+        n = lin.out_features
+        lin.weight = nn.Parameter(w[i:i + n], requires_grad=lin.weight.requires_grad)
+        i += n
+    return w
+
+
 class SwiGLU(nn.Module):
     """Dense gated MLP (also the k2 preset's cheap stand-in for the MoE)."""
 

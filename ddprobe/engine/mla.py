@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
-from .layers import RMSNorm
+from .layers import RMSNorm, join_linears
 from .rope import Rope, apply_rope
 
 
@@ -36,13 +36,27 @@ class MLAttention(nn.Module):
         # kv_b_proj holds W_UK [H, nope, C] and W_UV [H, v, C] (DeepSeek's weight layout).
         self.kv_b_proj = nn.Linear(cfg.kv_lora_rank, h * (nope + cfg.v_head_dim), bias=False)
         self.o_proj = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
+        self.register_buffer("joined", None, persistent=False)  # join_projections: [q_a or q; kv_a] weights
+
+    def join_projections(self) -> None:
+        """The two projections of the layer's input (q_a or q, and kv_a) as one GEMM (layers.join_linears)."""
+        self.joined = join_linears(self.q_a_proj if self.cfg.q_lora_rank else self.q_proj, self.kv_a_proj_with_mqa)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., hidden] -> (q_a(x) or q(x), kv_a(x)): one GEMM once joined (and the weights frozen: the
+        joined tensor carries no gradient), else two."""
+        first = self.q_a_proj if self.cfg.q_lora_rank else self.q_proj
+        if self.joined is None or first.weight.requires_grad:
+            return first(x), self.kv_a_proj_with_mqa(x)
+        y = nn.functional.linear(x, self.joined)
+        return y[..., :first.out_features], y[..., first.out_features:]
 
     def _q(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> [..., H, nope + rope]
-        if self.cfg.q_lora_rank:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        else:
-            q = self.q_proj(x)
-        return q.view(*x.shape[:-1], self.cfg.num_heads, -1)
+        return self._q_from(self.q_a_proj(x) if self.cfg.q_lora_rank else self.q_proj(x))
+
+    def _q_from(self, a: torch.Tensor) -> torch.Tensor:  # q_a(x) or q(x) -> [..., H, nope + rope]
+        q = self.q_b_proj(self.q_a_layernorm(a)) if self.cfg.q_lora_rank else a
+        return q.reshape(*a.shape[:-1], self.cfg.num_heads, -1)
 
     def _w_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, nope, C] and W_UV [H, v, C] out of kv_b_proj."""
@@ -52,16 +66,23 @@ class MLAttention(nn.Module):
 
     def latent_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [..., T, hidden] -> cache rows [..., T, D] = [RMSNorm(c_kv) (C), rope(k_pe) (rope)]."""
+        return self.latent_rows_from(self.kv_a_proj_with_mqa(x), cos, sin)
+
+    def latent_rows_from(self, kv_a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """kv_a(x) [..., T, D] -> the cache rows (latent_rows)."""
         c = self.cfg.kv_lora_rank
-        kv_a = self.kv_a_proj_with_mqa(x)  # [..., T, D]
         c_kv = self.kv_a_layernorm(kv_a[..., :c])  # [..., T, C]
         k_pe = apply_rope(kv_a[..., None, c:], cos, sin)[..., 0, :]  # [..., T, rope] (one shared "head")
         return torch.cat([c_kv, k_pe], dim=-1)
 
     def absorbed_q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [..., T, hidden] -> queries in the latent space [..., T, H, D] = [q_nope @ W_UK, rope(q_pe)]."""
+        return self.absorbed_q_from(self.q_a_proj(x) if self.cfg.q_lora_rank else self.q_proj(x), cos, sin)
+
+    def absorbed_q_from(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """q_a(x) or q(x) -> the absorbed queries (absorbed_q)."""
         nope = self.cfg.qk_nope_head_dim
-        q = self._q(x)  # [..., T, H, nope + rope]
+        q = self._q_from(a)  # [..., T, H, nope + rope]
         w_uk, _ = self._w_b()
         q_lat = torch.einsum("...hn,hnc->...hc", q[..., :nope], w_uk)  # [..., T, H, C]
         return torch.cat([q_lat, apply_rope(q[..., nope:], cos, sin)], dim=-1)

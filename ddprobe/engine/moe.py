@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels._common import MOE_MAX_ROWS
-from .layers import SwiGLU
+from .layers import SwiGLU, join_linears
 
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
 _FUSED_OK: dict[tuple[str, torch.dtype], bool] = {}
@@ -115,7 +115,12 @@ class Experts(nn.Module):
 
 def route(router: nn.Linear, x: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, dim] -> (expert ids [R, k] int64, weights [R, k] fp32): sigmoid top-k, normalized, scaled."""
-    scores = torch.sigmoid(router(x).float())
+    return route_logits(router(x), k, scale)
+
+
+def route_logits(logits: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``route`` from the router's logits [R, n]."""
+    scores = torch.sigmoid(logits.float())
     w, ids = torch.topk(scores, k, dim=-1)
     return ids, w / w.sum(-1, keepdim=True) * scale
 
@@ -181,18 +186,34 @@ class MoE(nn.Module):
         self.experts = experts
         self.top_k, self.routed_scaling = top_k, routed_scaling
         self.shared = SwiGLU(dim, shared_inter) if shared_inter else None
+        self.register_buffer("joined", None, persistent=False)  # join_projections: [router; shared gate; up]
+
+    def join_projections(self) -> None:
+        """The router and the shared expert's gate and up projections as one GEMM (layers.join_linears)."""
+        if self.shared is not None:
+            self.joined = join_linears(self.gate, self.shared.gate_proj, self.shared.up_proj)
+
+    def _logits_and_shared(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The router's logits [R, n] and the shared expert's output (None without one): three GEMMs and the
+        down projection, or two once joined (and the weights frozen: the joined tensor carries no gradient)."""
+        if self.joined is None or self.gate.weight.requires_grad:
+            return self.gate(flat), self.shared(flat) if self.shared is not None else None
+        n, si = self.experts.n, self.shared.down_proj.in_features
+        logits, g, u = nn.functional.linear(flat, self.joined).split((n, si, si), -1)
+        return logits.contiguous(), self.shared.down_proj(F.silu(g) * u)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         flat = x.reshape(-1, x.shape[-1])
         ex = self.experts
+        logits, shared = self._logits_and_shared(flat)
         if ex.kernel == "fused" and flat.shape[0] <= MOE_MAX_ROWS:
-            ids, w = route_fused(self.gate(flat), self.top_k, self.routed_scaling)
+            ids, w = route_fused(logits, self.top_k, self.routed_scaling)
             out = experts_fused(ex, flat, ids, w)
         else:
-            ids, w = route(self.gate, flat, self.top_k, self.routed_scaling)
+            ids, w = route_logits(logits, self.top_k, self.routed_scaling)
             grouped = ex.kernel == "grouped" or (ex.kernel == "fused" and ex.grouped_ok)
             out = (experts_grouped if grouped else experts_batched)(ex, flat, ids, w)
-        out = out + self.shared(flat) if self.shared is not None else out
+        out = out + shared if shared is not None else out
         return out.view(x.shape)
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

@@ -21,9 +21,10 @@ from .rope import attn_scale
 def layer_pre(layer: "DecoderLayer", x, cos, sin, qs=None):
     """Everything of a layer before its attention: (cache rows [T, D], absorbed queries [T, H, D]).
     qs [T, 1, 1] or None: the queries' scale (NoPE layers, ``rope.attn_scale``)."""
-    h = layer.input_layernorm(x)
-    q = layer.self_attn.absorbed_q(h, cos, sin)
-    return layer.self_attn.latent_rows(h, cos, sin), q if qs is None else q * qs
+    attn = layer.self_attn
+    a, kv_a = attn.project(layer.input_layernorm(x))
+    q = attn.absorbed_q_from(a, cos, sin)
+    return attn.latent_rows_from(kv_a, cos, sin), q if qs is None else q * qs
 
 
 def layer_post(layer: "DecoderLayer", x, o_lat):
@@ -47,6 +48,13 @@ class DecoderLayer(nn.Module):
         pre, post = fused or (layer_pre, layer_post)
         rows, q_abs = pre(self, x, cos, sin, qs)
         return post(self, x, self.self_attn.attend(q_abs, rows, kv_layer, write_idx, plan, path))
+
+    def join_projections(self) -> None:
+        """The GEMMs that read the same input as one each (layers.join_linears): attention's two input
+        projections, and the MoE's router with its shared expert's gate and up."""
+        self.self_attn.join_projections()
+        if isinstance(self.mlp, MoE):
+            self.mlp.join_projections()
 
     def causal(self, x, cos, sin, qs=None) -> torch.Tensor:
         """Whole sequences [B, T, hidden], causal, no cache (training)."""
@@ -87,6 +95,11 @@ class TargetModel(nn.Module):
 
     def init_weights(self, seed: int) -> None:
         init_random(self, seed)
+
+    def join_projections(self) -> None:
+        """Every layer's DecoderLayer.join_projections (after the model's last move: Engine.init_weights)."""
+        for layer in self.layers:
+            layer.join_projections()
 
     def forward(self, tokens, positions, kv_buffer, write_idx, plan, path, fused=None):
         """tokens [T] int64, positions [T] int64, kv_buffer [layers, slots, D] (written in place),
