@@ -188,6 +188,8 @@ def test_step_functions_never_touch_the_host(layout):
 
 
 SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["TRITON_INTERPRET"] = "1"  # the engine on the CPU: the interpreter, also where a GPU is
     import torch
     from ddprobe.engine import Engine
     prompt = [5, 17, 42, 9, 77, 3]

@@ -100,11 +100,12 @@ def test_tile_shapes_do_not_change_the_result(gate_up, down):
 def test_fused_routing_equals_sigmoid_top_k(r, n, k):
     from ddprobe.engine.kernels.moe_fused import moe_route
 
-    logits = torch.randn(r, n, generator=torch.Generator().manual_seed(r * n)).to(DEV)
-    ids, w = moe_route(logits, k, 2.827)
-    want_w, want_ids = torch.topk(torch.sigmoid(logits), k, dim=-1)
-    assert torch.equal(ids, want_ids)
-    assert torch.allclose(w, want_w / want_w.sum(-1, keepdim=True) * 2.827, rtol=1e-5, atol=0)
+    wide = torch.randn(r, n + 7, generator=torch.Generator().manual_seed(r * n)).to(DEV)
+    for logits in (wide[:, :n].contiguous(), wide[:, 3:3 + n]):  # a slice of a joined GEMM's output: a row stride
+        ids, w = moe_route(logits, k, 2.827)
+        want_w, want_ids = torch.topk(torch.sigmoid(logits), k, dim=-1)
+        assert torch.equal(ids, want_ids)
+        assert torch.allclose(w, want_w / want_w.sum(-1, keepdim=True) * 2.827, rtol=1e-5, atol=0)
 
 
 @needs_kernels

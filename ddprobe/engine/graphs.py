@@ -19,8 +19,8 @@ Two ways to run a step over them (the strategies ``steps.DeviceTreeStep`` and ``
 
 - device tree (``spec.device_tree``, greedy): ``draft -> tree -> verify -> walk -> commit`` with no
   host round trip in between. ``tree`` builds the DDTree on the device from the draft's top-k
-  (``tree_device.build_tree_device``: the same tree as ``tree.build_tree``) and fills the verify
-  inputs; ``walk`` (``tree_device.walk_device``) writes ``commit_in`` (permutation, prefix,
+  (``tree_device.build_tree_device``: the same tree as ``tree.build_tree``; on CUDA its one-program
+  Triton twin ``build_tree_fused``) and fills the verify inputs; ``walk`` (``tree_device.walk_device``) writes ``commit_in`` (permutation, prefix,
   accepted count, next bonus) and ``out_buf`` (the committed tokens, their count, the tree size,
   a finite-logits flag): the one device-to-host copy of the step. The write slots need no host
   either: paged, the slot table's tail past the prefix is filled with every free slot when decoding
@@ -46,7 +46,7 @@ from .fuse import Fused, verify_head
 from .kv_cache import KVCache
 from .spec import Models, StepSpec
 from .tree import DraftTree
-from .tree_device import DeviceTree, ancestor_mask_device, build_tree_device, walk_device
+from .tree_device import DeviceTree, ancestor_mask_device, build_tree_device, build_tree_fused, walk_device
 
 NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")  # run order within a step
 HOST_NAMES = ("draft", "unpack", "verify", "commit")  # the host tree's step
@@ -114,13 +114,17 @@ class StaticStep:
     def _tree(self):
         """Device tree: the draft's top-k and commit_in (prefix, accepted, bonus of the last step)
         -> the DDTree (tree_device.build_tree_device) and the verify inputs."""
-        r, ci = self.rows, self.commit_in
+        r, ci, d = self.rows, self.commit_in, self.dtree
         prefix = ci[r:r + 1] + ci[r + 1:r + 2]
-        t = build_tree_device(self.dvals, self.didx, self.spec.budget, ci[r + 2:r + 3])
-        d = self.dtree
-        for dst, src in ((d.tokens, t.tokens), (d.parents, t.parents), (d.depths, t.depths), (d.mask, t.mask),
-                         (d.valid, t.valid), (d.size, t.size), (self.tokens, t.tokens), (self.tree_mask, t.mask),
-                         (self.prefix, prefix), (self.positions, t.depths + prefix)):
+        if self.cuda:  # one Triton program writing the walk's tree in place (the same tree, bit for bit)
+            t = build_tree_fused(self.dvals, self.didx, self.spec.budget, ci[r + 2:r + 3], out=d)
+        else:
+            t = build_tree_device(self.dvals, self.didx, self.spec.budget, ci[r + 2:r + 3])
+            for dst, src in ((d.tokens, t.tokens), (d.parents, t.parents), (d.depths, t.depths), (d.mask, t.mask),
+                             (d.valid, t.valid), (d.size, t.size)):
+                dst.copy_(src)
+        for dst, src in ((self.tokens, t.tokens), (self.tree_mask, t.mask), (self.prefix, prefix),
+                         (self.positions, t.depths + prefix)):
             dst.copy_(src)
         slots = prefix + self.ar
         self.widx.copy_(self.kv.req_to_token[0][slots] if self.paged else slots)

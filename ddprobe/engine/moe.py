@@ -200,7 +200,7 @@ class MoE(nn.Module):
             return self.gate(flat), self.shared(flat) if self.shared is not None else None
         n, si = self.experts.n, self.shared.down_proj.in_features
         logits, g, u = nn.functional.linear(flat, self.joined).split((n, si, si), -1)
-        return logits.contiguous(), self.shared.down_proj(F.silu(g) * u)
+        return logits, self.shared.down_proj(F.silu(g) * u)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         flat = x.reshape(-1, x.shape[-1])

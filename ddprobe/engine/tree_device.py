@@ -123,6 +123,28 @@ def build_tree_device(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus)
     return DeviceTree(tokens, parents, depths, mask, valid, score, valid.sum() - 1)
 
 
+def build_tree_fused(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus,
+                     out: DeviceTree | None = None) -> DeviceTree:
+    """``build_tree_device`` in one Triton program (kernels/tree_build.py; the same tree, bit for bit): one
+    launch instead of ~15 small kernels per popped node. ``out``: the DeviceTree whose buffers it writes (R =
+    budget + 1 rows on vals' device), else new ones."""
+    from .kernels.tree_build import tree_build
+
+    dev, r = vals.device, budget + 1
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if out is None:
+        i64 = dict(dtype=torch.int64, device=dev)
+        out = DeviceTree(torch.empty(r, **i64), torch.empty(r, **i64), torch.empty(r, **i64),
+                         torch.empty(r, r, dtype=torch.bool, device=dev), torch.empty(r, dtype=torch.bool, device=dev),
+                         torch.empty(r, dtype=torch.float64, device=dev), torch.empty((), **i64))
+    if not isinstance(bonus, torch.Tensor):
+        bonus = torch.full((1,), int(bonus), dtype=torch.int64, device=dev)
+    tree_build(vals.contiguous(), idx.contiguous(), bonus.reshape(1), out.tokens, out.parents, out.depths, out.mask,
+               out.valid, out.scores, out.size)
+    return out
+
+
 @dataclass
 class DeviceWalk:
     accepted: torch.Tensor  # [R] bool: rows on the accepted path (row 0 always)

@@ -34,13 +34,13 @@ def _fit(cfg: tuple, dtype: torch.dtype) -> tuple:
 
 
 @triton.jit
-def _moe_route(logits_ptr, ids_ptr, w_ptr, R, N, scale,
+def _moe_route(logits_ptr, ids_ptr, w_ptr, R, N, stride_r, scale,
                TOPK: tl.constexpr, RP: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
     rows = tl.arange(0, RP)
     cols = tl.arange(0, NP)
     ks = tl.arange(0, KP)
     m = (rows[:, None] < R) & (cols[None, :] < N)
-    s = tl.load(logits_ptr + rows[:, None] * N + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    s = tl.load(logits_ptr + rows[:, None] * stride_r + cols[None, :], mask=m, other=0.0).to(tl.float32)
     s = tl.where(m, tl.sigmoid(s), -1.0)  # sigmoid is in (0, 1): padding never wins
     nan_row = tl.sum((s != s).to(tl.int32), axis=1) > 0  # a NaN score: the row's weights NaN (as the torch path's)
     ids = tl.zeros((RP, KP), tl.int32)
@@ -139,13 +139,15 @@ def _moe_gemm_down(h_ptr, ids_ptr, rw_ptr, w2_ptr, y_ptr, R, DIM, INTER,
 
 @torch.library.custom_op("ddprobe::moe_route", mutates_args=())
 def moe_route(logits: torch.Tensor, k: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [R, n] -> (ids [R, k] int64, weights [R, k] fp32): sigmoid, top-k, normalized, scaled; a row with a NaN
-    logit gets NaN weights (its output NaN, as on the torch path) and ids that are still experts."""
+    """logits [R, n] (any row stride: a slice of a joined GEMM's output) -> (ids [R, k] int64, weights [R, k] fp32):
+    sigmoid, top-k, normalized, scaled; a row with a NaN logit gets NaN weights (its output NaN, as on the torch
+    path) and ids that are still experts."""
     r, n = logits.shape
-    logits = logits.contiguous()
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
     ids = torch.empty(r, k, dtype=torch.int64, device=logits.device)
     w = torch.empty(r, k, dtype=torch.float32, device=logits.device)
-    _moe_route[(1,)](logits, ids, w, r, n, float(scale), TOPK=k, RP=next_pow2(r), NP=next_pow2(n),
+    _moe_route[(1,)](logits, ids, w, r, n, logits.stride(0), float(scale), TOPK=k, RP=next_pow2(r), NP=next_pow2(n),
                      KP=next_pow2(k), num_warps=4)
     return ids, w
 

@@ -1,0 +1,86 @@
+"""The DDTree build in one Triton program (engine/kernels/tree_build.py, through tree_device.build_tree_fused)
+against its reference, tree_device.build_tree_device (plain torch), and the host's tree.build_tree: the same rows,
+tokens, parents, depths, scores (float64, compared exactly) and ancestor mask, on the random distributions of
+test_engine_tree_device.py (exact ties, bf16-rounded log-probs, vocabularies smaller than the budget), budgets 1
+to 63, the chain shape, and into the buffers of an existing DeviceTree.
+
+On a machine without a GPU the kernel runs under Triton's interpreter: this module re-runs itself in one child
+pytest with TRITON_INTERPRET=1 set for that child alone; on CUDA the same tests run on the GPU.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from test_engine_tree_device import assert_same, distributions  # noqa: E402  (the shared random trees)
+
+from ddprobe.engine.tree import build_tree
+from ddprobe.engine.tree_device import build_tree_device, build_tree_fused
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+needs_kernel = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child (test_under_interpreter)")
+
+
+@pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
+def test_under_interpreter(rerun_under_interpreter):
+    rerun_under_interpreter(__file__, timeout=600)
+
+
+def both(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree"):
+    k = 1 if shape == "chain" else min(budget, logp.shape[1])
+    vals, idx = torch.topk(logp.double(), k, dim=-1)
+    vals, idx = vals.to(DEV), idx.to(DEV)
+    return (build_tree(logp, budget, bonus, shape), build_tree_device(vals, idx, budget, torch.tensor([bonus], device=DEV)),
+            build_tree_fused(vals, idx, budget, torch.tensor([bonus], device=DEV)))
+
+
+def same_tree(a, b) -> None:
+    for f in ("tokens", "parents", "depths", "mask", "valid", "scores", "size"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), f
+
+
+@needs_kernel
+@pytest.mark.parametrize("budget", [1, 2, 8, 13])
+def test_fused_build_equals_the_reference_and_the_host(budget):
+    ties = 0
+    for seed in range(24):
+        depth = [1, 2, 4, 7, 16][seed % 5]
+        vocab = [3, 16, 64, 256][(seed // 5) % 4]
+        logp = distributions(seed, depth, vocab)
+        want, ref, got = both(logp, budget, 42 + seed)
+        same_tree(got, ref)
+        assert_same(want, got if DEV == "cpu" else type(got)(*(t.cpu() for t in vars(got).values())), budget)
+        ties += len(set(want.scores[1:])) < want.size
+    if budget > 2:
+        assert ties >= 3  # the tie rule was exercised
+
+
+@needs_kernel
+def test_fused_build_chain_deep_budget_and_out_buffers():
+    g = torch.Generator().manual_seed(3)
+    logp = torch.log_softmax(torch.randn(8, 64, generator=g, dtype=torch.float64), -1)
+    for budget in (1, 5):
+        same_tree(*both(logp, budget, 7, "chain")[1:])
+    same_tree(*both(logp, 63, 9)[1:])  # 64 rows: the largest tree
+    small = torch.log_softmax(torch.randn(2, 2, generator=g, dtype=torch.float64), -1)
+    ref, got = both(small, 8, 1)[1:]  # 6 prefixes for a budget of 8: the last rows invalid
+    same_tree(got, ref)
+    assert int(got.size) == 6 and not bool(got.valid[-1])
+    vals, idx = torch.topk(logp, 8, dim=-1)
+    out = build_tree_fused(vals.to(DEV), idx.to(DEV), 8, 3)
+    again = build_tree_fused(vals.to(DEV), idx.to(DEV), 8, torch.tensor([3], device=DEV), out=out)
+    assert again is out
+    same_tree(out, build_tree_device(vals.to(DEV), idx.to(DEV), 8, 3))
+
+
+def test_fused_build_refuses_bad_shapes_in_one_line():
+    vals = torch.zeros(4, 3, dtype=torch.float64)
+    idx = torch.zeros(4, 3, dtype=torch.int64)
+    for budget, v, i, what in ((0, vals, idx, "budget"), (64, vals, idx, "rows"), (8, vals, idx[:, :2], "shape")):
+        with pytest.raises(ValueError, match=what) as e:
+            build_tree_fused(v, i, budget, 1)
+        assert "\n" not in str(e.value)
