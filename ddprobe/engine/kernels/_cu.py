@@ -220,12 +220,13 @@ class Launcher:
 
     def _map(self, t, rows: int) -> int:
         """The address of the TMA map of ``t`` seen as 2-D rows of its last dimension (``t`` contiguous but for
-        its row stride), encoded on first sight."""
+        its row stride), encoded on first sight (the cache holds (address, backing buffer))."""
         key = (t.data_ptr(), t.stride(-2), rows)
         m = self._maps.get(key)
         if m is None:
-            m = self._maps[key] = tensor_map(t.reshape(-1, t.shape[-1]), rows, 64)
-        return ctypes.addressof(m[1])
+            buf, tm = tensor_map(t.reshape(-1, t.shape[-1]), rows, 64)
+            m = self._maps[key] = (ctypes.addressof(tm), buf)
+        return m[0]
 
     def __call__(self, q2, kv, qk_scale: float, stream: int, out=None) -> dict:
         """Launch on ``stream`` (torch's current stream's handle): q2 [hq, 576] (or a contiguous [R, H, 576]) and

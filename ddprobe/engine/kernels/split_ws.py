@@ -315,7 +315,8 @@ class WsPlan:
     launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
     merger: Any = None          # _cu.MergeLauncher of the CUDA merge
     fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out))
-    signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, device, device)
+    signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, and both
+                                # tensors' device index, Tensor.get_device: cheaper than building torch.device)
     index: int = -1             # the CUDA device's index
 
 
@@ -374,7 +375,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
                    merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher,
                    merger=merger, fused=launcher is not None and launcher.fused,
-                   signature=(r, heads, dim, dim, dtype, dtype, dev, dev),
+                   signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
                    index=dev.index if dev.index is not None else -1)
 
 
@@ -491,7 +492,7 @@ def check_inputs(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
         return _complete(p, d, q.shape[1], q.dtype, q.shape[2] - p.v_dim)
     qs, ks = q.shape, kv.shape
     if len(qs) != 3 or len(ks) != 2 \
-            or (qs[0], qs[1], qs[2], ks[1], q.dtype, kv.dtype, q.device, kv.device) != d.signature \
+            or (qs[0], qs[1], qs[2], ks[1], q.dtype, kv.dtype, q.get_device(), kv.get_device()) != d.signature \
             or ks[0] < p.prefix_len + qs[0]:
         check_run_args(q, kv, p)
         raise ValueError(f"the {name} plan was built for {d.heads} heads of {d.dtype} rows {p.v_dim} + 64 wide on "
