@@ -75,10 +75,13 @@ def diagnose(
     check_decode_tokens(decode_tokens)
     folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     check_folder("--out-dir", folder)  # before anything is built or measured
-    check_source(source, prom_url, match, exporter_url)
-    # a fleet's source is asked now, before any model is built; NVML is checked by the gpu-util step (skipped
-    # with the reason where this machine has no GPU)
-    telemetry = open_source(source, prom_url, match, exporter_url, GPU_UTIL_PERIOD_S) if source != "nvml" else None
+    # a fleet's source is checked and asked now (open_source), before any model is built; with NVML only the
+    # options are checked here, NVML itself by the gpu-util step (skipped with the reason without a GPU)
+    if source == "nvml":
+        check_source(source, prom_url, match, exporter_url)
+        telemetry = None
+    else:
+        telemetry = open_source(source, prom_url, match, exporter_url, GPU_UTIL_PERIOD_S)
     be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(
         eng.capacity(max(ctxs), max(max_new_tokens, decode_tokens))))
     check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))  # the longer of its two requests
