@@ -1,5 +1,6 @@
-"""The CUDA C++ kernels of `split_ws` (the prefix kernel, WsTuning.cuda = 1, and the merge of its partials): load
-the prebuilt cubin, encode TMA maps, launch.
+"""The CUDA C++ kernels of `split_ws` (the prefix kernel, WsTuning.cuda = 1, and the merge of its partials, fused
+into the prefix kernel's launch after a grid barrier or as its own launch): load the prebuilt cubin, encode TMA
+maps, launch.
 
 ``cuda/seesaw_sm90.cu`` is compiled offline for sm_90a (``python -m ddprobe.engine.kernels._cu --build``, nvcc
 12.3 or newer; no GPU needed) into ``cuda/seesaw_sm90.cubin``, which ships with the package beside a stamp of the

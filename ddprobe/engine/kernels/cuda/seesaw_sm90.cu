@@ -1,5 +1,6 @@
 // The CUDA C++ kernels of the `split_ws` path, sm_90a only: the prefix kernel (FlashMLA's seesaw schedule written
-// below Gluon) and the log-sum-exp merge of its partials. Built offline into seesaw_sm90.cubin (python -m
+// below Gluon) and the log-sum-exp merge of its partials (ddp_merge_*, or inside the prefix kernel's own launch after
+// a grid barrier: seesaw(), at the end of this file). Built offline into seesaw_sm90.cubin (python -m
 // ddprobe.engine.kernels._cu --build); loaded and launched by ddprobe/engine/kernels/_cu.py through the CUDA driver
 // API. No CUTLASS: raw PTX for wgmma, TMA and mbarriers.
 //
