@@ -6,7 +6,8 @@
 #   peers   FlashMLA and FlashInfer from .peers/ (benchmarks/peers_bundle.sh build, made where there is network)
 #   build   the split_ws CUDA cubin rebuilt with the device's nvcc when BUILD=1 (python -m ddprobe.engine.kernels._cu
 #           --build); otherwise the shipped one is checked against its source by tests/test_cu.py
-#   check   the GPU tests: tests/test_kernels_gpu.py, tests/test_cu.py, tests/test_engine_graphs.py
+#   check   the GPU tests: tests/test_kernels_gpu.py, tests/test_cu.py, tests/test_engine_graphs.py,
+#           tests/test_moe_fused.py, tests/test_tree_build.py
 #   verify  ddprobe bench verify (every path and peer, 8 and 64 heads, the 61-layer step) -> $OUT/bench-verify.json
 #   engine  benchmarks/bench_engine.py (k2 and tiny decode steps, graphs vs eager, split_ws run() host time and
 #           eager vs graph) -> $OUT/bench-engine.json
@@ -37,7 +38,7 @@ if [ -d .peers ]; then
 fi
 [ "${BUILD:-0}" = 1 ] && step build 300 python -m ddprobe.engine.kernels._cu --build
 step check 600 python -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py tests/test_cu.py \
-    tests/test_engine_graphs.py
+    tests/test_engine_graphs.py tests/test_moe_fused.py tests/test_tree_build.py
 if [ "${QUICK:-0}" = 1 ]; then
     step verify 400 python -m ddprobe bench verify --quick --ctx 1k,32k,128k --heads 8,64 \
         --paths paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,sdpa --out "$OUT/bench-verify.json"
