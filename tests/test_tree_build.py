@@ -14,6 +14,8 @@ import os
 import pytest
 import torch
 
+triton = pytest.importorskip("triton")
+
 from test_engine_tree_device import assert_same, distributions  # noqa: E402  (the shared random trees)
 
 from ddprobe.engine.tree import build_tree
@@ -84,3 +86,26 @@ def test_fused_build_refuses_bad_shapes_in_one_line():
         with pytest.raises(ValueError, match=what) as e:
             build_tree_fused(v, i, budget, 1)
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(CHILD, reason="compiles in the parent (no GPU needed)")
+@pytest.mark.parametrize("rows", [2, 9, 64])
+def test_the_kernel_compiles_for_sm90_with_runtime_depth_and_width(rows):
+    """The interpreter runs Python, not the compiler: this compiles the kernel for sm_90 here (Triton ships ptxas),
+    with the draft's depth L and width K as runtime integers. Triton turns an integer argument equal to 1 into a
+    constant unless told not to, and ``L.to(...)`` on that constant failed on the H200 for a one-position draft;
+    the kernel now declares L and K do_not_specialize, so every launch compiles this signature."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ddprobe.engine.kernels._common import next_pow2
+    from ddprobe.engine.kernels.tree_build import _tree_build
+
+    sig = {"vals_ptr": "*fp64", "idx_ptr": "*i64", "bonus_ptr": "*i64", "tok_ptr": "*i64", "par_ptr": "*i64",
+           "dep_ptr": "*i64", "mask_ptr": "*i1", "valid_ptr": "*i1", "score_ptr": "*fp64", "size_ptr": "*i64",
+           "L": "i32", "K": "i32", "R": "constexpr", "RP": "constexpr"}
+    names = {a if isinstance(a, str) else _tree_build.arg_names[a] for a in _tree_build.do_not_specialize}
+    assert {"L", "K"} <= names  # names or indices, by Triton version
+    k = triton.compile(ASTSource(fn=_tree_build, signature=sig, constexprs={"R": rows, "RP": next_pow2(rows)}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
+    assert len(k.asm["cubin"]) > 1000

@@ -2,7 +2,7 @@
 same rows, tokens, parents, depths, scores and mask, bit for bit) without its ~15 small kernels per popped node.
 
 One program holds the whole tree in registers ([RP] row vectors, the [RP, RP] ancestor mask, RP = R rounded up
-to a power of two) and pops the R - 1 nodes in an unrolled loop, with build_tree_device's rules: each popped row's
+to a power of two) and pops the R - 1 nodes in a loop, with build_tree_device's rules: each popped row's
 pending candidate is its next child (depth + 1, rank = children popped so far) with score score + vals[depth,
 rank] in float64; the best score wins, ties to the candidate whose parent's subtree ends first in preorder, then
 the deeper parent. Selecting row p's values is a max over the rows masked to p (exact for every dtype).
@@ -17,7 +17,7 @@ import triton.language as tl
 from ._common import MAX_ROWS, next_pow2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "K"])  # L or K of 1 would otherwise arrive as a constexpr
 def _tree_build(vals_ptr, idx_ptr, bonus_ptr, tok_ptr, par_ptr, dep_ptr, mask_ptr, valid_ptr, score_ptr, size_ptr,
                 L, K, R: tl.constexpr, RP: tl.constexpr):
     rows = tl.arange(0, RP)
@@ -33,8 +33,8 @@ def _tree_build(vals_ptr, idx_ptr, bonus_ptr, tok_ptr, par_ptr, dep_ptr, mask_pt
     anc = (rows[:, None] == 0) & (rows[None, :] == 0)  # anc[j, i]: i is j or an ancestor of j
     pos1 = tl.where(rows == 0, 1, 0).to(tl.int64)  # preorder position + 1 of popped rows
     valid = rows == 0
-    alive = True  # the frontier was not empty at any pop so far
-    for x in tl.static_range(1, R):
+    alive = tl.max(valid.to(tl.int32), axis=0) > 0  # True: the frontier was not empty at any pop so far
+    for x in range(1, R):  # a loop, not unrolled: R up to 64 compiles as fast as 9
         ok = (dep < depth_max) & (nr < K)
         cand = score + tl.load(vals_ptr + dep * K + nr, mask=ok, other=0.0).to(tl.float64)
         end1 = tl.max(tl.where(anc, pos1[:, None], 0), axis=0)  # end of each row's subtree in preorder (+1)
