@@ -109,3 +109,23 @@ def test_the_kernel_compiles_for_sm90_with_runtime_depth_and_width(rows):
     k = triton.compile(ASTSource(fn=_tree_build, signature=sig, constexprs={"R": rows, "RP": next_pow2(rows)}),
                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 1})
     assert len(k.asm["cubin"]) > 1000
+
+
+@needs_kernel
+def test_the_engine_checks_the_kernel_against_the_plain_build(monkeypatch):
+    """The static step uses the kernel where ``fused_tree_works`` says it gives the plain build's tree on that
+    device (checked once per shape, ties included); a kernel that differs in one field is refused."""
+    from ddprobe.engine import tree_device
+
+    assert tree_device._fused_tree_agrees(torch.device(DEV), 8, 8, 8)
+    assert tree_device.fused_tree_works(torch.device("cpu"), 8, 8, 8) is False  # off CUDA: the plain build
+    if DEV == "cuda":
+        assert tree_device.fused_tree_works(torch.device(DEV), 8, 8, 8)
+    real = tree_device.build_tree_fused
+
+    def off_by_one(*a, **k):
+        t = real(*a, **k)
+        t.depths[-1] += 1
+        return t
+    monkeypatch.setattr(tree_device, "build_tree_fused", off_by_one)
+    assert not tree_device._fused_tree_agrees(torch.device(DEV), 8, 8, 8)

@@ -46,7 +46,8 @@ from .fuse import Fused, verify_head
 from .kv_cache import KVCache
 from .spec import Models, StepSpec
 from .tree import DraftTree
-from .tree_device import DeviceTree, ancestor_mask_device, build_tree_device, build_tree_fused, walk_device
+from .tree_device import (DeviceTree, ancestor_mask_device, build_tree_device, build_tree_fused,
+                          fused_tree_works, walk_device)
 
 NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")  # run order within a step
 HOST_NAMES = ("draft", "unpack", "verify", "commit")  # the host tree's step
@@ -90,6 +91,8 @@ class StaticStep:
         self.dvals = torch.zeros(L, self.topk, dtype=torch.float64, device=dev)  # the draft's top-k
         self.didx = torch.zeros(L, self.topk, **i64)
         self.cuda = spec.cuda
+        # the tree in one Triton program where it gives the plain build's tree on this device (checked once per shape)
+        self.fused_tree = self.cuda and fused_tree_works(dev, spec.budget, L, self.topk)
         pin = dict(pin_memory=True) if self.cuda else {}
         self.step_host = torch.zeros(4 * r + 1, dtype=torch.int64, **pin)
         self.commit_host = torch.zeros(r + 3, dtype=torch.int64, **pin)
@@ -116,7 +119,7 @@ class StaticStep:
         -> the DDTree (tree_device.build_tree_device) and the verify inputs."""
         r, ci, d = self.rows, self.commit_in, self.dtree
         prefix = ci[r:r + 1] + ci[r + 1:r + 2]
-        if self.cuda:  # one Triton program writing the walk's tree in place (the same tree, bit for bit)
+        if self.fused_tree:  # one Triton program writing the walk's tree in place (the same tree, bit for bit)
             t = build_tree_fused(self.dvals, self.didx, self.spec.budget, ci[r + 2:r + 3], out=d)
         else:
             t = build_tree_device(self.dvals, self.didx, self.spec.budget, ci[r + 2:r + 3])

@@ -123,6 +123,39 @@ def build_tree_device(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus)
     return DeviceTree(tokens, parents, depths, mask, valid, score, valid.sum() - 1)
 
 
+_FUSED_OK: dict = {}  # (device, budget, L, k) -> whether build_tree_fused agrees with build_tree_device there
+
+
+def fused_tree_works(device: torch.device, budget: int, depth: int, k: int) -> bool:
+    """Does ``build_tree_fused`` run on this CUDA device and give ``build_tree_device``'s tree, every field equal,
+    for this budget and draft shape [depth, k]? Checked once per shape on random top-k tables, exact ties among
+    them (cached; False off CUDA, without Triton, or on any difference: the static step then keeps the plain
+    build)."""
+    key = (str(device), budget, depth, k)
+    if key not in _FUSED_OK:
+        _FUSED_OK[key] = False
+        if torch.device(device).type == "cuda":
+            try:
+                _FUSED_OK[key] = _fused_tree_agrees(torch.device(device), budget, depth, k)
+            except Exception:  # noqa: BLE001  no Triton, a compile error: the plain build
+                pass
+    return _FUSED_OK[key]
+
+
+def _fused_tree_agrees(device: torch.device, budget: int, depth: int, k: int) -> bool:
+    g = torch.Generator().manual_seed(budget * 131 + depth * 7 + k)
+    for scale, ties in ((1.0, False), (6.0, False), (1.0, True)):
+        logits = torch.randint(0, 3, (depth, 4 * k + 3), generator=g).double() if ties else \
+            scale * torch.randn(depth, 4 * k + 3, generator=g, dtype=torch.float64)
+        vals, idx = torch.topk(torch.log_softmax(logits, -1), k, dim=-1)
+        vals, idx = vals.to(device), idx.to(device)
+        bonus = torch.full((1,), 5, dtype=torch.int64, device=device)
+        a, b = build_tree_device(vals, idx, budget, bonus), build_tree_fused(vals, idx, budget, bonus)
+        if not all(torch.equal(getattr(a, f), getattr(b, f)) for f in DeviceTree.__dataclass_fields__):
+            return False
+    return True
+
+
 def build_tree_fused(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus,
                      out: DeviceTree | None = None) -> DeviceTree:
     """``build_tree_device`` in one Triton program (kernels/tree_build.py; the same tree, bit for bit): one
