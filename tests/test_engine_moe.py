@@ -93,8 +93,11 @@ def test_joined_projections_are_the_linears_weights():
     rows, q = layer_pre(layer, x, cos, sin)
     assert torch.allclose(rows, attn.latent_rows(layer.input_layernorm(x), cos, sin), atol=1e-5)
     assert torch.allclose(q, attn.absorbed_q(layer.input_layernorm(x), cos, sin), atol=1e-5)
+    eng.model.to(torch.float64)  # a move: the weights are joined again, still views of the new tensor
+    assert attn.joined.dtype == torch.float64 and attn.kv_a_proj_with_mqa.weight.data_ptr() == attn.joined[n:].data_ptr()
+    assert moe.gate.weight.data_ptr() == moe.joined.data_ptr()
     moe.gate.weight.requires_grad_(True)
-    assert moe(x[None]).requires_grad  # the separate Linears ran: the gradient reaches the router
+    assert moe(x[None].double()).requires_grad  # the separate Linears ran: the gradient reaches the router
 
 
 def test_bf16_grouped_path_near_the_fp32_reference():

@@ -114,7 +114,7 @@ class Engine:
         self.target.init_weights(seed)
         self.drafter.init_weights(seed + 1)
         self.model.to(device=self.device, dtype=self.dtype).eval().requires_grad_(False)
-        self.target.join_projections()  # after the last move: the GEMMs that share an input as one each
+        self.target.join_projections()  # the GEMMs that share an input as one each (joined again after a move)
 
     def load_state_dict(self, state_dict: dict, strict: bool = True):
         """Trained weights (keys ``target.*`` and ``drafter.*``), cast to the engine's dtype."""

@@ -26,8 +26,8 @@ class RMSNorm(nn.Module):
 def join_linears(*linears: nn.Linear) -> torch.Tensor:
     """The weights of bias-free Linears that read the same input, as one tensor [sum of out_features, in] whose row
     blocks the Linears' weights become (views: a load or an in-place update of a Linear's weight reaches it), so
-    one GEMM (F.linear with it) replaces one launch per Linear. Call it after the last move of the module
-    (``Module.to`` gives every tensor its own storage again)."""
+    one GEMM (F.linear with it) replaces one launch per Linear. ``Module.to`` gives every tensor its own storage
+    again: the modules that join (MLAttention, MoE) join again after a move."""
     w = torch.cat([lin.weight for lin in linears])
     i = 0
     for lin in linears:

@@ -42,6 +42,12 @@ class MLAttention(nn.Module):
         """The two projections of the layer's input (q_a or q, and kv_a) as one GEMM (layers.join_linears)."""
         self.joined = join_linears(self.q_a_proj if self.cfg.q_lora_rank else self.q_proj, self.kv_a_proj_with_mqa)
 
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self.joined is not None:  # a move gave every tensor its own storage: join the moved weights again
+            self.join_projections()
+        return out
+
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., hidden] -> (q_a(x) or q(x), kv_a(x)): one GEMM once joined (and the weights frozen: the
         joined tensor carries no gradient), else two."""

@@ -193,6 +193,12 @@ class MoE(nn.Module):
         if self.shared is not None:
             self.joined = join_linears(self.gate, self.shared.gate_proj, self.shared.up_proj)
 
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        if self.joined is not None:  # a move gave every tensor its own storage: join the moved weights again
+            self.join_projections()
+        return out
+
     def _logits_and_shared(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The router's logits [R, n] and the shared expert's output (None without one): three GEMMs and the
         down projection, or two once joined (and the weights frozen: the joined tensor carries no gradient)."""
