@@ -188,14 +188,13 @@ def test_step_functions_never_touch_the_host(layout):
 
 
 SCRIPT = textwrap.dedent("""
-    import os
-    os.environ["TRITON_INTERPRET"] = "1"  # the engine on the CPU: the interpreter, also where a GPU is
     import torch
     from ddprobe.engine import Engine
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: the interpreter (run_triton_script sets it)
     prompt = [5, 17, 42, 9, 77, 3]
-    ref = Engine("tiny", dtype=torch.float32, max_ctx=128).greedy_reference(prompt, 10)
+    ref = Engine("tiny", dtype=torch.float32, device=dev, max_ctx=128).greedy_reference(prompt, 10)
     for attn in ("paged", "split"):
-        eng = Engine("tiny", attn=attn, budget=4, dtype=torch.float32, poison=True, shuffle_slots=True,
+        eng = Engine("tiny", attn=attn, budget=4, dtype=torch.float32, device=dev, poison=True, shuffle_slots=True,
                      max_ctx=128, graphs=True)
         assert eng.generate(prompt, 10).tokens == ref, attn
     print("ok")
@@ -203,6 +202,6 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_triton_paths_through_the_static_step(run_triton_script):
-    """paged and split with device plans inside the engine's static step (CPU: the interpreter,
-    in a child process so the switch stays there)."""
+    """paged and split with device plans inside the engine's static step, greedy tokens equal to the plain
+    greedy reference's (CPU: the interpreter, in a child process so the switch stays there; CUDA: the kernels)."""
     run_triton_script(SCRIPT)
