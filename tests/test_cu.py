@@ -145,3 +145,15 @@ def test_a_merge_knob_selects_the_triton_merge():
     for over in (dict(merge_kind=3), dict(merge_block_m=32), dict(merge_split_chunk=16), dict(merge_stages=2),
                  dict(merge_bv=64), dict(merge_warps=8)):
         assert split_ws.triton_merge(split_ws.WsTuning(**over)), over
+
+
+def test_an_mps_thread_limit_keeps_the_merge_out_of_the_prefix_launch(monkeypatch):
+    """The fused merge's grid barrier needs every program resident: under MPS with an active-thread percentage
+    below 100 (fewer SMs than the device has) the launcher does not fuse (_cu._mps_limited)."""
+    from ddprobe.engine.kernels import _cu
+
+    monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    assert not _cu._mps_limited()
+    for value, limited in (("100", False), ("50", True), ("12.5", True), ("junk", True)):
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", value)
+        assert _cu._mps_limited() is limited, value

@@ -67,37 +67,63 @@ def test_paths_equal_a_per_token_loop(n, k, rows, shared):
 def test_joined_projections_are_the_linears_weights():
     """After join_projections the Linears' weights are views of the joined tensor: a state_dict load (in place)
     reaches it, the state_dict keeps its keys (no extra entry), and a layer's input projections through project()
-    equal the separate Linears; with gradients on, the separate Linears run (the joined tensor has none)."""
+    equal the separate Linears. A no-op move keeps everything; a real move, a load with assign=True and a deepcopy
+    give the weights their own tensors, and joining again (the move itself; Engine.load_state_dict; the copy's
+    join_projections) points the same Parameter objects at a new joined tensor. With a gradient on any joined
+    weight the separate Linears run (the joined tensor carries none)."""
+    import copy
+
     from ddprobe.engine.target import layer_pre
 
     eng = Engine(ModelConfig.from_name("k2", heads=2, num_layers=2, feature_layers=(0, 1), max_ctx=256), device="cpu",
                  dtype=torch.float32, seed=0)
     layer = eng.target.layers[1]
     attn, moe = layer.self_attn, layer.mlp
-    assert attn.joined is not None and moe.joined is not None
-    first = attn.q_a_proj if attn.cfg.q_lora_rank else attn.q_proj
+    first, kv_w = attn._inputs()[0], attn.kv_a_proj_with_mqa.weight
     n = first.out_features
-    assert attn.kv_a_proj_with_mqa.weight.data_ptr() == attn.joined[n:].data_ptr()
-    keys = set(eng.state_dict())
-    assert not any(k.endswith("joined") for k in keys)
+
+    def joined_ok() -> bool:
+        return (kv_w.data_ptr() == attn.joined[n:].data_ptr() and first.weight.data_ptr() == attn.joined.data_ptr()
+                and moe.gate.weight.data_ptr() == moe.joined.data_ptr()
+                and moe.shared.up_proj.weight.data_ptr() == moe.joined[moe.experts.n + moe.shared.gate_proj.out_features:].data_ptr())
+
+    assert attn.joined is not None and moe.joined is not None and joined_ok()
+    assert not any(k.endswith("joined") for k in eng.state_dict())
     sd = {k: v + 1 if k.endswith("kv_a_proj_with_mqa.weight") or k.endswith("mlp.gate.weight") else v
           for k, v in eng.state_dict().items()}
+    joined = attn.joined
     eng.load_state_dict(sd)
-    assert torch.equal(attn.joined[n:], attn.kv_a_proj_with_mqa.weight)
-    assert torch.equal(moe.joined[:moe.experts.n], moe.gate.weight)
+    assert attn.joined is joined and torch.equal(attn.joined[n:], kv_w) and torch.equal(moe.joined[:moe.experts.n],
+                                                                                       moe.gate.weight)
     x = torch.randn(9, eng.config.target.hidden_size)
     a, kv_a = attn.project(x)
-    assert torch.allclose(a, first(x), atol=1e-5) and torch.allclose(kv_a, attn.kv_a_proj_with_mqa(x),
-                                                                              atol=1e-5)
+    assert torch.allclose(a, first(x), atol=1e-5) and torch.allclose(kv_a, attn.kv_a_proj_with_mqa(x), atol=1e-5)
     cos, sin = eng.target.rope.cos_sin(torch.arange(9), x.dtype)
     rows, q = layer_pre(layer, x, cos, sin)
     assert torch.allclose(rows, attn.latent_rows(layer.input_layernorm(x), cos, sin), atol=1e-5)
     assert torch.allclose(q, attn.absorbed_q(layer.input_layernorm(x), cos, sin), atol=1e-5)
-    eng.model.to(torch.float64)  # a move: the weights are joined again, still views of the new tensor
-    assert attn.joined.dtype == torch.float64 and attn.kv_a_proj_with_mqa.weight.data_ptr() == attn.joined[n:].data_ptr()
-    assert moe.gate.weight.data_ptr() == moe.joined.data_ptr()
-    moe.gate.weight.requires_grad_(True)
-    assert moe(x[None].double()).requires_grad  # the separate Linears ran: the gradient reaches the router
+
+    eng.model.to("cpu")  # a no-op move: the same tensors
+    assert attn.joined is joined and joined_ok()
+    eng.model.to(torch.float64)  # a real move: joined again, the same Parameter objects
+    assert attn.kv_a_proj_with_mqa.weight is kv_w and attn.joined.dtype == torch.float64 and joined_ok()
+    eng.load_state_dict({k: v.double() * 2 for k, v in sd.items()}, strict=True)
+    assert joined_ok() and torch.equal(attn.joined[n:], kv_w)
+    eng.model.load_state_dict({k: v.double() for k, v in sd.items()}, assign=True)  # replaces the tensors
+    first, kv_w = attn._inputs()[0], attn.kv_a_proj_with_mqa.weight
+    assert not joined_ok()
+    eng.target.join_projections()
+    assert joined_ok() and torch.equal(attn.joined[n:], kv_w)
+    twin = copy.deepcopy(eng.target.layers[1].self_attn)
+    assert twin.kv_a_proj_with_mqa.weight.data_ptr() != twin.joined[n:].data_ptr()  # a copy holds its own tensors
+    twin.join_projections()
+    assert twin.kv_a_proj_with_mqa.weight.data_ptr() == twin.joined[n:].data_ptr()
+
+    xd = x[None].double()
+    assert not moe(xd).requires_grad and not attn.project(xd)[1].requires_grad  # frozen: the joined GEMMs
+    moe.shared.up_proj.weight.requires_grad_(True)  # one trainable weight among the joined ones
+    attn.kv_a_proj_with_mqa.weight.requires_grad_(True)
+    assert moe(xd).requires_grad and attn.project(xd)[1].requires_grad  # the separate Linears ran
 
 
 def test_bf16_grouped_path_near_the_fp32_reference():

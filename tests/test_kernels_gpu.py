@@ -634,7 +634,8 @@ def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
     same prefix kernel with the merge as its own launch (merge_kind -2): both within the tolerance of the fp32
     reference and within it of each other (only the order of the merge's sums differs); 30 launches in a row (30
     epochs of the barrier's counter, partials poisoned with NaN before each) give the same bits; device plans (the
-    row-block x split grid, empty splits) and host plans (the balanced grid's work list at 64 heads)."""
+    row-block x split grid) and host plans (the balanced grid's work list at 64 heads). Empty splits arriving at
+    the barrier: test_device_plan_replays_one_graph_at_changing_lengths (lengths 0 to max_prefix, fused)."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     m = get_path("split_ws")
     dtype = torch.bfloat16

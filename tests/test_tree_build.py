@@ -79,6 +79,22 @@ def test_fused_build_chain_deep_budget_and_out_buffers():
     same_tree(out, build_tree_device(vals.to(DEV), idx.to(DEV), 8, 3))
 
 
+@needs_kernel
+def test_a_nan_log_prob_gives_the_reference_tree():
+    """A NaN among the draft's log-probs (a broken drafter): the reference's amax returns NaN and no candidate ties
+    it, so the tree stops there; the kernel's reductions skip NaN and must stop at the same pop."""
+    g = torch.Generator().manual_seed(11)
+    logp = torch.log_softmax(torch.randn(6, 32, generator=g, dtype=torch.float64), -1)
+    sizes = []
+    for row, col in ((0, 0), (0, 2), (1, 0), (2, 1), (5, 3)):
+        vals, idx = torch.topk(logp, 8, dim=-1)
+        vals[row, col] = float("nan")
+        ref = build_tree_device(vals.to(DEV), idx.to(DEV), 8, 4)
+        same_tree(build_tree_fused(vals.to(DEV), idx.to(DEV), 8, 4), ref)
+        sizes.append(int(ref.size))
+    assert sizes[0] == 0 and 0 < min(sizes[1:3]) < 8  # the NaN stopped the tree at the first pop, and mid-tree
+
+
 def test_fused_build_refuses_bad_shapes_in_one_line():
     vals = torch.zeros(4, 3, dtype=torch.float64)
     idx = torch.zeros(4, 3, dtype=torch.int64)

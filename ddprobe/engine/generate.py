@@ -118,7 +118,9 @@ class Engine:
 
     def load_state_dict(self, state_dict: dict, strict: bool = True):
         """Trained weights (keys ``target.*`` and ``drafter.*``), cast to the engine's dtype."""
-        return self.model.load_state_dict(state_dict, strict=strict)
+        out = self.model.load_state_dict(state_dict, strict=strict)
+        self.target.join_projections()  # a no-op after an in-place load; joins again where a load replaced tensors
+        return out
 
     def state_dict(self) -> dict:
         return self.model.state_dict()

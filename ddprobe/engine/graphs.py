@@ -92,7 +92,7 @@ class StaticStep:
         self.didx = torch.zeros(L, self.topk, **i64)
         self.cuda = spec.cuda
         # the tree in one Triton program where it gives the plain build's tree on this device (checked once per shape)
-        self.fused_tree = self.cuda and fused_tree_works(dev, spec.budget, L, self.topk)
+        self.fused_tree = self.cuda and spec.device_tree and fused_tree_works(dev, spec.budget, L, self.topk)
         pin = dict(pin_memory=True) if self.cuda else {}
         self.step_host = torch.zeros(4 * r + 1, dtype=torch.int64, **pin)
         self.commit_host = torch.zeros(r + 3, dtype=torch.int64, **pin)

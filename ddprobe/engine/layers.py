@@ -23,18 +23,37 @@ class RMSNorm(nn.Module):
 
 
 @torch.no_grad()
-def join_linears(*linears: nn.Linear) -> torch.Tensor:
-    """The weights of bias-free Linears that read the same input, as one tensor [sum of out_features, in] whose row
-    blocks the Linears' weights become (views: a load or an in-place update of a Linear's weight reaches it), so
-    one GEMM (F.linear with it) replaces one launch per Linear. ``Module.to`` gives every tensor its own storage
-    again: the modules that join (MLAttention, MoE) join again after a move."""
-    w = torch.cat([lin.weight for lin in linears])
+def join_linears(joined: torch.Tensor | None, *linears: nn.Linear) -> torch.Tensor:
+    """The weights of bias-free Linears that read the same input as one tensor [sum of out_features, in] whose row
+    blocks the Linears' weights are (views: an in-place load or update of a weight reaches it), so one GEMM
+    (F.linear with it) replaces one launch per Linear. Returns ``joined`` while the weights are still its views;
+    else (first call, a move, a load with assign=True, a deepcopy: each gives the weights their own tensors) a new
+    joined tensor, the same Parameter objects pointed at its rows (optimizers and hooks keep them)."""
+    if joined is not None and _views_of(joined, linears):
+        return joined
+    w = torch.cat([lin.weight.detach() for lin in linears])
     i = 0
     for lin in linears:
-        n = lin.out_features
-        lin.weight = nn.Parameter(w[i:i + n], requires_grad=lin.weight.requires_grad)
-        i += n
+        lin.weight.data = w[i:i + lin.out_features]
+        i += lin.out_features
     return w
+
+
+def _views_of(joined: torch.Tensor, linears) -> bool:
+    """Whether the Linears' weights are the consecutive row blocks of ``joined``."""
+    i, row = 0, joined.stride(0) * joined.element_size()
+    for lin in linears:
+        w = lin.weight
+        if w.device != joined.device or w.dtype != joined.dtype or w.shape[1:] != joined.shape[1:] \
+                or not w.is_contiguous() or w.data_ptr() != joined.data_ptr() + i * row:
+            return False
+        i += w.shape[0]
+    return i == joined.shape[0]
+
+
+def frozen(*linears: nn.Linear) -> bool:
+    """No weight of these Linears takes a gradient (a joined GEMM would carry none to them)."""
+    return not any(lin.weight.requires_grad for lin in linears)
 
 
 class SwiGLU(nn.Module):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .config import TargetConfig
-from .layers import RMSNorm, join_linears
+from .layers import RMSNorm, frozen, join_linears
 from .rope import Rope, apply_rope
 
 
@@ -38,22 +38,26 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(h * cfg.v_head_dim, cfg.hidden_size, bias=False)
         self.register_buffer("joined", None, persistent=False)  # join_projections: [q_a or q; kv_a] weights
 
+    def _inputs(self) -> tuple[nn.Linear, nn.Linear]:
+        """The two projections of the layer's input: q_a (or q) and kv_a."""
+        return self.q_a_proj if self.cfg.q_lora_rank else self.q_proj, self.kv_a_proj_with_mqa
+
     def join_projections(self) -> None:
-        """The two projections of the layer's input (q_a or q, and kv_a) as one GEMM (layers.join_linears)."""
-        self.joined = join_linears(self.q_a_proj if self.cfg.q_lora_rank else self.q_proj, self.kv_a_proj_with_mqa)
+        """The two input projections as one GEMM (layers.join_linears; a no-op while already joined)."""
+        self.joined = join_linears(self.joined, *self._inputs())
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
-        if self.joined is not None:  # a move gave every tensor its own storage: join the moved weights again
+        if self.joined is not None:  # a real move gave every tensor its own storage: join the moved weights again
             self.join_projections()
         return out
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [..., hidden] -> (q_a(x) or q(x), kv_a(x)): one GEMM once joined (and the weights frozen: the
+        """x [..., hidden] -> (q_a(x) or q(x), kv_a(x)): one GEMM once joined (and both weights frozen: the
         joined tensor carries no gradient), else two."""
-        first = self.q_a_proj if self.cfg.q_lora_rank else self.q_proj
-        if self.joined is None or first.weight.requires_grad:
-            return first(x), self.kv_a_proj_with_mqa(x)
+        first, kv_a = self._inputs()
+        if self.joined is None or not frozen(first, kv_a):
+            return first(x), kv_a(x)
         y = nn.functional.linear(x, self.joined)
         return y[..., :first.out_features], y[..., first.out_features:]
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kernels._common import MOE_MAX_ROWS
-from .layers import SwiGLU, join_linears
+from .layers import SwiGLU, frozen, join_linears
 
 _GROUPED_OK: dict[tuple[str, torch.dtype], bool] = {}
 _FUSED_OK: dict[tuple[str, torch.dtype], bool] = {}
@@ -189,20 +189,21 @@ class MoE(nn.Module):
         self.register_buffer("joined", None, persistent=False)  # join_projections: [router; shared gate; up]
 
     def join_projections(self) -> None:
-        """The router and the shared expert's gate and up projections as one GEMM (layers.join_linears)."""
+        """The router and the shared expert's gate and up projections as one GEMM (layers.join_linears; a no-op
+        while already joined; nothing to join without a shared expert)."""
         if self.shared is not None:
-            self.joined = join_linears(self.gate, self.shared.gate_proj, self.shared.up_proj)
+            self.joined = join_linears(self.joined, self.gate, self.shared.gate_proj, self.shared.up_proj)
 
     def _apply(self, fn, *args, **kwargs):
         out = super()._apply(fn, *args, **kwargs)
-        if self.joined is not None:  # a move gave every tensor its own storage: join the moved weights again
+        if self.joined is not None:  # a real move gave every tensor its own storage: join the moved weights again
             self.join_projections()
         return out
 
     def _logits_and_shared(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The router's logits [R, n] and the shared expert's output (None without one): three GEMMs and the
         down projection, or two once joined (and the weights frozen: the joined tensor carries no gradient)."""
-        if self.joined is None or self.gate.weight.requires_grad:
+        if self.joined is None or not frozen(self.gate, self.shared.gate_proj, self.shared.up_proj):
             return self.gate(flat), self.shared(flat) if self.shared is not None else None
         n, si = self.experts.n, self.shared.down_proj.in_features
         logits, g, u = nn.functional.linear(flat, self.joined).split((n, si, si), -1)

@@ -97,7 +97,7 @@ class TargetModel(nn.Module):
         init_random(self, seed)
 
     def join_projections(self) -> None:
-        """Every layer's DecoderLayer.join_projections (after the model's last move: Engine.init_weights)."""
+        """Every layer's DecoderLayer.join_projections (Engine.init_weights and load_state_dict; a move joins again)."""
         for layer in self.layers:
             layer.join_projections()
 

@@ -147,6 +147,15 @@ def _function(name: str, device, smem: int = SMEM_BYTES) -> ctypes.c_void_p:
     return _funcs[fkey]
 
 
+def _mps_limited() -> bool:
+    """Whether CUDA MPS may give this process fewer SMs than the device has (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+    below 100): the fused merge's grid barrier could then wait for programs that never start."""
+    try:
+        return float(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")) < 100
+    except ValueError:
+        return True
+
+
 def stream_of(device_index: int) -> int:
     """The handle of torch's current stream on this device (torch's raw accessor: a fraction of a microsecond,
     against a few for torch.cuda.current_stream(...).cuda_stream, which it falls back to)."""
@@ -182,7 +191,10 @@ class Launcher:
     for the row-block x split grid the kernel derives from the live prefix length (n_qb x grid_splits programs).
     fuse_parts > 0: the merge of that many partials can run inside the launch (a call given ``out``), after a grid
     barrier on a counter of the launcher's own; only where the grid is one wave (at most ``sms`` programs, one per
-    SM), else ``fused`` is False and a call given ``out`` raises."""
+    SM) and no MPS thread percentage below 100 limits the SMs, else ``fused`` is False and a call given ``out``
+    raises. The barrier needs every program resident at once: kernels on other streams only delay that, but two
+    fused launches running concurrently on different streams, or a context given fewer SMs than the device has
+    (green contexts), would wait forever: use WsTuning.merge_kind -2 there."""
 
     MAX_MAPS = 512   # cached TMA maps (per role) before the cache is cleared
 
@@ -196,7 +208,7 @@ class Launcher:
         self.hq, self.num_cols = hq, num_cols
         self.programs = table[0].numel() - 1 if table is not None else n_qb * grid_splits
         self.pieces = table[1].shape[0] if table is not None else self.programs
-        self.fused = 1 <= fuse_parts <= MERGE_MAX_PARTS and self.programs <= sms
+        self.fused = 1 <= fuse_parts <= MERGE_MAX_PARTS and self.programs <= sms and not _mps_limited()
         counter = torch.zeros(1, dtype=torch.int64, device=self.device) if self.fused else None
         self._keep = (bits, prefix_t, o_part, lse_part, table, counter)   # what the block points at stays alive
         self._maps: dict = {}

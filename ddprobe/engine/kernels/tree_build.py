@@ -38,8 +38,9 @@ def _tree_build(vals_ptr, idx_ptr, bonus_ptr, tok_ptr, par_ptr, dep_ptr, mask_pt
         ok = (dep < depth_max) & (nr < K)
         cand = score + tl.load(vals_ptr + dep * K + nr, mask=ok, other=0.0).to(tl.float64)
         end1 = tl.max(tl.where(anc, pos1[:, None], 0), axis=0)  # end of each row's subtree in preorder (+1)
-        m = tl.max(tl.where(ok, cand, float("-inf")), axis=0)
-        tie = ok & (cand == m)
+        m = tl.max(tl.where(ok, cand, float("-inf")), axis=0)  # tl.max skips NaN; torch's amax returns it:
+        nan = tl.max((ok & (cand != cand)).to(tl.int32), axis=0) > 0  # a NaN candidate ties nothing there
+        tie = ok & (cand == m) & (nan == 0)
         key = tl.where(tie, end1 * (depth_max + 2) - dep, big)
         p = tl.argmin(key, axis=0)
         sel = rows == p
