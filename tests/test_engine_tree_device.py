@@ -56,13 +56,16 @@ def distributions(seed: int, depth: int, vocab: int):
     return logp
 
 
+def random_cases(n: int):
+    """(seed, log-probs) for seeds 0..n-1: depths 1-16, vocabularies 3-256, the four kinds of ``distributions``."""
+    for seed in range(n):
+        yield seed, distributions(seed, [1, 2, 4, 7, 16][seed % 5], [3, 16, 64, 256][(seed // 5) % 4])
+
+
 @pytest.mark.parametrize("budget", [1, 8, 32])
 def test_device_build_equals_build_tree(budget):
     ties = 0
-    for seed in range(40):
-        depth = [1, 2, 4, 7, 16][seed % 5]
-        vocab = [3, 16, 64, 256][(seed // 5) % 4]
-        logp = distributions(seed, depth, vocab)
+    for seed, logp in random_cases(40):
         want, got = host_and_device(logp, budget, 42 + seed)
         assert_same(want, got, budget)
         ties += len(set(want.scores[1:])) < want.size

@@ -16,7 +16,7 @@ import torch
 
 triton = pytest.importorskip("triton")
 
-from test_engine_tree_device import assert_same, distributions  # noqa: E402  (the shared random trees)
+from test_engine_tree_device import assert_same, random_cases  # noqa: E402  (the shared random trees)
 
 from ddprobe.engine.tree import build_tree
 from ddprobe.engine.tree_device import build_tree_device, build_tree_fused
@@ -49,10 +49,7 @@ def same_tree(a, b) -> None:
 @pytest.mark.parametrize("budget", [1, 2, 8, 13])
 def test_fused_build_equals_the_reference_and_the_host(budget):
     ties = 0
-    for seed in range(24):
-        depth = [1, 2, 4, 7, 16][seed % 5]
-        vocab = [3, 16, 64, 256][(seed // 5) % 4]
-        logp = distributions(seed, depth, vocab)
+    for seed, logp in random_cases(24):
         want, ref, got = both(logp, budget, 42 + seed)
         same_tree(got, ref)
         assert_same(want, got if DEV == "cpu" else type(got)(*(t.cpu() for t in vars(got).values())), budget)
