@@ -54,24 +54,23 @@ def floor(result: Result) -> list[str]:
     if not rows:
         return ["No floor rows recorded."]
     out = []
-    comp = [r["ctx"] for r in rows if r.get("bound") == "compute"]
-    if not comp:
-        out.append(f"Verify is memory-bound at every context ({_span([r['ctx'] for r in rows])}).")
-    elif len(comp) == len(rows):
-        out.append(f"Verify is compute-bound at every context ({_span(comp)}).")
+    binds = [r.get("binds") for r in rows]
+    if len(set(binds)) == 1:
+        out.append(f"The verify step's floor is {binds[0]}-bound at every context ({_span([r['ctx'] for r in rows])}).")
     else:
-        out.append(f"Verify is memory-bound below {fmt_tokens(min(comp))} and compute-bound from there.")
+        out.append("The verify step's floor is " + ", ".join(f"{b}-bound at {fmt_tokens(r['ctx'])}"
+                                                             for r, b in zip(rows, binds)) + ".")
     meas = [r for r in rows if r.get("step_ms")]
     if meas:
         r = meas[-1]
         bw = result.config.get("bw_Bps")
         line = (f"Gap to the floor at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
-                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)}")
+                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)} (the whole step)")
         if r.get("eff_bw_GBps"):
             line += f" (effective {fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}" + \
                     (f" of {fmt_bandwidth(bw)})" if bw else ")")
-        if r.get("gap_if_rows_reread"):
-            line += f"; still {fmt_ratio(r['gap_if_rows_reread'])} if every verify row re-read the cache"
+        if r.get("attn_gap"):
+            line += f"; attention gap {fmt_ratio(r['attn_gap'])} (KV floor {fmt_time(r['kv_floor_ms'] / 1e3)})"
         out.append(line + ".")
     an = result.summary.get("anatomy") if isinstance(result.summary, dict) else None
     if an and an.get("verdict"):

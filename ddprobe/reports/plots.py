@@ -133,7 +133,8 @@ def floor_time(rows: list[dict], name: str) -> Figure:
     fig, axs = _new()
     ax = axs[0][0]
     rows = sorted(rows, key=lambda r: r["ctx"])
-    ax.plot([r["ctx"] for r in rows], [r["floor_ms"] for r in rows], "k--", lw=2, marker="o", label="floor")
+    ax.plot([r["ctx"] for r in rows], [r["floor_ms"] for r in rows], "k--", lw=2, marker="o",
+            label="floor (whole step)")
     meas = [r for r in rows if r.get("step_ms")]
     if meas:
         ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], marker="s", label="measured step")
@@ -148,7 +149,7 @@ def step_anatomy(rows: list[dict], anatomy: dict | None, name: str) -> Figure:
     ax = axs[0][0]
     rows = sorted(rows, key=lambda r: r["ctx"])
     xs = [r["ctx"] for r in rows]
-    for key, style, label in (("total_floor_ms", "k--", "whole-step floor"), ("kv_floor_ms", "C0:", "KV floor"),
+    for key, style, label in (("floor_ms", "k--", "floor (whole step)"), ("kv_floor_ms", "C0:", "KV floor"),
                               ("weight_floor_ms", "C2:", "weight floor")):
         if all(r.get(key) for r in rows):
             ax.plot(xs, [r[key] for r in rows], style, lw=2, label=label)
