@@ -24,7 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from .shapes import AttnShape, dtype_bytes, floor_s
+from .shapes import AttnShape, dtype_bytes, dtype_name, floor_s
 from .step_shape import StepWeights
 from .units import DDProbeError
 
@@ -170,6 +170,8 @@ class StepModel:
     launch_us: float = 0.0
 
     def __post_init__(self):
+        object.__setattr__(self, "kv_dtype", dtype_name(self.kv_dtype))
+        object.__setattr__(self, "act_dtype", dtype_name(self.act_dtype))
         self.attn.check_tp(self.tp)
         check_dcp(self.dcp, self.tp)
         if not self.bw_Bps > 0:

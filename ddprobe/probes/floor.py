@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..shapes import floor_s
-from ..step_model import StepModel
+from ..step_model import StepModel, check_dcp
 from ..units import DDProbeError
 
 MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a context
@@ -116,6 +116,11 @@ class Sharding:
     kv_dtype: str = "bf16"
     allreduce_us: float | None = None  # one all-reduce, whatever its size
     allreduce_from: str | None = None  # a `ddprobe bench allreduce` results file
+
+    def __post_init__(self):
+        if self.tp < 1:
+            raise DDProbeError(f"--tp must be at least 1, got {self.tp}")
+        check_dcp(self.dcp, self.tp)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -95,7 +95,7 @@ def gpu(util: Result | None, record: Result | None) -> Claim:
 
 
 def _step_row(floor: Result) -> dict | None:
-    meas = [r for r in floor.rows if r.get("step_ms")]
+    meas = [r for r in floor.rows if r.get("step_ms") and r.get("floor_ms")]
     return max(meas, key=lambda r: r["ctx"]) if meas else None
 
 

@@ -54,22 +54,26 @@ def floor(result: Result) -> list[str]:
     if not rows:
         return ["No floor rows recorded."]
     out = []
-    binds = [r.get("binds") for r in rows]
+    whole = all(r.get("floor_ms") for r in rows)  # a file of an older ddprobe holds the attention's floor only
+    what, binds = ("The verify step's floor", [r.get("binds") for r in rows]) if whole else \
+        ("The attention (an older file: no whole-step floor)", [r.get("attn_bound") for r in rows])
     if len(set(binds)) == 1:
-        out.append(f"The verify step's floor is {binds[0]}-bound at every context ({_span([r['ctx'] for r in rows])}).")
+        out.append(f"{what} is {binds[0]}-bound at every context ({_span([r['ctx'] for r in rows])}).")
     else:
-        out.append("The verify step's floor is " + ", ".join(f"{b}-bound at {fmt_tokens(r['ctx'])}"
-                                                             for r, b in zip(rows, binds)) + ".")
+        out.append(f"{what} is " + ", ".join(f"{b}-bound at {fmt_tokens(r['ctx'])}" for r, b in zip(rows, binds))
+                   + ".")
     meas = [r for r in rows if r.get("step_ms")]
     if meas:
         r = meas[-1]
         bw = result.config.get("bw_Bps")
         line = (f"Gap to the floor at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
-                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)} (the whole step)")
+                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)} (the whole step)" if whole else
+                f"Attention gap at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
+                f"{fmt_ratio(r['attn_gap'])} the attention's floor {fmt_time(r['attn_floor_ms'] / 1e3)}")
         if r.get("eff_bw_GBps"):
             line += f" (effective {fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}" + \
                     (f" of {fmt_bandwidth(bw)})" if bw else ")")
-        if r.get("attn_gap"):
+        if whole and r.get("attn_gap"):
             line += f"; attention gap {fmt_ratio(r['attn_gap'])} (KV floor {fmt_time(r['kv_floor_ms'] / 1e3)})"
         out.append(line + ".")
     an = result.summary.get("anatomy") if isinstance(result.summary, dict) else None

@@ -133,8 +133,9 @@ def floor_time(rows: list[dict], name: str) -> Figure:
     fig, axs = _new()
     ax = axs[0][0]
     rows = sorted(rows, key=lambda r: r["ctx"])
-    ax.plot([r["ctx"] for r in rows], [r["floor_ms"] for r in rows], "k--", lw=2, marker="o",
-            label="floor (whole step)")
+    key, label = ("floor_ms", "floor (whole step)") if all(r.get("floor_ms") for r in rows) else \
+        ("attn_floor_ms", "attention floor (an older file: no whole-step floor)")
+    ax.plot([r["ctx"] for r in rows], [r[key] for r in rows], "k--", lw=2, marker="o", label=label)
     meas = [r for r in rows if r.get("step_ms")]
     if meas:
         ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], marker="s", label="measured step")

@@ -80,9 +80,10 @@ def _floor(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     t = Table(f"Floor per GPU ({r.config.get('model', '?')}, {r.config.get('queries', '?')} rows, tp "
               f"{r.config.get('tp', '?')}, {fmt_bandwidth(r.config['bw_Bps']) if r.config.get('bw_Bps') else '?'})",
               ["ctx", "KV", "weights", "comm", "floor", "binds", "step", "eff bw", "gap", "attn gap"],
-              [[fmt_tokens(x["ctx"]), fmt_bytes(x["kv_GB"] * 1e9), fmt_bytes(x["weights_GB"] * 1e9),
+              [[fmt_tokens(x["ctx"]), fmt_bytes(x["kv_GB"] * 1e9),
+                fmt_bytes(x["weights_GB"] * 1e9) if x.get("weights_GB") else "-",
                 fmt_time(x["comm_ms"] / 1e3) if x.get("comm_ms") else "-",
-                fmt_time(x["floor_ms"] / 1e3), str(x.get("binds")),
+                fmt_time(x["floor_ms"] / 1e3) if x.get("floor_ms") else "-", str(x.get("binds") or "-"),
                 fmt_time(x["step_ms"] / 1e3) if x.get("step_ms") else "-",
                 fmt_bandwidth(x["eff_bw_GBps"] * 1e9) if x.get("eff_bw_GBps") else "-",
                 fmt_ratio(x["gap"]) if x.get("gap") else "-",
