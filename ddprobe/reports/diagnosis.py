@@ -95,7 +95,7 @@ def gpu(util: Result | None, record: Result | None) -> Claim:
 
 
 def _step_row(floor: Result) -> dict | None:
-    meas = [r for r in floor.rows if r.get("step_ms") and r.get("floor_ms")]
+    meas = [r for r in floor.rows if r.get("step_ms")]
     return max(meas, key=lambda r: r["ctx"]) if meas else None
 
 
@@ -106,6 +106,10 @@ def floor_claim(floor: Result | None, record: Result | None) -> Claim:
         status, why = _step_reason(record, "floor")
         return Claim("floor", title, f"Floor: {why}", status)
     bw = floor.config.get("bw_Bps")
+    if not r.get("floor_ms"):  # a file of an older ddprobe: the attention's floor only
+        return Claim("floor", title, f"At {fmt_tokens(r['ctx'])} the measured step {fmt_time(r['step_ms'] / 1e3)} "
+                     f"is {fmt_ratio(r['attn_gap'])} the attention's floor {fmt_time(r['attn_floor_ms'] / 1e3)} "
+                     "(attention gap; this older floor file has no whole-step floor).", "ok")
     comm = (f", {fmt_time(r['comm_ms'] / 1e3)} of {r['allreduces']} all-reduces" if r.get("comm_ms") else "")
     text = (f"At {fmt_tokens(r['ctx'])} each verify step must read {fmt_bytes(r['kv_GB'] * 1e9)} of KV "
             f"({r['kv_B_per_token']:,.0f} B per token) and {fmt_bytes(r['weights_GB'] * 1e9)} of weights; at "
@@ -130,10 +134,11 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
     parts = []
     novel = _series(commit.rows, "novel") if commit else []
     r = _step_row(floor) if floor else None
-    if r is not None and (r.get("gap") or 0) > 2:
+    if r is not None and (r.get("gap") or r.get("attn_gap") or 0) > 2:
         tok = f"{novel[-1]['commit_len']:.2f} tokens" if novel else "few tokens"
-        head = (f"Throughput: batch more requests. A single request commits {tok} per step while the step runs "
-                f"{fmt_ratio(r['gap'])} above its floor")
+        far = (f"{fmt_ratio(r['gap'])} above its floor" if r.get("gap") else
+               f"{fmt_ratio(r['attn_gap'])} above the attention's floor")
+        head = f"Throughput: batch more requests. A single request commits {tok} per step while the step runs {far}"
         verdicts = [str(p.get("verdict", "")) for p in _decode_phases(util)]
         if any(v.startswith(("latency", "idle")) for v in verdicts):
             parts.append(f"{head}, and telemetry says the GPU is {verdicts[0]} during decode: it waits rather than "
