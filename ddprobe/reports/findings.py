@@ -101,7 +101,7 @@ def bench_verify(result: Result) -> list[str]:
         line = (f"{heads} heads: {kind}; at {fmt_tokens(top)} the fastest path is {best.path}, "
                 f"{fmt_time(best.time_us * 1e-6)} per layer")
         if best.gap:
-            line += f", {fmt_ratio(best.gap)} the floor"
+            line += f", {fmt_ratio(best.gap)} its kernel floor"
         if best.GBps:
             line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
                                                              else ")")
@@ -113,8 +113,9 @@ def bench_verify(result: Result) -> list[str]:
             out.append(f"{heads} heads: {name} buys {fmt_ratio(p.time_us / s.time_us)} over paged at "
                        f"{fmt_tokens(top)} ({fmt_time(p.time_us * 1e-6)} -> {fmt_time(s.time_us * 1e-6)} per layer).")
     for e in sorted((e for e in es if e.kind == "step"), key=lambda e: (e.ctx, e.path)):
-        line = f"Whole verify step at {fmt_tokens(e.ctx)}, {e.heads} heads, {e.path}: {fmt_time(e.time_us * 1e-6)}"
-        out.append(line + (f", {fmt_ratio(e.gap)} the floor {fmt_time(e.floor_us * 1e-6)}." if e.gap else "."))
+        line = (f"Verify attention of all layers at {fmt_tokens(e.ctx)}, {e.heads} heads, {e.path}: "
+                f"{fmt_time(e.time_us * 1e-6)}")
+        out.append(line + (f", {fmt_ratio(e.gap)} its kernel floor {fmt_time(e.floor_us * 1e-6)}." if e.gap else "."))
     bad = [e for e in bench.entries(result) if e.error]
     if bad:
         out.append(f"{len(bad)} entr{'y' if len(bad) == 1 else 'ies'} failed: "

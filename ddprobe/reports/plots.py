@@ -88,7 +88,7 @@ def _floor_line(ax, es: list[Entry], scale: float = 1.0) -> None:
 
 
 def bench_time(es: list[Entry], name: str, title: str, step: bool = False) -> Figure:
-    """Time vs context per path on log axes, one panel per head count, the floor dashed."""
+    """Time vs context per path on log axes, one panel per head count, the kernel floor dashed."""
     groups = sorted({e.heads for e in es}, key=lambda h: h or 0)
     fig, axs = _new(1, len(groups), w=6.0 if len(groups) > 1 else 7.0)
     scale, unit = (1e-3, "ms") if step else (1.0, "us")

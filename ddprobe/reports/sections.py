@@ -132,17 +132,19 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
                 fmt_bandwidth(e.GBps * 1e9) if e.GBps else "-",
                 f"{e.GBps / copy:.0%}" if e.GBps and copy else "-", _f(e.TFLOPs, ".1f"), _f(e.rel_err, ".1e")]
 
-    cols = ["path", "heads", "ctx", "time", "floor", "gap", "eff bw", "of ceiling", "TFLOP/s", "rel err"]
+    cols = ["path", "heads", "ctx", "time", "kernel floor", "x kernel floor", "eff bw", "of ceiling", "TFLOP/s",
+            "rel err"]
     note = (f"Measured ceilings: copy {fmt_bandwidth(copy * 1e9) if copy else '?'}, bf16 matmul "
-            f"{_f(mm, '.0f')} TFLOP/s.")
+            f"{_f(mm, '.0f')} TFLOP/s. Kernel floor: the attention kernels' bytes over the copy ceiling or FLOPs over "
+            "the matmul rate (not the whole step's floor: `ddprobe floor`).")
     tables = [Table("Per layer call", cols, [cells(e) for e in layer], note)] if layer else []
     figs = []
     if layer:
-        figs += [plots.bench_time(layer, f"{sid}-time", "Verify time per layer vs context (floor dashed)"),
+        figs += [plots.bench_time(layer, f"{sid}-time", "Verify time per layer vs context (kernel floor dashed)"),
                  plots.bench_bandwidth(layer, copy, f"{sid}-bandwidth")]
     if step:
         tables.append(Table("Whole verify step (all layers)", cols, [cells(e) for e in step]))
-        figs.append(plots.bench_time(step, f"{sid}-step", "Whole verify step vs context (floor dashed)", step=True))
+        figs.append(plots.bench_time(step, f"{sid}-step", "61 layers of verify attention vs context (kernel floor dashed)", step=True))
     return tables, figs
 
 
