@@ -112,3 +112,15 @@ def test_from_a_commit_file(tmp_path):
     assert {v["text"] for v in d["summary"]["verdicts"]} == {"predictable", "novel"}
     p = _advise("--from", "tests/data/floor-rtx-pro-6000-tp8.json", ok=False)
     assert "takes a commit file" in p.stderr
+
+
+def test_the_report_shows_the_verdicts_and_the_plot(tmp_path):
+    f = tmp_path / "advise.json"
+    _advise("--ctx", "32k,128k", "--step-ms", "159,714", "--commit-len", "7", "--decode-ms", "20", "--path", "sglang",
+            "-o", str(f))
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "report", str(f), "-o", str(tmp_path / "r.html")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert "With sglang, speculation loses beyond about 28.7k" in html and "num_speculative_tokens_per_seq_len" in html
+    assert "Tokens/s with speculation (best budget per context) against plain decoding" in html  # the plot

@@ -36,10 +36,18 @@ def claims_of(html: str) -> dict[str, tuple[str, str]]:
 
 def test_every_claim_present_or_skipped_with_reason(run_dir):
     out, printed = run_dir
-    assert sorted(p.name for p in out.iterdir()) == ["commit.json", "diagnose.json", "floor.json", "report.html"]
+    assert sorted(p.name for p in out.iterdir()) == ["advise.json", "commit.json", "diagnose.json", "floor.json",
+                                                     "report.html"]
     steps = {r["step"]: r for r in Result.load(out / "diagnose.json").rows}
-    assert [steps[s]["status"] for s in ("commit", "gpu-util", "floor", "verify")] == ["ok", "skipped", "ok",
-                                                                                        "skipped"]
+    assert [steps[s]["status"] for s in ("commit", "gpu-util", "floor", "advise", "verify")] == \
+        ["ok", "skipped", "ok", "ok", "skipped"]
+    # speculation on or off: every commit cell's tokens/s against plain decoding at the engine's one-row floor
+    adv = Result.load(out / "advise.json")
+    commit = Result.load(out / "commit.json")
+    for cell in commit.rows:
+        p = next(r for r in adv.rows if r["text"] == cell["text"] and r["ctx"] == cell["ctx"])
+        assert p["spec_tok_s"] == pytest.approx(cell["commit_len"] / cell["decode_ms_per_step"] * 1e3)
+    assert {v["text"] for v in adv.summary["verdicts"]} == {"predictable", "novel"}
     assert "no NVIDIA GPU" in steps["gpu-util"]["reason"] and "CPU" in steps["verify"]["reason"]
     claims = claims_of((out / "report.html").read_text())
     assert set(claims) == set(TOPICS)
@@ -75,6 +83,7 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     assert floor["binds"] == "KV" and fl.rows[0]["binds"] == "weights"  # 1k of KV is 1.57 MB
     status, text = claims["help"]
     assert "batch more requests" in text and "no telemetry here" in text
+    assert "Speculation on or off (against plain decoding at its floor): with reference, speculation" in text
     assert "skipped: the embedded engine runs on the CPU" in text
     # the same claims on the terminal
     assert "Is the drafter broken at long context? No: on predictable text" in " ".join(printed.split())

@@ -171,10 +171,34 @@ class Diagnose:
             model, served = served_model(get_model(o.model), sh, preset, o.bw_Bps)
             config.update(served)
         result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
+        self.step_model = model
         path = self.files["floor"] = self.out / "floor.json"
         result.save(path)
         if any(r.below_floor for r in rows):
             return "ok", BELOW_FLOOR
+
+    def advise(self):
+        """Speculation on or off (``probes.advise``): the commit cells' commit length and verify step per text and
+        context against plain decoding at the step model's one-row floor (the best plain decoding can do)."""
+        from .advise import advise, deployable, points_from_commit
+
+        model = getattr(self, "step_model", None)
+        cells = [r for r in self.commit_rows if r.get("commit_len") and r.get("decode_ms_per_step")]
+        if model is None or not cells:
+            return "skipped", ("no floor to model plain decoding with" if model is None else
+                               "no commit cell has a commit length and a step time")
+        budget = int(self.backend.describe().get("budget", 8))
+        path = str(self.backend.describe().get("attn") or self.backend.name)
+        ctxs = sorted({int(r["ctx"]) for r in cells})
+        decode = {c: model.cost(c, 1).floor_ms for c in ctxs}
+        pts = points_from_commit(cells, {"budget": budget}, decode, path, "commit probe")
+        verdicts = advise(pts, lambda c: model.cost(max(1, c), 1).floor_ms)
+        path_out = self.files["advise"] = self.out / "advise.json"
+        Result(kind="advise", meta=self.meta, rows=[p.to_dict() for p in pts],
+               config={"budget": budget, "path": path},
+               summary={"verdicts": [v.to_dict() for v in verdicts], "vllm_rfc_48627": deployable(verdicts),
+                        "decode_source": "the step model's floor of the one-row step (plain decoding at its "
+                                         "best)"}).save(path_out)
 
     def verify(self):
         b = self.backend
@@ -207,7 +231,7 @@ class Diagnose:
         t0 = time.perf_counter()
         try:
             for name, fn in (("commit", self.commit), ("gpu-util", self.gpu_util), ("floor", self.floor),
-                             ("verify", self.verify)):
+                             ("advise", self.advise), ("verify", self.verify)):
                 self._step(name, fn)
         finally:
             est = self.estimate

@@ -129,9 +129,13 @@ def _decode_phases(util: Result | None) -> list[dict]:
 
 
 def help_claim(commit: Result | None, floor: Result | None, verify: Result | None, record: Result | None,
-               util: Result | None = None) -> Claim:
+               util: Result | None = None, advise: Result | None = None) -> Claim:
     title = "What would help?"
     parts = []
+    said = [v["sentence"] for v in ((advise.summary.get("verdicts") or []) if advise else [])
+            if isinstance(v, dict) and v.get("sentence")]
+    if said:
+        parts.append("Speculation on or off (against plain decoding at its floor): " + "; ".join(said) + ".")
     novel = _series(commit.rows, "novel") if commit else []
     r = _step_row(floor) if floor else None
     if r is not None and (r.get("gap") or r.get("attn_gap") or 0) > 2:
@@ -165,7 +169,7 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
         status, why = _step_reason(record, "verify")
         parts.append(f"Latency of one request: a better verify kernel (split-K over the prefix plus a masked tree "
                      f"pass); its measured gain was {status}: {why}")
-    return Claim("help", title, " ".join(parts), "ok" if ctxs or r is not None else "skipped")
+    return Claim("help", title, " ".join(parts), "ok" if ctxs or r is not None or said else "skipped")
 
 
 def diagnose(results: list[Result]) -> list[Claim]:
@@ -173,4 +177,5 @@ def diagnose(results: list[Result]) -> list[Claim]:
     k = _by_kind(results)
     record = k.get("diagnose")
     return [drafter(k.get("commit"), record), gpu(k.get("gpu-util"), record), floor_claim(k.get("floor"), record),
-            help_claim(k.get("commit"), k.get("floor"), k.get("bench-verify"), record, k.get("gpu-util"))]
+            help_claim(k.get("commit"), k.get("floor"), k.get("bench-verify"), record, k.get("gpu-util"),
+                       k.get("advise"))]

@@ -6,6 +6,8 @@ and what the split verify path buys over the paged one.
 """
 from __future__ import annotations
 
+import json
+
 from collections import defaultdict
 
 from .. import verify_paths
@@ -145,7 +147,16 @@ def gpu_util(result: Result) -> list[str]:
     return agree + out or ["No telemetry samples recorded."]
 
 
-BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util}
+def advise(result: Result) -> list[str]:
+    verdicts = [v for v in (result.summary.get("verdicts") or []) if isinstance(v, dict) and v.get("sentence")]
+    out = [v["sentence"][0].upper() + v["sentence"][1:] + "." for v in verdicts]
+    table = result.summary.get("vllm_rfc_48627")
+    if table:
+        out.append(f"vLLM RFC #48627 table (context bucket -> speculative tokens, 0 = off): {json.dumps(table)}")
+    return out or ["No speculation verdict recorded."]
+
+
+BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util, "advise": advise}
 
 
 def findings(result: Result) -> list[str]:

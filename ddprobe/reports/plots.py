@@ -184,3 +184,31 @@ def _log_ctx_figure(fig, ax, ylabel: str, title: str, name: str, caption: str) -
     ax.legend(fontsize="small")
     ax.set_title(title)
     return Figure(name, caption, _png(fig))
+
+
+def advise_tokens(rows: list[dict], name: str) -> Figure:
+    """Tokens/s with speculation (the best budget per context) per path and text, and plain decoding's, vs
+    context: where a path's line falls under its text's plain line, speculation loses."""
+    fig, axs = _new()
+    ax = axs[0][0]
+    best: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
+    plain: dict[int, float] = {}
+    for r in rows:
+        if not all(isinstance(r.get(k), (int, float)) for k in ("ctx", "spec_tok_s", "plain_tok_s")):
+            continue
+        key = (str(r.get("path")), str(r.get("text")))
+        if r["ctx"] not in best[key] or r["spec_tok_s"] > best[key][r["ctx"]]["spec_tok_s"]:
+            best[key][r["ctx"]] = r
+        plain[r["ctx"]] = r["plain_tok_s"]
+    for (path, text), by in sorted(best.items()):
+        xs = sorted(by)
+        ax.plot(xs, [by[c]["spec_tok_s"] for c in xs], marker="o", color=PATH_COLORS.get(path),
+                ls="--" if path == "floor" else "-", label=f"{path}, {text}")
+    xs = sorted(plain)
+    ax.plot(xs, [plain[c] for c in xs], "k:", lw=2, marker="s", label="plain decoding")
+    _ctx_axis(ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens / s (one request)")
+    ax.legend(fontsize="small")
+    ax.set_title("Speculation on or off: tokens/s vs context")
+    return Figure(name, "Tokens/s with speculation (best budget per context) against plain decoding", _png(fig))

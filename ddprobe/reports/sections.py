@@ -18,7 +18,7 @@ from .findings import findings
 from .plots import Figure
 
 TITLES = {"commit": "Commit length", "floor": "Bandwidth floor", "bench-verify": "Verify-attention benchmark",
-          "gpu-util": "GPU utilization"}
+          "gpu-util": "GPU utilization", "advise": "Speculation on or off"}
 GENERIC_ROWS, GENERIC_COLS = 50, 12
 
 
@@ -190,7 +190,19 @@ def _generic(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     return [Table(f"Rows ({r.kind})", shown, rows, note.strip())], []
 
 
-BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util}
+def _advise(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
+    rows = [x for x in r.rows if isinstance(x.get("ctx"), int)]
+    t = Table("Tokens/s with and without speculation",
+              ["path", "text", "ctx", "budget", "commit len", "verify", "decode", "spec tok/s", "plain tok/s", "x"],
+              [[str(x.get("path")), str(x.get("text")), fmt_tokens(x["ctx"]), _f(x.get("budget"), "d"),
+                _f(x.get("commit_len"), ".3g"), fmt_time(x["verify_ms"] / 1e3), fmt_time(x["decode_ms"] / 1e3),
+                _f(x.get("spec_tok_s")), _f(x.get("plain_tok_s")), _f(x.get("speedup"), ".2f")] for x in rows],
+              f"Plain decode: {r.summary.get('decode_source', '?')}. The floor rows put the verify step at the step "
+              "model's floor (a verify kernel at physics).")
+    return [t], [plots.advise_tokens(rows, f"{sid}-tokens")] if rows else []
+
+
+BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util, "advise": _advise}
 
 
 def build(path: Path, result: Result, index: int) -> Section:
