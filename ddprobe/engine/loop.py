@@ -12,6 +12,8 @@ an fp32 score budget).
 it calls a step strategy (``steps.step_for``: eager, static with the host tree, static with the
 device tree) until max_new_tokens are out, hands each step's tokens to ``on_tokens`` and turns the
 phase marks into ``StepRecord``s (times from ``clock.StepClock``).
+``greedy``: plain greedy decoding on the static one-row step (``graphs.DecodeStep``): one token per
+replay, one copy back each.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .clock import StepClock
 from .drafter import DrafterContext
 from .kv_cache import KVCache
 from .records import StepRecord
+from .graphs import DecodeStep
 from .runner import Caches, StepRunner
 from .spec import Models
 from .steps import step_for
@@ -83,6 +86,23 @@ def decode(runner: StepRunner, models: Models, c: Caches, bonus: int, max_new_to
         if on_tokens is not None:
             on_tokens(done.tokens, done.size)
     return out, records(clock, pending, step.graphs, c.captured, c.capture_ms, step.d2h)
+
+
+def greedy(runner: StepRunner, st: DecodeStep, first: int, max_new_tokens: int,
+           on_token: Callable[[int], None] | None = None) -> list[int]:
+    """Plain greedy decode on ``st`` (its cache holds the prefilled prompt) from the prefill's token
+    ``first`` -> max_new_tokens tokens, ``first`` included; on_token(token) with each, first included."""
+    out = [first]
+    if on_token is not None:
+        on_token(first)
+    st.start(first)
+    while len(out) < max_new_tokens:
+        tok, finite = st.step()
+        runner.require_finite(runner.spec.path, lambda: finite)
+        out.append(tok)
+        if on_token is not None:
+            on_token(tok)
+    return out
 
 
 def records(clock: StepClock, pending: list, graphs: bool, captured: str, capture_ms: float,
