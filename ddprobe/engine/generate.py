@@ -35,7 +35,7 @@ from . import kernels
 from .config import ModelConfig
 from .drafter import Drafter, DrafterContext
 from .kv_cache import LAYOUTS, KVCache
-from .loop import decode, greedy, prefill
+from .loop import decode, greedy, plain_step, prefill
 from .records import GenerateResult
 from .runner import StepRunner
 from .spec import Models, StepSpec
@@ -271,12 +271,8 @@ class Engine:
         out = [tok]
         if on_token is not None:
             on_token(tok)
-        one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         while len(out) < max_new_tokens:
-            pos = torch.tensor([kv.committed], dtype=torch.int64, device=self.device)
-            logits, _ = runner.forward(self.target, kv, torch.tensor([tok], device=self.device), pos, one, self.path)
-            kv.commit([0])
-            tok = int(logits[0].argmax())
+            tok = int(plain_step(runner, self.models, kv, tok)[0].argmax())
             out.append(tok)
             if on_token is not None:
                 on_token(tok)

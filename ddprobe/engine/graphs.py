@@ -265,11 +265,7 @@ class StaticStep:
     def synthetic(self, ctx: int) -> None:
         """A committed context of ``ctx`` random latent rows and drafter K/V (timing only: a step's time
         does not depend on the values, and no prefill runs)."""
-        fill_synthetic(self.kv, ctx)
-        for t in (self.dctx.k, self.dctx.v, self.dctx.h):
-            if t is not None:
-                t.normal_()
-        self.dctx.n = ctx
+        fill_synthetic(self.kv, ctx, self.dctx)
 
     # ---- host side of one step ------------------------------------------------------------------
     def write_commit(self, perm: list[int], c: int, k: int, bonus: int) -> None:
@@ -330,8 +326,9 @@ class StaticStep:
         self.dctx.n += k
 
 
-def fill_synthetic(kv: KVCache, ctx: int) -> None:
-    """Empty ``kv``, then ``ctx`` committed rows of random latent values (paged: in the cache's slot order)."""
+def fill_synthetic(kv: KVCache, ctx: int, dctx: DrafterContext | None = None) -> None:
+    """Empty ``kv``, then ``ctx`` committed rows of random latent values (paged: in the cache's slot order);
+    the drafter context ``dctx``, when given, as many rows of random K/V (and history)."""
     if not 0 <= ctx <= kv.capacity:
         raise ValueError(f"context {ctx} beyond the cache's {kv.capacity} rows")
     kv.reset(refill=False)
@@ -339,6 +336,11 @@ def fill_synthetic(kv: KVCache, ctx: int) -> None:
     if kv.layout == "paged" and ctx:
         kv.req_to_token[0, :ctx] = torch.tensor(kv.take_slots(ctx), device=kv.device)
     kv.committed = ctx
+    if dctx is not None:
+        for t in (dctx.k, dctx.v, dctx.h):
+            if t is not None:
+                t.normal_()
+        dctx.n = ctx
 
 
 def record_graphs(step, names) -> None:

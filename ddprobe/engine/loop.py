@@ -65,17 +65,19 @@ def prefill(runner: StepRunner, models: Models, kv: KVCache, prompt_ids: list[in
 
 def decode(runner: StepRunner, models: Models, c: Caches, bonus: int, max_new_tokens: int, temperature: float = 0.0,
            gen: torch.Generator | None = None, proposer=None,
-           on_tokens: Callable[[list[int], int], None] | None = None, strategy=None) -> tuple[list[int], list]:
+           on_tokens: Callable[[list[int], int], None] | None = None, strategy=None,
+           max_steps: int | None = None) -> tuple[list[int], list]:
     """Decode after prefill -> (tokens, step records); tokens start with ``bonus`` and may run past
     max_new_tokens (the last step's commit is whole). on_tokens(tokens, tree_size): the bonus (tree
     size 0), then each step's committed tokens; what it raises stops the loop and propagates.
-    strategy: a ``steps`` class to use instead of ``step_for``'s choice (benchmarks)."""
+    strategy: a ``steps`` class to use instead of ``step_for``'s choice (benchmarks); max_steps: stop after
+    that many steps as well (timing: a fixed number of steps)."""
     step = (strategy or step_for)(runner, models, c, temperature, gen, proposer)
     out, pending, clock = [bonus], [], StepClock(runner.spec.device)
     if on_tokens is not None:  # streaming / cancellation hook: the prefill's token, then each step's
         on_tokens([bonus], 0)
     step.start(bonus)
-    while len(out) < max_new_tokens:
+    while len(out) < max_new_tokens and (max_steps is None or len(pending) < max_steps):
         ctx_len = step.committed
         w0 = time.perf_counter()
         done = step(bonus, clock)
@@ -86,6 +88,16 @@ def decode(runner: StepRunner, models: Models, c: Caches, bonus: int, max_new_to
         if on_tokens is not None:
             on_tokens(done.tokens, done.size)
     return out, records(clock, pending, step.graphs, c.captured, c.capture_ms, step.d2h)
+
+
+def plain_step(runner: StepRunner, models: Models, kv: KVCache, token: int) -> torch.Tensor:
+    """One eager plain decode step (a host plan over one row at the committed length) -> logits [1, V]."""
+    dev = runner.spec.device
+    one = torch.ones(1, 1, dtype=torch.bool, device=dev)
+    pos = torch.tensor([kv.committed], dtype=torch.int64, device=dev)
+    logits, _ = runner.forward(models.target, kv, torch.tensor([token], device=dev), pos, one, runner.spec.path)
+    kv.commit([0])
+    return logits
 
 
 def greedy(runner: StepRunner, st: DecodeStep, first: int, max_new_tokens: int,
