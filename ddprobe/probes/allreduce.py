@@ -90,12 +90,6 @@ def default_ranks(device: str) -> int:
 def check(opts: AllreduceOptions) -> None:
     if opts.device not in ("cpu", "cuda"):
         raise DDProbeError(f"unknown device {opts.device!r}; known: auto, cpu, cuda")
-    if opts.ranks < 1 or opts.ranks > 1024:
-        raise DDProbeError(f"--ranks must be 1..1024, got {opts.ranks}")
-    if opts.calls < 1 or opts.samples < 1:
-        raise DDProbeError(f"--calls and --samples must be at least 1, got {opts.calls} and {opts.samples}")
-    if not opts.messages:
-        raise DDProbeError("no message sizes to measure")
     if opts.device == "cuda":
         import torch
 
@@ -104,6 +98,12 @@ def check(opts: AllreduceOptions) -> None:
             raise DDProbeError("--device cuda: no CUDA GPU is visible to torch")
         if opts.ranks > n:
             raise DDProbeError(f"--ranks {opts.ranks} needs one GPU per rank; {n} visible")
+    if opts.ranks < 1 or opts.ranks > 1024:
+        raise DDProbeError(f"--ranks must be 1..1024, got {opts.ranks}")
+    if opts.calls < 1 or opts.samples < 1:
+        raise DDProbeError(f"--calls and --samples must be at least 1, got {opts.calls} and {opts.samples}")
+    if not opts.messages:
+        raise DDProbeError("no message sizes to measure")
 
 
 def free_port() -> int:
