@@ -118,7 +118,7 @@ def run_allreduce(opts: AllreduceOptions, writer, on_row=None) -> list[dict]:
     check(opts)
     port, root = free_port(), str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    if opts.device == "cpu":
+    if opts.device == "cpu" and sys.platform.startswith("linux"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local ranks: the loopback, whatever the hostname says
     spec = {"world": opts.ranks, "port": port, "device": opts.device, "dtype": opts.dtype, "graphs": opts.graphs,
             "calls": opts.calls, "samples": opts.samples, "sizes": [m.bytes for m in opts.messages]}
