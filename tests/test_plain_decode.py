@@ -136,3 +136,41 @@ def test_triton_paths_through_the_decode_step(run_triton_script):
     """paged and split (CUDA: split_ws too) with a one-row device plan inside the decode step, tokens equal to the
     eager reference's (CPU: the interpreter, in a child process; CUDA: the kernels, graph-captured)."""
     run_triton_script(SCRIPT)
+
+
+def test_plain_warmup_builds_the_decode_step_only(eager):
+    eng = engine("paged", True)
+    info = eng.warmup(plain=True)
+    r = eng.runner
+    assert info["what"] == "first step" and info["capacity"] == 256
+    assert r.decode is not None and r.decode.capacity == 256 and r.static is None
+    kept = r.decode
+    assert eng.greedy_reference(PROMPT, N_NEW) == eager["paged"] and r.decode is kept  # no new step
+
+
+def test_serve_no_spec_warms_the_plain_step_and_serves_plain_greedy():
+    """`ddprobe serve --no-spec` in its own process: its warm-up is the plain decode step's, and /generate gives the
+    engine's plain greedy tokens."""
+    import os
+    import subprocess
+    import sys
+
+    import requests
+
+    from ddprobe.probes.engine_backend import EngineBackend
+    from test_commit_probe import free_port, wait_up
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ddprobe.cli", "serve", "--no-spec", "--port", str(port), "--seed",
+                             "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(url, proc)
+        got = requests.post(url + "/generate", json={"input_ids": PROMPT, "sampling_params": {
+            "max_new_tokens": 12, "temperature": 0}}, timeout=60).json()
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert "warm-up" in out and "greedy" in out, out
+    assert got["output_ids"] == EngineBackend(preset="tiny", seed=0).engine.greedy_reference(PROMPT, 12)

@@ -193,22 +193,26 @@ class Engine:
 
     # ---- decoding ------------------------------------------------------------------------
     @torch.no_grad()
-    def warmup(self, capacity: int | None = None, prompt_len: int = 8) -> dict:
-        """Compile and (graphs on CUDA) capture the verify and plain decode steps, then run one throwaway
-        step, before anything is measured. capacity: the largest request (prompt + new tokens + budget + 1) to come
-        (default max_ctx); later requests up to it replay the same graphs. Returns
-        {"warmup_s": seconds, "what": "compile + capture" (CUDA graphs) | "compile" (CUDA, eager) |
-        "first step" (CPU), "capacity": tokens}."""
+    def warmup(self, capacity: int | None = None, prompt_len: int = 8, plain: bool = False) -> dict:
+        """Compile and (graphs on CUDA) capture, then run one throwaway step, before anything is
+        measured: the DDTree step, or with ``plain`` the plain decode step (``greedy_reference``: serve
+        --no-spec). capacity: the largest request (prompt + new tokens + budget + 1) to come (default
+        max_ctx); later requests up to it replay the same graphs. Returns {"warmup_s": seconds, "what":
+        "compile + capture" (CUDA graphs) | "compile" (CUDA, eager) | "first step" (CPU), "capacity": tokens}."""
         cap = min(self.max_ctx, capacity or self.max_ctx)
         need = prompt_len + 2 + self.budget + 1
         if cap < need:
             raise ValueError(f"warm-up capacity {cap} below one short request ({need} tokens)")
         t0 = time.perf_counter()
-        if self.graphs:  # the verify step, then the plain decode step on its cache
-            self.runner.static_for(self.models, cap)
-            self.runner.decode_for(self.models, cap)
         prompt = [i % self.config.target.vocab_size for i in range(prompt_len)]
-        self.generate(prompt, 2)  # prefill and decode compile here (Triton, cuBLAS), one step runs
+        if plain:
+            if self.graphs:
+                self.runner.decode_for(self.models, cap)
+            self.greedy_reference(prompt, 2)
+        else:
+            if self.graphs:
+                self.runner.static_for(self.models, cap)
+            self.generate(prompt, 2)  # prefill and decode compile here (Triton, cuBLAS), one step runs
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cuda = self.device.type == "cuda"
