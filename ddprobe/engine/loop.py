@@ -24,9 +24,9 @@ import torch
 
 from .clock import StepClock
 from .drafter import DrafterContext
+from .graphs import DecodeStep
 from .kv_cache import KVCache
 from .records import StepRecord
-from .graphs import DecodeStep
 from .runner import Caches, StepRunner
 from .spec import Models
 from .steps import step_for

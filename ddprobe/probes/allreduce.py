@@ -127,7 +127,8 @@ def run_allreduce(opts: AllreduceOptions, writer, on_row=None) -> list[dict]:
         procs, errs = [], []
         try:
             for rank in range(opts.ranks):
-                code = f"from ddprobe.probes.allreduce import rank_main; rank_main({json.dumps({**spec, 'rank': rank})!r})"
+                arg = json.dumps({**spec, "rank": rank})
+                code = f"from ddprobe.probes.allreduce import rank_main; rank_main({arg!r})"
                 errs.append(open(Path(tmp) / f"rank{rank}.err", "w+"))
                 procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stderr=errs[-1], text=True,
                                               stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL))
@@ -261,7 +262,7 @@ def _time(torch, dist, x, calls: int, samples: int, graphs: bool) -> tuple[list[
     if graphs:
         try:
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):  # NCCL's watchdog thread queries events
                 many()
             run, captured = g.replay, True
         except Exception as e:  # noqa: BLE001  an NCCL or driver without graph support: time eager calls
