@@ -80,7 +80,8 @@ def verify(
                                                                "context.", callback=output_file)]
     = Path("bench-verify.json"),
 ):
-    """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against the floor; needs CUDA."""
+    """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against each kernel's floor (its bytes over the measured copy bandwidth, or its FLOPs over the measured
+    matmul rate: a kernel floor, not the whole step's); needs CUDA."""
     from ..jsonfile import write_json_atomic
     from ..probes.verify_bench import BenchOptions, run
 
@@ -148,13 +149,13 @@ def line(r: dict) -> str:
         head = f"step {r['ctx']:>7} {'':>3} {r['path']:<32}"
         if "step_ms" not in r:
             return f"{head} skipped: {r.get('skipped', '')[:100]}"
-        return f"{head} {r['step_ms']:9.2f} ms  floor {r['floor_ms']:.2f} ms  gap {r['gap']:5.2f}  {r['GBps']:6.0f} GB/s"
+        return f"{head} {r['step_ms']:9.2f} ms  kernel floor {r['floor_ms']:.2f} ms  x {r['gap']:5.2f}  {r['GBps']:6.0f} GB/s"
     head = f"{r['ctx']:>12} {r['heads']:>3} {r['path']:<32}"
     if "us" in r:
         k = (r.get("kernels") or {}).get("prefix") or {}
         regs = f"  regs {k.get('n_regs')} spill {k.get('n_spills')}" if k else ""
-        return (f"{head} {r['us']:9.1f} us  {r['GBps']:6.0f} GB/s {r['TFLOPs']:6.1f} TF/s  floor {r['floor_us']:7.1f} "
-                f"gap {r['gap']:5.2f}  err {r['rel_err']:.1e}{regs}")
+        return (f"{head} {r['us']:9.1f} us  {r['GBps']:6.0f} GB/s {r['TFLOPs']:6.1f} TF/s  kernel floor {r['floor_us']:7.1f} "
+                f"x {r['gap']:5.2f}  err {r['rel_err']:.1e}{regs}")
     return f"{head} " + (f"skipped: {r['skipped'][:100]}" if "skipped" in r else f"ERROR {r.get('error', '')[:100]}")
 
 
