@@ -1,15 +1,14 @@
 """`ddprobe bench allreduce` with two real gloo processes on the CPU, its results file, and ``load_allreduce``
-(the table the step model reads for --allreduce-from): one-line refusals, interpolation in log(bytes)."""
+(the points the step model reads for --allreduce-from; ``step_model.interpolate`` is tested with the step model):
+one-line refusals, the measured file through `ddprobe floor --allreduce-from`."""
 from __future__ import annotations
 
 import json
-import math
-
 import pytest
 from typer.testing import CliRunner
 
 from ddprobe.cli import app
-from ddprobe.probes.allreduce import AllreduceTable, load_allreduce, step_messages
+from ddprobe.probes.allreduce import load_allreduce, step_messages
 from ddprobe.results import Result, RunMeta
 from ddprobe.units import DDProbeError
 
@@ -47,9 +46,22 @@ def test_two_gloo_ranks_write_the_verify_and_decode_sizes(measured):
         assert 0 < r["p10_us"] <= r["us"] <= r["p90_us"] and r["samples"] == 5 and r["calls"] == 3
         assert r["graphs"] is False and r["algbw_GBps"] == pytest.approx(r["bytes"] / r["us"] / 1e3)
     assert "verify (5 rows)" in res.stdout and "results written to" in res.stdout
-    t = load_allreduce(out, 2)
-    assert t.ranks == 2 and t.backend == "gloo" and [b for b, _ in t.points] == sorted(r["bytes"] for r in d["rows"])
-    assert t.us(ROW) == pytest.approx(next(r["us"] for r in d["rows"] if r["bytes"] == ROW))
+    assert load_allreduce(out, 2) == sorted((float(r["bytes"]), r["us"]) for r in d["rows"])
+
+
+def test_the_measured_file_feeds_the_floor(measured):
+    """`ddprobe floor --tp 2 --allreduce-from FILE` counts the measured latency; --tp 4 refuses the 2-rank file."""
+    out, _ = measured
+    d = json.loads(out.read_text())
+    us = next(r["us"] for r in d["rows"] if r["label"].startswith("verify"))
+    res = runner.invoke(app, ["floor", "--model", "kimi-k2.6", "--gpu", "h200", "--tp", "2", "--queries", "5", "--ctx",
+                              "32k", "--allreduce-from", str(out)])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("communication:"))
+    assert f"{us:.3g} us each" in line and f"measured: {out}" in line
+    refused = _error_line(runner.invoke(app, ["floor", "--model", "kimi-k2.6", "--tp", "4", "--ctx", "32k",
+                                              "--allreduce-from", str(out)]))
+    assert "measured on 2 ranks, the model asks for 4" in refused
 
 
 def test_a_file_from_another_rank_count_or_kind_is_refused(measured, tmp_path):
@@ -72,19 +84,18 @@ def test_a_file_from_another_rank_count_or_kind_is_refused(measured, tmp_path):
         load_allreduce(bad, 2)
 
 
-def test_interpolation_in_log_bytes(tmp_path):
+def test_points_sorted_one_per_size(tmp_path):
     path = tmp_path / "ar.json"
-    rows = [{"bytes": 1000, "us": 10.0}, {"bytes": 100000, "us": 30.0}, {"bytes": 1000000, "us": 120.0}]
-    Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 8, "backend": "nccl"},
-           rows=rows).save(path)
-    t = load_allreduce(path, 8)
-    assert t.us(10000) == pytest.approx(20.0)  # halfway between 1e3 and 1e5 in log(bytes)
-    assert t.us(math.sqrt(1e5 * 1e6)) == pytest.approx(75.0)
-    assert t.us(100) == 10.0  # below the smallest: its latency
-    assert t.us(2000000) == pytest.approx(120.0 + 90.0 / 900000 * 1000000)  # the last slope per byte
-    assert AllreduceTable(2, "gloo", "cpu", ((1000, 10.0),)).us(4000) == pytest.approx(40.0)
-    with pytest.raises(DDProbeError):
-        t.us(0)
+    rows = [{"bytes": 100000, "us": 30.0}, {"bytes": 1000, "us": 10.0}, {"bytes": 1000, "us": 12.0}]
+    Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 8}, rows=rows).save(path)
+    assert load_allreduce(path, 8) == [(1000.0, 10.0), (100000.0, 30.0)]  # the fastest of a size measured twice
+    Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 8},
+           rows=[{"bytes": 1000, "us": 0.0}]).save(path)
+    with pytest.raises(DDProbeError, match="no positive latency"):
+        load_allreduce(path, 8)
+    Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 8}).save(path)
+    with pytest.raises(DDProbeError, match="no rows"):
+        load_allreduce(path, 8)
 
 
 def test_message_sizes():

@@ -12,13 +12,13 @@ ranks 1..N reduce to N(N+1)/2. Rank 0 prints one row per size; the parent writes
 after each (``results.ResultWriter``): kind "allreduce", config {ranks, backend, graphs, device, dtype,
 ...}, rows {bytes, label, us, p10_us, p90_us, graphs, ...}.
 
-``load_allreduce(path, ranks)`` -> ``AllreduceTable``: refuses in one line a file of another kind or
-of another rank count; ``us(nbytes)`` interpolates linearly in log(bytes) between measured sizes.
+``load_allreduce(path, ranks)`` -> the (bytes, us) points the step model interpolates between
+(``step_model.comm_table``, ``--allreduce-from``): refuses in one line a file of another kind or of
+another rank count.
 Nothing here imports torch in this process.
 """
 from __future__ import annotations
 
-import bisect
 import datetime
 import json
 import math
@@ -286,38 +286,9 @@ def _time(torch, dist, x, calls: int, samples: int, graphs: bool) -> tuple[list[
 # ---- the table the step model reads ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class AllreduceTable:
-    """Measured all-reduce latency per message size for ``ranks`` ranks (sorted by bytes)."""
-
-    ranks: int
-    backend: str
-    device: str
-    points: tuple[tuple[int, float], ...]  # (bytes, median us)
-    source: str = ""
-
-    def us(self, nbytes: float) -> float:
-        """Microseconds for a message of ``nbytes``: linear in log(bytes) between measured sizes; below the
-        smallest, the smallest's (the fixed latency); above the largest, the last interval's slope per byte
-        continued (never below the largest's)."""
-        if nbytes <= 0:
-            raise DDProbeError(f"an all-reduce message has a positive size, got {nbytes}")
-        xs = [b for b, _ in self.points]
-        if nbytes <= xs[0]:
-            return self.points[0][1]
-        if len(xs) == 1:  # one size measured: bandwidth-bound past it
-            return self.points[0][1] * nbytes / xs[0]
-        if nbytes >= xs[-1]:
-            (b0, u0), (b1, u1) = self.points[-2], self.points[-1]
-            return max(u1, u1 + (u1 - u0) / (b1 - b0) * (nbytes - b1))
-        i = bisect.bisect_right(xs, nbytes)
-        (b0, u0), (b1, u1) = self.points[i - 1], self.points[i]
-        f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
-        return u0 + f * (u1 - u0)
-
-
-def load_allreduce(path: str | os.PathLike, ranks: int) -> AllreduceTable:
-    """The all-reduce table of a ``bench allreduce`` file measured on ``ranks`` ranks (one line otherwise)."""
+def load_allreduce(path: str | os.PathLike, ranks: int) -> list[tuple[float, float]]:
+    """The (bytes, median us) points of a ``bench allreduce`` file measured on ``ranks`` ranks, sorted by bytes
+    (one line otherwise); ``step_model.comm_table`` interpolates between them."""
     from ..results import Result
 
     r = Result.load(path)
@@ -334,5 +305,4 @@ def load_allreduce(path: str | os.PathLike, ranks: int) -> AllreduceTable:
         pts[row["bytes"]] = min(row["us"], pts.get(row["bytes"], math.inf))
     if not pts:
         raise DDProbeError(f"{path}: the all-reduce file has no rows")
-    return AllreduceTable(ranks, str(r.config.get("backend")), str(r.config.get("device")),
-                          tuple(sorted(pts.items())), str(path))
+    return [(float(b), u) for b, u in sorted(pts.items())]
