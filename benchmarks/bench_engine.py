@@ -84,15 +84,8 @@ def run_steps(eng: Engine, st, n: int, device_tree: bool = True, eager: bool = F
 
 
 def synthetic(st, ctx: int) -> None:
-    """A committed context of ctx random latent rows (and drafter K/V): timing only."""
-    st.reset()
-    st.kv.buffer.normal_()
-    if st.paged:
-        st.kv.req_to_token[0, :ctx] = torch.tensor(st.kv.take_slots(ctx), device=st.kv.device)
-    st.kv.committed = ctx
-    st.dctx.k.normal_()
-    st.dctx.v.normal_()
-    st.dctx.n = ctx
+    """A committed context of ctx random latent rows (and drafter K/V): timing only (graphs.StaticStep.synthetic)."""
+    st.synthetic(ctx)
 
 
 def equality(rec: dict) -> None:

@@ -34,6 +34,7 @@ SCHEMA = "ddprobe.result/1"
 ROW_KEYS: dict[str, dict[str, tuple]] = {
     "gpu-util": {"t_s": (int, float), "gpu": (int,)},
     "commit": {"ctx": (int,), "text": (str,), "commit_len": (int, float, type(None))},
+    "allreduce": {"bytes": (int,), "us": (int, float, type(None))},
 }
 
 

@@ -155,13 +155,14 @@ class EngineBackend:
                 "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs,
                 **({"threads": self.threads.to_dict()} if getattr(self, "threads", None) else {})}
 
-    def warmup(self, capacity: int | None = None) -> dict:
+    def warmup(self, capacity: int | None = None, plain: bool = False) -> dict:
         """Compile, capture (CUDA graphs) and one throwaway step before anything is measured: the
-        engine's ``warmup`` ({"warmup_s", "what", "capacity"}); capacity: the largest request to come."""
+        engine's ``warmup`` ({"warmup_s", "what", "capacity"}); capacity: the largest request to come;
+        plain: the plain decode step (``greedy``) instead of the DDTree step."""
         import torch
 
         try:
-            return self.engine.warmup(capacity)
+            return self.engine.warmup(capacity, plain=plain)
         except ValueError as e:
             raise BackendError(str(e)) from None
         except torch.cuda.OutOfMemoryError:
