@@ -124,3 +124,18 @@ def test_the_report_shows_the_verdicts_and_the_plot(tmp_path):
     html = (tmp_path / "r.html").read_text()
     assert "With sglang, speculation loses beyond about 28.7k" in html and "num_speculative_tokens_per_seq_len" in html
     assert "Tokens/s with speculation (best budget per context) against plain decoding" in html  # the plot
+
+
+def test_measured_on_this_machine(tmp_path):
+    """No numbers typed: the engine measured here (the CPU: tiny, reference path): commit lengths of the shipped
+    trained pair and the DDTree and plain decode steps, each point's tokens/s from them."""
+    f = tmp_path / "a.json"
+    p = _advise("--ctx", "1k", "--budgets", "2", "--steps", "2", "--max-new-tokens", "8", "--texts", "predictable",
+                "-o", str(f))
+    assert "step times through reference" in p.stderr and "commit length at budget 2" in p.stderr
+    d = json.loads(f.read_text())
+    (row,) = d["rows"]  # no GPU: no bandwidth, no floor row
+    assert (row["path"], row["text"], row["ctx"], row["budget"]) == ("reference", "predictable", 1024, 2)
+    assert 1 <= row["commit_len"] <= 3 and row["decode_ms"] > 0 and row["verify_ms"] > 0
+    assert row["spec_tok_s"] == pytest.approx(row["commit_len"] / row["verify_ms"] * 1e3)
+    assert d["config"]["measured"]["preset"] == "tiny" and d["summary"]["decode_source"].startswith("measured")

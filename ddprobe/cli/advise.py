@@ -15,6 +15,7 @@ from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, Expe
 from .options import checked, err, errors_exit_1, out, output_file, typed_flags
 
 _FLOOR = "floor"  # the path label of a verify step at its floor
+_MEASURED = "Measured on this machine (no typed numbers, no --from)"
 
 
 def _floats(text: str, what: str) -> list[float]:
@@ -59,6 +60,26 @@ def advise(
     expert_dtype: ExpertDtypeOpt = None,
     allreduce_us: AllreduceUsOpt = None,
     allreduce_from: AllreduceFromOpt = None,
+    paths: Annotated[Optional[str], typer.Option("--paths", help="Measured here (no typed numbers): the verify paths "
+                                                 "to time (default: paged and --attn auto's choice on a GPU, "
+                                                 "reference on the CPU).", rich_help_panel=_MEASURED)] = None,
+    budgets: Annotated[str, typer.Option("--budgets", help="Measured here: tree budgets to sweep.",
+                                         rich_help_panel=_MEASURED)] = "4,8",
+    preset: Annotated[Optional[str], typer.Option("--preset", help="Measured here: the engine preset whose steps "
+                                                  "are timed (default k2 on a GPU, tiny on the CPU); commit lengths "
+                                                  "always come from the shipped trained tiny pair.",
+                                                  rich_help_panel=_MEASURED)] = None,
+    device: Annotated[str, typer.Option("--device", help="Measured here: auto, cpu or cuda.",
+                                        rich_help_panel=_MEASURED)] = "auto",
+    heads: Annotated[Optional[int], typer.Option("--heads", help="Measured here: attention heads of the timed "
+                                                 "preset (default 8 for k2: one GPU of tp 8).",
+                                                 rich_help_panel=_MEASURED)] = None,
+    texts: Annotated[str, typer.Option("--texts", help="Measured here: text kinds for commit length.",
+                                       rich_help_panel=_MEASURED)] = "predictable,novel",
+    steps: Annotated[int, typer.Option("--steps", help="Measured here: timed steps per cell (their median).",
+                                       rich_help_panel=_MEASURED)] = 10,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Measured here: tokens decoded per commit "
+                                                "cell.", rich_help_panel=_MEASURED)] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
@@ -73,6 +94,7 @@ def advise(
     sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype,
                   allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
     step_model, config = served_model(get_model(model), sh, gpu)
+    decode_source = None
     if from_file is not None:
         if typed_flags(tctx, ("ctx", "step_ms", "commit_len")):
             raise DDProbeError("give --from or typed numbers (--ctx, --step-ms, --commit-len), not both")
@@ -84,20 +106,29 @@ def advise(
         decode = _decode(decode_ms, ctxs, step_model)
         points = points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode)),
                                     str(r.config.get("attn") or r.config.get("backend") or path), str(from_file))
+    elif not (step_ms or commit_len or decode_ms):  # nothing typed: measure the engine here
+        points, step_model, config = _measured(ctx, paths, budgets, preset, device, heads, texts, steps, gpu,
+                                               max_new_tokens)
+        decode_source = "measured: the engine's plain one-row decode step through the same path"
     else:
         if not (ctx and step_ms and commit_len):
-            raise DDProbeError("give --ctx, --step-ms and --commit-len (the typed numbers), or --from a commit file")
+            raise DDProbeError("give --ctx, --step-ms and --commit-len (the typed numbers), or --from a commit file, "
+                               "or none of them to measure the engine here")
         ctxs = parse_token_list(ctx)
         decode = _decode(decode_ms, ctxs, step_model)
         points = points_typed(ctxs, [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")],
                               _floats(commit_len, "commit length"), decode, budget, path, text, "typed")
     # the same commit lengths with the verify step at its floor: what a verify kernel at physics would give
-    floor_pts = [type(p)(_FLOOR, p.text, p.ctx, p.budget, p.commit_len,
-                         floor_row(FloorInput(step_model, p.budget + 1), p.ctx).floor_ms, p.decode_ms, "step model")
-                 for p in points]
-    decode_at = (lambda c: step_model.cost(max(1, c), 1).floor_ms) if decode_ms is None else None
+    floor_pts = [] if step_model is None else \
+        [type(p)(_FLOOR, p.text, p.ctx, p.budget, p.commit_len,
+                 floor_row(FloorInput(step_model, p.budget + 1), p.ctx).floor_ms, p.decode_ms, "step model")
+         for p in {(q.text, q.ctx, q.budget): q for q in points}.values()]
+    modelled = decode_source is None and decode_ms is None
+    decode_at = (lambda c: step_model.cost(max(1, c), 1).floor_ms) if modelled else None
     verdicts = run_advise(points + floor_pts, decode_at)
-    result = _result(points + floor_pts, verdicts, config, decode_ms is None, RunMeta)
+    decode_source = decode_source or ("the step model's floor of the one-row step (plain decoding at its best)"
+                                      if modelled else "typed (--decode-ms)")
+    result = _result(points + floor_pts, verdicts, config, decode_source, RunMeta)
     if save:
         result.save(save)
     if as_json:
@@ -106,6 +137,41 @@ def advise(
     _print(points + floor_pts, verdicts, result.summary)
     if save:
         out.print(f"results written to {save}")
+
+
+def _measured(ctx, paths, budgets, preset, device, heads, texts, steps, gpu_name, max_new_tokens):
+    """The engine measured on this device (``probes.advise.measure``), with the defaults for it; the step model of
+    the timed preset on this GPU (None without a GPU preset to take bandwidth from) and the config to record."""
+    import dataclasses
+
+    import torch
+
+    from .. import verify_paths
+    from ..probes.advise import MeasureOptions, measure
+    from ..probes.engine_backend import preset_step_model
+    from ..shapes import get_gpu, gpu_spec_for
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise DDProbeError(f"--device must be auto, cpu or cuda, got {device!r}")
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    gpu = dev.startswith("cuda")
+    sm = torch.cuda.get_device_capability() if gpu else None
+    preset = preset or ("k2" if gpu else "tiny")
+    chosen = [p.strip() for p in paths.split(",")] if paths else \
+        (["paged", verify_paths.auto_path(sm)] if gpu else ["reference"])
+    for p in chosen:
+        verify_paths.get(p)
+    o = MeasureOptions(paths=tuple(dict.fromkeys(chosen)),
+                       ctxs=tuple(parse_token_list(ctx or ("8k,32k,128k" if gpu else "1k,4k"))),
+                       budgets=tuple(int(b) for b in _floats(budgets, "budget")), texts=tuple(texts.split(",")),
+                       preset=preset, device=dev, dtype="bf16" if gpu else "fp32",
+                       heads=heads if heads is not None else (8 if preset == "k2" else None), steps=steps,
+                       max_new_tokens=max_new_tokens)
+    points = measure(o, say=lambda m: err.print(m, highlight=False, markup=False))
+    spec = get_gpu(gpu_name) if gpu_name else (gpu_spec_for(torch.cuda.get_device_name()) if gpu else None)
+    model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
+    config = {"measured": dataclasses.asdict(o), "gpu": spec.name if spec else None}
+    return points, model, config
 
 
 def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float]:
@@ -118,14 +184,13 @@ def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float
     return [step_model.cost(c, 1).floor_ms for c in ctxs]
 
 
-def _result(points, verdicts, config: dict, decode_from_model: bool, RunMeta):
+def _result(points, verdicts, config: dict, decode_source: str, RunMeta):
     from ..probes.advise import deployable
     from ..results import Result
 
     summary = {"verdicts": [v.to_dict() for v in verdicts],
                "vllm_rfc_48627": deployable([v for v in verdicts if v.path != _FLOOR]),
-               "decode_source": "the step model's floor of the one-row step (plain decoding at its best)"
-               if decode_from_model else "typed (--decode-ms)"}
+               "decode_source": decode_source}
     return Result(kind="advise", meta=RunMeta.collect(probe_gpu=False), config=config,
                   rows=[p.to_dict() for p in points], summary=summary)
 

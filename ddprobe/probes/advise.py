@@ -244,3 +244,57 @@ def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, floa
         pts.append(Point(path, str(r["text"]), int(r["ctx"]), budget, float(r["commit_len"]),
                          float(r["decode_ms_per_step"]), decode_ms[int(r["ctx"])], source))
     return pts
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """What `advise` measures on this device when no numbers are given: step times of ``preset`` (random weights)
+    through each of ``paths`` (``probes.step_times``), and commit lengths of the shipped trained tiny pair per text,
+    context and budget (``probes.commit``: a target's commit length needs trained weights)."""
+
+    paths: tuple[str, ...]
+    ctxs: tuple[int, ...]
+    budgets: tuple[int, ...]
+    texts: tuple[str, ...] = ("predictable", "novel")
+    preset: str = "k2"
+    device: str = "cuda"
+    dtype: str = "bf16"
+    heads: int | None = 8
+    steps: int = 10
+    max_new_tokens: int = 64
+    threads: int | None = None
+
+
+def measure(o: MeasureOptions, say=lambda _m: None) -> list[Point]:
+    """Commit lengths (tiny pair) and step times (``o.preset``) measured here; one Point per path, text, context and
+    budget. ``say`` hears of each stage."""
+    from ..results import Result, ResultWriter, RunMeta
+    from .commit import run_commit_probe
+    from .engine_backend import EngineBackend
+    from .step_times import StepTimeOptions, measure_step_times
+
+    for b in o.budgets:
+        check_budget(b)
+    commit: dict[tuple[str, int, int], float] = {}
+    for b in o.budgets:
+        say(f"commit length at budget {b}: the shipped tiny pair, {', '.join(o.texts)} at "
+            f"{', '.join(fmt_tokens(c) for c in o.ctxs)}")
+        be = EngineBackend("tiny", "reference" if o.device == "cpu" else "split", budget=b, device=o.device,
+                           dtype="fp32" if o.device == "cpu" else "bf16", weights="trained", threads=o.threads,
+                           max_ctx=max(o.ctxs) + o.max_new_tokens + 4 * (b + 1) + 64)
+        writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(probe_gpu=False)), None)
+        for r in run_commit_probe(be, list(o.ctxs), list(o.texts), o.max_new_tokens, writer):
+            commit[(r["text"], int(r["ctx"]), b)] = float(r["commit_len"])
+        be.engine.release()
+    points = []
+    for path in o.paths:
+        say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, budgets "
+            f"{', '.join(map(str, o.budgets))} and plain decode")
+        rows = measure_step_times(StepTimeOptions(preset=o.preset, attn=path, device=o.device, dtype=o.dtype,
+                                                  heads=o.heads, steps=o.steps, threads=o.threads),
+                                  list(o.ctxs), list(o.budgets))
+        decode = {r.ctx: r.step_ms for r in rows if r.plain}
+        where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
+        points += [Point(path, text, r.ctx, r.budget, commit[(text, r.ctx, r.budget)], r.step_ms, decode[r.ctx],
+                         where) for text in o.texts for r in rows if not r.plain]
+    return points
