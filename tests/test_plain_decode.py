@@ -94,18 +94,7 @@ def test_decode_step_past_its_capacity_raises():
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
 def test_decode_function_never_touches_the_host(layout):
     """What the CUDA graph records: no tensor from Python data, no item() / nonzero()."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from test_engine_graphs import HOST_OPS
-
-    class Seen(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.add(str(func.overloadpacket))
-            return func(*args, **(kwargs or {}))
+    from test_engine_graphs import HOST_OPS, Seen
 
     eng = engine(layout, True)
     eng.greedy_reference(PROMPT, 4)
