@@ -24,6 +24,7 @@ from . import peers
 
 DT = "bf16"
 WEAK_PEERS = ("flex", "sdpa")  # PyTorch's own attention
+BASELINES = tuple(p.name for p in verify_paths.PATHS if p.baseline)  # paged, sglang: --paged-max-ctx/-heads apply
 Variant = tuple[str, dict]  # (path, tuning overrides); {} is the path's run-wide tuning
 
 
@@ -123,7 +124,7 @@ class Bench:
         o = self.opts
         skip_paged = ctx > o.paged_max_ctx or (o.paged_heads and heads not in o.paged_heads)
         todo = [(p, {}) for p in o.paths] + list(o.variants)
-        return [(p, over) for p, over in todo if not (p == "paged" and skip_paged)]
+        return [(p, over) for p, over in todo if not (p in BASELINES and skip_paged)]
 
     def _runner(self, name: str, over: dict, ctx: int, heads: int, mask, slots, rec: dict):
         """(fn(q, kv, meta=None), the reference it is checked against: "tree", "paged" (the tree over the shuffled
@@ -141,7 +142,10 @@ class Bench:
             f = make(ctx, mask, heads, sh.v_dim)
             self.flex["spent"] += (time.time() - t0) if name == "flex" else 0.0
             return (lambda q, kv, meta=None: f(q, kv, scale)), "tree"
-        path = self.kernels.get_path(name)
+        try:
+            path = self.kernels.get_path(name)
+        except self.kernels.PathUnavailable as e:  # sglang not installed: a skipped row that says how
+            raise peers.PeerUnavailable(str(e)) from None
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
         pl = path.plan(ctx, mask, slots if paged else None, sh.v_dim, tuning=tun, heads=heads)

@@ -33,6 +33,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from .plan import PathUnavailable
+
 PINNED = "0.5.14"  # the release the tests run (pyproject's [sglang] extra, .ci/run)
 INSTALL = f"pip install --no-deps sglang=={PINNED}  (or pip install 'ddprobe[sglang]')"
 KERNEL_DIRS = ("srt/layers/attention/triton_ops", "kernels/ops/attention")  # 0.5.14, 0.5.23+
@@ -49,7 +51,7 @@ SPLITS_ARGS = ("num_kv_splits_ptr", "seq_lens_ptr", "num_seq", "num_group", "num
                "max_kv_splits", "device_core_count", "MAX_NUM_SEQ")
 
 
-class SGLangUnavailable(ValueError):
+class SGLangUnavailable(PathUnavailable):
     """SGLang's kernels cannot be loaded here; the message (one line) says why and what to do."""
 
 
