@@ -24,6 +24,7 @@ from . import peers
 
 DT = "bf16"
 WEAK_PEERS = ("flex", "sdpa")  # PyTorch's own attention
+SLOT_LAYOUTS = ("shuffled", "contiguous")
 BASELINES = tuple(p.name for p in verify_paths.PATHS if p.baseline)  # paged, sglang: --paged-max-ctx/-heads apply
 Variant = tuple[str, dict]  # (path, tuning overrides); {} is the path's run-wide tuning
 
@@ -46,6 +47,7 @@ class BenchOptions:
     flex_budget_s: float = 150.0
     shape: AttnShape = KIMI_K2
     sm_scale: float | None = None  # None: the shape's (an engine's carries YaRN's factor)
+    slots: str = "shuffled"  # the token pool of the page_size=1 paths: "shuffled" (a random permutation) or "contiguous"
 
     @property
     def scale(self) -> float:
@@ -113,12 +115,21 @@ class Bench:
             raise DDProbeError("no CUDA GPU visible to torch: the verify comparison times kernels on a GPU")
         if opts.tree not in SHAPES:
             raise DDProbeError(f"unknown tree shape {opts.tree!r}; known: {', '.join(SHAPES)}")
+        if opts.slots not in SLOT_LAYOUTS:
+            raise DDProbeError(f"unknown slot layout {opts.slots!r}; known: {', '.join(SLOT_LAYOUTS)}")
         self.torch, self.kernels, self.opts, self.on_row = torch, kernels, opts, on_row or (lambda row: None)
         self.ceil = ceilings(torch)
         self.results: list[dict[str, Any]] = []
         self.flex = {"failed": None, "spent": 0.0}
         spec = gpu_spec_for(torch.cuda.get_device_name())
         self.l2 = spec.l2_bytes if spec else DEFAULT_L2_BYTES
+
+    def slots(self, n: int):
+        """The token-pool slots of n columns: a random permutation (a pool that has served many requests) or
+        0..n-1 (``--slots contiguous``)."""
+        if self.opts.slots == "contiguous":
+            return self.torch.arange(n, device="cuda")
+        return self.torch.randperm(n, device="cuda")
 
     def _entries(self, ctx: int, heads: int) -> list[Variant]:
         o = self.opts
@@ -168,7 +179,7 @@ class Bench:
         qs = [torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
               for _ in range(n_sets)]
         mask, causal = shape_mask(o.tree, o.budget, "cuda"), shape_mask("chain", o.budget, "cuda")
-        slots = torch.randperm(n, device="cuda")  # a shuffled page_size=1 allocation over the same rows
+        slots = self.slots(n)  # the page_size=1 allocation over the same rows
         refs = {kind: ref_path.run(qs[0], kvs[0], ref_path.plan(ctx, m, s, sh.v_dim), o.scale)
                 for kind, m, s in (("tree", mask, None), ("paged", mask, slots), ("causal", causal, None))}
         nbytes, flops = call_cost(sh, ctx, heads, rows)
@@ -219,7 +230,7 @@ class Bench:
                   for _ in range(sh.num_layers)]
         q = torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
         mask = shape_mask(o.tree, o.budget, "cuda")
-        slots = torch.randperm(n, device="cuda")
+        slots = self.slots(n)
         nbytes, flops = call_cost(sh, ctx, heads, rows, layers=sh.num_layers)
         floor = floor_of(nbytes, flops, self.ceil)
         todo = [(p, {}) for p in o.paths if p not in o.step_skip and p not in WEAK_PEERS] + list(o.step_variants)
@@ -255,7 +266,7 @@ def run(opts: BenchOptions, write: Callable[[dict], None], on_row: Callable[[dic
     meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, python=platform.python_version(), command=command,
                 sm_count=torch.cuda.get_device_properties(0).multi_processor_count, tune=opts.tune,
-                budget=opts.budget, tree=opts.tree)
+                budget=opts.budget, tree=opts.tree, slots=opts.slots)
     if on_ceilings:
         on_ceilings(b.ceil)
     doc = dict(meta=meta, ceilings=b.ceil, results=b.results, flex=b.flex)

@@ -1,0 +1,106 @@
+"""SGLang's own kernels (the `sglang` path) and ddprobe's `paged` rendering on a CUDA GPU, at the K2 width in bf16.
+
+Skipped without a CUDA GPU (the CPU tests in test_sglang_kernels.py run both under the interpreter in fp16) and,
+for the `sglang` cases, without an installed sglang. Inputs: fresh random q and pool rows, every pool row the plan
+does not name poisoned with NaN, slots contiguous and shuffled, tree verify (R = 9) and plain decode (R = 1), one
+and 64 heads. Tolerances (relative Frobenius error vs the fp32 reference): bf16 1e-2. A device plan replayed in a
+CUDA graph at a new prefix length must match a fresh host plan.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddprobe.engine.kernels import PathUnavailable, get_path, reference
+from ddprobe.engine.kernels.trees import shape_mask
+
+pytest.importorskip("triton")
+
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (the interpreter cases are in test_sglang_kernels.py)")
+V, PE, TOL = 512, 64, 1e-2
+
+
+def _path(name):
+    try:
+        return get_path(name)
+    except PathUnavailable as e:
+        pytest.skip(str(e))
+
+
+def make(ctx, budget, heads, layout, seed=0, poison=77):
+    g = torch.Generator().manual_seed(seed + ctx * 7 + budget * 3 + heads)
+    r = budget + 1
+    n, pool = ctx + r, ctx + r + poison
+    slots = torch.randperm(pool, generator=g)[:n] if layout == "shuffled" else torch.arange(n)
+    kv = torch.full((pool, V + PE), float("nan"))
+    kv[slots] = torch.randn(n, V + PE, generator=g)
+    q = torch.randn(r, heads, V + PE, generator=g)
+    mask = shape_mask("lopsided", budget) if budget else torch.ones(1, 1, dtype=torch.bool)
+    return q.bfloat16().cuda(), kv.bfloat16().cuda(), slots.cuda(), mask.cuda()
+
+
+@gpu
+@pytest.mark.parametrize("name", ["sglang", "paged"])
+@pytest.mark.parametrize("layout", ["contiguous", "shuffled"])
+@pytest.mark.parametrize("ctx,budget,heads", [(0, 8, 8), (1000, 8, 64), (4133, 8, 8), (4133, 0, 8), (70000, 0, 64),
+                                              (130, 0, 1)])
+def test_matches_reference(name, layout, ctx, budget, heads):
+    m = _path(name)
+    q, kv, slots, mask = make(ctx, budget, heads, layout)
+    out = m.run(q, kv, m.plan(ctx, mask, slots, V, heads=heads), 0.0722)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, slots, V), 0.0722)
+    assert torch.isfinite(out).all(), f"{name}: a poisoned row was read"
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < TOL, f"{name} {layout} ctx={ctx} R={budget + 1} H={heads}: rel err {err:.2e}"
+
+
+@gpu
+@pytest.mark.parametrize("name", ["sglang", "paged"])
+@pytest.mark.parametrize("budget", [8, 0])
+def test_device_plan_replays_in_a_cuda_graph(name, budget):
+    """One device plan captured once; replayed after rewriting prefix_t, the slots and the mask in place."""
+    m, heads, bound = _path(name), 16, 3000
+    r = budget + 1
+    prefix_t = torch.zeros(1, dtype=torch.int32, device="cuda")
+    slot_buf = torch.zeros(bound + r, dtype=torch.int64, device="cuda")
+    mask_buf = torch.ones(r, r, dtype=torch.bool, device="cuda").tril()
+    q, kv, _, _ = make(bound, budget, heads, "contiguous")
+    plan = m.plan(prefix_t, mask_buf, slot_buf, V, heads=heads, max_prefix=bound)
+    out = torch.empty(r, heads, V, dtype=q.dtype, device="cuda")
+
+    def step():
+        m.refresh(plan)
+        out.copy_(m.run(q, kv, plan, 0.0722))
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    g = torch.Generator().manual_seed(3)
+    for ctx in (17, 1500, bound):
+        slots = torch.randperm(bound + r, generator=g)[: ctx + r].cuda()
+        mask = (shape_mask("fork", budget) if budget else torch.ones(1, 1, dtype=torch.bool)).cuda()
+        prefix_t.fill_(ctx)
+        slot_buf[: ctx + r] = slots
+        mask_buf.copy_(mask)
+        graph.replay()
+        ref = reference.run(q, kv, reference.plan(ctx, mask, slots, V), 0.0722)
+        err = float((out.float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL, f"{name} graph replay ctx={ctx}: rel err {err:.2e}"
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("vocab,k", [(256, 8), (32000, 16), (163840, 63)])
+def test_topk_keeps_index_order_among_equal_values(dtype, vocab, k):
+    """The tree's tie rule ranks tokens as torch.topk returns them, as the DDTree reference does: on the GPU equal
+    values must come out in index order (lower token id first), so that ranks among ties are the reference's.
+    (The CPU's torch.topk does not promise this: there small inputs come back in another order.)"""
+    g = torch.Generator().manual_seed(vocab + k)
+    for levels in (2, 5, 40):  # few distinct values: many ties inside the top k
+        x = torch.randint(0, levels, (7, vocab), generator=g).to(dtype)
+        vals, idx = torch.topk(x.cuda(), k, dim=-1)
+        want = torch.sort(-x.double(), dim=-1, stable=True).indices[:, :k]  # by value, then by index
+        assert torch.equal(idx.cpu(), want), f"{dtype} V={vocab} k={k} levels={levels}: ties out of index order"
+        assert torch.equal(vals.cpu(), x.gather(1, want))
