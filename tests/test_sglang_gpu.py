@@ -2,7 +2,7 @@
 
 Skipped without a CUDA GPU (the CPU tests in test_sglang_kernels.py run both under the interpreter in fp16) and,
 for the `sglang` cases, without an installed sglang. Inputs: fresh random q and pool rows, every pool row the plan
-does not name poisoned with NaN, slots contiguous and shuffled, tree verify (R = 9) and plain decode (R = 1), one
+does not name poisoned with NaN (but slot 0, SGLang's padding slot), slots contiguous and shuffled, tree verify (R = 9) and plain decode (R = 1), one
 and 64 heads. Tolerances (relative Frobenius error vs the fp32 reference): bf16 1e-2. A device plan replayed in a
 CUDA graph at a new prefix length must match a fresh host plan.
 """
@@ -29,11 +29,14 @@ def _path(name):
 
 
 def make(ctx, budget, heads, layout, seed=0, poison=77):
+    """Slot 0 is SGLang's padding slot (its allocator never hands it out; masked lanes of its kernels read it):
+    zeros here, and shuffled pools never use it."""
     g = torch.Generator().manual_seed(seed + ctx * 7 + budget * 3 + heads)
     r = budget + 1
     n, pool = ctx + r, ctx + r + poison
-    slots = torch.randperm(pool, generator=g)[:n] if layout == "shuffled" else torch.arange(n)
+    slots = 1 + torch.randperm(pool - 1, generator=g)[:n] if layout == "shuffled" else torch.arange(n)
     kv = torch.full((pool, V + PE), float("nan"))
+    kv[0] = 0.0
     kv[slots] = torch.randn(n, V + PE, generator=g)
     q = torch.randn(r, heads, V + PE, generator=g)
     mask = shape_mask("lopsided", budget) if budget else torch.ones(1, 1, dtype=torch.bool)
@@ -93,14 +96,17 @@ def test_device_plan_replays_in_a_cuda_graph(name, budget):
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("vocab,k", [(256, 8), (32000, 16), (163840, 63)])
-def test_topk_keeps_index_order_among_equal_values(dtype, vocab, k):
-    """The tree's tie rule ranks tokens as torch.topk returns them, as the DDTree reference does: on the GPU equal
-    values must come out in index order (lower token id first), so that ranks among ties are the reference's.
-    (The CPU's torch.topk does not promise this: there small inputs come back in another order.)"""
+def test_topk_order_among_equal_values_is_repeatable(dtype, vocab, k):
+    """The tree's tie rule ranks tokens as torch.topk returns them, as the DDTree reference does (its trees are
+    built from the GPU's topk). On the H200 (torch 2.11, 2026-12-03) the GPU's topk does NOT return equal values
+    in index order at V = 256 and 32000 (docs/engine.md), so ranks among ties are topk's own: what the tree needs
+    is that they are the same on every call for the same input, and the values are the top k, descending."""
     g = torch.Generator().manual_seed(vocab + k)
     for levels in (2, 5, 40):  # few distinct values: many ties inside the top k
-        x = torch.randint(0, levels, (7, vocab), generator=g).to(dtype)
-        vals, idx = torch.topk(x.cuda(), k, dim=-1)
-        want = torch.sort(-x.double(), dim=-1, stable=True).indices[:, :k]  # by value, then by index
-        assert torch.equal(idx.cpu(), want), f"{dtype} V={vocab} k={k} levels={levels}: ties out of index order"
-        assert torch.equal(vals.cpu(), x.gather(1, want))
+        x = torch.randint(0, levels, (7, vocab), generator=g).to(dtype).cuda()
+        vals, idx = torch.topk(x, k, dim=-1)
+        assert torch.equal(vals, torch.sort(x, dim=-1, descending=True).values[:, :k])
+        assert torch.equal(x.gather(1, idx), vals)
+        for _ in range(4):
+            v2, i2 = torch.topk(x.clone(), k, dim=-1)
+            assert torch.equal(i2, idx) and torch.equal(v2, vals), f"{dtype} V={vocab} k={k}: tie order moved"

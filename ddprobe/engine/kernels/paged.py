@@ -4,9 +4,9 @@ Tree verify (R > 1 rows) renders SGLang's Triton ``extend_attention_fwd`` for ML
 it for a TARGET_VERIFY batch: one program per (request, head, block of BLOCK_M query rows), KV blocks of BLOCK_N
 tokens, no split over the context, ``num_stages=1``, and BLOCK_M / BLOCK_N / num_warps picked per GPU architecture
 as SGLang picks them for 576-wide heads (``extend_blocks``). Stage 1 walks the committed prefix: each block's token
-indices are read from the request's slot row, K is gathered one token at a time as a transposed [D, BLOCK_N] tile
+indices are read from the request's slot row (int64, as SGLang's kv_indices), K is gathered one token at a time as a transposed [D, BLOCK_N] tile
 (512 latent + 64 rope), and V (the first 512 values of the same rows) is loaded again as its own tile, as SGLang
-loads it from its v_buffer view; the mask bytes are not read in the prefix (SGLang's ``skip_prefix_custom_mask``).
+loads it from its v_buffer view, and scaled by the pool's K / V scales (1.0) where SGLang scales; the mask bytes are not read in the prefix (SGLang's ``skip_prefix_custom_mask``).
 Stage 2 walks the R new rows under SGLang's flat custom mask (request b, row i, column j at
 mask_indptr[b] + i * (prefix + R) + j), skipping all-masked tiles. Each head re-reads the whole prefix.
 
@@ -91,9 +91,11 @@ def decode_splits(seq_len: torch.Tensor, heads: int, sm: int, cap: int) -> torch
 
 
 @triton.jit
-def _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, UPCAST: tl.constexpr,
+def _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST: tl.constexpr,
                 PREC: tl.constexpr):
-    """Online softmax over one masked score tile; V loaded again from the rows' first V_DIM values."""
+    """Online softmax over one masked score tile; V loaded again from the rows' first V_DIM values. The product
+    is scaled by the pool's V scale before it joins the accumulator, as in SGLang (1.0 for a bf16 pool; the
+    multiply keeps the dot out of the accumulator, which is what SGLang's kernel pays)."""
     row_max = tl.max(qk, 1)
     n_e_max = tl.maximum(tl.where(row_max == float("-inf"), -1e20, row_max), e_max)
     re_scale = tl.exp(e_max - n_e_max)
@@ -102,7 +104,7 @@ def _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, UPCAST: 
     v = tl.load(KV + loc[:, None] * stride_kv + offs_d[None, :], mask=n_ok[:, None], other=0.0)
     if UPCAST:
         v = v.to(tl.float32)
-    acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC) * v_scale
     return n_e_max, deno, acc
 
 
@@ -122,7 +124,7 @@ def _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST:
 @triton.jit
 def _paged_verify_kernel(
     Q, KV, Out, ReqToToken, PrefixLens, ExtendLens, ExtendStart, MaskIndptr, Mask,
-    stride_qr, stride_qh, stride_kv, stride_or, stride_oh, stride_rtt, sm_scale,
+    stride_qr, stride_qh, stride_kv, stride_or, stride_oh, stride_rtt, sm_scale, k_scale, v_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -149,10 +151,11 @@ def _paged_verify_kernel(
     # stage 1: the committed prefix; no mask bytes read (skip_prefix_custom_mask)
     for start in range(0, prefix, BLOCK_N):
         n_ok = (start + offs_n) < prefix
-        loc = tl.load(rtt + start + offs_n, mask=n_ok, other=0).to(tl.int64)
-        qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST, PREC)
+        loc = tl.load(rtt + start + offs_n, mask=n_ok, other=0)
+        qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale * k_scale, UPCAST, PREC)
         qk = tl.where(m_ok[:, None] & n_ok[None, :], qk, float("-inf"))
-        e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, UPCAST, PREC)
+        e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST,
+                                           PREC)
     # stage 2: the new rows under the tree mask; all-masked tiles skipped
     row_base = mask_off + offs_m.to(tl.int64) * (prefix + ext) + prefix
     for start in range(0, ext, BLOCK_N):
@@ -160,10 +163,11 @@ def _paged_verify_kernel(
         cm = tl.load(Mask + row_base[:, None] + start + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0)
         ok = (cm != 0) & m_ok[:, None] & n_ok[None, :]
         if tl.max(tl.max(ok.to(tl.int32), axis=1), axis=0) != 0:
-            loc = tl.load(rtt + prefix + start + offs_n, mask=n_ok, other=0).to(tl.int64)
+            loc = tl.load(rtt + prefix + start + offs_n, mask=n_ok, other=0)
             qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST, PREC)
             qk = tl.where(ok, qk, float("-inf"))
-            e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, UPCAST, PREC)
+            e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST,
+                                           PREC)
     o_ptr = Out + (ext_start + offs_m)[:, None] * stride_or + head * stride_oh + offs_d[None, :]
     tl.store(o_ptr, (acc / deno[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
 
@@ -290,7 +294,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
                  "heads": heads or DECODE_BLOCK_H, "sm": sm, "max_splits": max_kv_splits(sm, arch(dev)[1])}
     else:
         n = bound + r
-        extra = {"decode": False, "req_to_token": torch.empty(1, n, **i32),  # [batch=1, max_len]
+        extra = {"decode": False, "req_to_token": torch.empty(1, n, dtype=torch.int64, device=dev),  # kv_indices
                  "custom_mask": torch.empty(r * n, dtype=torch.uint8, device=dev),  # flat [R * (prefix + R)]
                  "mask_indptr": torch.zeros(1, dtype=torch.int64, device=dev),
                  "extend_lens": torch.tensor([r], **i32), "extend_start_loc": torch.zeros(1, **i32), "batch": 1,
@@ -347,6 +351,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
         q, kv, out, e["req_to_token"], p.prefix_t, e["extend_lens"], e["extend_start_loc"],
         e["mask_indptr"], e["custom_mask"],
         q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), e["req_to_token"].stride(0), sm_scale,
+        1.0, 1.0,
         V_DIM=p.v_dim, PE_DIM=d - p.v_dim, BLOCK_M=c["block_m"], BLOCK_N=c["block_n"], UPCAST=upcast, PREC=prec,
         num_warps=c["num_warps"], num_stages=c["num_stages"],
     )
