@@ -49,8 +49,8 @@ PATHS: tuple[VerifyPath, ...] = (
                baseline=True),
     VerifyPath("sglang", "paged", "sglang (SGLang's own Triton kernels)", "C7",
                "_fwd_kernel|_fwd_grouped_kernel_stage1|_fwd_kernel_stage2|get_num_kv_splits_triton", True, ("any",),
-               ".sglang", "SGLang's own extend/decode Triton kernels from an installed sglang (pip install "
-               "'ddprobe[sglang]')", baseline=True),
+               ".sglang", "SGLang's own extend/decode Triton kernels from an installed sglang: pip install --no-deps "
+               "sglang==0.5.14", baseline=True),
     VerifyPath("split", "contiguous", "split (split-K Triton)", "C3", "_split_prefix|_merge_kernel|_merge_flat", True,
                ("any",), ".split", "split-K over the contiguous prefix + masked tree pass + merge (Triton)"),
     VerifyPath("split_ws", "contiguous", "split_ws (Hopper warp-specialized)", "C6",
