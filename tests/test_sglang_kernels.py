@@ -185,3 +185,14 @@ def test_not_installed_says_how_to_install():
     line = done.stdout.strip()
     assert line.startswith("REFUSED") and "pip install --no-deps sglang==0.5.14" in line and "\n" not in line, \
         done.stdout + done.stderr
+
+
+@needs_kernels
+def test_decode_shape_sglang_does_not_take_is_one_line():
+    """SGLang's MLA decode takes V as wide as its K tile (576 / 512 or 288 / 256): other widths are refused."""
+    m = _path("sglang")
+    kv = torch.randn(20, 96).half()
+    p = m.plan(10, torch.ones(1, 1, dtype=torch.bool), torch.arange(11), 64, heads=2)
+    with pytest.raises(ValueError, match="576 with 512 values") as e:
+        m.run(torch.randn(1, 2, 96).half(), kv, p, 0.1)
+    assert "\n" not in str(e.value)
