@@ -200,19 +200,19 @@ class Result:
         return df
 
     def to_csv(self, path: str | os.PathLike) -> Path:
+        """The rows as CSV, written atomically like the JSON (``write_text_atomic``)."""
         import csv
+        import io
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         keys: list[str] = []
         for row in self.rows:
             keys += [k for k in row if k not in keys]
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            for row in self.rows:
-                w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
-        return path
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        for row in self.rows:
+            w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+        return write_text_atomic(path, buf.getvalue(), "CSV file")
 
 
 def load(path: str | os.PathLike) -> Result:

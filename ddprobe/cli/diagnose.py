@@ -15,7 +15,7 @@ from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
 from .floor_options import SHARDING, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
-from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, typed_flags, warm_up
 
 
@@ -25,7 +25,7 @@ from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_optio
 def diagnose(
     tctx: typer.Context,
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for every results file and the "
+    out_dir: Annotated[Optional[str], typer.Option("--out-dir", help="Folder for every results file and the "
                                                                       "report (default ddprobe-diagnose-<time>).")]
     = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per commit cell.")] = 64,
@@ -45,6 +45,7 @@ def diagnose(
     prom_url: PromUrlOpt = None,
     match: MatchOpt = None,
     exporter_url: ExporterUrlOpt = None,
+    force: ForceOpt = False,
     *, eng: EngineOptions,
 ):
     """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
@@ -52,7 +53,7 @@ def diagnose(
 
     from ..probes import make_backend
     from ..probes.commit import check_contexts
-    from ..probes.diagnose import GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
+    from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from ..probes.gpu_util import check_decode_tokens
     from ..probes.models import get_model
     from ..shapes import dtype_name, get_gpu
@@ -73,8 +74,10 @@ def diagnose(
             err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
     bw_Bps = parse_bandwidth(bw) if bw else None
     check_decode_tokens(decode_tokens)
-    folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
-    check_folder("--out-dir", folder)  # before anything is built or measured
+    folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    if out_dir == "":
+        raise DDProbeError("--out-dir: empty path (give a folder name)")
+    check_folder("--out-dir", folder, names=FILES, force=force)  # before anything is built or measured
     # a fleet's source is checked and asked now (open_source), before any model is built; with NVML only the
     # options are checked here, NVML itself by the gpu-util step (skipped with the reason without a GPU)
     if source == "nvml":

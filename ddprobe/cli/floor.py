@@ -14,7 +14,7 @@ from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time,
     parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, WeightDtypeOpt
-from .options import checked, err, errors_exit_1, out, output_file, typed_flags
+from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 
 
 def _ms(v: Optional[float]) -> str:
@@ -57,6 +57,7 @@ def floor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
+    force: ForceOpt = False,
 ):
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute) and the step's anatomy."""
     from ..probes.anatomy import fit_anatomy
@@ -66,6 +67,10 @@ def floor(
     from ..results import Result, RunMeta
     from ..shapes import dtype_name, get_gpu
 
+    if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
+        from .outputs import check_file
+
+        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)])
     spec = model_from_config(config) if config else get_model(model)
     if steps_from is not None:
         if step_ms:

@@ -126,6 +126,9 @@ def output_file(ctx: typer.Context, param: typer.CallbackParam, value):
     return value
 
 
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output file that is already there (earlier "
+                                                       "results, or one of this command's inputs).")]
+
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 BackendOpt = Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
                                                            "this host).")]
