@@ -60,6 +60,43 @@ def _cases(tmp: Path):
         ("report out is a dir", ["report", RESULTS, "-o", dh], 1, r"--out .*dir\.html: is a directory"),
         ("diagnose out-dir is a file", ["diagnose", "--ctx", "256", "--out-dir", f], 1,
          r"--out-dir .*file: is a file, not a folder"),
+        # outputs never harm what they name (issue 44): special files, links, system folders, inputs, earlier results
+        ("commit json a char device", ["commit", "--ctx", "256", "--json", str(tmp / "null")], 1,
+         r"--json .*null: is a character device, not a regular file$"),
+        ("commit csv a FIFO", ["commit", "--ctx", "256", "--json", d + "/c.json", "--csv", str(tmp / "fifo")], 1,
+         r"--csv .*fifo: is a FIFO, not a regular file$"),
+        ("gpu-util json a symlink", ["gpu-util", "--replay", REPLAY, "--json", str(tmp / "link")], 1,
+         r"--json .*link: is a symbolic link"),
+        ("floor out a symlink loop", ["floor", "-o", str(tmp / "loop")], 1, r"--out .*loop: is a symbolic link"),
+        ("report out a char device", ["report", RESULTS, "-o", str(tmp / "null")], 1,
+         r"--out .*null: is a character device"),
+        ("commit json under /proc", ["commit", "--ctx", "256", "--json", "/proc/self/ddprobe-never.json"], 1,
+         r"--json /proc/self/ddprobe-never\.json: is under /proc"),
+        ("gpu-util json under /sys", ["gpu-util", "--replay", REPLAY, "--json", "/sys/ddprobe-never.json"], 1,
+         r"is under /sys"),
+        ("commit json earlier results", ["commit", "--ctx", "256", "--json", str(tmp / "s.json")], 1,
+         r"--json .*s\.json: already holds results measured earlier \(give another path, or --force"),
+        ("floor out = steps-from", ["floor", "--steps-from", str(tmp / "s.json"), "--out", str(tmp / "s.json")], 1,
+         r"--out .*s\.json is also the input --steps-from: writing it would replace what is read"),
+        ("gpu-util json = replay", ["gpu-util", "--replay", str(tmp / "g.json"), "--json", str(tmp / "g.json"),
+                                    "--force"], None, None),
+        ("report out = an input", ["report", str(tmp / "s.json"), "-o", str(tmp / "s.json")], 1,
+         r"--out .*s\.json is also the input RESULTS"),
+        ("diagnose out-dir with earlier results", ["diagnose", "--ctx", "256", "--out-dir", str(tmp / "earlier")], 1,
+         r"--out-dir .*earlier: already holds commit\.json from an earlier run \(give another path, or --force"),
+        ("diagnose out-dir empty", ["diagnose", "--ctx", "256", "--out-dir", ""], 1, r"--out-dir: empty path"),
+        # inputs: regular files only (a FIFO is refused at once, not read), JSON nested at most 64 deep
+        ("floor config a FIFO", ["floor", "--config", str(tmp / "fifo")], 1, r"config .*fifo is a FIFO: give a regular"),
+        ("floor steps-from a FIFO", ["floor", "--steps-from", str(tmp / "fifo")], 1, r"fifo is a FIFO"),
+        ("gpu-util replay a FIFO", ["gpu-util", "--replay", str(tmp / "fifo"), "--json", d + "/g.json"], 1,
+         r"fifo is a FIFO"),
+        ("report a FIFO", ["report", str(tmp / "fifo"), "-o", d + "/r.html"], 1, r"fifo is a FIFO"),
+        ("report deep JSON", ["report", str(tmp / "deep.json"), "-o", d + "/r.html"], 1,
+         r"deep\.json: JSON nested deeper than 64 levels"),
+        ("gate deep JSON", ["gate", str(tmp / "deep.json"), "-b", RESULTS], 1, r"nested deeper than 64"),
+        ("replay deep JSON", ["gpu-util", "--replay", str(tmp / "deep.json"), "--json", d + "/g.json"], 1,
+         r"nested deeper than 64"),
+        ("floor steps-from deep JSON", ["floor", "--steps-from", str(tmp / "deep.json")], 1, r"nested deeper than 64"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -70,18 +107,45 @@ def _cases(tmp: Path):
 
 @pytest.fixture
 def tmp(tmp_path):
+    """Also, all inside ``tmp_path`` (never the machine's /dev): a character device ``null`` (1:3, as /dev/null),
+    a FIFO, a symlink to ``file``, a symlink loop, a results file ``s.json``, a gpu-util file ``g.json``, JSON
+    nested 100 deep and a diagnose folder ``earlier`` holding a ``commit.json``."""
+    import os
+    import shutil
+    import stat
+
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir.html").mkdir()
     (tmp_path / "file").write_text("not a folder\n")
+    os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink(tmp_path / "file", tmp_path / "link")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    shutil.copy(DATA / "commit-tiny-cpu.json", tmp_path / "s.json")
+    shutil.copy(REPLAY, tmp_path / "g.json")
+    (tmp_path / "deep.json").write_text("[" * 100 + "]" * 100)
+    (tmp_path / "earlier").mkdir()
+    shutil.copy(DATA / "commit-tiny-cpu.json", tmp_path / "earlier" / "commit.json")
     return tmp_path
+
+
+def _kinds(tmp: Path) -> dict:
+    """What each special file is, to check that a refused run left it as it was."""
+    import os
+
+    return {p.name: os.lstat(p).st_mode for p in tmp.iterdir()}
 
 
 @pytest.mark.parametrize("case", [c[0] for c in _cases(Path("/x"))])
 def test_bad_input(case, tmp):
     _, args, code, pattern = next(c for c in _cases(tmp) if c[0] == case)
-    before = sorted(p.name for p in tmp.rglob("*"))
+    before, kinds = sorted(p.name for p in tmp.rglob("*")), _kinds(tmp)
     r = CliRunner().invoke(app, args, env={"COLUMNS": "400", "OMP_NUM_THREADS": "1"})
     text = r.stderr + r.stdout
+    if code is None:  # a case that must succeed (--force given)
+        assert r.exit_code == 0, (args, text)
+        return
+    assert _kinds(tmp) == kinds  # every device, FIFO and link still what it was
     assert r.exit_code == code, (args, r.exit_code, text)
     assert r.exception is None or isinstance(r.exception, SystemExit), (args, repr(r.exception))
     assert "Traceback" not in text
