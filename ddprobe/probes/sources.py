@@ -97,10 +97,24 @@ def check_url(url: str, what: str) -> str:
 
 def http_get(url: str, timeout_s: float, what: str) -> str:
     """GET ``url`` as text; any failure one line naming ``what`` and the URL (SourceUnavailable)."""
+    import http.client
+
+    from ..deadline import Late, within
+
     check_url(url, what)
-    try:
+
+    def fetch(progress: dict) -> str:
+        progress["stage"] = "waiting for the answer's headers"
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            progress["stage"] = "headers came, the body was still arriving"
             return r.read().decode("utf-8", "replace")
+
+    try:
+        return within(fetch, timeout_s)  # the whole answer, not each read
+    except Late as e:
+        raise SourceUnavailable(f"{what} {url}: no complete answer within {timeout_s:g} s ({e.stage})") from None
+    except http.client.HTTPException as e:  # cut mid-answer (IncompleteRead), a malformed status line
+        raise SourceUnavailable(f"{what} {url}: broken answer ({type(e).__name__})") from None
     except urllib.error.HTTPError as e:
         body = e.read().decode("utf-8", "replace").strip().replace("\n", " ")[:160]
         raise SourceUnavailable(f"{what} {url}: HTTP {e.code} {body}") from None
