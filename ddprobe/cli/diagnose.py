@@ -60,8 +60,13 @@ def diagnose(
     from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
-    if gpu:
-        get_gpu(gpu)  # unknown names fail before anything runs
+    if gpu is not None:
+        get_gpu(gpu)  # unknown names ('' included) fail before anything runs
+    if max_new_tokens < 2:  # the first token is the prefill's: commit length needs a verify step
+        raise DDProbeError(f"--max-new-tokens must be at least 2, got {max_new_tokens}")
+    if backend == "engine" and typed_flags(tctx, ("model",)):
+        raise DDProbeError("--model: the engine backend's floor uses the engine's own model (--preset); --model is "
+                           "for a server backend (sglang, vllm)")
     sharding = typed_flags(tctx, SHARDING)
     if backend == "engine" and sharding:
         raise DDProbeError(f"{', '.join(sharding)}: the engine backend's floor uses the engine's own weights; "
@@ -108,6 +113,10 @@ def diagnose(
         out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
                   + escape(c.text), highlight=False)
     out.print(f"report: {report_path}", highlight=False)
+    steps = [r for r in run.record.result.rows if r.get("step")]
+    if steps and not any(r.get("status") == "ok" for r in steps):
+        raise DDProbeError(f"no step of the diagnosis succeeded ({', '.join(r['step'] + ': ' + r['status'] for r in steps)}"
+                           f"); {report_path} says why")
 
 
 def diagnose_estimate(be, run, opts):

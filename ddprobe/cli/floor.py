@@ -81,7 +81,7 @@ def floor(
     else:
         ctxs = parse_token_list(ctx)
         steps = [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
-    gpu_spec = get_gpu(gpu) if gpu else (None if bw else get_gpu("h200"))
+    gpu_spec = get_gpu(gpu) if gpu is not None else (None if bw else get_gpu("h200"))  # --gpu '': refused
     bw_Bps = parse_bandwidth(bw) if bw else gpu_spec.bw_Bps
     if tflops is not None and not tflops > 0:
         raise DDProbeError(f"--tflops must be greater than zero, got {tflops}")

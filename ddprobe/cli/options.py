@@ -158,6 +158,10 @@ _ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
 }
 
 
+SERVER_IGNORES = tuple(k for k in _ENGINE_OPTS if k != "seed")  # engine options a server backend ignores (the
+                                                                # seed also seeds the probe's text)
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """The embedded engine a command builds when ``--backend engine``."""
@@ -251,9 +255,21 @@ def engine_options(**defaults):
             params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name),
                                             annotation=ann))
 
+        # the command's typer.Context (Typer hands one to a single parameter): its own, else one added here
+        ctx_name = next((p.name for p in params if p.annotation is typer.Context), None)
+        if ctx_name is None:
+            params.append(inspect.Parameter("_engine_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             eng = EngineOptions(**{k: kwargs.pop(k) for k in _ENGINE_OPTS if k in kwargs})
+            tctx = kwargs[ctx_name] if ctx_name else kwargs.pop("_engine_ctx")
+            backend = kwargs.get("backend")
+            ignored = typed_flags(tctx, SERVER_IGNORES) if backend not in (None, "engine") else []
+            if ignored:  # a server decodes with its own model and tree: these would silently change nothing
+                fail(f"{', '.join(ignored)}: engine option{'s' if len(ignored) > 1 else ''}, ignored with --backend "
+                     f"{backend} (the server's own model and tree are measured): drop "
+                     f"{'them' if len(ignored) > 1 else 'it'}")
             return fn(*args, eng=eng, **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=params)
