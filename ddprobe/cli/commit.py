@@ -109,6 +109,10 @@ def commit(
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
     for line in loop_notes(rows):
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
+    for r in rows:  # a server's figures that contradict each other (probes.backends.histogram_note)
+        if r.get("server_note"):
+            err.print(f"[yellow]note:[/] {escape(r['text'])} @ {fmt_tokens(r['ctx'])}: {escape(r['server_note'])}",
+                      highlight=False, soft_wrap=True)
     for line in suspect_notes(rows):
         err.print(f"[bold red]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 

@@ -59,3 +59,7 @@ def serve(
     err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec, max_body=body_bytes, body_read_s=body_timeout)
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stopped: a late second Ctrl-C while the process exits (Python
+        signal.signal(sig, signal.SIG_IGN)        # resets its handlers then) must not turn exit 0 into a kill
