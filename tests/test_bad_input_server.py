@@ -314,3 +314,224 @@ def test_health_answers_while_a_20_mb_prompt_is_tokenized(srv):
     assert busy, "the tokenize request ended before /health was asked: the check proves nothing"
     assert out["r"].status_code == 200 and out["r"].json()["count"] > 5_000_000
     assert max(waits) < 0.1, waits
+
+
+# ---- numbers from servers are checked; deadlines hold (fake servers on 127.0.0.1) ------------------------------
+
+class Fake:
+    """A fake SGLang / vLLM / dcgm-exporter on 127.0.0.1: ``answers`` maps a path to a function of the request
+    count of that path giving (status, body text); ``dribble_s`` > 0 sends the body (or, with ``slow_headers``,
+    the status line and headers too) one byte every ``dribble_s`` seconds."""
+
+    def __init__(self, answers: dict, dribble_s: float = 0.0, slow_headers: bool = False):
+        import http.server
+
+        fake, self.calls = self, {}
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def answer(self):
+                path = self.path.split("?")[0]
+                n = fake.calls[path] = fake.calls.get(path, 0) + 1
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                status, text = answers[path](n, body) if path in answers else (404, '{"detail": "Not Found"}')
+                data = text.encode()
+                head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                        "Connection: close\r\n\r\n").encode()
+                try:
+                    if not fake.dribble_s:
+                        self.wfile.write(head + data)
+                        return
+                    if not slow_headers:
+                        self.wfile.write(head)
+                        self.wfile.flush()
+                    for b in (head if slow_headers else b"") + data:
+                        self.wfile.write(bytes([b]))
+                        self.wfile.flush()
+                        time.sleep(fake.dribble_s)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            do_GET = do_POST = answer
+
+        import http.server as hs
+
+        self.dribble_s = dribble_s
+        self.srv = hs.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}"
+
+    def close(self):
+        self.srv.shutdown()
+
+
+def _tokens(n, body):
+    words = (body.get("prompt") or "").split()
+    return 200, json.dumps({"tokens": [i % 300 for i in range(len(words))]})
+
+
+def sglang(meta: dict | str) -> dict:
+    """A fake SGLang whose /generate answers ``meta`` (a dict, or raw JSON text of the meta_info)."""
+    text = meta if isinstance(meta, str) else json.dumps(meta)
+    return {"/get_model_info": lambda n, b: (200, '{"max_context_length": 100000}'), "/tokenize": _tokens,
+            "/generate": lambda n, b: (200, '{"text": "x", "meta_info": ' + text + "}")}
+
+
+def vllm(scrapes: list[str], completion: int = 8, own: dict | None = None) -> dict:
+    """A fake vLLM: /metrics answers ``scrapes`` in turn (the last one again after), /v1/completions ``completion``
+    tokens (and ``own`` as metrics.speculative_decoding)."""
+    answer = {"choices": [{"text": "x"}], "usage": {"prompt_tokens": 128, "completion_tokens": completion},
+              **({"metrics": {"speculative_decoding": own}} if own else {})}
+    return {"/v1/models": lambda n, b: (200, '{"data": [{"id": "m", "max_model_len": 100000}]}'),
+            "/tokenize": _tokens, "/v1/completions": lambda n, b: (200, json.dumps(answer)),
+            "/metrics": (lambda n, b: (200, scrapes[min(n, len(scrapes)) - 1])) if scrapes else
+            (lambda n, b: (404, "no"))}
+
+
+def scrape(accepted, drafts, draft_tokens=None, success=0, gen=0) -> str:
+    lines = [f"vllm:spec_decode_num_accepted_tokens_total {accepted}", f"vllm:spec_decode_num_drafts_total {drafts}",
+             f"vllm:request_success_total {success}", f"vllm:generation_tokens_total {gen}"]
+    if draft_tokens is not None:
+        lines.append(f"vllm:spec_decode_num_draft_tokens_total {draft_tokens}")
+    return "\n".join(lines) + "\n"
+
+
+OK_META = {"prompt_tokens": 128, "completion_tokens": 8, "spec_verify_ct": 2, "e2e_latency": 0.1}
+# (id, fake server's answers, exit code, pattern of the last stderr line)
+NUMBERS = [
+    ("sglang completion 100000 for 8", sglang({**OK_META, "completion_tokens": 100000, "spec_verify_ct": 1}), 1,
+     r"completion_tokens 100000 for max_new_tokens 8: impossible, not believed"),
+    ("sglang NaN", sglang('{"completion_tokens": NaN, "spec_verify_ct": 2}'), 1, r"answer is not valid JSON"),
+    ("sglang a string", sglang({**OK_META, "completion_tokens": "8"}), 1, r"'completion_tokens' has the wrong type"),
+    ("sglang more steps than tokens", sglang({**OK_META, "spec_verify_ct": 20}), 1,
+     r"20 verify steps for 8 tokens: impossible"),
+    ("sglang histogram against the mean", sglang({**OK_META, "spec_accept_histogram": [0] * 8 + [2]}), 0,
+     r"note: novel @ 128: histogram says 18 tokens committed \(mean 9\.00\), the counts 7 \(commit length 3\.50\): "
+     r"spread ignored"),
+    ("vllm counters backwards", vllm([scrape(100, 50, 200, 3, 500), scrape(92, 51, 204, 4, 508)]), 1,
+     r"vllm:spec_decode_num_accepted_tokens_total went backwards \(100 -> 92; the server restarted\?\)"),
+    ("vllm counter jump", vllm([scrape(100, 50, 200, 3, 500), scrape(999999999999, 52, 208, 4, 508)]), 1,
+     r"commit length 5e\+11 outside \[1, 5\] \(budget 4 \+ 1\)"),
+    ("vllm NaN in /metrics", vllm([scrape("NaN", 50)]), 1, r"spec_decode_num_accepted_tokens_total is nan, not a finite"),
+    ("vllm a string in /metrics", vllm([scrape("abc", 50)]), 1, r"/metrics: not Prometheus text"),
+]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in NUMBERS])
+def test_impossible_numbers_from_a_server(tmp_path, case):
+    """Numbers a server sends are checked before they are believed: each impossible one ends the run in one line
+    (exit 1), a histogram that contradicts the counts is said and ignored (exit 0, the mean kept)."""
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+
+    _, answers, code, pattern = next(c for c in NUMBERS if c[0] == case)
+    fake = Fake(answers)
+    try:
+        backend = "vllm" if "/v1/completions" in answers else "sglang"
+        r = CliRunner().invoke(app, ["commit", "--backend", backend, "--url", fake.url, "--ctx", "128", "--text",
+                                     "novel", "--max-new-tokens", "8", "--json", str(tmp_path / "c.json")],
+                               env={"COLUMNS": "300"})
+    finally:
+        fake.close()
+    text = r.stderr + r.stdout
+    assert r.exit_code == code, text
+    assert "Traceback" not in text and (r.exception is None or isinstance(r.exception, SystemExit)), text
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert any(re.search(pattern, ln) for ln in lines), r.stderr
+    if code == 0:
+        row = json.loads((tmp_path / "c.json").read_text())["rows"][0]
+        assert row["commit_len"] == 3.5 and row["commit_len_p10"] is None and "spread ignored" in row["server_note"]
+
+
+def test_vllm_per_request_metrics_are_read():
+    """vLLM PR #48915's ``metrics.speculative_decoding`` is read when present: its own counts, no /metrics (the
+    fake has none), the spread from its histogram."""
+    from ddprobe.probes.vllm import VLLMBackend
+
+    # three steps accepting 0, 2 and 2 drafts of 4: 1 + 3 + 3 tokens committed after the prefill's (8 in all)
+    own = {"mean_acceptance_length": 1 + 4 / 3, "draft_acceptance_rate": 4 / 12, "acceptance_histogram": [1, 0, 2, 0, 0],
+           "num_spec_steps": 3, "num_accepted_draft_tokens": 4, "num_draft_tokens": 12, "num_spec_tokens": 4}
+    fake = Fake(vllm([], completion=8, own=own))
+    try:
+        be = VLLMBackend(fake.url)
+        st = be.generate(list(range(128)), 8)
+        assert fake.calls["/metrics"] == 1  # asked once (a 404 here), before the first answer said it had its own
+        be.generate(list(range(128)), 8)
+    finally:
+        fake.close()
+    assert st.verify_steps == 3 and st.commit_len == pytest.approx(1 + 4 / 3) and st.commit_lens == [1, 3, 3]
+    assert st.drafts_per_step == 4 and st.extra["spec_counts"].startswith("per request")
+    assert fake.calls["/metrics"] == 1 and fake.calls["/v1/completions"] == 2  # nothing server-wide read again
+    bad = dict(own, num_spec_steps=30)  # 30 steps for 8 tokens
+    fake = Fake(vllm([], completion=8, own=bad))
+    try:
+        with pytest.raises(Exception, match=r"30 verify steps for 8 tokens: impossible"):
+            VLLMBackend(fake.url).generate(list(range(128)), 8)
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("slow_headers", [False, True])
+def test_timeout_bounds_the_whole_answer(tmp_path, slow_headers):
+    """--timeout 1 against a server sending one byte every 0.25 s (the body, or the headers too): the run ends
+    near the deadline in one line naming the URL and what was late (it ran 42.5 s, then blamed the connection)."""
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+
+    fake = Fake(sglang(OK_META), dribble_s=0.25, slow_headers=slow_headers)
+    t0 = time.perf_counter()
+    try:
+        r = CliRunner().invoke(app, ["commit", "--backend", "sglang", "--url", fake.url, "--ctx", "128",
+                                     "--timeout", "1", "--json", str(tmp_path / "c.json")], env={"COLUMNS": "300"})
+    finally:
+        took = time.perf_counter() - t0
+        fake.close()
+    assert r.exit_code == 1 and took < 4, (took, r.output)
+    last = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
+    late = "waiting for the answer's headers" if slow_headers else "headers came, the body was still arriving"
+    assert re.search(rf"GET {fake.url}/get_model_info: no complete answer within 1 s \(--timeout; .*{late}", last), last
+
+
+def test_dcgm_exporter_deadline(tmp_path):
+    """gpu-util --source dcgm-exporter against a dribbling exporter: one line at its 5 s deadline (it ended in an
+    IncompleteRead traceback after 40.9 s)."""
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+
+    fake = Fake({"/metrics": lambda n, b: (200, 'DCGM_FI_DEV_POWER_USAGE{gpu="0",Hostname="n"} 100\n' * 50)},
+                dribble_s=0.05)
+    t0 = time.perf_counter()
+    try:
+        r = CliRunner().invoke(app, ["gpu-util", "--source", "dcgm-exporter", "--exporter-url", fake.url,
+                                     "--json", str(tmp_path / "g.json")], env={"COLUMNS": "300"})
+    finally:
+        took = time.perf_counter() - t0
+        fake.close()
+    assert r.exit_code == 1 and took < 9, (took, r.output)
+    assert "Traceback" not in r.output and "no complete answer within 5 s" in r.stderr, r.stderr
+
+
+def test_diagnose_exits_1_when_no_step_succeeds(tmp_path):
+    """Every step failed or skipped (a server answering impossible counts): the report is written, and the exit
+    code says it (it was 0)."""
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+
+    fake = Fake(sglang({**OK_META, "completion_tokens": 100000, "spec_verify_ct": 1}))
+    try:
+        r = CliRunner().invoke(app, ["diagnose", "--backend", "sglang", "--url", fake.url, "--ctx", "128",
+                                     "--max-new-tokens", "8", "--decode-tokens", "8", "--bw", "1TB/s",
+                                     "--out-dir", str(tmp_path / "d")], env={"COLUMNS": "300"})
+    finally:
+        fake.close()
+    assert r.exit_code == 1, r.output
+    assert "no step of the diagnosis succeeded (commit: failed" in r.stderr and "Traceback" not in r.output
+    assert (tmp_path / "d" / "report.html").is_file()
