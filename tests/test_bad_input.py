@@ -4,7 +4,9 @@ the console script). None may print a traceback, and none that would measure may
 case here fails before an engine step (the checks run before the model is built, or while the options are
 parsed), so the table stays fast. The next audit starts from this table (issue 36).
 """
+import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -97,6 +99,27 @@ def _cases(tmp: Path):
         ("replay deep JSON", ["gpu-util", "--replay", str(tmp / "deep.json"), "--json", d + "/g.json"], 1,
          r"nested deeper than 64"),
         ("floor steps-from deep JSON", ["floor", "--steps-from", str(tmp / "deep.json")], 1, r"nested deeper than 64"),
+        # the audit's one-liners (issue 44): options twice, empty strings, options another backend ignores
+        ("option given twice", ["floor", "--ctx", "1k", "--ctx", "2k"], 1,
+         r"--ctx given more than once: give each option once \(only the last would count\)"),
+        ("option given twice with =", ["commit", "--ctx=256", "--budget", "4", "--budget=8"], 1,
+         r"--budget given more than once"),
+        ("flag pair given twice", ["commit", "--ctx", "256", "--graphs", "--no-graphs"], 1,
+         r"--graphs/--no-graphs given more than once"),
+        ("floor gpu empty", ["floor", "--gpu", ""], 1, r"unknown GPU ''"),
+        ("diagnose gpu empty", ["diagnose", "--ctx", "256", "--gpu", ""], 1, r"unknown GPU ''"),
+        ("serve max-ctx empty", ["serve", "--max-ctx", "", "--port", "39218"], 1, r"bad token count ''"),
+        ("serve max-body bad", ["serve", "--max-body", "12x", "--port", "39218"], 1,
+         r"--max-body: bad byte count '12x'"),
+        ("preset budget with sglang", ["commit", "--backend", "sglang", "--url", "http://127.0.0.1:9", "--preset",
+                                       "k2", "--budget", "4"], 1,
+         r"--preset, --budget: engine options, ignored with --backend sglang .*: drop them$"),
+        ("attn with vllm", ["diagnose", "--backend", "vllm", "--url", "http://127.0.0.1:9", "--attn", "split"], 1,
+         r"--attn: engine option, ignored with --backend vllm"),
+        ("model with the engine", ["diagnose", "--ctx", "256", "--model", "kimi-k2"], 1,
+         r"--model: the engine backend's floor uses the engine's own model"),
+        ("diagnose max-new-tokens 0", ["diagnose", "--ctx", "256", "--max-new-tokens", "0"], 1,
+         r"--max-new-tokens must be at least 2, got 0"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -294,3 +317,31 @@ def test_healthy_cells_are_not_flagged():
     assert logits_problem(torch.zeros(10)) == "all equal"
     assert logits_problem(torch.tensor([0.0, math.inf])) == "not finite"
     assert logits_problem(torch.tensor([0.0, 1.0])) is None
+
+
+def test_atomic_write_never_replaces_a_special_file(tmp):
+    """The atomic write itself (every results file, CSV and report goes through it) refuses what the output
+    checks refuse: a command that skipped them still cannot turn a device, FIFO or link into a regular file."""
+    import stat
+
+    from ddprobe.jsonfile import write_text_atomic
+    from ddprobe.units import DDProbeError
+
+    for name, why in (("null", "is a character device"), ("fifo", "is a FIFO"), ("link", "is a symbolic link"),
+                      ("loop", "is a symbolic link")):
+        before = os.lstat(tmp / name).st_mode
+        with pytest.raises(DDProbeError, match=why):
+            write_text_atomic(tmp / name, "x\n")
+        assert os.lstat(tmp / name).st_mode == before and not stat.S_ISREG(before)
+    with pytest.raises(DDProbeError, match="is under /proc"):
+        write_text_atomic("/proc/self/ddprobe-never.json", "x\n")
+    assert not [p for p in tmp.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
+
+
+def test_force_replaces_an_input_on_purpose(tmp):
+    """--force is the one way to write over an input: floor --steps-from s.json --out s.json --force replaces the
+    commit file with the floor's (the user asked)."""
+    r = CliRunner().invoke(app, ["floor", "--steps-from", str(tmp / "s.json"), "--out", str(tmp / "s.json"),
+                                 "--force"], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp / "s.json").read_text())["kind"] == "floor"
