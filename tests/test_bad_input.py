@@ -120,6 +120,16 @@ def _cases(tmp: Path):
          r"--model: the engine backend's floor uses the engine's own model"),
         ("diagnose max-new-tokens 0", ["diagnose", "--ctx", "256", "--max-new-tokens", "0"], 1,
          r"--max-new-tokens must be at least 2, got 0"),
+        # numbers in results files: report and gate refuse what floor --steps-from refuses (one check)
+        ("report commit length -3", ["report", str(tmp / "neg.json"), "-o", d + "/r.html"], 1,
+         r"neg\.json: row 1 of this commit file: commit length -3 outside \[1, 16\]: not believed$"),
+        ("floor steps-from commit length -3", ["floor", "--steps-from", str(tmp / "neg.json")], 1,
+         r"neg\.json: row 1 of this commit file: commit length -3 outside"),
+        ("report commit length 99999", ["report", str(tmp / "huge.json"), "-o", d + "/r.html"], 1,
+         r"commit length 99999 outside \[1, 16\]"),
+        ("report negative step time", ["report", str(tmp / "negtime.json"), "-o", d + "/r.html"], 1,
+         r"decode_ms_per_step is -0\.5: not believed"),
+        ("gate commit length -3", ["gate", str(tmp / "neg.json"), "-b", RESULTS], 1, r"commit length -3 outside"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -147,6 +157,11 @@ def tmp(tmp_path):
     shutil.copy(DATA / "commit-tiny-cpu.json", tmp_path / "s.json")
     shutil.copy(REPLAY, tmp_path / "g.json")
     (tmp_path / "deep.json").write_text("[" * 100 + "]" * 100)
+    for name, change in (("neg.json", {"commit_len": -3.0}), ("huge.json", {"commit_len": 99999.0}),
+                         ("negtime.json", {"decode_ms_per_step": -0.5})):
+        d = json.loads((DATA / "commit-tiny-cpu.json").read_text())
+        d["rows"][0].update(change)
+        (tmp_path / name).write_text(json.dumps(d))
     (tmp_path / "earlier").mkdir()
     shutil.copy(DATA / "commit-tiny-cpu.json", tmp_path / "earlier" / "commit.json")
     return tmp_path
