@@ -535,3 +535,28 @@ def test_diagnose_exits_1_when_no_step_succeeds(tmp_path):
     assert r.exit_code == 1, r.output
     assert "no step of the diagnosis succeeded (commit: failed" in r.stderr and "Traceback" not in r.output
     assert (tmp_path / "d" / "report.html").is_file()
+
+
+def test_telemetry_numbers_out_of_range_and_malformed_prometheus_answers():
+    """dcgm-exporter samples no GPU can read (an SM active 250 %, a negative power) are read as missing and noted;
+    a Prometheus answer whose values are not numbers, or whose series lack their labels, is one line naming the
+    URL (it was a ValueError traceback)."""
+    from ddprobe.probes.dcgm_exporter import parse
+    from ddprobe.probes.prometheus import PromWindow
+    from ddprobe.probes.sources import SourceUnavailable
+
+    seen: list[str] = []
+    got = parse('DCGM_FI_PROF_SM_ACTIVE{gpu="0",Hostname="n"} 2.5\nDCGM_FI_DEV_POWER_USAGE{gpu="0",Hostname="n"} -40\n'
+                'DCGM_FI_PROF_DRAM_ACTIVE{gpu="0",Hostname="n"} 0.5\n', "n", seen)
+    values = got[("n", "0", "")]["values"]
+    assert values["sm_active_pct"] is None and values["power_W"] is None and values["dram_active_pct"] == 50.0
+    assert len(seen) == 2
+    ok = lambda data: (200, json.dumps({"status": "success", "data": data}))  # noqa: E731
+    for series in ([{"metric": {"__name__": "vllm:spec_decode_num_drafts_total"}, "values": [[1.0, "abc"]]}],
+                   [{"values": [[1.0, "3"]]}]):
+        fake = Fake({"/api/v1/query_range": lambda n, b, s=series: ok({"result": s})})
+        try:
+            with pytest.raises(SourceUnavailable, match=rf"^Prometheus {fake.url}: malformed answer \("):
+                PromWindow(fake.url).engine(0.0, 10.0, 0.0)
+        finally:
+            fake.close()

@@ -62,12 +62,14 @@ def natural(s: Any) -> list:
 
 
 def row_value(sig: signals.Signal, raw: float, nan_seen: list[str], where: str) -> float | None:
-    """A DCGM sample in the row's unit; NaN / inf -> None, and ``where`` noted once in ``nan_seen``."""
-    if not math.isfinite(raw):
+    """A DCGM sample in the row's unit; NaN / inf, a negative value or a percentage over 100 -> None (no GPU
+    reads that), and ``where`` noted once in ``nan_seen``."""
+    v = raw * sig.dcgm_scale if math.isfinite(raw) else raw
+    if not math.isfinite(v) or v < 0 or (sig.key.endswith("_pct") and v > 100.5):
         if where not in nan_seen:
             nan_seen.append(where)
         return None
-    return raw * sig.dcgm_scale
+    return v
 
 
 def undo_resets(rows: list[dict[str, Any]], notes: list[str]) -> None:
