@@ -86,7 +86,8 @@ def commit(
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
     kinds = text_kinds(text)
     path = results_path(json_path, "commit")
-    check_outputs({"--json": path, "--csv": csv_path}, force=force, keep_existing=True)  # before anything is built or measured
+    # before anything is built or measured; an earlier results file is kept unless --force
+    check_outputs({"--json": path, "--csv": csv_path}, force=force, keep_existing=True)
     be = make_backend(backend, url, timeout,
                       engine_factory=lambda: eng.backend(eng.capacity(max(ctxs), max_new_tokens)))
     check_contexts(be, ctxs, max_new_tokens, kinds, eng.seed)  # before any file is written

@@ -14,7 +14,8 @@ from .commit import announce
 from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
-from .floor_options import SHARDING, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
+from .floor_options import COMM, SHARDING, AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, \
+    WeightDtypeOpt
 from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, typed_flags, warm_up
 
@@ -41,6 +42,9 @@ def diagnose(
     ep: EpOpt = 1,
     weight_dtype: WeightDtypeOpt = "bf16",
     expert_dtype: ExpertDtypeOpt = None,
+    dcp: DcpOpt = 1,
+    allreduce_us: AllreduceUsOpt = None,
+    allreduce_from: AllreduceFromOpt = None,
     source: SourceOpt = "nvml",
     prom_url: PromUrlOpt = None,
     match: MatchOpt = None,
@@ -55,6 +59,7 @@ def diagnose(
     from ..probes.commit import check_contexts
     from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from ..probes.gpu_util import check_decode_tokens
+    from ..probes.floor import Sharding
     from ..probes.models import get_model
     from ..shapes import dtype_name, get_gpu
     from .gpu_source import check_source, open_source
@@ -67,7 +72,7 @@ def diagnose(
     if backend == "engine" and typed_flags(tctx, ("model",)):
         raise DDProbeError("--model: the engine backend's floor uses the engine's own model (--preset); --model is "
                            "for a server backend (sglang, vllm)")
-    sharding = typed_flags(tctx, SHARDING)
+    sharding = typed_flags(tctx, SHARDING + COMM)
     if backend == "engine" and sharding:
         raise DDProbeError(f"{', '.join(sharding)}: the engine backend's floor uses the engine's own weights; "
                            "these options are for a server backend (sglang, vllm)")
@@ -75,6 +80,7 @@ def diagnose(
         spec = get_model(model)
         spec.moe.check(tp, ep)  # a sharding the model cannot have fails before anything runs
         spec.attn.check_tp(tp)
+        Sharding(tp=tp, ep=ep, dcp=dcp)  # --dcp must divide --tp: refused before anything runs
         if ep > 1 and not spec.n_routed_experts:
             err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
     bw_Bps = parse_bandwidth(bw) if bw else None
@@ -98,7 +104,8 @@ def diagnose(
     opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
                            bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry, tp=tp, ep=ep,
                            weight_dtype=dtype_name(weight_dtype),
-                           expert_dtype=dtype_name(expert_dtype or weight_dtype))
+                           expert_dtype=dtype_name(expert_dtype or weight_dtype), dcp=dcp,
+                           allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
     run.estimate = diagnose_estimate(be, run, opts)
@@ -115,8 +122,8 @@ def diagnose(
     out.print(f"report: {report_path}", highlight=False)
     steps = [r for r in run.record.result.rows if r.get("step")]
     if steps and not any(r.get("status") == "ok" for r in steps):
-        raise DDProbeError(f"no step of the diagnosis succeeded ({', '.join(r['step'] + ': ' + r['status'] for r in steps)}"
-                           f"); {report_path} says why")
+        said = ", ".join(f"{r['step']}: {r['status']}" for r in steps)
+        raise DDProbeError(f"no step of the diagnosis succeeded ({said}); {report_path} says why")
 
 
 def diagnose_estimate(be, run, opts):

@@ -39,7 +39,9 @@ def serve(
     *, eng: EngineOptions,
 ):
     """Serve the reference engine over HTTP: SGLang /generate, OpenAI /v1/completions, /tokenize, /metrics."""
+    import functools
     import socket
+    from types import SimpleNamespace
 
     from ..server import serve as run_server
     from ..units import parse_tokens
@@ -55,7 +57,8 @@ def serve(
     body_bytes = parse_bytes(max_body, "--max-body")
     be = eng.backend(parse_tokens(max_ctx) if max_ctx is not None else None)  # --max-ctx '' is refused, not default
     announce(eng, be)
-    warm_up(be, None)  # the first request is then served at speed
+    # the first request is then served at speed (--no-spec: the plain decode step is the one warmed up)
+    warm_up(be if spec else SimpleNamespace(warmup=functools.partial(be.warmup, plain=True)), None)
     err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec, max_body=body_bytes, body_read_s=body_timeout)
