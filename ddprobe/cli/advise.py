@@ -12,7 +12,7 @@ from rich.table import Table
 from ..units import DDProbeError, fmt_tokens, parse_step_times, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
-from .options import checked, err, errors_exit_1, out, output_file, typed_flags
+from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 
 _FLOOR = "floor"  # the path label of a verify step at its floor
 _MEASURED = "Measured on this machine (no typed numbers, no --from)"
@@ -83,6 +83,7 @@ def advise(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
+    force: ForceOpt = False,
 ):
     """Tokens/s with speculation (commit length / verify step) against without (1 / decode step) per context: the
     crossover, the best budget per context, and a vLLM RFC #48627 table (context bucket -> speculative tokens)."""
@@ -91,6 +92,11 @@ def advise(
     from ..probes.models import get_model
     from ..results import Result, RunMeta
 
+    if save is not None:  # never over its own input or results measured earlier, unless --force
+        from .outputs import check_file
+
+        check_file("--out", save, force=force, inputs=[("--from", from_file), ("--allreduce-from", allreduce_from)],
+                   keep_existing=True)
     sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype,
                   allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
     step_model, config = served_model(get_model(model), sh, gpu)
