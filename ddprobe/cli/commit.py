@@ -56,6 +56,8 @@ def announce(eng: EngineOptions, be) -> None:
     said = [s for s in (eng.chosen() if be.name == "engine" else None, threads.line() if threads else None) if s]
     if said:
         err.print(f"engine: {', '.join(said)}", highlight=False)
+    if be.name == "engine" and eng.attn_reason():
+        err.print(eng.attn_reason(), highlight=False, markup=False, soft_wrap=True)
     if getattr(be, "note", None):
         err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
 

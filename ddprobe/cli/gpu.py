@@ -29,7 +29,7 @@ DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catc
 
 @app.command("gpu-util")
 @errors_exit_1
-@engine_options(preset="k2", attn="auto", device="cuda", dtype="bf16", heads=8)
+@engine_options(preset="k2", device="cuda", dtype="bf16", heads=8)
 def gpu_util(
     prompt_len: Annotated[str, typer.Option("--prompt-len", help="Prompt tokens, k = 1024.")] = "64k",
     decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded (novel text: about one "
@@ -87,6 +87,8 @@ def gpu_util(
         telemetry = open_source(source, prom_url, match, exporter_url, period_s)  # before any model is built
         if backend == "engine" and eng.chosen():
             err.print(f"engine: {eng.chosen()}", highlight=False)
+        if backend == "engine" and eng.attn_reason():
+            err.print(eng.attn_reason(), highlight=False, markup=False, soft_wrap=True)
         be = make_backend(backend, url, timeout,
                           engine_factory=lambda: eng.backend(eng.capacity(n_prompt, decode_tokens)))
         check_contexts(be, [n_prompt], decode_tokens)  # one line naming --prompt-len when it does not fit

@@ -40,6 +40,6 @@ def serve(
     be = eng.backend(parse_tokens(max_ctx) if max_ctx else None)
     announce(eng, be)
     warm_up(be, None)  # the first request is then served at speed
-    err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
+    err.print(f"ddprobe serve: {eng.preset} ({be.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec)
