@@ -70,6 +70,11 @@ def stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def _below(v: float | None, limit: float) -> bool | None:
+    """Whether a value is below ``limit``; None when it is missing (unknown: never read as low)."""
+    return None if v is None else v < limit
+
+
 def _fmt(v: float | None) -> str:
     if v is None:
         return "n/a"
@@ -98,7 +103,11 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
     smi = f"nvidia-smi says {_fmt(util)} busy" if util is not None else "nvidia-smi utilization missing"
     pw = f"power {_fmt(power)} of the limit" if power is not None else "power missing"
     if tensor is not None and dram is not None:  # SM may be missing (dcgm-exporter leaves it off by default)
-        low_sm = sm is None or sm < LOW_SM_PCT
+        low_sm, low_power = _below(sm, LOW_SM_PCT), _below(power, LOW_POWER_PCT)
+        # every unit low: tensor and DRAM low, SM and power low where measured (a missing one is unknown, never
+        # low), and at least one of them measured
+        all_low = tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and False not in (low_sm, low_power) and \
+            True in (low_sm, low_power)
         pipes = f"SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}"
         if (util is not None and util < IDLE_UTIL_PCT) or (util is None and sm is not None and sm < 1.0):
             return "idle", f"{smi}; {pipes}: idle", src
@@ -110,13 +119,11 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
         if simt is not None and simt >= SIMT_BOUND_PCT:
             return "compute-bound", f"FP32/FP16 pipes {_fmt(simt)} busy, tensor {_fmt(tensor)}, DRAM {_fmt(dram)}: " \
                                     "compute-bound on CUDA cores", src
-        low_power = power is None or power < LOW_POWER_PCT
-        if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power and \
-                util is not None and util < BUSY_UTIL_PCT:
+        if all_low and util is not None and util < BUSY_UTIL_PCT:
             return "idle", f"nvidia-smi says {_fmt(util)} busy (a kernel ran {_fmt(util)} of the time); SM " \
                            f"{_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: mostly idle, waiting " \
                            "on the host (launch overhead or CPU work between kernels)", src
-        if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power:
+        if all_low:
             lead = f"{smi}, but" if util is not None and util >= BUSY_UTIL_PCT else f"{smi};"
             return "latency-bound", f"{lead} SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: " \
                                     "latency-bound", src
@@ -136,7 +143,7 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
         return "bandwidth-bound", f"{ev}: probably bandwidth-bound", fb
     if power is not None and power >= HIGH_POWER_PCT:
         return "compute-bound", f"{ev}: probably compute-bound", fb
-    if power is not None and power < LOW_POWER_PCT and (mem is None or mem < NVML_MEM_LOW_PCT) and \
+    if power is not None and power < LOW_POWER_PCT and mem is not None and mem < NVML_MEM_LOW_PCT and \
             (util is None or util >= BUSY_UTIL_PCT):
         return "latency-bound", f"{ev}: probably latency-bound", fb
     if power is not None and power < LOW_POWER_PCT and util is not None and util < BUSY_UTIL_PCT:

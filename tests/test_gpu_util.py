@@ -193,6 +193,27 @@ def test_null_is_never_read_as_zero():
     assert "tensor pipes 0" not in d["evidence"]
 
 
+@pytest.mark.parametrize("gone, want", [
+    (dict(sm_active_pct=None), "latency-bound"),  # tensor, DRAM and power measured low: enough without SM
+    (dict(power_W=None), "latency-bound"),  # SM, tensor and DRAM measured low: enough without power
+    (dict(sm_active_pct=None, power_W=None), "mixed"),  # neither measured: not read as low
+    (dict(sm_active_pct=None, power_W=600.0), "mixed"),  # power high: one measured unit is not low
+])
+def test_missing_sm_or_power_stays_unknown(gone, want):
+    """A missing SM or power value is never read as low: 'every unit low' needs the ones measured low and at
+    least one of SM and power measured."""
+    d = gv.analyze(_rows(**gone))["per_phase"][0]
+    assert d["verdict"] == want, d["evidence"]
+    if gone.get("power_W", 0) is None:
+        assert "power missing" in d["evidence"]
+
+
+def test_missing_memory_util_is_not_low_without_gpm():
+    # power low, nvidia-smi busy, NVML memory util missing: not "probably latency-bound" on a missing value
+    d = gv.analyze(_rows(**{**NO_GPM, "util_mem_pct": None}))["per_phase"][0]
+    assert d["verdict"] == "mixed" and "memory util missing" in d["evidence"]
+
+
 def test_missing_samples_within_a_metric_are_skipped():
     rows = _rows()
     for r in rows[:5]:
