@@ -246,6 +246,27 @@ def test_gpu_spec_for_nvml_names():
     assert gpu_spec_for("Tesla T4") is None and gpu_spec_for(None) is None
 
 
+@pytest.mark.parametrize("device, preset, tbps", [
+    ("NVIDIA H100 80GB HBM3", "h100", 3.35), ("NVIDIA H100 PCIe", "h100-pcie", 2.0), ("NVIDIA H100 NVL", "h100-nvl", 3.9),
+    ("NVIDIA GH200 480GB", "gh200", 4.0), ("NVIDIA GH200 144G HBM3e", "gh200-hbm3e", 4.9),
+    ("NVIDIA H200", "h200", 4.8), ("NVIDIA H200 NVL", "h200-nvl", 4.8),
+    ("NVIDIA A100-SXM4-80GB", "a100", 2.039), ("NVIDIA A100 80GB PCIe", "a100-80gb-pcie", 1.935),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb", 1.555), ("NVIDIA A100-PCIE-40GB", "a100-40gb", 1.555),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000", 1.792),
+    ("nvidia  h100 pcie", "h100-pcie", 2.0),  # case and spacing aside
+])
+def test_gpu_names_map_to_their_own_datasheet(device, preset, tbps):
+    spec = gpu_spec_for(device)
+    assert spec is not None and spec.name == preset and spec.bw_Bps == pytest.approx(tbps * 1e12)
+
+
+def test_gpu_names_never_match_by_substring():
+    # a sibling's name inside another board's must not lend it the sibling's datasheet
+    for unknown in ("NVIDIA H100 PCIe 94GB Custom", "NVIDIA H200 SXM 141GB Prototype", "NVIDIA H20 Custom", "NVIDIA A100",
+                    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"):
+        assert gpu_spec_for(unknown) is None, unknown
+
+
 # ---- the probe end to end (tiny engine on the CPU, fake reader) ----------------------------------
 def test_run_gpu_util_on_the_tiny_engine_with_a_fake_reader(tmp_path):
     from ddprobe.probes.engine_backend import EngineBackend
