@@ -195,7 +195,7 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
     for r in rows:
         if _num(r.get("t_s")) is not None:
             by_gpu[r.get("gpu", 0)].append(r)
-    per_phase, decode_J, any_decode_J = [], 0.0, False
+    per_phase, joules_of = [], {"decode": None, "request": None}  # summed over the GPUs
     for gpu, rs in sorted(by_gpu.items(), key=lambda kv: str(kv[0])):
         rs.sort(key=lambda r: r["t_s"])
         phases: dict[str, list[dict]] = defaultdict(list)
@@ -205,8 +205,8 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
             s = stats(prs)
             v, ev, basis = verdict(s, sources)
             joules, how = _energy(rs, prs) if phase != "idle" else (None, None)
-            if phase in ("decode", "request") and joules is not None:
-                decode_J, any_decode_J = decode_J + joules, True
+            if phase in joules_of and joules is not None:
+                joules_of[phase] = (joules_of[phase] or 0.0) + joules
             per_phase.append({"gpu": gpu, "name": signals.gpu_name(rs[0]), "node": rs[0].get("node"),
                               "phase": phase, "samples": len(prs),
                               "t0_s": prs[0]["t_s"], "t1_s": prs[-1]["t_s"], "verdict": v, "evidence": ev,
@@ -218,7 +218,7 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
         a["evidence"] = group_evidence(group, sources)
     if any(d.get("node") for d in per_phase):
         out["nodes"] = per_node(per_phase)
-    out.update(_request_numbers(request, decode_J if any_decode_J else None))
+    out.update(_request_numbers(request, joules_of["decode"], joules_of["request"]))
     dec = [d for d in per_phase if d["phase"] == "decode"] or [d for d in per_phase if d["phase"] == "request"]
     dec = [d for d in dec if d["verdict"] != "idle"] or dec  # several GPUs: the headline is a working one's
     out["verdict"] = dec[0]["verdict"] if dec else None
@@ -230,8 +230,11 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
     return out
 
 
-def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, Any]:
-    """decode_step_ms, effective bandwidth, energy per token and the floor from what the request measured."""
+def _request_numbers(req: dict[str, Any], decode_J: float | None, request_J: float | None = None) -> dict[str, Any]:
+    """decode_step_ms, effective bandwidth, energy per token and the floor from what the request measured.
+    ``energy_J_per_token`` is the decode phase's energy only; where the backend gave no first-token time (a
+    server: prefill and decode share one "request" phase) it stays None and ``request_energy_J_per_token``
+    says the whole request's energy per decoded token, prefill included, under its own name."""
     steps = [x for x in (req.get("step_ms") or []) if _num(x) is not None]
     verify_steps, decode_s = _num(req.get("verify_steps")), _num(req.get("decode_s"))
     step_ms = quantile(steps, 0.5) if steps else (decode_s * 1e3 / verify_steps if decode_s and verify_steps
@@ -239,7 +242,8 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, A
     out: dict[str, Any] = {"decode_step_ms": step_ms, "decode_step_p90_ms": quantile(steps, 0.9) if steps else None,
                            "verify_ms_mean": _num(req.get("verify_ms_mean")), "kv_GB_per_step": None,
                            "eff_bw_GBps": None, "verify_eff_bw_GBps": None, "floor_ms": None, "gap": None,
-                           "energy_J_per_token": None, "decode_energy_J": decode_J}
+                           "energy_J_per_token": None, "decode_energy_J": decode_J,
+                           "request_energy_J_per_token": None}
     kv_tok, prompt = _num(req.get("kv_B_per_token")), _num(req.get("prompt_tokens"))
     done = _num(req.get("completion_tokens")) or 0.0
     if kv_tok and prompt:
@@ -257,4 +261,6 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, A
     tokens = done - 1 if done > 1 else None  # the first token comes out of prefill
     if decode_J is not None and tokens:
         out["energy_J_per_token"] = decode_J / tokens
+    elif request_J is not None and tokens:
+        out["request_energy_J_per_token"] = request_J / tokens
     return out

@@ -240,6 +240,24 @@ def test_request_numbers_bandwidth_energy_floor():
     assert gv.analyze(rows, req)["energy_J_per_token"] == pytest.approx(140 * 0.2 * 7 / 48)
 
 
+def test_energy_per_token_is_decode_only():
+    """A server without a first-token time: prefill and decode share one "request" phase, whose energy is not
+    divided by the decoded tokens as if it were the decode's; it is said under its own name."""
+    req = {"prompt_tokens": 32768, "completion_tokens": 49, "verify_steps": 48}
+    rows = _rows()
+    rows[0]["phase"] = "idle"
+    for r in rows[1:]:
+        r["phase"] = "request"
+    s = gv.analyze(rows, req)
+    assert s["energy_J_per_token"] is None and s["decode_energy_J"] is None
+    assert s["request_energy_J_per_token"] == pytest.approx(28 * 7 / 48)
+    rows[4]["phase"] = "prefill"  # with a first-token time: the decode's rows alone
+    for r in rows[5:]:
+        r["phase"] = "decode"
+    s = gv.analyze(rows, req)
+    assert s["energy_J_per_token"] == pytest.approx(28 * 3 / 48) and s["request_energy_J_per_token"] is None
+
+
 def test_gpu_spec_for_nvml_names():
     assert gpu_spec_for("NVIDIA H200").name == "h200" and gpu_spec_for("NVIDIA H20").name == "h20"
     assert gpu_spec_for("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000"

@@ -160,6 +160,9 @@ def print_summary(res) -> None:
         nums.append(f"{fmt_ratio(s['gap'])} the floor {s['floor_ms']:.3g} ms")
     if s.get("energy_J_per_token"):
         nums.append(f"{s['energy_J_per_token']:.3g} J per decoded token")
+    elif s.get("request_energy_J_per_token"):  # a server without a first-token time: prefill not separable
+        nums.append(f"{s['request_energy_J_per_token']:.3g} J per decoded token with the prefill's energy in it "
+                    "(the backend reports no first-token time)")
     if nums:
         out.print("; ".join(nums) + ".", highlight=False)
     deep_d = s.get("deep")
