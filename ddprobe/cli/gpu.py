@@ -6,8 +6,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from ..signals import COLUMNS, LABELS
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
@@ -18,8 +16,12 @@ from .progress import CellDisplay
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
 from .outputs import check_outputs
+from .tables import Col, print_fitted
 
 SIGNALS = [(k, LABELS[k]) for k in COLUMNS]  # the table's columns, from the signals table
+# what a narrow terminal keeps longest (tables.Col priorities): the verdict's evidence first
+SIGNAL_PRIORITY = {"tensor_active_pct": 1, "dram_active_pct": 1, "sm_active_pct": 2, "power_pct": 2,
+                   "util_gpu_pct": 2, "util_mem_pct": 3, "sm_clock_MHz": 4}
 # every option but the files: what a --replay does not use
 REPLAY_IGNORES = {"prompt_len", "decode_tokens", "period", "text", "backend", "url", "timeout", "deep", "warmup",
                   "preset", "attn", "budget", "device", "dtype", "heads", "weights", "seed", "graphs", "threads",
@@ -134,19 +136,16 @@ def print_summary(res) -> None:
     """The per-GPU, per-phase table, the evidence per phase (one line where the GPUs agree) and the step
     numbers."""
     s = res.summary
-    t = Table(title="gpu-util: median/p90 per GPU and phase", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False)
-    for c in ["GPU", "phase", "n"] + [c for _, c in SIGNALS] + ["verdict"]:
-        t.add_column(c, justify="left" if c in ("phase", "verdict") else "right", no_wrap=True)
+    cols = [Col("GPU", 1), Col("phase", justify="left"), Col("n", 4)] + \
+        [Col(c, SIGNAL_PRIORITY.get(k, 3)) for k, c in SIGNALS] + [Col("verdict", justify="left")]
 
     def cell(sig):
         m, p = sig.get("median"), sig.get("p90")
         return "-" if m is None else "/".join(f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}" for v in (m, p))
 
-    for d in s.get("per_phase", []):
-        t.add_row(str(d.get("name", d["gpu"])), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
-                  d["verdict"])
-    out.print(t)
+    rows = [[str(d.get("name", d["gpu"])), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
+             d["verdict"]] for d in s.get("per_phase", [])]
+    print_fitted("gpu-util: median/p90 per GPU and phase", cols, rows)
     for line in evidence_lines(s):
         out.print(line, highlight=False, soft_wrap=True)
     print_fleet(s)
