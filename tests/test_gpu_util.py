@@ -323,7 +323,16 @@ def test_cli_live_without_gpu_exits_1_with_one_line(tmp_path):
     assert r.exit_code == 1
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no NVIDIA GPU visible to NVML:")
+    assert "without a GPU here: --replay FILE re-analyses a saved run, --source prometheus|dcgm-exporter" in lines[0]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_replay_writes_no_copy_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        r = CliRunner().invoke(app, ["gpu-util", "--replay", str(SYNTH)])
+        assert r.exit_code == 0, r.output
+    assert list(tmp_path.iterdir()) == [] and "written to" not in r.output  # no ddprobe-results/ copy per call
 
 
 def test_cli_replay_writes_json_and_csv(tmp_path):

@@ -80,7 +80,7 @@ def commit(
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
     from ..probes import make_backend
-    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe
+    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe, timing_note
     from ..probes.sanity import suspect_notes
     from ..results import Result, ResultWriter, RunMeta
 
@@ -108,7 +108,7 @@ def commit(
             record_timing(writer, est, display)
             n = len(writer.result.rows)
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
-    for line in loop_notes(rows):
+    for line in [*loop_notes(rows), *filter(None, [timing_note(rows)])]:
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
     for line in suspect_notes(rows):
         err.print(f"[bold red]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)

@@ -54,7 +54,8 @@ def gpu_util(
     replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
                                                                     "(no GPU needed).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "
-                                                                     "ddprobe-results/gpu-util-<time>.json).")]
+                                                                     "ddprobe-results/gpu-util-<time>.json; with "
+                                                                     "--replay: none unless given).")]
     = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the timeline as CSV.")] = None,
     *, ctx: typer.Context, eng: EngineOptions,
@@ -70,7 +71,8 @@ def gpu_util(
     from ..results import Result, ResultWriter, RunMeta
     from ..units import parse_time, parse_tokens
 
-    path = results_path(json_path, "gpu-util")
+    # a replay writes only the files asked for (its input is the results file); a measurement, always one
+    path = json_path if replay is not None else results_path(json_path, "gpu-util")
     check_outputs({"--json": path, "--csv": csv_path})  # before anything is sampled
     if replay is not None:
         ignored = typed_flags(ctx, REPLAY_IGNORES)
@@ -127,7 +129,9 @@ def gpu_util(
                 res.summary["deep"] = deep_ncu(child, eng.resolved().attn)
             writer.flush()
     print_summary(res)
-    out.print(f"{len(res.rows)} sample(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+    written = [str(p) for p in (path, csv_path) if p]
+    if written:
+        out.print(f"{len(res.rows)} sample(s) written to {' and '.join(written)}")
     if res.summary.get("telemetry_error"):
         raise DDProbeError(f"{res.summary['telemetry_error']} (the request's numbers are kept in {path})")
 
