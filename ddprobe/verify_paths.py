@@ -99,14 +99,21 @@ def _row_fits(spec: str, row: tuple[int, int]) -> bool:
     return spec == f"{row[0]}+{row[1]}"
 
 
+def rows_why_not(p: VerifyPath, row: tuple[int, int]) -> str | None:
+    """None when path ``p`` takes MLA latent rows of ``row`` = (v_dim, rope), else why not (one line)."""
+    if any(_row_fits(s, row) for s in p.rows):
+        return None
+    takes = " or ".join("v_dim and rope powers of two >= 16" if s == "pow2" else s.replace("+", " + ") for s in p.rows)
+    return f"{p.name} takes MLA rows of {takes}; this model's are {row[0]} + {row[1]}"
+
+
 def why_not(p: VerifyPath, sm: tuple[int, int] | None, dtype: str | None = None,
             row: tuple[int, int] | None = None) -> str | None:
     """None when path ``p`` runs a model of MLA rows ``row`` (v_dim, rope) in ``dtype`` on ``sm`` (None: the CPU),
     else why not, in one line (None for ``dtype`` or ``row``: not asked)."""
-    if row is not None and not any(_row_fits(s, row) for s in p.rows):  # the model first: true on any machine
-        takes = " or ".join("v_dim and rope powers of two >= 16" if s == "pow2" else s.replace("+", " + ")
-                            for s in p.rows)
-        return f"{p.name} takes MLA rows of {takes}; this model's are {row[0]} + {row[1]}"
+    why = rows_why_not(p, row) if row is not None else None  # the model first: true on any machine
+    if why:
+        return why
     if dtype is not None and "any" not in p.dtypes and dtype not in p.dtypes:
         return f"{p.name} takes {' / '.join(p.dtypes)}, not {dtype}"
     if not runs_on(p, sm):
