@@ -26,6 +26,7 @@ from typing import Any
 
 from . import __version__, signals
 from .jsonfile import write_text_atomic
+from .step_model import upgrade_floor_row
 from .units import DDProbeError
 
 SCHEMA = "ddprobe.result/1"
@@ -33,6 +34,7 @@ SCHEMA = "ddprobe.result/1"
 ROW_KEYS: dict[str, dict[str, tuple]] = {
     "gpu-util": {"t_s": (int, float), "gpu": (int,)},
     "commit": {"ctx": (int,), "text": (str,), "commit_len": (int, float, type(None))},
+    "allreduce": {"bytes": (int,), "us": (int, float, type(None))},
 }
 
 
@@ -178,6 +180,8 @@ class Result:
             kind = d["kind"]
             rows = check_rows(d.get("rows", []), kind, source)
             rows, config, summary = signals.upgrade(kind, list(rows), d.get("config", {}), d.get("summary", {}))
+            if kind == "floor":  # an older file's whole-step floor under today's name
+                rows = [upgrade_floor_row(r) for r in rows]
             return cls(kind=kind, meta=meta, config=config, rows=rows, summary=summary, schema=d["schema"])
         except (KeyError, TypeError) as e:
             raise DDProbeError(f"{source}: malformed results file ({e})") from None

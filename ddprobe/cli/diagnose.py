@@ -14,7 +14,8 @@ from .commit import announce
 from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
-from .floor_options import SHARDING, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
+from .floor_options import COMM, SHARDING, AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, \
+    WeightDtypeOpt
 from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, typed_flags, warm_up
 
@@ -41,6 +42,9 @@ def diagnose(
     ep: EpOpt = 1,
     weight_dtype: WeightDtypeOpt = "bf16",
     expert_dtype: ExpertDtypeOpt = None,
+    dcp: DcpOpt = 1,
+    allreduce_us: AllreduceUsOpt = None,
+    allreduce_from: AllreduceFromOpt = None,
     source: SourceOpt = "nvml",
     prom_url: PromUrlOpt = None,
     match: MatchOpt = None,
@@ -54,6 +58,7 @@ def diagnose(
     from ..probes.commit import check_contexts
     from ..probes.diagnose import GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from ..probes.gpu_util import check_decode_tokens
+    from ..probes.floor import Sharding
     from ..probes.models import get_model
     from ..shapes import dtype_name, get_gpu
     from .gpu_source import check_source, open_source
@@ -61,7 +66,7 @@ def diagnose(
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
     if gpu:
         get_gpu(gpu)  # unknown names fail before anything runs
-    sharding = typed_flags(tctx, SHARDING)
+    sharding = typed_flags(tctx, SHARDING + COMM)
     if backend == "engine" and sharding:
         raise DDProbeError(f"{', '.join(sharding)}: the engine backend's floor uses the engine's own weights; "
                            "these options are for a server backend (sglang, vllm)")
@@ -69,6 +74,7 @@ def diagnose(
         spec = get_model(model)
         spec.moe.check(tp, ep)  # a sharding the model cannot have fails before anything runs
         spec.attn.check_tp(tp)
+        Sharding(tp=tp, ep=ep, dcp=dcp)  # --dcp must divide --tp: refused before anything runs
         if ep > 1 and not spec.n_routed_experts:
             err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
     bw_Bps = parse_bandwidth(bw) if bw else None
@@ -90,7 +96,8 @@ def diagnose(
     opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
                            bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry, tp=tp, ep=ep,
                            weight_dtype=dtype_name(weight_dtype),
-                           expert_dtype=dtype_name(expert_dtype or weight_dtype))
+                           expert_dtype=dtype_name(expert_dtype or weight_dtype), dcp=dcp,
+                           allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
     run.estimate = diagnose_estimate(be, run, opts)

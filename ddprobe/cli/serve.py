@@ -24,7 +24,9 @@ def serve(
     *, eng: EngineOptions,
 ):
     """Serve the reference engine over HTTP: SGLang /generate, OpenAI /v1/completions, /tokenize, /metrics."""
+    import functools
     import socket
+    from types import SimpleNamespace
 
     from ..server import serve as run_server
     from ..units import parse_tokens
@@ -39,7 +41,8 @@ def serve(
         raise DDProbeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     be = eng.backend(parse_tokens(max_ctx) if max_ctx else None)
     announce(eng, be)
-    warm_up(be, None)  # the first request is then served at speed
+    # the first request is then served at speed (--no-spec: the plain decode step is the one warmed up)
+    warm_up(be if spec else SimpleNamespace(warmup=functools.partial(be.warmup, plain=True)), None)
     err.print(f"ddprobe serve: {eng.preset} ({be.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec)

@@ -3,7 +3,7 @@
 Per layer, for each context and head count: the median time of each verify path (``paged``, ``split``,
 ``split_ws``...) and of the peers (``peers``: FlashMLA, FlashInfer fa3/fa2, FlexAttention, SDPA), each checked
 against the fp32 reference (the peers under the causal mask they run with) and timed under CUDA-graph replay over
-enough input sets that L2 cannot serve the caches; bytes and FLOPs per call, GB/s, TFLOP/s, the floor from ceilings
+enough input sets that L2 cannot serve the caches; bytes and FLOPs per call, GB/s, TFLOP/s, the kernel floor from ceilings
 measured in the same run (device copy, bf16 matmul), time over floor. Then the whole multi-layer verify step
 (attention only) at one context. The document written (``meta``, ``ceilings``, ``results``, ``flex``) is what
 ``reports.load`` reads as a ``bench-verify`` result and ``ddprobe gate`` compares.
