@@ -30,12 +30,15 @@ def table_lines(text: str, header_start: str) -> list[str]:
 def test_readme_floor_example_at_80_columns():
     r = ddprobe(README_FLOOR, 80)
     assert r.returncode == 0, r.stderr
-    head, rule, *rows = table_lines(r.stdout, "ctx")[:5]
+    lines = table_lines(r.stdout, "ctx")[:5]
+    head, rule, *rows = lines
     assert head.split()[:1] == ["ctx"] and {"floor", "step", "gap"} <= set(head.split())
     assert [row.split()[0] for row in rows] == ["32k", "128k", "185k"]  # the context column, whole
-    assert "…" not in r.stdout and all(len(ln) <= 80 for ln in r.stdout.splitlines())
-    assert "159 ms" in rows[0] and "1430 ms" in rows[2] and "9.93 ms" in rows[0]  # whole numbers with units
-    assert "(narrow terminal: " in r.stdout and "left out" in r.stdout
+    assert "…" not in r.stdout and all(len(ln.rstrip()) <= 80 for ln in lines)
+    assert "159 ms" in rows[0] and "1430 ms" in rows[2]  # the steps typed, whole, with their units
+    assert all(row.count(" ms") >= 4 and row.rstrip().endswith("x") for row in rows)  # floors, gaps: whole cells
+    said = " ".join(r.stdout.split())  # the line naming what was left out wraps at 80 like any other
+    assert "(narrow terminal: KV, weights, compute" in said and "left out; widen it, or COLUMNS=200)" in said
 
 
 def test_readme_floor_example_wide_keeps_every_column():
@@ -43,6 +46,18 @@ def test_readme_floor_example_wide_keeps_every_column():
     assert r.returncode == 0, r.stderr
     head = table_lines(r.stdout, "ctx")[0].split()
     assert head[:3] == ["ctx", "KV", "weights"] and "re-read" in head and "narrow terminal" not in r.stdout
+
+
+def test_a_pipe_gets_every_column_whole():
+    """No terminal and no COLUMNS (a pipe, a CI log): nothing to fit, so every column, none cut."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env["PYTHONPATH"] = str(ROOT)
+    r = subprocess.run([sys.executable, "-m", "ddprobe", "floor", "--ctx", "128k", "--bw", "1.8TB/s", "--step-ms",
+                        "714"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    head = table_lines(r.stdout, "ctx")[0].split()
+    assert head[:3] == ["ctx", "KV", "weights"] and head[-1] == "re-read" and "…" not in r.stdout
+    assert "narrow terminal" not in r.stdout
 
 
 @pytest.mark.parametrize("args, key", [

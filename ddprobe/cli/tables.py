@@ -29,17 +29,18 @@ def _width(col: Col, cells: list[str]) -> int:
     return min(w, WRAP_MIN) if col.wrap else w
 
 
+def natural_width(cols: list[Col], rows: list[list[str]], keep: list[int] | None = None) -> int:
+    """Terminal columns the table takes with the columns ``keep`` (default all) at their natural widths."""
+    keep = list(range(len(cols))) if keep is None else keep
+    return sum(_width(cols[i], [r[i] for r in rows]) for i in keep) + GAP * (len(keep) - 1) + EDGES
+
+
 def kept(cols: list[Col], rows: list[list[str]], width: int) -> list[int]:
     """Indices of the columns that fit in ``width`` terminal columns: every one when they all fit, else the
     columns of the highest priority number dropped first (the rightmost of a priority first), priority 0 never."""
-    widths = [_width(c, [r[i] for r in rows]) for i, c in enumerate(cols)]
     keep = list(range(len(cols)))
-
-    def total() -> int:
-        return sum(widths[i] for i in keep) + GAP * (len(keep) - 1) + EDGES
-
     for i in sorted(range(len(cols)), key=lambda i: (-cols[i].priority, -i)):
-        if total() <= width or cols[i].priority == 0:
+        if natural_width(cols, rows, keep) <= width or cols[i].priority == 0:
             break
         keep.remove(i)
     return keep
@@ -66,11 +67,23 @@ def left_out_line(headers: list[str]) -> str | None:
 
 
 def print_fitted(title: str, cols: list[Col], rows: list[list[str]], styles: list[str] | None = None) -> None:
-    """``fitted_table`` at the width of the terminal we print to, printed, with the line naming what it left out."""
+    """``fitted_table`` at the width of the terminal we print to, printed, with the line naming what it left out.
+    Output that is no terminal (a pipe, a file) and no COLUMNS: every column, the table as wide as it needs."""
+    import os
+
     from .options import columns, out
 
-    table, gone = fitted_table(title, cols, rows, columns(), styles)
-    out.print(table)
+    if out.is_terminal or os.environ.get("COLUMNS"):
+        table, gone = fitted_table(title, cols, rows, columns(), styles)
+        out.print(table)
+    else:
+        table, gone = fitted_table(title, cols, rows, 1 << 20, styles)
+        page = out.width
+        out.width = max(page, natural_width(cols, rows))  # print clips to the console's width: widen it for this
+        try:
+            out.print(table)
+        finally:
+            out.width = page
     line = left_out_line(gone)
     if line:
         out.print(line, highlight=False, style="dim")
