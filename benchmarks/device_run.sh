@@ -10,7 +10,7 @@
 #   check   the GPU tests: tests/test_kernels_gpu.py, tests/test_cu.py, tests/test_engine_graphs.py,
 #           tests/test_moe_fused.py, tests/test_tree_build.py
 #   smoke   benchmarks/smoke.py: every user command with its defaults, each in a fresh process (commit as in the
-#           README, gpu-util, diagnose, floor, report, gate, bench verify --quick, serve + an openai request);
+#           README, gpu-util, diagnose, floor, advise, report, gate, bench verify --quick, serve + an openai request);
 #           exit code, wall time and warm-up per command -> $OUT/smoke.md; fails on any non-zero exit
 #   verify  ddprobe bench verify (every path and peer, 8 and 64 heads, the 61-layer step) -> $OUT/bench-verify.json
 #   engine  benchmarks/bench_engine.py (k2 and tiny decode steps, graphs vs eager, split_ws run() host time and

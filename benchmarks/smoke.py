@@ -56,6 +56,9 @@ def cases() -> list[Case]:
         Case("diagnose k2", ("diagnose", "--preset", "k2")),
         Case("floor", ("floor", "--model", "kimi-k2.6", "--gpu", "rtx-pro-6000", "--tp", "8", "--ctx",
                        "32k,128k,185k", "--step-ms", "159,714,1430", "--expert-dtype", "int4")),
+        Case("advise", ("advise", "--ctx", "32k,128k,185k", "--step-ms", "159,714,1430", "--commit-len",
+                        "7.0,7.88,7.88", "--gpu", "rtx-pro-6000", "--tp", "8", "--expert-dtype", "int4", "--path",
+                        "sglang", "--text", "predictable")),
         Case("report", ("report", "ddprobe-results", "-o", "report.html")),  # the files this run wrote
         Case("gate", ("gate", str(ROOT / "tests" / "data" / "bench-verify-h200-raw.json"), "--baseline", str(base),
                       "--paths", "split", "--ctx", "128k")),

@@ -37,7 +37,7 @@ def test_only_and_exit_code(tmp_path, capsys):
     assert smoke.main(["--out", str(tmp_path), "--only", "flor"]) == 2
     assert "unknown smoke command 'flor'" in capsys.readouterr().err
     names = [c.name for c in smoke.cases()]
-    for want in ("commit", "gpu-util", "gpu-util tiny", "diagnose", "diagnose k2", "floor", "report", "gate",
+    for want in ("commit", "gpu-util", "gpu-util tiny", "diagnose", "diagnose k2", "floor", "advise", "report", "gate",
                  "bench verify", "serve"):
         assert want in names
     assert names.index("report") > names.index("commit")  # report reads the files commit wrote
