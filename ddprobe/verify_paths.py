@@ -13,13 +13,16 @@ Fields of a row:
                 versions such as "sm_90"
   module        the kernels module that implements it (relative to ddprobe.engine.kernels)
   verify        False for helpers behind the same seam that are not verify paths (prefill)
+  baseline      True for SGLang's design (``paged``, ddprobe's rendering; ``sglang``, SGLang's own kernels): the
+                pathology measured, never a fix
   what          one line for ``--help``
   dtypes        the q/kv dtypes it takes ("fp32", "bf16", "fp16"; "any")
   rows          the MLA latent rows it takes, v_dim + rope: "any", "pow2" (both powers of two >= 16) or exact
                 widths such as "512+64"
   cpu           runs natively on the CPU (the Triton paths run there only under TRITON_INTERPRET: never auto's
                 choice there)
-  speed         auto's preference among the paths that run a model here (highest first; the fp32 reference is 0)
+  speed         auto's preference among the paths that run a model here (highest first; the fp32 reference is 0;
+                a baseline is never auto's choice)
 
 ``auto_path(sm, dtype, row)`` reads only these fields: a new row declares its capabilities and auto weighs it.
 """
@@ -46,6 +49,7 @@ class VerifyPath:
     rows: tuple[str, ...] = ("any",)
     cpu: bool = False
     speed: int = 0
+    baseline: bool = False
 
 
 TRITON_DTYPES = ("fp32", "bf16", "fp16")  # what the Triton kernels' tl.dot takes (kernels/_common.DTYPES)
@@ -55,8 +59,13 @@ PATHS: tuple[VerifyPath, ...] = (
                "the fp32 PyTorch oracle", cpu=True),
     VerifyPath("prefill", "any", "prefill (PyTorch SDPA)", "C5", "", False, ("any",), ".prefill",
                "causal prompt prefill through PyTorch's fused attention (not a verify path)", verify=False, cpu=True),
-    VerifyPath("paged", "paged", "paged (SGLang page_size=1)", "C1", "_paged_verify", True, ("any",), ".paged",
-               "SGLang's page_size=1 Triton verify, as it runs today", dtypes=TRITON_DTYPES, rows=("pow2",), speed=1),
+    VerifyPath("paged", "paged", "paged (SGLang page_size=1)", "C1", "_paged_verify|_paged_decode", True, ("any",),
+               ".paged", "SGLang's page_size=1 Triton verify (and split-K decode), as it runs today (ddprobe's rendering)",
+               baseline=True, dtypes=TRITON_DTYPES, rows=("pow2",), speed=1),
+    VerifyPath("sglang", "paged", "sglang (SGLang's own Triton kernels)", "C7",
+               "_fwd_kernel|_fwd_grouped_kernel_stage1|_fwd_kernel_stage2|get_num_kv_splits_triton", True, ("any",),
+               ".sglang", "SGLang's own extend/decode Triton kernels from an installed sglang: pip install --no-deps "
+               "sglang==0.5.14", baseline=True),  # what it takes: SGLang's own checks say (one line)
     VerifyPath("split", "contiguous", "split (split-K Triton)", "C3", "_split_prefix|_merge_kernel|_merge_flat", True,
                ("any",), ".split", "split-K over the contiguous prefix + masked tree pass + merge (Triton)",
                dtypes=TRITON_DTYPES, rows=("pow2",), speed=2),
@@ -82,6 +91,11 @@ def verify_names() -> list[str]:
 def sm_name(sm: tuple[int, int] | None) -> str:
     """``(9, 0)`` -> ``sm_90``; None (no GPU) -> ``the CPU``."""
     return "the CPU" if sm is None else f"sm_{sm[0]}{sm[1]}"
+
+
+def fast_names() -> list[str]:
+    """The verify paths that are fixes: neither the fp32 oracle nor a baseline."""
+    return [p.name for p in PATHS if p.verify and not p.baseline and p.name != "reference"]
 
 
 def runs_on(p: VerifyPath, sm: tuple[int, int] | None) -> bool:
@@ -126,7 +140,7 @@ def auto_choice(sm: tuple[int, int] | None, dtype: str | None = None,
     """``--attn auto``: (the fastest verify path that runs a model of MLA rows ``row`` in ``dtype`` on ``sm``, one
     line saying why). On the CPU (``sm`` None) only the paths that run natively there count (the Triton ones run
     only under the interpreter)."""
-    ranked = sorted((p for p in PATHS if p.verify), key=lambda p: -p.speed)
+    ranked = sorted((p for p in PATHS if p.verify and not p.baseline), key=lambda p: -p.speed)  # never a baseline
     passed: list[str] = []
     for p in ranked:
         if sm is None and not p.cpu:

@@ -16,12 +16,7 @@ runner = CliRunner()
 ROW = 7168 * 2  # one Kimi K2 hidden row in bf16
 
 
-def _error_line(res) -> str:
-    lines = [ln for ln in (res.stderr or res.output).splitlines() if ln.strip()]
-    assert res.exit_code == 1, res.output
-    assert len(lines) == 1 and lines[0].startswith("error:"), lines
-    assert "Traceback" not in res.output
-    return lines[0]
+from test_bench_cli import _error_line  # noqa: E402  (one line, exit 1, no traceback)
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,8 @@ def advise(
         [type(p)(_FLOOR, p.text, p.ctx, p.budget, p.commit_len,
                  floor_row(FloorInput(step_model, p.budget + 1), p.ctx).floor_ms, p.decode_ms, "step model")
          for p in {(q.text, q.ctx, q.budget): q for q in points}.values()]
+    for p in floor_pts:  # a verify step at its floor beside a measured decode step is no mismatch to report
+        p.note = ""
     modelled = decode_source is None and decode_ms is None
     decode_at = (lambda c: step_model.cost(max(1, c), 1).floor_ms) if modelled else None
     verdicts = run_advise(points + floor_pts, decode_at)

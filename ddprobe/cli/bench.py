@@ -15,7 +15,7 @@ bench_app = typer.Typer(help="GPU benchmarks (results files that `ddprobe report
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-DEFAULT_PATHS = "paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,flex,sdpa"
+DEFAULT_PATHS = "sglang,paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,flex,sdpa"
 
 
 def _names(text: str, what: str) -> list[str]:
@@ -63,6 +63,8 @@ def verify(
                                                       "split:tail_ratio=3 (repeatable).")] = None,
     budget: Annotated[int, typer.Option("--budget", help="Tree budget (verify rows = budget + 1).")] = 8,
     tree: Annotated[str, typer.Option("--tree", help="Tree shape: lopsided, fork, chain, star.")] = "lopsided",
+    slots: Annotated[str, typer.Option("--slots", help="Token-pool slots of the page_size=1 paths (paged, sglang): "
+                                                       "shuffled or contiguous.")] = "shuffled",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer cache sets and shorter timing.")] = False,
     step_ctx: Annotated[str, typer.Option("--step-ctx", help="Context of the whole-step timing (every layer, "
                                                              "8 heads); 0 leaves the step out.")] = "128k",
@@ -87,7 +89,7 @@ def verify(
 
     opts = BenchOptions(
         ctxs=parse_token_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
-        variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick,
+        variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick, slots=slots,
         tune={p: o for p, o in _variants(tune or [], "--tune")},
         step_ctx=parse_token_list(step_ctx)[0] if step_ctx.strip() not in ("", "0") else None,
         step_variants=_variants(step_variant or [], "--step-variant"), step_skip=_names(step_skip, "--step-skip"),
@@ -96,6 +98,8 @@ def verify(
         flex_budget_s=flex_budget_s)
     if budget < 1:
         raise DDProbeError(f"--budget must be at least 1, got {budget}")
+    if slots not in ("shuffled", "contiguous"):
+        raise DDProbeError(f"--slots takes shuffled or contiguous, got {slots!r}")
     _check_tree(tree)
     _need_cuda()
 

@@ -12,7 +12,7 @@ from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time,
 from .app import app
 from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, \
     WeightDtypeOpt
-from .options import checked, err, errors_exit_1, out, output_file, typed_flags
+from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 from .tables import Col, print_fitted
 
 
@@ -59,6 +59,7 @@ def floor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
+    force: ForceOpt = False,
 ):
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces) and the
     step's anatomy."""
@@ -66,6 +67,10 @@ def floor(
     from ..probes.models import get_model, model_from_config
     from ..step_shape import BELOW_FLOOR
 
+    if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
+        from .outputs import check_file
+
+        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)])
     spec = model_from_config(config) if config else get_model(model)
     if steps_from is not None:
         if step_ms:

@@ -13,7 +13,7 @@ from .app import app
 from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, evidence_lines, \
     print_fleet
 from .progress import CellDisplay
-from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
 from .outputs import check_outputs
 from .tables import Col, print_fitted
@@ -58,6 +58,7 @@ def gpu_util(
                                                                      "--replay: none unless given).")]
     = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the timeline as CSV.")] = None,
+    force: ForceOpt = False,
     *, ctx: typer.Context, eng: EngineOptions,
 ):
     """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
@@ -73,7 +74,8 @@ def gpu_util(
 
     # a replay writes only the files asked for (its input is the results file); a measurement, always one
     path = json_path if replay is not None else results_path(json_path, "gpu-util")
-    check_outputs({"--json": path, "--csv": csv_path})  # before anything is sampled
+    check_outputs({"--json": path, "--csv": csv_path}, force=force, inputs={"--replay": replay},
+                  keep_existing=True)  # before anything is sampled
     if replay is not None:
         ignored = typed_flags(ctx, REPLAY_IGNORES)
         if ignored:

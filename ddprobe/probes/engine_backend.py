@@ -255,7 +255,8 @@ class EngineBackend:
             e2e_s=time.perf_counter() - t0, tokens=list(toks), step_times_s=[r.step_ms / 1e3 for r in records],
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
-                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish})
+                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish,
+                   "accepted_uncut": sum(n - 1 for n, _ in steps[:len(kept)])})  # vLLM's count (a cut step whole)
 
     def logits_problem(self, ids: list[int]) -> str | None:
         """The target's logits after the last ``LOGITS_CHECK_TOKENS`` of ``ids`` (a prompt and its output),

@@ -155,7 +155,7 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
                          f"to say what the step waits on).")
     es = [e for e in bench.entries(verify) if e.time_us] if verify else []
     paths = {(e.path, e.ctx): e for e in es}
-    fast = [n for n in verify_paths.verify_names() if n not in ("paged", "reference")]
+    fast = verify_paths.fast_names()
     ctxs = sorted({c for p, c in paths if p in fast and ("paged", c) in paths})
     if ctxs:
         c = ctxs[-1]

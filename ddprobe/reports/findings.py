@@ -108,7 +108,7 @@ def bench_verify(result: Result) -> list[str]:
             line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
                                                              else ")")
         out.append(line + ".")
-        fast = [n for n in verify_paths.verify_names() if n not in ("paged", "reference") and n in at]
+        fast = [n for n in verify_paths.fast_names() if n in at]
         if fast and "paged" in at:
             name = min(fast, key=lambda n: at[n].time_us)
             p, s = at["paged"], at[name]
