@@ -97,6 +97,8 @@ def test_the_table_alone_decides():
         assert verify_paths.auto_choice((9, 0), "bf16", (256, 32))[0] == "newpath"
         name, why = verify_paths.auto_choice((9, 0), "bf16", (512, 64))
         assert name == "split_ws" and "newpath takes MLA rows of 256 + 32; this model's are 512 + 64" in why
+        verify_paths.PATHS = saved + (dataclasses.replace(fast, rows=("any",), baseline=True),)
+        assert verify_paths.auto_choice((9, 0), "bf16", (512, 64))[0] == "split_ws"  # a baseline is never auto's
     finally:
         verify_paths.PATHS = saved
 
