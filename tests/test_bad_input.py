@@ -134,7 +134,7 @@ def _cases(tmp: Path):
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
         ("unknown attn lists verify paths", ["commit", "--ctx", "256", "--attn", "nope"], 1,
-         r"known: reference, paged, sglang, split, split_ws$"),
+         r"known: auto, reference, paged, sglang, split, split_ws$"),
     ]
 
 
@@ -210,7 +210,9 @@ def test_auto_only_beside_what_was_automatic(tmp_path):
     r = CliRunner().invoke(app, ["commit", "--ctx", "256", "--text", "predictable", "--max-new-tokens", "2",
                                  "--dtype", "fp32", "--json", str(tmp_path / "c.json")], env={"OMP_NUM_THREADS": "1"})
     assert r.exit_code == 0, r.output
-    assert "engine: device cpu (auto), dtype fp32, 1 thread (OMP_NUM_THREADS)" in r.stderr
+    assert "engine: device cpu (auto), dtype fp32, attn reference (auto), 1 thread (OMP_NUM_THREADS)" in r.stderr
+    assert "attn reference: the fastest path that runs this model on the CPU in fp32 (the Triton paths run on " \
+           "the CPU only under TRITON_INTERPRET, slowly)" in r.stderr  # why auto chose it, in one line
 
 
 def test_piped_output_ends_in_a_newline_without_a_blank_line(tmp_path):
@@ -332,6 +334,21 @@ def test_healthy_cells_are_not_flagged():
     assert logits_problem(torch.zeros(10)) == "all equal"
     assert logits_problem(torch.tensor([0.0, math.inf])) == "not finite"
     assert logits_problem(torch.tensor([0.0, 1.0])) is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--attn", "split_ws"], "--attn split_ws cannot run the tiny preset here: split_ws takes MLA rows of 512 + 64; "
+                             "this model's are 64 + 32"),
+    (["--attn", "flash"], "--attn: unknown attention path 'flash'; known: auto, reference"),
+    (["--weights", "trained", "--preset", "k2"], "--weights trained: the k2 preset ships no trained weights"),
+    (["--ctx", "300k"], "context 300k (307,200 tokens) + 128 new tokens is beyond the 270,336 tokens the tiny preset"),
+])
+def test_engine_refusals_come_before_the_engine_is_built(tmp_path, args, says):
+    """What the engine would refuse is refused in one line before it is built: no warm-up, no results file."""
+    r = CliRunner().invoke(app, ["commit", *args, "--json", str(tmp_path / "c.json")], env={"OMP_NUM_THREADS": "1"})
+    assert r.exit_code == 1 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "warm-up" not in r.stderr
+    assert not (tmp_path / "c.json").exists()
 
 
 def test_atomic_write_never_replaces_a_special_file(tmp):

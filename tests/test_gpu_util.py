@@ -193,6 +193,27 @@ def test_null_is_never_read_as_zero():
     assert "tensor pipes 0" not in d["evidence"]
 
 
+@pytest.mark.parametrize("gone, want", [
+    (dict(sm_active_pct=None), "latency-bound"),  # tensor, DRAM and power measured low: enough without SM
+    (dict(power_W=None), "latency-bound"),  # SM, tensor and DRAM measured low: enough without power
+    (dict(sm_active_pct=None, power_W=None), "mixed"),  # neither measured: not read as low
+    (dict(sm_active_pct=None, power_W=600.0), "mixed"),  # power high: one measured unit is not low
+])
+def test_missing_sm_or_power_stays_unknown(gone, want):
+    """A missing SM or power value is never read as low: 'every unit low' needs the ones measured low and at
+    least one of SM and power measured."""
+    d = gv.analyze(_rows(**gone))["per_phase"][0]
+    assert d["verdict"] == want, d["evidence"]
+    if gone.get("power_W", 0) is None:
+        assert "power missing" in d["evidence"]
+
+
+def test_missing_memory_util_is_not_low_without_gpm():
+    # power low, nvidia-smi busy, NVML memory util missing: not "probably latency-bound" on a missing value
+    d = gv.analyze(_rows(**{**NO_GPM, "util_mem_pct": None}))["per_phase"][0]
+    assert d["verdict"] == "mixed" and "memory util missing" in d["evidence"]
+
+
 def test_missing_samples_within_a_metric_are_skipped():
     rows = _rows()
     for r in rows[:5]:
@@ -223,10 +244,49 @@ def test_request_numbers_bandwidth_energy_floor():
     assert gv.analyze(rows, req)["energy_J_per_token"] == pytest.approx(140 * 0.2 * 7 / 48)
 
 
+def test_energy_per_token_is_decode_only():
+    """A server without a first-token time: prefill and decode share one "request" phase, whose energy is not
+    divided by the decoded tokens as if it were the decode's; it is said under its own name."""
+    req = {"prompt_tokens": 32768, "completion_tokens": 49, "verify_steps": 48}
+    rows = _rows()
+    rows[0]["phase"] = "idle"
+    for r in rows[1:]:
+        r["phase"] = "request"
+    s = gv.analyze(rows, req)
+    assert s["energy_J_per_token"] is None and s["decode_energy_J"] is None
+    assert s["request_energy_J_per_token"] == pytest.approx(28 * 7 / 48)
+    rows[4]["phase"] = "prefill"  # with a first-token time: the decode's rows alone
+    for r in rows[5:]:
+        r["phase"] = "decode"
+    s = gv.analyze(rows, req)
+    assert s["energy_J_per_token"] == pytest.approx(28 * 3 / 48) and s["request_energy_J_per_token"] is None
+
+
 def test_gpu_spec_for_nvml_names():
     assert gpu_spec_for("NVIDIA H200").name == "h200" and gpu_spec_for("NVIDIA H20").name == "h20"
     assert gpu_spec_for("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000"
     assert gpu_spec_for("Tesla T4") is None and gpu_spec_for(None) is None
+
+
+@pytest.mark.parametrize("device, preset, tbps", [
+    ("NVIDIA H100 80GB HBM3", "h100", 3.35), ("NVIDIA H100 PCIe", "h100-pcie", 2.0), ("NVIDIA H100 NVL", "h100-nvl", 3.9),
+    ("NVIDIA GH200 480GB", "gh200", 4.0), ("NVIDIA GH200 144G HBM3e", "gh200-hbm3e", 4.9),
+    ("NVIDIA H200", "h200", 4.8), ("NVIDIA H200 NVL", "h200-nvl", 4.8),
+    ("NVIDIA A100-SXM4-80GB", "a100", 2.039), ("NVIDIA A100 80GB PCIe", "a100-80gb-pcie", 1.935),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb", 1.555), ("NVIDIA A100-PCIE-40GB", "a100-40gb", 1.555),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000", 1.792),
+    ("nvidia  h100 pcie", "h100-pcie", 2.0),  # case and spacing aside
+])
+def test_gpu_names_map_to_their_own_datasheet(device, preset, tbps):
+    spec = gpu_spec_for(device)
+    assert spec is not None and spec.name == preset and spec.bw_Bps == pytest.approx(tbps * 1e12)
+
+
+def test_gpu_names_never_match_by_substring():
+    # a sibling's name inside another board's must not lend it the sibling's datasheet
+    for unknown in ("NVIDIA H100 PCIe 94GB Custom", "NVIDIA H200 SXM 141GB Prototype", "NVIDIA H20 Custom", "NVIDIA A100",
+                    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"):
+        assert gpu_spec_for(unknown) is None, unknown
 
 
 # ---- the probe end to end (tiny engine on the CPU, fake reader) ----------------------------------
@@ -267,7 +327,16 @@ def test_cli_live_without_gpu_exits_1_with_one_line(tmp_path):
     assert r.exit_code == 1
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no NVIDIA GPU visible to NVML:")
+    assert "without a GPU here: --replay FILE re-analyses a saved run, --source prometheus|dcgm-exporter" in lines[0]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_replay_writes_no_copy_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        r = CliRunner().invoke(app, ["gpu-util", "--replay", str(SYNTH)])
+        assert r.exit_code == 0, r.output
+    assert list(tmp_path.iterdir()) == [] and "written to" not in r.output  # no ddprobe-results/ copy per call
 
 
 def test_cli_replay_writes_json_and_csv(tmp_path):

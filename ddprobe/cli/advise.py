@@ -6,13 +6,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from ..units import DDProbeError, fmt_tokens, parse_step_times, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
 from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
+from .tables import Col, print_fitted
 
 _FLOOR = "floor"  # the path label of a verify step at its floor
 _MEASURED = "Measured on this machine (no typed numbers, no --from)"
@@ -165,8 +164,18 @@ def _measured(ctx, paths, budgets, preset, device, heads, texts, steps, gpu_name
     gpu = dev.startswith("cuda")
     sm = torch.cuda.get_device_capability() if gpu else None
     preset = preset or ("k2" if gpu else "tiny")
-    chosen = [p.strip() for p in paths.split(",")] if paths else \
-        (["paged", verify_paths.auto_path(sm)] if gpu else ["reference"])
+    if paths:
+        chosen = [p.strip() for p in paths.split(",")]
+    elif gpu:  # auto's path for this preset's MLA rows in bf16 on this GPU (the tiny model: never split_ws)
+        from ..engine.config import ModelConfig
+
+        try:
+            t = ModelConfig.from_name(preset).target
+        except ValueError as e:  # an unknown preset: one line
+            raise DDProbeError(str(e)) from None
+        chosen = ["paged", verify_paths.auto_path(sm, "bf16", (t.kv_lora_rank, t.qk_rope_head_dim))]
+    else:
+        chosen = ["reference"]
     for p in chosen:
         verify_paths.get(p)
     o = MeasureOptions(paths=tuple(dict.fromkeys(chosen)),
@@ -204,15 +213,13 @@ def _result(points, verdicts, config: dict, decode_source: str, RunMeta):
 
 
 def _print(points, verdicts, summary: dict) -> None:
-    t = Table(title="speculation on or off: tokens/s with speculation (commit length / verify step) against "
-                    "without (1 / decode step)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("path", "text", "ctx", "budget", "commit", "verify", "decode", "spec tok/s", "plain tok/s", "x"):
-        t.add_column(c, justify="right", no_wrap=True)
-    for p in points:
-        t.add_row(p.path, p.text, fmt_tokens(p.ctx), str(p.budget), f"{p.commit_len:.3g}", f"{p.verify_ms:.4g} ms",
-                  f"{p.decode_ms:.4g} ms", f"{p.spec_tok_s:.3g}", f"{p.plain_tok_s:.3g}",
-                  f"{p.speedup:.2f}" + ("" if p.speedup >= 1 else " off"))
-    out.print(t)
+    cols = [Col("path", 1), Col("text", 1), Col("ctx"), Col("budget", 2), Col("commit", 2), Col("verify", 3),
+            Col("decode", 3), Col("spec tok/s"), Col("plain tok/s"), Col("x")]
+    rows = [[p.path, p.text, fmt_tokens(p.ctx), str(p.budget), f"{p.commit_len:.3g}", f"{p.verify_ms:.4g} ms",
+             f"{p.decode_ms:.4g} ms", f"{p.spec_tok_s:.3g}", f"{p.plain_tok_s:.3g}",
+             f"{p.speedup:.2f}" + ("" if p.speedup >= 1 else " off")] for p in points]
+    print_fitted("speculation on or off: tokens/s with speculation (commit length / verify step) against without "
+                 "(1 / decode step)", cols, rows)
     for v in verdicts:
         what = " (the verify step at its floor: what a kernel at physics would give)" if v.path == _FLOOR else ""
         out.print(f"- {v.sentence[0].upper()}{v.sentence[1:]}{what}.", highlight=False, soft_wrap=True)

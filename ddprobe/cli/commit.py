@@ -56,6 +56,8 @@ def announce(eng: EngineOptions, be) -> None:
     said = [s for s in (eng.chosen() if be.name == "engine" else None, threads.line() if threads else None) if s]
     if said:
         err.print(f"engine: {', '.join(said)}", highlight=False)
+    if be.name == "engine" and eng.attn_reason():
+        err.print(eng.attn_reason(), highlight=False, markup=False, soft_wrap=True)
     if getattr(be, "note", None):
         err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
 
@@ -79,7 +81,7 @@ def commit(
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
     from ..probes import make_backend
-    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe
+    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe, timing_note
     from ..probes.sanity import suspect_notes
     from ..results import Result, ResultWriter, RunMeta
 
@@ -108,7 +110,7 @@ def commit(
             record_timing(writer, est, display)
             n = len(writer.result.rows)
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
-    for line in loop_notes(rows):
+    for line in [*loop_notes(rows), *filter(None, [timing_note(rows)])]:
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
     for r in rows:  # a server's figures that contradict each other (probes.backends.histogram_note)
         if r.get("server_note"):

@@ -22,7 +22,7 @@ from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, en
 
 @app.command()
 @errors_exit_1
-@engine_options(attn="auto")
+@engine_options()
 def diagnose(
     tctx: typer.Context,
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",

@@ -59,7 +59,7 @@ def serve(
     announce(eng, be)
     # the first request is then served at speed (--no-spec: the plain decode step is the one warmed up)
     warm_up(be if spec else SimpleNamespace(warmup=functools.partial(be.warmup, plain=True)), None)
-    err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
+    err.print(f"ddprobe serve: {eng.preset} ({be.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec, max_body=body_bytes, body_read_s=body_timeout)
     import signal

@@ -48,6 +48,10 @@ class EngineBackend:
                                f"square), got {budget}")
         if graphs and not device.startswith("cuda"):
             raise BackendError("--graphs replays CUDA graphs: it needs --device cuda")
+        if device.startswith("cuda"):  # compiled kernels and graphs from the last run, before torch reads the vars
+            from ..engine.compile_cache import enable
+
+            enable()
         import torch
 
         from .threads import choose_threads
