@@ -60,7 +60,7 @@ def advise(
     allreduce_us: AllreduceUsOpt = None,
     allreduce_from: AllreduceFromOpt = None,
     paths: Annotated[Optional[str], typer.Option("--paths", help="Measured here (no typed numbers): the verify paths "
-                                                 "to time (default: paged and --attn auto's choice on a GPU, "
+                                                 "to time (default: sglang, or paged without it, and --attn auto's choice on a GPU, "
                                                  "reference on the CPU).", rich_help_panel=_MEASURED)] = None,
     budgets: Annotated[str, typer.Option("--budgets", help="Measured here: tree budgets to sweep.",
                                          rich_help_panel=_MEASURED)] = "4,8",
@@ -173,7 +173,7 @@ def _measured(ctx, paths, budgets, preset, device, heads, texts, steps, gpu_name
             t = ModelConfig.from_name(preset).target
         except ValueError as e:  # an unknown preset: one line
             raise DDProbeError(str(e)) from None
-        chosen = ["paged", verify_paths.auto_path(sm, "bf16", (t.kv_lora_rank, t.qk_rope_head_dim))]
+        chosen = [_baseline(), verify_paths.auto_path(sm, "bf16", (t.kv_lora_rank, t.qk_rope_head_dim))]
     else:
         chosen = ["reference"]
     for p in chosen:
@@ -189,6 +189,20 @@ def _measured(ctx, paths, budgets, preset, device, heads, texts, steps, gpu_name
     model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
     config = {"measured": dataclasses.asdict(o), "gpu": spec.name if spec else None}
     return points, model, config
+
+
+def _baseline() -> str:
+    """The baseline path measured by default: SGLang's own kernels where sglang is installed, else `paged` (ddprobe's
+    faithful rendering of them)."""
+    from ..engine.kernels.plan import PathUnavailable
+    from ..engine.kernels.sglang import check_available
+
+    try:
+        check_available()
+        return "sglang"
+    except PathUnavailable as e:
+        err.print(f"note: {e}; the baseline is `paged`, ddprobe's rendering of SGLang's kernels", highlight=False)
+        return "paged"
 
 
 def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float]:
