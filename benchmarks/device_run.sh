@@ -19,6 +19,8 @@
 #   anatomy benchmarks/bench_engine.py --anatomy (k2 with its MoE at 8k/32k/128k: the step's non-attention part
 #           against its weight floor, the fitted marginal cost against the attention growth) -> $OUT/anatomy.json
 #   commit  ddprobe commit on the shipped tiny pair -> $OUT/commit-tiny.json
+#   advise  ddprobe advise with its defaults (k2 steps through sglang or paged and auto's path, the tiny pair's
+#           commit lengths, plain decode measured) -> $OUT/advise.json
 # Last: a short table (each step's status and seconds, then the verify results at 128k).
 set -u
 OUT=${OUT:-./device-out}
@@ -57,6 +59,7 @@ step moe 300 python benchmarks/bench_moe.py --out "$OUT/bench-moe.json"
 step anatomy 600 python benchmarks/bench_engine.py --anatomy --ctxs 8k,32k,128k --steps 12 --heads 8 \
     --out "$OUT/anatomy.json"
 step commit 300 python -m ddprobe commit --ctx 1k,16k --json "$OUT/commit-tiny.json"
+step advise 600 python -m ddprobe advise -o "$OUT/advise.json"
 
 echo
 echo "step     status  time   log"
@@ -64,7 +67,7 @@ printf '%s\n' "${STATUS[@]}"
 [ -f "$OUT/bench-verify.json" ] && python - "$OUT/bench-verify.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(f"\nverify at 128k (copy {d['ceilings']['copy_GBps']:.0f} GB/s)    us/layer or ms/step   x floor")
+print(f"\nverify at 128k (copy {d['ceilings']['copy_GBps']:.0f} GB/s)    us/layer or ms/step   x kernel floor")
 for r in d["results"]:
     if r.get("ctx") != 131072:
         continue
