@@ -2,7 +2,7 @@
 weights folder (model.safetensors, config.json, tokenizer.json, SHA256SUMS) plus the loss curves.
 
 The weights shipped since 2026-12-02 come from ddprobe/training/recall_curriculum.py instead (seven H200 calls, each
-resuming the last; its docstring lists them): that curriculum makes a target that copies a passage from 128k
+resuming the last; docs/tiny-model.md lists them): that curriculum makes a target that copies a passage from 128k
 tokens back and a drafter that drafts the copy, which this one-call recipe (the 2026-12-01 pair's) does not.
 
     # on the device machine (minutes on an H200; the 2026-12-01 pair took 273 s without the copy warm-ups),
