@@ -39,7 +39,7 @@ def get_path(name: str):
     try:
         return importlib.import_module(row.module, __name__)
     except ImportError as e:  # no Triton, or one too old for the fast paths
-        raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.4): {e}") from None
+        raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.6): {e}") from None
 
 
 __all__ = ["VerifyPlan", "available", "get_path"]
