@@ -20,8 +20,15 @@ from ddprobe.engine.kernels.trees import shape_mask
 pytest.importorskip("triton")
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-gpu = pytest.mark.skipif(not HOPPER, reason="split_ws is a Gluon kernel for sm_90 (H100/H200): no such GPU here, "
-                                            "and Gluon does not run under TRITON_INTERPRET")
+
+
+def gpu(test):
+    """An H100/H200 test (marker ``gpu``): split_ws is a Gluon kernel for sm_90; skipped elsewhere."""
+    skip = pytest.mark.skipif(not HOPPER, reason="split_ws is a Gluon kernel for sm_90 (H100/H200): no such GPU "
+                                                 "here, and Gluon does not run under TRITON_INTERPRET")
+    return pytest.mark.gpu(skip(test))
+
+
 TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 V, PE = 512, 64
 

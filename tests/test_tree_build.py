@@ -4,8 +4,9 @@ tokens, parents, depths, scores (float64, compared exactly) and ancestor mask, o
 test_engine_tree_device.py (exact ties, bf16-rounded log-probs, vocabularies smaller than the budget), budgets 1
 to 63, the chain shape, and into the buffers of an existing DeviceTree.
 
-On a machine without a GPU the kernel runs under Triton's interpreter: this module re-runs itself in one child
-pytest with TRITON_INTERPRET=1 set for that child alone; on CUDA the same tests run on the GPU.
+On a machine without a GPU the kernel runs under Triton's interpreter: the tests marked ``interpreter`` run in one
+child pytest with TRITON_INTERPRET=1 set for that child alone (tests/conftest.py), each reported by its id; on CUDA
+the same tests run on the GPU.
 """
 from __future__ import annotations
 
@@ -23,12 +24,7 @@ from ddprobe.engine.tree_device import build_tree_device, build_tree_fused
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-needs_kernel = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child (test_under_interpreter)")
-
-
-@pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
-def test_under_interpreter(rerun_under_interpreter):
-    rerun_under_interpreter(__file__, timeout=600)
+needs_kernel = pytest.mark.interpreter  # without a GPU: in the interpreter child (tests/conftest.py)
 
 
 def both(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree"):
