@@ -8,8 +8,6 @@ bf16 1.5e-2 (bf16 operands, bf16 output).
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -17,7 +15,6 @@ from ddprobe.engine.config import ModelConfig
 from ddprobe.engine.moe import MoE, Experts, experts_fused, experts_reference, fused_moe_agrees, fused_moe_works
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 needs_kernels = pytest.mark.interpreter  # without a GPU: in the interpreter child (tests/conftest.py)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
 

@@ -67,6 +67,7 @@ def test_trained_ddtree_is_lossless(backend):
         assert res.tokens == eng.greedy_reference(ids, 96)
 
 
+@pytest.mark.slow
 def test_fp32_logits_in_bf16():
     """The tiny preset's target logits stay fp32 when the model runs in bf16: the shipped weights' grammar slots
     are near-even, so rounded to bf16 most rows tie at the top and argmax would pick the lowest id. k2 keeps
@@ -188,6 +189,7 @@ def test_history_rotation_scores_distance_k_unrotated():
     assert not torch.allclose(off(octx, toks[0, 29], eng.target.embed_tokens, eng.target.lm_head), lp, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_and_learns():
     data = make_dataset(64, 32, seed=1, chunk=16)
     assert torch.equal(data, make_dataset(64, 32, seed=1, chunk=16, workers=2))  # workers do not change the data
