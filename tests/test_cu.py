@@ -4,8 +4,12 @@ serialize or wait on by itself (either would undo the schedule the kernel is wri
 checked on an H200 by tests/test_kernels_gpu.py (test_cuda_seesaw_*)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +161,32 @@ def test_an_mps_thread_limit_keeps_the_merge_out_of_the_prefix_launch(monkeypatc
     for value, limited in (("100", False), ("50", True), ("12.5", True), ("junk", True)):
         monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", value)
         assert _cu._mps_limited() is limited, value
+
+
+@pytest.mark.parametrize("script", ["bench_verify.py", "bench_engine.py"])
+def test_the_benchmarks_time_a_variant_cubin_and_l2_promotion(tmp_path, script):
+    """The measurement options live in the benchmarks (benchmarks/cu_variant.py), not in the product: a cubin that
+    is not there is refused in one line; a real one and an L2 promotion are set on _cu before the benchmark
+    starts (which then stops here, with no GPU, or runs)."""
+    bench = Path(__file__).parents[1] / "benchmarks" / script
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    bad = subprocess.run([sys.executable, str(bench), "--cubin", str(tmp_path / "none.cubin")], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path, env=env)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].endswith(f"--cubin {tmp_path / 'none.cubin'}: no such file")
+    variant = tmp_path / "variant.cubin"
+    variant.write_bytes(_cu.CUBIN.read_bytes())
+    code = f"""
+import runpy, sys
+sys.argv = [{str(bench)!r}, "--cubin", {str(variant)!r}, "--l2-promotion", "1", "--out", "x.json"]
+sys.path.insert(0, {str(bench.parent)!r})
+from ddprobe.engine.kernels import _cu
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+print("set", _cu.CUBIN, _cu.L2_PROMOTION)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=env)
+    assert f"set {variant.resolve()} 1" in done.stdout, done.stdout + done.stderr
