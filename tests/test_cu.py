@@ -4,11 +4,8 @@ serialize or wait on by itself (either would undo the schedule the kernel is wri
 checked on an H200 by tests/test_kernels_gpu.py (test_cuda_seesaw_*)."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -163,30 +160,28 @@ def test_an_mps_thread_limit_keeps_the_merge_out_of_the_prefix_launch(monkeypatc
         assert _cu._mps_limited() is limited, value
 
 
-@pytest.mark.parametrize("script", ["bench_verify.py", "bench_engine.py"])
-def test_the_benchmarks_time_a_variant_cubin_and_l2_promotion(tmp_path, script):
-    """The measurement options live in the benchmarks (benchmarks/cu_variant.py), not in the product: a cubin that
-    is not there is refused in one line; a real one and an L2 promotion are set on _cu before the benchmark
-    starts (which then stops here, with no GPU, or runs)."""
-    bench = Path(__file__).parents[1] / "benchmarks" / script
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    bad = subprocess.run([sys.executable, str(bench), "--cubin", str(tmp_path / "none.cubin")], capture_output=True,
-                         text=True, timeout=120, cwd=tmp_path, env=env)
-    assert bad.returncode == 2
-    assert bad.stderr.strip().splitlines()[-1].endswith(f"--cubin {tmp_path / 'none.cubin'}: no such file")
+
+def test_the_benchmarks_time_a_variant_cubin_and_l2_promotion(tmp_path, monkeypatch, capsys):
+    """The measurement options live in the benchmarks (benchmarks/cu_variant.py, in bench_verify.py and
+    bench_engine.py), not in the product: a cubin that is not there is refused in one line; a real one and an L2
+    promotion are set on _cu, which reads them at the next load and encoding."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+    monkeypatch.setattr(_cu, "CUBIN", _cu.CUBIN)
+    monkeypatch.setattr(_cu, "L2_PROMOTION", _cu.L2_PROMOTION)
+    import cu_variant
+
+    ap = argparse.ArgumentParser(prog="bench")
+    cu_variant.add_options(ap)
+    with pytest.raises(SystemExit) as e:
+        cu_variant.apply(ap.parse_args(["--cubin", str(tmp_path / "none.cubin")]), ap)
+    assert e.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said == f"bench: error: --cubin {tmp_path / 'none.cubin'}: no such file"
     variant = tmp_path / "variant.cubin"
     variant.write_bytes(_cu.CUBIN.read_bytes())
-    code = f"""
-import runpy, sys
-sys.argv = [{str(bench)!r}, "--cubin", {str(variant)!r}, "--l2-promotion", "1", "--out", "x.json"]
-sys.path.insert(0, {str(bench.parent)!r})
-from ddprobe.engine.kernels import _cu
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit:
-    pass
-print("set", _cu.CUBIN, _cu.L2_PROMOTION)
-"""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env=env)
-    assert f"set {variant.resolve()} 1" in done.stdout, done.stdout + done.stderr
+    assert cu_variant.apply(ap.parse_args([]), ap) == {} and _cu.L2_PROMOTION == 2  # the shipped 128 B
+    done = cu_variant.apply(ap.parse_args(["--cubin", str(variant), "--l2-promotion", "1"]), ap)
+    assert done == {"cubin": str(variant.resolve()), "l2_promotion": 1}
+    assert _cu.CUBIN == variant.resolve() and _cu.L2_PROMOTION == 1
