@@ -85,15 +85,8 @@ def run_steps(eng: Engine, st, n: int, device_tree: bool = True, eager: bool = F
 
 
 def synthetic(st, ctx: int) -> None:
-    """A committed context of ctx random latent rows (and drafter K/V): timing only."""
-    st.reset()
-    st.kv.buffer.normal_()
-    if st.paged:
-        st.kv.req_to_token[0, :ctx] = torch.tensor(st.kv.take_slots(ctx), device=st.kv.device)
-    st.kv.committed = ctx
-    st.dctx.k.normal_()
-    st.dctx.v.normal_()
-    st.dctx.n = ctx
+    """A committed context of ctx random latent rows (and drafter K/V): timing only (graphs.StaticStep.synthetic)."""
+    st.synthetic(ctx)
 
 
 def equality(rec: dict) -> None:
@@ -315,29 +308,16 @@ def logits_check(eng: Engine, st, ctx: int) -> dict:
 
 
 def engine_weight_floor(eng: Engine, bw_Bps: float) -> dict:
-    """Bytes one k2 step (draft + verify) must read besides the KV: every target and drafter weight once
-    (the embedding: its rows only), the shared lm_head twice (draft and verify logits), and per MoE layer
-    the routed experts 9 rows with top-k touch (expected distinct, ``step_shape.expected_distinct``)."""
-    from ddprobe.engine.moe import Experts
-    from ddprobe.step_shape import expected_distinct
+    """The weights one k2 verify step reads besides the KV, as the step model counts them (``ddprobe.step_model``,
+    through ``engine_backend.target_step_weights``: the target's weights, routed experts as 9 rows touch them; the
+    drafter is not counted), and their floor at ``bw_Bps``."""
+    from ddprobe.probes.engine_backend import target_step_weights
+    from ddprobe.shapes import dtype_name
 
-    t = eng.config.target
-    seen, dense = set(), 0
-    for mod in (eng.target, eng.drafter):
-        for name, p in mod.named_parameters():
-            if id(p) in seen or "embed_tokens" in name:
-                continue
-            seen.add(id(p))
-            if "." not in name or not isinstance(mod.get_submodule(name.rsplit(".", 1)[0]), Experts):
-                dense += p.numel() * p.element_size()
-    dense += eng.target.lm_head.weight.numel() * eng.target.lm_head.weight.element_size()  # read again by the drafter
-    rows = eng.budget + 1
-    moe_layers = t.num_layers - t.first_dense_layers if t.n_experts else 0
-    per_expert = 3 * t.hidden_size * t.moe_intermediate_size * eng.target.lm_head.weight.element_size()
-    distinct = expected_distinct(t.n_experts, t.n_experts, t.experts_per_tok, rows) if t.n_experts else 0.0
-    routed = moe_layers * distinct * per_expert
-    return {"dense_B": dense, "routed_B": routed, "experts_per_layer": distinct, "moe_layers": moe_layers,
-            "weight_floor_ms": (dense + routed) / bw_Bps * 1e3, "bw_Bps": bw_Bps}
+    w = target_step_weights(eng.config.target, eng.budget + 1, dtype_name(eng.dtype))
+    return {"dense_B": w.dense_B, "routed_B": w.routed_B, "experts_per_layer": w.experts_per_layer,
+            "moe_layers": w.moe_layers, "weight_floor_ms": w.total_B / bw_Bps * 1e3, "bw_Bps": bw_Bps,
+            "counts": "the target's verify step (ddprobe.step_model); the drafter is not counted"}
 
 
 def run_anatomy(a, out: dict, save) -> None:

@@ -16,7 +16,6 @@ from typing import Any
 
 from . import signals
 from .gpu_fleet import agreement, per_node
-from .shapes import floor_s
 
 # ---- thresholds (percent) -------------------------------------------------------------------
 IDLE_UTIL_PCT = 10.0  # nvidia-smi util below this: nothing is running
@@ -232,6 +231,7 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, A
     out: dict[str, Any] = {"decode_step_ms": step_ms, "decode_step_p90_ms": quantile(steps, 0.9) if steps else None,
                            "verify_ms_mean": _num(req.get("verify_ms_mean")), "kv_GB_per_step": None,
                            "eff_bw_GBps": None, "verify_eff_bw_GBps": None, "floor_ms": None, "gap": None,
+                           "kv_floor_ms": None, "attn_gap": None, "floor_binds": req.get("floor_binds"),
                            "energy_J_per_token": None, "decode_energy_J": decode_J}
     kv_tok, prompt = _num(req.get("kv_B_per_token")), _num(req.get("prompt_tokens"))
     done = _num(req.get("completion_tokens")) or 0.0
@@ -242,11 +242,15 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, A
             out["eff_bw_GBps"] = nbytes / (step_ms / 1e3) / 1e9
         if out["verify_ms_mean"]:
             out["verify_eff_bw_GBps"] = nbytes / (out["verify_ms_mean"] / 1e3) / 1e9
+        # the floor is the step model's whole step (the probe computes it: ddprobe.step_model); the KV alone
+        # gives the attention gap
         bw = _num(req.get("gpu_bw_Bps"))
-        if bw:
-            out["floor_ms"] = floor_s(nbytes, bw_Bps=bw)[0] * 1e3
-            if step_ms:
-                out["gap"] = step_ms / out["floor_ms"]
+        out["floor_ms"] = _num(req.get("floor_ms"))
+        out["kv_floor_ms"] = _num(req.get("kv_floor_ms")) or (nbytes / bw * 1e3 if bw else None)
+        if step_ms and out["floor_ms"]:
+            out["gap"] = step_ms / out["floor_ms"]
+        if step_ms and out["kv_floor_ms"]:
+            out["attn_gap"] = step_ms / out["kv_floor_ms"]
     tokens = done - 1 if done > 1 else None  # the first token comes out of prefill
     if decode_J is not None and tokens:
         out["energy_J_per_token"] = decode_J / tokens

@@ -13,6 +13,8 @@ Fields of a row:
                 versions such as "sm_90"
   module        the kernels module that implements it (relative to ddprobe.engine.kernels)
   verify        False for helpers behind the same seam that are not verify paths (prefill)
+  baseline      True for SGLang's design (``paged``, ddprobe's rendering; ``sglang``, SGLang's own kernels): the
+                pathology measured, never a fix
   what          one line for ``--help``
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ class VerifyPath:
     module: str
     what: str
     verify: bool = True
+    baseline: bool = False
 
 
 PATHS: tuple[VerifyPath, ...] = (
@@ -41,8 +44,13 @@ PATHS: tuple[VerifyPath, ...] = (
                "the fp32 PyTorch oracle"),
     VerifyPath("prefill", "any", "prefill (PyTorch SDPA)", "C5", "", False, ("any",), ".prefill",
                "causal prompt prefill through PyTorch's fused attention (not a verify path)", verify=False),
-    VerifyPath("paged", "paged", "paged (SGLang page_size=1)", "C1", "_paged_verify", True, ("any",), ".paged",
-               "SGLang's page_size=1 Triton verify, as it runs today"),
+    VerifyPath("paged", "paged", "paged (SGLang page_size=1)", "C1", "_paged_verify|_paged_decode", True, ("any",),
+               ".paged", "SGLang's page_size=1 Triton verify (and split-K decode), as it runs today (ddprobe's rendering)",
+               baseline=True),
+    VerifyPath("sglang", "paged", "sglang (SGLang's own Triton kernels)", "C7",
+               "_fwd_kernel|_fwd_grouped_kernel_stage1|_fwd_kernel_stage2|get_num_kv_splits_triton", True, ("any",),
+               ".sglang", "SGLang's own extend/decode Triton kernels from an installed sglang: pip install --no-deps "
+               "sglang==0.5.14", baseline=True),
     VerifyPath("split", "contiguous", "split (split-K Triton)", "C3", "_split_prefix|_merge_kernel|_merge_flat", True,
                ("any",), ".split", "split-K over the contiguous prefix + masked tree pass + merge (Triton)"),
     VerifyPath("split_ws", "contiguous", "split_ws (Hopper warp-specialized)", "C6",
@@ -61,6 +69,11 @@ def get(name: str) -> VerifyPath:
 
 def verify_names() -> list[str]:
     return [p.name for p in PATHS if p.verify]
+
+
+def fast_names() -> list[str]:
+    """The verify paths that are fixes: neither the fp32 oracle nor a baseline."""
+    return [p.name for p in PATHS if p.verify and not p.baseline and p.name != "reference"]
 
 
 def runs_on(p: VerifyPath, sm: tuple[int, int] | None) -> bool:

@@ -64,6 +64,29 @@ def test_tuning_overrides_apply_over_the_run_wide_base_and_bad_fields_are_one_li
         verify_bench.tuned(split, "split", {}, {"tail": "x"})
 
 
+def test_sglang_is_a_baseline_beside_paged_and_takes_no_knobs():
+    from ddprobe import verify_paths
+
+    assert set(verify_bench.BASELINES) == {"paged", "sglang"}
+    assert "sglang" not in verify_paths.fast_names() and "paged" not in verify_paths.fast_names()
+    assert verify_bench.SLOT_LAYOUTS == ("shuffled", "contiguous")
+    sg = get_path("sglang") if _sglang_loads() else None
+    if sg is not None:
+        assert verify_bench.tuned(sg, "sglang", {}, {}) == sg.DEFAULT_TUNING
+        with pytest.raises(DDProbeError, match="bad sglang tuning"):
+            verify_bench.tuned(sg, "sglang", {}, {"block_m": "64"})
+
+
+def _sglang_loads() -> bool:
+    from ddprobe.engine.kernels import PathUnavailable
+
+    try:
+        get_path("sglang")
+        return True
+    except PathUnavailable:
+        return False
+
+
 def test_labels_name_the_overrides_as_the_gate_keys_them():
     assert verify_bench.label("split", {}) == "split"
     assert verify_bench.label("split_ws", {"fold_tree": "0", "pipe": "1"}) == "split_ws[fold_tree=0,pipe=1]"
@@ -87,6 +110,7 @@ def test_the_cost_of_a_call_is_the_latent_cache_once_plus_q_and_out():
     (["--paged-heads", "-1"], "--paged-heads takes head counts"),
     (["--flex-budget-s", "-1"], "--flex-budget-s"),
     (["--flex-budget-s", "nan"], "--flex-budget-s"),
+    (["--slots", "sorted"], "--slots takes shuffled or contiguous"),
 ])
 def test_every_option_is_checked_before_the_cuda_check(args, says):
     line = _error_line(runner.invoke(app, ["bench", "verify", *args]))

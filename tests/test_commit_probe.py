@@ -222,7 +222,7 @@ def test_error_paths(stub):
     with pytest.raises(BackendError, match="no speculative-decoding counters.*spec_decode_num_accepted_tokens_total"):
         VLLMBackend(url).generate(list(range(10)), 4)
     url = stub("slow")
-    with pytest.raises(BackendError, match=f"{url}/tokenize: no answer within 0.5 s"):
+    with pytest.raises(BackendError, match=f"{url}/tokenize: no complete answer within 0.5 s"):
         SGLangBackend(url, timeout_s=0.5).tokenize("the cat")
     with pytest.raises(BackendError, match="bad URL"):
         SGLangBackend("localhost:30000")

@@ -160,13 +160,11 @@ def test_tree_from_topk_is_build_tree():
 HOST_OPS = ("aten.lift_fresh", "aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.item")
 
 
-@pytest.mark.parametrize("layout", ["paged", "contiguous"])
-def test_step_functions_never_touch_the_host(layout):
-    """What a CUDA graph records must not read from or write to the host: no tensor made from
-    Python data (``x[i] = 0`` copies from the host: capture refuses it), no item() / nonzero()."""
+def Seen():
+    """A dispatch mode that records every aten op run under it (``.ops``): what a CUDA graph would record."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    class Seen(TorchDispatchMode):
+    class _Seen(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.ops = set()
@@ -175,6 +173,13 @@ def test_step_functions_never_touch_the_host(layout):
             self.ops.add(str(func.overloadpacket))
             return func(*args, **(kwargs or {}))
 
+    return _Seen()
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_step_functions_never_touch_the_host(layout):
+    """What a CUDA graph records must not read from or write to the host: no tensor made from
+    Python data (``x[i] = 0`` copies from the host: capture refuses it), no item() / nonzero()."""
     for budget in (1, 8):
         eng = engine(layout, budget, True)
         eng.generate(PROMPT, 8)

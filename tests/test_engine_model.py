@@ -120,3 +120,24 @@ def test_triton_paths_plug_into_the_engine(run_triton_script):
     """The fast paths through the same seam (CPU: Triton's interpreter, in a subprocess so the
     TRITON_INTERPRET switch cannot leak into other tests)."""
     run_triton_script(SCRIPT)
+
+
+def test_drafter_logprobs_are_the_references_logits_minus_logsumexp():
+    """The DDTree reference's log-probs: fp32 ``logits - logsumexp(logits)``, bit for bit (torch.log_softmax can be
+    one ulp away, which decides ties between equal-score paths); fp64 models keep fp64."""
+    from ddprobe.engine.drafter import Drafter
+
+    cfg = ModelConfig.from_name("tiny")
+    d = Drafter(cfg.drafter, cfg.target)
+    d.init_weights(3)
+    dim = cfg.target.hidden_size
+    head = torch.nn.Linear(dim, 512, bias=False)
+    g = torch.Generator().manual_seed(5)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        d.to(dtype), head.to(dtype)
+        x = (4 * torch.randn(9, dim, generator=g)).to(dtype)
+        got = d.logprobs(x, head)
+        logits = head(d.norm(x[1:]))
+        logits = logits if dtype == torch.float64 else logits.float()
+        assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+        assert torch.equal(got, logits - torch.logsumexp(logits, dim=-1, keepdim=True))

@@ -9,13 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from ddprobe.probes.floor import FloorInput, floor_row, floor_table
+from ddprobe.probes.floor import FloorInput, Sharding, floor_row, floor_table, served_model
+from ddprobe.step_model import StepModel
 from ddprobe.probes.models import get_model, model_from_config
 from ddprobe.shapes import KIMI_K2, AttnShape, dtype_bytes, floor_s, get_gpu
 from ddprobe.units import DDProbeError
 
 K26 = get_model("kimi-k2.6")
 A26 = K26.attn
+
+
+def k26(bw_Bps, flops_per_s=None, queries=9, tp=1, ep=1, expert_dtype="bf16", **kw):
+    """FloorInput of Kimi K2.6 under tp/ep with no communication counted (the step model's own tests count it)."""
+    return FloorInput(StepModel(attn=A26, weights=lambda r: K26.step_weights(rows=r, tp=tp, ep=ep,
+                                                                             expert_dtype=expert_dtype),
+                                bw_Bps=bw_Bps, flops_per_s=flops_per_s, tp=tp, **kw), queries)
 
 
 def test_kimi_kv_bytes_per_token():
@@ -46,17 +54,20 @@ def test_floor_s_picks_the_larger_term():
 def test_published_investigation_numbers():
     """Kimi K2.6 at 128k: ~9.2 GB of bf16 latent KV; at 1.8 TB/s ~5 ms; a 714 ms step is ~140x off the floor
     and still ~16x off if all 9 rows re-read the cache."""
-    row = floor_row(FloorInput(attn=A26, bw_Bps=1.8e12, queries=9, tp=8), ctx=128 * 1024, step_ms=714)
+    row = floor_row(k26(1.8e12, tp=8), ctx=128 * 1024, step_ms=714)
     assert row.kv_GB == pytest.approx(131072 * 70272 / 1e9)  # 9.2107 GB
     assert round(row.kv_GB, 1) == 9.2
-    assert row.floor_ms == pytest.approx(9.2107e9 / 1.8e12 * 1e3, rel=1e-4)  # 5.117 ms
-    assert 5.0 < row.floor_ms < 5.2
-    assert row.gap == pytest.approx(714 / 5.117, rel=1e-3)
-    assert round(row.gap) == 140
-    assert row.gap_if_rows_reread == pytest.approx(714 / (9 * 5.117), rel=1e-3)
-    assert round(row.gap_if_rows_reread) == 16
+    assert row.attn_floor_ms == pytest.approx(9.2107e9 / 1.8e12 * 1e3, rel=1e-4)  # 5.117 ms: the attention alone
+    assert 5.0 < row.attn_floor_ms < 5.2 and row.kv_floor_ms == pytest.approx(row.attn_floor_ms)
+    assert row.attn_gap == pytest.approx(714 / 5.117, rel=1e-3)
+    assert round(row.attn_gap) == 140
+    assert row.attn_gap_if_rows_reread == pytest.approx(714 / (9 * 5.117), rel=1e-3)
+    assert round(row.attn_gap_if_rows_reread) == 16
     assert row.eff_bw_GBps == pytest.approx(9.2107 / 0.714, rel=1e-3)  # ~12.9 GB/s
-    assert row.bound == "memory"
+    assert row.attn_bound == "memory"
+    # the floor is the whole step: the attention plus this GPU's weights (bf16 here), so the gap is smaller
+    assert row.floor_ms == pytest.approx((131072 * 70272 + K26.step_weights(rows=9, tp=8).total_B) / 1.8e12 * 1e3)
+    assert row.gap == pytest.approx(714 / row.floor_ms) and row.gap < row.attn_gap
 
 
 def test_gqa_kv_split_across_tp():
@@ -68,15 +79,12 @@ def test_gqa_kv_split_across_tp():
 
 def test_compute_term_makes_64_heads_compute_bound():
     h200 = get_gpu("h200")
-    inp = FloorInput(attn=A26, bw_Bps=h200.bw_Bps, flops_per_s=h200.bf16_flops, queries=9, tp=1)
-    row = floor_row(inp, 131072)
+    row = floor_row(k26(h200.bw_Bps, h200.bf16_flops), 131072)
     flops = 2 * (576 + 512) * 64 * 9 * 61 * 131072  # QK 576-wide + PV 512-wide, every head and row
     assert row.attn_GFLOP == pytest.approx(flops / 1e9)
-    assert row.compute_floor_ms == pytest.approx(flops / 989e12 * 1e3)
-    assert row.bound == "compute" and row.floor_ms == row.compute_floor_ms
+    assert row.attn_bound == "compute" and row.attn_floor_ms == pytest.approx(flops / 989e12 * 1e3)
     # one tensor-parallel shard (8 heads) is memory-bound
-    assert floor_row(FloorInput(attn=A26, bw_Bps=h200.bw_Bps, flops_per_s=h200.bf16_flops, tp=8), 131072).bound \
-        == "memory"
+    assert floor_row(k26(h200.bw_Bps, h200.bf16_flops, tp=8), 131072).attn_bound == "memory"
 
 
 def test_whole_step_weights_by_hand():
@@ -106,22 +114,25 @@ def test_whole_step_weights_by_hand():
 
 def test_whole_step_floor_row():
     w = K26.step_weights(rows=9, tp=8, ep=8, expert_dtype="int4")
-    inp = FloorInput(attn=A26, bw_Bps=4.8e12, flops_per_s=989e12, tp=8, step=w)
+    inp = k26(4.8e12, 989e12, tp=8, ep=8, expert_dtype="int4")
     row = floor_row(inp, 131072, step_ms=100.0)
     kv = 131072 * 70272
     assert row.kv_floor_ms == pytest.approx(kv / 4.8e12 * 1e3)
     assert row.weight_floor_ms == pytest.approx(w.total_B / 4.8e12 * 1e3)
-    assert row.total_floor_ms == pytest.approx((kv + w.total_B) / 4.8e12 * 1e3)  # memory-bound
+    assert row.floor_ms == pytest.approx((kv + w.total_B) / 4.8e12 * 1e3)  # memory-bound, no communication
     assert row.binds == ("KV" if kv > w.total_B else "weights")
-    assert row.total_gap == pytest.approx(100.0 / row.total_floor_ms)
-    assert row.floor_ms == pytest.approx(kv / 4.8e12 * 1e3)  # the attention floor is unchanged
+    assert row.gap == pytest.approx(100.0 / row.floor_ms)
+    assert row.attn_floor_ms == pytest.approx(kv / 4.8e12 * 1e3)  # the attention alone
+    # the plain one-row decode step reads fewer experts: its floor is lower
+    w_1 = K26.step_weights(rows=1, tp=8, ep=8, expert_dtype="int4")
+    assert row.decode_floor_ms == pytest.approx((kv + w_1.total_B) / 4.8e12 * 1e3) and row.decode_floor_ms < row.floor_ms
     short = floor_row(inp, 1024)
-    assert short.binds == "weights" and short.total_floor_ms > short.kv_floor_ms
+    assert short.binds == "weights" and short.floor_ms > short.kv_floor_ms
     # the whole model on one GPU reads its experts' weights: weights bind; a slow tensor rate makes it compute
     w1 = K26.step_weights(rows=9, tp=1)
-    assert floor_row(FloorInput(attn=A26, bw_Bps=4.8e12, flops_per_s=989e12, step=w1), 131072).binds == "weights"
-    slow = floor_row(FloorInput(attn=A26, bw_Bps=4.8e12, flops_per_s=1e12, step=w1), 131072)
-    assert slow.binds == "compute" and slow.step_GFLOP == pytest.approx(slow.attn_GFLOP + w1.flops / 1e9)
+    assert floor_row(k26(4.8e12, 989e12), 131072).binds == "weights"
+    slow = floor_row(k26(4.8e12, 1e12), 131072)
+    assert slow.binds == "compute" and slow.GFLOP == pytest.approx(slow.attn_GFLOP + w1.flops / 1e9)
 
 
 def test_engine_k2_weights_by_hand():
@@ -177,24 +188,26 @@ def test_parameter_counts_match_published_sizes():
 
 
 def test_table_step_times():
-    inp = FloorInput(attn=A26, bw_Bps=1.792e12, tp=8)
+    inp = k26(1.792e12, tp=8, expert_dtype="int4")
     rows = floor_table(inp, [32768, 131072, 189440], [159, 714, 1430])
     assert [r.step_ms for r in rows] == [159, 714, 1430]
-    assert all(r.gap > 100 for r in rows)
+    assert all(r.attn_gap > 100 for r in rows) and all(r.gap > 10 for r in rows)
     assert len(floor_table(inp, [1024, 2048], [5.0])) == 2
     with pytest.raises(DDProbeError, match="one per context"):
         floor_table(inp, [1024, 2048, 4096], [1.0, 2.0])
 
 
 @pytest.mark.parametrize("kwargs,msg", [
-    ({"queries": 0}, "--queries"), ({"tp": 0}, "--tp"), ({"bw_Bps": -1}, "bandwidth"),
+    ({"queries": 0}, "--queries"), ({"tp": 0}, "tp must be a positive integer"), ({"bw_Bps": -1}, "bandwidth"),
     ({"bw_Bps": float("nan")}, "bandwidth"),
     ({"kv_dtype": "int2"}, "unknown dtype"), ({"tp": 128}, "does not divide"), ({"tp": 3}, "does not divide"),
+    ({"tp": 8, "dcp": 3}, "--dcp 3 does not divide --tp 8"), ({"dcp": 0}, "--dcp must be a positive integer"),
 ])
 def test_bad_input(kwargs, msg):
-    args = {"attn": A26, "bw_Bps": 1e12} | kwargs
+    args = {"bw_Bps": 1e12} | kwargs
     with pytest.raises(DDProbeError, match=msg):
-        FloorInput(**args)
+        q = args.pop("queries", 9)
+        floor_row(FloorInput(StepModel(attn=A26, weights=lambda r: K26.step_weights(rows=r), **args), q), 1024)
 
 
 def test_unknown_names_list_known_ones():
@@ -226,7 +239,7 @@ def test_tp_over_gqa_kv_heads():
 
 def test_context_beyond_any_model():
     with pytest.raises(DDProbeError, match="beyond any model"):
-        floor_row(FloorInput(attn=A26, bw_Bps=1e12), ctx=10**300)
+        floor_row(k26(1e12), ctx=10**300)
 
 
 # ---- the whole-step floor's review (issue 33) ----------------------------------------------------------------
@@ -234,11 +247,10 @@ CONFIGS = Path(__file__).parent / "data" / "configs"
 
 
 def test_a_step_below_the_whole_step_floor_is_flagged():
-    k26 = get_model("kimi-k2.6")
-    inp = FloorInput(attn=k26.attn, bw_Bps=4.8e12, queries=9, step=k26.step_weights(rows=9))  # tp 1: 77 ms
+    inp = k26(4.8e12)  # tp 1: 77 ms
     fast, slow = floor_table(inp, [1024, 1024], [10.0, 100.0])
-    assert fast.total_gap < 1 and fast.below_floor is True
-    assert slow.total_gap > 1 and slow.below_floor is False
+    assert fast.gap < 1 and fast.below_floor is True
+    assert slow.gap > 1 and slow.below_floor is False
     assert floor_row(inp, 1024).below_floor is None  # no step time: nothing to judge
 
 

@@ -211,7 +211,11 @@ def test_request_numbers_bandwidth_energy_floor():
     nbytes = 61 * 1152 * (32768 + 24.5)
     assert s["decode_step_ms"] == 160.0
     assert s["eff_bw_GBps"] == pytest.approx(nbytes / 0.16 / 1e9)
-    assert s["floor_ms"] == pytest.approx(nbytes / 4.8e12 * 1e3) and s["gap"] == pytest.approx(160 / s["floor_ms"])
+    # no whole-step floor in the request (a server's): the attention alone, under its own name
+    assert s["floor_ms"] is None and s["gap"] is None
+    assert s["kv_floor_ms"] == pytest.approx(nbytes / 4.8e12 * 1e3) and s["attn_gap"] == pytest.approx(160 / s["kv_floor_ms"])
+    # the engine's probe gives the step model's floor: the gap is the step over it
+    assert gv.analyze(rows, {**req, "floor_ms": 8.0})["gap"] == pytest.approx(160 / 8.0)
     assert s["energy_J_per_token"] == pytest.approx(28 * 7 / 48)  # counter over the decode rows / decoded tokens
     assert s["verdict"] == "latency-bound"
     rows[0]["energy_J"] = None  # no counter: power x window over the decode rows
@@ -329,7 +333,7 @@ def test_h200_timelines_replay(path, want):
     res = replay(Result.load(f))
     by_phase = {d["phase"]: d for d in res.summary["per_phase"]}
     assert by_phase["prefill"]["verdict"] == "compute-bound" and by_phase["decode"]["verdict"] == want
-    assert res.summary["eff_bw_GBps"] < 100 and res.summary["gap"] > 100  # far off the floor either way
+    assert res.summary["eff_bw_GBps"] < 100 and res.summary["attn_gap"] > 100  # far off the KV floor either way
     assert all(r["tensor_active_pct"] is not None for r in res.rows if r["phase"] == "decode")
 
 

@@ -15,7 +15,7 @@ bench_app = typer.Typer(help="GPU benchmarks (results files that `ddprobe report
                         no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-DEFAULT_PATHS = "paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,flex,sdpa"
+DEFAULT_PATHS = "sglang,paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,flex,sdpa"
 
 
 def _names(text: str, what: str) -> list[str]:
@@ -63,6 +63,8 @@ def verify(
                                                       "split:tail_ratio=3 (repeatable).")] = None,
     budget: Annotated[int, typer.Option("--budget", help="Tree budget (verify rows = budget + 1).")] = 8,
     tree: Annotated[str, typer.Option("--tree", help="Tree shape: lopsided, fork, chain, star.")] = "lopsided",
+    slots: Annotated[str, typer.Option("--slots", help="Token-pool slots of the page_size=1 paths (paged, sglang): "
+                                                       "shuffled or contiguous.")] = "shuffled",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer cache sets and shorter timing.")] = False,
     step_ctx: Annotated[str, typer.Option("--step-ctx", help="Context of the whole-step timing (every layer, "
                                                              "8 heads); 0 leaves the step out.")] = "128k",
@@ -80,13 +82,14 @@ def verify(
                                                                "context.", callback=output_file)]
     = Path("bench-verify.json"),
 ):
-    """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against the floor; needs CUDA."""
+    """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against each kernel's floor (its bytes over the measured copy bandwidth, or its FLOPs over the measured
+    matmul rate: a kernel floor, not the whole step's); needs CUDA."""
     from ..jsonfile import write_json_atomic
     from ..probes.verify_bench import BenchOptions, run
 
     opts = BenchOptions(
         ctxs=parse_token_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
-        variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick,
+        variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick, slots=slots,
         tune={p: o for p, o in _variants(tune or [], "--tune")},
         step_ctx=parse_token_list(step_ctx)[0] if step_ctx.strip() not in ("", "0") else None,
         step_variants=_variants(step_variant or [], "--step-variant"), step_skip=_names(step_skip, "--step-skip"),
@@ -95,6 +98,8 @@ def verify(
         flex_budget_s=flex_budget_s)
     if budget < 1:
         raise DDProbeError(f"--budget must be at least 1, got {budget}")
+    if slots not in ("shuffled", "contiguous"):
+        raise DDProbeError(f"--slots takes shuffled or contiguous, got {slots!r}")
     _check_tree(tree)
     _need_cuda()
 
@@ -148,11 +153,79 @@ def line(r: dict) -> str:
         head = f"step {r['ctx']:>7} {'':>3} {r['path']:<32}"
         if "step_ms" not in r:
             return f"{head} skipped: {r.get('skipped', '')[:100]}"
-        return f"{head} {r['step_ms']:9.2f} ms  floor {r['floor_ms']:.2f} ms  gap {r['gap']:5.2f}  {r['GBps']:6.0f} GB/s"
+        return f"{head} {r['step_ms']:9.2f} ms  kernel floor {r['floor_ms']:.2f} ms  x {r['gap']:5.2f}  {r['GBps']:6.0f} GB/s"
     head = f"{r['ctx']:>12} {r['heads']:>3} {r['path']:<32}"
     if "us" in r:
         k = (r.get("kernels") or {}).get("prefix") or {}
         regs = f"  regs {k.get('n_regs')} spill {k.get('n_spills')}" if k else ""
-        return (f"{head} {r['us']:9.1f} us  {r['GBps']:6.0f} GB/s {r['TFLOPs']:6.1f} TF/s  floor {r['floor_us']:7.1f} "
-                f"gap {r['gap']:5.2f}  err {r['rel_err']:.1e}{regs}")
+        return (f"{head} {r['us']:9.1f} us  {r['GBps']:6.0f} GB/s {r['TFLOPs']:6.1f} TF/s  kernel floor {r['floor_us']:7.1f} "
+                f"x {r['gap']:5.2f}  err {r['rel_err']:.1e}{regs}")
     return f"{head} " + (f"skipped: {r['skipped'][:100]}" if "skipped" in r else f"ERROR {r.get('error', '')[:100]}")
+
+
+@bench_app.command("allreduce")
+@errors_exit_1
+def allreduce(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model preset whose hidden size sets the message: "
+                                                             "rows x hidden x dtype bytes.")] = "kimi-k2.6",
+    budget: Annotated[int, typer.Option("--budget", help="Tree budget: the verify message has budget + 1 rows, the "
+                                                         "plain decode message 1.")] = 8,
+    nbytes: Annotated[str, typer.Option("--bytes", help="More message sizes, e.g. 4KB,1MiB.")] = "",
+    ranks: Annotated[Optional[int], typer.Option("--ranks", help="Processes (default: the GPUs visible, or 2 on "
+                                                                 "the CPU).")] = None,
+    device: Annotated[str, typer.Option("--device", help="auto, cuda (NCCL, one GPU per rank) or cpu (gloo).")]
+    = "auto",
+    dtype: Annotated[str, typer.Option("--dtype", help="Element type of the hidden rows: bf16, fp16, fp32.")] = "bf16",
+    graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="NCCL: time the calls captured in a CUDA "
+                                                                      "graph (eager where capture fails).")] = True,
+    calls: Annotated[int, typer.Option("--calls", help="All-reduces per timed sample.",
+                                       callback=checked(within(1, 100000)))] = 20,
+    samples: Annotated[int, typer.Option("--samples", help="Timed samples per size (median, p10, p90).",
+                                         callback=checked(within(1, 100000)))] = 30,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Give up after this many seconds.",
+                                             callback=checked(within(1.0, MAX_TIMEOUT_S, " s")))] = 300.0,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Results file (JSON), rewritten after every size.",
+                                           callback=output_file)] = Path("allreduce.json"),
+):
+    """All-reduce latency at the verify and plain decode message sizes on N local ranks (NCCL or gloo)."""
+    from ..probes.allreduce import AllreduceOptions, check, default_ranks, run_allreduce, step_messages
+    from ..probes.models import get_model
+    from ..results import Result, ResultWriter, RunMeta
+    from ..shapes import dtype_name
+    from ..units import parse_bytes
+
+    spec = get_model(model)
+    if dtype_name(dtype) not in ("bf16", "fp16", "fp32"):
+        raise DDProbeError(f"--dtype: all-reduce rows in bf16, fp16 or fp32, got {dtype!r}")
+    dtype = dtype_name(dtype)
+    extra = [parse_bytes(b) for b in nbytes.split(",")] if nbytes.strip() else []
+    messages = step_messages(spec.hidden_size, budget, dtype, extra)
+    if device == "auto":
+        try:
+            import torch
+        except ImportError:
+            raise DDProbeError("ddprobe bench allreduce needs torch (pip install 'ddprobe[engine]')") from None
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise DDProbeError(f"--device: unknown device {device!r}; known: auto, cpu, cuda")
+    n = default_ranks(device) if ranks is None else ranks
+    opts = AllreduceOptions(n, messages, device=device, dtype=dtype, graphs=graphs and device == "cuda", calls=calls,
+                            samples=samples, timeout_s=timeout_s)
+    check(opts)
+    config = {"ranks": n, "backend": opts.backend, "graphs": opts.graphs, "device": device, "dtype": dtype,
+              "model": spec.name, "hidden": spec.hidden_size, "budget": budget, "calls": calls, "samples": samples}
+    writer = ResultWriter(Result(kind="allreduce", meta=RunMeta.collect(), config=config), out_path)
+    err.print(f"all-reduce on {n} ranks ({opts.backend}{', CUDA graphs' if opts.graphs else ''}), {spec.name} "
+              f"hidden {spec.hidden_size} {dtype}", highlight=False)
+    rows = run_allreduce(opts, writer, on_row=lambda r: err.print(allreduce_line(r), highlight=False, markup=False))
+    for r in rows:
+        out.print(allreduce_line(r), highlight=False, markup=False)
+    out.print(f"results written to {out_path}", highlight=False)
+
+
+def allreduce_line(r: dict) -> str:
+    from ..units import fmt_bytes
+
+    g = "  graph" if r.get("graphs") else ""
+    return (f"{fmt_bytes(r['bytes']):>10} {r['label']:<18} {r['us']:9.1f} us  p10 {r['p10_us']:.1f}  p90 "
+            f"{r['p90_us']:.1f}  {r['algbw_GBps']:.2f} GB/s{g}")

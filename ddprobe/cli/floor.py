@@ -13,8 +13,9 @@ from rich.table import Table
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth, \
     parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
-from .floor_options import EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, WeightDtypeOpt
-from .options import checked, err, errors_exit_1, out, output_file, typed_flags
+from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, \
+    WeightDtypeOpt
+from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 
 
 def _ms(v: Optional[float]) -> str:
@@ -54,18 +55,24 @@ def floor(
     weight_dtype: WeightDtypeOpt = "bf16",
     expert_dtype: ExpertDtypeOpt = None,
     kv_dtype: KvDtypeOpt = "bf16",
+    dcp: DcpOpt = 1,
+    allreduce_us: AllreduceUsOpt = None,
+    allreduce_from: AllreduceFromOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
+    force: ForceOpt = False,
 ):
-    """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute) and the step's anatomy."""
-    from ..probes.anatomy import fit_anatomy
-    from ..probes.floor import FloorInput, floor_table
-    from ..step_shape import BELOW_FLOOR
+    """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces) and the
+    step's anatomy."""
+    from ..probes.floor import Sharding, floor_result, served_model
     from ..probes.models import get_model, model_from_config
-    from ..results import Result, RunMeta
-    from ..shapes import dtype_name, get_gpu
+    from ..step_shape import BELOW_FLOOR
 
+    if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
+        from .outputs import check_file
+
+        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)])
     spec = model_from_config(config) if config else get_model(model)
     if steps_from is not None:
         if step_ms:
@@ -76,51 +83,27 @@ def floor(
     else:
         ctxs = parse_token_list(ctx)
         steps = [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
-    gpu_spec = get_gpu(gpu) if gpu else (None if bw else get_gpu("h200"))
-    bw_Bps = parse_bandwidth(bw) if bw else gpu_spec.bw_Bps
     if tflops is not None and not tflops > 0:
         raise DDProbeError(f"--tflops must be greater than zero, got {tflops}")
-    rate = tflops * 1e12 if tflops else (gpu_spec.bf16_flops if gpu_spec else None)
-    if queries < 1:
-        raise DDProbeError(f"--queries must be at least 1, got {queries}")
-    if tp < 1:
-        raise DDProbeError(f"--tp must be at least 1, got {tp}")
     if ep > 1 and not spec.n_routed_experts:
         err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
-    wd = dtype_name(weight_dtype)
-    ed = dtype_name(expert_dtype) if expert_dtype else wd
-    weights = spec.step_weights(rows=queries, tp=tp, ep=ep, dense_dtype=wd, expert_dtype=ed)
-    inp = FloorInput(attn=spec.attn, bw_Bps=bw_Bps, queries=queries, tp=tp, kv_dtype=kv_dtype, flops_per_s=rate,
-                     step=weights)
-    rows = floor_table(inp, ctxs, steps)
-    config_d = {"model": spec.name, "queries": queries, "tp": tp, "ep": ep, "gpu": gpu_spec.name if gpu_spec else None,
-                "bw_Bps": bw_Bps, "flops_per_s": rate, "kv_dtype": inp.kv_dtype, "weight_dtype": wd,
-                "expert_dtype": ed, "moe": spec.n_routed_experts > 0, "n_routed_experts": spec.n_routed_experts,
-                "num_experts_per_tok": spec.num_experts_per_tok, "moe_layers": weights.moe_layers}
-    result = Result(kind="floor", meta=RunMeta.collect(probe_gpu=False), config=config_d,
-                    rows=[r.to_dict() for r in rows])
-    timed = [(r.ctx, r.step_ms) for r in rows if r.step_ms is not None]
-    want = anatomy if anatomy is not None else (steps is not None and len(steps) > 1 and len(set(ctxs)) > 1)
-    an = None
-    try:
-        if want:
-            an = fit_anatomy([c for c, _ in timed], [t for _, t in timed], kv_B_per_token=rows[0].kv_B_per_token,
-                             bw_Bps=bw_Bps, weight_floor_ms=rows[0].weight_floor_ms)
-            result.summary["anatomy"] = an.to_dict()
-    except DDProbeError as e:
-        if save:  # the floor rows are kept
-            result.save(save)
-            raise DDProbeError(f"{e} (the floor rows were written to {save})") from None
-        raise
-    if save:
+    sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype, kv_dtype=kv_dtype,
+                  allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
+    model, config = served_model(spec, sh, gpu, parse_bandwidth(bw) if bw else None,
+                                 tflops * 1e12 if tflops else None)
+    result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, anatomy=anatomy)
+    if save:  # the floor rows are kept, with or without an anatomy
         result.save(save)
+    if result.summary.get("anatomy_error"):
+        raise DDProbeError(result.summary["anatomy_error"] + (f" (the floor rows were written to {save})" if save
+                                                               else ""))
     below = any(r.below_floor for r in rows)
     if as_json:
         if below:
             err.print(BELOW_FLOOR, highlight=False, markup=False)
         sys.stdout.write(result.to_json() + "\n")
         return
-    _print(spec, rows, inp, gpu_spec if not bw else None, weights, ep, ed, an)
+    _print(spec, rows, result.config, result.summary.get("anatomy"), config["comm"])
     if below:
         out.print(BELOW_FLOOR, highlight=False, markup=False)
     if save:
@@ -159,56 +142,72 @@ def _not_the_model(config: dict, spec) -> str:
     return "; ".join(why)
 
 
-def _print(spec, rows, inp, gpu_spec, w, ep, expert_dtype, an) -> None:
-    where = gpu_spec.label if gpu_spec else "given bandwidth"
-    t = Table(title=f"{spec.name}: verify step floor per GPU ({inp.queries} rows, tp {inp.tp}, ep {ep}, {where}, "
-                    f"{fmt_bandwidth(inp.bw_Bps)}; KV {rows[0].kv_B_per_token:,.0f} B/token)",
+def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
+    from ..shapes import GPUS
+
+    g = GPUS.get(config.get("gpu") or "")
+    where = g.label if g else "given bandwidth"
+    t = Table(title=f"{spec.name}: verify step floor per GPU ({config['queries']} rows, tp {config['tp']}, ep "
+                    f"{config['ep']}, dcp {config['dcp']}, {where}, {fmt_bandwidth(config['bw_Bps'])}; KV "
+                    f"{rows[0].kv_B_per_token / config['dcp']:,.0f} B/token)",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     timed = any(r.step_ms is not None for r in rows)
-    cols = ["ctx", "KV", "weights", "KV fl", "wt fl", "compute", "floor", "binds"]
+    comm = any(r.comm_ms for r in rows)
+    cols = ["ctx", "KV", "weights", "KV fl", "wt fl", "compute"] + (["comm"] if comm else []) + ["floor", "binds",
+                                                                                                 "decode fl"]
     if timed:
         cols += ["step", "eff bw", "gap", "attn gap", "re-read"]
     for c in cols:
         t.add_column(c, justify="right", no_wrap=True)
     for r in rows:
         cells = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
-                 _ms(r.weight_floor_ms), _ms(r.step_compute_floor_ms), _ms(r.total_floor_ms), r.binds]
+                 _ms(r.weight_floor_ms), _ms(r.compute_floor_ms)] + ([_ms(r.comm_ms)] if comm else []) + \
+                [_ms(r.floor_ms), r.binds, _ms(r.decode_floor_ms)]
         if timed:
             below = "!" if r.below_floor else ""  # below the whole-step floor (BELOW_FLOOR is printed)
-            cells += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.total_gap),
-                       fmt_ratio(r.gap), fmt_ratio(r.gap_if_rows_reread)] if r.step_ms is not None else ["-"] * 5)
+            cells += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.gap),
+                       fmt_ratio(r.attn_gap), fmt_ratio(r.attn_gap_if_rows_reread)] if r.step_ms is not None
+                      else ["-"] * 5)
         t.add_row(*cells)
     out.print(t)
-    if w.moe_layers:
-        local = spec.n_routed_experts // ep
-        out.print(f"routed experts ({expert_dtype}): {inp.queries} rows x top-{spec.num_experts_per_tok} of "
-                  f"{spec.n_routed_experts}, {local} on this GPU, {w.moe_layers} MoE layers: "
-                  f"{w.experts_per_layer:.3g} distinct per layer expected (uniform routing), {w.experts_worst} at "
-                  f"worst: weight floor {_ms(rows[0].weight_floor_ms)} expected, "
-                  f"{_ms(rows[0].weight_floor_worst_ms)} at worst", highlight=False)
+    r0 = rows[0]
+    if config.get("moe_layers"):
+        local = spec.n_routed_experts // config["ep"]
+        out.print(f"routed experts ({config['expert_dtype']}): {config['queries']} rows x "
+                  f"top-{spec.num_experts_per_tok} of {spec.n_routed_experts}, {local} on this GPU, "
+                  f"{config['moe_layers']} MoE layers: {r0.experts_per_layer:.3g} distinct per layer expected "
+                  f"(uniform routing), {r0.experts_worst} at worst: weight floor {_ms(r0.weight_floor_ms)} expected, "
+                  f"{_ms(r0.weight_floor_worst_ms)} at worst", highlight=False)
     else:
         out.print("dense model (no MoE fields): the routed-expert terms are zero", highlight=False)
+    if r0.allreduces:
+        out.print(f"communication: {r0.allreduces} collectives per step, {r0.allreduce_us:.3g} us each at "
+                  f"{fmt_bytes(r0.allreduce_bytes)} ({said})", highlight=False, soft_wrap=True)
+    elif config["tp"] > 1:
+        out.print(said, highlight=False)
     out.print("KV fl / wt fl: KV / weight bytes over bandwidth; compute: all FLOPs / tensor rate; floor = max((KV + "
-              "weights) / bandwidth, compute); gap = step / floor; attn gap = step / KV fl (the attention alone); "
-              "re-read: the attention gap if every row re-read the cache", highlight=False, style="dim")
+              "weights) / bandwidth, compute) + all-reduces (the whole step); decode fl: the plain one-row decode "
+              "step's floor; gap = step / floor; attn gap = step / KV fl (the attention alone); re-read: the "
+              "attention gap if every row re-read the cache", highlight=False, style="dim")
     if an is not None:
         _print_anatomy(an)
 
 
-def _print_anatomy(an) -> None:
+def _print_anatomy(an: dict) -> None:
     t = Table(title="where the step goes: step = fixed + marginal x ctx", title_justify="left",
               box=box.SIMPLE_HEAD, pad_edge=False)
     for c in ("interval", "ms per 1k tokens", "marginal KV bw", "of GPU bw"):
         t.add_column(c, justify="right", no_wrap=True)
-    for iv in an.intervals:
-        t.add_row(f"{fmt_tokens(iv.ctx0)} -> {fmt_tokens(iv.ctx1)}", f"{iv.ms_per_1k:.3g}",
-                  fmt_bandwidth(iv.kv_GBps * 1e9) if iv.kv_GBps else "-",
-                  f"{iv.kv_GBps / an.bw_GBps:.2%}" if iv.kv_GBps and an.bw_GBps else "-")
-    t.add_row("fit (all)", f"{an.ms_per_1k:.3g}", fmt_bandwidth(an.kv_GBps * 1e9) if an.kv_GBps else "-",
-              f"{an.kv_GBps / an.bw_GBps:.2%}" if an.kv_GBps and an.bw_GBps else "-")
+    bw = an.get("bw_GBps")
+    for iv in an["intervals"]:
+        t.add_row(f"{fmt_tokens(iv['ctx0'])} -> {fmt_tokens(iv['ctx1'])}", f"{iv['ms_per_1k']:.3g}",
+                  fmt_bandwidth(iv["kv_GBps"] * 1e9) if iv.get("kv_GBps") else "-",
+                  f"{iv['kv_GBps'] / bw:.2%}" if iv.get("kv_GBps") and bw else "-")
+    t.add_row("fit (all)", f"{an['ms_per_1k']:.3g}", fmt_bandwidth(an["kv_GBps"] * 1e9) if an.get("kv_GBps") else "-",
+              f"{an['kv_GBps'] / bw:.2%}" if an.get("kv_GBps") and bw else "-")
     out.print(t)
-    wf = f" vs weight floor {an.weight_floor_ms:.3g} ms" if an.weight_floor_ms is not None else ""
-    out.print(f"fixed part (fit intercept, >= 0): {an.fixed_ms:.3g} ms{wf}", highlight=False)
-    for n in an.notes:
+    wf = f" vs weight floor {an['weight_floor_ms']:.3g} ms" if an.get("weight_floor_ms") is not None else ""
+    out.print(f"fixed part (fit intercept, >= 0): {an['fixed_ms']:.3g} ms{wf}", highlight=False)
+    for n in an.get("notes", []):
         out.print(n, highlight=False)
-    out.print(an.verdict, highlight=False)
+    out.print(an["verdict"], highlight=False)

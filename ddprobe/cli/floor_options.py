@@ -1,6 +1,7 @@
 """The whole-step floor's sharding and dtype options, declared once for `ddprobe floor` and `ddprobe diagnose`."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -23,3 +24,11 @@ ExpertDtypeOpt = Annotated[Optional[str], typer.Option("--expert-dtype", help="R
                                                        callback=checked(dtype_name))]
 KvDtypeOpt = Annotated[str, typer.Option("--kv-dtype", help=f"KV cache dtype: {DTYPES}.", callback=checked(dtype_name))]
 SHARDING = ("tp", "ep", "weight_dtype", "expert_dtype")  # the parameter names of the options above
+DcpOpt = Annotated[int, typer.Option("--dcp", help="Decode context parallelism: the KV is sharded over this many of "
+                                                   "the --tp ranks (must divide --tp); 1: MLA's latent is replicated.")]
+AllreduceUsOpt = Annotated[Optional[float], typer.Option("--allreduce-us", help="Latency of one tensor-parallel "
+                                                         "all-reduce in us (default: the GPU's interconnect, "
+                                                         "ddprobe.step_model).")]
+AllreduceFromOpt = Annotated[Optional[Path], typer.Option("--allreduce-from", help="A `ddprobe bench allreduce` "
+                                                          "results file measured at --tp ranks.")]
+COMM = ("dcp", "allreduce_us", "allreduce_from")  # the parameter names of the communication options

@@ -15,7 +15,7 @@ from .app import app
 from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, evidence_lines, \
     print_fleet
 from .progress import CellDisplay
-from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
 from .outputs import check_outputs
 
@@ -55,6 +55,7 @@ def gpu_util(
                                                                      "ddprobe-results/gpu-util-<time>.json).")]
     = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the timeline as CSV.")] = None,
+    force: ForceOpt = False,
     *, ctx: typer.Context, eng: EngineOptions,
 ):
     """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
@@ -69,7 +70,8 @@ def gpu_util(
     from ..units import parse_time, parse_tokens
 
     path = results_path(json_path, "gpu-util")
-    check_outputs({"--json": path, "--csv": csv_path})  # before anything is sampled
+    check_outputs({"--json": path, "--csv": csv_path}, force=force, inputs={"--replay": replay},
+                  keep_existing=True)  # before anything is sampled
     if replay is not None:
         ignored = typed_flags(ctx, REPLAY_IGNORES)
         if ignored:
@@ -155,7 +157,10 @@ def print_summary(res) -> None:
         nums.append(f"effective KV bandwidth {fmt_bandwidth(s['eff_bw_GBps'] * 1e9)} "
                     f"({fmt_bytes(s['kv_GB_per_step'] * 1e9)} per step)")
     if s.get("gap"):
-        nums.append(f"{fmt_ratio(s['gap'])} the floor {s['floor_ms']:.3g} ms")
+        binds = f", {s['floor_binds']}-bound" if s.get("floor_binds") else ""
+        nums.append(f"{fmt_ratio(s['gap'])} the floor {s['floor_ms']:.3g} ms (the whole step{binds})")
+    if s.get("attn_gap"):
+        nums.append(f"attention gap {fmt_ratio(s['attn_gap'])} (KV floor {s['kv_floor_ms']:.3g} ms)")
     if s.get("energy_J_per_token"):
         nums.append(f"{s['energy_J_per_token']:.3g} J per decoded token")
     if nums:

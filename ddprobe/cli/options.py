@@ -126,6 +126,9 @@ def output_file(ctx: typer.Context, param: typer.CallbackParam, value):
     return value
 
 
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output file that is already there (earlier "
+                                                       "results, or one of this command's inputs).")]
+
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 BackendOpt = Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
                                                            "this host).")]
@@ -153,6 +156,10 @@ _ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
                                             "the busy ones; OMP_NUM_THREADS when set).",
                 checked(within(1, 4096))),
 }
+
+
+SERVER_IGNORES = tuple(k for k in _ENGINE_OPTS if k != "seed")  # engine options a server backend ignores (the
+                                                                # seed also seeds the probe's text)
 
 
 @dataclass(frozen=True)
@@ -248,9 +255,21 @@ def engine_options(**defaults):
             params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name),
                                             annotation=ann))
 
+        # the command's typer.Context (Typer hands one to a single parameter): its own, else one added here
+        ctx_name = next((p.name for p in params if p.annotation is typer.Context), None)
+        if ctx_name is None:
+            params.append(inspect.Parameter("_engine_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             eng = EngineOptions(**{k: kwargs.pop(k) for k in _ENGINE_OPTS if k in kwargs})
+            tctx = kwargs[ctx_name] if ctx_name else kwargs.pop("_engine_ctx")
+            backend = kwargs.get("backend")
+            ignored = typed_flags(tctx, SERVER_IGNORES) if backend not in (None, "engine") else []
+            if ignored:  # a server decodes with its own model and tree: these would silently change nothing
+                fail(f"{', '.join(ignored)}: engine option{'s' if len(ignored) > 1 else ''}, ignored with --backend "
+                     f"{backend} (the server's own model and tree are measured): drop "
+                     f"{'them' if len(ignored) > 1 else 'it'}")
             return fn(*args, eng=eng, **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=params)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
-from .options import err, errors_exit_1, out, output_file
+from .options import ForceOpt, err, errors_exit_1, out, output_file
 
 
 @app.command()
@@ -24,9 +24,14 @@ def report(
                                                                "(images in <name>_files/ beside it).",
                                                    callback=output_file)]
     = Path("report.html"),
+    force: ForceOpt = False,
 ):
     """Write one report (summary, tables, plots) from results files."""
+    from ..reports.load import expand
     from ..reports.render import write_report
+    from .outputs import check_file
+
+    check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)])
 
     written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
     extra = f" and {len(written) - 1} image(s) in {written[1].parent}" if len(written) > 1 else ""

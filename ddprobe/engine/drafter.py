@@ -217,11 +217,13 @@ class Drafter(nn.Module):
         return attn_scale(positions, f, dtype) if f > 0 else None
 
     def logprobs(self, x: torch.Tensor, head: nn.Linear) -> torch.Tensor:
-        """Block output x [1 + L, dim] -> log-probs [L, V] of the L drafted positions (fp32 or fp64)."""
+        """Block output x [1 + L, dim] -> log-probs [L, V] of the L drafted positions (fp32 or fp64), computed as
+        the DDTree reference computes them: ``logits - logsumexp(logits)`` in fp32. ``torch.log_softmax`` can
+        differ from it by one ulp, which breaks or makes ties between equal-score paths (the tree's tie rule)."""
         logits = head(self.norm(x[1:]))  # [L, V]
         if logits.dtype != torch.float64:
             logits = logits.float()
-        return torch.log_softmax(logits, dim=-1)
+        return logits - torch.logsumexp(logits, dim=-1, keepdim=True)
 
     def forward_static(self, ctx: DrafterContext, n: torch.Tensor, bonus: torch.Tensor, embed: nn.Embedding,
                        head: nn.Linear, k: int, fused=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,8 @@
     res = eng.generate([1, 2, 3], max_new_tokens=64)          # GenerateResult(tokens, steps, ...)
     ref = eng.greedy_reference([1, 2, 3], max_new_tokens=64)  # plain greedy, one token per step
 
-Verify and single-token decode use the selected attention path (``kernels.get_path(attn)``);
+Verify and single-token decode use the selected attention path (``kernels.get_path(attn)``; with graphs,
+``greedy_reference`` runs the static one-row decode step, ``graphs.DecodeStep``);
 prefill goes through ``prefill_attn`` ("prefill": PyTorch's fused attention, no score buffer; chunks of
 1024 rows on CPU, 16384 on CUDA, on a grid fixed from position 0; prefix reuse truncates to that grid, so
 a prompt prefilled in two calls gets the rows of one call, to the bit) with ``on_prefill(done, total)``
@@ -34,7 +35,7 @@ from . import kernels
 from .config import ModelConfig
 from .drafter import Drafter, DrafterContext
 from .kv_cache import LAYOUTS, KVCache
-from .loop import decode, prefill
+from .loop import decode, greedy, plain_step, prefill
 from .records import GenerateResult
 from .runner import StepRunner
 from .spec import Models, StepSpec
@@ -199,21 +200,26 @@ class Engine:
 
     # ---- decoding ------------------------------------------------------------------------
     @torch.no_grad()
-    def warmup(self, capacity: int | None = None, prompt_len: int = 8) -> dict:
+    def warmup(self, capacity: int | None = None, prompt_len: int = 8, plain: bool = False) -> dict:
         """Compile and (graphs on CUDA) capture, then run one throwaway step, before anything is
-        measured. capacity: the largest request (prompt + new tokens + budget + 1) to come
-        (default max_ctx); later requests up to it replay the same graphs. Returns
-        {"warmup_s": seconds, "what": "compile + capture" (CUDA graphs) | "compile" (CUDA, eager) |
-        "first step" (CPU), "capacity": tokens}."""
+        measured: the DDTree step, or with ``plain`` the plain decode step (``greedy_reference``: serve
+        --no-spec). capacity: the largest request (prompt + new tokens + budget + 1) to come (default
+        max_ctx); later requests up to it replay the same graphs. Returns {"warmup_s": seconds, "what":
+        "compile + capture" (CUDA graphs) | "compile" (CUDA, eager) | "first step" (CPU), "capacity": tokens}."""
         cap = min(self.max_ctx, capacity or self.max_ctx)
         need = prompt_len + 2 + self.budget + 1
         if cap < need:
             raise ValueError(f"warm-up capacity {cap} below one short request ({need} tokens)")
         t0 = time.perf_counter()
-        if self.graphs:
-            self.runner.static_for(self.models, cap)
         prompt = [i % self.config.target.vocab_size for i in range(prompt_len)]
-        self.generate(prompt, 2)  # prefill and decode compile here (Triton, cuBLAS), one step runs
+        if plain:
+            if self.graphs:
+                self.runner.decode_for(self.models, cap)
+            self.greedy_reference(prompt, 2)
+        else:
+            if self.graphs:
+                self.runner.static_for(self.models, cap)
+            self.generate(prompt, 2)  # prefill and decode compile here (Triton, cuBLAS), one step runs
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cuda = self.device.type == "cuda"
@@ -261,21 +267,23 @@ class Engine:
     def greedy_reference(self, prompt_ids: list[int], max_new_tokens: int,
                          on_token: Callable[[int], None] | None = None) -> list[int]:
         """Plain greedy decoding of the target: one token per step through the same attention path.
+        With graphs: the static one-row decode step (``graphs.DecodeStep``, a CUDA graph replayed per token on a
+        GPU; the same step eagerly on CPU); without: eager steps on host plans (the oracle the tests compare).
         on_token(token) (servers: streaming, cancellation) is called with each token as it is made;
         what it raises stops the decode and propagates."""
         self._check(prompt_ids, max_new_tokens, 1)
-        runner, target = self.runner, self.target
-        kv = runner.new_cache(len(prompt_ids) + max_new_tokens + 1)
+        runner, need = self.runner, len(prompt_ids) + max_new_tokens + 1
+        if self.graphs:
+            st = runner.decode_for(self.models, need)[0]
+            first = int(prefill(runner, self.models, st.kv, prompt_ids).argmax())
+            return greedy(runner, st, first, max_new_tokens, on_token)
+        kv = runner.new_cache(need)
         tok = int(prefill(runner, self.models, kv, prompt_ids).argmax())
         out = [tok]
         if on_token is not None:
             on_token(tok)
-        one = torch.ones(1, 1, dtype=torch.bool, device=self.device)
         while len(out) < max_new_tokens:
-            pos = torch.tensor([kv.committed], dtype=torch.int64, device=self.device)
-            logits, _ = runner.forward(target, kv, torch.tensor([tok], device=self.device), pos, one, self.path)
-            kv.commit([0])
-            tok = int(logits[0].argmax())
+            tok = int(plain_step(runner, self.models, kv, tok)[0].argmax())
             out.append(tok)
             if on_token is not None:
                 on_token(tok)

@@ -33,6 +33,11 @@ Two ways to run a step over them (the strategies ``steps.DeviceTreeStep`` and ``
 
 On CUDA each function is captured once (``capture``) and replayed; on CPU the same functions run
 eagerly, which is what the CPU tests compare with the eager step (``steps.py``).
+
+``DecodeStep`` is plain greedy decoding as a static step: one row (R = 1) through the same verify
+path's plan and run, one captured graph (``decode``) that chains replay after replay, one copy back
+per token. ``fill_synthetic`` / ``synthetic(ctx)``: a cache of ``ctx`` random rows, for timing a step
+at a context without a prefill (``probes.step_times``, ``benchmarks/bench_engine.py``).
 """
 from __future__ import annotations
 
@@ -233,26 +238,11 @@ class StaticStep:
         return not self.cuda or "tree" in self.graphs
 
     def _capture(self, names) -> None:
-        self.benign_inputs()
-        torch.cuda.synchronize()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.benign_inputs()
-                for name in names:
-                    self.run(name)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        self.benign_inputs()
-        for name in names:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                out = getattr(self, "_" + name)()
-            self.graphs[name], self.out[name] = g, out
-            if name == "verify":  # the walk and commit graphs read the verify graph's static outputs
-                self.logits, self.feats, self.picks = out
-        torch.cuda.synchronize()
+        record_graphs(self, names)
+
+    def captured_out(self, name: str, out) -> None:
+        if name == "verify":  # the walk and commit graphs read the verify graph's static outputs
+            self.logits, self.feats, self.picks = out
 
     def benign_inputs(self) -> None:
         """An empty cache and inputs every step function runs on without reading outside the plan:
@@ -274,6 +264,11 @@ class StaticStep:
     def reset(self) -> None:
         self.kv.reset()
         self.dctx.n = 0
+
+    def synthetic(self, ctx: int) -> None:
+        """A committed context of ``ctx`` random latent rows and drafter K/V (timing only: a step's time
+        does not depend on the values, and no prefill runs)."""
+        fill_synthetic(self.kv, ctx, self.dctx)
 
     # ---- host side of one step ------------------------------------------------------------------
     def write_commit(self, perm: list[int], c: int, k: int, bonus: int) -> None:
@@ -332,3 +327,151 @@ class StaticStep:
         """The host's counters after a commit of k rows: the cache's and the drafter context's."""
         self.kv.committed += k
         self.dctx.n += k
+
+
+def fill_synthetic(kv: KVCache, ctx: int, dctx: DrafterContext | None = None) -> None:
+    """Empty ``kv``, then ``ctx`` committed rows of random latent values (paged: in the cache's slot order);
+    the drafter context ``dctx``, when given, as many rows of random K/V (and history)."""
+    if not 0 <= ctx <= kv.capacity:
+        raise ValueError(f"context {ctx} beyond the cache's {kv.capacity} rows")
+    kv.reset(refill=False)
+    kv.buffer.normal_()
+    if kv.layout == "paged" and ctx:
+        kv.req_to_token[0, :ctx] = torch.tensor(kv.take_slots(ctx), device=kv.device)
+    kv.committed = ctx
+    if dctx is not None:
+        for t in (dctx.k, dctx.v, dctx.h):
+            if t is not None:
+                t.normal_()
+        dctx.n = ctx
+
+
+def record_graphs(step, names) -> None:
+    """Capture ``step``'s functions ``names`` (``step._<name>``) as CUDA graphs into ``step.graphs`` /
+    ``step.out``: two eager runs of all of them first on a side stream (Triton compiles, cuBLAS picks
+    its kernels), each from ``step.benign_inputs()``; ``step.captured_out(name, out)`` after each capture."""
+    step.benign_inputs()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step.benign_inputs()
+            for name in names:
+                step.run(name)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    step.benign_inputs()
+    for name in names:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = getattr(step, "_" + name)()
+        step.graphs[name], step.out[name] = g, out
+        step.captured_out(name, out)
+    torch.cuda.synchronize()
+
+
+class DecodeStep:
+    """Plain greedy decode as a static step: one query row (R = 1) through the verify path's normal
+    plan and run, over fixed buffers and a device plan, captured as one CUDA graph (``decode``) on a
+    GPU and run eagerly on CPU. The graph reads the row's token and position from ``token`` /
+    ``prefix``, writes its latent row at the slot the table holds there (paged: ``start`` fills the
+    table's tail with free slots; contiguous: row ``prefix``), and leaves the greedy pick in ``token``
+    and ``prefix`` one further, so replays chain with one device-to-host copy each (the pick and a
+    finite-logits flag). No drafter, no tree."""
+
+    rows = 1
+
+    def __init__(self, models: Models, config: ModelConfig, spec: StepSpec, kv: KVCache, fused: Fused | None = None):
+        self.models, self.spec, self.kv, self.fused = models, spec, kv, fused
+        self.capacity, self.cuda, self.paged = kv.capacity, spec.cuda, spec.kv_layout == "paged"
+        self.max_prefix = kv.capacity - 1
+        if self.max_prefix < 0:
+            raise ValueError("a decode step needs a cache of at least one row")
+        dev, t = spec.device, config.target
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.token, self.prefix, self.widx = (torch.zeros(1, **i64) for _ in range(3))  # prefix: the row's position
+        self.prefix_t = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.mask = torch.ones(1, 1, dtype=torch.bool, device=dev)
+        self.plan = spec.path.plan(self.prefix_t, self.mask, kv.req_to_token[0] if self.paged else None,
+                                   t.kv_lora_rank, heads=t.num_heads, max_prefix=self.max_prefix)
+        self.out_buf = torch.ones(2, **i64)  # the pick, logits finite (1/0; stays 1 without poison)
+        self.in_host, self.out_host = (torch.zeros(2, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2))
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.out: dict[str, tuple] = {}
+
+    def _decode(self):
+        path, target, f = self.spec.path, self.models.target, self.fused
+        self.prefix_t.copy_(self.prefix)
+        self.widx.copy_(self.kv.req_to_token[0][self.prefix] if self.paged else self.prefix)
+        path.refresh(self.plan)
+        hidden, _ = target(self.token, self.prefix, self.kv.buffer, self.widx, self.plan, path,
+                           f.layer if f is not None else None)
+        logits, picks = (f.verify_head if f is not None else verify_head)(target, hidden)
+        self.out_buf[:1].copy_(picks)
+        if self.spec.poison:  # NaN in the logits: the attention read a row outside the plan
+            self.out_buf[1].copy_(logits.isfinite().all())
+        self.token.copy_(picks)
+        self.prefix.add_(1)
+        return ()
+
+    def run(self, name: str = "decode"):
+        if name in self.graphs:
+            self.graphs[name].replay()
+            return self.out[name]
+        return getattr(self, "_" + name)()
+
+    def capture(self) -> float:
+        """Record ``decode`` as a CUDA graph (warm-up runs first; leaves the cache empty). Seconds."""
+        t0 = time.perf_counter()
+        record_graphs(self, ("decode",))
+        self.reset()
+        return time.perf_counter() - t0
+
+    def captured_out(self, name: str, out) -> None:
+        pass
+
+    def benign_inputs(self) -> None:
+        """An empty cache, token 0 at position 0 written to a free slot (capture, timing)."""
+        self.kv.reset(refill=False)
+        if self.paged:
+            slot = self.kv.take_slots(1)
+            self.kv.give_back(slot)
+            self.kv.req_to_token[0, :1] = slot[0]
+        self.set_inputs(0, 0)
+
+    def set_inputs(self, token: int, prefix: int) -> None:
+        self.in_host[0], self.in_host[1] = token, prefix
+        self.token.copy_(self.in_host[:1])  # blocking: the host may rewrite in_host right after
+        self.prefix.copy_(self.in_host[1:])
+
+    def reset(self) -> None:
+        self.kv.reset()
+
+    def start(self, token: int) -> None:
+        """Before the first step: ``token`` at the committed length and, paged, every free slot into the
+        slot table after the prefix (the steps write at ``tab[prefix]``)."""
+        c = self.kv.committed
+        if c > self.max_prefix:
+            raise ValueError(f"context beyond the cache: {c} committed + 1 new row > capacity {self.capacity}")
+        if self.paged:
+            tail = self.kv.take_slots(self.kv.free_slots)
+            self.kv.req_to_token[0, c:c + len(tail)] = torch.tensor(tail, dtype=torch.int64).to(self.kv.device)
+        self.set_inputs(token, c)
+
+    def step(self) -> tuple[int, bool]:
+        """One decode step: (the greedy next token, logits finite). The one device-to-host copy waits for it."""
+        if self.kv.committed >= self.capacity:
+            raise ValueError(f"context beyond the cache: {self.kv.committed} committed + 1 new row > capacity "
+                             f"{self.capacity}")
+        self.run("decode")
+        self.out_host.copy_(self.out_buf, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        self.kv.committed += 1
+        return int(self.out_host[0]), bool(self.out_host[1])
+
+    def synthetic(self, ctx: int) -> None:
+        """A committed context of ``ctx`` random latent rows, then ``start`` (timing only)."""
+        fill_synthetic(self.kv, ctx)
+        self.start(0)

@@ -12,6 +12,8 @@ an fp32 score budget).
 it calls a step strategy (``steps.step_for``: eager, static with the host tree, static with the
 device tree) until max_new_tokens are out, hands each step's tokens to ``on_tokens`` and turns the
 phase marks into ``StepRecord``s (times from ``clock.StepClock``).
+``greedy``: plain greedy decoding on the static one-row step (``graphs.DecodeStep``): one token per
+replay, one copy back each.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 
 from .clock import StepClock
 from .drafter import DrafterContext
+from .graphs import DecodeStep
 from .kv_cache import KVCache
 from .records import StepRecord
 from .runner import Caches, StepRunner
@@ -62,17 +65,19 @@ def prefill(runner: StepRunner, models: Models, kv: KVCache, prompt_ids: list[in
 
 def decode(runner: StepRunner, models: Models, c: Caches, bonus: int, max_new_tokens: int, temperature: float = 0.0,
            gen: torch.Generator | None = None, proposer=None,
-           on_tokens: Callable[[list[int], int], None] | None = None, strategy=None) -> tuple[list[int], list]:
+           on_tokens: Callable[[list[int], int], None] | None = None, strategy=None,
+           max_steps: int | None = None) -> tuple[list[int], list]:
     """Decode after prefill -> (tokens, step records); tokens start with ``bonus`` and may run past
     max_new_tokens (the last step's commit is whole). on_tokens(tokens, tree_size): the bonus (tree
     size 0), then each step's committed tokens; what it raises stops the loop and propagates.
-    strategy: a ``steps`` class to use instead of ``step_for``'s choice (benchmarks)."""
+    strategy: a ``steps`` class to use instead of ``step_for``'s choice (benchmarks); max_steps: stop after
+    that many steps as well (timing: a fixed number of steps)."""
     step = (strategy or step_for)(runner, models, c, temperature, gen, proposer)
     out, pending, clock = [bonus], [], StepClock(runner.spec.device)
     if on_tokens is not None:  # streaming / cancellation hook: the prefill's token, then each step's
         on_tokens([bonus], 0)
     step.start(bonus)
-    while len(out) < max_new_tokens:
+    while len(out) < max_new_tokens and (max_steps is None or len(pending) < max_steps):
         ctx_len = step.committed
         w0 = time.perf_counter()
         done = step(bonus, clock)
@@ -83,6 +88,33 @@ def decode(runner: StepRunner, models: Models, c: Caches, bonus: int, max_new_to
         if on_tokens is not None:
             on_tokens(done.tokens, done.size)
     return out, records(clock, pending, step.graphs, c.captured, c.capture_ms, step.d2h)
+
+
+def plain_step(runner: StepRunner, models: Models, kv: KVCache, token: int) -> torch.Tensor:
+    """One eager plain decode step (a host plan over one row at the committed length) -> logits [1, V]."""
+    dev = runner.spec.device
+    one = torch.ones(1, 1, dtype=torch.bool, device=dev)
+    pos = torch.tensor([kv.committed], dtype=torch.int64, device=dev)
+    logits, _ = runner.forward(models.target, kv, torch.tensor([token], device=dev), pos, one, runner.spec.path)
+    kv.commit([0])
+    return logits
+
+
+def greedy(runner: StepRunner, st: DecodeStep, first: int, max_new_tokens: int,
+           on_token: Callable[[int], None] | None = None) -> list[int]:
+    """Plain greedy decode on ``st`` (its cache holds the prefilled prompt) from the prefill's token
+    ``first`` -> max_new_tokens tokens, ``first`` included; on_token(token) with each, first included."""
+    out = [first]
+    if on_token is not None:
+        on_token(first)
+    st.start(first)
+    while len(out) < max_new_tokens:
+        tok, finite = st.step()
+        runner.require_finite(runner.spec.path, lambda: finite)
+        out.append(tok)
+        if on_token is not None:
+            on_token(tok)
+    return out
 
 
 def records(clock: StepClock, pending: list, graphs: bool, captured: str, capture_ms: float,

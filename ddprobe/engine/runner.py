@@ -4,12 +4,15 @@
     c = runner.caches(models, prompt_ids, need, reuse)    # the request's cache, context, static step
     logits, feats = runner.forward(target, kv, tokens, positions, mask, path)
     runner.keep(prompt_ids, c)                            # reuse_prefix: keep the prompt's cache
+    st, captured, ms = runner.decode_for(models, need)    # plain greedy: the static one-row step
 
 Owned here: the KV cache and drafter context of a request (sized to it; for prefix reuse, sized for
 max_ctx and kept after the call), the verify plan (a host plan per forward, or the static step's
 device plan), and in graph mode the ``graphs.StaticStep`` kept per capacity with its CUDA graphs
 and the torch.compile'd functions (``fuse.Fused``; should compiling fail, the plain functions take
-over and ``compile_error`` says why). It holds no weights: the models come with each call.
+over and ``compile_error`` says why), and the plain decode step (``graphs.DecodeStep``, on the static
+step's cache when that one is large enough: a request runs one or the other). It holds no weights:
+the models come with each call.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import torch
 from .config import ModelConfig
 from .drafter import DrafterContext
 from .fuse import Fused
-from .graphs import StaticStep
+from .graphs import DecodeStep, StaticStep
 from .kv_cache import KVCache
 from .spec import Models, StepSpec
 from .target import TargetModel
@@ -44,6 +47,7 @@ class StepRunner:
     def __init__(self, spec: StepSpec, config: ModelConfig, max_ctx: int):
         self.spec, self.config, self.max_ctx = spec, config, max_ctx
         self.static: StaticStep | None = None  # the captured step, reused while a request fits
+        self.decode: DecodeStep | None = None  # the captured plain decode step, likewise
         self.fused: Fused | None = None
         self.compile_error: str | None = None  # why torch.compile was given up, if it was
         self.kept: tuple[list[int], KVCache, DrafterContext] | None = None  # reuse_prefix's prompt cache
@@ -104,6 +108,34 @@ class StepRunner:
         self.static = st
         return st, what, cap_ms
 
+    def decode_for(self, models: Models, need: int) -> tuple[DecodeStep, str, float]:
+        """The plain decode step for a request of ``need`` tokens, emptied: the held one when it fits, else a
+        new one (captured on CUDA) on the static step's cache when that holds ``need`` rows, else on its own.
+        Returns (step, what was captured, capture ms)."""
+        st, what, cap_ms = self.decode, "", 0.0
+        if st is None or st.capacity < need:
+            self.decode = st = None  # the old buffers and graph go first
+            if self.spec.fuse and self.fused is None:
+                self.fused = Fused()
+            try:
+                st, cap_ms = self._new_decode(models, need)
+            except Exception as e:  # noqa: BLE001  torch.compile failed (its warm-up runs precede capture)
+                if self.fused is None or not self.fused.compiled:
+                    raise
+                self.compile_error = f"{type(e).__name__}: {e}"[:300]
+                self.fused = Fused(compile=False)
+                st, cap_ms = self._new_decode(models, need)
+            self.decode, what = st, "+".join(st.graphs)
+        if self.kept is not None and self.kept[1] is st.kv:  # the kept prompt's rows go with the reset
+            self.kept = None
+        st.reset()
+        return st, what, cap_ms
+
+    def _new_decode(self, models: Models, need: int) -> tuple[DecodeStep, float]:
+        kv = self.static.kv if self.static is not None and self.static.capacity >= need else self.new_cache(need)
+        st = DecodeStep(models, self.config, self.spec, kv, self.fused if self.spec.fuse else None)
+        return st, (st.capture() * 1e3 if self.spec.cuda else 0.0)
+
     def _new_static(self, models: Models, capacity: int) -> StaticStep:
         return StaticStep(models, self.config, self.spec, self.new_cache(capacity), models.drafter.new_context(capacity),
                           self.fused if self.spec.fuse else None)
@@ -147,7 +179,7 @@ class StepRunner:
         self.kept = None
 
     def release(self) -> None:
-        """Drop the static step (its buffers and CUDA graphs) and the kept prompt cache."""
-        self.static = self.kept = None
+        """Drop the static steps (their buffers and CUDA graphs) and the kept prompt cache."""
+        self.static = self.decode = self.kept = None
         if self.spec.cuda:
             torch.cuda.empty_cache()

@@ -24,10 +24,12 @@ from ..step_shape import BELOW_FLOOR
 from ..units import DDProbeError
 from .backends import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
-from .anatomy import fit_anatomy
 from .estimate import timing_block
-from .floor import FloorInput, floor_table
+from .floor import Sharding, floor_result, served_model
 from .models import get_model
+
+# Every file a diagnosis writes in its folder (the report last): an earlier run's are never replaced unasked.
+FILES = ("diagnose.json", "commit.json", "gpu-util.json", "floor.json", "advise.json", "verify.json", "report.html")
 
 
 COMMIT_KINDS = ("predictable", "novel")
@@ -46,6 +48,9 @@ class DiagnoseOptions:
     ep: int = 1
     weight_dtype: str = "bf16"
     expert_dtype: str = "bf16"
+    dcp: int = 1
+    allreduce_us: float | None = None
+    allreduce_from: str | None = None
     seed: int = 0
     # run_gpu_util's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
     telemetry: dict[str, Any] | None = None
@@ -153,41 +158,50 @@ class Diagnose:
             return "skipped", "no decode step was measured (the commit probe did not finish)"
         ctx, step_ms, source = step
         queries = int(self.backend.describe().get("budget", 8)) + 1
-        o = self.opts
-        attention = getattr(self.backend, "attention", None)  # the embedded engine knows its own shape and dtype
-        if attention is not None:
-            shape, kv_dtype, _ = attention()
-            name = f"engine-{self.backend.describe().get('preset', '?')}"
-            weights = self.backend.step_weights(rows=queries)  # the engine's own weights (one GPU's share)
-            sharding = {"tp": 1, "ep": 1, "weights": "the engine's own"}
-        else:
-            spec = get_model(o.model)
-            shape, kv_dtype, name = spec.attn, "bf16", o.model
-            # the whole step: the model's weights on one GPU of the server's tp/ep, in its dtypes
-            weights = spec.step_weights(rows=queries, tp=o.tp, ep=o.ep, dense_dtype=o.weight_dtype,
-                                        expert_dtype=o.expert_dtype)
-            sharding = {"tp": o.tp, "ep": o.ep, "weight_dtype": o.weight_dtype, "expert_dtype": o.expert_dtype}
-        inp = FloorInput(attn=shape, bw_Bps=bw, queries=queries, tp=sharding["tp"], kv_dtype=kv_dtype,
-                         flops_per_s=gpu.bf16_flops if gpu else None, step=weights)
         # where the step goes: every context whose novel-text step was measured (else the one step)
         timed = sorted({r["ctx"]: float(r["decode_ms_per_step"]) for r in self.commit_rows
                         if r["text"] == "novel" and r.get("decode_ms_per_step")}.items()) or [(ctx, step_ms)]
-        rows = floor_table(inp, [c for c, _ in timed], [t for _, t in timed])
-        summary = {}
-        if len(timed) > 1:
-            try:
-                summary["anatomy"] = fit_anatomy([c for c, _ in timed], [t for _, t in timed],
-                                                 kv_B_per_token=rows[0].kv_B_per_token, bw_Bps=bw,
-                                                 weight_floor_ms=rows[0].weight_floor_ms).to_dict()
-            except DDProbeError as e:  # the rows are kept; the anatomy says why it is missing
-                summary["anatomy_error"] = str(e)
+        ctxs, steps = [c for c, _ in timed], [t for _, t in timed]
+        config = {"step_source": "commit probe, novel text" if len(timed) > 1 else source}
+        o = self.opts
+        if getattr(self.backend, "step_model", None) is not None:  # the embedded engine: its own weights, one GPU
+            model = self.backend.step_model(bw, gpu.bf16_flops if gpu else None)
+            config.update(model=f"engine-{self.backend.describe().get('preset', '?')}", tp=1, ep=1, dcp=1,
+                          weights="the engine's own", gpu=preset, bw_Bps=bw, flops_per_s=model.flops_per_s)
+        else:  # a server: the model's weights on one GPU of the server's tp/ep/dcp, in its dtypes
+            sh = Sharding(tp=o.tp, ep=o.ep, dcp=o.dcp, weight_dtype=o.weight_dtype, expert_dtype=o.expert_dtype,
+                          allreduce_us=o.allreduce_us, allreduce_from=o.allreduce_from)
+            model, served = served_model(get_model(o.model), sh, preset, o.bw_Bps)
+            config.update(served)
+        result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
+        self.step_model = model
         path = self.files["floor"] = self.out / "floor.json"
-        Result(kind="floor", meta=self.meta, rows=[r.to_dict() for r in rows], summary=summary,
-               config={"model": name, "queries": queries, **sharding, "gpu": preset, "bw_Bps": bw,
-                       "flops_per_s": inp.flops_per_s, "kv_dtype": inp.kv_dtype,
-                       "step_source": "commit probe, novel text" if len(timed) > 1 else source}).save(path)
+        result.save(path)
         if any(r.below_floor for r in rows):
             return "ok", BELOW_FLOOR
+
+    def advise(self):
+        """Speculation on or off (``probes.advise``): the commit cells' commit length and verify step per text and
+        context against plain decoding at the step model's one-row floor (the best plain decoding can do)."""
+        from .advise import advise, deployable, points_from_commit
+
+        model = getattr(self, "step_model", None)
+        cells = [r for r in self.commit_rows if r.get("commit_len") and r.get("decode_ms_per_step")]
+        if model is None or not cells:
+            return "skipped", ("no floor to model plain decoding with" if model is None else
+                               "no commit cell has a commit length and a step time")
+        budget = int(self.backend.describe().get("budget", 8))
+        path = str(self.backend.describe().get("attn") or self.backend.name)
+        ctxs = sorted({int(r["ctx"]) for r in cells})
+        decode = {c: model.cost(c, 1).floor_ms for c in ctxs}
+        pts = points_from_commit(cells, {"budget": budget}, decode, path, "commit probe")
+        verdicts = advise(pts, lambda c: model.cost(max(1, c), 1).floor_ms)
+        path_out = self.files["advise"] = self.out / "advise.json"
+        Result(kind="advise", meta=self.meta, rows=[p.to_dict() for p in pts],
+               config={"budget": budget, "path": path},
+               summary={"verdicts": [v.to_dict() for v in verdicts], "vllm_rfc_48627": deployable(verdicts),
+                        "decode_source": "the step model's floor of the one-row step (plain decoding at its "
+                                         "best)"}).save(path_out)
 
     def verify(self):
         b = self.backend
@@ -220,7 +234,7 @@ class Diagnose:
         t0 = time.perf_counter()
         try:
             for name, fn in (("commit", self.commit), ("gpu-util", self.gpu_util), ("floor", self.floor),
-                             ("verify", self.verify)):
+                             ("advise", self.advise), ("verify", self.verify)):
                 self._step(name, fn)
         finally:
             est = self.estimate

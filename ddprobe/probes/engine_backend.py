@@ -136,6 +136,11 @@ class EngineBackend:
         (``target_step_weights``): what ``probes.floor`` adds to the KV for the whole-step floor."""
         return target_step_weights(self.engine.config.target, rows or self.budget + 1, self.dtype)
 
+    def step_model(self, bw_Bps: float, flops_per_s: float | None = None):
+        """The step model (``ddprobe.step_model``) of this engine on one GPU: its target's attention and weights
+        in its dtype, no tensor parallelism (the engine is one GPU's share), graph-replayed or not as it runs."""
+        return target_step_model(self.engine.config.target, self.dtype, bw_Bps, flops_per_s, bool(self.engine.graphs))
+
     def describe(self) -> dict[str, Any]:
         t = self.engine.config.target
         return {"backend": self.name, "preset": self.preset, "attn": self.attn, "kv_layout": self.engine.kv_layout,
@@ -145,13 +150,14 @@ class EngineBackend:
                 **({"fused_tree_fallback": fell} if (fell := self.engine.fused_tree_fallback) else {}),
                 **({"threads": self.threads.to_dict()} if getattr(self, "threads", None) else {})}
 
-    def warmup(self, capacity: int | None = None) -> dict:
+    def warmup(self, capacity: int | None = None, plain: bool = False) -> dict:
         """Compile, capture (CUDA graphs) and one throwaway step before anything is measured: the
-        engine's ``warmup`` ({"warmup_s", "what", "capacity"}); capacity: the largest request to come."""
+        engine's ``warmup`` ({"warmup_s", "what", "capacity"}); capacity: the largest request to come;
+        plain: the plain decode step (``greedy``) instead of the DDTree step."""
         import torch
 
         try:
-            return self.engine.warmup(capacity)
+            return self.engine.warmup(capacity, plain=plain)
         except ValueError as e:
             raise BackendError(str(e)) from None
         except torch.cuda.OutOfMemoryError:
@@ -222,7 +228,8 @@ class EngineBackend:
             e2e_s=time.perf_counter() - t0, tokens=list(toks), step_times_s=[r.step_ms / 1e3 for r in records],
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
-                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish})
+                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish,
+                   "accepted_uncut": sum(n - 1 for n, _ in steps[:len(kept)])})  # vLLM's count (a cut step whole)
 
     def logits_problem(self, ids: list[int]) -> str | None:
         """The target's logits after the last ``LOGITS_CHECK_TOKENS`` of ``ids`` (a prompt and its output),
@@ -245,6 +252,22 @@ class EngineBackend:
             return self.engine.greedy_reference(input_ids, max_new_tokens, on_token=on_token)
         except ValueError as e:
             raise BackendError(str(e)) from None
+
+
+def target_step_model(t, dtype: str, bw_Bps: float, flops_per_s: float | None = None, graphs: bool = True):
+    """The step model (``ddprobe.step_model``) of an engine target (``engine.config.TargetConfig``, one GPU's share:
+    no tensor parallelism) in ``dtype``."""
+    from ..step_model import StepModel
+
+    return StepModel(attn=t.attn_shape, weights=lambda r: target_step_weights(t, r, dtype), bw_Bps=bw_Bps,
+                     flops_per_s=flops_per_s, hidden=t.hidden_size, kv_dtype=dtype, graphs=graphs)
+
+
+def preset_step_model(preset: str, heads: int | None, dtype: str, bw_Bps: float, flops_per_s: float | None = None):
+    """The step model of an engine preset (its config alone: no engine is built, no torch needed)."""
+    from ..engine.config import ModelConfig
+
+    return target_step_model(ModelConfig.from_name(preset, heads=heads).target, dtype, bw_Bps, flops_per_s)
 
 
 def target_step_weights(t, rows: int, dtype: str):

@@ -1,19 +1,17 @@
-"""Floor of a speculative-decoding verify step: the least time physics allows, per GPU.
-
-The attention floor (``floor_ms``, ``bound``, ``gap``): max(KV bytes / bandwidth, attention FLOPs /
-tensor rate). With a measured step time: effective bandwidth = KV bytes / time, gap = time / floor,
-and the gap if every one of the ``queries`` verify rows re-read the whole cache.
-The whole-step floor (``total_floor_ms``, ``binds``), when the input carries the step's weights
-(``ddprobe.step_shape.StepWeights``): max((KV + weight bytes) / bandwidth, all FLOPs / tensor rate),
-and which term binds: "KV", "weights" or "compute". A measured step below that floor (``below_floor``) means
-the floor's sharding or dtypes are not the server's (``step_shape.BELOW_FLOOR``).
+"""The floor table: one row per context, read from the step model (``ddprobe.step_model``, the one place a floor is
+computed). A row carries the whole step's floor (``floor_ms``, ``binds``: "KV", "weights", "compute" or
+"communication") with its terms, the plain one-row decode step's floor beside it (``decode_floor_ms``), and the
+attention alone under its own names (``attn_floor_ms``, ``attn_bound``). With a measured step time: ``gap`` = step /
+floor, the effective KV bandwidth, ``attn_gap`` = step / attention floor and the attention gap if every one of the
+R rows re-read the whole cache. A step below its floor (``below_floor``) means the floor's sharding or dtypes are
+not the server's (``step_shape.BELOW_FLOOR``).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..shapes import AttnShape, dtype_name, floor_s
-from ..step_shape import StepWeights
+from ..shapes import floor_s
+from ..step_model import StepModel, check_dcp
 from ..units import DDProbeError
 
 MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a context
@@ -21,57 +19,47 @@ MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a co
 
 @dataclass(frozen=True)
 class FloorInput:
-    attn: AttnShape
-    bw_Bps: float
-    queries: int = 9
-    tp: int = 1
-    kv_dtype: str = "bf16"
-    flops_per_s: float | None = None  # None: memory term only
-    step: StepWeights | None = None  # the step's weights on one GPU; None: the attention floor only
+    model: StepModel
+    queries: int = 9  # rows of the verify step (budget + 1)
 
     def __post_init__(self):
         if self.queries < 1:
             raise DDProbeError(f"--queries must be at least 1, got {self.queries}")
-        if self.tp < 1:
-            raise DDProbeError(f"--tp must be at least 1, got {self.tp}")
-        self.attn.check_tp(self.tp)
-        if not self.bw_Bps > 0:
-            raise DDProbeError("bandwidth must be greater than zero")
-        if self.flops_per_s is not None and not self.flops_per_s > 0:
-            raise DDProbeError("tensor rate must be greater than zero")
-        object.__setattr__(self, "kv_dtype", dtype_name(self.kv_dtype))
 
 
 @dataclass
 class FloorRow:
     ctx: int
-    kv_B_per_token: float
-    kv_GB: float  # latent/KV cache of the context, per GPU
-    read_GB: float  # bytes the attention must read, per GPU (the KV)
-    attn_GFLOP: float
-    mem_floor_ms: float
+    rows: int
+    kv_B_per_token: float  # per GPU, before dcp sharding
+    kv_GB: float  # KV one GPU reads
+    weights_GB: float  # weights read, routed experts expected under uniform routing
+    weights_worst_GB: float  # every row on different experts
+    experts_per_layer: float  # expected distinct local experts per MoE layer
+    experts_worst: int
+    GFLOP: float  # attention over the context + 2 x params x rows
+    kv_floor_ms: float
+    weight_floor_ms: float
+    weight_floor_worst_ms: float
     compute_floor_ms: float | None
-    floor_ms: float
-    bound: str  # "memory" or "compute"
+    allreduces: int
+    allreduce_bytes: float
+    allreduce_us: float
+    comm_ms: float
+    launch_ms: float
+    floor_ms: float  # THE floor: the whole step
+    floor_worst_ms: float
+    binds: str
+    decode_floor_ms: float  # the plain one-row decode step's floor
+    attn_GFLOP: float
+    attn_floor_ms: float  # the attention alone: max(KV / bandwidth, attention FLOPs / tensor rate)
+    attn_bound: str  # "memory" or "compute"
     step_ms: float | None = None
-    eff_bw_GBps: float | None = None
-    gap: float | None = None
-    gap_if_rows_reread: float | None = None
-    # the whole step (None without the step's weights)
-    weights_GB: float | None = None  # weights read, routed experts expected under uniform routing
-    weights_worst_GB: float | None = None  # every row on different experts
-    experts_per_layer: float | None = None  # expected distinct local experts per MoE layer
-    experts_worst: int | None = None
-    kv_floor_ms: float | None = None
-    weight_floor_ms: float | None = None
-    weight_floor_worst_ms: float | None = None
-    step_GFLOP: float | None = None  # attention over the context + 2 x params x rows
-    step_compute_floor_ms: float | None = None
-    total_floor_ms: float | None = None
-    total_floor_worst_ms: float | None = None
-    binds: str | None = None  # "KV", "weights" or "compute"
-    total_gap: float | None = None  # step / total floor
-    below_floor: bool | None = None  # the step took less than the whole-step floor: the floor's inputs are wrong
+    eff_bw_GBps: float | None = None  # KV bytes / step
+    gap: float | None = None  # step / floor
+    attn_gap: float | None = None  # step / attention floor
+    attn_gap_if_rows_reread: float | None = None
+    below_floor: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -81,48 +69,30 @@ def floor_row(inp: FloorInput, ctx: int, step_ms: float | None = None) -> FloorR
     """The floor of one verify step at context ``ctx`` (tokens), per GPU."""
     if ctx < 1:
         raise DDProbeError(f"context must be at least 1 token, got {ctx}")
-    if step_ms is not None and step_ms <= 0:
+    if step_ms is not None and not step_ms > 0:
         raise DDProbeError(f"step time must be greater than zero, got {step_ms} ms")
     if ctx > MAX_CTX:
         raise DDProbeError(f"context {ctx} tokens is beyond any model (at most {MAX_CTX})")
-    a = inp.attn
-    kv_tok = a.kv_bytes_per_token(inp.kv_dtype, inp.tp)
-    kv = kv_tok * ctx
-    read = kv
-    flops = a.attn_flops_per_token(inp.queries, inp.tp) * ctx
-    fl, bound = floor_s(read, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
-    row = FloorRow(
-        ctx=ctx, kv_B_per_token=kv_tok, kv_GB=kv / 1e9, read_GB=read / 1e9,
-        attn_GFLOP=flops / 1e9, mem_floor_ms=read / inp.bw_Bps * 1e3,
-        compute_floor_ms=flops / inp.flops_per_s * 1e3 if inp.flops_per_s else None,
-        floor_ms=fl * 1e3, bound=bound,
-    )
+    m, r = inp.model, inp.queries
+    c = m.cost(ctx, r)
+    w = m.weights(r)
+    kv, aflops = m.kv_bytes(ctx), m.attn_flops(ctx, r)
+    afl, abound = floor_s(kv, aflops, bw_Bps=m.bw_Bps, flops_per_s=m.flops_per_s)
+    cd = c.to_dict()
+    cd.pop("ctx"), cd.pop("rows")
+    row = FloorRow(ctx=ctx, rows=r, kv_B_per_token=m.attn.kv_bytes_per_token(m.kv_dtype, m.tp),
+                   experts_per_layer=w.experts_per_layer, experts_worst=w.experts_worst, **cd,
+                   decode_floor_ms=m.cost(ctx, 1).floor_ms, attn_GFLOP=aflops / 1e9, attn_floor_ms=afl * 1e3,
+                   attn_bound=abound)
     if step_ms is not None:
         row.step_ms = step_ms
-        row.eff_bw_GBps = read / (step_ms / 1e3) / 1e9
+        row.eff_bw_GBps = kv / (step_ms / 1e3) / 1e9
         row.gap = step_ms / row.floor_ms
-        reread_s, _ = floor_s(kv * inp.queries, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
-        row.gap_if_rows_reread = step_ms / (reread_s * 1e3)
-    if inp.step is not None:
-        _whole_step(row, inp, kv, flops)
+        row.below_floor = row.gap < 1
+        row.attn_gap = step_ms / row.attn_floor_ms
+        reread_s, _ = floor_s(kv * r, aflops, bw_Bps=m.bw_Bps, flops_per_s=m.flops_per_s)
+        row.attn_gap_if_rows_reread = step_ms / (reread_s * 1e3)
     return row
-
-
-def _whole_step(row: FloorRow, inp: FloorInput, kv: float, attn_flops: float) -> None:
-    w, ms = inp.step, 1e3 / inp.bw_Bps
-    flops = attn_flops + w.flops
-    row.weights_GB, row.weights_worst_GB = w.total_B / 1e9, w.total_worst_B / 1e9
-    row.experts_per_layer, row.experts_worst = w.experts_per_layer, w.experts_worst
-    row.kv_floor_ms, row.weight_floor_ms, row.weight_floor_worst_ms = kv * ms, w.total_B * ms, w.total_worst_B * ms
-    row.step_GFLOP = flops / 1e9
-    row.step_compute_floor_ms = flops / inp.flops_per_s * 1e3 if inp.flops_per_s else None
-    total, bound = floor_s(kv + w.total_B, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
-    worst, _ = floor_s(kv + w.total_worst_B, flops, bw_Bps=inp.bw_Bps, flops_per_s=inp.flops_per_s)
-    row.total_floor_ms, row.total_floor_worst_ms = total * 1e3, worst * 1e3
-    row.binds = "compute" if bound == "compute" else ("KV" if kv >= w.total_B else "weights")
-    if row.step_ms is not None:
-        row.total_gap = row.step_ms / row.total_floor_ms
-        row.below_floor = row.total_gap < 1
 
 
 def floor_table(inp: FloorInput, ctxs: list[int], step_ms: list[float] | None = None) -> list[FloorRow]:
@@ -131,3 +101,115 @@ def floor_table(inp: FloorInput, ctxs: list[int], step_ms: list[float] | None = 
         raise DDProbeError(f"give one step time or one per context: {len(ctxs)} contexts, {len(step_ms)} times")
     times = [None] * len(ctxs) if step_ms is None else (step_ms * len(ctxs) if len(step_ms) == 1 else step_ms)
     return [floor_row(inp, c, t) for c, t in zip(ctxs, times)]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How the served model is laid over GPUs, and how its all-reduces are timed (the options of `floor`,
+    `diagnose` and `advise`)."""
+
+    tp: int = 1
+    ep: int = 1
+    dcp: int = 1
+    weight_dtype: str = "bf16"
+    expert_dtype: str | None = None  # None: weight_dtype
+    kv_dtype: str = "bf16"
+    allreduce_us: float | None = None  # one all-reduce, whatever its size
+    allreduce_from: str | None = None  # a `ddprobe bench allreduce` results file
+
+    def __post_init__(self):
+        if self.tp < 1:
+            raise DDProbeError(f"--tp must be at least 1, got {self.tp}")
+        check_dcp(self.dcp, self.tp)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
+    """The all-reduce latency source for ``sh`` on GPU preset ``gpu``, and a line saying where it comes from."""
+    from ..step_model import comm_fixed, comm_interconnect, comm_table, interconnect_for
+
+    if sh.tp <= 1:
+        return None, "tp 1: no tensor-parallel communication"
+    if sh.allreduce_us is not None and sh.allreduce_from:
+        raise DDProbeError("give --allreduce-us or --allreduce-from, not both")
+    if sh.allreduce_us is not None:
+        c = comm_fixed(sh.allreduce_us)
+    elif sh.allreduce_from:
+        from .allreduce import load_allreduce
+
+        points = load_allreduce(sh.allreduce_from, sh.tp)
+        c = comm_table(points, f"measured: {sh.allreduce_from}")
+    else:
+        ic = interconnect_for(gpu)
+        if ic is None:
+            return None, (f"communication not counted: no all-reduce figure for {gpu or 'a GPU given by --bw'}; "
+                          "give --allreduce-us or --allreduce-from")
+        c = comm_interconnect(ic, sh.tp)
+    return c, f"all-reduce latency: {c.source}"
+
+
+def model_for(spec, sh: Sharding, *, bw_Bps: float, flops_per_s: float | None, gpu: str | None) \
+        -> tuple[StepModel, str]:
+    """The step model of a served model (``probes.models.ModelSpec``) under sharding ``sh`` on one GPU, and the
+    line saying where its all-reduce latency comes from."""
+    from ..shapes import dtype_name
+
+    wd = dtype_name(sh.weight_dtype)
+    ed = dtype_name(sh.expert_dtype) if sh.expert_dtype else wd
+    spec.moe.check(sh.tp, sh.ep)
+    comm, said = comm_for(sh, gpu)
+    m = StepModel(attn=spec.attn, weights=lambda r: spec.step_weights(rows=r, tp=sh.tp, ep=sh.ep, dense_dtype=wd,
+                                                                      expert_dtype=ed),
+                  bw_Bps=bw_Bps, flops_per_s=flops_per_s, hidden=spec.hidden_size, tp=sh.tp, dcp=sh.dcp,
+                  kv_dtype=dtype_name(sh.kv_dtype), comm=comm)
+    return m, said
+
+
+def gpu_rates(gpu: str | None, bw_Bps: float | None = None, flops_per_s: float | None = None) \
+        -> tuple[str | None, float, float | None]:
+    """(GPU preset name, bandwidth, tensor rate): a preset's datasheet unless the user gave numbers; h200 when
+    neither a preset nor a bandwidth is given."""
+    from ..shapes import get_gpu
+
+    g = get_gpu(gpu) if gpu is not None else (None if bw_Bps else get_gpu("h200"))  # '' is refused, not h200
+    return (g.name if g else None), bw_Bps or g.bw_Bps, flops_per_s or (g.bf16_flops if g else None)
+
+
+def served_model(spec, sh: Sharding, gpu: str | None, bw_Bps: float | None = None,
+                 flops_per_s: float | None = None) -> tuple[StepModel, dict]:
+    """The step model of a served model (``probes.models.ModelSpec``) under ``sh`` on one GPU, and the config a
+    floor result records of it (model, sharding, GPU, bandwidth, MoE, where the all-reduce latency comes from)."""
+    name, bw, rate = gpu_rates(gpu, bw_Bps, flops_per_s)
+    model, said = model_for(spec, sh, bw_Bps=bw, flops_per_s=rate, gpu=name)
+    w = model.weights(9)
+    config = {"model": spec.name, **sh.to_dict(), "expert_dtype": sh.expert_dtype or sh.weight_dtype, "gpu": name,
+              "bw_Bps": bw, "flops_per_s": rate, "moe": spec.n_routed_experts > 0,
+              "n_routed_experts": spec.n_routed_experts, "num_experts_per_tok": spec.num_experts_per_tok,
+              "moe_layers": w.moe_layers, "comm": said}
+    return model, config
+
+
+def floor_result(model: StepModel, ctxs: list[int], steps: list[float] | None, *, queries: int = 9,
+                 config: dict | None = None, meta=None, anatomy: bool | None = None):
+    """The floor pipeline of `floor` and `diagnose`: one floor row per context of ``model`` (with its measured step,
+    if any), and the anatomy when two or more contexts are timed (``anatomy`` True: always tried, False: never).
+    Returns (Result of kind "floor", rows). An anatomy that cannot be fitted leaves ``summary.anatomy_error`` (the
+    rows are kept)."""
+    from ..results import Result, RunMeta
+    from .anatomy import fit_anatomy
+
+    rows = floor_table(FloorInput(model, queries), ctxs, steps)
+    result = Result(kind="floor", meta=meta or RunMeta.collect(probe_gpu=False),
+                    config={"queries": queries, "kv_dtype": model.kv_dtype, **(config or {})},
+                    rows=[r.to_dict() for r in rows])
+    timed = [(r.ctx, r.step_ms) for r in rows if r.step_ms is not None]
+    if anatomy or (anatomy is None and len({c for c, _ in timed}) > 1):
+        try:
+            result.summary["anatomy"] = fit_anatomy([c for c, _ in timed], [t for _, t in timed],
+                                                    kv_B_per_token=model.kv_bytes(1), bw_Bps=model.bw_Bps,
+                                                    weight_floor_ms=rows[0].weight_floor_ms).to_dict()
+        except DDProbeError as e:
+            result.summary["anatomy_error"] = str(e)
+    return result, rows

@@ -43,16 +43,29 @@ def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
     (the embedded engine does; a server does not say)."""
     attention = getattr(backend, "attention", None)
     kv_tok = None
+    spec = gpu_spec_for(gpu_name)
+    floor = {}
     if attention is not None:
         shape, kv_dtype, _ = attention()
         kv_tok = shape.kv_bytes_per_token(kv_dtype)
-    spec = gpu_spec_for(gpu_name)
+        if spec is not None and st.prompt_tokens:
+            floor = _step_floor(backend, spec, st)
     return {"prompt_tokens": st.prompt_tokens, "completion_tokens": st.completion_tokens,
             "verify_steps": st.verify_steps, "commit_len": st.commit_len, "prefill_s": st.prefill_s,
             "decode_s": st.decode_s, "e2e_s": st.e2e_s, "step_ms": [t * 1e3 for t in st.step_times_s],
             "verify_ms_mean": st.extra.get("verify_ms_mean"), "kv_B_per_token": kv_tok,
             "gpu": gpu_name, "gpu_bw_Bps": spec.bw_Bps if spec else None,
-            "gpu_bw_source": f"{spec.label} datasheet" if spec else None}
+            "gpu_bw_source": f"{spec.label} datasheet" if spec else None, **floor}
+
+
+def _step_floor(backend: Backend, spec, st) -> dict[str, Any]:
+    """The step model's floor of the engine's verify step at the middle of the decode (the whole step: KV, weights,
+    compute), and its KV floor (the attention alone)."""
+    rows = int(backend.describe().get("budget", 8)) + 1
+    ctx = int(st.prompt_tokens + (st.completion_tokens or 0) / 2)
+    c = backend.step_model(spec.bw_Bps, spec.bf16_flops).cost(max(1, ctx), rows)
+    return {"floor_ms": c.floor_ms, "kv_floor_ms": c.kv_floor_ms, "floor_binds": c.binds,
+            "floor_source": "ddprobe.step_model, the engine's own weights"}
 
 
 def check_decode_tokens(decode_tokens: int) -> None:

@@ -5,6 +5,9 @@
 Also PyTorch's own attention as weaker peers: ``sdpa_peer`` (scaled_dot_product_attention with a dense bool
 mask) and ``flex_peer`` (FlexAttention with a block mask), heads x rows folded into one query dimension.
 
+SGLang's own Triton verify is not here: it takes the tree mask and the page_size=1 pool, so it runs as the verify
+path ``sglang`` (ddprobe/engine/kernels/sglang.py) beside ``paged`` in the same benchmark.
+
 Used by ``verify_bench`` (``ddprobe bench verify``). ``make(name, ...)`` builds everything a peer needs once
 (workspace, page table, plan) and returns ``run(q [R, H, D], kv [rows, D]) -> out [R, H, v_dim]``; when the
 library is missing, the GPU is not one it runs on, or it refuses the shape, it raises ``PeerUnavailable``

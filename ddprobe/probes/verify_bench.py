@@ -3,7 +3,7 @@
 Per layer, for each context and head count: the median time of each verify path (``paged``, ``split``,
 ``split_ws``...) and of the peers (``peers``: FlashMLA, FlashInfer fa3/fa2, FlexAttention, SDPA), each checked
 against the fp32 reference (the peers under the causal mask they run with) and timed under CUDA-graph replay over
-enough input sets that L2 cannot serve the caches; bytes and FLOPs per call, GB/s, TFLOP/s, the floor from ceilings
+enough input sets that L2 cannot serve the caches; bytes and FLOPs per call, GB/s, TFLOP/s, the kernel floor from ceilings
 measured in the same run (device copy, bf16 matmul), time over floor. Then the whole multi-layer verify step
 (attention only) at one context. The document written (``meta``, ``ceilings``, ``results``, ``flex``) is what
 ``reports.load`` reads as a ``bench-verify`` result and ``ddprobe gate`` compares.
@@ -24,6 +24,8 @@ from . import peers
 
 DT = "bf16"
 WEAK_PEERS = ("flex", "sdpa")  # PyTorch's own attention
+SLOT_LAYOUTS = ("shuffled", "contiguous")
+BASELINES = tuple(p.name for p in verify_paths.PATHS if p.baseline)  # paged, sglang: --paged-max-ctx/-heads apply
 Variant = tuple[str, dict]  # (path, tuning overrides); {} is the path's run-wide tuning
 
 
@@ -45,6 +47,7 @@ class BenchOptions:
     flex_budget_s: float = 150.0
     shape: AttnShape = KIMI_K2
     sm_scale: float | None = None  # None: the shape's (an engine's carries YaRN's factor)
+    slots: str = "shuffled"  # the token pool of the page_size=1 paths: "shuffled" (a random permutation) or "contiguous"
 
     @property
     def scale(self) -> float:
@@ -112,6 +115,8 @@ class Bench:
             raise DDProbeError("no CUDA GPU visible to torch: the verify comparison times kernels on a GPU")
         if opts.tree not in SHAPES:
             raise DDProbeError(f"unknown tree shape {opts.tree!r}; known: {', '.join(SHAPES)}")
+        if opts.slots not in SLOT_LAYOUTS:
+            raise DDProbeError(f"unknown slot layout {opts.slots!r}; known: {', '.join(SLOT_LAYOUTS)}")
         self.torch, self.kernels, self.opts, self.on_row = torch, kernels, opts, on_row or (lambda row: None)
         self.ceil = ceilings(torch)
         self.results: list[dict[str, Any]] = []
@@ -119,11 +124,18 @@ class Bench:
         spec = gpu_spec_for(torch.cuda.get_device_name())
         self.l2 = spec.l2_bytes if spec else DEFAULT_L2_BYTES
 
+    def slots(self, n: int):
+        """The token-pool slots of n columns: a random permutation (a pool that has served many requests) or
+        0..n-1 (``--slots contiguous``)."""
+        if self.opts.slots == "contiguous":
+            return self.torch.arange(n, device="cuda")
+        return self.torch.randperm(n, device="cuda")
+
     def _entries(self, ctx: int, heads: int) -> list[Variant]:
         o = self.opts
         skip_paged = ctx > o.paged_max_ctx or (o.paged_heads and heads not in o.paged_heads)
         todo = [(p, {}) for p in o.paths] + list(o.variants)
-        return [(p, over) for p, over in todo if not (p == "paged" and skip_paged)]
+        return [(p, over) for p, over in todo if not (p in BASELINES and skip_paged)]
 
     def _runner(self, name: str, over: dict, ctx: int, heads: int, mask, slots, rec: dict):
         """(fn(q, kv, meta=None), the reference it is checked against: "tree", "paged" (the tree over the shuffled
@@ -141,7 +153,10 @@ class Bench:
             f = make(ctx, mask, heads, sh.v_dim)
             self.flex["spent"] += (time.time() - t0) if name == "flex" else 0.0
             return (lambda q, kv, meta=None: f(q, kv, scale)), "tree"
-        path = self.kernels.get_path(name)
+        try:
+            path = self.kernels.get_path(name)
+        except self.kernels.PathUnavailable as e:  # sglang not installed: a skipped row that says how
+            raise peers.PeerUnavailable(str(e)) from None
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
         pl = path.plan(ctx, mask, slots if paged else None, sh.v_dim, tuning=tun, heads=heads)
@@ -164,7 +179,7 @@ class Bench:
         qs = [torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
               for _ in range(n_sets)]
         mask, causal = shape_mask(o.tree, o.budget, "cuda"), shape_mask("chain", o.budget, "cuda")
-        slots = torch.randperm(n, device="cuda")  # a shuffled page_size=1 allocation over the same rows
+        slots = self.slots(n)  # the page_size=1 allocation over the same rows
         refs = {kind: ref_path.run(qs[0], kvs[0], ref_path.plan(ctx, m, s, sh.v_dim), o.scale)
                 for kind, m, s in (("tree", mask, None), ("paged", mask, slots), ("causal", causal, None))}
         nbytes, flops = call_cost(sh, ctx, heads, rows)
@@ -215,7 +230,7 @@ class Bench:
                   for _ in range(sh.num_layers)]
         q = torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
         mask = shape_mask(o.tree, o.budget, "cuda")
-        slots = torch.randperm(n, device="cuda")
+        slots = self.slots(n)
         nbytes, flops = call_cost(sh, ctx, heads, rows, layers=sh.num_layers)
         floor = floor_of(nbytes, flops, self.ceil)
         todo = [(p, {}) for p in o.paths if p not in o.step_skip and p not in WEAK_PEERS] + list(o.step_variants)
@@ -251,7 +266,7 @@ def run(opts: BenchOptions, write: Callable[[dict], None], on_row: Callable[[dic
     meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, python=platform.python_version(), command=command,
                 sm_count=torch.cuda.get_device_properties(0).multi_processor_count, tune=opts.tune,
-                budget=opts.budget, tree=opts.tree)
+                budget=opts.budget, tree=opts.tree, slots=opts.slots)
     if on_ceilings:
         on_ceilings(b.ceil)
     doc = dict(meta=meta, ceilings=b.ceil, results=b.results, flex=b.flex)

@@ -41,7 +41,7 @@ class Entry:
 
     @property
     def fraction_of_floor(self) -> float | None:
-        """floor / time: 1.0 is at the floor, 0.01 is 100x off it."""
+        """kernel floor / time: 1.0 is at the kernel floor, 0.01 is 100x off it."""
         if self.time_us and self.floor_us:
             return self.floor_us / self.time_us
         return None

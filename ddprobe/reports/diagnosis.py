@@ -106,14 +106,21 @@ def floor_claim(floor: Result | None, record: Result | None) -> Claim:
         status, why = _step_reason(record, "floor")
         return Claim("floor", title, f"Floor: {why}", status)
     bw = floor.config.get("bw_Bps")
-    text = (f"At {fmt_tokens(r['ctx'])} each verify step must read {fmt_bytes(r['read_GB'] * 1e9)} "
-            f"({r['kv_B_per_token']:,.0f} B of KV per token); at {fmt_bandwidth(bw)} the floor is "
-            f"{fmt_time(r['floor_ms'] / 1e3)} ({r['bound']}-bound). The measured step takes "
-            f"{fmt_time(r['step_ms'] / 1e3)}: {fmt_ratio(r['gap'])} the floor, an effective bandwidth of "
+    if not r.get("floor_ms"):  # a file of an older ddprobe: the attention's floor only
+        return Claim("floor", title, f"At {fmt_tokens(r['ctx'])} the measured step {fmt_time(r['step_ms'] / 1e3)} "
+                     f"is {fmt_ratio(r['attn_gap'])} the attention's floor {fmt_time(r['attn_floor_ms'] / 1e3)} "
+                     "(attention gap; this older floor file has no whole-step floor).", "ok")
+    comm = (f", {fmt_time(r['comm_ms'] / 1e3)} of {r['allreduces']} all-reduces" if r.get("comm_ms") else "")
+    text = (f"At {fmt_tokens(r['ctx'])} each verify step must read {fmt_bytes(r['kv_GB'] * 1e9)} of KV "
+            f"({r['kv_B_per_token']:,.0f} B per token) and {fmt_bytes(r['weights_GB'] * 1e9)} of weights; at "
+            f"{fmt_bandwidth(bw)} the floor of the whole step is {fmt_time(r['floor_ms'] / 1e3)} "
+            f"({r['binds']}-bound{comm}). The measured step takes {fmt_time(r['step_ms'] / 1e3)}: "
+            f"{fmt_ratio(r['gap'])} the floor; the attention alone would take {fmt_time(r['attn_floor_ms'] / 1e3)} "
+            f"(attention gap {fmt_ratio(r['attn_gap'])}, an effective KV bandwidth of "
             f"{fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}")
-    if r.get("gap_if_rows_reread"):
-        text += f", still {fmt_ratio(r['gap_if_rows_reread'])} off if every verify row re-read the cache"
-    return Claim("floor", title, text + ".", "ok")
+    if r.get("attn_gap_if_rows_reread"):
+        text += f"; still {fmt_ratio(r['attn_gap_if_rows_reread'])} if every verify row re-read the cache"
+    return Claim("floor", title, text + ").", "ok")
 
 
 def _decode_phases(util: Result | None) -> list[dict]:
@@ -122,15 +129,20 @@ def _decode_phases(util: Result | None) -> list[dict]:
 
 
 def help_claim(commit: Result | None, floor: Result | None, verify: Result | None, record: Result | None,
-               util: Result | None = None) -> Claim:
+               util: Result | None = None, advise: Result | None = None) -> Claim:
     title = "What would help?"
     parts = []
+    said = [v["sentence"] for v in ((advise.summary.get("verdicts") or []) if advise else [])
+            if isinstance(v, dict) and v.get("sentence")]
+    if said:
+        parts.append("Speculation on or off (against plain decoding at its floor): " + "; ".join(said) + ".")
     novel = _series(commit.rows, "novel") if commit else []
     r = _step_row(floor) if floor else None
-    if r is not None and r["gap"] > 2:
+    if r is not None and (r.get("gap") or r.get("attn_gap") or 0) > 2:
         tok = f"{novel[-1]['commit_len']:.2f} tokens" if novel else "few tokens"
-        head = (f"Throughput: batch more requests. A single request commits {tok} per step while the step runs "
-                f"{fmt_ratio(r['gap'])} above its floor")
+        far = (f"{fmt_ratio(r['gap'])} above its floor" if r.get("gap") else
+               f"{fmt_ratio(r['attn_gap'])} above the attention's floor")
+        head = f"Throughput: batch more requests. A single request commits {tok} per step while the step runs {far}"
         verdicts = [str(p.get("verdict", "")) for p in _decode_phases(util)]
         if any(v.startswith(("latency", "idle")) for v in verdicts):
             parts.append(f"{head}, and telemetry says the GPU is {verdicts[0]} during decode: it waits rather than "
@@ -143,7 +155,7 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
                          f"to say what the step waits on).")
     es = [e for e in bench.entries(verify) if e.time_us] if verify else []
     paths = {(e.path, e.ctx): e for e in es}
-    fast = [n for n in verify_paths.verify_names() if n not in ("paged", "reference")]
+    fast = verify_paths.fast_names()
     ctxs = sorted({c for p, c in paths if p in fast and ("paged", c) in paths})
     if ctxs:
         c = ctxs[-1]
@@ -157,7 +169,7 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
         status, why = _step_reason(record, "verify")
         parts.append(f"Latency of one request: a better verify kernel (split-K over the prefix plus a masked tree "
                      f"pass); its measured gain was {status}: {why}")
-    return Claim("help", title, " ".join(parts), "ok" if ctxs or r is not None else "skipped")
+    return Claim("help", title, " ".join(parts), "ok" if ctxs or r is not None or said else "skipped")
 
 
 def diagnose(results: list[Result]) -> list[Claim]:
@@ -165,4 +177,5 @@ def diagnose(results: list[Result]) -> list[Claim]:
     k = _by_kind(results)
     record = k.get("diagnose")
     return [drafter(k.get("commit"), record), gpu(k.get("gpu-util"), record), floor_claim(k.get("floor"), record),
-            help_claim(k.get("commit"), k.get("floor"), k.get("bench-verify"), record, k.get("gpu-util"))]
+            help_claim(k.get("commit"), k.get("floor"), k.get("bench-verify"), record, k.get("gpu-util"),
+                       k.get("advise"))]

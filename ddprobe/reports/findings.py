@@ -6,6 +6,8 @@ and what the split verify path buys over the paged one.
 """
 from __future__ import annotations
 
+import json
+
 from collections import defaultdict
 
 from .. import verify_paths
@@ -54,24 +56,27 @@ def floor(result: Result) -> list[str]:
     if not rows:
         return ["No floor rows recorded."]
     out = []
-    comp = [r["ctx"] for r in rows if r.get("bound") == "compute"]
-    if not comp:
-        out.append(f"Verify is memory-bound at every context ({_span([r['ctx'] for r in rows])}).")
-    elif len(comp) == len(rows):
-        out.append(f"Verify is compute-bound at every context ({_span(comp)}).")
+    whole = all(r.get("floor_ms") for r in rows)  # a file of an older ddprobe holds the attention's floor only
+    what, binds = ("The verify step's floor", [r.get("binds") for r in rows]) if whole else \
+        ("The attention (an older file: no whole-step floor)", [r.get("attn_bound") for r in rows])
+    if len(set(binds)) == 1:
+        out.append(f"{what} is {binds[0]}-bound at every context ({_span([r['ctx'] for r in rows])}).")
     else:
-        out.append(f"Verify is memory-bound below {fmt_tokens(min(comp))} and compute-bound from there.")
+        out.append(f"{what} is " + ", ".join(f"{b}-bound at {fmt_tokens(r['ctx'])}" for r, b in zip(rows, binds))
+                   + ".")
     meas = [r for r in rows if r.get("step_ms")]
     if meas:
         r = meas[-1]
         bw = result.config.get("bw_Bps")
         line = (f"Gap to the floor at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
-                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)}")
+                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)} (the whole step)" if whole else
+                f"Attention gap at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
+                f"{fmt_ratio(r['attn_gap'])} the attention's floor {fmt_time(r['attn_floor_ms'] / 1e3)}")
         if r.get("eff_bw_GBps"):
             line += f" (effective {fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}" + \
                     (f" of {fmt_bandwidth(bw)})" if bw else ")")
-        if r.get("gap_if_rows_reread"):
-            line += f"; still {fmt_ratio(r['gap_if_rows_reread'])} if every verify row re-read the cache"
+        if whole and r.get("attn_gap"):
+            line += f"; attention gap {fmt_ratio(r['attn_gap'])} (KV floor {fmt_time(r['kv_floor_ms'] / 1e3)})"
         out.append(line + ".")
     an = result.summary.get("anatomy") if isinstance(result.summary, dict) else None
     if an and an.get("verdict"):
@@ -98,20 +103,21 @@ def bench_verify(result: Result) -> list[str]:
         line = (f"{heads} heads: {kind}; at {fmt_tokens(top)} the fastest path is {best.path}, "
                 f"{fmt_time(best.time_us * 1e-6)} per layer")
         if best.gap:
-            line += f", {fmt_ratio(best.gap)} the floor"
+            line += f", {fmt_ratio(best.gap)} its kernel floor"
         if best.GBps:
             line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
                                                              else ")")
         out.append(line + ".")
-        fast = [n for n in verify_paths.verify_names() if n not in ("paged", "reference") and n in at]
+        fast = [n for n in verify_paths.fast_names() if n in at]
         if fast and "paged" in at:
             name = min(fast, key=lambda n: at[n].time_us)
             p, s = at["paged"], at[name]
             out.append(f"{heads} heads: {name} buys {fmt_ratio(p.time_us / s.time_us)} over paged at "
                        f"{fmt_tokens(top)} ({fmt_time(p.time_us * 1e-6)} -> {fmt_time(s.time_us * 1e-6)} per layer).")
     for e in sorted((e for e in es if e.kind == "step"), key=lambda e: (e.ctx, e.path)):
-        line = f"Whole verify step at {fmt_tokens(e.ctx)}, {e.heads} heads, {e.path}: {fmt_time(e.time_us * 1e-6)}"
-        out.append(line + (f", {fmt_ratio(e.gap)} the floor {fmt_time(e.floor_us * 1e-6)}." if e.gap else "."))
+        line = (f"Verify attention of all layers at {fmt_tokens(e.ctx)}, {e.heads} heads, {e.path}: "
+                f"{fmt_time(e.time_us * 1e-6)}")
+        out.append(line + (f", {fmt_ratio(e.gap)} its kernel floor {fmt_time(e.floor_us * 1e-6)}." if e.gap else "."))
     bad = [e for e in bench.entries(result) if e.error]
     if bad:
         out.append(f"{len(bad)} entr{'y' if len(bad) == 1 else 'ies'} failed: "
@@ -141,7 +147,16 @@ def gpu_util(result: Result) -> list[str]:
     return agree + out or ["No telemetry samples recorded."]
 
 
-BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util}
+def advise(result: Result) -> list[str]:
+    verdicts = [v for v in (result.summary.get("verdicts") or []) if isinstance(v, dict) and v.get("sentence")]
+    out = [v["sentence"][0].upper() + v["sentence"][1:] + "." for v in verdicts]
+    table = result.summary.get("vllm_rfc_48627")
+    if table:
+        out.append(f"vLLM RFC #48627 table (context bucket -> speculative tokens, 0 = off): {json.dumps(table)}")
+    return out or ["No speculation verdict recorded."]
+
+
+BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util, "advise": advise}
 
 
 def findings(result: Result) -> list[str]:

@@ -88,7 +88,7 @@ def _floor_line(ax, es: list[Entry], scale: float = 1.0) -> None:
 
 
 def bench_time(es: list[Entry], name: str, title: str, step: bool = False) -> Figure:
-    """Time vs context per path on log axes, one panel per head count, the floor dashed."""
+    """Time vs context per path on log axes, one panel per head count, the kernel floor dashed."""
     groups = sorted({e.heads for e in es}, key=lambda h: h or 0)
     fig, axs = _new(1, len(groups), w=6.0 if len(groups) > 1 else 7.0)
     scale, unit = (1e-3, "ms") if step else (1.0, "us")
@@ -133,7 +133,9 @@ def floor_time(rows: list[dict], name: str) -> Figure:
     fig, axs = _new()
     ax = axs[0][0]
     rows = sorted(rows, key=lambda r: r["ctx"])
-    ax.plot([r["ctx"] for r in rows], [r["floor_ms"] for r in rows], "k--", lw=2, marker="o", label="floor")
+    key, label = ("floor_ms", "floor (whole step)") if all(r.get("floor_ms") for r in rows) else \
+        ("attn_floor_ms", "attention floor (an older file: no whole-step floor)")
+    ax.plot([r["ctx"] for r in rows], [r[key] for r in rows], "k--", lw=2, marker="o", label=label)
     meas = [r for r in rows if r.get("step_ms")]
     if meas:
         ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], marker="s", label="measured step")
@@ -148,7 +150,7 @@ def step_anatomy(rows: list[dict], anatomy: dict | None, name: str) -> Figure:
     ax = axs[0][0]
     rows = sorted(rows, key=lambda r: r["ctx"])
     xs = [r["ctx"] for r in rows]
-    for key, style, label in (("total_floor_ms", "k--", "whole-step floor"), ("kv_floor_ms", "C0:", "KV floor"),
+    for key, style, label in (("floor_ms", "k--", "floor (whole step)"), ("kv_floor_ms", "C0:", "KV floor"),
                               ("weight_floor_ms", "C2:", "weight floor")):
         if all(r.get(key) for r in rows):
             ax.plot(xs, [r[key] for r in rows], style, lw=2, label=label)
@@ -182,3 +184,31 @@ def _log_ctx_figure(fig, ax, ylabel: str, title: str, name: str, caption: str) -
     ax.legend(fontsize="small")
     ax.set_title(title)
     return Figure(name, caption, _png(fig))
+
+
+def advise_tokens(rows: list[dict], name: str) -> Figure:
+    """Tokens/s with speculation (the best budget per context) per path and text, and plain decoding's, vs
+    context: where a path's line falls under its text's plain line, speculation loses."""
+    fig, axs = _new()
+    ax = axs[0][0]
+    best: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
+    plain: dict[int, float] = {}
+    for r in rows:
+        if not all(isinstance(r.get(k), (int, float)) for k in ("ctx", "spec_tok_s", "plain_tok_s")):
+            continue
+        key = (str(r.get("path")), str(r.get("text")))
+        if r["ctx"] not in best[key] or r["spec_tok_s"] > best[key][r["ctx"]]["spec_tok_s"]:
+            best[key][r["ctx"]] = r
+        plain[r["ctx"]] = r["plain_tok_s"]
+    for (path, text), by in sorted(best.items()):
+        xs = sorted(by)
+        ax.plot(xs, [by[c]["spec_tok_s"] for c in xs], marker="o", color=PATH_COLORS.get(path),
+                ls="--" if path == "floor" else "-", label=f"{path}, {text}")
+    xs = sorted(plain)
+    ax.plot(xs, [plain[c] for c in xs], "k:", lw=2, marker="s", label="plain decoding")
+    _ctx_axis(ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("tokens / s (one request)")
+    ax.legend(fontsize="small")
+    ax.set_title("Speculation on or off: tokens/s vs context")
+    return Figure(name, "Tokens/s with speculation (best budget per context) against plain decoding", _png(fig))

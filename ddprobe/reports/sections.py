@@ -18,7 +18,7 @@ from .findings import findings
 from .plots import Figure
 
 TITLES = {"commit": "Commit length", "floor": "Bandwidth floor", "bench-verify": "Verify-attention benchmark",
-          "gpu-util": "GPU utilization"}
+          "gpu-util": "GPU utilization", "advise": "Speculation on or off"}
 GENERIC_ROWS, GENERIC_COLS = 50, 12
 
 
@@ -79,19 +79,23 @@ def _floor(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     rows = sorted((x for x in r.rows if isinstance(x.get("ctx"), int)), key=lambda x: x["ctx"])
     t = Table(f"Floor per GPU ({r.config.get('model', '?')}, {r.config.get('queries', '?')} rows, tp "
               f"{r.config.get('tp', '?')}, {fmt_bandwidth(r.config['bw_Bps']) if r.config.get('bw_Bps') else '?'})",
-              ["ctx", "KV", "read", "floor", "bound", "step", "eff bw", "gap", "re-read gap"],
-              [[fmt_tokens(x["ctx"]), fmt_bytes(x["kv_GB"] * 1e9), fmt_bytes(x["read_GB"] * 1e9),
-                fmt_time(x["floor_ms"] / 1e3), str(x.get("bound")),
+              ["ctx", "KV", "weights", "comm", "floor", "binds", "step", "eff bw", "gap", "attn gap"],
+              [[fmt_tokens(x["ctx"]), fmt_bytes(x["kv_GB"] * 1e9),
+                fmt_bytes(x["weights_GB"] * 1e9) if x.get("weights_GB") else "-",
+                fmt_time(x["comm_ms"] / 1e3) if x.get("comm_ms") else "-",
+                fmt_time(x["floor_ms"] / 1e3) if x.get("floor_ms") else "-", str(x.get("binds") or "-"),
                 fmt_time(x["step_ms"] / 1e3) if x.get("step_ms") else "-",
                 fmt_bandwidth(x["eff_bw_GBps"] * 1e9) if x.get("eff_bw_GBps") else "-",
                 fmt_ratio(x["gap"]) if x.get("gap") else "-",
-                fmt_ratio(x["gap_if_rows_reread"]) if x.get("gap_if_rows_reread") else "-"] for x in rows])
+                fmt_ratio(x["attn_gap"]) if x.get("attn_gap") else "-"] for x in rows],
+              "floor: the whole step (KV + weights over bandwidth, or compute, plus the all-reduces); gap = step / "
+              "floor; attn gap = step / KV floor (the attention alone).")
     figs = [plots.floor_time(rows, f"{sid}-step-time")]
     if any(x.get("eff_bw_GBps") for x in rows):
         figs.append(plots.floor_bandwidth(rows, r.config.get("bw_Bps"), f"{sid}-bandwidth"))
     tables = [t]
     an = r.summary.get("anatomy") if isinstance(r.summary, dict) else None
-    if an or any(x.get("total_floor_ms") for x in rows):  # the whole step: where it goes
+    if an or any(x.get("floor_ms") for x in rows):  # the whole step: where it goes
         tables.append(_where_the_step_goes(rows, an))
         figs.append(plots.step_anatomy(rows, an, f"{sid}-where"))
     return tables, figs
@@ -100,9 +104,9 @@ def _floor(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
 def _where_the_step_goes(rows: list[dict], an: dict | None) -> Table:
     ms = lambda v: fmt_time(v / 1e3) if isinstance(v, (int, float)) else "-"  # noqa: E731
     body = [[fmt_tokens(x["ctx"]), ms(x.get("kv_floor_ms")), ms(x.get("weight_floor_ms")),
-             ms(x.get("step_compute_floor_ms")), ms(x.get("total_floor_ms")), str(x.get("binds")),
-             ms(x.get("step_ms")), (fmt_ratio(x["total_gap"]) + (" below the floor" if x.get("below_floor") else ""))
-             if x.get("total_gap") else "-"] for x in rows]
+             ms(x.get("compute_floor_ms")), ms(x.get("comm_ms")), ms(x.get("floor_ms")), str(x.get("binds")),
+             ms(x.get("step_ms")), (fmt_ratio(x["gap"]) + (" below the floor" if x.get("below_floor") else ""))
+             if x.get("gap") else "-"] for x in rows]
     note = (f"A row below the floor: {BELOW_FLOOR} (the floor's inputs do not describe the measured run). "
             if any(x.get("below_floor") for x in rows) else "")
     if an:
@@ -112,7 +116,7 @@ def _where_the_step_goes(rows: list[dict], an: dict | None) -> Table:
         note += (f"Fit: fixed {an['fixed_ms']:.3g} ms + {an['ms_per_1k']:.3g} ms per 1k tokens ({ivs}). "
                 + " ".join(an.get("notes", [])) + " " + an["verdict"])
     return Table("Where the step goes (per GPU)", ["ctx", "KV floor", "weight floor", "compute floor",
-                                                   "whole-step floor", "binds", "step", "gap"], body, note.strip())
+                                                   "all-reduces", "floor", "binds", "step", "gap"], body, note.strip())
 
 
 def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
@@ -128,17 +132,19 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
                 fmt_bandwidth(e.GBps * 1e9) if e.GBps else "-",
                 f"{e.GBps / copy:.0%}" if e.GBps and copy else "-", _f(e.TFLOPs, ".1f"), _f(e.rel_err, ".1e")]
 
-    cols = ["path", "heads", "ctx", "time", "floor", "gap", "eff bw", "of ceiling", "TFLOP/s", "rel err"]
+    cols = ["path", "heads", "ctx", "time", "kernel floor", "x kernel floor", "eff bw", "of ceiling", "TFLOP/s",
+            "rel err"]
     note = (f"Measured ceilings: copy {fmt_bandwidth(copy * 1e9) if copy else '?'}, bf16 matmul "
-            f"{_f(mm, '.0f')} TFLOP/s.")
+            f"{_f(mm, '.0f')} TFLOP/s. Kernel floor: the attention kernels' bytes over the copy ceiling or FLOPs over "
+            "the matmul rate (not the whole step's floor: `ddprobe floor`).")
     tables = [Table("Per layer call", cols, [cells(e) for e in layer], note)] if layer else []
     figs = []
     if layer:
-        figs += [plots.bench_time(layer, f"{sid}-time", "Verify time per layer vs context (floor dashed)"),
+        figs += [plots.bench_time(layer, f"{sid}-time", "Verify time per layer vs context (kernel floor dashed)"),
                  plots.bench_bandwidth(layer, copy, f"{sid}-bandwidth")]
     if step:
         tables.append(Table("Whole verify step (all layers)", cols, [cells(e) for e in step]))
-        figs.append(plots.bench_time(step, f"{sid}-step", "Whole verify step vs context (floor dashed)", step=True))
+        figs.append(plots.bench_time(step, f"{sid}-step", "61 layers of verify attention vs context (kernel floor dashed)", step=True))
     return tables, figs
 
 
@@ -184,7 +190,19 @@ def _generic(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     return [Table(f"Rows ({r.kind})", shown, rows, note.strip())], []
 
 
-BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util}
+def _advise(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
+    rows = [x for x in r.rows if isinstance(x.get("ctx"), int)]
+    t = Table("Tokens/s with and without speculation",
+              ["path", "text", "ctx", "budget", "commit len", "verify", "decode", "spec tok/s", "plain tok/s", "x"],
+              [[str(x.get("path")), str(x.get("text")), fmt_tokens(x["ctx"]), _f(x.get("budget"), "d"),
+                _f(x.get("commit_len"), ".3g"), fmt_time(x["verify_ms"] / 1e3), fmt_time(x["decode_ms"] / 1e3),
+                _f(x.get("spec_tok_s")), _f(x.get("plain_tok_s")), _f(x.get("speedup"), ".2f")] for x in rows],
+              f"Plain decode: {r.summary.get('decode_source', '?')}. The floor rows put the verify step at the step "
+              "model's floor (a verify kernel at physics).")
+    return [t], [plots.advise_tokens(rows, f"{sid}-tokens")] if rows else []
+
+
+BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util, "advise": _advise}
 
 
 def build(path: Path, result: Result, index: int) -> Section:

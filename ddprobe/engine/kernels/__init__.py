@@ -11,6 +11,8 @@ Every path is a module (or object) with:
                                  # prefix_t / tree_mask / slots in place (fixed shapes, capturable)
   run(q [R,H,D], kv [slots,D], plan, sm_scale, *, meta=None) -> out [R,H,v_dim]   # once per layer
   device_plans: bool             # plan() takes a device prefix length (ddprobe.verify_paths: one table)
+  check_available() -> None      # optional: raises PathUnavailable (one line: what to install) where the
+                                 # path's library is missing; get_path calls it
 prefix_len is an int (host plan) or a [1] int32 device tensor with max_prefix (device plan: the
 kernels read the length from memory, so a CUDA graph of the forward replays at any length up to
 max_prefix). tuning: the path's frozen dataclass (split.SplitTuning, paged.PagedTuning), held by
@@ -23,7 +25,7 @@ from __future__ import annotations
 import importlib
 
 from ... import verify_paths
-from .plan import VerifyPlan
+from .plan import PathUnavailable, VerifyPlan
 
 
 def available() -> list[str]:
@@ -37,9 +39,13 @@ def get_path(name: str):
     if row is None:
         raise ValueError(f"unknown attention path {name!r}; known: {', '.join(available())}")
     try:
-        return importlib.import_module(row.module, __name__)
+        mod = importlib.import_module(row.module, __name__)
     except ImportError as e:  # no Triton, or one too old for the fast paths
         raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.6): {e}") from None
+    check = getattr(mod, "check_available", None)
+    if check is not None:
+        check()  # PathUnavailable: the library the path runs (sglang) is missing or takes other arguments
+    return mod
 
 
-__all__ = ["VerifyPlan", "available", "get_path"]
+__all__ = ["PathUnavailable", "VerifyPlan", "available", "get_path"]

@@ -1,16 +1,19 @@
-"""`paged`: DDTree verify as SGLang runs it today over a page_size=1 token pool.
+"""`paged`: DDTree verify as SGLang runs it today over a page_size=1 token pool (ddprobe's own rendering).
 
-A faithful rendering of SGLang's Triton `extend_attention_fwd` for MLA with a custom
-(tree) mask: one program per (request, head, block of 32 query rows), KV blocks of 64
-tokens, no split over the context. Stage 1 walks the committed prefix, reading each
-block's token indices from the request-to-token table and gathering the 1152-byte rows
-one token at a time; stage 2 walks the new (extend) rows the same way. The tree mask is
-SGLang's flat layout: for request b, query row i, column j (prefix then new columns) the
-byte at mask_indptr[b] + i * (prefix_len + R) + j. Each head re-reads the whole prefix.
-K is the full 576-wide row (512 latent + 64 rope), V its first 512 values.
+Tree verify (R > 1 rows) renders SGLang's Triton ``extend_attention_fwd`` for MLA as ``TritonAttnBackend`` launches
+it for a TARGET_VERIFY batch: one program per (request, head, block of BLOCK_M query rows), KV blocks of BLOCK_N
+tokens, no split over the context, ``num_stages=1``, and BLOCK_M / BLOCK_N / num_warps picked per GPU architecture
+as SGLang picks them for 576-wide heads (``extend_blocks``). Stage 1 walks the committed prefix: each block's token
+indices are read from the request's slot row (int64, as SGLang's kv_indices), K is gathered one token at a time as a transposed [D, BLOCK_N] tile
+(512 latent + 64 rope), and V (the first 512 values of the same rows) is loaded again as its own tile, as SGLang
+loads it from its v_buffer view, and scaled by the pool's K / V scales (1.0) where SGLang scales; the mask bytes are not read in the prefix (SGLang's ``skip_prefix_custom_mask``).
+Stage 2 walks the R new rows under SGLang's flat custom mask (request b, row i, column j at
+mask_indptr[b] + i * (prefix + R) + j), skipping all-masked tiles. Each head re-reads the whole prefix.
 
-(SGLang loads V a second time from a v_buffer view of the same rows; here the latent tile
-is loaded once and used for both products, which can only help this path.)
+Plain decode (R = 1, no tree) renders SGLang's split-K decode (``decode_attention_fwd`` with MLA): stage 1, one
+program per (request, 16 heads, KV split) over BLOCK_N = 32 tokens at a time with V taken from the K tile; stage 2
+merges the splits per head. The number of splits follows SGLang's heuristic (``decode_splits``) up to its MLA cap
+(``max_kv_splits``). Where sglang is installed, the ``sglang`` path runs SGLang's own kernels beside this one.
 """
 from __future__ import annotations
 
@@ -21,110 +24,257 @@ import triton
 import triton.language as tl
 
 from ... import verify_paths
-from ._common import check_dims, check_rows, dot_flags, kernel_meta
+from ._common import check_dims, check_rows, dot_flags, kernel_meta, next_pow2, sm_count
 from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "paged"
 layout = verify_paths.BY_NAME[name].layout
 device_plans = verify_paths.BY_NAME[name].device_plans
 
-BLOCK_M = 32  # query rows per program (SGLang's choice for 576-wide heads on sm_80+/sm_90)
-BLOCK_N = 64  # KV tokens per block
+# SGLang's split-K decode for MLA (decode_attention.py, TritonAttnBackend), as ddprobe renders it
+DECODE_BLOCK_N = 32  # tokens per iteration (BLOCK on CUDA for 576-wide rows)
+DECODE_BLOCK_H = 16  # heads per program
+MIN_BLOCK_KV = 32  # split lengths are multiples of this
+BASE_KV_SPLITS = 8  # server_args.triton_attention_num_kv_splits (its default on CUDA)
+MODEL_CONTEXT = 163840  # the model context length that caps max_kv_splits (DeepSeek-V3 / Kimi-K2's)
 
 
 @dataclass(frozen=True)
 class PagedTuning:
-    """Launch knobs. SGLang launches with num_stages=1; 2 is faster here (benchmarked both), so
-    the baseline is not a strawman."""
+    """Launch knobs; 0 means SGLang's choice for this GPU (``extend_blocks``). SGLang launches num_stages=1."""
 
-    num_warps: int = 8
-    num_stages: int = 2
+    num_warps: int = 0
+    num_stages: int = 1
+    block_m: int = 0
+    block_n: int = 0
 
 
 DEFAULT_TUNING = PagedTuning()
 
 
+def extend_blocks(cap: tuple[int, int] | None, hip: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) SGLang's extend kernel takes for 576-wide MLA heads on a GPU of compute
+    capability ``cap`` (None: no CUDA GPU, the interpreter; SGLang's fallback for other GPUs)."""
+    if hip:
+        return 64, 64, 4
+    if cap is None:
+        return 32, 32, 8
+    major, minor = cap
+    if major == 12:  # sm_120 workstation Blackwell: ~100 KB shared memory
+        return 32, 32, 8
+    if major == 10:  # sm_100 data-center Blackwell
+        return 16, 64, 8
+    if major >= 9:  # Hopper
+        return 32, 64, 8
+    if major == 8:
+        return (32, 32, 8) if minor in (6, 9) else (32, 64, 8)
+    return 32, 32, 8
+
+
+def max_kv_splits(sm: int, hip: bool = False) -> int:
+    """SGLang's MLA decode split cap: the base count, raised to the SM count's power of two within the context."""
+    base = 16 if hip else BASE_KV_SPLITS
+    if sm <= 0:
+        return base
+    return max(base, min(next_pow2(sm), next_pow2(triton.cdiv(MODEL_CONTEXT, MIN_BLOCK_KV))))
+
+
+def decode_splits(seq_len: torch.Tensor, heads: int, sm: int, cap: int) -> torch.Tensor:
+    """[1] int32 splits for one request of ``seq_len`` tokens (a [1] int device tensor; fixed-shape ops, so a
+    CUDA graph replays it): SGLang's heuristic for one sequence, splits grow with log2 of the length over the SMs."""
+    length = seq_len.to(torch.float32)
+    cores = (sm * torch.clamp(torch.log2(length / 64.0), min=1.0)).to(torch.int32)
+    grid = -(-heads // min(DECODE_BLOCK_H, heads))
+    most = torch.clamp(-(-cores // grid), max=cap)
+    chunk = -(-seq_len.to(torch.int32) // most)
+    return torch.clamp(-(-seq_len.to(torch.int32) // chunk), min=1).to(torch.int32)
+
+
 @triton.jit
-def _stage(q_lat, q_pe, KV, rtt, Mask, row_base, col0, n_cols, offs_m, m_ok, ext, stride_kv, qk_scale,
-           m_i, l_i, acc, offs_v, offs_pe, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """One of SGLang's two loops: columns col0 .. col0 + n_cols of the request, KV blocks of
-    BLOCK_N tokens gathered one token at a time through the req_to_token row, masked by the flat
-    custom mask (row_base[m] + column)."""
-    for n0 in range(0, n_cols, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < n_cols
-        idx = tl.load(rtt + col0 + offs_n, mask=n_ok, other=0).to(tl.int64)
-        k_ptr = KV + idx[:, None] * stride_kv
-        k_lat = tl.load(k_ptr + offs_v[None, :], mask=n_ok[:, None], other=0.0)
-        k_pe = tl.load(k_ptr + offs_pe[None, :], mask=n_ok[:, None], other=0.0)
-        if UPCAST:
-            k_lat = k_lat.to(tl.float32)
-            k_pe = k_pe.to(tl.float32)
-        s = tl.dot(q_lat, tl.trans(k_lat), input_precision=PREC)
-        s = tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PREC)
-        s = s * qk_scale
-        cm = tl.load(Mask + row_base[:, None] + col0 + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0)
-        ok = ((cm != 0) | (offs_m[:, None] >= ext)) & n_ok[None, :]
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(k_lat.dtype), k_lat, acc, input_precision=PREC)
-        m_i = m_new
-    return m_i, l_i, acc
+def _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST: tl.constexpr,
+                PREC: tl.constexpr):
+    """Online softmax over one masked score tile; V loaded again from the rows' first V_DIM values. The product
+    is scaled by the pool's V scale before it joins the accumulator, as in SGLang (1.0 for a bf16 pool; the
+    multiply keeps the dot out of the accumulator, which is what SGLang's kernel pays)."""
+    row_max = tl.max(qk, 1)
+    n_e_max = tl.maximum(tl.where(row_max == float("-inf"), -1e20, row_max), e_max)
+    re_scale = tl.exp(e_max - n_e_max)
+    p = tl.exp(qk - n_e_max[:, None])
+    deno = deno * re_scale + tl.sum(p, 1)
+    v = tl.load(KV + loc[:, None] * stride_kv + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    if UPCAST:
+        v = v.to(tl.float32)
+    acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC) * v_scale
+    return n_e_max, deno, acc
+
+
+@triton.jit
+def _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """q . K for one block of gathered rows, K loaded transposed ([D, BLOCK_N]) latent then rope."""
+    k = tl.load(KV + loc[None, :] * stride_kv + offs_d[:, None], mask=n_ok[None, :], other=0.0)
+    kpe = tl.load(KV + loc[None, :] * stride_kv + offs_pe[:, None], mask=n_ok[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        kpe = kpe.to(tl.float32)
+    qk = tl.dot(q, k, input_precision=PREC)
+    qk += tl.dot(qpe, kpe, input_precision=PREC)
+    return qk * sm_scale, k
 
 
 @triton.jit
 def _paged_verify_kernel(
     Q, KV, Out, ReqToToken, PrefixLens, ExtendLens, ExtendStart, MaskIndptr, Mask,
-    stride_qr, stride_qh, stride_kv, stride_or, stride_oh, stride_rtt, qk_scale,
+    stride_qr, stride_qh, stride_kv, stride_or, stride_oh, stride_rtt, sm_scale, k_scale, v_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
-    req = tl.program_id(0)
-    head = tl.program_id(1)
-    mblk = tl.program_id(2)
-
+    req, head, mblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     prefix = tl.load(PrefixLens + req)
     ext = tl.load(ExtendLens + req)
     ext_start = tl.load(ExtendStart + req)
     mask_off = tl.load(MaskIndptr + req)
-    total = prefix + ext
-
     offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < ext
-    offs_v = tl.arange(0, V_DIM)
+    offs_d = tl.arange(0, V_DIM)
     offs_pe = V_DIM + tl.arange(0, PE_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
     q_ptr = Q + (ext_start + offs_m)[:, None] * stride_qr + head * stride_qh
-    q_lat = tl.load(q_ptr + offs_v[None, :], mask=m_ok[:, None], other=0.0)
-    q_pe = tl.load(q_ptr + offs_pe[None, :], mask=m_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + offs_d[None, :], mask=m_ok[:, None], other=0.0)
+    qpe = tl.load(q_ptr + offs_pe[None, :], mask=m_ok[:, None], other=0.0)
     if UPCAST:
-        q_lat = q_lat.to(tl.float32)
-        q_pe = q_pe.to(tl.float32)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+        q = q.to(tl.float32)
+        qpe = qpe.to(tl.float32)
     acc = tl.zeros([BLOCK_M, V_DIM], tl.float32)
+    deno = tl.zeros([BLOCK_M], tl.float32)
+    e_max = tl.zeros([BLOCK_M], tl.float32) - float("inf")
     rtt = ReqToToken + req * stride_rtt
-    row_base = mask_off + offs_m.to(tl.int64) * total
-    # stage 1: the committed prefix; stage 2: the new (extend) rows under the tree mask
-    m_i, l_i, acc = _stage(q_lat, q_pe, KV, rtt, Mask, row_base, 0, prefix, offs_m, m_ok, ext, stride_kv, qk_scale,
-                           m_i, l_i, acc, offs_v, offs_pe, BLOCK_N, UPCAST, PREC)
-    m_i, l_i, acc = _stage(q_lat, q_pe, KV, rtt, Mask, row_base, prefix, ext, offs_m, m_ok, ext, stride_kv, qk_scale,
-                           m_i, l_i, acc, offs_v, offs_pe, BLOCK_N, UPCAST, PREC)
+    # stage 1: the committed prefix; no mask bytes read (skip_prefix_custom_mask)
+    for start in range(0, prefix, BLOCK_N):
+        n_ok = (start + offs_n) < prefix
+        loc = tl.load(rtt + start + offs_n, mask=n_ok, other=0)
+        qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale * k_scale, UPCAST, PREC)
+        qk = tl.where(m_ok[:, None] & n_ok[None, :], qk, float("-inf"))
+        e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST,
+                                           PREC)
+    # stage 2: the new rows under the tree mask; all-masked tiles skipped
+    row_base = mask_off + offs_m.to(tl.int64) * (prefix + ext) + prefix
+    for start in range(0, ext, BLOCK_N):
+        n_ok = (start + offs_n) < ext
+        cm = tl.load(Mask + row_base[:, None] + start + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0)
+        ok = (cm != 0) & m_ok[:, None] & n_ok[None, :]
+        if tl.max(tl.max(ok.to(tl.int32), axis=1), axis=0) != 0:
+            loc = tl.load(rtt + prefix + start + offs_n, mask=n_ok, other=0)
+            qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST, PREC)
+            qk = tl.where(ok, qk, float("-inf"))
+            e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST,
+                                           PREC)
+    o_ptr = Out + (ext_start + offs_m)[:, None] * stride_or + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptr, (acc / deno[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
 
-    out = acc / l_i[:, None]
-    o_ptr = Out + (ext_start + offs_m)[:, None] * stride_or + head * stride_oh + offs_v[None, :]
-    tl.store(o_ptr, out.to(Out.dtype.element_ty), mask=m_ok[:, None])
+
+@triton.jit
+def _paged_decode_split(
+    Q, KV, Mid, MidLse, Slots, SeqLen, NumSplits, stride_qh, stride_kv, stride_mh, stride_ms, sm_scale, H,
+    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    MIN_BLOCK_KV: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+):
+    """Stage 1 of the split-K decode: BLOCK_H heads over one KV split; V is the K tile (MLA)."""
+    hblk, split = tl.program_id(1), tl.program_id(2)
+    heads = hblk * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = heads < H
+    seq = tl.load(SeqLen)
+    per = tl.cdiv(tl.cdiv(seq, tl.load(NumSplits)), MIN_BLOCK_KV) * MIN_BLOCK_KV
+    lo = per * split
+    hi = tl.minimum(lo + per, seq)
+    offs_d = tl.arange(0, V_DIM)
+    offs_pe = V_DIM + tl.arange(0, PE_DIM)
+    if hi > lo:
+        q = tl.load(Q + heads[:, None] * stride_qh + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+        qpe = tl.load(Q + heads[:, None] * stride_qh + offs_pe[None, :], mask=h_ok[:, None], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+            qpe = qpe.to(tl.float32)
+        e_max = tl.zeros([BLOCK_H], tl.float32) - float("inf")
+        e_sum = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, V_DIM], tl.float32)
+        for start in range(lo, hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < hi
+            loc = tl.load(Slots + offs_n, mask=n_ok, other=0).to(tl.int64)
+            qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST, PREC)
+            qk = tl.where(h_ok[:, None] & n_ok[None, :], qk, float("-inf"))
+            n_e_max = tl.maximum(tl.max(qk, 1), e_max)
+            re_scale = tl.exp(e_max - n_e_max)
+            p = tl.exp(qk - n_e_max[:, None])
+            acc = acc * re_scale[:, None] + tl.dot(p.to(k.dtype), tl.trans(k), input_precision=PREC)
+            e_sum = e_sum * re_scale + tl.sum(p, 1)
+            e_max = n_e_max
+        mid = Mid + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :]
+        tl.store(mid, acc / e_sum[:, None], mask=h_ok[:, None])
+        tl.store(MidLse + heads * (stride_mh // V_DIM) + split, e_max + tl.log(e_sum), mask=h_ok)
+
+
+@triton.jit
+def _paged_decode_merge(Mid, MidLse, Out, SeqLen, NumSplits, stride_mh, stride_ms, stride_oh,
+                        MAX_SPLITS: tl.constexpr, V_DIM: tl.constexpr, MIN_BLOCK_KV: tl.constexpr):
+    """Stage 2: merge one head's splits by their log-sum-exp."""
+    head = tl.program_id(1)
+    seq = tl.load(SeqLen)
+    per = tl.cdiv(tl.cdiv(seq, tl.load(NumSplits)), MIN_BLOCK_KV) * MIN_BLOCK_KV
+    offs_d = tl.arange(0, V_DIM)
+    e_sum = 0.0
+    e_max = -float("inf")
+    acc = tl.zeros([V_DIM], tl.float32)
+    for split in range(0, MAX_SPLITS):
+        lo = per * split
+        if tl.minimum(lo + per, seq) > lo:
+            tv = tl.load(Mid + head * stride_mh + split * stride_ms + offs_d)
+            lse = tl.load(MidLse + head * (stride_mh // V_DIM) + split)
+            n_e_max = tl.maximum(lse, e_max)
+            old = tl.exp(e_max - n_e_max)
+            w = tl.exp(lse - n_e_max)
+            acc = acc * old + w * tv
+            e_sum = e_sum * old + w
+            e_max = n_e_max
+    tl.store(Out + head * stride_oh + offs_d, (acc / e_sum).to(Out.dtype.element_ty))
+
+
+def arch(device: torch.device) -> tuple[tuple[int, int] | None, bool]:
+    """(compute capability or None, ROCm) of the GPU a plan runs on (None: the CPU interpreter)."""
+    if device.type != "cuda":
+        return None, False
+    return torch.cuda.get_device_capability(device), torch.version.hip is not None
+
+
+def launch(tuning: PagedTuning, device: torch.device) -> dict:
+    """The extend kernel's launch configuration: SGLang's for this GPU, with the tuning's non-zero fields."""
+    bm, bn, nw = extend_blocks(*arch(device))
+    return dict(block_m=tuning.block_m or bm, block_n=tuning.block_n or bn, num_warps=tuning.num_warps or nw,
+                num_stages=tuning.num_stages)
+
+
+def fill_flat_mask(p: VerifyPlan, out: torch.Tensor) -> None:
+    """SGLang's flat custom mask of a one-request plan into ``out`` ([R * (bound + R)]): row i starts at
+    i * (prefix + R) with the prefix columns 1, then row i of the tree mask (fixed-shape ops: capturable)."""
+    r = p.num_rows
+    if not p.dynamic:
+        full = torch.cat([torch.ones(r, p.prefix_len, dtype=torch.bool, device=p.tree_mask.device), p.tree_mask], 1)
+        out.copy_(full.reshape(-1))
+        return
+    total = p.prefix_t.to(torch.int64) + r
+    flat = torch.arange(out.shape[0], device=p.tree_mask.device)
+    row, col = flat // total, flat % total
+    rel = col - p.prefix_t.to(torch.int64)
+    tree = p.tree_mask[row.clamp(max=r - 1), rel.clamp(0, r - 1)]
+    out.copy_(((rel < 0) | tree) & (row < r))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
          tuning: PagedTuning | None = None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
-    """Build SGLang's metadata once per step: req_to_token row, flat custom mask, indptrs.
-    prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix`` (device plan:
-    buffers sized for max_prefix, refreshed in place by ``refresh``). ``heads`` is not needed."""
+    """SGLang's metadata, built once per step: the slot row, flat custom mask and indptrs (R > 1), or the split-K
+    decode's length and split count (R = 1: ``heads`` sizes the split count as SGLang does; None counts 16).
+    prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix`` (device plan: buffers sized for
+    max_prefix, refreshed in place by ``refresh``)."""
     tuning = DEFAULT_TUNING if tuning is None else tuning
     if not isinstance(tuning, PagedTuning):
         raise ValueError(f"the paged path takes a PagedTuning, got {type(tuning).__name__}")
@@ -137,16 +287,18 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         check_diagonal(tree_mask)
     r = int(tree_mask.shape[0])
     check_rows(r, name)
-    n = bound + r
     i32 = dict(dtype=torch.int32, device=dev)
-    extra = {
-        "req_to_token": torch.empty(1, n, **i32),  # [batch=1, max_len]
-        "custom_mask": torch.empty(r * n, dtype=torch.uint8, device=dev),  # flat [R * (prefix + R)]
-        "mask_indptr": torch.zeros(1, dtype=torch.int64, device=dev),
-        "extend_lens": torch.tensor([r], **i32),
-        "extend_start_loc": torch.zeros(1, **i32),
-        "batch": 1,
-    }
+    if r == 1:
+        sm = sm_count(dev)
+        extra = {"decode": True, "seq_len": torch.empty(1, **i32), "num_splits": torch.empty(1, **i32),
+                 "heads": heads or DECODE_BLOCK_H, "sm": sm, "max_splits": max_kv_splits(sm, arch(dev)[1])}
+    else:
+        n = bound + r
+        extra = {"decode": False, "req_to_token": torch.empty(1, n, dtype=torch.int64, device=dev),  # kv_indices
+                 "custom_mask": torch.empty(r * n, dtype=torch.uint8, device=dev),  # flat [R * (prefix + R)]
+                 "mask_indptr": torch.zeros(1, dtype=torch.int64, device=dev),
+                 "extend_lens": torch.tensor([r], **i32), "extend_start_loc": torch.zeros(1, **i32), "batch": 1,
+                 "launch": launch(tuning, dev)}
     p = VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=slots, v_dim=v_dim, prefix_t=prefix_t,
                    dynamic=dynamic, tuning=tuning, extra=extra)
     refresh(p)
@@ -154,44 +306,54 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
 
 
 def refresh(p: VerifyPlan) -> None:
-    """Rebuild the req_to_token row and the flat mask from slots, tree_mask and prefix_t, with
-    fixed-shape device ops (capturable in a CUDA graph). Row i of the flat mask starts at
-    i * (prefix + R): the prefix columns are 1, then row i of the tree mask."""
-    e, r = p.extra, p.num_rows
-    n = p.num_cols
-    e["req_to_token"][0].copy_(p.slots[:n])
-    if not p.dynamic:
-        full = torch.cat([torch.ones(r, p.prefix_len, dtype=torch.bool, device=p.tree_mask.device), p.tree_mask], 1)
-        e["custom_mask"].copy_(full.reshape(-1))
+    """Rebuild the derived buffers from slots, tree_mask and prefix_t with fixed-shape device ops (capturable)."""
+    e = p.extra
+    if e["decode"]:
+        e["seq_len"].copy_(p.prefix_t + 1)
+        e["num_splits"].copy_(decode_splits(e["seq_len"], e["heads"], e["sm"], e["max_splits"]))
         return
-    total = p.prefix_t.to(torch.int64) + r
-    flat = torch.arange(r * n, device=p.tree_mask.device)
-    row, col = flat // total, flat % total
-    rel = col - p.prefix_t.to(torch.int64)
-    tree = p.tree_mask[row.clamp(max=r - 1), rel.clamp(0, r - 1)]
-    e["custom_mask"].copy_(((rel < 0) | tree) & (row < r))
+    e["req_to_token"][0].copy_(p.slots[: p.num_cols])
+    fill_flat_mask(p, e["custom_mask"])
+
+
+def _run_decode(q, kv, p, sm_scale, out, upcast, prec, meta):
+    e, h = p.extra, q.shape[1]
+    mid = torch.empty(h, e["max_splits"], p.v_dim, dtype=torch.float32, device=q.device)
+    lse = torch.empty(h, e["max_splits"], dtype=torch.float32, device=q.device)
+    grid = (1, triton.cdiv(h, min(DECODE_BLOCK_H, h)), e["max_splits"])
+    k1 = _paged_decode_split[grid](
+        q, kv, mid, lse, p.slots, e["seq_len"], e["num_splits"], q.stride(1), kv.stride(0), mid.stride(0),
+        mid.stride(1), sm_scale, h, V_DIM=p.v_dim, PE_DIM=q.shape[2] - p.v_dim, BLOCK_H=DECODE_BLOCK_H,
+        BLOCK_N=DECODE_BLOCK_N, MIN_BLOCK_KV=MIN_BLOCK_KV, UPCAST=upcast, PREC=prec, num_warps=4, num_stages=2)
+    k2 = _paged_decode_merge[(1, h)](
+        mid, lse, out, e["seq_len"], e["num_splits"], mid.stride(0), mid.stride(1), out.stride(1),
+        MAX_SPLITS=e["max_splits"], V_DIM=p.v_dim, MIN_BLOCK_KV=MIN_BLOCK_KV, num_warps=4, num_stages=2)
+    if meta is not None:
+        meta["paged_decode"], meta["paged_merge"] = kernel_meta(k1), kernel_meta(k2)
+    return out
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
-    """q [R, H, D], kv [pool, D] -> out [R, H, v_dim] in q's dtype. ``meta``: a dict to receive
-    the compiled kernel's report under "paged" (registers, spills, shared memory, wgmma count)."""
+    """q [R, H, D], kv [pool, D] -> out [R, H, v_dim] in q's dtype (R = 1: the split-K decode). ``meta``: a dict
+    to receive the compiled kernels' reports (registers, spills, shared memory, wgmma count)."""
     check_run_args(q, kv, p)
     check_dims(q, kv, p.v_dim, name)
-    if p.slots is None or "req_to_token" not in p.extra:
+    if p.slots is None or "decode" not in p.extra:
         raise ValueError("plan was not built by paged.plan (needs slots)")
     r, h, d = q.shape
-    pe = d - p.v_dim
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
-    e, t = p.extra, p.tuning
     upcast, prec = dot_flags(q.dtype)
-    grid = (e["batch"], h, triton.cdiv(r, BLOCK_M))
+    if p.extra["decode"]:
+        return _run_decode(q, kv, p, sm_scale, out, upcast, prec, meta)
+    e, c = p.extra, p.extra["launch"]
+    grid = (e["batch"], h, triton.cdiv(r, c["block_m"]))
     k = _paged_verify_kernel[grid](
         q, kv, out, e["req_to_token"], p.prefix_t, e["extend_lens"], e["extend_start_loc"],
         e["mask_indptr"], e["custom_mask"],
-        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), e["req_to_token"].stride(0),
-        sm_scale * 1.4426950408889634,
-        V_DIM=p.v_dim, PE_DIM=pe, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, UPCAST=upcast, PREC=prec,
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), e["req_to_token"].stride(0), sm_scale,
+        1.0, 1.0,
+        V_DIM=p.v_dim, PE_DIM=d - p.v_dim, BLOCK_M=c["block_m"], BLOCK_N=c["block_n"], UPCAST=upcast, PREC=prec,
+        num_warps=c["num_warps"], num_stages=c["num_stages"],
     )
     if meta is not None:
         meta["paged"] = kernel_meta(k)

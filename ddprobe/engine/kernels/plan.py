@@ -23,6 +23,11 @@ from typing import Any
 import torch
 
 
+class PathUnavailable(ValueError):
+    """A path whose kernels cannot run here (an optional library missing, or a version that takes other
+    arguments); the message, one line, says what to install."""
+
+
 @dataclass(frozen=True)
 class VerifyPlan:
     """Metadata of one verify step, shared by all layers.

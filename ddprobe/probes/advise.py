@@ -1,0 +1,300 @@
+"""Should speculation stay on at this context? `ddprobe advise` (no torch here).
+
+Per verify path, text kind, context and budget: tokens/s with speculation = commit length / verify step, against
+plain decoding's 1 / decode step. From them, per path and text:
+- the best budget at each context (the most tokens/s), or off (0) where plain decoding is faster;
+- the crossover: the context beyond which speculation loses, interpolated linearly in context between the last
+  context measured where it pays and the first where it loses;
+- one sentence ("with paged, speculation loses beyond 23k on novel text; with split_ws it still pays at 128k:
+  412 tok/s against 280");
+- a table in the form of vLLM RFC #48627 (a context-length axis for the number of speculative tokens: context
+  bucket lower bound in tokens -> budget, 0 for off) that a deployment can paste.
+
+The points come from the engine measured on this GPU (``measure``), typed numbers, or a commit results file
+(``points_from_commit``), each point saying where its numbers came from.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from ..units import DDProbeError, fmt_tokens
+from .engine_backend import MAX_BUDGET
+
+
+@dataclass
+class Point:
+    path: str  # the verify path (or what the typed numbers describe)
+    text: str  # predictable, novel, recall or a label
+    ctx: int
+    budget: int
+    commit_len: float  # tokens committed per verify step, bonus included
+    verify_ms: float
+    decode_ms: float  # the plain one-row decode step at this context
+    source: str = ""  # where the step times come from
+    spec_tok_s: float = 0.0
+    plain_tok_s: float = 0.0
+    speedup: float = 0.0  # spec / plain
+    note: str = ""
+
+    def __post_init__(self):
+        check_budget(self.budget)
+        where = f"at {fmt_tokens(self.ctx)}"
+        if not (isinstance(self.commit_len, (int, float)) and math.isfinite(self.commit_len) and self.commit_len >= 1):
+            raise DDProbeError(f"commit length {where} must be a finite number >= 1 (the bonus token), got "
+                               f"{self.commit_len!r}")
+        for what, v in (("verify step", self.verify_ms), ("decode step", self.decode_ms)):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise DDProbeError(f"{what} {where} must be a finite time > 0 ms, got {v!r}")
+        if self.commit_len > self.budget + 1 + 1e-9:
+            raise DDProbeError(f"commit length {self.commit_len:g} at {fmt_tokens(self.ctx)} exceeds budget + 1 "
+                               f"({self.budget + 1}): a step commits at most its accepted nodes and the bonus token")
+        self.spec_tok_s = self.commit_len / self.verify_ms * 1e3
+        self.plain_tok_s = 1e3 / self.decode_ms
+        self.speedup = self.spec_tok_s / self.plain_tok_s
+        if self.decode_ms > self.verify_ms:
+            self.note = (f"the plain decode step ({self.decode_ms:.4g} ms) is longer than the {self.budget + 1}-row "
+                         f"verify step ({self.verify_ms:.4g} ms) at {fmt_tokens(self.ctx)}: check the two numbers")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_budget(b: int) -> int:
+    if not isinstance(b, int) or isinstance(b, bool) or not 1 <= b <= MAX_BUDGET:
+        raise DDProbeError(f"budget must be an integer in 1..{MAX_BUDGET}, got {b!r}")
+    return b
+
+
+@dataclass
+class Verdict:
+    """One path and text: the best budget per context and the crossover."""
+
+    path: str
+    text: str
+    best: list[dict] = field(default_factory=list)  # per ctx: budget (0: off), spec/plain tok/s, speedup
+    crossover_ctx: float | None = None  # beyond it speculation loses; None: it never does (or always does)
+    crossover_extrapolated: bool = False  # below the smallest context measured: the verify step extended linearly
+    loses_everywhere: bool = False
+    pays_everywhere: bool = False
+    sentence: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _best(points: list[Point]) -> dict:
+    p = max(points, key=lambda p: p.spec_tok_s)
+    return {"ctx": p.ctx, "budget": p.budget if p.speedup >= 1 else 0, "best_budget_if_on": p.budget,
+            "commit_len": p.commit_len, "verify_ms": p.verify_ms, "decode_ms": p.decode_ms,
+            "spec_tok_s": p.spec_tok_s, "plain_tok_s": p.plain_tok_s, "speedup": p.speedup}
+
+
+def crossover(best: list[dict]) -> float | None:
+    """The context where speedup crosses 1 going up in context (linear between the two contexts around it), or
+    None where it never crosses from paying to losing."""
+    for a, b in zip(best, best[1:]):
+        if a["speedup"] >= 1 > b["speedup"]:
+            f = (a["speedup"] - 1) / (a["speedup"] - b["speedup"])
+            return a["ctx"] + f * (b["ctx"] - a["ctx"])
+    return None
+
+
+MIN_CTX = 1024  # extrapolation stops here
+
+
+def fmt_ctx(c: float) -> str:
+    """A crossover context: whole k where it is one, else k to one decimal (12366 -> '12.1k')."""
+    return fmt_tokens(int(c)) if int(c) == c and int(c) % 1024 == 0 else f"{c / 1024:.1f}k"
+
+
+def crossover_below(best: list[dict], decode_at=None) -> float | None:
+    """Where speculation that loses at the smallest context measured started to lose: the verify step extended
+    linearly below it through the first two contexts (the anatomy's first interval: fixed part + marginal cost per
+    token), the commit length held at the first context's, the decode step from ``decode_at(ctx)`` (the step model)
+    or extended the same way. None when it loses down to ``MIN_CTX`` or fewer than two contexts are measured."""
+    if len(best) < 2 or best[0]["speedup"] >= 1:
+        return None
+    a, b = best[0], best[1]
+    slope_v = (b["verify_ms"] - a["verify_ms"]) / (b["ctx"] - a["ctx"])
+    slope_d = (b["decode_ms"] - a["decode_ms"]) / (b["ctx"] - a["ctx"])
+
+    def speedup(c: float) -> float:
+        v = max(a["verify_ms"] + slope_v * (c - a["ctx"]), 1e-9)
+        d = decode_at(int(c)) if decode_at else max(a["decode_ms"] + slope_d * (c - a["ctx"]), 1e-9)
+        return a["commit_len"] / v * d
+
+    lo, hi = float(MIN_CTX), float(a["ctx"])
+    if lo >= hi or speedup(lo) < 1:
+        return None
+    for _ in range(60):  # bisection: speedup(lo) >= 1 > speedup(hi)
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if speedup(mid) >= 1 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def verdict(path: str, text: str, points: list[Point], decode_at=None) -> Verdict:
+    by_ctx: dict[int, list[Point]] = {}
+    for p in points:
+        by_ctx.setdefault(p.ctx, []).append(p)
+    best = [_best(by_ctx[c]) for c in sorted(by_ctx)]
+    v = Verdict(path, text, best, crossover(best))
+    if v.crossover_ctx is None and all(b["speedup"] < 1 for b in best):
+        v.crossover_ctx = crossover_below(best, decode_at)
+        v.crossover_extrapolated = v.crossover_ctx is not None
+    v.loses_everywhere = all(b["speedup"] < 1 for b in best)
+    v.pays_everywhere = all(b["speedup"] >= 1 for b in best)
+    last, first = best[-1], best[0]
+    tok = lambda b: f"{b['spec_tok_s']:.3g} tok/s against {b['plain_tok_s']:.3g}"  # noqa: E731
+    on = f"on {text} text" if text not in ("typed", "") else ""
+    if v.pays_everywhere:
+        v.sentence = (f"with {path}, speculation still pays at {fmt_tokens(last['ctx'])} {on}: {tok(last)} "
+                      f"(budget {last['budget']})")
+    elif v.crossover_extrapolated:
+        v.sentence = (f"with {path}, speculation loses beyond about {fmt_ctx(v.crossover_ctx)} {on} "
+                      f"(extrapolated below the smallest context measured; at {fmt_tokens(first['ctx'])}: "
+                      f"{tok(first)})")
+    elif v.loses_everywhere:
+        v.sentence = (f"with {path}, speculation loses at every context measured {on}, from "
+                      f"{fmt_tokens(first['ctx'])} ({tok(first)})")
+    elif v.crossover_ctx is not None:
+        v.sentence = (f"with {path}, speculation loses beyond {fmt_ctx(v.crossover_ctx)} {on} "
+                      f"(at {fmt_tokens(last['ctx'])}: {tok(last)})")
+    else:  # loses at short context, pays at long: said as measured
+        pays = [fmt_tokens(b["ctx"]) for b in best if b["speedup"] >= 1]
+        v.sentence = f"with {path}, speculation pays {on} at {', '.join(pays)} only"
+    v.sentence = " ".join(v.sentence.split())
+    return v
+
+
+def advise(points: list[Point], decode_at=None) -> list[Verdict]:
+    """One verdict per (path, text), in the order the points first name them; ``decode_at(ctx)``: the plain decode
+    step at any context (ms), for a crossover below the smallest context measured."""
+    groups: dict[tuple[str, str], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.path, p.text), []).append(p)
+    return [verdict(path, text, ps, decode_at) for (path, text), ps in groups.items()]
+
+
+def rfc_table(v: Verdict) -> dict[str, int]:
+    """vLLM RFC #48627's form: context bucket (lower bound, tokens) -> number of speculative tokens (0: off). The
+    buckets start at 0 and change where the best budget changes; the first measured context's budget holds below
+    it, and each bucket starts halfway (geometric mean) between the two contexts measured around the change, or at
+    the crossover where speculation switches off."""
+    table: dict[str, int] = {}
+    if v.crossover_extrapolated:  # on below the crossover (at the first context's best budget), off beyond
+        return {"0": v.best[0]["best_budget_if_on"], str(int(round(v.crossover_ctx))): 0}
+    prev = None
+    for i, b in enumerate(v.best):
+        if prev is not None and b["budget"] == prev["budget"]:
+            continue
+        if prev is None:
+            start = 0
+        elif b["budget"] == 0 and v.crossover_ctx is not None and prev["ctx"] <= v.crossover_ctx <= b["ctx"]:
+            start = int(round(v.crossover_ctx))
+        else:
+            start = int(round(math.sqrt(prev["ctx"] * b["ctx"])))
+        table[str(start)] = b["budget"]
+        prev = b
+    return table
+
+
+def deployable(verdicts: list[Verdict], text: str | None = None) -> dict:
+    """The paste-able JSON per path: ``num_speculative_tokens_per_seq_len`` from the verdict on ``text`` (novel by
+    default when measured: the text that decides whether speculation may cost)."""
+    out = {}
+    for v in verdicts:
+        if text is None or v.text == text:
+            out.setdefault(v.path, {})[v.text] = {"num_speculative_tokens_per_seq_len": rfc_table(v)}
+    return out
+
+
+def points_typed(ctxs: list[int], verify_ms: list[float], commit_len: list[float], decode_ms: list[float],
+                 budget: int, path: str, text: str, source: str) -> list[Point]:
+    """Typed numbers: one per context each (commit length and decode step may be one for all)."""
+    check_budget(budget)
+    n = len(ctxs)
+
+    def per_ctx(vals: list[float], what: str) -> list[float]:
+        if len(vals) == 1:
+            return vals * n
+        if len(vals) != n:
+            raise DDProbeError(f"give one {what} or one per context: {n} contexts, {len(vals)} values")
+        return vals
+
+    if len(verify_ms) != n:
+        raise DDProbeError(f"give one verify step time per context: {n} contexts, {len(verify_ms)} times")
+    return [Point(path, text, c, budget, cl, v, d, source) for c, v, cl, d in
+            zip(ctxs, verify_ms, per_ctx(commit_len, "commit length"), per_ctx(decode_ms, "decode step time"))]
+
+
+def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, float], path: str,
+                       source: str) -> list[Point]:
+    """A commit results file's cells (any backend): commit length and ms per verify step per (text, ctx), the
+    file's budget; ``decode_ms`` per context from elsewhere. A cell without a step time or a commit length is
+    refused in one line naming it."""
+    budget = config.get("budget")
+    if not isinstance(budget, int):
+        raise DDProbeError("the commit file does not say its budget (config.budget): give --budget")
+    pts = []
+    for r in rows:
+        name = f"{r.get('text')} @ {fmt_tokens(r['ctx']) if isinstance(r.get('ctx'), int) else r.get('ctx')}"
+        if not r.get("commit_len") or not r.get("decode_ms_per_step"):
+            raise DDProbeError(f"cell {name} has no commit length or step time: it cannot be advised on")
+        pts.append(Point(path, str(r["text"]), int(r["ctx"]), budget, float(r["commit_len"]),
+                         float(r["decode_ms_per_step"]), decode_ms[int(r["ctx"])], source))
+    return pts
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """What `advise` measures on this device when no numbers are given: step times of ``preset`` (random weights)
+    through each of ``paths`` (``probes.step_times``), and commit lengths of the shipped trained tiny pair per text,
+    context and budget (``probes.commit``: a target's commit length needs trained weights)."""
+
+    paths: tuple[str, ...]
+    ctxs: tuple[int, ...]
+    budgets: tuple[int, ...]
+    texts: tuple[str, ...] = ("predictable", "novel")
+    preset: str = "k2"
+    device: str = "cuda"
+    dtype: str = "bf16"
+    heads: int | None = 8
+    steps: int = 10
+    max_new_tokens: int = 64
+    threads: int | None = None
+
+
+def measure(o: MeasureOptions, say=lambda _m: None) -> list[Point]:
+    """Commit lengths (tiny pair) and step times (``o.preset``) measured here; one Point per path, text, context and
+    budget. ``say`` hears of each stage."""
+    from ..results import Result, ResultWriter, RunMeta
+    from .commit import run_commit_probe
+    from .engine_backend import EngineBackend
+    from .step_times import StepTimeOptions, measure_step_times
+
+    for b in o.budgets:
+        check_budget(b)
+    commit: dict[tuple[str, int, int], float] = {}
+    for b in o.budgets:
+        say(f"commit length at budget {b}: the shipped tiny pair, {', '.join(o.texts)} at "
+            f"{', '.join(fmt_tokens(c) for c in o.ctxs)}")
+        be = EngineBackend("tiny", "reference" if o.device == "cpu" else "split", budget=b, device=o.device,
+                           dtype="fp32" if o.device == "cpu" else "bf16", weights="trained", threads=o.threads,
+                           max_ctx=max(o.ctxs) + o.max_new_tokens + 4 * (b + 1) + 64)
+        writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(probe_gpu=False)), None)
+        for r in run_commit_probe(be, list(o.ctxs), list(o.texts), o.max_new_tokens, writer):
+            commit[(r["text"], int(r["ctx"]), b)] = float(r["commit_len"])
+        be.engine.release()
+    points = []
+    for path in o.paths:
+        say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, budgets "
+            f"{', '.join(map(str, o.budgets))} and plain decode")
+        rows = measure_step_times(StepTimeOptions(preset=o.preset, attn=path, device=o.device, dtype=o.dtype,
+                                                  heads=o.heads, steps=o.steps, threads=o.threads),
+                                  list(o.ctxs), list(o.budgets))
+        decode = {r.ctx: r.step_ms for r in rows if r.plain}
+        where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
+        points += [Point(path, text, r.ctx, r.budget, commit[(text, r.ctx, r.budget)], r.step_ms, decode[r.ctx],
+                         where) for text in o.texts for r in rows if not r.plain]
+    return points

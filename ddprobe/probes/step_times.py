@@ -1,0 +1,177 @@
+"""Step times on this device, without a prompt: the DDTree step per (context, budget) and the plain
+decode step per context, for ``ddprobe advise`` (tokens/s with speculation = commit length / DDTree
+step; without = 1 / decode step).
+
+    rows = measure_step_times(StepTimeOptions(preset="k2", attn="split", device="cuda", dtype="bf16"),
+                              ctxs=[8192, 32768], budgets=[4, 8])   # -> [StepTime, ...]
+
+Each cell fills the engine's caches at the context with random values (``graphs.fill_synthetic``: a
+step's time does not depend on them; no prefill runs), runs the cell's steps once untimed (Triton
+compiles, cuBLAS picks, with graphs the capture came before), fills again and runs them timed: the
+median of ``steps`` steps. The DDTree step is the engine's own (``loop.decode`` with the strategy
+``steps.step_for`` picks: graph-replayed with the device tree on CUDA) from its CUDA-event phase
+marks (``clock.StepClock``), draft + tree + verify + walk/commit; ``verify_ms`` is its verify phase
+(the target over R = budget + 1 rows). The plain decode step (budget 0, one row) is
+``graphs.DecodeStep`` replayed back to back (graphs), or the eager one-row step (``loop.plain_step``).
+torch is imported when measuring.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from ..units import DDProbeError, fmt_tokens
+from .engine_backend import MAX_BUDGET
+
+DEFAULT_STEPS = 10  # timed steps per cell (their median)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    path: str  # the verify path
+    ctx: int  # committed tokens before the step
+    budget: int  # drafted nodes; 0 = plain decode
+    rows: int  # query rows: budget + 1 (1 for plain decode)
+    step_ms: float  # median whole step: DDTree draft + tree + verify + walk/commit; decode: the one-row step
+    verify_ms: float  # median verify phase (the target over the rows); decode: = step_ms
+    steps: int  # steps in the median
+    graphs: bool  # replayed as CUDA graphs (CPU: the same static step, eagerly)
+
+    @property
+    def plain(self) -> bool:
+        return self.budget == 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepTimeOptions:
+    """The engine to time (``probes.engine_backend.EngineBackend``'s options; random weights)."""
+
+    preset: str = "k2"
+    attn: str = "split"
+    device: str = "cuda"
+    dtype: str = "bf16"
+    heads: int | None = None
+    graphs: bool | None = None  # None: the engine's default (on for CUDA); True on CPU: static steps, eagerly
+    seed: int = 0
+    steps: int = DEFAULT_STEPS
+    threads: int | None = None
+
+
+def capacity(ctxs: list[int], budgets: list[int], steps: int) -> int:
+    """Cache rows the cells need: the longest context, then the warm and timed steps' rows (each commits at
+    most budget + 1), and the verify rows of the last."""
+    return max(ctxs) + (steps + 2) * (max(budgets, default=0) + 1) + 1
+
+
+def check(opts: StepTimeOptions, ctxs: list[int], budgets: list[int]) -> int:
+    """One line for anything that does not fit (before an engine is built) -> the cache capacity."""
+    from ..engine.config import ModelConfig
+
+    if not ctxs:
+        raise DDProbeError("step times need at least one context")
+    if min(ctxs) < 1:
+        raise DDProbeError(f"contexts must be at least 1 token, got {min(ctxs)}")
+    bad = [b for b in budgets if not 1 <= b <= MAX_BUDGET]
+    if bad:
+        raise DDProbeError(f"budgets must be in 1..{MAX_BUDGET}, got {bad[0]}")
+    if opts.steps < 1:
+        raise DDProbeError(f"steps must be at least 1, got {opts.steps}")
+    try:
+        limit = ModelConfig.from_name(opts.preset, heads=opts.heads).position_limit
+    except ValueError as e:
+        raise DDProbeError(str(e)) from None
+    cap = capacity(ctxs, budgets, opts.steps)
+    if cap > limit:
+        raise DDProbeError(f"context {fmt_tokens(max(ctxs))} with budget {max(budgets, default=0)} needs {cap:,} "
+                           f"cache rows ({opts.steps} steps); the {opts.preset} preset holds {limit:,}")
+    return cap
+
+
+def measure_step_times(opts: StepTimeOptions, ctxs: list[int], budgets: list[int], on_row=None) -> list[StepTime]:
+    """The DDTree step per (ctx, budget) and the plain decode step per ctx (budget 0), on opts' engine;
+    on_row(StepTime) after each cell. Contexts and budgets in the order given, decode first per context."""
+    from .engine_backend import EngineBackend
+
+    cap = check(opts, list(ctxs), list(budgets))
+    be = EngineBackend(opts.preset, opts.attn, budget=max(budgets, default=1), device=opts.device,
+                       dtype=opts.dtype, seed=opts.seed, heads=opts.heads, max_ctx=cap, weights="random",
+                       graphs=opts.graphs if opts.device.startswith("cuda") else None, threads=opts.threads)
+    eng, rows = be.engine, []
+    if opts.graphs and not eng.graphs:  # CPU: the static steps, run eagerly (what a GPU captures)
+        if not eng.path.device_plans:
+            raise DDProbeError(f"attention path {opts.attn!r} takes host plans only: no static steps")
+        eng.graphs = True
+
+    def add(row: StepTime) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
+    for ctx in ctxs:
+        add(_decode_cell(eng, ctx, opts.steps, cap))
+    eng.release()
+    for b in budgets:
+        eng.budget = b  # a new runner (and, with graphs, a new captured step) for this budget
+        for ctx in ctxs:
+            add(_ddtree_cell(eng, ctx, opts.steps, cap))
+        eng.release()
+    return rows
+
+
+def _median_ms(eng, run, steps: int) -> float:
+    """Median ms of ``steps`` calls of run() between clock marks (CUDA events on a GPU)."""
+    from ..engine.clock import StepClock
+
+    clock = StepClock(eng.device)
+    marks = []
+    for _ in range(steps):
+        m0 = clock.mark()
+        run()
+        marks.append((m0, clock.mark()))
+    return statistics.median(clock.times_ms([a, b])[0] for a, b in marks)
+
+
+def _decode_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
+    import torch
+
+    from ..engine.graphs import fill_synthetic
+    from ..engine.loop import plain_step
+
+    runner, ms = eng.runner, None
+    with torch.no_grad():
+        if eng.graphs:
+            st = runner.decode_for(eng.models, cap)[0]
+            for _ in range(2):  # untimed, then timed: the same replays from the same context
+                st.synthetic(ctx)
+                ms = _median_ms(eng, st.run, steps)
+        else:
+            kv = runner.new_cache(cap)
+            for _ in range(2):
+                fill_synthetic(kv, ctx)
+                ms = _median_ms(eng, lambda: plain_step(runner, eng.models, kv, 1), steps)
+    return StepTime(eng.attn, ctx, 0, 1, ms, ms, steps, eng.graphs)
+
+
+def _ddtree_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
+    import torch
+
+    from ..engine.graphs import fill_synthetic
+    from ..engine.loop import decode
+    from ..engine.runner import Caches
+
+    runner, models = eng.runner, eng.models
+    with torch.no_grad():
+        if eng.graphs:
+            st = runner.static_for(models, cap)[0]
+            c = Caches(st.kv, st.dctx, st)
+        else:
+            c = Caches(runner.new_cache(cap), models.drafter.new_context(cap))
+        recs = []
+        for _ in range(2):  # untimed, then timed
+            fill_synthetic(c.kv, ctx, c.dctx)
+            recs = decode(runner, models, c, 1, steps * eng.budget + steps + 1, max_steps=steps)[1]
+    return StepTime(eng.attn, ctx, eng.budget, eng.budget + 1, statistics.median(r.step_ms for r in recs),
+                    statistics.median(r.verify_ms for r in recs), len(recs), eng.graphs)

@@ -1,0 +1,248 @@
+"""The step model: what one GPU's decode step of R query rows costs at its floor (stdlib only).
+
+Every command that says "the floor" reads it from here (``floor``, ``gpu-util``, ``diagnose``, ``advise``, the
+reports and the gate). A step of R rows (R = budget + 1 for a verify step, 1 for a plain decode step) costs, per GPU:
+
+- memory: the KV it attends over (MLA's one latent head is replicated by tensor parallelism; decode context
+  parallelism, ``dcp``, shards it) plus the weights it reads (``step_shape.StepWeights``: routed experts as the R
+  rows touch them; the target only, the drafter is not counted);
+- compute: attention over the context plus 2 x params x rows;
+- communication: under tensor parallelism every layer ends its attention and its MLP in an all-reduce of
+  R x hidden activations (2 per layer: 122 for Kimi K2's 61 layers); with dcp > 1 each layer also combines the
+  ranks' partial attention outputs (one more collective of R x local heads x dcp x (v + 1) values). Their latency
+  comes from the interconnect table below (or ``--allreduce-us``, or a ``bench allreduce`` file); collectives are
+  latency-bound at these sizes and do not overlap a decode step's kernels, so they add;
+- launches, where the step is not replayed as a CUDA graph (an estimate: launches x launch time).
+
+floor = max((KV + weights) / bandwidth, FLOPs / tensor rate) + communication + launches.
+The attention alone (KV / bandwidth) is the **KV floor**, and step / KV floor the **attention gap**; one kernel's
+floor (``bench verify``) is a **kernel floor**. None of them is called "the floor".
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from .shapes import AttnShape, dtype_bytes, dtype_name, floor_s
+from .step_shape import StepWeights
+from .units import DDProbeError
+
+ALLREDUCES_PER_LAYER = 2  # after attention's o_proj and after the MLP / MoE (SGLang's and vLLM's DeepSeek layers)
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """Small-message all-reduce latency of one interconnect: measured points (bytes, us) at 8 ranks, interpolated in
+    log-log and extended by the last segment's slope; or, without points, latency + ring traffic / bus bandwidth."""
+
+    name: str
+    label: str
+    latency_us: float  # smallest all-reduce
+    bus_GBps: float  # per-direction bandwidth a ring all-reduce moves 2 (n - 1) / n x bytes over
+    points: tuple[tuple[float, float], ...] = ()
+    source: str = ""
+
+    def allreduce_us(self, nbytes: float, ranks: int) -> float:
+        if ranks <= 1:
+            return 0.0
+        if not self.points:
+            return self.latency_us + 2 * (ranks - 1) / ranks * nbytes / (self.bus_GBps * 1e9) * 1e6
+        return interpolate(self.points, nbytes)
+
+
+def interpolate(points: tuple[tuple[float, float], ...] | list[tuple[float, float]], nbytes: float) -> float:
+    """us at ``nbytes`` from measured (bytes, us) points: log-log between them, the first point's latency below,
+    the last segment's slope above (linear in bytes)."""
+    pts = sorted(points)
+    if nbytes <= pts[0][0] or len(pts) == 1:
+        return pts[0][1] if nbytes <= pts[0][0] else pts[0][1] * nbytes / pts[0][0]
+    for (b0, u0), (b1, u1) in zip(pts, pts[1:]):
+        if nbytes <= b1:
+            f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+            return math.exp(math.log(u0) + f * (math.log(u1) - math.log(u0)))
+    (b0, u0), (b1, u1) = pts[-2], pts[-1]
+    return u1 + (nbytes - b1) * (u1 - u0) / (b1 - b0)
+
+
+_SGLANG_2904 = ("SGLang PR #2904: its custom all-reduce on 8x H100 NVLink, 5.9 / 7.8 / 16.7 / 33.8 us at "
+                "512 B / 32 KB / 256 KB / 1 MB (vLLM's: 10.1 / 11.8 / 24.1 / 45.0)")
+INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in [
+    Interconnect("nvlink4", "NVLink 4 / NVSwitch (H100, H200, H20)", 5.9, 450.0,
+                 ((512, 5.9), (32768, 7.8), (262144, 16.7), (1048576, 33.8)), _SGLANG_2904),
+    Interconnect("nvlink5", "NVLink 5 / NVSwitch (B200)", 5.9, 900.0,
+                 ((512, 5.9), (32768, 7.8), (262144, 16.7), (1048576, 33.8)),
+                 "no published B200 figure at hand: NVLink 4's (" + _SGLANG_2904 + "), an upper bound"),
+    Interconnect("nvlink3", "NVLink 3 / NVSwitch (A100)", 5.9, 300.0,
+                 ((512, 5.9), (32768, 7.8), (262144, 16.7), (1048576, 33.8)),
+                 "no published A100 figure at hand: NVLink 4's (" + _SGLANG_2904 + "), a lower bound"),
+    Interconnect("pcie-gen5", "PCIe Gen5 x16, NCCL (RTX PRO 6000, no NVLink)", 20.0, 50.0, (),
+                 "about 20 us per small NCCL all-reduce over PCIe inside a CUDA graph (SGLang uses no custom "
+                 "all-reduce beyond 2 PCIe GPUs); ring traffic at 50 GB/s per direction"),
+    Interconnect("pcie-gen4", "PCIe Gen4 x16, NCCL", 20.0, 25.0, (),
+                 "about 20 us per small NCCL all-reduce over PCIe; ring traffic at 25 GB/s per direction"),
+]}
+# the interconnect a GPU preset's tensor-parallel servers use (ddprobe.shapes.GPUS names)
+GPU_INTERCONNECT: dict[str, str] = {"h100": "nvlink4", "h200": "nvlink4", "h20": "nvlink4", "b200": "nvlink5",
+                                    "a100": "nvlink3", "rtx-pro-6000": "pcie-gen5", "l40s": "pcie-gen4"}
+
+
+def interconnect_for(gpu: str | None) -> Interconnect | None:
+    """The interconnect of a GPU preset (None where ddprobe has no figure: give --allreduce-us)."""
+    if not gpu:
+        return None
+    key = GPU_INTERCONNECT.get(gpu)
+    if key is None and "pcie" in gpu:
+        key = "pcie-gen5" if gpu.startswith(("h100", "h200", "b")) else "pcie-gen4"
+    if key is None:
+        key = next((v for k, v in GPU_INTERCONNECT.items() if gpu.startswith(k)), None)
+    return INTERCONNECTS.get(key) if key else None
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Where the all-reduce latency comes from: a fixed per-call time, a measured table, or an interconnect."""
+
+    us_at: Callable[[float], float]  # latency of one all-reduce of this many bytes at the step's rank count
+    source: str
+
+
+def comm_fixed(us: float) -> Comm:
+    if not (math.isfinite(us) and us >= 0):
+        raise DDProbeError(f"--allreduce-us must be a finite number >= 0, got {us}")
+    return Comm(lambda _b: us, f"--allreduce-us {us:g}")
+
+
+def comm_interconnect(ic: Interconnect, ranks: int) -> Comm:
+    return Comm(lambda b: ic.allreduce_us(b, ranks), f"{ic.label}: {ic.source}")
+
+
+def comm_table(points: list[tuple[float, float]], source: str) -> Comm:
+    if not points:
+        raise DDProbeError(f"{source}: no all-reduce measurements")
+    return Comm(lambda b: interpolate(points, b), source)
+
+
+@dataclass
+class StepCost:
+    """One GPU's step of ``rows`` rows at context ``ctx``, at its floor (times in ms, bytes in GB)."""
+
+    ctx: int
+    rows: int
+    kv_GB: float
+    weights_GB: float
+    weights_worst_GB: float
+    GFLOP: float
+    kv_floor_ms: float
+    weight_floor_ms: float
+    weight_floor_worst_ms: float
+    compute_floor_ms: float | None
+    allreduces: int
+    allreduce_bytes: float  # one TP all-reduce's message
+    allreduce_us: float  # one TP all-reduce's latency
+    comm_ms: float
+    launch_ms: float
+    floor_ms: float
+    floor_worst_ms: float
+    binds: str  # "KV", "weights", "compute" or "communication"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """What a step costs on one GPU besides its rows and context: the model's attention, its weights per row count,
+    the GPU, the sharding and the interconnect."""
+
+    attn: AttnShape
+    weights: Callable[[int], StepWeights]  # rows -> this GPU's weights for a step of that many rows
+    bw_Bps: float
+    flops_per_s: float | None = None
+    hidden: int = 0  # activations all-reduced per row (0: no tensor-parallel communication counted)
+    tp: int = 1
+    dcp: int = 1
+    kv_dtype: str = "bf16"
+    act_dtype: str = "bf16"
+    comm: Comm | None = None  # None with tp > 1: communication not counted (said by the caller)
+    graphs: bool = True
+    launches_per_layer: int = 0  # eager steps only
+    launch_us: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "kv_dtype", dtype_name(self.kv_dtype))
+        object.__setattr__(self, "act_dtype", dtype_name(self.act_dtype))
+        self.attn.check_tp(self.tp)
+        check_dcp(self.dcp, self.tp)
+        if not self.bw_Bps > 0:
+            raise DDProbeError("bandwidth must be greater than zero")
+        if self.flops_per_s is not None and not self.flops_per_s > 0:
+            raise DDProbeError("tensor rate must be greater than zero")
+
+    def kv_bytes(self, ctx: int) -> float:
+        """KV one GPU reads at ``ctx``: MLA's latent replicated by tp, sharded by dcp; GQA's heads split by tp."""
+        return self.attn.kv_bytes_per_token(self.kv_dtype, self.tp) * ctx / self.dcp
+
+    def attn_flops(self, ctx: int, rows: int) -> float:
+        return self.attn.attn_flops_per_token(rows, self.tp) * ctx / self.dcp
+
+    def collectives(self, rows: int) -> tuple[int, float, float]:
+        """(count, bytes of one TP all-reduce, total us) of one step's communication."""
+        if self.tp <= 1 or self.comm is None or not self.hidden:
+            return 0, 0.0, 0.0
+        a, layers = self.attn, self.attn.num_layers
+        nbytes = rows * self.hidden * dtype_bytes(self.act_dtype)
+        n = ALLREDUCES_PER_LAYER * layers
+        total = n * self.comm.us_at(nbytes)
+        if self.dcp > 1:  # the dcp ranks' partial outputs (+ log-sum-exp) combined once per layer
+            part = rows * a.heads_per_gpu(self.tp) * self.dcp * (a.v_dim + 1) * dtype_bytes(self.act_dtype)
+            n += layers
+            total += layers * self.comm.us_at(part)
+        return n, nbytes, total
+
+    def cost(self, ctx: int, rows: int) -> StepCost:
+        if ctx < 1:
+            raise DDProbeError(f"context must be at least 1 token, got {ctx}")
+        if rows < 1:
+            raise DDProbeError(f"a step has at least 1 row, got {rows}")
+        w = self.weights(rows)
+        kv, ms = self.kv_bytes(ctx), 1e3 / self.bw_Bps
+        flops = self.attn_flops(ctx, rows) + w.flops
+        mem, bound = floor_s(kv + w.total_B, flops, bw_Bps=self.bw_Bps, flops_per_s=self.flops_per_s)
+        worst, _ = floor_s(kv + w.total_worst_B, flops, bw_Bps=self.bw_Bps, flops_per_s=self.flops_per_s)
+        n, nbytes, comm_us = self.collectives(rows)
+        launch = 0.0 if self.graphs else self.launches_per_layer * self.attn.num_layers * self.launch_us / 1e3
+        comm = comm_us / 1e3
+        binds = "compute" if bound == "compute" else ("KV" if kv >= w.total_B else "weights")
+        if comm > mem * 1e3:
+            binds = "communication"
+        return StepCost(ctx=ctx, rows=rows, kv_GB=kv / 1e9, weights_GB=w.total_B / 1e9,
+                        weights_worst_GB=w.total_worst_B / 1e9, GFLOP=flops / 1e9, kv_floor_ms=kv * ms,
+                        weight_floor_ms=w.total_B * ms, weight_floor_worst_ms=w.total_worst_B * ms,
+                        compute_floor_ms=flops / self.flops_per_s * 1e3 if self.flops_per_s else None,
+                        allreduces=n, allreduce_bytes=nbytes, allreduce_us=comm_us / n if n else 0.0, comm_ms=comm,
+                        launch_ms=launch, floor_ms=mem * 1e3 + comm + launch, floor_worst_ms=worst * 1e3 + comm + launch,
+                        binds=binds)
+
+
+def check_dcp(dcp: int, tp: int) -> None:
+    if not isinstance(dcp, int) or isinstance(dcp, bool) or dcp < 1:
+        raise DDProbeError(f"--dcp must be a positive integer, got {dcp!r}")
+    if tp % dcp:
+        raise DDProbeError(f"--dcp {dcp} does not divide --tp {tp} (decode context parallelism shards the KV over "
+                           "tensor-parallel ranks)")
+
+
+# ---- results files written before the step model: their floor rows renamed --------------------------------------
+_OLD_FLOOR_KEYS = {"floor_ms": "attn_floor_ms", "bound": "attn_bound", "gap": "attn_gap",
+                   "gap_if_rows_reread": "attn_gap_if_rows_reread", "compute_floor_ms": "attn_compute_floor_ms",
+                   "step_compute_floor_ms": "compute_floor_ms", "total_floor_ms": "floor_ms",
+                   "total_floor_worst_ms": "floor_worst_ms", "total_gap": "gap"}
+
+
+def upgrade_floor_row(row: dict) -> dict:
+    """A floor row of an older ddprobe (``total_floor_ms``: the whole step; ``floor_ms``: the attention) in
+    today's names (``floor_ms``: the whole step; ``attn_floor_ms``: the attention); today's rows as they are."""
+    if "total_floor_ms" not in row and "mem_floor_ms" not in row:
+        return row
+    return {_OLD_FLOOR_KEYS.get(k, k): v for k, v in row.items() if k not in ("mem_floor_ms", "read_GB")}
