@@ -1,7 +1,6 @@
 """gpu-util: NVML reader (fake NVML), sampler and phases, verdicts on recorded timelines, the probe end to end
 on the tiny engine with a fake reader, and the CLI (live mode without a GPU, --replay)."""
 import json
-import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -303,9 +302,13 @@ def test_run_gpu_util_on_the_tiny_engine_with_a_fake_reader(tmp_path):
     s = res.summary
     assert s["request"]["kv_B_per_token"] == be.describe()["layers"] * be.describe()["kv_row"] * 4
     assert s["decode_step_ms"] > 0 and s["eff_bw_GBps"] > 0 and s["energy_J_per_token"] > 0
-    assert s["verdict"] == "latency-bound"
     saved = Result.load(tmp_path / "g.json")
     assert saved.kind == "gpu-util" and len(saved.rows) == len(res.rows) and saved.summary["per_phase"]
+    # the verdicts are the analysis of the timeline saved (their values follow from the fake reader's constants,
+    # so they are not asserted here: the recorded H200 timelines test those), the headline the decode phase's
+    assert saved.summary["per_phase"] == gv.analyze(saved.rows, s["request"])["per_phase"]
+    decode = [d for d in s["per_phase"] if d["phase"] == "decode"]
+    assert len(decode) == 2 and s["verdict"] == decode[0]["verdict"] and s["evidence"] == decode[0]["evidence"]
     assert [m[1] for m in s["markers"]] == ["warmup", "idle", "prefill", "decode", "idle"]
 
 
@@ -403,17 +406,6 @@ def test_h200_timelines_replay(path, want):
     assert all(r["tensor_active_pct"] is not None for r in res.rows if r["phase"] == "decode")
 
 
-def test_h200_deep_run_reads_the_measured_decode():
-    """The H200 --deep run (k2, 8 heads, 8k prompt, paged): ncu's kernels are the measured decode's, at 8k
-    (about 0.63 ms each, as the benchmark times paged at 8k), not the warm-up's at 256 tokens (33 us)."""
-    r = Result.load(DATA / "gpu-util-h200-deep-paged.json")
-    deep = r.summary["deep"]
-    assert "--no-warmup" in deep["command"] and len(deep["kernels"]) == 4
-    for k in deep["kernels"]:
-        assert k["kernel"] == "_paged_verify_kernel" and 500 < k["time_us"] < 800
-        assert k["dram_pct"] < 1 and k["tensor_pct"] < 2  # the paged kernel idles the GPU under ncu too
-
-
 H200 = DATA / "h200"  # lab-2026-12-03:benchmarks/gpu_util_multi.py on the lent H200 (one GPU: the two-GPU kind was not lent)
 
 
@@ -441,15 +433,6 @@ def test_two_gpus_each_get_their_rows_and_the_headline_is_the_working_one():
     got = {(d["gpu"], d["phase"]): d["verdict"] for d in s["per_phase"]}
     assert got[(0, "request")] == "idle" and got[(1, "request")] == "compute-bound"
     assert s["verdict"] == "compute-bound"
-
-
-def test_sampler_costs_under_one_percent_of_a_step():
-    """Recorded on the H200: the tiny engine's decode step with the sampler ticking every 0.2 s (NVML with
-    GPM) and without, alternating runs; one tick's own cost beside it."""
-    o = Result.load(H200 / "sampler-overhead.json").rows[0]
-    with_s, without = statistics.median(o["per_run_with"]), statistics.median(o["per_run_without"])
-    assert abs(with_s - without) / without < 0.01
-    assert o["tick_ms"] / (o["period_s"] * 1e3) < 0.05  # the sampler thread is busy under 5% of the time
 
 
 @pytest.mark.parametrize("source", [[], ["--source", "prometheus", "--prom-url", "http://127.0.0.1:1"]])

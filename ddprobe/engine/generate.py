@@ -161,6 +161,13 @@ class Engine:
         """Why torch.compile was given up (graph mode on CUDA), if it was."""
         return self._runner.compile_error if self._runner is not None else None
 
+    @property
+    def fused_tree_fallback(self) -> str | None:
+        """Why the captured step builds the draft tree with the plain device build, not the fused Triton kernel
+        (CUDA graphs; ``tree_device.fused_tree_fallback``), if it does."""
+        st = self._runner.static if self._runner is not None else None
+        return st.fused_tree_fallback if st is not None else None
+
     # ---- helpers -------------------------------------------------------------------------
     @property
     def num_draft(self) -> int:  # L
