@@ -228,3 +228,16 @@ def test_paged_compiles_to_sglangs_kernel(cap):
         assert abs(p[key] - s[key]) <= 0.1 * s[key], f"sm_{cap[0]}{cap[1]} {key}: paged {p} vs sglang {s}"
     for key in ("regs", "shared", "num_warps", "num_stages"):
         assert p[key] == s[key], f"sm_{cap[0]}{cap[1]} {key}: paged {p} vs sglang {s}"
+
+
+@pytest.mark.parametrize("name", ["paged", "sglang"])
+def test_a_row_seeing_a_later_row_is_refused_in_one_line(name):
+    """SGLang's extend kernel is causal over the new rows (a row block reads them up to its end): a host plan whose
+    mask lets row 0 see row 40 (possible for no tree in parent-before-child order) is refused, not run wrong."""
+    m = _path(name)
+    mask = shape_mask("chain", 40)
+    mask[0, 40] = True
+    with pytest.raises(ValueError, match="earlier rows") as e:
+        m.plan(10, mask, torch.arange(60))
+    assert "\n" not in str(e.value)
+    assert m.plan(10, shape_mask("chain", 40), torch.arange(60)).num_rows == 41  # the tree itself is taken

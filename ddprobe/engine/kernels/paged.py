@@ -1,13 +1,15 @@
 """`paged`: DDTree verify as SGLang runs it today over a page_size=1 token pool (ddprobe's own rendering).
 
-Tree verify (R > 1 rows) renders SGLang's Triton ``extend_attention_fwd`` for MLA as ``TritonAttnBackend`` launches
-it for a TARGET_VERIFY batch: one program per (request, head, block of BLOCK_M query rows), KV blocks of BLOCK_N
-tokens, no split over the context, ``num_stages=1``, and BLOCK_M / BLOCK_N / num_warps picked per GPU architecture
-as SGLang picks them for 576-wide heads (``extend_blocks``). Stage 1 walks the committed prefix: each block's token
-indices are read from the request's slot row (int64, as SGLang's kv_indices), K is gathered one token at a time as a transposed [D, BLOCK_N] tile
-(512 latent + 64 rope), and V (the first 512 values of the same rows) is loaded again as its own tile, as SGLang
-loads it from its v_buffer view, and scaled by the pool's K / V scales (1.0) where SGLang scales; the mask bytes are not read in the prefix (SGLang's ``skip_prefix_custom_mask``).
-Stage 2 walks the R new rows under SGLang's flat custom mask (request b, row i, column j at
+Tree verify (R > 1 rows) renders SGLang's Triton ``extend_attention_fwd`` for MLA as ``TritonAttnBackend`` launches it
+for a TARGET_VERIFY batch: SGLang's ``_fwd_kernel`` written as SGLang writes it (same arguments, expressions and
+order, for the features TARGET_VERIFY uses: custom mask, causal, ``skip_prefix_custom_mask``), so that Triton emits
+the same code (``_target_compile`` checks it without a GPU). One program per (request, head, block of BLOCK_M query
+rows), KV blocks of BLOCK_N tokens, no split over the context, ``num_stages=1``, BLOCK_M / BLOCK_N / num_warps per
+GPU architecture as SGLang picks them for 576-wide heads (``extend_blocks``). Stage 1 walks the committed prefix
+through ``kv_indices`` (int64 slots): K gathered as a transposed [512, BLOCK_N] tile then the rope tile, V (the
+rows' first 512 values) loaded again as SGLang loads it from its v_buffer view; no mask bytes read. Stage 2 walks
+the R new rows up to the row block's causal end from their own contiguous buffer (k_extend / v_extend, gathered
+from the pool by ``run``) under SGLang's flat custom mask (request b, row i, column j at
 mask_indptr[b] + i * (prefix + R) + j), skipping all-masked tiles. Each head re-reads the whole prefix.
 
 Plain decode (R = 1, no tree) renders SGLang's split-K decode (``decode_attention_fwd`` with MLA): stage 1, one
