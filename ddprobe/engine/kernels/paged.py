@@ -174,7 +174,8 @@ def _extend_stage(q, qpe, K_Extend, V_Extend, mask_ptr, cur_seq_mask_start_idx, 
         start_n = tl.multiple_of(start_n, BLOCK_N)
         mask_n = (start_n + offs_n) < cur_block_m_end
         final_mask = mask_m[:, None] & mask_n[None, :]
-        custom_mask = tl.load(mask_ptr + cur_seq_mask_start_idx + (cur_block_m * BLOCK_M + offs_m[:, None]) * cur_seq_len
+        custom_mask = tl.load(mask_ptr + cur_seq_mask_start_idx
+                              + (cur_block_m * BLOCK_M + offs_m[:, None]) * cur_seq_len
                               + cur_seq_len_prefix + start_n + offs_n[None, :],
                               mask=(mask_m[:, None] & mask_n[None, :]), other=0)
         custom_mask &= mask_m[:, None] & mask_n[None, :]
