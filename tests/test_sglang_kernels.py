@@ -204,7 +204,7 @@ def test_paged_compiles_to_sglangs_kernel(cap):
     """paged's tree-verify launch and SGLang's, compiled here for sm_90a (H100/H200) and sm_120a with Triton's own
     compiler and ptxas from the arguments each launcher passes (k2 shapes: 8 heads, 9 rows, bf16, 576-wide rows):
     the same launch configuration, the same global loads (PTX ld.global and SASS LDG, within 10%), the same
-    registers, shared memory and spills. No GPU: a fact of the code, not a timing."""
+    registers, shared memory and spills; in fact the same PTX. No GPU: a fact of the code, not a timing."""
     pytest.importorskip("triton.backends.nvidia")
     from ddprobe.engine.kernels import _target_compile, paged
 
@@ -215,9 +215,10 @@ def test_paged_compiles_to_sglangs_kernel(cap):
     kv = torch.randn(ctx + budget + 2, 576, generator=g).bfloat16()
     slots = 1 + torch.randperm(ctx + budget + 1, generator=g)
     launches = _target_compile.extend_launches(cap, q, kv, ctx, shape_mask("fork", budget), slots, 512, 0.1)
-    rep = {}
+    rep, body = {}, {}
     for name, (fn, args, kw) in launches.items():
-        rep[name] = _target_compile.code_report(_target_compile.compile_launch(fn, cap, args, kw))
+        k = _target_compile.compile_launch(fn, cap, args, kw)
+        rep[name], body[name] = _target_compile.code_report(k), _target_compile.ptx_body(k)
     s, p = rep["sglang"], rep["paged"]
     bm, bn, nw = paged.extend_blocks(cap)
     assert {k: launches["sglang"][2][k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")} == \
@@ -228,6 +229,7 @@ def test_paged_compiles_to_sglangs_kernel(cap):
         assert abs(p[key] - s[key]) <= 0.1 * s[key], f"sm_{cap[0]}{cap[1]} {key}: paged {p} vs sglang {s}"
     for key in ("regs", "shared", "num_warps", "num_stages"):
         assert p[key] == s[key], f"sm_{cap[0]}{cap[1]} {key}: paged {p} vs sglang {s}"
+    assert body["paged"] == body["sglang"], "paged's PTX is no longer SGLang's instruction for instruction"
 
 
 @pytest.mark.parametrize("name", ["paged", "sglang"])

@@ -8,7 +8,8 @@ them (Triton's binder: 16-byte aligned pointers and integers divisible by 16 mar
 swapped for a recorder and its GPU-capability globals set to the target's for the duration of the call, restored
 after; ``paged.verify_launch`` for ddprobe's), ``compile_launch`` compiles one, ``code_report`` counts the global
 loads in the PTX (``ld.global``) and the SASS (``LDG``), the local-memory spills in the SASS (``STL`` / ``LDL``),
-and reads the registers, stack and shared memory from the cubin (Triton's ``cuobjdump -res-usage``).
+and reads the registers, stack and shared memory from the cubin (Triton's ``cuobjdump -res-usage``); ``ptx_body``
+is the entry function's PTX without debug lines, for an exact comparison.
 
 Triton's binder and argument packing are private API (checked on Triton 3.9); the rest is public.
 """
@@ -114,3 +115,13 @@ def code_report(compiled) -> dict:
             "regs": int(usage.get("REG", -1)), "stack": int(usage.get("STACK", -1)),
             "shared": int(compiled.metadata.shared), "num_warps": int(compiled.metadata.num_warps),
             "num_stages": int(compiled.metadata.num_stages)}
+
+
+def ptx_body(compiled) -> str:
+    """The kernel's PTX instructions without debug lines, line-info labels and the kernel's name: two kernels whose
+    bodies are equal compile to the same code."""
+    ptx, name = compiled.asm["ptx"], compiled.metadata.name
+    start = ptx.index(".visible .entry")
+    body = ptx[start:ptx.index("\n}\n", start)]  # the entry function; the debug sections follow it
+    return "\n".join(ln.replace(name, "K") for ln in body.splitlines()
+                     if not re.match(r"\s*(\.loc\b|//|\$L__tmp\d+:)", ln))
