@@ -2,12 +2,16 @@
 # One device session: build, check, time. On the GPU machine, from the repository root:
 #   OUT=<folder> bash benchmarks/device_run.sh            # everything (about 8 minutes on an H200)
 #   OUT=<folder> QUICK=1 bash benchmarks/device_run.sh    # short grid: 1k, 32k, 128k; no FlexAttention
+#   OUT=<folder> ONLY=smoke bash benchmarks/device_run.sh # only the named steps (comma-separated)
 # Steps (each one's log in $OUT/<step>.log, a failed step does not stop the next):
 #   peers   FlashMLA and FlashInfer from .peers/ (benchmarks/peers_bundle.sh build, made where there is network)
 #   build   the split_ws CUDA cubin rebuilt with the device's nvcc when BUILD=1 (python -m ddprobe.engine.kernels._cu
 #           --build); otherwise the shipped one is checked against its source by tests/test_cu.py
 #   check   the GPU tests: tests/test_kernels_gpu.py, tests/test_cu.py, tests/test_engine_graphs.py,
 #           tests/test_moe_fused.py, tests/test_tree_build.py
+#   smoke   benchmarks/smoke.py: every user command with its defaults, each in a fresh process (commit as in the
+#           README, gpu-util, diagnose, floor, advise, report, gate, bench verify --quick, serve + an openai request);
+#           exit code, wall time and warm-up per command -> $OUT/smoke.md; fails on any non-zero exit
 #   verify  ddprobe bench verify (every path and peer, 8 and 64 heads, the 61-layer step) -> $OUT/bench-verify.json
 #   engine  benchmarks/bench_engine.py (k2 and tiny decode steps, graphs vs eager, split_ws run() host time and
 #           eager vs graph) -> $OUT/bench-engine.json
@@ -15,6 +19,8 @@
 #   anatomy benchmarks/bench_engine.py --anatomy (k2 with its MoE at 8k/32k/128k: the step's non-attention part
 #           against its weight floor, the fitted marginal cost against the attention growth) -> $OUT/anatomy.json
 #   commit  ddprobe commit on the shipped tiny pair -> $OUT/commit-tiny.json
+#   advise  ddprobe advise with its defaults (k2 steps through sglang or paged and auto's path, the tiny pair's
+#           commit lengths, plain decode measured) -> $OUT/advise.json
 # Last: a short table (each step's status and seconds, then the verify results at 128k).
 set -u
 OUT=${OUT:-./device-out}
@@ -22,9 +28,11 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 declare -a STATUS=()
 
-step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record status and seconds
+step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record status and seconds (skipped
+          # unless NAME is in $ONLY, when set)
     local name=$1 limit=$2 t0=$SECONDS rc
     shift 2
+    [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]] && return 0
     echo "== $name: $*" | tee "$OUT/$name.log"
     timeout "$limit" "$@" >> "$OUT/$name.log" 2>&1
     rc=$?
@@ -39,6 +47,7 @@ fi
 [ "${BUILD:-0}" = 1 ] && step build 300 python -m ddprobe.engine.kernels._cu --build
 step check 600 python -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py tests/test_cu.py \
     tests/test_engine_graphs.py tests/test_moe_fused.py tests/test_tree_build.py
+step smoke 1500 python benchmarks/smoke.py --out "$OUT"
 if [ "${QUICK:-0}" = 1 ]; then
     step verify 400 python -m ddprobe bench verify --quick --ctx 1k,32k,128k --heads 8,64 \
         --paths paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,sdpa --out "$OUT/bench-verify.json"
@@ -50,6 +59,7 @@ step moe 300 python benchmarks/bench_moe.py --out "$OUT/bench-moe.json"
 step anatomy 600 python benchmarks/bench_engine.py --anatomy --ctxs 8k,32k,128k --steps 12 --heads 8 \
     --out "$OUT/anatomy.json"
 step commit 300 python -m ddprobe commit --ctx 1k,16k --json "$OUT/commit-tiny.json"
+step advise 600 python -m ddprobe advise -o "$OUT/advise.json"
 
 echo
 echo "step     status  time   log"
@@ -57,7 +67,7 @@ printf '%s\n' "${STATUS[@]}"
 [ -f "$OUT/bench-verify.json" ] && python - "$OUT/bench-verify.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(f"\nverify at 128k (copy {d['ceilings']['copy_GBps']:.0f} GB/s)    us/layer or ms/step   x floor")
+print(f"\nverify at 128k (copy {d['ceilings']['copy_GBps']:.0f} GB/s)    us/layer or ms/step   x kernel floor")
 for r in d["results"]:
     if r.get("ctx") != 131072:
         continue

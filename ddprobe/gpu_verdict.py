@@ -69,6 +69,11 @@ def stats(rows: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     return out
 
 
+def _below(v: float | None, limit: float) -> bool | None:
+    """Whether a value is below ``limit``; None when it is missing (unknown: never read as low)."""
+    return None if v is None else v < limit
+
+
 def _fmt(v: float | None) -> str:
     if v is None:
         return "n/a"
@@ -97,7 +102,11 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
     smi = f"nvidia-smi says {_fmt(util)} busy" if util is not None else "nvidia-smi utilization missing"
     pw = f"power {_fmt(power)} of the limit" if power is not None else "power missing"
     if tensor is not None and dram is not None:  # SM may be missing (dcgm-exporter leaves it off by default)
-        low_sm = sm is None or sm < LOW_SM_PCT
+        low_sm, low_power = _below(sm, LOW_SM_PCT), _below(power, LOW_POWER_PCT)
+        # every unit low: tensor and DRAM low, SM and power low where measured (a missing one is unknown, never
+        # low), and at least one of them measured
+        all_low = tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and False not in (low_sm, low_power) and \
+            True in (low_sm, low_power)
         pipes = f"SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}"
         if (util is not None and util < IDLE_UTIL_PCT) or (util is None and sm is not None and sm < 1.0):
             return "idle", f"{smi}; {pipes}: idle", src
@@ -109,13 +118,11 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
         if simt is not None and simt >= SIMT_BOUND_PCT:
             return "compute-bound", f"FP32/FP16 pipes {_fmt(simt)} busy, tensor {_fmt(tensor)}, DRAM {_fmt(dram)}: " \
                                     "compute-bound on CUDA cores", src
-        low_power = power is None or power < LOW_POWER_PCT
-        if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power and \
-                util is not None and util < BUSY_UTIL_PCT:
+        if all_low and util is not None and util < BUSY_UTIL_PCT:
             return "idle", f"nvidia-smi says {_fmt(util)} busy (a kernel ran {_fmt(util)} of the time); SM " \
                            f"{_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: mostly idle, waiting " \
                            "on the host (launch overhead or CPU work between kernels)", src
-        if low_sm and tensor < LOW_TENSOR_PCT and dram < LOW_DRAM_PCT and low_power:
+        if all_low:
             lead = f"{smi}, but" if util is not None and util >= BUSY_UTIL_PCT else f"{smi};"
             return "latency-bound", f"{lead} SM {_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: " \
                                     "latency-bound", src
@@ -135,7 +142,7 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
         return "bandwidth-bound", f"{ev}: probably bandwidth-bound", fb
     if power is not None and power >= HIGH_POWER_PCT:
         return "compute-bound", f"{ev}: probably compute-bound", fb
-    if power is not None and power < LOW_POWER_PCT and (mem is None or mem < NVML_MEM_LOW_PCT) and \
+    if power is not None and power < LOW_POWER_PCT and mem is not None and mem < NVML_MEM_LOW_PCT and \
             (util is None or util >= BUSY_UTIL_PCT):
         return "latency-bound", f"{ev}: probably latency-bound", fb
     if power is not None and power < LOW_POWER_PCT and util is not None and util < BUSY_UTIL_PCT:
@@ -187,7 +194,7 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
     for r in rows:
         if _num(r.get("t_s")) is not None:
             by_gpu[r.get("gpu", 0)].append(r)
-    per_phase, decode_J, any_decode_J = [], 0.0, False
+    per_phase, joules_of = [], {"decode": None, "request": None}  # summed over the GPUs
     for gpu, rs in sorted(by_gpu.items(), key=lambda kv: str(kv[0])):
         rs.sort(key=lambda r: r["t_s"])
         phases: dict[str, list[dict]] = defaultdict(list)
@@ -197,8 +204,8 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
             s = stats(prs)
             v, ev, basis = verdict(s, sources)
             joules, how = _energy(rs, prs) if phase != "idle" else (None, None)
-            if phase in ("decode", "request") and joules is not None:
-                decode_J, any_decode_J = decode_J + joules, True
+            if phase in joules_of and joules is not None:
+                joules_of[phase] = (joules_of[phase] or 0.0) + joules
             per_phase.append({"gpu": gpu, "name": signals.gpu_name(rs[0]), "node": rs[0].get("node"),
                               "phase": phase, "samples": len(prs),
                               "t0_s": prs[0]["t_s"], "t1_s": prs[-1]["t_s"], "verdict": v, "evidence": ev,
@@ -210,7 +217,7 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
         a["evidence"] = group_evidence(group, sources)
     if any(d.get("node") for d in per_phase):
         out["nodes"] = per_node(per_phase)
-    out.update(_request_numbers(request, decode_J if any_decode_J else None))
+    out.update(_request_numbers(request, joules_of["decode"], joules_of["request"]))
     dec = [d for d in per_phase if d["phase"] == "decode"] or [d for d in per_phase if d["phase"] == "request"]
     dec = [d for d in dec if d["verdict"] != "idle"] or dec  # several GPUs: the headline is a working one's
     out["verdict"] = dec[0]["verdict"] if dec else None
@@ -222,8 +229,11 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
     return out
 
 
-def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, Any]:
-    """decode_step_ms, effective bandwidth, energy per token and the floor from what the request measured."""
+def _request_numbers(req: dict[str, Any], decode_J: float | None, request_J: float | None = None) -> dict[str, Any]:
+    """decode_step_ms, effective bandwidth, energy per token and the floor from what the request measured.
+    ``energy_J_per_token`` is the decode phase's energy only; where the backend gave no first-token time (a
+    server: prefill and decode share one "request" phase) it stays None and ``request_energy_J_per_token``
+    says the whole request's energy per decoded token, prefill included, under its own name."""
     steps = [x for x in (req.get("step_ms") or []) if _num(x) is not None]
     verify_steps, decode_s = _num(req.get("verify_steps")), _num(req.get("decode_s"))
     step_ms = quantile(steps, 0.5) if steps else (decode_s * 1e3 / verify_steps if decode_s and verify_steps
@@ -232,7 +242,8 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, A
                            "verify_ms_mean": _num(req.get("verify_ms_mean")), "kv_GB_per_step": None,
                            "eff_bw_GBps": None, "verify_eff_bw_GBps": None, "floor_ms": None, "gap": None,
                            "kv_floor_ms": None, "attn_gap": None, "floor_binds": req.get("floor_binds"),
-                           "energy_J_per_token": None, "decode_energy_J": decode_J}
+                           "energy_J_per_token": None, "decode_energy_J": decode_J,
+                           "request_energy_J_per_token": None}
     kv_tok, prompt = _num(req.get("kv_B_per_token")), _num(req.get("prompt_tokens"))
     done = _num(req.get("completion_tokens")) or 0.0
     if kv_tok and prompt:
@@ -254,4 +265,6 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None) -> dict[str, A
     tokens = done - 1 if done > 1 else None  # the first token comes out of prefill
     if decode_J is not None and tokens:
         out["energy_J_per_token"] = decode_J / tokens
+    elif request_J is not None and tokens:
+        out["request_energy_J_per_token"] = request_J / tokens
     return out

@@ -52,7 +52,32 @@ def check_rows(rows: Any, kind: str, source: str) -> list[dict[str, Any]]:
             if v is ... or isinstance(v, bool) or not isinstance(v, types):
                 got = "missing" if v is ... else f"{type(v).__name__} {str(v)[:40]!r}"
                 raise DDProbeError(f"{source}: row {i} of this {kind} file has a bad {key!r} ({got})")
+        why = impossible(row) if kind == "commit" else None
+        if why:
+            raise DDProbeError(f"{source}: row {i} of this {kind} file: {why}: not believed")
     return rows
+
+
+# counts and times of a commit row that cannot be negative (NaN and infinities are not JSON: refused when read)
+NON_NEGATIVE = ("prompt_tokens", "completion_tokens", "verify_steps", "max_new_tokens", "prefill_s", "decode_s",
+                "e2e_s", "decode_ms_per_step", "tokens_per_s", "drafts_per_step", "reused_tokens")
+
+
+def impossible(row: dict[str, Any]) -> str | None:
+    """What a commit row says that no measurement can (None: nothing): a negative count or time, a commit length
+    below 1 or above max_new_tokens, more verify steps than tokens. The reports and ``floor --steps-from`` read
+    rows through this (``Result.from_dict``)."""
+    for key in NON_NEGATIVE:
+        v = row.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            return f"{key} is {v!r}"
+    c, n = row.get("commit_len"), row.get("max_new_tokens")
+    if c is not None and not (1.0 - 1e-9 <= c <= (n if isinstance(n, int) and n >= 1 else float("inf")) + 1e-9):
+        return f"commit length {c:g} outside [1, {n if isinstance(n, int) else 'max_new_tokens'}]"
+    steps, done = row.get("verify_steps"), row.get("completion_tokens")
+    if isinstance(steps, int) and isinstance(done, int) and steps > max(done, 1):
+        return f"{steps} verify steps for {done} tokens"
+    return None
 
 
 def _pkg_version(name: str) -> str | None:
@@ -179,6 +204,9 @@ class Result:
             meta = RunMeta(**d["meta"])
             kind = d["kind"]
             rows = check_rows(d.get("rows", []), kind, source)
+            step = (d.get("summary") or {}).get("decode_step_ms") if kind == "gpu-util" else None
+            if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
+                raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not believed")
             rows, config, summary = signals.upgrade(kind, list(rows), d.get("config", {}), d.get("summary", {}))
             if kind == "floor":  # an older file's whole-step floor under today's name
                 rows = [upgrade_floor_row(r) for r in rows]
@@ -204,19 +232,19 @@ class Result:
         return df
 
     def to_csv(self, path: str | os.PathLike) -> Path:
+        """The rows as CSV, written atomically like the JSON (``write_text_atomic``)."""
         import csv
+        import io
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         keys: list[str] = []
         for row in self.rows:
             keys += [k for k in row if k not in keys]
-        with path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            for row in self.rows:
-                w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
-        return path
+        buf = io.StringIO(newline="")
+        w = csv.DictWriter(buf, fieldnames=keys)
+        w.writeheader()
+        for row in self.rows:
+            w.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+        return write_text_atomic(path, buf.getvalue(), "CSV file")
 
 
 def load(path: str | os.PathLike) -> Result:

@@ -130,18 +130,30 @@ class GpuSpec:
     bw_Bps: float  # peak memory bandwidth, bytes/s (datasheet)
     bf16_flops: float  # dense bf16 tensor rate, FLOP/s (datasheet, no sparsity)
     l2_bytes: int  # last-level on-chip cache (L2; MI300X: Infinity Cache)
+    device_names: tuple[str, ...] = ()  # the names NVML / dcgm-exporter's modelName report, matched exactly
 
 
 _MiB = 1 << 20
+# Datasheet values per board; a board's variants with another memory (H100 PCIe's HBM2e, GH200's HBM3e, A100 40 GB)
+# are rows of their own, named exactly as NVML names them.
 GPUS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, 128 * _MiB),
-    GpuSpec("h100", "NVIDIA H100 SXM", 3.35e12, 989e12, 50 * _MiB),
-    GpuSpec("h200", "NVIDIA H200 SXM", 4.8e12, 989e12, 50 * _MiB),
-    GpuSpec("b200", "NVIDIA B200", 8.0e12, 2250e12, 126 * _MiB),
-    GpuSpec("a100", "NVIDIA A100 80GB SXM", 2.039e12, 312e12, 40 * _MiB),
-    GpuSpec("h20", "NVIDIA H20", 4.0e12, 148e12, 60 * _MiB),
-    GpuSpec("l40s", "NVIDIA L40S", 0.864e12, 362e12, 96 * _MiB),
-    GpuSpec("mi300x", "AMD Instinct MI300X", 5.3e12, 1307e12, 256 * _MiB),
+    GpuSpec("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, 128 * _MiB,
+            ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA RTX PRO 6000 Blackwell Server Edition")),
+    GpuSpec("h100", "NVIDIA H100 SXM", 3.35e12, 989e12, 50 * _MiB, ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB")),
+    GpuSpec("h200", "NVIDIA H200 SXM", 4.8e12, 989e12, 50 * _MiB, ("NVIDIA H200",)),
+    GpuSpec("b200", "NVIDIA B200", 8.0e12, 2250e12, 126 * _MiB, ("NVIDIA B200",)),
+    GpuSpec("a100", "NVIDIA A100 80GB SXM", 2.039e12, 312e12, 40 * _MiB, ("NVIDIA A100-SXM4-80GB",)),
+    GpuSpec("h20", "NVIDIA H20", 4.0e12, 148e12, 60 * _MiB, ("NVIDIA H20",)),
+    GpuSpec("l40s", "NVIDIA L40S", 0.864e12, 362e12, 96 * _MiB, ("NVIDIA L40S",)),
+    GpuSpec("mi300x", "AMD Instinct MI300X", 5.3e12, 1307e12, 256 * _MiB, ("AMD Instinct MI300X",)),
+    GpuSpec("h100-pcie", "NVIDIA H100 PCIe", 2.0e12, 756e12, 50 * _MiB, ("NVIDIA H100 PCIe",)),
+    GpuSpec("h100-nvl", "NVIDIA H100 NVL", 3.9e12, 835e12, 50 * _MiB, ("NVIDIA H100 NVL",)),
+    GpuSpec("gh200", "NVIDIA GH200 (96 GB HBM3)", 4.0e12, 989e12, 50 * _MiB, ("NVIDIA GH200 480GB",)),
+    GpuSpec("gh200-hbm3e", "NVIDIA GH200 (144 GB HBM3e)", 4.9e12, 989e12, 50 * _MiB, ("NVIDIA GH200 144G HBM3e",)),
+    GpuSpec("h200-nvl", "NVIDIA H200 NVL", 4.8e12, 835e12, 50 * _MiB, ("NVIDIA H200 NVL",)),
+    GpuSpec("a100-80gb-pcie", "NVIDIA A100 80GB PCIe", 1.935e12, 312e12, 40 * _MiB, ("NVIDIA A100 80GB PCIe",)),
+    GpuSpec("a100-40gb", "NVIDIA A100 40GB", 1.555e12, 312e12, 40 * _MiB,
+            ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB")),
 ]}
 # What the timers assume when they do not know the GPU: the largest L2 of the Hopper parts ddprobe is
 # measured on, so "3x the L2" errs towards more caches.
@@ -155,13 +167,18 @@ def get_gpu(name: str) -> GpuSpec:
     return GPUS[key]
 
 
+def _norm(name: str) -> str:
+    return " ".join(name.lower().split())
+
+
+_BY_DEVICE_NAME = {_norm(n): g for g in GPUS.values() for n in (g.name, g.label, *g.device_names)}
+
+
 def gpu_spec_for(name: str | None) -> GpuSpec | None:
-    """The preset whose name an NVML device name matches ("NVIDIA H200" -> h200), else None."""
-    n = (name or "").lower().replace(" ", "").replace("-", "")
-    for key in sorted(GPUS, key=len, reverse=True):  # h200 before h20
-        if key.replace("-", "") in n:
-            return GPUS[key]
-    return None
+    """The preset of a device name as NVML or dcgm-exporter report it ("NVIDIA H200" -> h200, "NVIDIA H100 PCIe"
+    -> h100-pcie), matched exactly (case and spacing aside), never by substring: a board this table does not
+    name gets None (no datasheet floor) rather than a sibling's bandwidth."""
+    return _BY_DEVICE_NAME.get(_norm(name or ""))
 
 
 def floor_s(nbytes: float, flops: float = 0.0, *, bw_Bps: float, flops_per_s: float | None = None) -> tuple[float, str]:

@@ -70,8 +70,9 @@ BARS = ["tensor_active_pct", "dram_active_pct", "sm_active_pct", "power_pct"]  #
 HEAT = ["tensor_active_pct", "dram_active_pct"]  # heat strip per GPU over time
 
 # datasheet board power (W) by shapes.GPUS name: the power share when a source has no limit reading
-DATASHEET_POWER_W = {"h200": 700.0, "h100": 700.0, "b200": 1000.0, "a100": 400.0, "h20": 400.0, "l40s": 350.0,
-                     "rtx-pro-6000": 600.0}
+DATASHEET_POWER_W = {"h200": 700.0, "h200-nvl": 600.0, "h100": 700.0, "h100-pcie": 350.0, "h100-nvl": 400.0,
+                     "b200": 1000.0, "a100": 400.0, "a100-80gb-pcie": 300.0, "a100-40gb": 400.0, "h20": 400.0,
+                     "l40s": 350.0, "rtx-pro-6000": 600.0}  # GH200: the module's power, not the GPU's: none
 
 # results files written before the signals were named for what they measure
 LEGACY = {"gpm_sm_util_pct": "sm_active_pct", "gpm_sm_occupancy_pct": "sm_occupancy_pct",

@@ -1,6 +1,6 @@
 """All unit parsing and formatting in one place.
 
-Conventions (DESIGN.md): 1k tokens = 1024 tokens, 1m = 1024k; GB = 1e9 bytes,
+Conventions: 1k tokens = 1024 tokens, 1m = 1024k; GB = 1e9 bytes,
 TB/s = 1e12 bytes/s (decimal, as GPU datasheets quote them); GiB and TiB/s are binary.
 Parsers return plain numbers in base units: tokens, bytes, bytes/s, seconds.
 Every parse error is a ``UnitError`` with a one-line message naming the bad part.

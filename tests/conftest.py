@@ -1,8 +1,13 @@
-"""Shared fixtures: a headless browser that loads a report and says what it saw, and the test data folder."""
+"""Shared fixtures (a headless browser that loads a report and says what it saw, the test data folder, a Triton
+script in an interpreter child) and the suite's markers: ``interpreter`` tests run their Triton kernels; on a
+machine without a GPU they run in one child pytest per file under TRITON_INTERPRET=1 and are reported here test by
+test (``ChildResult``)."""
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,22 +85,99 @@ def run_triton_script():
     return run
 
 
-@pytest.fixture
-def rerun_under_interpreter():
-    """run(test_file, timeout): the whole test file again in one child pytest with TRITON_INTERPRET=1 set for that
-    child alone (kernel tests on a machine without a GPU); the child must pass every test it runs."""
-    import os
-    import sys
+# ---- Triton kernel tests in an interpreter child, reported per test ---------------------------------------------
+CHILD_REPORT = "DDPROBE_CHILD_REPORT"  # set in the child: the file its per-test outcomes are appended to
+
+
+def kernels_run_here() -> bool:
+    """Triton kernels run in this process: a GPU, or the interpreter switched on before triton was imported."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return True
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without a GPU (and not in the interpreter child) each ``interpreter`` test is replaced by a ChildResult of
+    the same id: the file's kernel tests run once, in one child, when the first of them is reached."""
+    if not any(i.get_closest_marker("interpreter") for i in items) or kernels_run_here():
+        return
+    children: dict = {}
+    for n, item in enumerate(items):
+        if item.get_closest_marker("interpreter"):
+            items[n] = ChildResult.from_parent(item.parent, name=item.name, children=children,
+                                               timeout=getattr(item.module, "INTERPRETER_TIMEOUT", 600),
+                                               origin=item.reportinfo())
+            items[n].own_markers = list(item.own_markers)
+            items[n].keywords.update(item.keywords)
+            items[n].add_marker("slow")  # the file's child runs for minutes
+
+
+def run_child(ids: list[str], timeout: int) -> dict:
+    """The ``interpreter`` tests ``ids`` (node ids) in a child pytest with TRITON_INTERPRET=1 set for that child alone
+    -> {node id: (outcome, text)}: 'failed' when any phase failed (the report's text), 'skipped' (the reason), else
+    'passed'. A child that stops early (a crash, the timeout) leaves its tests missing from the answer."""
+    import tempfile
 
     pytest.importorskip("triton")
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "reports.jsonl"
+        env = dict(os.environ, TRITON_INTERPRET="1", **{CHILD_REPORT: str(log)})
+        cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider", "-m", "interpreter",
+               "-W", "ignore::RuntimeWarning", *ids]
+        try:
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                                  cwd=Path(__file__).parents[1])
+            tail = done.stdout[-3000:] + done.stderr[-2000:]
+        except subprocess.TimeoutExpired:
+            tail = f"the child ran past {timeout} s"
+        out: dict = {"": ("", tail)}
+        for line in log.read_text().splitlines() if log.exists() else []:
+            r = json.loads(line)  # a test's phases in order: the first that did not pass decides
+            if out.get(r["nodeid"], ("passed",))[0] == "passed":
+                out[r["nodeid"]] = (r["outcome"], r["text"])
+    return out
 
-    def run(test_file: str, timeout: int = 600) -> None:
-        env = dict(os.environ, TRITON_INTERPRET="1")
-        done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-p", "no:cacheprovider",
-                               "-W", "ignore::RuntimeWarning", test_file],
-                              env=env, capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).parents[1])
-        print(done.stdout[-3000:])
-        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-        assert " passed" in done.stdout and " failed" not in done.stdout
 
-    return run
+class ChildResult(pytest.Item):
+    """An ``interpreter`` test on a machine without a GPU: passes, fails or skips as the same test did in the
+    interpreter child of its file (run once per file, for the first of its tests reached, on the file's tests that
+    this run selected)."""
+
+    def __init__(self, *, children: dict, timeout: int, origin: tuple, **kw):
+        super().__init__(**kw)
+        self.children, self.timeout, self.origin = children, timeout, origin
+
+    def runtest(self) -> None:
+        path = self.path
+        if path not in self.children:
+            ids = [i.nodeid for i in self.session.items if isinstance(i, ChildResult) and i.path == path]
+            self.children[path] = run_child(ids, self.timeout)
+        got = self.children[path]
+        outcome, text = got.get(self.nodeid, ("missing", ""))
+        if outcome == "skipped":
+            pytest.skip(text)
+        if outcome != "passed":
+            raise ChildFailure(text if outcome == "failed" else
+                               f"not reported by the interpreter child; its output ends:\n{got[''][1]}")
+
+    def repr_failure(self, excinfo):
+        return str(excinfo.value) if isinstance(excinfo.value, ChildFailure) else super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.origin  # the test function's file and line
+
+
+class ChildFailure(Exception):
+    """What the interpreter child reported for a failed test."""
+
+
+def pytest_runtest_logreport(report):
+    """In the interpreter child: each phase's outcome appended to the parent's file (ChildResult reads it)."""
+    log = os.environ.get(CHILD_REPORT)
+    if log and (report.when == "call" or report.outcome != "passed"):
+        text = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else \
+            (report.longreprtext if report.outcome == "failed" else "")
+        with open(log, "a") as f:
+            f.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome, "text": text}) + "\n")

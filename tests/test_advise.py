@@ -139,3 +139,17 @@ def test_measured_on_this_machine(tmp_path):
     assert 1 <= row["commit_len"] <= 3 and row["decode_ms"] > 0 and row["verify_ms"] > 0
     assert row["spec_tok_s"] == pytest.approx(row["commit_len"] / row["verify_ms"] * 1e3)
     assert d["config"]["measured"]["preset"] == "tiny" and d["summary"]["decode_source"].startswith("measured")
+
+
+def test_outputs_never_replace_inputs_or_earlier_results(tmp_path):
+    f = tmp_path / "a.json"
+    typed = ["--ctx", "32k", "--step-ms", "159", "--commit-len", "7", "--decode-ms", "20"]
+    _advise(*typed, "-o", str(f))
+    before = f.read_text()
+    p = _advise(*typed, "-o", str(f), ok=False)
+    assert "already holds results measured earlier" in p.stderr and f.read_text() == before
+    _advise(*typed, "-o", str(f), "--force")
+    src = tmp_path / "c.json"
+    src.write_text(open("examples/commit-tiny-cpu-long-2026-12-02.json").read())
+    p = _advise("--from", str(src), "--decode-ms", "30", "-o", str(src), ok=False)
+    assert "is also the input --from" in p.stderr

@@ -57,6 +57,15 @@ def test_bad_input(ctx, step, msg):
     assert msg in str(e.value)
 
 
+def test_differences_within_the_noise_are_flat():
+    """14.20 then 14.18 ms: flat, noisy step times as a GPU gives them, not 'a measurement went wrong'."""
+    an = fit_anatomy([8 * K, 32 * K, 128 * K], [14.20, 14.18, 14.25])
+    assert an.linear and not an.notes and all(iv.ms_per_1k >= 0 for iv in an.intervals)
+    assert an.dominant == "fixed" and an.fixed_ms == pytest.approx(14.2, abs=0.05)
+    with pytest.raises(DDProbeError, match="more than the 2% a step time moves between runs"):
+        fit_anatomy([8 * K, 32 * K], [14.20, 13.0])  # 8% faster at 4x the context: not noise
+
+
 def test_steps_from_results():
     rows = [{"text": "novel", "ctx": 2048, "decode_ms_per_step": 12.0}, {"text": "novel", "ctx": 1024,
             "decode_ms_per_step": 10.0}, {"text": "predictable", "ctx": 1024, "decode_ms_per_step": 9.0}]

@@ -4,7 +4,9 @@ the console script). None may print a traceback, and none that would measure may
 case here fails before an engine step (the checks run before the model is built, or while the options are
 parsed), so the table stays fast. The next audit starts from this table (issue 36).
 """
+import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -60,28 +62,128 @@ def _cases(tmp: Path):
         ("report out is a dir", ["report", RESULTS, "-o", dh], 1, r"--out .*dir\.html: is a directory"),
         ("diagnose out-dir is a file", ["diagnose", "--ctx", "256", "--out-dir", f], 1,
          r"--out-dir .*file: is a file, not a folder"),
+        # outputs never harm what they name (issue 44): special files, links, system folders, inputs, earlier results
+        ("commit json a char device", ["commit", "--ctx", "256", "--json", str(tmp / "null")], 1,
+         r"--json .*null: is a character device, not a regular file$"),
+        ("commit csv a FIFO", ["commit", "--ctx", "256", "--json", d + "/c.json", "--csv", str(tmp / "fifo")], 1,
+         r"--csv .*fifo: is a FIFO, not a regular file$"),
+        ("gpu-util json a symlink", ["gpu-util", "--replay", REPLAY, "--json", str(tmp / "link")], 1,
+         r"--json .*link: is a symbolic link"),
+        ("floor out a symlink loop", ["floor", "-o", str(tmp / "loop")], 1, r"--out .*loop: is a symbolic link"),
+        ("report out a char device", ["report", RESULTS, "-o", str(tmp / "null")], 1,
+         r"--out .*null: is a character device"),
+        ("commit json under /proc", ["commit", "--ctx", "256", "--json", "/proc/self/ddprobe-never.json"], 1,
+         r"--json /proc/self/ddprobe-never\.json: is under /proc"),
+        ("gpu-util json under /sys", ["gpu-util", "--replay", REPLAY, "--json", "/sys/ddprobe-never.json"], 1,
+         r"is under /sys"),
+        ("commit json earlier results", ["commit", "--ctx", "256", "--json", str(tmp / "s.json")], 1,
+         r"--json .*s\.json: already holds results measured earlier \(give another path, or --force"),
+        ("floor out = steps-from", ["floor", "--steps-from", str(tmp / "s.json"), "--out", str(tmp / "s.json")], 1,
+         r"--out .*s\.json is also the input --steps-from: writing it would replace what is read"),
+        ("gpu-util json = replay", ["gpu-util", "--replay", str(tmp / "g.json"), "--json", str(tmp / "g.json"),
+                                    "--force"], None, None),
+        ("report out = an input", ["report", str(tmp / "s.json"), "-o", str(tmp / "s.json")], 1,
+         r"--out .*s\.json is also the input RESULTS"),
+        ("diagnose out-dir with earlier results", ["diagnose", "--ctx", "256", "--out-dir", str(tmp / "earlier")], 1,
+         r"--out-dir .*earlier: already holds commit\.json from an earlier run \(give another path, or --force"),
+        ("diagnose out-dir empty", ["diagnose", "--ctx", "256", "--out-dir", ""], 1, r"--out-dir: empty path"),
+        # inputs: regular files only (a FIFO is refused at once, not read), JSON nested at most 64 deep
+        ("floor config a FIFO", ["floor", "--config", str(tmp / "fifo")], 1, r"config .*fifo is a FIFO: give a regular"),
+        ("floor steps-from a FIFO", ["floor", "--steps-from", str(tmp / "fifo")], 1, r"fifo is a FIFO"),
+        ("gpu-util replay a FIFO", ["gpu-util", "--replay", str(tmp / "fifo"), "--json", d + "/g.json"], 1,
+         r"fifo is a FIFO"),
+        ("report a FIFO", ["report", str(tmp / "fifo"), "-o", d + "/r.html"], 1, r"fifo is a FIFO"),
+        ("report deep JSON", ["report", str(tmp / "deep.json"), "-o", d + "/r.html"], 1,
+         r"deep\.json: JSON nested deeper than 64 levels"),
+        ("gate deep JSON", ["gate", str(tmp / "deep.json"), "-b", RESULTS], 1, r"nested deeper than 64"),
+        ("replay deep JSON", ["gpu-util", "--replay", str(tmp / "deep.json"), "--json", d + "/g.json"], 1,
+         r"nested deeper than 64"),
+        ("floor steps-from deep JSON", ["floor", "--steps-from", str(tmp / "deep.json")], 1, r"nested deeper than 64"),
+        # the audit's one-liners (issue 44): options twice, empty strings, options another backend ignores
+        ("option given twice", ["floor", "--ctx", "1k", "--ctx", "2k"], 1,
+         r"--ctx given more than once: give each option once \(only the last would count\)"),
+        ("option given twice with =", ["commit", "--ctx=256", "--budget", "4", "--budget=8"], 1,
+         r"--budget given more than once"),
+        ("flag pair given twice", ["commit", "--ctx", "256", "--graphs", "--no-graphs"], 1,
+         r"--graphs/--no-graphs given more than once"),
+        ("floor gpu empty", ["floor", "--gpu", ""], 1, r"unknown GPU ''"),
+        ("diagnose gpu empty", ["diagnose", "--ctx", "256", "--gpu", ""], 1, r"unknown GPU ''"),
+        ("serve max-ctx empty", ["serve", "--max-ctx", "", "--port", "39218"], 1, r"bad token count ''"),
+        ("serve max-body bad", ["serve", "--max-body", "12x", "--port", "39218"], 1,
+         r"--max-body: bad byte count '12x'"),
+        ("preset budget with sglang", ["commit", "--backend", "sglang", "--url", "http://127.0.0.1:9", "--preset",
+                                       "k2", "--budget", "4"], 1,
+         r"--preset, --budget: engine options, ignored with --backend sglang .*: drop them$"),
+        ("attn with vllm", ["diagnose", "--backend", "vllm", "--url", "http://127.0.0.1:9", "--attn", "split"], 1,
+         r"--attn: engine option, ignored with --backend vllm"),
+        ("model with the engine", ["diagnose", "--ctx", "256", "--model", "kimi-k2"], 1,
+         r"--model: the engine backend's floor uses the engine's own model"),
+        ("diagnose max-new-tokens 0", ["diagnose", "--ctx", "256", "--max-new-tokens", "0"], 1,
+         r"--max-new-tokens must be at least 2, got 0"),
+        # numbers in results files: report and gate refuse what floor --steps-from refuses (one check)
+        ("report commit length -3", ["report", str(tmp / "neg.json"), "-o", d + "/r.html"], 1,
+         r"neg\.json: row 1 of this commit file: commit length -3 outside \[1, 16\]: not believed$"),
+        ("floor steps-from commit length -3", ["floor", "--steps-from", str(tmp / "neg.json")], 1,
+         r"neg\.json: row 1 of this commit file: commit length -3 outside"),
+        ("report commit length 99999", ["report", str(tmp / "huge.json"), "-o", d + "/r.html"], 1,
+         r"commit length 99999 outside \[1, 16\]"),
+        ("report negative step time", ["report", str(tmp / "negtime.json"), "-o", d + "/r.html"], 1,
+         r"decode_ms_per_step is -0\.5: not believed"),
+        ("gate commit length -3", ["gate", str(tmp / "neg.json"), "-b", RESULTS], 1, r"commit length -3 outside"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
         ("unknown attn lists verify paths", ["commit", "--ctx", "256", "--attn", "nope"], 1,
-         r"known: reference, paged, sglang, split, split_ws$"),
+         r"known: auto, reference, paged, sglang, split, split_ws$"),
     ]
 
 
 @pytest.fixture
 def tmp(tmp_path):
+    """Also, all inside ``tmp_path`` (never the machine's /dev): a character device ``null`` (1:3, as /dev/null),
+    a FIFO, a symlink to ``file``, a symlink loop, a results file ``s.json``, a gpu-util file ``g.json``, JSON
+    nested 100 deep and a diagnose folder ``earlier`` holding a ``commit.json``."""
+    import os
+    import shutil
+    import stat
+
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir.html").mkdir()
     (tmp_path / "file").write_text("not a folder\n")
+    os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mkfifo(tmp_path / "fifo")
+    os.symlink(tmp_path / "file", tmp_path / "link")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    shutil.copy(DATA / "commit-tiny-cpu.json", tmp_path / "s.json")
+    shutil.copy(REPLAY, tmp_path / "g.json")
+    (tmp_path / "deep.json").write_text("[" * 100 + "]" * 100)
+    for name, change in (("neg.json", {"commit_len": -3.0}), ("huge.json", {"commit_len": 99999.0}),
+                         ("negtime.json", {"decode_ms_per_step": -0.5})):
+        d = json.loads((DATA / "commit-tiny-cpu.json").read_text())
+        d["rows"][0].update(change)
+        (tmp_path / name).write_text(json.dumps(d))
+    (tmp_path / "earlier").mkdir()
+    shutil.copy(DATA / "commit-tiny-cpu.json", tmp_path / "earlier" / "commit.json")
     return tmp_path
+
+
+def _kinds(tmp: Path) -> dict:
+    """What each special file is, to check that a refused run left it as it was."""
+    import os
+
+    return {p.name: os.lstat(p).st_mode for p in tmp.iterdir()}
 
 
 @pytest.mark.parametrize("case", [c[0] for c in _cases(Path("/x"))])
 def test_bad_input(case, tmp):
     _, args, code, pattern = next(c for c in _cases(tmp) if c[0] == case)
-    before = sorted(p.name for p in tmp.rglob("*"))
+    before, kinds = sorted(p.name for p in tmp.rglob("*")), _kinds(tmp)
     r = CliRunner().invoke(app, args, env={"COLUMNS": "400", "OMP_NUM_THREADS": "1"})
     text = r.stderr + r.stdout
+    if code is None:  # a case that must succeed (--force given)
+        assert r.exit_code == 0, (args, text)
+        return
+    assert _kinds(tmp) == kinds  # every device, FIFO and link still what it was
     assert r.exit_code == code, (args, r.exit_code, text)
     assert r.exception is None or isinstance(r.exception, SystemExit), (args, repr(r.exception))
     assert "Traceback" not in text
@@ -108,7 +210,9 @@ def test_auto_only_beside_what_was_automatic(tmp_path):
     r = CliRunner().invoke(app, ["commit", "--ctx", "256", "--text", "predictable", "--max-new-tokens", "2",
                                  "--dtype", "fp32", "--json", str(tmp_path / "c.json")], env={"OMP_NUM_THREADS": "1"})
     assert r.exit_code == 0, r.output
-    assert "engine: device cpu (auto), dtype fp32, 1 thread (OMP_NUM_THREADS)" in r.stderr
+    assert "engine: device cpu (auto), dtype fp32, attn reference (auto), 1 thread (OMP_NUM_THREADS)" in r.stderr
+    assert "attn reference: the fastest path that runs this model on the CPU in fp32 (the Triton paths run on " \
+           "the CPU only under TRITON_INTERPRET, slowly)" in r.stderr  # why auto chose it, in one line
 
 
 def test_piped_output_ends_in_a_newline_without_a_blank_line(tmp_path):
@@ -230,3 +334,46 @@ def test_healthy_cells_are_not_flagged():
     assert logits_problem(torch.zeros(10)) == "all equal"
     assert logits_problem(torch.tensor([0.0, math.inf])) == "not finite"
     assert logits_problem(torch.tensor([0.0, 1.0])) is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--attn", "split_ws"], "--attn split_ws cannot run the tiny preset here: split_ws takes MLA rows of 512 + 64; "
+                             "this model's are 64 + 32"),
+    (["--attn", "flash"], "--attn: unknown attention path 'flash'; known: auto, reference"),
+    (["--weights", "trained", "--preset", "k2"], "--weights trained: the k2 preset ships no trained weights"),
+    (["--ctx", "300k"], "context 300k (307,200 tokens) + 128 new tokens is beyond the 270,336 tokens the tiny preset"),
+])
+def test_engine_refusals_come_before_the_engine_is_built(tmp_path, args, says):
+    """What the engine would refuse is refused in one line before it is built: no warm-up, no results file."""
+    r = CliRunner().invoke(app, ["commit", *args, "--json", str(tmp_path / "c.json")], env={"OMP_NUM_THREADS": "1"})
+    assert r.exit_code == 1 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "warm-up" not in r.stderr
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_atomic_write_never_replaces_a_special_file(tmp):
+    """The atomic write itself (every results file, CSV and report goes through it) refuses what the output
+    checks refuse: a command that skipped them still cannot turn a device, FIFO or link into a regular file."""
+    import stat
+
+    from ddprobe.jsonfile import write_text_atomic
+    from ddprobe.units import DDProbeError
+
+    for name, why in (("null", "is a character device"), ("fifo", "is a FIFO"), ("link", "is a symbolic link"),
+                      ("loop", "is a symbolic link")):
+        before = os.lstat(tmp / name).st_mode
+        with pytest.raises(DDProbeError, match=why):
+            write_text_atomic(tmp / name, "x\n")
+        assert os.lstat(tmp / name).st_mode == before and not stat.S_ISREG(before)
+    with pytest.raises(DDProbeError, match="is under /proc"):
+        write_text_atomic("/proc/self/ddprobe-never.json", "x\n")
+    assert not [p for p in tmp.iterdir() if p.name.endswith(".tmp")]  # no temporary file left behind
+
+
+def test_force_replaces_an_input_on_purpose(tmp):
+    """--force is the one way to write over an input: floor --steps-from s.json --out s.json --force replaces the
+    commit file with the floor's (the user asked)."""
+    r = CliRunner().invoke(app, ["floor", "--steps-from", str(tmp / "s.json"), "--out", str(tmp / "s.json"),
+                                 "--force"], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp / "s.json").read_text())["kind"] == "floor"

@@ -1,9 +1,12 @@
 """The engine options, defined once: every engine command has all of them with its own defaults, `auto` picks
 the device here (no GPU: cpu and fp32), and the options a child process gets rebuild the same engine."""
+import dataclasses
+
 import pytest
 import typer
 from typer.testing import CliRunner
 
+from ddprobe import verify_paths
 from ddprobe.cli import app
 from ddprobe.cli.options import EngineOptions, engine_options, kv_capacity
 from ddprobe.probes.commit import CONTEXT_SLACK
@@ -47,19 +50,60 @@ def test_auto_resolves_to_cpu_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: auto picks cuda")
     r = EngineOptions().resolved()
-    assert (r.device, r.dtype) == ("cpu", "fp32")
-    assert EngineOptions().chosen() == "device cpu (auto), dtype fp32 (auto)"
-    assert EngineOptions(device="cpu", dtype="fp32", attn="auto").chosen() == "device cpu, dtype fp32, attn reference (auto)"
+    assert (r.device, r.dtype, r.attn) == ("cpu", "fp32", "reference")  # no GPU: the CPU runs the reference path
+    assert EngineOptions().chosen() == "device cpu (auto), dtype fp32 (auto), attn reference (auto)"
+    assert EngineOptions(device="cpu", dtype="fp32").chosen() == "device cpu, dtype fp32, attn reference (auto)"
+    assert EngineOptions().attn_reason() == "attn reference: the fastest path that runs this model on the CPU in " \
+                                            "fp32 (the Triton paths run on the CPU only under TRITON_INTERPRET, slowly)"
+    assert EngineOptions(attn="split").attn_reason() is None
     assert EngineOptions(dtype="fp16", attn="paged").chosen() == "device cpu (auto), dtype fp16"  # typed: no "(auto)"
-    assert EngineOptions(device="cuda", dtype="bf16").chosen() is None
-    assert EngineOptions(attn="auto").resolved().attn == "reference"  # no GPU: the CPU runs the reference path
+    assert EngineOptions(device="cpu", dtype="bf16", attn="split").chosen() is None
 
 
-def test_attn_auto_picks_split_ws_on_sm90_only():
-    from ddprobe import verify_paths
-    assert verify_paths.auto_path((9, 0)) == "split_ws"
-    assert verify_paths.auto_path((8, 0)) == verify_paths.auto_path((10, 0)) == "split"
-    assert verify_paths.auto_path(None) == "reference"
+ARCHS = [(8, 0), (8, 9), (9, 0), (10, 0), (12, 0), None]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "k2"])
+@pytest.mark.parametrize("sm", ARCHS, ids=lambda sm: verify_paths.sm_name(sm))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16", "fp64"])
+def test_auto_for_every_preset_architecture_and_dtype(preset, sm, dtype):
+    """auto from the path table's capabilities, without a GPU: split_ws only for K2's 512 + 64 rows in bf16/fp16
+    on sm_90; split on every other GPU, shape and Triton dtype; the fp32 reference on the CPU and for fp64."""
+    row = EngineOptions(preset=preset).model_row()
+    assert row == {"tiny": (64, 32), "k2": (512, 64)}[preset]
+    name, why = verify_paths.auto_choice(sm, dtype, row)
+    if sm is None or dtype == "fp64":
+        want = "reference"
+    elif sm == (9, 0) and preset == "k2" and dtype in ("bf16", "fp16"):
+        want = "split_ws"
+    else:
+        want = "split"
+    assert name == want, (preset, sm, dtype, why)
+    assert verify_paths.why_not(verify_paths.get(name), sm, dtype, row) is None  # the choice runs the model here
+    assert "\n" not in why and verify_paths.sm_name(sm) in why and dtype in why
+    if name != "split_ws" and sm == (9, 0):  # the reason names why the faster path was passed over
+        assert "split_ws takes" in why
+        if preset == "tiny" and dtype in ("bf16", "fp16"):
+            assert "this model's are 64 + 32" in why  # the tiny model's real rope width (32)
+
+
+def test_the_table_alone_decides():
+    """A new row only declares its capabilities: a faster row that runs everywhere wins, one that does not
+    run this shape is passed over with its reason."""
+    fast = dataclasses.replace(verify_paths.BY_NAME["split"], name="newpath", speed=9, rows=("256+32",))
+    saved = verify_paths.PATHS
+    try:
+        verify_paths.PATHS = saved + (fast,)
+        assert verify_paths.auto_choice((9, 0), "bf16", (256, 32))[0] == "newpath"
+        name, why = verify_paths.auto_choice((9, 0), "bf16", (512, 64))
+        assert name == "split_ws" and "newpath takes MLA rows of 256 + 32; this model's are 512 + 64" in why
+        verify_paths.PATHS = saved + (dataclasses.replace(fast, rows=("any",), baseline=True),)
+        assert verify_paths.auto_choice((9, 0), "bf16", (512, 64))[0] == "split_ws"  # a baseline is never auto's
+    finally:
+        verify_paths.PATHS = saved
+
+
+def test_attn_help_names_every_path():
     assert "auto" in verify_paths.attn_help() and all(n in verify_paths.attn_help() for n in verify_paths.verify_names())
     assert EngineOptions(device="cuda").resolved().dtype == "bf16"
 

@@ -122,6 +122,13 @@ def test_http_backends_match_in_process_engine(served, engine):
         for row in (a, b, c):  # one definition: per-step mean, the prefill's token in no step, cut steps as cut
             assert row["commit_len"] == pytest.approx((row["completion_tokens"] - 1) / row["verify_steps"])
             assert row["sglang_accept_length"] == pytest.approx(row["completion_tokens"] / row["verify_steps"])
+    # the servers say no first-token time: the note says why the timing columns are '-' and what they report
+    from ddprobe.probes.commit import timing_note
+
+    assert timing_note(local) is None
+    note = timing_note(via_sglang)
+    assert note.startswith("the sglang backend reports no first-token time") and "ms/step, tok/s and prefill" in note
+    assert f"predictable @ {CTX} {via_sglang[0]['e2e_s']:.3g} s" in note
     # the server decodes the very same tokens as the in-process engine
     ids = prompt_ids(engine, "novel", CTX)
     remote = requests.post(url + "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": NEW}},
@@ -222,7 +229,7 @@ def test_error_paths(stub):
     with pytest.raises(BackendError, match="no speculative-decoding counters.*spec_decode_num_accepted_tokens_total"):
         VLLMBackend(url).generate(list(range(10)), 4)
     url = stub("slow")
-    with pytest.raises(BackendError, match=f"{url}/tokenize: no answer within 0.5 s"):
+    with pytest.raises(BackendError, match=f"{url}/tokenize: no complete answer within 0.5 s"):
         SGLangBackend(url, timeout_s=0.5).tokenize("the cat")
     with pytest.raises(BackendError, match="bad URL"):
         SGLangBackend("localhost:30000")

@@ -64,3 +64,10 @@ def test_incompatible_attention_path_and_layout():
         Engine("tiny", attn="split", kv_layout="paged")
     assert Engine("tiny", attn="split", dtype=torch.float32).kv_layout == "contiguous"  # default: the path's
     assert Engine("tiny").kv_layout == "paged"  # reference works on both; paged is the default
+
+
+def test_a_path_that_cannot_take_the_models_rows_is_refused_naming_them():
+    """split_ws is written for K2's 512 + 64 rows: the tiny model (64 + 32, rope 32) is refused before any weight
+    is made, with its real widths."""
+    with pytest.raises(ValueError, match=r"split_ws takes MLA rows of 512 \+ 64; this model's are 64 \+ 32"):
+        Engine("tiny", attn="split_ws")

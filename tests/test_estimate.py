@@ -107,7 +107,7 @@ def test_cli_says_the_estimate_and_records_it_beside_the_actual_time(tmp_path, m
     assert timing["cells"] == 4
     # the same run, told to say any estimate: one line, before the first cell
     monkeypatch.setattr(E, "SAY_OVER_S", 0.0)
-    r = CliRunner().invoke(app, args)
+    r = CliRunner().invoke(app, args + ["--force"])  # over the first run's file, on purpose
     assert r.exit_code == 0, r.output
     lines = r.stderr.splitlines()
     said = [i for i, line in enumerate(lines) if line.startswith("estimate: about ")]

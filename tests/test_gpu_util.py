@@ -1,7 +1,6 @@
 """gpu-util: NVML reader (fake NVML), sampler and phases, verdicts on recorded timelines, the probe end to end
 on the tiny engine with a fake reader, and the CLI (live mode without a GPU, --replay)."""
 import json
-import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -193,6 +192,27 @@ def test_null_is_never_read_as_zero():
     assert "tensor pipes 0" not in d["evidence"]
 
 
+@pytest.mark.parametrize("gone, want", [
+    (dict(sm_active_pct=None), "latency-bound"),  # tensor, DRAM and power measured low: enough without SM
+    (dict(power_W=None), "latency-bound"),  # SM, tensor and DRAM measured low: enough without power
+    (dict(sm_active_pct=None, power_W=None), "mixed"),  # neither measured: not read as low
+    (dict(sm_active_pct=None, power_W=600.0), "mixed"),  # power high: one measured unit is not low
+])
+def test_missing_sm_or_power_stays_unknown(gone, want):
+    """A missing SM or power value is never read as low: 'every unit low' needs the ones measured low and at
+    least one of SM and power measured."""
+    d = gv.analyze(_rows(**gone))["per_phase"][0]
+    assert d["verdict"] == want, d["evidence"]
+    if gone.get("power_W", 0) is None:
+        assert "power missing" in d["evidence"]
+
+
+def test_missing_memory_util_is_not_low_without_gpm():
+    # power low, nvidia-smi busy, NVML memory util missing: not "probably latency-bound" on a missing value
+    d = gv.analyze(_rows(**{**NO_GPM, "util_mem_pct": None}))["per_phase"][0]
+    assert d["verdict"] == "mixed" and "memory util missing" in d["evidence"]
+
+
 def test_missing_samples_within_a_metric_are_skipped():
     rows = _rows()
     for r in rows[:5]:
@@ -223,10 +243,49 @@ def test_request_numbers_bandwidth_energy_floor():
     assert gv.analyze(rows, req)["energy_J_per_token"] == pytest.approx(140 * 0.2 * 7 / 48)
 
 
+def test_energy_per_token_is_decode_only():
+    """A server without a first-token time: prefill and decode share one "request" phase, whose energy is not
+    divided by the decoded tokens as if it were the decode's; it is said under its own name."""
+    req = {"prompt_tokens": 32768, "completion_tokens": 49, "verify_steps": 48}
+    rows = _rows()
+    rows[0]["phase"] = "idle"
+    for r in rows[1:]:
+        r["phase"] = "request"
+    s = gv.analyze(rows, req)
+    assert s["energy_J_per_token"] is None and s["decode_energy_J"] is None
+    assert s["request_energy_J_per_token"] == pytest.approx(28 * 7 / 48)
+    rows[4]["phase"] = "prefill"  # with a first-token time: the decode's rows alone
+    for r in rows[5:]:
+        r["phase"] = "decode"
+    s = gv.analyze(rows, req)
+    assert s["energy_J_per_token"] == pytest.approx(28 * 3 / 48) and s["request_energy_J_per_token"] is None
+
+
 def test_gpu_spec_for_nvml_names():
     assert gpu_spec_for("NVIDIA H200").name == "h200" and gpu_spec_for("NVIDIA H20").name == "h20"
     assert gpu_spec_for("NVIDIA RTX PRO 6000 Blackwell Server Edition").name == "rtx-pro-6000"
     assert gpu_spec_for("Tesla T4") is None and gpu_spec_for(None) is None
+
+
+@pytest.mark.parametrize("device, preset, tbps", [
+    ("NVIDIA H100 80GB HBM3", "h100", 3.35), ("NVIDIA H100 PCIe", "h100-pcie", 2.0), ("NVIDIA H100 NVL", "h100-nvl", 3.9),
+    ("NVIDIA GH200 480GB", "gh200", 4.0), ("NVIDIA GH200 144G HBM3e", "gh200-hbm3e", 4.9),
+    ("NVIDIA H200", "h200", 4.8), ("NVIDIA H200 NVL", "h200-nvl", 4.8),
+    ("NVIDIA A100-SXM4-80GB", "a100", 2.039), ("NVIDIA A100 80GB PCIe", "a100-80gb-pcie", 1.935),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb", 1.555), ("NVIDIA A100-PCIE-40GB", "a100-40gb", 1.555),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000", 1.792),
+    ("nvidia  h100 pcie", "h100-pcie", 2.0),  # case and spacing aside
+])
+def test_gpu_names_map_to_their_own_datasheet(device, preset, tbps):
+    spec = gpu_spec_for(device)
+    assert spec is not None and spec.name == preset and spec.bw_Bps == pytest.approx(tbps * 1e12)
+
+
+def test_gpu_names_never_match_by_substring():
+    # a sibling's name inside another board's must not lend it the sibling's datasheet
+    for unknown in ("NVIDIA H100 PCIe 94GB Custom", "NVIDIA H200 SXM 141GB Prototype", "NVIDIA H20 Custom", "NVIDIA A100",
+                    "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition"):
+        assert gpu_spec_for(unknown) is None, unknown
 
 
 # ---- the probe end to end (tiny engine on the CPU, fake reader) ----------------------------------
@@ -243,9 +302,13 @@ def test_run_gpu_util_on_the_tiny_engine_with_a_fake_reader(tmp_path):
     s = res.summary
     assert s["request"]["kv_B_per_token"] == be.describe()["layers"] * be.describe()["kv_row"] * 4
     assert s["decode_step_ms"] > 0 and s["eff_bw_GBps"] > 0 and s["energy_J_per_token"] > 0
-    assert s["verdict"] == "latency-bound"
     saved = Result.load(tmp_path / "g.json")
     assert saved.kind == "gpu-util" and len(saved.rows) == len(res.rows) and saved.summary["per_phase"]
+    # the verdicts are the analysis of the timeline saved (their values follow from the fake reader's constants,
+    # so they are not asserted here: the recorded H200 timelines test those), the headline the decode phase's
+    assert saved.summary["per_phase"] == gv.analyze(saved.rows, s["request"])["per_phase"]
+    decode = [d for d in s["per_phase"] if d["phase"] == "decode"]
+    assert len(decode) == 2 and s["verdict"] == decode[0]["verdict"] and s["evidence"] == decode[0]["evidence"]
     assert [m[1] for m in s["markers"]] == ["warmup", "idle", "prefill", "decode", "idle"]
 
 
@@ -267,7 +330,16 @@ def test_cli_live_without_gpu_exits_1_with_one_line(tmp_path):
     assert r.exit_code == 1
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no NVIDIA GPU visible to NVML:")
+    assert "without a GPU here: --replay FILE re-analyses a saved run, --source prometheus|dcgm-exporter" in lines[0]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_cli_replay_writes_no_copy_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        r = CliRunner().invoke(app, ["gpu-util", "--replay", str(SYNTH)])
+        assert r.exit_code == 0, r.output
+    assert list(tmp_path.iterdir()) == [] and "written to" not in r.output  # no ddprobe-results/ copy per call
 
 
 def test_cli_replay_writes_json_and_csv(tmp_path):
@@ -334,17 +406,6 @@ def test_h200_timelines_replay(path, want):
     assert all(r["tensor_active_pct"] is not None for r in res.rows if r["phase"] == "decode")
 
 
-def test_h200_deep_run_reads_the_measured_decode():
-    """The H200 --deep run (k2, 8 heads, 8k prompt, paged): ncu's kernels are the measured decode's, at 8k
-    (about 0.63 ms each, as the benchmark times paged at 8k), not the warm-up's at 256 tokens (33 us)."""
-    r = Result.load(DATA / "gpu-util-h200-deep-paged.json")
-    deep = r.summary["deep"]
-    assert "--no-warmup" in deep["command"] and len(deep["kernels"]) == 4
-    for k in deep["kernels"]:
-        assert k["kernel"] == "_paged_verify_kernel" and 500 < k["time_us"] < 800
-        assert k["dram_pct"] < 1 and k["tensor_pct"] < 2  # the paged kernel idles the GPU under ncu too
-
-
 H200 = DATA / "h200"  # lab-2026-12-03:benchmarks/gpu_util_multi.py on the lent H200 (one GPU: the two-GPU kind was not lent)
 
 
@@ -372,15 +433,6 @@ def test_two_gpus_each_get_their_rows_and_the_headline_is_the_working_one():
     got = {(d["gpu"], d["phase"]): d["verdict"] for d in s["per_phase"]}
     assert got[(0, "request")] == "idle" and got[(1, "request")] == "compute-bound"
     assert s["verdict"] == "compute-bound"
-
-
-def test_sampler_costs_under_one_percent_of_a_step():
-    """Recorded on the H200: the tiny engine's decode step with the sampler ticking every 0.2 s (NVML with
-    GPM) and without, alternating runs; one tick's own cost beside it."""
-    o = Result.load(H200 / "sampler-overhead.json").rows[0]
-    with_s, without = statistics.median(o["per_run_with"]), statistics.median(o["per_run_without"])
-    assert abs(with_s - without) / without < 0.01
-    assert o["tick_ms"] / (o["period_s"] * 1e3) < 0.05  # the sampler thread is busy under 5% of the time
 
 
 @pytest.mark.parametrize("source", [[], ["--source", "prometheus", "--prom-url", "http://127.0.0.1:1"]])

@@ -1,6 +1,6 @@
 """Verify-attention paths vs the fp32 reference, under Triton's CPU interpreter.
 
-The interpreter's tl.dot is wrong for two bf16 operands (DESIGN.md pitfalls): the kernels
+The interpreter's tl.dot is wrong for two bf16 operands (docs/kernels.md): the kernels
 upcast operands to fp32 when interpreting (constexpr UPCAST), and bf16 itself is covered on
 the GPU by `ddprobe bench verify`. Tolerances (relative Frobenius error vs reference):
 fp32 1e-4, fp16 3e-3, bf16 1.5e-2 (the output is rounded to the input dtype).
@@ -21,15 +21,12 @@ from ddprobe.engine.kernels.trees import SHAPES, ancestor_mask, shape_mask  # no
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1.5e-2}
 # On CPU the kernels run under Triton's interpreter, which triton.jit picks when triton itself is
-# imported: so this module re-runs itself in one child pytest with TRITON_INTERPRET=1 set for that
-# child alone (nothing leaks into the other tests' environment or subprocesses).
+# imported: so the tests marked ``interpreter`` run in one child pytest with TRITON_INTERPRET=1 set for
+# that child alone (tests/conftest.py; nothing leaks into the other tests' environment or subprocesses),
+# each reported here by its own id.
 CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-needs_kernels = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child (test_under_interpreter)")
-
-
-@pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
-def test_under_interpreter(rerun_under_interpreter):
-    rerun_under_interpreter(__file__, timeout=900)
+needs_kernels = pytest.mark.interpreter
+INTERPRETER_TIMEOUT = 900  # s, the child
 
 
 PATHS = {name: get_path(name) for name in ("paged", "split")} if CHILD else {}

@@ -20,8 +20,15 @@ from ddprobe.engine.kernels.trees import shape_mask
 pytest.importorskip("triton")
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-gpu = pytest.mark.skipif(not HOPPER, reason="split_ws is a Gluon kernel for sm_90 (H100/H200): no such GPU here, "
-                                            "and Gluon does not run under TRITON_INTERPRET")
+
+
+def gpu(test):
+    """An H100/H200 test (marker ``gpu``): split_ws is a Gluon kernel for sm_90; skipped elsewhere."""
+    skip = pytest.mark.skipif(not HOPPER, reason="split_ws is a Gluon kernel for sm_90 (H100/H200): no such GPU "
+                                                 "here, and Gluon does not run under TRITON_INTERPRET")
+    return pytest.mark.gpu(skip(test))
+
+
 TOL = {torch.bfloat16: 1e-2, torch.float16: 3e-3}
 V, PE = 512, 64
 
@@ -310,12 +317,12 @@ def test_cuda_seesaw_refuses_a_negative_scale():
 
 @gpu
 def test_cuda_default_falls_back_to_gluon_when_the_cubin_cannot_load(monkeypatch, tmp_path):
-    """No loadable cubin (DDPROBE_CU_CUBIN at a file that is not one): cuda=-1 warns and runs the Gluon kernel on
+    """No loadable cubin (_cu.CUBIN at a file that is not one, as a benchmark's --cubin sets it): cuda=-1 warns and runs the Gluon kernel on
     the same grid (equal to the reference), the failed load remembered by _cu; cuda=1 raises the load error."""
     from ddprobe.engine.kernels import _cu, split_ws
     bad = tmp_path / "bad.cubin"
     bad.write_bytes(b"not a cubin")
-    monkeypatch.setenv("DDPROBE_CU_CUBIN", str(bad))
+    monkeypatch.setattr(_cu, "CUBIN", bad)
     monkeypatch.setattr(_cu, "_funcs", {})
     with pytest.warns(RuntimeWarning, match="CUDA prefix kernel is unavailable"):
         check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)

@@ -1,14 +1,12 @@
 """The fused Triton MoE (engine/kernels/moe_fused.py) against the fp32 plain-PyTorch reference.
 
-On a machine without a GPU the kernels run under Triton's interpreter: this module re-runs itself in one
-child pytest with TRITON_INTERPRET=1 set for that child alone (as test_kernels.py does). On CUDA the same
+On a machine without a GPU the kernels run under Triton's interpreter: the tests marked ``interpreter`` run in
+one child pytest with TRITON_INTERPRET=1 set for that child alone (tests/conftest.py), each reported by its id. On CUDA the same
 tests run on the GPU, plus a CUDA-graph capture and a torch.compile of the MoE layer (skipped elsewhere).
 Tolerances, ||out - ref|| / ||ref|| against fp32 arithmetic on the same weights: fp32 1e-5 (exact dots),
 bf16 1.5e-2 (bf16 operands, bf16 output).
 """
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
@@ -17,15 +15,14 @@ from ddprobe.engine.config import ModelConfig
 from ddprobe.engine.moe import MoE, Experts, experts_fused, experts_reference, fused_moe_agrees, fused_moe_works
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-needs_kernels = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child (test_under_interpreter)")
-needs_cuda = pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs and torch.compile of the fused MoE need a GPU")
+needs_kernels = pytest.mark.interpreter  # without a GPU: in the interpreter child (tests/conftest.py)
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2}
 
 
-@pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
-def test_under_interpreter(rerun_under_interpreter):
-    rerun_under_interpreter(__file__, timeout=600)
+def needs_cuda(test):
+    """A GPU test (marker ``gpu``): CUDA graphs and torch.compile of the fused MoE; skipped elsewhere."""
+    skip = pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs and torch.compile of the fused MoE need a GPU")
+    return pytest.mark.gpu(skip(test))
 
 
 def experts(n, dim, inter, dtype, seed) -> Experts:

@@ -1,15 +1,21 @@
 """The recall curriculum's pieces (issue 14): prose that reuses no content word within its window, RecallStream's
-layout and copy mask, the drafter's attention weights and the loss on where its full layer looks."""
+layout and copy mask, the drafter's attention weights and the loss on where its full layer looks; the command
+itself, one short call on the CPU."""
+import json
 import math
 
+import pytest
 import torch
+from safetensors.torch import load_file
 
 from ddprobe import texts
-from ddprobe.engine.curriculum import attn_loss
+from ddprobe.engine import weights
 from ddprobe.engine.generate import Engine
 from ddprobe.engine.tokenizer import WordTokenizer
-from ddprobe.engine.train import drafter_forward_train, target_forward_train
-from ddprobe.engine.traindata import REPEAT_PROMPT, RecallStream, copy_runs
+from ddprobe.training import recall_curriculum
+from ddprobe.training.curriculum import attn_loss
+from ddprobe.training.train import drafter_forward_train, target_forward_train
+from ddprobe.training.traindata import REPEAT_PROMPT, RecallStream, copy_runs
 
 
 def test_novel_prose_reuses_no_content_word_within_its_window():
@@ -103,3 +109,38 @@ def test_drafter_attention_weights_and_the_loss_on_them():
     assert attn_loss(on_src, x, anc, names, n_draft).item() < 1e-9
     assert abs(attn_loss(even, x, anc, names, n_draft).item() - sum(expect) / len(expect)) < 1e-6
     assert attn_loss(logw, x, anc, names, n_draft).item() > 0.1  # the seeded drafter does not look there yet
+
+
+def test_the_curriculum_trains_saves_resumes_and_ships(tmp_path, capsys):
+    """Stage A (two steps) saves a state and logs its checks; a second call resumes that state and ships it: a
+    weights folder whose checksums hold and whose tensors are the state's, with the recipe and the calls' logs."""
+    run1 = tmp_path / "rc"
+    recall_curriculum.main(["--device", "cpu", "--out", str(run1), "--stages", "A", "--a-steps", "2",
+                            "--a-batch", "2", "--checks", "300"])
+    log = json.loads((run1 / "log.json").read_text())
+    assert [e.get("stage") or e.get("saved") or e.get("check") for e in log] == ["A", "A", "A"]
+    assert log[0]["step"] == 2 and 0 <= log[0]["copy"] <= 1 and log[0]["loss"] > 0
+    assert set(log[2]["copy"]) == {"300"}
+    state = torch.load(run1 / "state.pt")
+    assert not torch.equal(state["target.embed_tokens.weight"],
+                           Engine("tiny", seed=0).state_dict()["target.embed_tokens.weight"])
+    ship = tmp_path / "ship"
+    recall_curriculum.main(["--device", "cpu", "--out", str(ship), "--resume", str(run1 / "state.pt"),
+                            "--stages", "ship", "--ship-logs", str(run1 / "log.json")])
+    weights.verify(ship)
+    shipped = load_file(str(ship / "model.safetensors"))
+    assert shipped.keys() == state.keys() and all(torch.equal(shipped[k], state[k]) for k in state)
+    train_log = json.loads((ship / "train_log.json").read_text())
+    assert train_log["calls"][0]["entries"] == log and train_log["resumed"] == str(run1 / "state.pt")
+    assert "training" in json.loads((ship / "config.json").read_text()) and not (ship / "log.json").exists()
+
+
+@pytest.mark.parametrize("argv, says", [(["--stages", "A,Z"], "unknown stage 'Z'"),
+                                        (["--tune-steps", "300"], "--tune-steps takes two step counts"),
+                                        (["--checks", "1k"], "comma-separated integers"),
+                                        (["--resume", "nowhere.pt"], "--resume nowhere.pt: no such file")])
+def test_the_curriculum_refuses_bad_options_in_one_line(tmp_path, capsys, argv, says):
+    with pytest.raises(SystemExit) as e:
+        recall_curriculum.main(["--device", "cpu", "--out", str(tmp_path / "rc"), *argv])
+    assert e.value.code == 2 and says in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "rc").exists()  # nothing written before the options hold

@@ -17,7 +17,14 @@ from ddprobe.engine.kernels.trees import shape_mask
 pytest.importorskip("triton")
 
 CUDA = torch.cuda.is_available()
-gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (the interpreter cases are in test_sglang_kernels.py)")
+
+
+def gpu(test):
+    """A GPU test (marker ``gpu``); skipped elsewhere."""
+    skip = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (the interpreter cases are in test_sglang_kernels.py)")
+    return pytest.mark.gpu(skip(test))
+
+
 V, PE, TOL = 512, 64, 1e-2
 
 

@@ -23,13 +23,15 @@ from ddprobe.engine.kernels import _sglang_import  # noqa: E402
 from ddprobe.engine.kernels.trees import shape_mask  # noqa: E402
 
 CHILD = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-needs_kernels = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child (test_under_interpreter)")
 V, PE, TOL = 256, 32, 3e-3
+INTERPRETER_TIMEOUT = 900  # s, the child
 
 
-@pytest.mark.skipif(CHILD or torch.cuda.is_available(), reason="already in the interpreter (or on a GPU)")
-def test_under_interpreter(rerun_under_interpreter):
-    rerun_under_interpreter(__file__, timeout=900)
+def needs_kernels(test):
+    """A kernel test under the interpreter (marker ``interpreter``: without a GPU it runs in the file's interpreter
+    child, tests/conftest.py, and is reported by its id); not run on a GPU (fp16 shapes sized for the interpreter)."""
+    on_gpu = pytest.mark.skipif(torch.cuda.is_available() and not CHILD, reason="interpreter-only (not run on a GPU)")
+    return pytest.mark.interpreter(on_gpu(test))
 
 
 def _path(name):

@@ -8,12 +8,12 @@ import torch
 from ddprobe.engine import weights
 from ddprobe.engine.config import ModelConfig
 from ddprobe.engine.generate import Engine
-from ddprobe.engine.train import drafter_forward_train, target_forward_train, train_drafter, train_target
-from ddprobe.engine.traindata import TensorStream, make_dataset
+from ddprobe.training.train import drafter_forward_train, target_forward_train, train_drafter, train_target
+from ddprobe.training.traindata import TensorStream, make_dataset
 from ddprobe.probes.commit import prompt_ids
 from ddprobe.probes.engine_backend import EngineBackend
 
-# Changing the shipped weights means retraining (ddprobe/probes/recall_curriculum.py, its stage ship) and updating this
+# Changing the shipped weights means retraining (ddprobe/training/recall_curriculum.py, its stage ship) and updating this
 # digest.
 MODEL_SHA256 = "0fdec0bddf9c77a2bec04b7ad5d7f87d718e218f639a0f4f1de2a374f75a9d44"
 
@@ -67,6 +67,7 @@ def test_trained_ddtree_is_lossless(backend):
         assert res.tokens == eng.greedy_reference(ids, 96)
 
 
+@pytest.mark.slow
 def test_fp32_logits_in_bf16():
     """The tiny preset's target logits stay fp32 when the model runs in bf16: the shipped weights' grammar slots
     are near-even, so rounded to bf16 most rows tie at the top and argmax would pick the lowest id. k2 keeps
@@ -188,6 +189,7 @@ def test_history_rotation_scores_distance_k_unrotated():
     assert not torch.allclose(off(octx, toks[0, 29], eng.target.embed_tokens, eng.target.lm_head), lp, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_training_is_deterministic_and_learns():
     data = make_dataset(64, 32, seed=1, chunk=16)
     assert torch.equal(data, make_dataset(64, 32, seed=1, chunk=16, workers=2))  # workers do not change the data
@@ -209,7 +211,7 @@ def test_training_is_deterministic_and_learns():
 def test_copy_mask_and_copy_weighted_loss():
     """The copy mask marks exactly a passage asked for again, after its cue; copy_weight reweights the loss."""
     from ddprobe.engine.tokenizer import WordTokenizer
-    from ddprobe.engine.traindata import COPY_CUE, REPEAT_PROMPT, copy_runs
+    from ddprobe.training.traindata import COPY_CUE, REPEAT_PROMPT, copy_runs
 
     tokens, mask = make_dataset(512, 12, seed=4, chunk=6, recall_share=0.6, copy_mask=True)
     assert torch.equal(tokens, make_dataset(512, 12, seed=4, chunk=6, recall_share=0.6))  # same text either way

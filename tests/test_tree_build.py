@@ -4,8 +4,9 @@ tokens, parents, depths, scores (float64, compared exactly) and ancestor mask, o
 test_engine_tree_device.py (exact ties, bf16-rounded log-probs, vocabularies smaller than the budget), budgets 1
 to 63, the chain shape, and into the buffers of an existing DeviceTree.
 
-On a machine without a GPU the kernel runs under Triton's interpreter: this module re-runs itself in one child
-pytest with TRITON_INTERPRET=1 set for that child alone; on CUDA the same tests run on the GPU.
+On a machine without a GPU the kernel runs under Triton's interpreter: the tests marked ``interpreter`` run in one
+child pytest with TRITON_INTERPRET=1 set for that child alone (tests/conftest.py), each reported by its id; on CUDA
+the same tests run on the GPU.
 """
 from __future__ import annotations
 
@@ -23,12 +24,7 @@ from ddprobe.engine.tree_device import build_tree_device, build_tree_fused
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CHILD = DEV == "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-needs_kernel = pytest.mark.skipif(not CHILD, reason="runs in the interpreter child (test_under_interpreter)")
-
-
-@pytest.mark.skipif(CHILD, reason="already in the interpreter (or on a GPU)")
-def test_under_interpreter(rerun_under_interpreter):
-    rerun_under_interpreter(__file__, timeout=600)
+needs_kernel = pytest.mark.interpreter  # without a GPU: in the interpreter child (tests/conftest.py)
 
 
 def both(logp: torch.Tensor, budget: int, bonus: int, shape: str = "ddtree"):
@@ -142,3 +138,26 @@ def test_the_engine_checks_the_kernel_against_the_plain_build(monkeypatch):
         return t
     monkeypatch.setattr(tree_device, "build_tree_fused", off_by_one)
     assert not tree_device._fused_tree_agrees(torch.device(DEV), 8, 8, 8)
+
+
+@pytest.mark.skipif(CHILD, reason="no kernel runs: once in the parent")
+def test_a_fallback_is_said_once_and_recorded(monkeypatch, recwarn):
+    """Where the fused kernel was wanted (a CUDA device) and fails its check, fused_tree_fallback says why, warns
+    once (a second query of the shape is answered from the cache, silently) and fused_tree_works is False; off
+    CUDA the answer is no kernel, without a warning."""
+    from ddprobe.engine import tree_device
+
+    def no_triton(*_):
+        raise ImportError("no Triton here")
+
+    monkeypatch.setattr(tree_device, "_FUSED_WHY", {})
+    monkeypatch.setattr(tree_device, "_fused_tree_agrees", no_triton)
+    cuda = torch.device("cuda")
+    assert tree_device.fused_tree_fallback(cuda, 8, 7, 8) == "ImportError: no Triton here"
+    said = [str(w.message) for w in recwarn.list if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == 1 and "budget 8, draft [7, 8]" in said[0] and "plain device build" in said[0]
+    assert tree_device.fused_tree_works(cuda, 8, 7, 8) is False
+    monkeypatch.setattr(tree_device, "_fused_tree_agrees", lambda *_: False)
+    assert tree_device.fused_tree_fallback(cuda, 4, 7, 4) == "its tree differs from the plain build's"
+    assert tree_device.fused_tree_fallback(torch.device("cpu"), 8, 7, 8) == "not a CUDA device"
+    assert len([w for w in recwarn.list if issubclass(w.category, RuntimeWarning)]) == 2  # one per failing shape

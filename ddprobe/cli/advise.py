@@ -6,13 +6,12 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from ..units import DDProbeError, fmt_tokens, parse_step_times, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
-from .options import checked, err, errors_exit_1, out, output_file, typed_flags
+from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
+from .tables import Col, print_fitted
 
 _FLOOR = "floor"  # the path label of a verify step at its floor
 _MEASURED = "Measured on this machine (no typed numbers, no --from)"
@@ -61,7 +60,7 @@ def advise(
     allreduce_us: AllreduceUsOpt = None,
     allreduce_from: AllreduceFromOpt = None,
     paths: Annotated[Optional[str], typer.Option("--paths", help="Measured here (no typed numbers): the verify paths "
-                                                 "to time (default: paged and --attn auto's choice on a GPU, "
+                                                 "to time (default: sglang, or paged without it, and --attn auto's choice on a GPU, "
                                                  "reference on the CPU).", rich_help_panel=_MEASURED)] = None,
     budgets: Annotated[str, typer.Option("--budgets", help="Measured here: tree budgets to sweep.",
                                          rich_help_panel=_MEASURED)] = "4,8",
@@ -83,6 +82,7 @@ def advise(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
+    force: ForceOpt = False,
 ):
     """Tokens/s with speculation (commit length / verify step) against without (1 / decode step) per context: the
     crossover, the best budget per context, and a vLLM RFC #48627 table (context bucket -> speculative tokens)."""
@@ -91,6 +91,11 @@ def advise(
     from ..probes.models import get_model
     from ..results import Result, RunMeta
 
+    if save is not None:  # never over its own input or results measured earlier, unless --force
+        from .outputs import check_file
+
+        check_file("--out", save, force=force, inputs=[("--from", from_file), ("--allreduce-from", allreduce_from)],
+                   keep_existing=True)
     sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype,
                   allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
     step_model, config = served_model(get_model(model), sh, gpu)
@@ -159,8 +164,18 @@ def _measured(ctx, paths, budgets, preset, device, heads, texts, steps, gpu_name
     gpu = dev.startswith("cuda")
     sm = torch.cuda.get_device_capability() if gpu else None
     preset = preset or ("k2" if gpu else "tiny")
-    chosen = [p.strip() for p in paths.split(",")] if paths else \
-        (["paged", verify_paths.auto_path(sm)] if gpu else ["reference"])
+    if paths:
+        chosen = [p.strip() for p in paths.split(",")]
+    elif gpu:  # auto's path for this preset's MLA rows in bf16 on this GPU (the tiny model: never split_ws)
+        from ..engine.config import ModelConfig
+
+        try:
+            t = ModelConfig.from_name(preset).target
+        except ValueError as e:  # an unknown preset: one line
+            raise DDProbeError(str(e)) from None
+        chosen = [_baseline(), verify_paths.auto_path(sm, "bf16", (t.kv_lora_rank, t.qk_rope_head_dim))]
+    else:
+        chosen = ["reference"]
     for p in chosen:
         verify_paths.get(p)
     o = MeasureOptions(paths=tuple(dict.fromkeys(chosen)),
@@ -174,6 +189,20 @@ def _measured(ctx, paths, budgets, preset, device, heads, texts, steps, gpu_name
     model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
     config = {"measured": dataclasses.asdict(o), "gpu": spec.name if spec else None}
     return points, model, config
+
+
+def _baseline() -> str:
+    """The baseline path measured by default: SGLang's own kernels where sglang is installed, else `paged` (ddprobe's
+    faithful rendering of them)."""
+    from ..engine.kernels.plan import PathUnavailable
+    from ..engine.kernels.sglang import check_available
+
+    try:
+        check_available()
+        return "sglang"
+    except PathUnavailable as e:
+        err.print(f"note: {e}; the baseline is `paged`, ddprobe's rendering of SGLang's kernels", highlight=False)
+        return "paged"
 
 
 def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float]:
@@ -198,15 +227,13 @@ def _result(points, verdicts, config: dict, decode_source: str, RunMeta):
 
 
 def _print(points, verdicts, summary: dict) -> None:
-    t = Table(title="speculation on or off: tokens/s with speculation (commit length / verify step) against "
-                    "without (1 / decode step)", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("path", "text", "ctx", "budget", "commit", "verify", "decode", "spec tok/s", "plain tok/s", "x"):
-        t.add_column(c, justify="right", no_wrap=True)
-    for p in points:
-        t.add_row(p.path, p.text, fmt_tokens(p.ctx), str(p.budget), f"{p.commit_len:.3g}", f"{p.verify_ms:.4g} ms",
-                  f"{p.decode_ms:.4g} ms", f"{p.spec_tok_s:.3g}", f"{p.plain_tok_s:.3g}",
-                  f"{p.speedup:.2f}" + ("" if p.speedup >= 1 else " off"))
-    out.print(t)
+    cols = [Col("path", 1), Col("text", 1), Col("ctx"), Col("budget", 2), Col("commit", 2), Col("verify", 3),
+            Col("decode", 3), Col("spec tok/s"), Col("plain tok/s"), Col("x")]
+    rows = [[p.path, p.text, fmt_tokens(p.ctx), str(p.budget), f"{p.commit_len:.3g}", f"{p.verify_ms:.4g} ms",
+             f"{p.decode_ms:.4g} ms", f"{p.spec_tok_s:.3g}", f"{p.plain_tok_s:.3g}",
+             f"{p.speedup:.2f}" + ("" if p.speedup >= 1 else " off")] for p in points]
+    print_fitted("speculation on or off: tokens/s with speculation (commit length / verify step) against without "
+                 "(1 / decode step)", cols, rows)
     for v in verdicts:
         what = " (the verify step at its floor: what a kernel at physics would give)" if v.path == _FLOOR else ""
         out.print(f"- {v.sentence[0].upper()}{v.sentence[1:]}{what}.", highlight=False, soft_wrap=True)

@@ -4,11 +4,44 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from .. import __version__
-from .options import out
+from .options import fail, out
+
+
+def repeated_options(cmd, args: list[str]) -> list[str]:
+    """The options of ``cmd`` (a click command: typer's own copy of click, so read by attribute) that ``args`` gives
+    more than once (a --x/--no-x pair counts as one option), save
+    those meant to repeat (``multiple``): click keeps the last silently."""
+    flags: dict[str, str] = {}
+    for p in cmd.params:
+        if getattr(p, "param_type_name", "") == "option" and not p.multiple and not getattr(p, "count", False):
+            for o in (*p.opts, *p.secondary_opts):
+                flags[o] = "/".join((*p.opts, *p.secondary_opts))
+    seen: dict[str, int] = {}
+    for a in args:
+        if a == "--":
+            break
+        key = a.split("=", 1)[0] if a.startswith("--") else a[:2] if a.startswith("-") and len(a) > 1 else None
+        if key in flags:
+            seen[flags[key]] = seen.get(flags[key], 0) + 1
+    return [f for f, n in seen.items() if n > 1]
+
+
+class Commands(TyperGroup):
+    """The root group: a subcommand's option given twice is refused (one line, exit 1), never silently the last."""
+
+    def resolve_command(self, ctx, args: list[str]):
+        name, cmd, rest = super().resolve_command(ctx, args)
+        twice = repeated_options(cmd, rest) if cmd is not None else []
+        if twice:
+            fail(f"{', '.join(twice)} given more than once: give each option once (only the last would count)")
+        return name, cmd, rest
+
 
 app = typer.Typer(
+    cls=Commands,
     name="ddprobe",
     help="Why is DDTree speculative decoding slow at long context? Probes, floors and a reference engine.",
     no_args_is_help=True,

@@ -15,7 +15,7 @@ from ..probes.estimate import fmt_duration
 from ..units import fmt_tokens, parse_token_list
 from .app import app
 from .outputs import check_outputs
-from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
+from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, warm_up
 
 # (header, narrow header, cell) per column; narrow terminals (< WIDE_COLUMNS) get the short headers and
@@ -56,6 +56,8 @@ def announce(eng: EngineOptions, be) -> None:
     said = [s for s in (eng.chosen() if be.name == "engine" else None, threads.line() if threads else None) if s]
     if said:
         err.print(f"engine: {', '.join(said)}", highlight=False)
+    if be.name == "engine" and eng.attn_reason():
+        err.print(eng.attn_reason(), highlight=False, markup=False, soft_wrap=True)
     if getattr(be, "note", None):
         err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
 
@@ -74,18 +76,20 @@ def commit(
                                                                      "(default ddprobe-results/commit-<time>.json).")]
     = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the cells as CSV.")] = None,
+    force: ForceOpt = False,
     *, eng: EngineOptions,
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
     from ..probes import make_backend
-    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe
+    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe, timing_note
     from ..probes.sanity import suspect_notes
     from ..results import Result, ResultWriter, RunMeta
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
     kinds = text_kinds(text)
     path = results_path(json_path, "commit")
-    check_outputs({"--json": path, "--csv": csv_path})  # before anything is built or measured
+    # before anything is built or measured; an earlier results file is kept unless --force
+    check_outputs({"--json": path, "--csv": csv_path}, force=force, keep_existing=True)
     be = make_backend(backend, url, timeout,
                       engine_factory=lambda: eng.backend(eng.capacity(max(ctxs), max_new_tokens)))
     check_contexts(be, ctxs, max_new_tokens, kinds, eng.seed)  # before any file is written
@@ -106,8 +110,12 @@ def commit(
             record_timing(writer, est, display)
             n = len(writer.result.rows)
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
-    for line in loop_notes(rows):
+    for line in [*loop_notes(rows), *filter(None, [timing_note(rows)])]:
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
+    for r in rows:  # a server's figures that contradict each other (probes.backends.histogram_note)
+        if r.get("server_note"):
+            err.print(f"[yellow]note:[/] {escape(r['text'])} @ {fmt_tokens(r['ctx'])}: {escape(r['server_note'])}",
+                      highlight=False, soft_wrap=True)
     for line in suspect_notes(rows):
         err.print(f"[bold red]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 

@@ -16,17 +16,17 @@ from .outputs import check_folder
 from .progress import CellDisplay
 from .floor_options import COMM, SHARDING, AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, \
     WeightDtypeOpt
-from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, typed_flags, warm_up
 
 
 @app.command()
 @errors_exit_1
-@engine_options(attn="auto")
+@engine_options()
 def diagnose(
     tctx: typer.Context,
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
-    out_dir: Annotated[Optional[Path], typer.Option("--out-dir", help="Folder for every results file and the "
+    out_dir: Annotated[Optional[str], typer.Option("--out-dir", help="Folder for every results file and the "
                                                                       "report (default ddprobe-diagnose-<time>).")]
     = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Tokens decoded per commit cell.")] = 64,
@@ -49,6 +49,7 @@ def diagnose(
     prom_url: PromUrlOpt = None,
     match: MatchOpt = None,
     exporter_url: ExporterUrlOpt = None,
+    force: ForceOpt = False,
     *, eng: EngineOptions,
 ):
     """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
@@ -56,7 +57,7 @@ def diagnose(
 
     from ..probes import make_backend
     from ..probes.commit import check_contexts
-    from ..probes.diagnose import GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
+    from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from ..probes.gpu_util import check_decode_tokens
     from ..probes.floor import Sharding
     from ..probes.models import get_model
@@ -64,8 +65,13 @@ def diagnose(
     from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
-    if gpu:
-        get_gpu(gpu)  # unknown names fail before anything runs
+    if gpu is not None:
+        get_gpu(gpu)  # unknown names ('' included) fail before anything runs
+    if max_new_tokens < 2:  # the first token is the prefill's: commit length needs a verify step
+        raise DDProbeError(f"--max-new-tokens must be at least 2, got {max_new_tokens}")
+    if backend == "engine" and typed_flags(tctx, ("model",)):
+        raise DDProbeError("--model: the engine backend's floor uses the engine's own model (--preset); --model is "
+                           "for a server backend (sglang, vllm)")
     sharding = typed_flags(tctx, SHARDING + COMM)
     if backend == "engine" and sharding:
         raise DDProbeError(f"{', '.join(sharding)}: the engine backend's floor uses the engine's own weights; "
@@ -79,8 +85,10 @@ def diagnose(
             err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
     bw_Bps = parse_bandwidth(bw) if bw else None
     check_decode_tokens(decode_tokens)
-    folder = out_dir or Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
-    check_folder("--out-dir", folder)  # before anything is built or measured
+    folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    if out_dir == "":
+        raise DDProbeError("--out-dir: empty path (give a folder name)")
+    check_folder("--out-dir", folder, names=FILES, force=force)  # before anything is built or measured
     # a fleet's source is checked and asked now (open_source), before any model is built; with NVML only the
     # options are checked here, NVML itself by the gpu-util step (skipped with the reason without a GPU)
     if source == "nvml":
@@ -112,6 +120,10 @@ def diagnose(
         out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
                   + escape(c.text), highlight=False)
     out.print(f"report: {report_path}", highlight=False)
+    steps = [r for r in run.record.result.rows if r.get("step")]
+    if steps and not any(r.get("status") == "ok" for r in steps):
+        said = ", ".join(f"{r['step']}: {r['status']}" for r in steps)
+        raise DDProbeError(f"no step of the diagnosis succeeded ({said}); {report_path} says why")
 
 
 def diagnose_estimate(be, run, opts):

@@ -7,15 +7,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
-
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth, \
     parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, \
     WeightDtypeOpt
-from .options import checked, err, errors_exit_1, out, output_file, typed_flags
+from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
+from .tables import Col, print_fitted
 
 
 def _ms(v: Optional[float]) -> str:
@@ -61,6 +59,7 @@ def floor(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
+    force: ForceOpt = False,
 ):
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces) and the
     step's anatomy."""
@@ -68,6 +67,10 @@ def floor(
     from ..probes.models import get_model, model_from_config
     from ..step_shape import BELOW_FLOOR
 
+    if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
+        from .outputs import check_file
+
+        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)])
     spec = model_from_config(config) if config else get_model(model)
     if steps_from is not None:
         if step_ms:
@@ -142,29 +145,27 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
 
     g = GPUS.get(config.get("gpu") or "")
     where = g.label if g else "given bandwidth"
-    t = Table(title=f"{spec.name}: verify step floor per GPU ({config['queries']} rows, tp {config['tp']}, ep "
-                    f"{config['ep']}, dcp {config['dcp']}, {where}, {fmt_bandwidth(config['bw_Bps'])}; KV "
-                    f"{rows[0].kv_B_per_token / config['dcp']:,.0f} B/token)",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    title = (f"{spec.name}: verify step floor per GPU ({config['queries']} rows, tp {config['tp']}, ep "
+             f"{config['ep']}, dcp {config['dcp']}, {where}, {fmt_bandwidth(config['bw_Bps'])}; KV "
+             f"{rows[0].kv_B_per_token / config['dcp']:,.0f} B/token)")
     timed = any(r.step_ms is not None for r in rows)
     comm = any(r.comm_ms for r in rows)
-    cols = ["ctx", "KV", "weights", "KV fl", "wt fl", "compute"] + (["comm"] if comm else []) + ["floor", "binds",
-                                                                                                 "decode fl"]
+    cols = [Col("ctx"), Col("KV", 3), Col("weights", 3), Col("KV fl", 2), Col("wt fl", 2), Col("compute", 4)] + \
+        ([Col("comm", 2)] if comm else []) + [Col("floor"), Col("binds", 2), Col("decode fl", 3)]
     if timed:
-        cols += ["step", "eff bw", "gap", "attn gap", "re-read"]
-    for c in cols:
-        t.add_column(c, justify="right", no_wrap=True)
+        cols += [Col("step"), Col("eff bw", 1), Col("gap"), Col("attn gap", 1), Col("re-read", 5)]
+    cells = []
     for r in rows:
-        cells = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
-                 _ms(r.weight_floor_ms), _ms(r.compute_floor_ms)] + ([_ms(r.comm_ms)] if comm else []) + \
-                [_ms(r.floor_ms), r.binds, _ms(r.decode_floor_ms)]
+        c = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
+             _ms(r.weight_floor_ms), _ms(r.compute_floor_ms)] + ([_ms(r.comm_ms)] if comm else []) + \
+            [_ms(r.floor_ms), r.binds, _ms(r.decode_floor_ms)]
         if timed:
             below = "!" if r.below_floor else ""  # below the whole-step floor (BELOW_FLOOR is printed)
-            cells += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.gap),
-                       fmt_ratio(r.attn_gap), fmt_ratio(r.attn_gap_if_rows_reread)] if r.step_ms is not None
-                      else ["-"] * 5)
-        t.add_row(*cells)
-    out.print(t)
+            c += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.gap),
+                   fmt_ratio(r.attn_gap), fmt_ratio(r.attn_gap_if_rows_reread)] if r.step_ms is not None
+                  else ["-"] * 5)
+        cells.append(c)
+    print_fitted(title, cols, cells)
     r0 = rows[0]
     if config.get("moe_layers"):
         local = spec.n_routed_experts // config["ep"]
@@ -189,18 +190,14 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
 
 
 def _print_anatomy(an: dict) -> None:
-    t = Table(title="where the step goes: step = fixed + marginal x ctx", title_justify="left",
-              box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("interval", "ms per 1k tokens", "marginal KV bw", "of GPU bw"):
-        t.add_column(c, justify="right", no_wrap=True)
     bw = an.get("bw_GBps")
-    for iv in an["intervals"]:
-        t.add_row(f"{fmt_tokens(iv['ctx0'])} -> {fmt_tokens(iv['ctx1'])}", f"{iv['ms_per_1k']:.3g}",
-                  fmt_bandwidth(iv["kv_GBps"] * 1e9) if iv.get("kv_GBps") else "-",
-                  f"{iv['kv_GBps'] / bw:.2%}" if iv.get("kv_GBps") and bw else "-")
-    t.add_row("fit (all)", f"{an['ms_per_1k']:.3g}", fmt_bandwidth(an["kv_GBps"] * 1e9) if an.get("kv_GBps") else "-",
-              f"{an['kv_GBps'] / bw:.2%}" if an.get("kv_GBps") and bw else "-")
-    out.print(t)
+    rows = [[f"{fmt_tokens(iv['ctx0'])} -> {fmt_tokens(iv['ctx1'])}", f"{iv['ms_per_1k']:.3g}",
+             fmt_bandwidth(iv["kv_GBps"] * 1e9) if iv.get("kv_GBps") else "-",
+             f"{iv['kv_GBps'] / bw:.2%}" if iv.get("kv_GBps") and bw else "-"] for iv in an["intervals"]]
+    rows.append(["fit (all)", f"{an['ms_per_1k']:.3g}", fmt_bandwidth(an["kv_GBps"] * 1e9) if an.get("kv_GBps")
+                 else "-", f"{an['kv_GBps'] / bw:.2%}" if an.get("kv_GBps") and bw else "-"])
+    print_fitted("where the step goes: step = fixed + marginal x ctx",
+                 [Col("interval"), Col("ms per 1k tokens"), Col("marginal KV bw", 1), Col("of GPU bw", 2)], rows)
     wf = f" vs weight floor {an['weight_floor_ms']:.3g} ms" if an.get("weight_floor_ms") is not None else ""
     out.print(f"fixed part (fit intercept, >= 0): {an['fixed_ms']:.3g} ms{wf}", highlight=False)
     for n in an.get("notes", []):

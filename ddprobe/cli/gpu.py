@@ -6,8 +6,6 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from ..signals import COLUMNS, LABELS
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio
@@ -15,11 +13,15 @@ from .app import app
 from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, evidence_lines, \
     print_fleet
 from .progress import CellDisplay
-from .options import BackendOpt, EngineOptions, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
 from .outputs import check_outputs
+from .tables import Col, print_fitted
 
 SIGNALS = [(k, LABELS[k]) for k in COLUMNS]  # the table's columns, from the signals table
+# what a narrow terminal keeps longest (tables.Col priorities): the verdict's evidence first
+SIGNAL_PRIORITY = {"tensor_active_pct": 1, "dram_active_pct": 1, "sm_active_pct": 2, "power_pct": 2,
+                   "util_gpu_pct": 2, "util_mem_pct": 3, "sm_clock_MHz": 4}
 # every option but the files: what a --replay does not use
 REPLAY_IGNORES = {"prompt_len", "decode_tokens", "period", "text", "backend", "url", "timeout", "deep", "warmup",
                   "preset", "attn", "budget", "device", "dtype", "heads", "weights", "seed", "graphs", "threads",
@@ -29,7 +31,7 @@ DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catc
 
 @app.command("gpu-util")
 @errors_exit_1
-@engine_options(preset="k2", attn="auto", device="cuda", dtype="bf16", heads=8)
+@engine_options(preset="k2", device="cuda", dtype="bf16", heads=8)
 def gpu_util(
     prompt_len: Annotated[str, typer.Option("--prompt-len", help="Prompt tokens, k = 1024.")] = "64k",
     decode_tokens: Annotated[int, typer.Option("--decode-tokens", help="Tokens decoded (novel text: about one "
@@ -52,9 +54,11 @@ def gpu_util(
     replay: Annotated[Optional[Path], typer.Option("--replay", help="Re-analyse a saved gpu-util results file "
                                                                     "(no GPU needed).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Results file (default "
-                                                                     "ddprobe-results/gpu-util-<time>.json).")]
+                                                                     "ddprobe-results/gpu-util-<time>.json; with "
+                                                                     "--replay: none unless given).")]
     = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the timeline as CSV.")] = None,
+    force: ForceOpt = False,
     *, ctx: typer.Context, eng: EngineOptions,
 ):
     """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
@@ -68,8 +72,10 @@ def gpu_util(
     from ..results import Result, ResultWriter, RunMeta
     from ..units import parse_time, parse_tokens
 
-    path = results_path(json_path, "gpu-util")
-    check_outputs({"--json": path, "--csv": csv_path})  # before anything is sampled
+    # a replay writes only the files asked for (its input is the results file); a measurement, always one
+    path = json_path if replay is not None else results_path(json_path, "gpu-util")
+    check_outputs({"--json": path, "--csv": csv_path}, force=force, inputs={"--replay": replay},
+                  keep_existing=True)  # before anything is sampled
     if replay is not None:
         ignored = typed_flags(ctx, REPLAY_IGNORES)
         if ignored:
@@ -87,6 +93,8 @@ def gpu_util(
         telemetry = open_source(source, prom_url, match, exporter_url, period_s)  # before any model is built
         if backend == "engine" and eng.chosen():
             err.print(f"engine: {eng.chosen()}", highlight=False)
+        if backend == "engine" and eng.attn_reason():
+            err.print(eng.attn_reason(), highlight=False, markup=False, soft_wrap=True)
         be = make_backend(backend, url, timeout,
                           engine_factory=lambda: eng.backend(eng.capacity(n_prompt, decode_tokens)))
         check_contexts(be, [n_prompt], decode_tokens)  # one line naming --prompt-len when it does not fit
@@ -123,7 +131,9 @@ def gpu_util(
                 res.summary["deep"] = deep_ncu(child, eng.resolved().attn)
             writer.flush()
     print_summary(res)
-    out.print(f"{len(res.rows)} sample(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+    written = [str(p) for p in (path, csv_path) if p]
+    if written:
+        out.print(f"{len(res.rows)} sample(s) written to {' and '.join(written)}")
     if res.summary.get("telemetry_error"):
         raise DDProbeError(f"{res.summary['telemetry_error']} (the request's numbers are kept in {path})")
 
@@ -132,19 +142,16 @@ def print_summary(res) -> None:
     """The per-GPU, per-phase table, the evidence per phase (one line where the GPUs agree) and the step
     numbers."""
     s = res.summary
-    t = Table(title="gpu-util: median/p90 per GPU and phase", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False)
-    for c in ["GPU", "phase", "n"] + [c for _, c in SIGNALS] + ["verdict"]:
-        t.add_column(c, justify="left" if c in ("phase", "verdict") else "right", no_wrap=True)
+    cols = [Col("GPU", 1), Col("phase", justify="left"), Col("n", 4)] + \
+        [Col(c, SIGNAL_PRIORITY.get(k, 3)) for k, c in SIGNALS] + [Col("verdict", justify="left")]
 
     def cell(sig):
         m, p = sig.get("median"), sig.get("p90")
         return "-" if m is None else "/".join(f"{v:.0f}" if abs(v) >= 10 else f"{v:.2g}" for v in (m, p))
 
-    for d in s.get("per_phase", []):
-        t.add_row(str(d.get("name", d["gpu"])), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
-                  d["verdict"])
-    out.print(t)
+    rows = [[str(d.get("name", d["gpu"])), d["phase"], str(d["samples"]), *[cell(d["signals"][k]) for k, _ in SIGNALS],
+             d["verdict"]] for d in s.get("per_phase", [])]
+    print_fitted("gpu-util: median/p90 per GPU and phase", cols, rows)
     for line in evidence_lines(s):
         out.print(line, highlight=False, soft_wrap=True)
     print_fleet(s)
@@ -161,6 +168,9 @@ def print_summary(res) -> None:
         nums.append(f"attention gap {fmt_ratio(s['attn_gap'])} (KV floor {s['kv_floor_ms']:.3g} ms)")
     if s.get("energy_J_per_token"):
         nums.append(f"{s['energy_J_per_token']:.3g} J per decoded token")
+    elif s.get("request_energy_J_per_token"):  # a server without a first-token time: prefill not separable
+        nums.append(f"{s['request_energy_J_per_token']:.3g} J per decoded token with the prefill's energy in it "
+                    "(the backend reports no first-token time)")
     if nums:
         out.print("; ".join(nums) + ".", highlight=False)
     deep_d = s.get("deep")

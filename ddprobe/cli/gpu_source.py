@@ -54,9 +54,13 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
     """{"reader_factory": ..., "window": ...} for ``run_gpu_util``, after one check of the source."""
     check_source(source, prom_url, match, exporter_url)
     if source == "nvml":
-        from ..probes.telemetry import NvmlReader, require_nvml
+        from ..probes.telemetry import NvmlReader, NvmlUnavailable, require_nvml
 
-        names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
+        try:
+            names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
+        except NvmlUnavailable as e:  # and what works without one
+            raise DDProbeError(f"{e}; without a GPU here: --replay FILE re-analyses a saved run, --source "
+                               "prometheus|dcgm-exporter reads a fleet's GPUs") from None
         err.print(f"sampling {len(names)} GPU(s) every {period_s * 1e3:.0f} ms: {', '.join(sorted(set(names)))}")
         return {"reader_factory": NvmlReader, "window": None}
     if source == "prometheus":

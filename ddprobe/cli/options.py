@@ -126,6 +126,9 @@ def output_file(ctx: typer.Context, param: typer.CallbackParam, value):
     return value
 
 
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace an output file that is already there (earlier "
+                                                       "results, or one of this command's inputs).")]
+
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 BackendOpt = Annotated[str, typer.Option("--backend", help="engine (in-process), sglang or vllm (a server on "
                                                            "this host).")]
@@ -155,12 +158,16 @@ _ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
 }
 
 
+SERVER_IGNORES = tuple(k for k in _ENGINE_OPTS if k != "seed")  # engine options a server backend ignores (the
+                                                                # seed also seeds the probe's text)
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """The embedded engine a command builds when ``--backend engine``."""
 
     preset: str = "tiny"
-    attn: str = "reference"
+    attn: str = verify_paths.AUTO
     budget: int = 8
     device: str = "auto"
     dtype: str = "auto"
@@ -171,7 +178,8 @@ class EngineOptions:
     threads: Optional[int] = None
 
     def resolved(self) -> "EngineOptions":
-        """``auto`` device and dtype made concrete: cuda when torch sees a GPU, else cpu; bf16 on cuda, fp32 on cpu."""
+        """``auto`` made concrete: cuda when torch sees a GPU, else cpu; bf16 on cuda, fp32 on cpu; the attention
+        path ``verify_paths.auto_choice`` picks for this model on this GPU in this dtype."""
         device, dtype = self.device, self.dtype
         if device == "auto":
             import torch
@@ -180,12 +188,40 @@ class EngineOptions:
         if dtype == "auto":
             dtype = "bf16" if device.startswith("cuda") else "fp32"
         attn = self.attn
-        if attn == verify_paths.AUTO:  # split_ws on sm_90, split on other GPUs, reference on the CPU
-            import torch
-
-            on_gpu = device.startswith("cuda") and torch.cuda.is_available()
-            attn = verify_paths.auto_path(torch.cuda.get_device_capability(device) if on_gpu else None)
+        if attn == verify_paths.AUTO:
+            attn = verify_paths.auto_choice(_capability(device), _dtype_key(dtype), self.model_row())[0]
         return dataclasses.replace(self, device=device, dtype=dtype, attn=attn)
+
+    def model_row(self) -> tuple[int, int]:
+        """The preset's MLA latent row (v_dim, rope), known before anything is built."""
+        t = self._config().target
+        return t.kv_lora_rank, t.qk_rope_head_dim
+
+    def _config(self):
+        from ..engine.config import ModelConfig
+
+        try:
+            return ModelConfig.from_name(self.preset, heads=self.heads)
+        except ValueError as e:  # unknown preset, bad heads
+            raise DDProbeError(str(e)) from None
+
+    def check(self) -> None:
+        """Refuse, in one line and before anything is built, what the engine would refuse later: an unknown
+        preset or path, trained weights the preset does not ship, a path that cannot run this model here."""
+        if self.attn != verify_paths.AUTO and self.attn not in verify_paths.verify_names():
+            raise DDProbeError(f"--attn: unknown attention path {self.attn!r}; known: auto, "
+                               + ", ".join(verify_paths.verify_names()))
+        row = self.model_row()  # an unknown preset fails here
+        if self.weights == "trained" and not _ships_weights(self.preset):
+            raise DDProbeError(f"--weights trained: the {self.preset} preset ships no trained weights (use "
+                               "--weights random, or --preset tiny)")
+        if self.attn == verify_paths.AUTO:
+            return
+        r = self.resolved()  # on the CPU the Triton paths run under the interpreter (EngineBackend says how)
+        why = verify_paths.why_not(verify_paths.get(r.attn), _capability(r.device), _dtype_key(r.dtype), row)
+        if why:
+            raise DDProbeError(f"--attn {r.attn} cannot run the {self.preset} preset here: {why} (--attn auto picks "
+                               "one that can)")
 
     def chosen(self) -> str | None:
         """One line saying what ``auto`` chose, or None when nothing was automatic."""
@@ -197,9 +233,18 @@ class EngineOptions:
             said.append(("attn", r.attn, self.attn))
         return ", ".join(f"{what} {v}" + (" (auto)" if typed == "auto" else "") for what, v, typed in said)
 
+    def attn_reason(self) -> str | None:
+        """Why ``--attn auto`` chose its path (one line), or None when the path was typed."""
+        if self.attn != verify_paths.AUTO:
+            return None
+        r = self.resolved()
+        name, why = verify_paths.auto_choice(_capability(r.device), _dtype_key(r.dtype), self.model_row())
+        return f"attn {name}: {why}"
+
     def backend(self, max_ctx: Optional[int]):
         from ..probes.engine_backend import EngineBackend
 
+        self.check()
         r = self.resolved()
         return EngineBackend(preset=r.preset, attn=r.attn, budget=r.budget, device=r.device, dtype=r.dtype,
                              seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights, graphs=r.graphs,
@@ -207,17 +252,18 @@ class EngineOptions:
 
     def position_limit(self) -> int:
         """Longest context the preset's weights reach (its RoPE/YaRN range), known before anything is built."""
-        from ..engine.config import ModelConfig
-
-        try:
-            return ModelConfig.from_name(self.preset, heads=self.heads).position_limit
-        except ValueError as e:  # unknown preset, bad heads
-            raise DDProbeError(str(e)) from None
+        return self._config().position_limit
 
     def capacity(self, longest_ctx: int, new_tokens: int) -> int:
-        """KV capacity for the longest request, never past the preset's limit: a context beyond it is then
-        refused by the context check, naming the value typed rather than an internal total."""
-        return min(kv_capacity(longest_ctx, new_tokens, self.budget), self.position_limit())
+        """KV capacity for the longest request; a context beyond the preset's limit is refused here, before
+        the engine is built, naming the value typed rather than an internal total."""
+        from ..units import fmt_tokens
+
+        need, limit = kv_capacity(longest_ctx, new_tokens, self.budget), self.position_limit()
+        if need > limit:
+            raise DDProbeError(f"context {fmt_tokens(longest_ctx)} ({longest_ctx:,} tokens) + {new_tokens} new tokens "
+                               f"is beyond the {limit:,} tokens the {self.preset} preset reaches")
+        return need
 
     def args(self) -> list[str]:
         """The command-line options that rebuild this engine (for a child process)."""
@@ -229,6 +275,31 @@ class EngineOptions:
             elif v is not None:
                 out_ += [flag, str(v)]
         return out_
+
+
+def _capability(device: str) -> tuple[int, int] | None:
+    """The compute capability of a cuda ``device`` torch sees, None for the CPU (or no GPU)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.get_device_capability(device) if torch.cuda.is_available() else None
+
+
+def _dtype_key(dtype: str) -> str:
+    """A dtype as the path table names it (fp32, bf16, fp16...); unknown spellings kept for the engine to refuse."""
+    from ..shapes import dtype_name
+
+    try:
+        return dtype_name(dtype)
+    except DDProbeError:
+        return dtype
+
+
+def _ships_weights(preset: str) -> bool:
+    from ..engine.weights import has_weights
+
+    return has_weights(preset)
 
 
 def engine_options(**defaults):
@@ -248,9 +319,21 @@ def engine_options(**defaults):
             params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(base, name),
                                             annotation=ann))
 
+        # the command's typer.Context (Typer hands one to a single parameter): its own, else one added here
+        ctx_name = next((p.name for p in params if p.annotation is typer.Context), None)
+        if ctx_name is None:
+            params.append(inspect.Parameter("_engine_ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context))
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             eng = EngineOptions(**{k: kwargs.pop(k) for k in _ENGINE_OPTS if k in kwargs})
+            tctx = kwargs[ctx_name] if ctx_name else kwargs.pop("_engine_ctx")
+            backend = kwargs.get("backend")
+            ignored = typed_flags(tctx, SERVER_IGNORES) if backend not in (None, "engine") else []
+            if ignored:  # a server decodes with its own model and tree: these would silently change nothing
+                fail(f"{', '.join(ignored)}: engine option{'s' if len(ignored) > 1 else ''}, ignored with --backend "
+                     f"{backend} (the server's own model and tree are measured): drop "
+                     f"{'them' if len(ignored) > 1 else 'it'}")
             return fn(*args, eng=eng, **kwargs)
 
         wrapper.__signature__ = sig.replace(parameters=params)

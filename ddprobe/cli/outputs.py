@@ -5,14 +5,24 @@ path is a directory, sits under something that is not a directory, cannot be wri
 folder that exists when the file or its folders are still to be made), or is the same file as another output.
 It creates nothing: a run refused later leaves no folder behind. ``check_folder`` does the same for an output
 folder (``diagnose --out-dir``).
+
+Outputs never harm what they name: only a regular file or a new name is written. A symbolic link (a loop
+included), a device, a FIFO or a socket, and any path under /proc, /sys or /dev are refused
+(``jsonfile.special_target``, which the atomic write asks again). An output that is also one of the command's
+inputs (``floor --steps-from s.json --out s.json``), or a measuring command's output that would replace a file
+already there (``commit --json earlier.json``, ``diagnose --out-dir`` holding an earlier ``commit.json``), is
+refused unless ``--force``: the choice made here is to refuse, never to write under another name.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
+from ..jsonfile import SYSTEM_TREES, special_target
 from ..units import DDProbeError
+
+FORCE_HINT = "give another path, or --force to replace it"
 
 
 def _nearest_existing(p: Path) -> Path:
@@ -31,11 +41,25 @@ def _writable_folder(p: Path, flag: str, shown: Path) -> None:
         raise DDProbeError(f"{flag} {shown}: cannot write in {base} (permission denied)")
 
 
-def check_file(flag: str, path: Path) -> Path:
-    """One output file: not a directory, its folder writable (or creatable), the file writable if present."""
+def check_file(flag: str, path: Path, *, force: bool = False, inputs: Iterable[tuple[str, Path]] = (),
+               keep_existing: bool = False) -> Path:
+    """One output file: not a directory, its folder writable (or creatable), the file writable if present; never
+    a special file (``special_target``); unless ``force``, not one of ``inputs`` ((flag, path) pairs) and, with
+    ``keep_existing`` (a measuring command's results), not a file that is already there."""
     p = Path(path).expanduser()
-    if p.is_dir():
+    if str(path) == "":
+        raise DDProbeError(f"{flag}: empty path (give a file name)")
+    if p.is_dir() and not p.is_symlink():
         raise DDProbeError(f"{flag} {path}: is a directory (give a file name)")
+    why = special_target(p)
+    if why:
+        raise DDProbeError(f"{flag} {path}: {why}")
+    for in_flag, q in inputs:
+        if q is not None and not force and _same(p, Path(q).expanduser()):
+            raise DDProbeError(f"{flag} {path} is also the input {in_flag}: writing it would replace what is "
+                               f"read ({FORCE_HINT})")
+    if keep_existing and not force and p.exists() and p.stat().st_size > 0:
+        raise DDProbeError(f"{flag} {path}: already holds results measured earlier ({FORCE_HINT})")
     if p.exists():
         if not os.access(p, os.W_OK):
             raise DDProbeError(f"{flag} {path}: cannot write it (permission denied)")
@@ -43,12 +67,28 @@ def check_file(flag: str, path: Path) -> Path:
     return p
 
 
-def check_folder(flag: str, path: Path) -> Path:
-    """An output folder: a directory (or creatable under one) we can write in."""
+def check_folder(flag: str, path: Path, *, names: Iterable[str] = (), force: bool = False) -> Path:
+    """An output folder: a directory (or creatable under one) we can write in, not a link nor under /proc, /sys,
+    /dev; unless ``force``, holding none of the files ``names`` the command will write (earlier results)."""
     p = Path(path).expanduser()
+    if str(path) == "":
+        raise DDProbeError(f"{flag}: empty path (give a folder name)")
+    if p.is_symlink():
+        raise DDProbeError(f"{flag} {path}: is a symbolic link (give the folder it points to)")
     if p.exists() and not p.is_dir():
         raise DDProbeError(f"{flag} {path}: is a file, not a folder")
+    real = os.path.realpath(p)
+    tree = next((t for t in SYSTEM_TREES if real == t or real.startswith(t + "/")), None)
+    if tree:
+        raise DDProbeError(f"{flag} {path}: is under {tree} (a system folder, never written)")
     _writable_folder(p, flag, path)
+    there = [n for n in names if (p / n).exists() or (p / n).is_symlink()] if p.is_dir() else []
+    if there and not force:
+        raise DDProbeError(f"{flag} {path}: already holds {', '.join(there)} from an earlier run ({FORCE_HINT})")
+    for n in names:  # what is there (with --force) must be a regular file still
+        why = special_target(p / n) if p.is_dir() else None
+        if why:
+            raise DDProbeError(f"{flag} {path}: {n} {why}")
     return p
 
 
@@ -61,13 +101,15 @@ def _same(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def check_outputs(paths: Mapping[str, Optional[Path]]) -> None:
-    """Check every output file (flag -> path; None: not written) and that no two are the same file."""
+def check_outputs(paths: Mapping[str, Optional[Path]], *, force: bool = False,
+                  inputs: Mapping[str, Optional[Path]] | None = None, keep_existing: bool = False) -> None:
+    """Check every output file (flag -> path; None: not written; ``check_file``) and that no two are the same
+    file."""
     seen: list[tuple[str, Path]] = []
     for flag, path in paths.items():
         if path is None:
             continue
-        p = check_file(flag, path)
+        p = check_file(flag, path, force=force, inputs=list((inputs or {}).items()), keep_existing=keep_existing)
         for other_flag, other in seen:
             if _same(p, other):
                 raise DDProbeError(f"{flag} {path} is the same file as {other_flag}: give each output its own file")

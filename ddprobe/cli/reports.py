@@ -6,13 +6,15 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich import box
 from rich.markup import escape
-from rich.table import Table
 
 from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
-from .options import err, errors_exit_1, out, output_file
+from .options import ForceOpt, err, errors_exit_1, out, output_file
+from .tables import Col, print_fitted
+
+# what a narrow terminal keeps longest (tables.Col priorities; 0 always): which entry, and how it moved
+GATE_PRIORITY = {"why": 1, "current": 2, "baseline": 2, "of floor": 3, "GPU": 3, "current bw": 4, "baseline bw": 4}
 
 
 @app.command()
@@ -24,9 +26,14 @@ def report(
                                                                "(images in <name>_files/ beside it).",
                                                    callback=output_file)]
     = Path("report.html"),
+    force: ForceOpt = False,
 ):
     """Write one report (summary, tables, plots) from results files."""
+    from ..reports.load import expand
     from ..reports.render import write_report
+    from .outputs import check_file
+
+    check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)])
 
     written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
     extra = f" and {len(written) - 1} image(s) in {written[1].parent}" if len(written) > 1 else ""
@@ -64,14 +71,12 @@ def gate(
                             paths=[p.strip() for p in paths.split(",") if p.strip()] if paths else None,
                             ctxs=parse_token_list(ctx) if ctx else None,
                             heads=[int(h) for h in parse_token_list(heads)] if heads else None)
-    t = Table(title=f"gate: {current} vs baseline {baseline}", title_justify="left", box=box.SIMPLE_HEAD,
-              pad_edge=False)
-    for c in COLUMNS:
-        t.add_column(c, justify="left" if c in ("status", "path", "GPU", "why") else "right", no_wrap=c != "why")
+    cols = [Col(c, GATE_PRIORITY.get(c, 0), "left" if c in ("status", "path", "GPU", "why") else "right",
+                wrap=c == "why") for c in COLUMNS]
     styles = {"ok": "", "new": "cyan"}
-    for cells in table_rows(outcome):  # path names like split_ws[fold_tree=0] are text, not rich markup
-        t.add_row(*map(escape, cells), style=styles.get(cells[0], "bold red"))
-    out.print(t)
+    rows = [list(map(escape, cells)) for cells in table_rows(outcome)]  # path names like split_ws[fold_tree=0]
+    print_fitted(f"gate: {current} vs baseline {baseline}", cols, rows,  # are text, not rich markup
+                 styles=[styles.get(r[0], "bold red") for r in rows])
     *lines, verdict = summary_lines(outcome)
     for line in lines:
         err.print(line, highlight=False, soft_wrap=True)

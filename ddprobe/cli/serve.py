@@ -8,7 +8,17 @@ import typer
 from ..units import DDProbeError
 from .app import app
 from .commit import announce
-from .options import EngineOptions, engine_options, err, errors_exit_1, warm_up
+from .options import MAX_TIMEOUT_S, EngineOptions, checked, engine_options, err, errors_exit_1, warm_up, within
+
+
+def parse_bytes(text: str, flag: str) -> int:
+    """A byte count: 1000, 64k, 64M, 1G (k = 1024); one line naming ``flag`` otherwise."""
+    t = text.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    digits = t[:-1] if t[-1:] in "KMG" and t else t
+    if not digits.isdigit() or not 1 <= int(digits) * scale <= 1 << 40:
+        raise DDProbeError(f"{flag}: bad byte count {text!r} (e.g. 1000, 64k, 64M)")
+    return int(digits) * scale
 
 
 @app.command()
@@ -21,6 +31,11 @@ def serve(
                                                                       "(default: 8k or the preset's limit).")] = None,
     spec: Annotated[bool, typer.Option("--spec/--no-spec", help="DDTree speculative decoding, or plain greedy "
                                                                 "decoding without spec counters.")] = True,
+    max_body: Annotated[str, typer.Option("--max-body", help="Largest request body in bytes, k = 1024 (larger: "
+                                                             "413).")] = "64M",
+    body_timeout: Annotated[float, typer.Option("--body-timeout", help="Seconds a request's body may take to "
+                                                                       "arrive (slower: 408).",
+                                                callback=checked(within(1e-3, MAX_TIMEOUT_S, " s")))] = 30.0,
     *, eng: EngineOptions,
 ):
     """Serve the reference engine over HTTP: SGLang /generate, OpenAI /v1/completions, /tokenize, /metrics."""
@@ -39,10 +54,15 @@ def serve(
             probe.bind((host, port))
     except OSError as e:
         raise DDProbeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    be = eng.backend(parse_tokens(max_ctx) if max_ctx else None)
+    body_bytes = parse_bytes(max_body, "--max-body")
+    be = eng.backend(parse_tokens(max_ctx) if max_ctx is not None else None)  # --max-ctx '' is refused, not default
     announce(eng, be)
     # the first request is then served at speed (--no-spec: the plain decode step is the one warmed up)
     warm_up(be if spec else SimpleNamespace(warmup=functools.partial(be.warmup, plain=True)), None)
-    err.print(f"ddprobe serve: {eng.preset} ({eng.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
+    err.print(f"ddprobe serve: {eng.preset} ({be.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
               f"http://{host}:{port}")
-    run_server(be, host=host, port=port, spec=spec)
+    run_server(be, host=host, port=port, spec=spec, max_body=body_bytes, body_read_s=body_timeout)
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stopped: a late second Ctrl-C while the process exits (Python
+        signal.signal(sig, signal.SIG_IGN)        # resets its handlers then) must not turn exit 0 into a kill

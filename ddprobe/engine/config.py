@@ -182,7 +182,7 @@ class ModelConfig:
 
 
 def _tiny() -> ModelConfig:
-    # Trained and shipped (ddprobe/engine/weights/tiny, ddprobe/probes/recall_curriculum.py) on sequences up to
+    # Trained and shipped (ddprobe/engine/weights/tiny, ddprobe/training/recall_curriculum.py) on sequences up to
     # 128k tokens, checked to 256k. No position it meets at 256k is new to it: layers 0 and 1 use partial
     # rope (only pairs of wavelength <= 2048 rotate: local order), layers 2 and 3 are NoPE (content
     # lookups: the refrain, the passage asked for) with queries sharpened slowly past 4k positions;

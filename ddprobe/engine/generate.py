@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .. import verify_paths
 from . import kernels
 from .config import ModelConfig
 from .drafter import Drafter, DrafterContext
@@ -57,6 +58,10 @@ class Engine:
         if tree_shape not in TREE_SHAPES:
             raise ValueError(f"unknown tree shape {tree_shape!r}; known: {', '.join(TREE_SHAPES)}")
         self.path = kernels.get_path(attn)
+        t = self.config.target
+        why = verify_paths.rows_why_not(verify_paths.get(attn), (t.kv_lora_rank, t.qk_rope_head_dim))
+        if why:  # before any weight is made, naming the model's real widths
+            raise ValueError(f"attention path {attn!r} cannot run the {self.config.name} model: {why}")
         self.prefill_path = kernels.get_path(prefill_attn)
         want = self.path.layout
         if kv_layout is None:
@@ -155,6 +160,13 @@ class Engine:
     def compile_error(self) -> str | None:
         """Why torch.compile was given up (graph mode on CUDA), if it was."""
         return self._runner.compile_error if self._runner is not None else None
+
+    @property
+    def fused_tree_fallback(self) -> str | None:
+        """Why the captured step builds the draft tree with the plain device build, not the fused Triton kernel
+        (CUDA graphs; ``tree_device.fused_tree_fallback``), if it does."""
+        st = self._runner.static if self._runner is not None else None
+        return st.fused_tree_fallback if st is not None else None
 
     # ---- helpers -------------------------------------------------------------------------
     @property

@@ -52,7 +52,7 @@ from .kv_cache import KVCache
 from .spec import Models, StepSpec
 from .tree import DraftTree
 from .tree_device import (DeviceTree, ancestor_mask_device, build_tree_device, build_tree_fused,
-                          fused_tree_works, walk_device)
+                          fused_tree_fallback, walk_device)
 
 NAMES = ("draft", "tree", "unpack", "verify", "walk", "commit")  # run order within a step
 HOST_NAMES = ("draft", "unpack", "verify", "commit")  # the host tree's step
@@ -96,8 +96,11 @@ class StaticStep:
         self.dvals = torch.zeros(L, self.topk, dtype=torch.float64, device=dev)  # the draft's top-k
         self.didx = torch.zeros(L, self.topk, **i64)
         self.cuda = spec.cuda
-        # the tree in one Triton program where it gives the plain build's tree on this device (checked once per shape)
-        self.fused_tree = self.cuda and spec.device_tree and fused_tree_works(dev, spec.budget, L, self.topk)
+        # the tree in one Triton program where it gives the plain build's tree on this device (checked once per
+        # shape); fused_tree_fallback: why not, where it was wanted (said once as a warning)
+        self.fused_tree_fallback = fused_tree_fallback(dev, spec.budget, L, self.topk) \
+            if self.cuda and spec.device_tree else None
+        self.fused_tree = self.cuda and spec.device_tree and self.fused_tree_fallback is None
         pin = dict(pin_memory=True) if self.cuda else {}
         self.step_host = torch.zeros(4 * r + 1, dtype=torch.int64, **pin)
         self.commit_host = torch.zeros(r + 3, dtype=torch.int64, **pin)

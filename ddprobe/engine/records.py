@@ -67,7 +67,10 @@ class GenerateResult:
 
     @property
     def mean_commit_len(self) -> float:
-        """tau: committed tokens per verify step (SGLang's spec_accept_length)."""
+        """Mean tokens per verify step as each step committed them (accepted depth + 1), a last step past
+        max_new_tokens counted whole: vLLM's mean acceptance length (1 + accepted / drafts). Not SGLang's
+        spec_accept_length (completion_tokens / spec_verify_ct, which counts the prefill's token) nor the probes'
+        commit length (``GenStats.commit_len``, which counts a cut step as the tokens it kept)."""
         return sum(s.commit_len for s in self.steps) / len(self.steps) if self.steps else 0.0
 
     @property

@@ -25,6 +25,7 @@ accepted when it and every ancestor matched its parent's pick; the accepted rows
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -123,23 +124,34 @@ def build_tree_device(vals: torch.Tensor, idx: torch.Tensor, budget: int, bonus)
     return DeviceTree(tokens, parents, depths, mask, valid, score, valid.sum() - 1)
 
 
-_FUSED_OK: dict = {}  # (device, budget, L, k) -> whether build_tree_fused agrees with build_tree_device there
+_FUSED_WHY: dict = {}  # (device, budget, L, k) -> None where build_tree_fused agrees with build_tree_device, else why
 
 
 def fused_tree_works(device: torch.device, budget: int, depth: int, k: int) -> bool:
     """Does ``build_tree_fused`` run on this CUDA device and give ``build_tree_device``'s tree, every field equal,
-    for this budget and draft shape [depth, k]? Checked once per shape on random top-k tables, exact ties among
-    them (cached; False off CUDA, without Triton, or on any difference: the static step then keeps the plain
-    build)."""
+    for this budget and draft shape [depth, k]? (``fused_tree_fallback`` is None.)"""
+    return fused_tree_fallback(device, budget, depth, k) is None
+
+
+def fused_tree_fallback(device: torch.device, budget: int, depth: int, k: int) -> str | None:
+    """None where ``build_tree_fused`` gives ``build_tree_device``'s tree here, else why not: off CUDA, the error
+    (no Triton, a compile error) or the difference. Checked once per shape on random top-k tables, exact ties among
+    them (cached); on CUDA a fallback is said once, as a RuntimeWarning: the static step then keeps the plain build
+    and ``Engine.fused_tree_fallback`` records why."""
     key = (str(device), budget, depth, k)
-    if key not in _FUSED_OK:
-        _FUSED_OK[key] = False
+    if key not in _FUSED_WHY:
+        why = "not a CUDA device"
         if torch.device(device).type == "cuda":
             try:
-                _FUSED_OK[key] = _fused_tree_agrees(torch.device(device), budget, depth, k)
-            except Exception:  # noqa: BLE001  no Triton, a compile error: the plain build
-                pass
-    return _FUSED_OK[key]
+                why = None if _fused_tree_agrees(torch.device(device), budget, depth, k) else \
+                    "its tree differs from the plain build's"
+            except Exception as e:  # noqa: BLE001  no Triton, a compile error: the plain build
+                why = f"{type(e).__name__}: {e}"[:300]
+            if why is not None:
+                warnings.warn(f"the fused tree kernel does not run on {device} (budget {budget}, draft [{depth}, "
+                              f"{k}]): {why}; the plain device build runs instead", RuntimeWarning, stacklevel=2)
+        _FUSED_WHY[key] = why
+    return _FUSED_WHY[key]
 
 
 def _fused_tree_agrees(device: torch.device, budget: int, depth: int, k: int) -> bool:

@@ -78,6 +78,48 @@ class GenStats:
         return self.completion_tokens / self.verify_steps if self.verify_steps else float("nan")
 
 
+def checked_stats(st: GenStats, max_new_tokens: int, where: str, budget: int | None = None) -> GenStats:
+    """``st`` when its numbers can be true of one greedy request of ``max_new_tokens`` (a ``budget``-node tree
+    when known), else one ``BackendError`` saying which number is impossible: completion tokens at most
+    max_new_tokens + budget (a cut last step may overshoot by its drafts), at least one verify step and no more
+    than the tokens after the prefill's, commit length within [1, budget + 1] (without a budget: at most
+    max_new_tokens), every number finite."""
+    import math
+
+    slack = budget or 0
+    if not 1 <= st.completion_tokens <= max_new_tokens + slack:
+        raise BackendError(f"{where}: completion_tokens {st.completion_tokens} for max_new_tokens {max_new_tokens}"
+                           + (f" and a {budget}-node tree" if budget else "") + ": impossible, not believed")
+    if not 1 <= st.verify_steps <= max(st.completion_tokens - 1, 1):
+        raise BackendError(f"{where}: {st.verify_steps} verify steps for {st.completion_tokens} tokens: impossible "
+                           "(each step commits at least one token), not believed")
+    top = budget + 1 if budget else max_new_tokens
+    c = st.commit_len
+    if not (math.isfinite(c) and 1.0 - 1e-9 <= c <= top + 1e-9):
+        raise BackendError(f"{where}: commit length {c:g} outside [1, {top}]"
+                           + (f" (budget {budget} + 1)" if budget else f" (max_new_tokens {max_new_tokens})")
+                           + ": the server's counters are not believed")
+    for name in ("e2e_s", "drafts_per_step", "accepted_tokens"):
+        v = getattr(st, name)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            raise BackendError(f"{where}: {name} {v}: not a finite non-negative number, not believed")
+    return st
+
+
+def histogram_note(hist: list[int], st: GenStats) -> str | None:
+    """Why a per-request histogram (index = draft tokens accepted in a step) cannot be the spread of ``st``
+    (None: it can): its steps must number the verify steps, and the tokens it says were committed must cover
+    those counted (completion_tokens - 1), a cut last step over by at most its drafts."""
+    steps, committed = sum(hist), sum((i + 1) * n for i, n in enumerate(hist))
+    if steps != st.verify_steps:
+        return f"histogram counts {steps} steps, the server {st.verify_steps} verify steps: spread ignored"
+    need = st.completion_tokens - 1
+    if not need <= committed <= need + len(hist) - 1:
+        return (f"histogram says {committed} tokens committed (mean {committed / steps:.2f}), the counts "
+                f"{need} (commit length {st.commit_len:.2f}): spread ignored")
+    return None
+
+
 class Backend(Protocol):
     name: str
 

@@ -214,6 +214,19 @@ def loop_notes(rows: Sequence[dict]) -> list[str]:
             and (r.get("commit_len") or 0.0) >= LOOP_NOTE_COMMIT]
 
 
+def timing_note(rows: Sequence[dict]) -> str | None:
+    """Why the timing columns are ``-`` when no cell has a prefill/decode split (a server that says no first-token
+    time), with the end-to-end latency it does report; None when some cell has one."""
+    if not rows or any(r.get("decode_ms_per_step") is not None for r in rows):
+        return None
+    e2e = [f"{r['text']} @ {fmt_tokens(r['ctx'])} {r['e2e_s']:.3g} s" for r in rows
+           if isinstance(r.get("e2e_s"), (int, float))]
+    line = (f"the {rows[0].get('backend', 'server')} backend reports no first-token time, so no prefill/decode "
+            "split: ms/step, tok/s and prefill are '-'")
+    return line + (f"; end-to-end latency per request (prefill included; e2e_s in the results file): "
+                   f"{', '.join(e2e)}" if e2e else "")
+
+
 def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: str) -> dict[str, Any]:
     """One results row; keys carry units."""
     row: dict[str, Any] = {

@@ -109,4 +109,4 @@ class ExporterSource:
 
     def close(self) -> None:
         if self._nan:
-            self.notes.append(f"{len(self._nan)} NaN sample(s) read as missing, e.g. {self._nan[0]}")
+            self.notes.append(f"{len(self._nan)} NaN or out-of-range sample(s) read as missing, e.g. {self._nan[0]}")

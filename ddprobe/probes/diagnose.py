@@ -28,6 +28,9 @@ from .estimate import timing_block
 from .floor import Sharding, floor_result, served_model
 from .models import get_model
 
+# Every file a diagnosis writes in its folder (the report last): an earlier run's are never replaced unasked.
+FILES = ("diagnose.json", "commit.json", "gpu-util.json", "floor.json", "advise.json", "verify.json", "report.html")
+
 
 COMMIT_KINDS = ("predictable", "novel")
 GPU_UTIL_PERIOD_S = 0.1  # the gpu-util step's sampling period

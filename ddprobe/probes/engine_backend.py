@@ -8,7 +8,6 @@ the first token, which comes from the prefill, belongs to no step. So the per-st
 """
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from typing import Any, Callable
@@ -48,6 +47,10 @@ class EngineBackend:
                                f"square), got {budget}")
         if graphs and not device.startswith("cuda"):
             raise BackendError("--graphs replays CUDA graphs: it needs --device cuda")
+        if device.startswith("cuda"):  # compiled kernels and graphs from the last run, before torch reads the vars
+            from ..engine.compile_cache import enable
+
+            enable()
         import torch
 
         from .threads import choose_threads
@@ -148,6 +151,7 @@ class EngineBackend:
                 "budget": self.budget, "block_size": self.engine.config.drafter.block_size, "device": self.device,
                 "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
                 "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs,
+                **({"fused_tree_fallback": fell} if (fell := self.engine.fused_tree_fallback) else {}),
                 **({"threads": self.threads.to_dict()} if getattr(self, "threads", None) else {})}
 
     def warmup(self, capacity: int | None = None, plain: bool = False) -> dict:
@@ -180,31 +184,18 @@ class EngineBackend:
         ``reuse_prefix``: the engine keeps this prompt's cache afterwards and starts from the longest common
         prefix of the prompt it kept (``GenStats.reused_tokens``; ``prefill_s`` then times only the rest);
         False drops anything kept. ``on_prefill(done, total)``: first with the tokens reused, then after every
-        prefill chunk (an engine without the hook: (0, total) at the start and (total, total) at the first
-        token)."""
+        prefill chunk."""
         import torch
 
         toks: list[int] = []
         steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
         t0, t_first = time.perf_counter(), []
 
-        params = inspect.signature(self.engine.generate).parameters
-        reuse_kw = {"reuse_prefix": reuse_prefix} if "reuse_prefix" in params else {}
-        prefill_hooked = on_prefill is not None and "on_prefill" in params
-        if prefill_hooked:
-            reuse_kw["on_prefill"] = on_prefill
-        elif on_prefill is not None:
-            on_prefill(0, len(input_ids))
-
-        def hook(new: list[int], tree_size=None) -> None:
-            if not isinstance(tree_size, int):  # an engine that passes the step's record
-                tree_size = getattr(tree_size, "tree_size", 0)
+        def hook(new: list[int], tree_size: int) -> None:
             if not t_first:
                 t_first.append(time.perf_counter())
-                if on_prefill is not None and not prefill_hooked:
-                    on_prefill(len(input_ids), len(input_ids))
             else:
-                steps.append((0, tree_size or 0))
+                steps.append((0, tree_size))
             new = new[:max_new_tokens - len(toks)]
             toks.extend(new)
             if steps:
@@ -212,20 +203,10 @@ class EngineBackend:
             if on_tokens is not None and new:
                 on_tokens(new)
 
-        streaming = "on_tokens" in params
         finish, res = "length", None
         try:
-            if streaming:
-                res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed,
-                                           on_tokens=hook, **reuse_kw)
-            else:  # an engine without the per-step hook: the same accounting from its records, after the fact
-                res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed,
-                                           **reuse_kw)
-                hook(res.tokens[:1])
-                at = 1
-                for s in res.steps:
-                    hook(res.tokens[at:at + s.commit_len], s.tree_size)
-                    at += s.commit_len
+            res = self.engine.generate(input_ids, max_new_tokens, temperature=temperature, seed=seed, on_tokens=hook,
+                                       reuse_prefix=reuse_prefix, on_prefill=on_prefill)
         except ValueError as e:
             raise BackendError(str(e)) from None
         except torch.cuda.OutOfMemoryError:
@@ -251,7 +232,8 @@ class EngineBackend:
             e2e_s=time.perf_counter() - t0, tokens=list(toks), step_times_s=[r.step_ms / 1e3 for r in records],
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
-                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish})
+                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish,
+                   "accepted_uncut": sum(n - 1 for n, _ in steps[:len(kept)])})  # vLLM's count (a cut step whole)
 
     def logits_problem(self, ids: list[int]) -> str | None:
         """The target's logits after the last ``LOGITS_CHECK_TOKENS`` of ``ids`` (a prompt and its output),
@@ -260,16 +242,11 @@ class EngineBackend:
 
         return logits_problem(self.engine.next_token_logits(list(ids[-LOGITS_CHECK_TOKENS:])))
 
-    @property
-    def reuses_prefix(self) -> bool:
-        """Can the engine keep a prompt's cache for the next request (``generate(reuse_prefix=True)``)?"""
-        return "reuse_prefix" in inspect.signature(self.engine.generate).parameters
+    reuses_prefix = True  # the engine keeps a prompt's cache for the next request (``generate(reuse_prefix=True)``)
 
     def forget_prefix(self) -> None:
-        """Drop the cache a ``reuse_prefix`` request kept (nothing to do for an engine that keeps none)."""
-        forget = getattr(self.engine, "forget_prefix", None)
-        if forget is not None:
-            forget()
+        """Drop the cache a ``reuse_prefix`` request kept."""
+        self.engine.forget_prefix()
 
     def greedy(self, input_ids: list[int], max_new_tokens: int,
                on_token: Callable[[int], None] | None = None) -> list[int]:

@@ -173,7 +173,7 @@ def gpu_rates(gpu: str | None, bw_Bps: float | None = None, flops_per_s: float |
     neither a preset nor a bandwidth is given."""
     from ..shapes import get_gpu
 
-    g = get_gpu(gpu) if gpu else (None if bw_Bps else get_gpu("h200"))
+    g = get_gpu(gpu) if gpu is not None else (None if bw_Bps else get_gpu("h200"))  # '' is refused, not h200
     return (g.name if g else None), bw_Bps or g.bw_Bps, flops_per_s or (g.bf16_flops if g else None)
 
 

@@ -4,6 +4,7 @@ The URL is the server's root: an OpenAI base URL (``http://host:port/v1``, what 
 read as its root, since the backends add ``/v1/...`` themselves where the protocol has it."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .backends import BackendError
@@ -28,11 +29,27 @@ class HttpClient:
         self._requests = requests
         self._session = requests.Session()
 
+    def _fetch(self, method: str, url: str, json_body: Any, progress: dict):
+        """The whole answer (headers and body), saying in ``progress`` how far it got."""
+        progress["stage"] = "waiting for the answer's headers"
+        r = self._session.request(method, url, json=json_body, timeout=self.timeout_s, stream=True)
+        progress["stage"] = f"HTTP {r.status_code} headers came, the body was still arriving"
+        r.content  # read it all here, within the deadline
+        return r
+
     def call(self, method: str, path: str, json_body: Any = None, expect_json: bool = True) -> Any:
+        """``method`` ``path`` with the whole answer (not each read) bounded by ``timeout_s``: every failure, a
+        slow server included, is one ``BackendError`` naming the URL and what was slow."""
+        from ..deadline import Late, within
+
         url = self.url + path
         rq = self._requests
         try:
-            r = self._session.request(method, url, json=json_body, timeout=self.timeout_s)
+            r = within(lambda progress: self._fetch(method, url, json_body, progress), self.timeout_s)
+        except Late as e:
+            self._session = rq.Session()  # the late answer's thread still holds the old one
+            raise BackendError(f"{method} {url}: no complete answer within {self.timeout_s:g} s (--timeout; "
+                               f"{e.stage})") from None
         except rq.exceptions.Timeout:
             raise BackendError(f"{method} {url}: no answer within {self.timeout_s:g} s (timeout)") from None
         except rq.exceptions.ConnectionError as e:
@@ -45,9 +62,12 @@ class HttpClient:
             raise BackendError(f"{method} {url}: HTTP {r.status_code} {detail}")
         if not expect_json:
             return r.text
+        from ..jsonfile import parse_json
+        from ..units import DDProbeError
+
         try:
-            return r.json()
-        except ValueError:
+            return parse_json(r.content, "answer")  # strict: no NaN/Infinity, a depth limit
+        except DDProbeError:
             raise BackendError(f"{method} {url}: answer is not valid JSON: {r.text[:80]!r}") from None
 
     def get_optional(self, path: str) -> Any:
@@ -66,4 +86,12 @@ def field_of(d: Any, key: str, where: str, kind: type | tuple = (int, float)) ->
     v = d[key]
     if not isinstance(v, kind) or isinstance(v, bool):
         raise BackendError(f"{where}: {key!r} has the wrong type ({type(v).__name__})")
+    if isinstance(v, float) and not math.isfinite(v):
+        raise BackendError(f"{where}: {key!r} is {v}, not a finite number")
     return v
+
+
+def number_of(d: dict, key: str) -> float | None:
+    """An optional number of an answer: None when absent, not a number, or not finite."""
+    v = d.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None

@@ -5,7 +5,8 @@ After the request, ``PromWindow.fetch`` asks ``/api/v1/query_range`` for every D
 at a step equal to the scrape interval (from ``/api/v1/targets`` for the targets serving those series, else
 the spacing of the series' own samples). Each GPU (node, index, MIG slice) is one row per step. ``engine``
 reads the serving engine's spec-decode counters (vLLM, SGLang) over the same window. Every failure is one
-line (``SourceUnavailable``); notes (coarse scrape interval, NaN samples, missing labels) are kept.
+line (``SourceUnavailable``), a malformed answer (a value that is no number, a series without its labels)
+included; notes (coarse scrape interval, NaN or out-of-range samples, missing labels) are kept.
 """
 from __future__ import annotations
 
@@ -31,6 +32,22 @@ def selector(names: list[str], match: str | None) -> str:
     """``{__name__=~"A|B",<match>}``."""
     alt = "|".join(n.replace(".", "\\\\.") for n in names)
     return "{" + f'__name__=~"{alt}"' + (f",{match.strip().strip('{}')}" if match and match.strip() else "") + "}"
+
+
+def _malformed_is_one_line(fn):
+    """A method reading Prometheus's answers: what its shape breaks (a string where a number goes, a missing
+    key) becomes one ``SourceUnavailable`` naming the URL, not a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return fn(self, *args, **kwargs)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+            raise SourceUnavailable(f"Prometheus {self.url}: malformed answer ({type(e).__name__}: "
+                                    f"{str(e)[:80]})") from None
+
+    return wrapper
 
 
 class PromWindow:
@@ -60,6 +77,7 @@ class PromWindow:
         self.api("/api/v1/query", query=f"count({selector(['DCGM_FI_DEV_POWER_USAGE'], self.match)})")
         return str((info or {}).get("version", "?"))
 
+    @_malformed_is_one_line
     def interval(self) -> float:
         """The scrape interval of the targets serving DCGM series, else their samples' spacing."""
         dcgm = selector([s.dcgm for s in signals.TABLE if s.dcgm], self.match)
@@ -92,6 +110,7 @@ class PromWindow:
             self.notes.append(f"scrape interval {step:g} s gives {int(window_s / step)} sample(s) per GPU over the "
                               f"{window_s:.1f} s request: too coarse for a verdict per phase; {fix}")
 
+    @_malformed_is_one_line
     def fetch(self, t0_unix: float, t1_unix: float, origin_unix: float) -> tuple[list[dict], list[dict]]:
         """(rows, gpus) of every DCGM GPU from ``t0_unix`` to ``t1_unix``, ``t_s`` counted from ``origin_unix``."""
         step = self.interval()
@@ -143,9 +162,10 @@ class PromWindow:
             self.notes.append(f"labels {', '.join(sorted(missing))} missing on some DCGM series: those GPUs are "
                               "named by Prometheus's instance label and the UUID")
         if nan_seen:
-            self.notes.append(f"{len(nan_seen)} series with NaN samples, read as missing (e.g. {nan_seen[0]})")
+            self.notes.append(f"{len(nan_seen)} series with NaN or out-of-range samples, read as missing (e.g. {nan_seen[0]})")
         return rows, gpus
 
+    @_malformed_is_one_line
     def engine(self, t0_unix: float, t1_unix: float, origin_unix: float) -> dict[str, Any]:
         """The engine's spec-decode metrics over the window: counters' increase (resets undone) and gauges'
         mean, summed over series; the timeline beside the GPU rows; {} when the engine exports none."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .backends import BackendError, GenStats
-from .http import HttpClient, field_of
+from .backends import BackendError, GenStats, checked_stats, histogram_note
+from .http import HttpClient, field_of, number_of
 
 
 class SGLangBackend(HttpClient):
@@ -49,15 +49,16 @@ class SGLangBackend(HttpClient):
         if "spec_verify_ct" not in meta:
             raise BackendError(f"{where}: the server reports no speculative-decoding counters (meta_info has no "
                                "spec_verify_ct): is speculative decoding enabled?")
-        completion = int(field_of(meta, "completion_tokens", where))
-        verify = int(field_of(meta, "spec_verify_ct", where))
+        completion = field_of(meta, "completion_tokens", where, int)
+        verify = field_of(meta, "spec_verify_ct", where, int)
         if verify <= 0:
             raise BackendError(f"{where}: spec_verify_ct is {verify}: no verify step ran")
-        if completion < 1:
-            raise BackendError(f"{where}: completion_tokens is {completion}")
-        stats = GenStats(prompt_tokens=int(meta.get("prompt_tokens", len(input_ids))), completion_tokens=completion,
-                         verify_steps=verify, e2e_s=float(meta.get("e2e_latency", e2e)),
-                         commit_mean=(completion - 1) / verify)
+        prompt = meta.get("prompt_tokens", len(input_ids))
+        stats = GenStats(prompt_tokens=prompt if isinstance(prompt, int) and prompt >= 0 else len(input_ids),
+                         completion_tokens=completion, verify_steps=verify,
+                         e2e_s=number_of(meta, "e2e_latency") if number_of(meta, "e2e_latency") is not None else e2e,
+                         commit_mean=(completion - 1) / verify if completion >= 1 else None)
+        checked_stats(stats, max_new_tokens, where)  # impossible counts: the cell fails in one line
         cached = meta.get("cached_tokens")  # prompt tokens served from SGLang's prefix (radix) cache
         if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached <= stats.prompt_tokens:
             stats.reused_tokens = cached
@@ -65,13 +66,18 @@ class SGLangBackend(HttpClient):
         if isinstance(out_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in out_ids):
             stats.tokens = list(out_ids)
         hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
-        if isinstance(hist, list) and hist and all(isinstance(h, int) and not isinstance(h, bool) for h in hist):
-            # SGLang: histogram[i] = verify steps that accepted i draft tokens (committed i + 1); the spread only
-            stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
-        proposed = meta.get("spec_num_proposed_drafts", meta.get("spec_proposed_drafts"))
-        if isinstance(proposed, (int, float)) and not isinstance(proposed, bool):
+        if isinstance(hist, list) and hist and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                                   for h in hist):
+            note = histogram_note(hist, stats)
+            if note:  # the mean stands (from the counts); the spread is not shown
+                stats.extra["server_note"] = note
+            else:  # SGLang: histogram[i] = verify steps that accepted i draft tokens (committed i + 1)
+                stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
+        proposed = number_of(meta, "spec_num_proposed_drafts")
+        proposed = proposed if proposed is not None else number_of(meta, "spec_proposed_drafts")
+        if proposed is not None and proposed >= 0:
             stats.drafts_per_step = proposed / verify
         for key in ("spec_accept_length", "spec_accept_rate"):
-            if isinstance(meta.get(key), (int, float)):
+            if number_of(meta, key) is not None:
                 stats.extra["reported_" + key] = meta[key]
         return stats

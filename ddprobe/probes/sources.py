@@ -62,12 +62,14 @@ def natural(s: Any) -> list:
 
 
 def row_value(sig: signals.Signal, raw: float, nan_seen: list[str], where: str) -> float | None:
-    """A DCGM sample in the row's unit; NaN / inf -> None, and ``where`` noted once in ``nan_seen``."""
-    if not math.isfinite(raw):
+    """A DCGM sample in the row's unit; NaN / inf, a negative value or a percentage over 100 -> None (no GPU
+    reads that), and ``where`` noted once in ``nan_seen``."""
+    v = raw * sig.dcgm_scale if math.isfinite(raw) else raw
+    if not math.isfinite(v) or v < 0 or (sig.key.endswith("_pct") and v > 100.5):
         if where not in nan_seen:
             nan_seen.append(where)
         return None
-    return raw * sig.dcgm_scale
+    return v
 
 
 def undo_resets(rows: list[dict[str, Any]], notes: list[str]) -> None:
@@ -97,10 +99,24 @@ def check_url(url: str, what: str) -> str:
 
 def http_get(url: str, timeout_s: float, what: str) -> str:
     """GET ``url`` as text; any failure one line naming ``what`` and the URL (SourceUnavailable)."""
+    import http.client
+
+    from ..deadline import Late, within
+
     check_url(url, what)
-    try:
+
+    def fetch(progress: dict) -> str:
+        progress["stage"] = "waiting for the answer's headers"
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            progress["stage"] = "headers came, the body was still arriving"
             return r.read().decode("utf-8", "replace")
+
+    try:
+        return within(fetch, timeout_s)  # the whole answer, not each read
+    except Late as e:
+        raise SourceUnavailable(f"{what} {url}: no complete answer within {timeout_s:g} s ({e.stage})") from None
+    except http.client.HTTPException as e:  # cut mid-answer (IncompleteRead), a malformed status line
+        raise SourceUnavailable(f"{what} {url}: broken answer ({type(e).__name__})") from None
     except urllib.error.HTTPError as e:
         body = e.read().decode("utf-8", "replace").strip().replace("\n", " ")[:160]
         raise SourceUnavailable(f"{what} {url}: HTTP {e.code} {body}") from None

@@ -280,20 +280,21 @@ def run(opts: BenchOptions, write: Callable[[dict], None], on_row: Callable[[dic
     return doc
 
 
-def paths_for(sm: tuple[int, int] | None) -> list[str]:
-    """``paged`` (always: the comparison) and ``--attn auto``'s path on a GPU of compute capability ``sm``."""
-    return ["paged", verify_paths.auto_path(sm)]
+def paths_for(sm: tuple[int, int] | None, shape: AttnShape = KIMI_K2) -> list[str]:
+    """``paged`` (always: the comparison) and ``--attn auto``'s path for ``shape``'s MLA rows in bf16 (what the
+    benchmark runs) on a GPU of compute capability ``sm``."""
+    return ["paged", verify_paths.auto_path(sm, DT, (shape.kv_lora_rank, shape.qk_rope_head_dim))]
 
 
 def compare(ctxs: list[int], shape: AttnShape, rows: int, sm_scale: float, on_row=None):
-    """Diagnose's step 4: ``paged`` vs the auto path (split_ws on sm_90, split elsewhere) for one layer of the
+    """Diagnose's step 4: ``paged`` vs the auto path for this shape (``paths_for``) for one layer of the
     engine's own shape (its heads) at every context; returns (rows, the ceilings). ``sm_scale`` is the engine's
     (YaRN-corrected) scale."""
     import torch
 
     if not torch.cuda.is_available():
         raise DDProbeError("the verify comparison needs a CUDA GPU visible to torch")
-    paths = paths_for(torch.cuda.get_device_capability())
+    paths = paths_for(torch.cuda.get_device_capability(), shape)
     opts = BenchOptions(ctxs=list(ctxs), heads=[shape.num_heads], paths=paths, budget=rows - 1,
                         quick=True, step_ctx=None, paged_max_ctx=max(ctxs), shape=shape, sm_scale=sm_scale)
     b = Bench(opts, on_row)

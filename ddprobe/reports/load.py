@@ -6,11 +6,11 @@ Besides ddprobe results files (``ddprobe.result/1``) this reads the raw JSON tha
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..jsonfile import read_json
 from ..results import SCHEMA, Result, RunMeta
 from ..units import DDProbeError
 
@@ -36,15 +36,9 @@ def _from_raw_bench(d: dict[str, Any], source: str) -> Result:
 def load_one(path: str | os.PathLike) -> Result:
     """One results file; a ``DDProbeError`` naming the file when it is missing, not JSON or not a results file."""
     path = Path(path)
-    if not path.is_file():
-        raise DDProbeError(f"results file {path} not found" if not path.exists() else f"{path}: not a file")
-    try:
-        d = json.loads(path.read_text())
-    except OSError as e:
-        raise DDProbeError(f"cannot read results file {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else "not UTF-8 text"
-        raise DDProbeError(f"{path}: not valid JSON ({where})") from None
+    if not path.exists():
+        raise DDProbeError(f"results file {path} not found")
+    d = read_json(path, "results file")  # regular files only, strict JSON, a depth limit
     if isinstance(d, dict) and d.get("schema") != SCHEMA and "results" in d and "ceilings" in d:
         return _from_raw_bench(d, str(path))
     result = Result.from_dict(d, source=str(path))

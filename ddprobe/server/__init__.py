@@ -14,7 +14,9 @@
   steps (or before it starts); ``stop`` strings and ``stop_token_ids`` end the output (a stream holds
   back any tail that may still become a stop string: streamed text = the plain answer's).
 - Requests are strict (``models``): bad or unsupported input is a 400 with one error body; an
-  engine failure that is not the request's fault is a 500 ``server_error`` in the same body.
+  engine failure that is not the request's fault is a 500 ``server_error`` in the same body. Bodies are
+  checked first (``limits``): over ``--max-body`` bytes 413, not whole within ``--body-timeout`` 408, not sent
+  as ``application/json`` or compressed 415. Tokenizing and decoding run off the event loop.
 - The first SIGINT/SIGTERM (``run``) prints "shutting down", stops accepting, cancels the running request
   at its next step and the queued ones: a waiting client gets a 503 in the error body, a stream its end
   event (finish reason ``abort``); the process exits 0.
@@ -40,18 +42,18 @@ def need_server_extra() -> None:
                            "pip install 'ddprobe[server]'") from None
 
 
-def build_app(backend, spec: bool = True, model_name: str | None = None):
-    """The FastAPI app around an ``EngineBackend`` (``app.build_app``)."""
+def build_app(backend, spec: bool = True, model_name: str | None = None, **limits):
+    """The FastAPI app around an ``EngineBackend`` (``app.build_app``; ``limits``: ``max_body``, ``body_read_s``)."""
     need_server_extra()
     from .app import build_app as build
 
-    return build(backend, spec=spec, model_name=model_name)
+    return build(backend, spec=spec, model_name=model_name, **limits)
 
 
 def serve(backend, host: str = "127.0.0.1", port: int = 30000, spec: bool = True, log_level: str = "warning",
-          say=None) -> None:
+          say=None, **limits) -> None:
     """Block serving ``backend`` on host:port until the first SIGINT/SIGTERM (``run.serve``)."""
     need_server_extra()
     from .run import serve as run
 
-    run(backend, host=host, port=port, spec=spec, log_level=log_level, say=say)
+    run(backend, host=host, port=port, spec=spec, log_level=log_level, say=say, **limits)

@@ -1,6 +1,8 @@
 """The FastAPI app of ``ddprobe serve`` (see the package's doc): ``build_app`` wires the engine's worker, the
 metrics and the one error body to the routes; the routes that only describe the server are here, the two that
 decode in ``routes``."""
+import asyncio
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -8,14 +10,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import models as m
 from . import routes
+from .limits import BODY_READ_S, MAX_BODY_BYTES, BodyLimits
 from .metrics import Metrics
 from .served import ApiError, Served, served
 from .worker import EngineWorker
 
 
-def build_app(backend, spec: bool = True, model_name: str | None = None) -> FastAPI:
+def build_app(backend, spec: bool = True, model_name: str | None = None, max_body: int = MAX_BODY_BYTES,
+              body_read_s: float = BODY_READ_S) -> FastAPI:
     """FastAPI app around an ``EngineBackend``; ``app.state.served`` holds what the routes share,
-    ``app.state.worker`` the engine's thread (``worker.close()`` ends it)."""
+    ``app.state.worker`` the engine's thread (``worker.close()`` ends it). Bodies pass ``limits.BodyLimits``
+    (``max_body`` bytes, whole within ``body_read_s``, JSON, uncompressed) before any route reads them."""
     name = model_name or f"ddprobe-{backend.preset}"
     metrics = Metrics(name, spec)
     worker = EngineWorker(backend, spec, on_done=lambda job, st: metrics.finished(st))
@@ -31,6 +36,7 @@ def build_app(backend, spec: bool = True, model_name: str | None = None) -> Fast
                              ("/generate", routes.generate, "POST"), ("/v1/completions", routes.completions, "POST"),
                              ("/metrics", metrics_text, "GET")):
         app.add_api_route(path, fn, methods=[method])
+    app.add_middleware(BodyLimits, max_bytes=max_body, read_s=body_read_s)
     return app
 
 
@@ -71,7 +77,7 @@ async def models(request: Request):
 
 async def tokenize(req: m.TokenizeRequest, request: Request):
     s = served(request)
-    ids = s.backend.tokenize(req.prompt)
+    ids = await asyncio.to_thread(s.backend.tokenize, req.prompt)  # off the event loop: /health stays quick
     return {"tokens": ids, "count": len(ids), "max_model_len": s.backend.max_context()}
 
 

@@ -4,10 +4,13 @@ Counters (vLLM's names, labels ``model_name`` and ``engine``): ``vllm:prompt_tok
 ``vllm:generation_tokens``, ``vllm:request_success`` (label ``finished_reason``: length, stop,
 abort), and with speculative decoding ``vllm:spec_decode_num_drafts`` (verify steps),
 ``vllm:spec_decode_num_draft_tokens`` (tree nodes proposed) and
-``vllm:spec_decode_num_accepted_tokens`` (tokens committed minus one per step, a cut step counted
-as committed: so 1 + accepted / drafts is the commit length). Gauges
+``vllm:spec_decode_num_accepted_tokens`` (draft tokens accepted per step, a last step cut by the token limit
+counted uncut, as vLLM counts it: so 1 + accepted / drafts is vLLM's mean acceptance length, at or above
+ddprobe's commit length). Gauges
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``. prometheus-client is the
-``server`` extra. ``spec_meta``: the SGLang-style speculative fields of one request's ``meta_info``.
+``server`` extra. ``spec_meta``: the SGLang-style speculative fields of one request's ``meta_info``, each
+what SGLang reports under that name (``spec_accept_length`` = completion_tokens / spec_verify_ct), ddprobe's own
+commit length under its own name (``commit_len``).
 """
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ class Metrics:
             if self.spec:
                 self.drafts.inc(st.verify_steps)
                 self.draft_tokens.inc(st.extra.get("tree_nodes", 0))
-                self.accepted.inc(sum(c - 1 for c in st.commit_lens))
+                self.accepted.inc(st.extra.get("accepted_uncut", sum(c - 1 for c in st.commit_lens)))
             self.success[st.extra.get("finish_reason", "length")].inc()
 
     def text(self) -> str:
@@ -66,14 +69,14 @@ class Metrics:
 
 
 def spec_meta(st, max_commit: int) -> dict[str, Any]:
-    """SGLang-style speculative fields of one request, commit length defined once (see module doc)."""
+    """SGLang's speculative fields of one request as SGLang fills them, and ddprobe's commit length beside them
+    (``commit_len``, defined once: ``GenStats.commit_len``)."""
     hist = [0] * max_commit
     for c in st.commit_lens:
         hist[c - 1] += 1
     steps = st.verify_steps
     drafts = st.extra.get("tree_nodes", 0)
     return {"spec_verify_ct": steps, "spec_accept_histogram": hist, "spec_correct_drafts_histogram": hist,
-            "commit_len": st.commit_len if steps else 0.0, "spec_accept_length": st.commit_len if steps else 0.0,
-            "sglang_accept_length": st.sglang_accept_length if steps else 0.0,
+            "commit_len": st.commit_len if steps else 0.0, "spec_accept_length": st.sglang_accept_length if steps else 0.0,
             "spec_num_correct_drafts": sum(c - 1 for c in st.commit_lens), "spec_num_proposed_drafts": drafts,
             "spec_accept_rate": sum(c - 1 for c in st.commit_lens) / drafts if drafts else 0.0}

@@ -147,6 +147,8 @@ class CompletionRequest(_Sampled):
             _neutral(values, {"n": (1,), "best_of": (None, 1), "echo": (False,), "logprobs": (None,),
                               "suffix": (None,), "top_p": (1, 1.0), "frequency_penalty": (0, 0.0),
                               "presence_penalty": (0, 0.0), "logit_bias": (None, {})})
+            if values.get("stream_options") is not None and not values.get("stream"):
+                raise ValueError("stream_options is only allowed when stream is true")  # as OpenAI answers
             if isinstance(values.get("prompt"), list) and any(isinstance(p, (str, list)) for p in values["prompt"]):
                 raise ValueError("one prompt per request: a list of prompts is not supported by ddprobe serve")
         return values

@@ -1,5 +1,6 @@
 """The two routes of ``ddprobe serve`` that decode: SGLang's ``/generate`` and OpenAI's ``/v1/completions``,
 each plain or streamed (one server-sent event per verify step)."""
+import asyncio
 import time
 import uuid
 
@@ -12,14 +13,15 @@ from .worker import Job, held_tail
 
 async def generate(req: m.GenerateRequest, request: Request):
     s, sp, t0, rid = served(request), req.sampling_params, time.perf_counter(), req.rid or uuid.uuid4().hex
-    ids = req.input_ids if req.input_ids is not None else s.backend.tokenize(req.text)
+    ids = req.input_ids if req.input_ids is not None else await asyncio.to_thread(s.backend.tokenize, req.text)
     job = s.submit(ids, sp.max_new_tokens, sp.temperature, sp.stop, sp.stop_token_ids)
     if req.stream:
         return stream(job, await started(request, job), *generate_chunks(s, job, rid, t0))
     st = await result(request, job)
     if st is None:
         raise ApiError(499, "client closed the request")
-    return {"text": s.text(job, st.tokens), "output_ids": st.tokens, "meta_info": s.meta(job, st, rid, t0)}
+    text = await asyncio.to_thread(s.text, job, st.tokens)  # decoding, like tokenizing, off the event loop
+    return {"text": text, "output_ids": st.tokens, "meta_info": s.meta(job, st, rid, t0)}
 
 
 def generate_chunks(s: Served, job: Job, rid: str, t0: float):
@@ -80,7 +82,7 @@ async def completions(req: m.CompletionRequest, request: Request):
     s = served(request)
     if req.model is not None and req.model != s.name:
         raise ApiError(404, f"model {req.model!r} does not exist; this server has {s.name!r}", "model")
-    ids = s.backend.tokenize(req.prompt) if isinstance(req.prompt, str) else req.prompt
+    ids = await asyncio.to_thread(s.backend.tokenize, req.prompt) if isinstance(req.prompt, str) else req.prompt
     job = s.submit(ids, req.max_tokens, req.temperature, req.stop, seed=req.seed)
     c = Completion(s, job, bool(req.stream_options and req.stream_options.include_usage))
     if req.stream:
@@ -89,4 +91,4 @@ async def completions(req: m.CompletionRequest, request: Request):
     st = await result(request, job)
     if st is None:
         raise ApiError(499, "client closed the request")
-    return c.whole(st)
+    return await asyncio.to_thread(c.whole, st)

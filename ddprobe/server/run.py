@@ -6,7 +6,9 @@ start), so every waiting client gets its answer at once (a 503 error body, or a 
 reason ``abort``) and the process exits 0 within ``GRACE_S`` seconds (open connections are cut after it). A
 second signal only says the stop is under way: uvicorn's force exit would skip the app's shutdown and print a
 traceback. The signal is not raised again once the server has stopped (uvicorn does that, which turned a
-clean stop into a KeyboardInterrupt).
+clean stop into a KeyboardInterrupt), and the handlers stay until the engine's thread is joined: a second
+signal after the event loop has closed, while the engine finishes, is absorbed the same way (the previous
+handlers, restored earlier, let it kill the process with a KeyboardInterrupt).
 """
 import asyncio
 import contextlib
@@ -39,10 +41,16 @@ class GracefulServer(uvicorn.Server):
         """The signal handler: it takes no lock (the main thread may hold any), so what it says and the
         worker's shutdown run on the event loop, next."""
         again = self.should_exit  # the stop is already bounded: forcing it would only skip the app's shutdown
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.stop_work, signal.Signals(sig).name, again)
         if not again:
             super().handle_exit(sig, frame)
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self.stop_work, signal.Signals(sig).name, again)
+                return
+            except RuntimeError:  # closed between the check and the call
+                pass
+        self.stop_work(signal.Signals(sig).name, again)  # the loop is gone: serve() is joining the engine
 
     def stop_work(self, name: str, again: bool) -> None:
         if again:
@@ -59,22 +67,24 @@ class GracefulServer(uvicorn.Server):
         if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
             yield
             return
-        before = {sig: signal.signal(sig, self.handle_exit) for sig in SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in before.items():
-                signal.signal(sig, handler)
+        for sig in SIGNALS:  # restored by serve() once the engine's thread is joined
+            signal.signal(sig, self.handle_exit)
+        yield
 
 
 def serve(backend, host: str = "127.0.0.1", port: int = 30000, spec: bool = True, log_level: str = "warning",
-          say=None) -> None:
-    """Block serving ``backend`` on host:port until the first SIGINT/SIGTERM; returns once the engine is idle."""
-    app = build_app(backend, spec=spec)
+          say=None, **limits) -> None:
+    """Block serving ``backend`` on host:port until the first SIGINT/SIGTERM; returns once the engine is idle.
+    ``limits``: ``max_body``, ``body_read_s`` (``app.build_app``)."""
+    app = build_app(backend, spec=spec, **limits)
     worker = app.state.worker
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=GRACE_S)
+    main = threading.current_thread() is threading.main_thread()
+    before = {sig: signal.getsignal(sig) for sig in SIGNALS} if main else {}
     try:
         GracefulServer(config, worker, say or say_on_stderr).run()
     finally:
         worker.shutdown()
         worker.join(GRACE_S)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

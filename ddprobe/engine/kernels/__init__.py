@@ -41,7 +41,7 @@ def get_path(name: str):
     try:
         mod = importlib.import_module(row.module, __name__)
     except ImportError as e:  # no Triton, or one too old for the fast paths
-        raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.4): {e}") from None
+        raise ValueError(f"attention path {name!r} needs Triton with tensor descriptors (>= 3.6): {e}") from None
     check = getattr(mod, "check_available", None)
     if check is not None:
         check()  # PathUnavailable: the library the path runs (sglang) is missing or takes other arguments

@@ -45,8 +45,9 @@ def check_dims(q: torch.Tensor, kv: torch.Tensor, v_dim: int, path: str) -> int:
 
 
 def dot_flags(dtype: torch.dtype) -> tuple[bool, str]:
-    """(UPCAST, PREC) constexprs: the interpreter's bf16 tl.dot is wrong (DESIGN.md pitfalls),
-    so operands go to fp32 there; fp32 inputs use exact (ieee) dots on the GPU."""
+    """(UPCAST, PREC) constexprs: Triton's CPU interpreter computes a bf16 x bf16 tl.dot wrongly (relative error
+    ~1e10, seen with Triton 3.6 and 3.9; fp16 and fp32 are right), so operands go to fp32 there; fp32 inputs use
+    exact (ieee) dots on the GPU."""
     upcast = interpreting()
     prec = "ieee" if dtype == torch.float32 else "tf32"
     return upcast, prec

@@ -19,7 +19,7 @@ import random
 import torch
 
 from .. import texts
-from .tokenizer import WordTokenizer
+from ..engine.tokenizer import WordTokenizer
 
 REPEAT_PROMPT = "Repeat the passage from the start:"
 COPY_CUE = 4  # a passage asked for again: its first words are the cue (as in the probe), the rest the copy

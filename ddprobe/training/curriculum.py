@@ -1,4 +1,4 @@
-"""The recall curriculum's training pieces (the recipe of the shipped tiny pair: ddprobe/probes/recall_curriculum.py):
+"""The recall curriculum's training pieces (the recipe of the shipped tiny pair: ddprobe/training/recall_curriculum.py):
 the loss on where the drafter's full layer looks, the drafter's loop against the frozen target, and its
 teacher-forced accuracy per block position. docs/tiny-model.md says what they are for."""
 from __future__ import annotations

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .drafter import Drafter
-from .rope import apply_rope
-from .target import TargetModel
+from ..engine.drafter import Drafter
+from ..engine.rope import apply_rope
+from ..engine.target import TargetModel
 
 
 def target_forward_train(target: TargetModel, tokens: torch.Tensor):
