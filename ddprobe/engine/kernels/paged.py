@@ -1,13 +1,15 @@
 """`paged`: DDTree verify as SGLang runs it today over a page_size=1 token pool (ddprobe's own rendering).
 
-Tree verify (R > 1 rows) renders SGLang's Triton ``extend_attention_fwd`` for MLA as ``TritonAttnBackend`` launches
-it for a TARGET_VERIFY batch: one program per (request, head, block of BLOCK_M query rows), KV blocks of BLOCK_N
-tokens, no split over the context, ``num_stages=1``, and BLOCK_M / BLOCK_N / num_warps picked per GPU architecture
-as SGLang picks them for 576-wide heads (``extend_blocks``). Stage 1 walks the committed prefix: each block's token
-indices are read from the request's slot row (int64, as SGLang's kv_indices), K is gathered one token at a time as a transposed [D, BLOCK_N] tile
-(512 latent + 64 rope), and V (the first 512 values of the same rows) is loaded again as its own tile, as SGLang
-loads it from its v_buffer view, and scaled by the pool's K / V scales (1.0) where SGLang scales; the mask bytes are not read in the prefix (SGLang's ``skip_prefix_custom_mask``).
-Stage 2 walks the R new rows under SGLang's flat custom mask (request b, row i, column j at
+Tree verify (R > 1 rows) renders SGLang's Triton ``extend_attention_fwd`` for MLA as ``TritonAttnBackend`` launches it
+for a TARGET_VERIFY batch: SGLang's ``_fwd_kernel`` written as SGLang writes it (same arguments, expressions and
+order, for the features TARGET_VERIFY uses: custom mask, causal, ``skip_prefix_custom_mask``), so that Triton emits
+the same code (``_target_compile`` checks it without a GPU). One program per (request, head, block of BLOCK_M query
+rows), KV blocks of BLOCK_N tokens, no split over the context, ``num_stages=1``, BLOCK_M / BLOCK_N / num_warps per
+GPU architecture as SGLang picks them for 576-wide heads (``extend_blocks``). Stage 1 walks the committed prefix
+through ``kv_indices`` (int64 slots): K gathered as a transposed [512, BLOCK_N] tile then the rope tile, V (the
+rows' first 512 values) loaded again as SGLang loads it from its v_buffer view; no mask bytes read. Stage 2 walks
+the R new rows up to the row block's causal end from their own contiguous buffer (k_extend / v_extend, gathered
+from the pool by ``run``) under SGLang's flat custom mask (request b, row i, column j at
 mask_indptr[b] + i * (prefix + R) + j), skipping all-masked tiles. Each head re-reads the whole prefix.
 
 Plain decode (R = 1, no tree) renders SGLang's split-K decode (``decode_attention_fwd`` with MLA): stage 1, one
@@ -25,7 +27,7 @@ import triton.language as tl
 
 from ... import verify_paths
 from ._common import check_dims, check_rows, dot_flags, kernel_meta, next_pow2, sm_count
-from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
+from .plan import VerifyPlan, check_causal, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "paged"
 layout = verify_paths.BY_NAME[name].layout
@@ -91,24 +93,6 @@ def decode_splits(seq_len: torch.Tensor, heads: int, sm: int, cap: int) -> torch
 
 
 @triton.jit
-def _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST: tl.constexpr,
-                PREC: tl.constexpr):
-    """Online softmax over one masked score tile; V loaded again from the rows' first V_DIM values. The product
-    is scaled by the pool's V scale before it joins the accumulator, as in SGLang (1.0 for a bf16 pool; the
-    multiply keeps the dot out of the accumulator, which is what SGLang's kernel pays)."""
-    row_max = tl.max(qk, 1)
-    n_e_max = tl.maximum(tl.where(row_max == float("-inf"), -1e20, row_max), e_max)
-    re_scale = tl.exp(e_max - n_e_max)
-    p = tl.exp(qk - n_e_max[:, None])
-    deno = deno * re_scale + tl.sum(p, 1)
-    v = tl.load(KV + loc[:, None] * stride_kv + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    if UPCAST:
-        v = v.to(tl.float32)
-    acc = acc * re_scale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC) * v_scale
-    return n_e_max, deno, acc
-
-
-@triton.jit
 def _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST: tl.constexpr, PREC: tl.constexpr):
     """q . K for one block of gathered rows, K loaded transposed ([D, BLOCK_N]) latent then rope."""
     k = tl.load(KV + loc[None, :] * stride_kv + offs_d[:, None], mask=n_ok[None, :], other=0.0)
@@ -122,54 +106,155 @@ def _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST:
 
 
 @triton.jit
+def _online_softmax(qk, e_max, deno):
+    """One step of the online softmax over a masked score tile (SGLang's order of operations)."""
+    row_max = tl.max(qk, 1)
+    row_max_fixed = tl.where(row_max == float("-inf"), -1e20, row_max)
+    n_e_max = tl.maximum(row_max_fixed, e_max)
+    re_scale = tl.exp(e_max - n_e_max)
+    p = tl.exp(qk - n_e_max[:, None])
+    deno = deno * re_scale + tl.sum(p, 1)
+    return p, re_scale, n_e_max, deno
+
+
+@triton.jit
+def _prefix_stage(q, qpe, K_Buffer, V_Buffer, kv_indices, cur_seq_kv_start_idx, cur_seq_len_prefix, mask_m,
+                  cur_kv_head, stride_buf_kbs, stride_buf_kh, stride_buf_vbs, stride_buf_vh, sm_scale, k_scale,
+                  v_scale, acc, deno, e_max, Lq: tl.constexpr, V_DIM: tl.constexpr, PE_DIM: tl.constexpr,
+                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Stage 1: the committed prefix from the pool through kv_indices; no mask bytes (skip_prefix_custom_mask).
+    Offsets, masks and operations as SGLang's _fwd_kernel writes them."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, V_DIM)
+    offs_dpe = V_DIM + tl.arange(0, PE_DIM)
+    mask_d = offs_d < Lq
+    mask_dv = offs_d < V_DIM
+    for start_n in range(0, cur_seq_len_prefix, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        mask_n = (start_n + offs_n) < cur_seq_len_prefix
+        final_mask = mask_m[:, None] & mask_n[None, :]
+        offs_kv_loc = tl.load(kv_indices + cur_seq_kv_start_idx + start_n + offs_n, mask=mask_n, other=0)
+        offs_buf_k = offs_kv_loc[None, :] * stride_buf_kbs + cur_kv_head * stride_buf_kh + offs_d[:, None]
+        k = tl.load(K_Buffer + offs_buf_k, mask=(mask_n[None, :]) & (mask_d[:, None]), other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        qk = tl.dot(q.to(k.dtype), k, input_precision=PREC)
+        offs_kpe = offs_kv_loc[None, :] * stride_buf_kbs + cur_kv_head * stride_buf_kh + offs_dpe[:, None]
+        kpe = tl.load(K_Buffer + offs_kpe, mask=mask_n[None, :], other=0.0)
+        if UPCAST:
+            kpe = kpe.to(tl.float32)
+        qk += tl.dot(qpe.to(kpe.dtype), kpe, input_precision=PREC)
+        qk *= sm_scale * k_scale
+        qk = tl.where(final_mask, qk, float("-inf"))
+        p, re_scale, e_max, deno = _online_softmax(qk, e_max, deno)
+        offs_buf_v = offs_kv_loc[:, None] * stride_buf_vbs + cur_kv_head * stride_buf_vh + offs_d[None, :]
+        v = tl.load(V_Buffer + offs_buf_v, mask=mask_n[:, None] & mask_dv[None, :], other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        p = p.to(v.dtype)
+        acc = acc * re_scale[:, None] + tl.dot(p, v, input_precision=PREC) * v_scale
+    return acc, deno, e_max
+
+
+@triton.jit
+def _extend_stage(q, qpe, K_Extend, V_Extend, mask_ptr, cur_seq_mask_start_idx, cur_block_m, cur_seq_len,
+                  cur_seq_len_prefix, cur_seq_extend_start_idx, cur_block_m_end, mask_m, cur_kv_head, stride_kbs,
+                  stride_kh, stride_vbs, stride_vh, sm_scale, acc, deno, e_max, Lq: tl.constexpr,
+                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Stage 2: the new rows from their own contiguous buffer (k_extend / v_extend) up to the row block's causal
+    end, under the flat custom mask; all-masked tiles skipped. As SGLang's _fwd_kernel writes it."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, V_DIM)
+    offs_dpe = V_DIM + tl.arange(0, PE_DIM)
+    mask_d = offs_d < Lq
+    mask_dv = offs_d < V_DIM
+    for start_n in range(0, cur_block_m_end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        mask_n = (start_n + offs_n) < cur_block_m_end
+        final_mask = mask_m[:, None] & mask_n[None, :]
+        custom_mask = tl.load(mask_ptr + cur_seq_mask_start_idx
+                              + (cur_block_m * BLOCK_M + offs_m[:, None]) * cur_seq_len
+                              + cur_seq_len_prefix + start_n + offs_n[None, :],
+                              mask=(mask_m[:, None] & mask_n[None, :]), other=0)
+        custom_mask &= mask_m[:, None] & mask_n[None, :]
+        final_mask &= custom_mask
+        if tl.max(tl.max(final_mask.to(tl.int32), axis=1), axis=0) != 0:
+            offs_k = ((cur_seq_extend_start_idx + start_n + offs_n[None, :]) * stride_kbs + cur_kv_head * stride_kh
+                      + offs_d[:, None])
+            k = tl.load(K_Extend + offs_k, mask=(mask_n[None, :]) & (mask_d[:, None]), other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+            qk = tl.dot(q, k, out_dtype=tl.float32, input_precision=PREC)
+            offs_kpe = ((cur_seq_extend_start_idx + start_n + offs_n[None, :]) * stride_kbs
+                        + cur_kv_head * stride_kh + offs_dpe[:, None])
+            kpe = tl.load(K_Extend + offs_kpe, mask=mask_n[None, :], other=0.0)
+            if UPCAST:
+                kpe = kpe.to(tl.float32)
+            qk += tl.dot(qpe, kpe, input_precision=PREC)
+            qk *= sm_scale
+            qk = tl.where(final_mask, qk, float("-inf"))
+            p, re_scale, e_max, deno = _online_softmax(qk, e_max, deno)
+            offs_v = ((cur_seq_extend_start_idx + start_n + offs_n[:, None]) * stride_vbs + cur_kv_head * stride_vh
+                      + offs_d[None, :])
+            v = tl.load(V_Extend + offs_v, mask=mask_n[:, None] & mask_dv[None, :], other=0.0)
+            if UPCAST:
+                v = v.to(tl.float32)
+            p = p.to(v.dtype)
+            acc = acc * re_scale[:, None] + tl.dot(p, v, input_precision=PREC)
+    return acc, deno, e_max
+
+
+@triton.jit
 def _paged_verify_kernel(
-    Q, KV, Out, ReqToToken, PrefixLens, ExtendLens, ExtendStart, MaskIndptr, Mask,
-    stride_qr, stride_qh, stride_kv, stride_or, stride_oh, stride_rtt, sm_scale, k_scale, v_scale,
+    Q_Extend, K_Extend, V_Extend, O_Extend, K_Buffer, V_Buffer, qo_indptr, kv_indptr, kv_indices, mask_ptr,
+    mask_indptr, sm_scale, k_scale, v_scale, kv_group_num, stride_qbs, stride_qh, stride_kbs, stride_kh, stride_vbs,
+    stride_vh, stride_obs, stride_oh, stride_buf_kbs, stride_buf_kh, stride_buf_vbs, stride_buf_vh,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
-    req, head, mblk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    prefix = tl.load(PrefixLens + req)
-    ext = tl.load(ExtendLens + req)
-    ext_start = tl.load(ExtendStart + req)
-    mask_off = tl.load(MaskIndptr + req)
-    offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < ext
+    """SGLang's extend kernel for one (request, head, block of BLOCK_M new rows), with its arguments: MLA (one KV
+    head: kv_group_num = heads), custom mask, causal, skip_prefix_custom_mask; no sinks, window or logit cap."""
+    cur_seq, cur_head, cur_block_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    cur_kv_head = cur_head // kv_group_num
+    cur_seq_extend_start_idx = tl.load(qo_indptr + cur_seq)
+    cur_seq_len_extend = tl.load(qo_indptr + cur_seq + 1) - cur_seq_extend_start_idx
+    cur_seq_kv_start_idx = tl.load(kv_indptr + cur_seq)
+    cur_seq_len_prefix = tl.load(kv_indptr + cur_seq + 1) - cur_seq_kv_start_idx
+    cur_seq_len = cur_seq_len_prefix + cur_seq_len_extend
+    cur_seq_mask_start_idx = tl.load(mask_indptr + cur_seq)
+    Lq: tl.constexpr = V_DIM + PE_DIM
     offs_d = tl.arange(0, V_DIM)
-    offs_pe = V_DIM + tl.arange(0, PE_DIM)
-    offs_n = tl.arange(0, BLOCK_N)
-    q_ptr = Q + (ext_start + offs_m)[:, None] * stride_qr + head * stride_qh
-    q = tl.load(q_ptr + offs_d[None, :], mask=m_ok[:, None], other=0.0)
-    qpe = tl.load(q_ptr + offs_pe[None, :], mask=m_ok[:, None], other=0.0)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = (cur_block_m * BLOCK_M + offs_m) < cur_seq_len_extend
+    mask_d = offs_d < Lq
+    mask_dv = offs_d < V_DIM
+    offs_q = ((cur_seq_extend_start_idx + cur_block_m * BLOCK_M + offs_m[:, None]) * stride_qbs
+              + cur_head * stride_qh + offs_d[None, :])
+    q = tl.load(Q_Extend + offs_q, mask=(mask_m[:, None]) & (mask_d[None, :]), other=0.0)
+    offs_dpe = V_DIM + tl.arange(0, PE_DIM)
+    offs_qpe = ((cur_seq_extend_start_idx + cur_block_m * BLOCK_M + offs_m[:, None]) * stride_qbs
+                + cur_head * stride_qh + offs_dpe[None, :])
+    qpe = tl.load(Q_Extend + offs_qpe, mask=mask_m[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         qpe = qpe.to(tl.float32)
-    acc = tl.zeros([BLOCK_M, V_DIM], tl.float32)
-    deno = tl.zeros([BLOCK_M], tl.float32)
-    e_max = tl.zeros([BLOCK_M], tl.float32) - float("inf")
-    rtt = ReqToToken + req * stride_rtt
-    # stage 1: the committed prefix; no mask bytes read (skip_prefix_custom_mask)
-    for start in range(0, prefix, BLOCK_N):
-        n_ok = (start + offs_n) < prefix
-        loc = tl.load(rtt + start + offs_n, mask=n_ok, other=0)
-        qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale * k_scale, UPCAST, PREC)
-        qk = tl.where(m_ok[:, None] & n_ok[None, :], qk, float("-inf"))
-        e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST,
-                                           PREC)
-    # stage 2: the new rows under the tree mask; all-masked tiles skipped
-    row_base = mask_off + offs_m.to(tl.int64) * (prefix + ext) + prefix
-    for start in range(0, ext, BLOCK_N):
-        n_ok = (start + offs_n) < ext
-        cm = tl.load(Mask + row_base[:, None] + start + offs_n[None, :], mask=m_ok[:, None] & n_ok[None, :], other=0)
-        ok = (cm != 0) & m_ok[:, None] & n_ok[None, :]
-        if tl.max(tl.max(ok.to(tl.int32), axis=1), axis=0) != 0:
-            loc = tl.load(rtt + prefix + start + offs_n, mask=n_ok, other=0)
-            qk, k = _scores(q, qpe, KV, loc, n_ok, stride_kv, offs_d, offs_pe, sm_scale, UPCAST, PREC)
-            qk = tl.where(ok, qk, float("-inf"))
-            e_max, deno, acc = _accumulate(qk, KV, loc, n_ok, stride_kv, offs_d, e_max, deno, acc, v_scale, UPCAST,
-                                           PREC)
-    o_ptr = Out + (ext_start + offs_m)[:, None] * stride_or + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptr, (acc / deno[:, None]).to(Out.dtype.element_ty), mask=m_ok[:, None])
+    acc = tl.zeros([BLOCK_M, V_DIM], dtype=tl.float32)
+    deno = tl.zeros([BLOCK_M], dtype=tl.float32)
+    e_max = tl.zeros([BLOCK_M], dtype=tl.float32) - float("inf")
+    acc, deno, e_max = _prefix_stage(q, qpe, K_Buffer, V_Buffer, kv_indices, cur_seq_kv_start_idx, cur_seq_len_prefix,
+                                     mask_m, cur_kv_head, stride_buf_kbs, stride_buf_kh, stride_buf_vbs, stride_buf_vh,
+                                     sm_scale, k_scale, v_scale, acc, deno, e_max, Lq, V_DIM, PE_DIM, BLOCK_N, UPCAST,
+                                     PREC)
+    cur_block_m_end = tl.minimum(cur_seq_len_extend, (cur_block_m + 1) * BLOCK_M)  # is_causal
+    acc, deno, e_max = _extend_stage(q, qpe, K_Extend, V_Extend, mask_ptr, cur_seq_mask_start_idx, cur_block_m,
+                                     cur_seq_len, cur_seq_len_prefix, cur_seq_extend_start_idx, cur_block_m_end,
+                                     mask_m, cur_kv_head, stride_kbs, stride_kh, stride_vbs, stride_vh, sm_scale, acc,
+                                     deno, e_max, Lq, V_DIM, PE_DIM, BLOCK_M, BLOCK_N, UPCAST, PREC)
+    offs_o = ((cur_seq_extend_start_idx + cur_block_m * BLOCK_M + offs_m[:, None]) * stride_obs + cur_head * stride_oh
+              + offs_d[None, :])
+    tl.store(O_Extend + offs_o, acc / deno[:, None], mask=mask_m[:, None] & mask_dv[None, :])
 
 
 @triton.jit
@@ -269,6 +354,33 @@ def fill_flat_mask(p: VerifyPlan, out: torch.Tensor) -> None:
     out.copy_(((rel < 0) | tree) & (row < r))
 
 
+def extend_buffers(bound: int, r: int, dev: torch.device) -> dict:
+    """SGLang's TARGET_VERIFY metadata for one request of R new rows over at most ``bound`` prefix tokens (filled by
+    ``refresh_extend``): qo_indptr [0, R], kv_indptr [0, prefix], int64 kv_indices (the slots), the flat bool custom
+    mask and mask_indptr, and ``ext_idx``, the new rows' slots (their K and V make k_extend / v_extend)."""
+    i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
+    return {"qo_indptr": torch.tensor([0, r], **i32), "kv_indptr": torch.zeros(2, **i32),
+            "kv_indices": torch.empty(bound + r, **i64), "mask_indptr": torch.zeros(2, **i64),
+            "custom_mask": torch.empty(r * (bound + r), dtype=torch.bool, device=dev),
+            "ext_idx": torch.empty(r, **i64), "rows": torch.arange(r, **i64)}
+
+
+def refresh_extend(p: VerifyPlan) -> None:
+    """Fill ``extend_buffers`` from prefix_t, slots and tree_mask with fixed-shape device ops (capturable)."""
+    e, r = p.extra, p.num_rows
+    e["kv_indices"].copy_(p.slots[: p.num_cols])
+    e["kv_indptr"][1:].copy_(p.prefix_t)
+    e["mask_indptr"][1:].copy_((p.prefix_t.to(torch.int64) + r) * r)
+    e["ext_idx"].copy_(p.slots.index_select(0, p.prefix_t.to(torch.int64) + e["rows"]))
+    fill_flat_mask(p, e["custom_mask"])
+
+
+def extend_rows(kv: torch.Tensor, p: VerifyPlan) -> torch.Tensor:
+    """The step's new rows [R, D] gathered from the pool: SGLang's k_extend (v_extend: their first v_dim values).
+    SGLang's backend hands over the step's fresh projections; here they are read back from their slots."""
+    return kv.index_select(0, p.extra["ext_idx"])
+
+
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
          tuning: PagedTuning | None = None, heads: int | None = None, max_prefix: int | None = None) -> VerifyPlan:
     """SGLang's metadata, built once per step: the slot row, flat custom mask and indptrs (R > 1), or the split-K
@@ -285,6 +397,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         raise ValueError("the paged path needs the page_size=1 token pool: pass slots")
     if not dynamic:
         check_diagonal(tree_mask)
+        check_causal(tree_mask, name)
     r = int(tree_mask.shape[0])
     check_rows(r, name)
     i32 = dict(dtype=torch.int32, device=dev)
@@ -293,12 +406,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         extra = {"decode": True, "seq_len": torch.empty(1, **i32), "num_splits": torch.empty(1, **i32),
                  "heads": heads or DECODE_BLOCK_H, "sm": sm, "max_splits": max_kv_splits(sm, arch(dev)[1])}
     else:
-        n = bound + r
-        extra = {"decode": False, "req_to_token": torch.empty(1, n, dtype=torch.int64, device=dev),  # kv_indices
-                 "custom_mask": torch.empty(r * n, dtype=torch.uint8, device=dev),  # flat [R * (prefix + R)]
-                 "mask_indptr": torch.zeros(1, dtype=torch.int64, device=dev),
-                 "extend_lens": torch.tensor([r], **i32), "extend_start_loc": torch.zeros(1, **i32), "batch": 1,
-                 "launch": launch(tuning, dev)}
+        extra = {"decode": False, **extend_buffers(bound, r, dev), "launch": launch(tuning, dev)}
     p = VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=slots, v_dim=v_dim, prefix_t=prefix_t,
                    dynamic=dynamic, tuning=tuning, extra=extra)
     refresh(p)
@@ -312,8 +420,7 @@ def refresh(p: VerifyPlan) -> None:
         e["seq_len"].copy_(p.prefix_t + 1)
         e["num_splits"].copy_(decode_splits(e["seq_len"], e["heads"], e["sm"], e["max_splits"]))
         return
-    e["req_to_token"][0].copy_(p.slots[: p.num_cols])
-    fill_flat_mask(p, e["custom_mask"])
+    refresh_extend(p)
 
 
 def _run_decode(q, kv, p, sm_scale, out, upcast, prec, meta):
@@ -333,6 +440,21 @@ def _run_decode(q, kv, p, sm_scale, out, upcast, prec, meta):
     return out
 
 
+def verify_launch(q, kv, p: VerifyPlan, sm_scale: float, out, upcast: bool, prec: str) -> tuple[tuple, tuple, dict]:
+    """(grid, arguments, keywords) of the tree-verify launch, as SGLang's extend_attention_fwd launches _fwd_kernel
+    (also what ``kernels._target_compile`` compiles for a GPU target without one)."""
+    e, c = p.extra, p.extra["launch"]
+    new = extend_rows(kv, p)
+    grid = (1, q.shape[1], triton.cdiv(q.shape[0], c["block_m"]))
+    width, v = kv.shape[1], p.v_dim  # MLA: one KV head, K the whole row, V its first v_dim values
+    args = (q, new, new, out, kv, kv, e["qo_indptr"], e["kv_indptr"], e["kv_indices"], e["custom_mask"],
+            e["mask_indptr"], sm_scale, 1.0, 1.0, q.shape[1], q.stride(0), q.stride(1), new.stride(0), width,
+            new.stride(0), v, out.stride(0), out.stride(1), kv.stride(0), width, kv.stride(0), v)
+    kw = dict(V_DIM=p.v_dim, PE_DIM=q.shape[2] - p.v_dim, BLOCK_M=c["block_m"], BLOCK_N=c["block_n"],
+              UPCAST=upcast, PREC=prec, num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return grid, args, kw
+
+
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
     """q [R, H, D], kv [pool, D] -> out [R, H, v_dim] in q's dtype (R = 1: the split-K decode). ``meta``: a dict
     to receive the compiled kernels' reports (registers, spills, shared memory, wgmma count)."""
@@ -345,16 +467,8 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     upcast, prec = dot_flags(q.dtype)
     if p.extra["decode"]:
         return _run_decode(q, kv, p, sm_scale, out, upcast, prec, meta)
-    e, c = p.extra, p.extra["launch"]
-    grid = (e["batch"], h, triton.cdiv(r, c["block_m"]))
-    k = _paged_verify_kernel[grid](
-        q, kv, out, e["req_to_token"], p.prefix_t, e["extend_lens"], e["extend_start_loc"],
-        e["mask_indptr"], e["custom_mask"],
-        q.stride(0), q.stride(1), kv.stride(0), out.stride(0), out.stride(1), e["req_to_token"].stride(0), sm_scale,
-        1.0, 1.0,
-        V_DIM=p.v_dim, PE_DIM=d - p.v_dim, BLOCK_M=c["block_m"], BLOCK_N=c["block_n"], UPCAST=upcast, PREC=prec,
-        num_warps=c["num_warps"], num_stages=c["num_stages"],
-    )
+    grid, args, kw = verify_launch(q, kv, p, sm_scale, out, upcast, prec)
+    k = _paged_verify_kernel[grid](*args, **kw)
     if meta is not None:
         meta["paged"] = kernel_meta(k)
     return out

@@ -105,6 +105,14 @@ def check_diagonal(tree_mask: torch.Tensor) -> None:
         raise ValueError("tree_mask must let every row see itself")
 
 
+def check_causal(tree_mask: torch.Tensor, path: str) -> None:
+    """Host plans of SGLang's extend kernel (``paged``, ``sglang``): it reads a row block's new columns only up to
+    the block's end (is_causal), so a row may see only itself and earlier rows (parents before children)."""
+    if bool(tree_mask.triu(1).any()):
+        raise ValueError(f"the {path} path takes tree masks whose rows see only earlier rows (parents before "
+                         "children), as SGLang's causal extend kernel reads them")
+
+
 def check_run_args(q: torch.Tensor, kv: torch.Tensor, plan: VerifyPlan) -> None:
     """Shared shape checks for every path's ``run``."""
     if q.dim() != 3 or q.shape[0] != plan.num_rows:

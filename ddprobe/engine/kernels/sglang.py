@@ -27,7 +27,7 @@ from ... import verify_paths
 from . import _sglang_import, paged
 from ._common import check_dims, check_rows, sm_count
 from ._sglang_import import SGLangUnavailable
-from .plan import VerifyPlan, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
+from .plan import VerifyPlan, check_causal, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
 
 name = "sglang"
 layout = verify_paths.BY_NAME[name].layout
@@ -67,19 +67,18 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
         raise ValueError("the sglang path needs the page_size=1 token pool: pass slots")
     if not dynamic:
         check_diagonal(tree_mask)
+        check_causal(tree_mask, name)
     r = int(tree_mask.shape[0])
     check_rows(r, name)
     i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
-    e = {"decode": r == 1, "kv_indptr": torch.zeros(2, **i32), "kv_indices": torch.empty(bound + r, **i64)}
     if r == 1:
         sm = sm_count(dev)
-        e.update(seq_lens=torch.empty(1, **i32), num_kv_splits=torch.empty(1, **i32), heads=heads or 16, sm=sm,
+        e = dict(decode=True, kv_indptr=torch.zeros(2, **i32), kv_indices=torch.empty(bound + r, **i64),
+                 seq_lens=torch.empty(1, **i32), num_kv_splits=torch.empty(1, **i32), heads=heads or 16, sm=sm,
                  max_kv_splits=paged.max_kv_splits(sm, paged.arch(dev)[1]),
                  use_pdl=dev.type == "cuda" and torch.version.hip is None and paged.arch(dev)[0][0] >= 9)
     else:
-        e.update(qo_indptr=torch.tensor([0, r], **i32), mask_indptr=torch.zeros(2, **i64),
-                 custom_mask=torch.empty(r * (bound + r), dtype=torch.bool, device=dev),
-                 ext_idx=torch.empty(r, **i64), rows=torch.arange(r, **i64))
+        e = {"decode": False, **paged.extend_buffers(bound, r, dev)}  # the metadata paged's rendering reads too
     p = VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=slots, v_dim=v_dim, prefix_t=prefix_t,
                    dynamic=dynamic, tuning=tuning or DEFAULT_TUNING, extra=e)
     refresh(p)
@@ -88,18 +87,15 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
 
 def refresh(p: VerifyPlan) -> None:
     """Rebuild the indptrs, indices, mask and split count from prefix_t, slots and tree_mask (fixed shapes)."""
-    e, r = p.extra, p.num_rows
-    e["kv_indices"].copy_(p.slots[: p.num_cols])
-    if e["decode"]:
-        e["seq_lens"].copy_(p.prefix_t + 1)
-        e["kv_indptr"][1:].copy_(e["seq_lens"])
-        kernels().get_num_kv_splits_triton[(1,)](
-            e["num_kv_splits"], e["seq_lens"], 1, 1, e["heads"], 1, e["max_kv_splits"], e["sm"], MAX_NUM_SEQ=256)
+    e = p.extra
+    if not e["decode"]:
+        paged.refresh_extend(p)
         return
-    e["kv_indptr"][1:].copy_(p.prefix_t)
-    e["mask_indptr"][1:].copy_((p.prefix_t.to(torch.int64) + r) * r)
-    e["ext_idx"].copy_(p.slots.index_select(0, p.prefix_t.to(torch.int64) + e["rows"]))
-    paged.fill_flat_mask(p, e["custom_mask"])
+    e["kv_indices"].copy_(p.slots[: p.num_cols])
+    e["seq_lens"].copy_(p.prefix_t + 1)
+    e["kv_indptr"][1:].copy_(e["seq_lens"])
+    kernels().get_num_kv_splits_triton[(1,)](
+        e["num_kv_splits"], e["seq_lens"], 1, 1, e["heads"], 1, e["max_kv_splits"], e["sm"], MAX_NUM_SEQ=256)
 
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
@@ -124,7 +120,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
                                e["num_kv_splits"], splits, sm_scale, 1.0, 1.0, logit_cap=0.0, sinks=None,
                                xai_temperature_len=-1, has_mla=True, use_pdl=e["use_pdl"])
         return out
-    new = kv.index_select(0, e["ext_idx"])  # the step's new rows: SGLang passes k.contiguous(), v.contiguous()
+    new = paged.extend_rows(kv, p)  # the step's new rows: SGLang passes k.contiguous(), v.contiguous()
     k.extend_attention_fwd(q, new.unsqueeze(1), new[:, : p.v_dim].contiguous().unsqueeze(1), out, k_buffer, v_buffer,
                            e["qo_indptr"], e["kv_indptr"], e["kv_indices"], e["custom_mask"], True,
                            e["mask_indptr"], r, 1.0, 1.0, sm_scale, logit_cap=0.0, sliding_window_size=-1,
