@@ -16,6 +16,11 @@ Plain decode (R = 1, no tree) renders SGLang's split-K decode (``decode_attentio
 program per (request, 16 heads, KV split) over BLOCK_N = 32 tokens at a time with V taken from the K tile; stage 2
 merges the splits per head. The number of splits follows SGLang's heuristic (``decode_splits``) up to its MLA cap
 (``max_kv_splits``). Where sglang is installed, the ``sglang`` path runs SGLang's own kernels beside this one.
+
+A rendering, not a copy: the kernels here are ddprobe's own functions; where codegen depends on it (index
+arithmetic, the online-softmax update, the tl.multiple_of hints) they follow the expressions of SGLang's
+Apache-2.0 ``extend_attention.py`` / ``decode_attention.py`` (sglang 0.5.14), so the baseline costs what SGLang's
+kernel costs where sglang is not installed.
 """
 from __future__ import annotations
 
