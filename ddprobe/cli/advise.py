@@ -222,7 +222,7 @@ def _result(points, verdicts, config: dict, decode_source: str, RunMeta):
     summary = {"verdicts": [v.to_dict() for v in verdicts],
                "vllm_rfc_48627": deployable([v for v in verdicts if v.path != _FLOOR]),
                "decode_source": decode_source}
-    return Result(kind="advise", meta=RunMeta.collect(probe_gpu=False), config=config,
+    return Result(kind="advise", meta=RunMeta.collect(probe_gpu="measured" in config), config=config,
                   rows=[p.to_dict() for p in points], summary=summary)
 
 
