@@ -297,24 +297,27 @@ def test_body_limits(limited):
     assert r.status_code == 400 and "stream_options is only allowed when stream is true" in r.text, r.text
 
 
-def test_health_answers_while_a_20_mb_prompt_is_tokenized(srv):
-    """Tokenizing runs off the event loop: /health answers in under 100 ms while 20 MB of text is tokenized (it
-    once waited 16.8 s)."""
-    text = ("the cat sat on the mat and " * 800_000)[:20_000_000]
-    t, out = in_thread(lambda: requests.post(srv.url + "/tokenize", json={"prompt": text}, timeout=300))
-    time.sleep(2.5)  # the body is sent and parsed; tokenizing (several seconds) has begun
-    waits = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        assert requests.get(srv.url + "/health", timeout=10).status_code == 200
-        waits.append(time.perf_counter() - t0)
-        time.sleep(0.1)
-    busy = t.is_alive()
-    t.join(timeout=300)
-    assert busy, "the tokenize request ended before /health was asked: the check proves nothing"
-    assert out["r"].status_code == 200 and out["r"].json()["count"] > 5_000_000
-    # the median under 100 ms, none over 500 ms (on a CPU shared with other work one request may wait for a core)
-    assert sorted(waits)[2] < 0.1 and max(waits) < 0.5, waits
+def test_health_answers_while_a_20_mb_prompt_is_tokenized():
+    """Tokenizing, and writing the answer's 5.6 million ids, run off the event loop of a real `ddprobe serve`
+    process: /health answers in under 100 ms meanwhile (it once waited 16.8 s; the answer's JSON alone 12 s)."""
+    sp = ServeProcess()
+    try:
+        text = ("the cat sat on the mat and " * 800_000)[:20_000_000]
+        t, out = in_thread(lambda: requests.post(sp.url + "/tokenize", json={"prompt": text}, timeout=300))
+        waits = []
+        while t.is_alive() and len(waits) < 200:
+            t0 = time.perf_counter()
+            assert requests.get(sp.url + "/health", timeout=10).status_code == 200
+            waits.append(time.perf_counter() - t0)
+            time.sleep(0.05)
+        t.join(timeout=300)
+        assert len(waits) >= 10, "the tokenize request ended too soon: the check proves too little"
+        assert out["r"].status_code == 200 and out["r"].json()["count"] > 5_000_000
+        # every answer while the 20 MB request was read, tokenized and answered: the median under 100 ms, none over
+        # 500 ms (on a CPU shared with other work one request may wait for a core)
+        assert sorted(waits)[len(waits) // 2] < 0.1 and max(waits) < 0.5, waits
+    finally:
+        sp.stop(signal.SIGTERM)
 
 
 def test_chunked_tokenizing_reads_what_one_pass_reads(monkeypatch):
