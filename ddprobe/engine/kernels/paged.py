@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ... import verify_paths
 from ._common import check_dims, check_rows, dot_flags, kernel_meta, next_pow2, sm_count
-from .plan import VerifyPlan, check_causal, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
+from .plan import VerifyPlan, check_run_args, pool_plan_args
 
 name = "paged"
 layout = verify_paths.BY_NAME[name].layout
@@ -396,13 +396,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     if not isinstance(tuning, PagedTuning):
         raise ValueError(f"the paged path takes a PagedTuning, got {type(tuning).__name__}")
     dev = tree_mask.device
-    bound, prefix_t, dynamic = split_prefix_arg(prefix_len, max_prefix, dev)
-    check_plan_args(bound, tree_mask, slots)
-    if slots is None:
-        raise ValueError("the paged path needs the page_size=1 token pool: pass slots")
-    if not dynamic:
-        check_diagonal(tree_mask)
-        check_causal(tree_mask, name)
+    bound, prefix_t, dynamic = pool_plan_args(name, prefix_len, max_prefix, tree_mask, slots)
     r = int(tree_mask.shape[0])
     check_rows(r, name)
     i32 = dict(dtype=torch.int32, device=dev)

@@ -113,6 +113,21 @@ def check_causal(tree_mask: torch.Tensor, path: str) -> None:
                          "children), as SGLang's causal extend kernel reads them")
 
 
+def pool_plan_args(path: str, prefix_len, max_prefix: int | None, tree_mask: torch.Tensor,
+                   slots: torch.Tensor | None) -> tuple[int, torch.Tensor, bool]:
+    """The checks every plan over SGLang's page_size=1 token pool makes (``paged``, ``sglang``): (prefix bound,
+    prefix tensor, device plan?) as ``split_prefix_arg`` gives them, after the shared argument checks, the pool's
+    slots and, for host plans, a diagonal and causal tree mask."""
+    bound, prefix_t, dynamic = split_prefix_arg(prefix_len, max_prefix, tree_mask.device)
+    check_plan_args(bound, tree_mask, slots)
+    if slots is None:
+        raise ValueError(f"the {path} path needs the page_size=1 token pool: pass slots")
+    if not dynamic:
+        check_diagonal(tree_mask)
+        check_causal(tree_mask, path)
+    return bound, prefix_t, dynamic
+
+
 def check_run_args(q: torch.Tensor, kv: torch.Tensor, plan: VerifyPlan) -> None:
     """Shared shape checks for every path's ``run``."""
     if q.dim() != 3 or q.shape[0] != plan.num_rows:

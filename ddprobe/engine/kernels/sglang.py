@@ -27,7 +27,7 @@ from ... import verify_paths
 from . import _sglang_import, paged
 from ._common import check_dims, check_rows, sm_count
 from ._sglang_import import SGLangUnavailable
-from .plan import VerifyPlan, check_causal, check_diagonal, check_plan_args, check_run_args, split_prefix_arg
+from .plan import VerifyPlan, check_run_args, pool_plan_args
 
 name = "sglang"
 layout = verify_paths.BY_NAME[name].layout
@@ -61,13 +61,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     if tuning is not None and not isinstance(tuning, SGLangTuning):
         raise ValueError(f"the sglang path takes an SGLangTuning, got {type(tuning).__name__}")
     dev = tree_mask.device
-    bound, prefix_t, dynamic = split_prefix_arg(prefix_len, max_prefix, dev)
-    check_plan_args(bound, tree_mask, slots)
-    if slots is None:
-        raise ValueError("the sglang path needs the page_size=1 token pool: pass slots")
-    if not dynamic:
-        check_diagonal(tree_mask)
-        check_causal(tree_mask, name)
+    bound, prefix_t, dynamic = pool_plan_args(name, prefix_len, max_prefix, tree_mask, slots)
     r = int(tree_mask.shape[0])
     check_rows(r, name)
     i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
