@@ -8,8 +8,9 @@ reports and the gate). A step of R rows (R = budget + 1 for a verify step, 1 for
   rows touch them; the target only, the drafter is not counted);
 - compute: attention over the context plus 2 x params x rows;
 - communication: under tensor parallelism every layer ends its attention and its MLP in an all-reduce of
-  R x hidden activations (2 per layer: 122 for Kimi K2's 61 layers); with dcp > 1 each layer also combines the
-  ranks' partial attention outputs (one more collective of R x local heads x dcp x (v + 1) values). Their latency
+  R x hidden activations (2 per layer: 122 for Kimi K2's 61 layers); with dcp > 1 each layer also gathers the dcp
+  group's queries and combines its ranks' partial attention outputs (2 more collectives of R x local heads x dcp
+  x 576 and x (v + 1) values; each rank attends with the group's heads over 1 / dcp of the KV). Their latency
   comes from the interconnect table below (or ``--allreduce-us``, or a ``bench allreduce`` file); collectives are
   latency-bound at these sizes and do not overlap a decode step's kernels, so they add;
 - launches, where the step is not replayed as a CUDA graph (an estimate: launches x launch time).
@@ -55,8 +56,8 @@ def interpolate(points: tuple[tuple[float, float], ...] | list[tuple[float, floa
     """us at ``nbytes`` from measured (bytes, us) points: log-log between them, the first point's latency below,
     the last segment's slope above (linear in bytes)."""
     pts = sorted(points)
-    if nbytes <= pts[0][0] or len(pts) == 1:
-        return pts[0][1] if nbytes <= pts[0][0] else pts[0][1] * nbytes / pts[0][0]
+    if nbytes <= pts[0][0] or len(pts) == 1:  # one measured size: its latency for every size (no slope to extend)
+        return pts[0][1]
     for (b0, u0), (b1, u1) in zip(pts, pts[1:]):
         if nbytes <= b1:
             f = (math.log(nbytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
@@ -83,20 +84,17 @@ INTERCONNECTS: dict[str, Interconnect] = {i.name: i for i in [
                  "about 20 us per small NCCL all-reduce over PCIe; ring traffic at 25 GB/s per direction"),
 ]}
 # the interconnect a GPU preset's tensor-parallel servers use (ddprobe.shapes.GPUS names)
+# (the NVL parts bridge pairs of GPUs with NVLink; at tp 8 their all-reduces cross PCIe; GH200 is one GPU per node)
 GPU_INTERCONNECT: dict[str, str] = {"h100": "nvlink4", "h200": "nvlink4", "h20": "nvlink4", "b200": "nvlink5",
-                                    "a100": "nvlink3", "rtx-pro-6000": "pcie-gen5", "l40s": "pcie-gen4"}
+                                    "a100": "nvlink3", "rtx-pro-6000": "pcie-gen5", "l40s": "pcie-gen4",
+                                    "h100-pcie": "pcie-gen5", "h100-nvl": "pcie-gen5", "h200-nvl": "pcie-gen5",
+                                    "a100-80gb-pcie": "pcie-gen4"}
 
 
 def interconnect_for(gpu: str | None) -> Interconnect | None:
     """The interconnect of a GPU preset (None where ddprobe has no figure: give --allreduce-us)."""
-    if not gpu:
-        return None
-    key = GPU_INTERCONNECT.get(gpu)
-    if key is None and "pcie" in gpu:
-        key = "pcie-gen5" if gpu.startswith(("h100", "h200", "b")) else "pcie-gen4"
-    if key is None:
-        key = next((v for k, v in GPU_INTERCONNECT.items() if gpu.startswith(k)), None)
-    return INTERCONNECTS.get(key) if key else None
+    key = GPU_INTERCONNECT.get(gpu or "")
+    return INTERCONNECTS[key] if key else None
 
 
 @dataclass(frozen=True)
@@ -137,7 +135,7 @@ class StepCost:
     weight_floor_ms: float
     weight_floor_worst_ms: float
     compute_floor_ms: float | None
-    allreduces: int
+    allreduces: int  # collectives per step: 2 TP all-reduces per layer (+ 2 per layer with dcp)
     allreduce_bytes: float  # one TP all-reduce's message
     allreduce_us: float  # one TP all-reduce's latency
     comm_ms: float
@@ -184,7 +182,9 @@ class StepModel:
         return self.attn.kv_bytes_per_token(self.kv_dtype, self.tp) * ctx / self.dcp
 
     def attn_flops(self, ctx: int, rows: int) -> float:
-        return self.attn.attn_flops_per_token(rows, self.tp) * ctx / self.dcp
+        """dcp: each rank attends with the heads of its dcp group (dcp x its own) over 1 / dcp of the context: the
+        same FLOPs as without."""
+        return self.attn.attn_flops_per_token(rows, self.tp) * ctx
 
     def collectives(self, rows: int) -> tuple[int, float, float]:
         """(count, bytes of one TP all-reduce, total us) of one step's communication."""
@@ -194,10 +194,10 @@ class StepModel:
         nbytes = rows * self.hidden * dtype_bytes(self.act_dtype)
         n = ALLREDUCES_PER_LAYER * layers
         total = n * self.comm.us_at(nbytes)
-        if self.dcp > 1:  # the dcp ranks' partial outputs (+ log-sum-exp) combined once per layer
-            part = rows * a.heads_per_gpu(self.tp) * self.dcp * (a.v_dim + 1) * dtype_bytes(self.act_dtype)
-            n += layers
-            total += layers * self.comm.us_at(part)
+        if self.dcp > 1:  # per layer: the dcp group's queries gathered, its partial outputs (+ LSE) combined
+            group = rows * a.heads_per_gpu(self.tp) * self.dcp * dtype_bytes(self.act_dtype)
+            n += 2 * layers
+            total += layers * (self.comm.us_at(group * a.kv_row) + self.comm.us_at(group * (a.v_dim + 1)))
         return n, nbytes, total
 
     def cost(self, ctx: int, rows: int) -> StepCost:
@@ -220,7 +220,8 @@ class StepModel:
                         weights_worst_GB=w.total_worst_B / 1e9, GFLOP=flops / 1e9, kv_floor_ms=kv * ms,
                         weight_floor_ms=w.total_B * ms, weight_floor_worst_ms=w.total_worst_B * ms,
                         compute_floor_ms=flops / self.flops_per_s * 1e3 if self.flops_per_s else None,
-                        allreduces=n, allreduce_bytes=nbytes, allreduce_us=comm_us / n if n else 0.0, comm_ms=comm,
+                        allreduces=n, allreduce_bytes=nbytes,
+                        allreduce_us=self.comm.us_at(nbytes) if n else 0.0, comm_ms=comm,
                         launch_ms=launch, floor_ms=mem * 1e3 + comm + launch, floor_worst_ms=worst * 1e3 + comm + launch,
                         binds=binds)
 
@@ -236,7 +237,7 @@ def check_dcp(dcp: int, tp: int) -> None:
 # ---- results files written before the step model: their floor rows renamed --------------------------------------
 _OLD_FLOOR_KEYS = {"floor_ms": "attn_floor_ms", "bound": "attn_bound", "gap": "attn_gap",
                    "gap_if_rows_reread": "attn_gap_if_rows_reread", "compute_floor_ms": "attn_compute_floor_ms",
-                   "step_compute_floor_ms": "compute_floor_ms", "total_floor_ms": "floor_ms",
+                   "step_compute_floor_ms": "compute_floor_ms", "step_GFLOP": "GFLOP", "total_floor_ms": "floor_ms",
                    "total_floor_worst_ms": "floor_worst_ms", "total_gap": "gap"}
 
 

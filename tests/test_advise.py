@@ -24,10 +24,11 @@ def test_a_crossover_between_contexts_by_hand():
     pts = points_typed([32768, 65536, 131072], [50, 100, 200], [7.0], [10.0], 8, "paged", "novel", "typed")
     assert [round(p.spec_tok_s) for p in pts] == [140, 70, 35] and all(p.plain_tok_s == 100 for p in pts)
     (v,) = advise(pts)
-    # speedup 1.4 at 32k, 0.7 at 64k: it crosses 1 at 32k + (0.4 / 0.7) x 32k = 51,491 tokens
-    assert v.crossover_ctx == pytest.approx(32768 + 0.4 / 0.7 * 32768)
+    # speedup 1.4 at 32k, 0.7 at 64k; the verify step linear between them (50 -> 100 ms), the decode step 10 ms:
+    # 7 tokens per step equal 1 per 10 ms where the step takes 70 ms, 32k + (20 / 50) x 32k = 45,875 tokens
+    assert v.crossover_ctx == pytest.approx(32768 + 20 / 50 * 32768)
     assert [b["budget"] for b in v.best] == [8, 0, 0]  # on where it pays, off where it loses
-    assert "with paged, speculation loses beyond 50.3k on novel text" in v.sentence
+    assert "with paged, speculation loses beyond 44.8k on novel text" in v.sentence
     assert rfc_table(v) == {"0": 8, str(round(v.crossover_ctx)): 0}  # off from the crossover
     assert deployable([v]) == {"paged": {"novel": {"num_speculative_tokens_per_seq_len": rfc_table(v)}}}
 
@@ -57,7 +58,8 @@ def test_a_crossover_below_the_smallest_context_is_extrapolated_by_hand():
     # losing even at 1k: no crossover, said so
     slow = points_typed([32768, 131072], [500, 714], [2.0], [20.0], 8, "sglang", "novel", "typed")
     (v2,) = advise(slow)
-    assert crossover_below(v2.best) is None and v2.loses_everywhere and "loses at every context measured" in v2.sentence
+    assert crossover_below(v2.best[0], v2.best[1]) is None and v2.loses_everywhere
+    assert "loses at every context measured on novel text, from 32k" in v2.sentence
 
 
 def test_the_investigation_typed_in_gives_a_crossover():
@@ -153,3 +155,26 @@ def test_outputs_never_replace_inputs_or_earlier_results(tmp_path):
     src.write_text(open("examples/commit-tiny-cpu-long-2026-12-02.json").read())
     p = _advise("--from", str(src), "--decode-ms", "30", "-o", str(src), ok=False)
     assert "is also the input --from" in p.stderr
+
+
+def test_the_rfc_bucket_starts_between_the_two_contexts_around_a_change():
+    # off at 8k, 16k, 32k (7 per 100 ms against 1 per 10-13 ms), on at 64k (7 per 100 ms against 1 per 20 ms)
+    pts = points_typed([8192, 16384, 32768, 65536], [100, 100, 100, 100], [7.0], [10, 12, 13, 20], 8, "p", "t", "x")
+    (v,) = advise(pts)
+    assert [b["budget"] for b in v.best] == [0, 0, 0, 8]
+    assert rfc_table(v) == {"0": 0, str(round(math.sqrt(32768 * 65536))): 8}
+
+
+def test_extrapolation_keeps_one_budget():
+    """Below the smallest context the verify step is extended through points of one tree size: the first context's
+    best budget, at the second context too (not that context's own best)."""
+    pts = [Point("p", "t", 32768, 8, 7.0, 159.0, 20.0), Point("p", "t", 131072, 8, 7.0, 714.0, 20.0),
+           Point("p", "t", 32768, 2, 2.0, 150.0, 20.0), Point("p", "t", 131072, 2, 3.0, 200.0, 20.0)]
+    (v,) = advise(pts)
+    assert v.best[1]["best_budget_if_on"] == 2  # at 128k the small tree is faster
+    assert v.crossover_ctx == pytest.approx(32768 - 19 / (555 / 98304), rel=1e-6)  # budget 8's line, as before
+
+
+def test_twice_the_same_context_is_refused():
+    with pytest.raises(DDProbeError, match="a context is given twice"):
+        points_typed([32768, 32768], [159, 150], [7.0], [20.0], 8, "p", "t", "x")

@@ -24,7 +24,8 @@ def test_nvlink_table_reproduces_its_source_and_interpolates_in_log_log():
     assert nv.allreduce_us(100, 8) == 5.9  # below the table: its smallest latency
     assert nv.allreduce_us(2 << 20, 8) == pytest.approx(33.8 + (1 << 20) * (33.8 - 16.7) / ((1 << 20) - 262144))
     assert nv.allreduce_us(1 << 20, 1) == 0.0  # one rank: nothing to reduce
-    assert interpolate([(100, 4.0)], 50) == 4.0
+    assert interpolate([(100, 4.0)], 50) == 4.0 and interpolate([(100, 4.0)], 1e6) == 4.0  # one point: no slope
+    assert interconnect_for("h100-nvl").name == "pcie-gen5" and interconnect_for("gh200") is None
 
 
 def test_pcie_all_reduces_of_the_investigations_step_by_hand():
@@ -49,8 +50,10 @@ def test_dcp_shards_the_kv_and_adds_one_combine_per_layer():
     m8, _ = served_model(K26, Sharding(tp=8, dcp=8, allreduce_us=10.0), "h200")
     a, b = m1.cost(131072, 9), m8.cost(131072, 9)
     assert b.kv_GB == pytest.approx(a.kv_GB / 8) and b.kv_floor_ms == pytest.approx(a.kv_floor_ms / 8)
-    assert (a.allreduces, b.allreduces) == (122, 183)  # + one combine of partial outputs per layer
-    assert a.comm_ms == pytest.approx(122 * 10e-3) and b.comm_ms == pytest.approx(183 * 10e-3)
+    assert (a.allreduces, b.allreduces) == (122, 244)  # + the queries gathered and the outputs combined, per layer
+    assert a.comm_ms == pytest.approx(122 * 10e-3) and b.comm_ms == pytest.approx(244 * 10e-3)
+    assert b.GFLOP == pytest.approx(a.GFLOP)  # the group's heads over 1 / dcp of the context: the same FLOPs
+    assert b.allreduce_us == 10.0  # one TP all-reduce's latency, not an average with the dcp collectives
     with pytest.raises(DDProbeError, match="--dcp 3 does not divide --tp 8"):
         served_model(K26, Sharding(tp=8, dcp=3), "h200")
 

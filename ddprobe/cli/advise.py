@@ -44,7 +44,7 @@ def advise(
     budget: Annotated[int, typer.Option("--budget", help="Tree budget of the typed verify steps (rows = budget + "
                                         "1).")] = 8,
     path: Annotated[str, typer.Option("--path", help="What the typed verify steps ran (a label: sglang, paged, "
-                                      "...).")] = "measured",
+                                      "...).")] = "typed",
     text: Annotated[str, typer.Option("--text", help="What text the commit lengths were measured on (a label).")]
     = "typed",
     from_file: Annotated[Optional[Path], typer.Option("--from", help="A commit results file (any backend): its "
@@ -106,8 +106,15 @@ def advise(
         r = Result.load(from_file)
         if r.kind != "commit":
             raise DDProbeError(f"{from_file}: a {r.kind!r} results file; --from takes a commit file")
-        budget = r.config.get("budget") if isinstance(r.config.get("budget"), int) else budget
-        ctxs = sorted({int(x["ctx"]) for x in r.rows})
+        if isinstance(r.config.get("budget"), int):
+            budget = r.config["budget"]
+        elif not typed_flags(tctx, ("budget",)):
+            raise DDProbeError(f"{from_file} does not say its tree budget (config.budget): give --budget")
+        left = [x for x in r.rows if not (x.get("commit_len") and x.get("decode_ms_per_step"))]
+        if left:
+            err.print(f"note: {len(left)} of {len(r.rows)} cells have no commit length or step time: left out",
+                      highlight=False)
+        ctxs = sorted({int(x["ctx"]) for x in r.rows if x not in left})
         decode = _decode(decode_ms, ctxs, step_model)
         points = points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode)),
                                     str(r.config.get("attn") or r.config.get("backend") or path), str(from_file))
@@ -133,6 +140,9 @@ def advise(
     modelled = decode_source is None and decode_ms is None
     decode_at = (lambda c: step_model.cost(max(1, c), 1).floor_ms) if modelled else None
     verdicts = run_advise(points + floor_pts, decode_at)
+    if modelled:  # said in every sentence, not only in the table's footnote
+        for v in verdicts:
+            v.sentence += " (against plain decoding at its floor)"
     decode_source = decode_source or ("the step model's floor of the one-row step (plain decoding at its best)"
                                       if modelled else "typed (--decode-ms)")
     result = _result(points + floor_pts, verdicts, config, decode_source, RunMeta)

@@ -177,8 +177,11 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
     else:
         out.print("dense model (no MoE fields): the routed-expert terms are zero", highlight=False)
     if r0.allreduces:
-        out.print(f"communication: {r0.allreduces} collectives per step, {r0.allreduce_us:.3g} us each at "
-                  f"{fmt_bytes(r0.allreduce_bytes)} ({said})", highlight=False, soft_wrap=True)
+        dcp = (f", + {r0.allreduces - 2 * spec.num_layers} for dcp (query gathers, output combines)"
+               if config["dcp"] > 1 else "")
+        out.print(f"communication: {r0.allreduces} collectives per step, {_ms(r0.comm_ms)} (TP all-reduces "
+                  f"{r0.allreduce_us:.3g} us each at {fmt_bytes(r0.allreduce_bytes)}{dcp}; {said})", highlight=False,
+                  soft_wrap=True)
     elif config["tp"] > 1:
         out.print(said, highlight=False)
     out.print("KV fl / wt fl: KV / weight bytes over bandwidth; compute: all FLOPs / tensor rate; floor = max((KV + "

@@ -90,16 +90,6 @@ def _best(points: list[Point]) -> dict:
             "spec_tok_s": p.spec_tok_s, "plain_tok_s": p.plain_tok_s, "speedup": p.speedup}
 
 
-def crossover(best: list[dict]) -> float | None:
-    """The context where speedup crosses 1 going up in context (linear between the two contexts around it), or
-    None where it never crosses from paying to losing."""
-    for a, b in zip(best, best[1:]):
-        if a["speedup"] >= 1 > b["speedup"]:
-            f = (a["speedup"] - 1) / (a["speedup"] - b["speedup"])
-            return a["ctx"] + f * (b["ctx"] - a["ctx"])
-    return None
-
-
 MIN_CTX = 1024  # extrapolation stops here
 
 
@@ -108,29 +98,50 @@ def fmt_ctx(c: float) -> str:
     return fmt_tokens(int(c)) if int(c) == c and int(c) % 1024 == 0 else f"{c / 1024:.1f}k"
 
 
-def crossover_below(best: list[dict], decode_at=None) -> float | None:
-    """Where speculation that loses at the smallest context measured started to lose: the verify step extended
-    linearly below it through the first two contexts (the anatomy's first interval: fixed part + marginal cost per
-    token), the commit length held at the first context's, the decode step from ``decode_at(ctx)`` (the step model)
-    or extended the same way. None when it loses down to ``MIN_CTX`` or fewer than two contexts are measured."""
-    if len(best) < 2 or best[0]["speedup"] >= 1:
-        return None
-    a, b = best[0], best[1]
-    slope_v = (b["verify_ms"] - a["verify_ms"]) / (b["ctx"] - a["ctx"])
-    slope_d = (b["decode_ms"] - a["decode_ms"]) / (b["ctx"] - a["ctx"])
+def _line(a: dict, b: dict, decode_at=None):
+    """speedup(ctx) with the verify step, the decode step (or ``decode_at(ctx)``) and the commit length each linear
+    in context through measured points ``a`` and ``b`` (one budget): the step model's fixed part + marginal cost."""
+    span = b["ctx"] - a["ctx"]
+
+    def at(key: str, c: float) -> float:
+        return a[key] + (b[key] - a[key]) * (c - a["ctx"]) / span
 
     def speedup(c: float) -> float:
-        v = max(a["verify_ms"] + slope_v * (c - a["ctx"]), 1e-9)
-        d = decode_at(int(c)) if decode_at else max(a["decode_ms"] + slope_d * (c - a["ctx"]), 1e-9)
-        return a["commit_len"] / v * d
+        d = decode_at(int(c)) if decode_at else max(at("decode_ms", c), 1e-9)
+        return max(at("commit_len", c), 1.0) * d / max(at("verify_ms", c), 1e-9)
 
-    lo, hi = float(MIN_CTX), float(a["ctx"])
-    if lo >= hi or speedup(lo) < 1:
-        return None
-    for _ in range(60):  # bisection: speedup(lo) >= 1 > speedup(hi)
+    return speedup
+
+
+def _bisect(speedup, lo: float, hi: float) -> float:
+    """The context in [lo, hi] where speedup crosses 1, given speedup(lo) >= 1 > speedup(hi)."""
+    for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if speedup(mid) >= 1 else (lo, mid)
     return (lo + hi) / 2
+
+
+def crossover(best: list[dict]) -> float | None:
+    """The context where speculation turns from paying to losing going up in context, between the two measured
+    contexts around it (``_line``), or None where it never does."""
+    for a, b in zip(best, best[1:]):
+        if a["speedup"] >= 1 > b["speedup"]:
+            return _bisect(_line(a, b), float(a["ctx"]), float(b["ctx"]))
+    return None
+
+
+def crossover_below(a: dict, b: dict | None, decode_at=None) -> float | None:
+    """Where speculation that loses at the smallest context measured (``a``) started to lose: the steps extended
+    linearly below it through ``a`` and ``b``, the next context's point at ``a``'s budget (``_line``; the commit
+    length held at ``a``'s below it), the decode step from ``decode_at(ctx)`` (the step model) where given. None
+    when it loses down to ``MIN_CTX`` or there is no second point."""
+    if b is None or a["speedup"] >= 1:
+        return None
+    line = _line({**a, "commit_len": a["commit_len"]}, {**b, "commit_len": a["commit_len"]}, decode_at)
+    lo, hi = float(MIN_CTX), float(a["ctx"])
+    if lo >= hi or line(lo) < 1:
+        return None
+    return _bisect(line, lo, hi)
 
 
 def verdict(path: str, text: str, points: list[Point], decode_at=None) -> Verdict:
@@ -139,30 +150,32 @@ def verdict(path: str, text: str, points: list[Point], decode_at=None) -> Verdic
         by_ctx.setdefault(p.ctx, []).append(p)
     best = [_best(by_ctx[c]) for c in sorted(by_ctx)]
     v = Verdict(path, text, best, crossover(best))
-    if v.crossover_ctx is None and all(b["speedup"] < 1 for b in best):
-        v.crossover_ctx = crossover_below(best, decode_at)
+    if v.crossover_ctx is None and len(best) > 1 and all(b["speedup"] < 1 for b in best):
+        # the next context's point at the first context's best budget: the extension keeps one tree size
+        same = [p for p in by_ctx[best[1]["ctx"]] if p.budget == best[0]["best_budget_if_on"]]
+        v.crossover_ctx = crossover_below(best[0], _best(same) if same else None, decode_at)
         v.crossover_extrapolated = v.crossover_ctx is not None
     v.loses_everywhere = all(b["speedup"] < 1 for b in best)
     v.pays_everywhere = all(b["speedup"] >= 1 for b in best)
     last, first = best[-1], best[0]
     tok = lambda b: f"{b['spec_tok_s']:.3g} tok/s against {b['plain_tok_s']:.3g}"  # noqa: E731
-    on = f"on {text} text" if text not in ("typed", "") else ""
+    on = f" on {text} text" if text not in ("typed", "") else ""
     if v.pays_everywhere:
-        v.sentence = (f"with {path}, speculation still pays at {fmt_tokens(last['ctx'])} {on}: {tok(last)} "
+        v.sentence = (f"with {path}, speculation still pays at {fmt_tokens(last['ctx'])}{on}: {tok(last)} "
                       f"(budget {last['budget']})")
     elif v.crossover_extrapolated:
-        v.sentence = (f"with {path}, speculation loses beyond about {fmt_ctx(v.crossover_ctx)} {on} "
+        v.sentence = (f"with {path}, speculation loses beyond about {fmt_ctx(v.crossover_ctx)}{on} "
                       f"(extrapolated below the smallest context measured; at {fmt_tokens(first['ctx'])}: "
                       f"{tok(first)})")
     elif v.loses_everywhere:
-        v.sentence = (f"with {path}, speculation loses at every context measured {on}, from "
+        v.sentence = (f"with {path}, speculation loses at every context measured{on}, from "
                       f"{fmt_tokens(first['ctx'])} ({tok(first)})")
     elif v.crossover_ctx is not None:
-        v.sentence = (f"with {path}, speculation loses beyond {fmt_ctx(v.crossover_ctx)} {on} "
+        v.sentence = (f"with {path}, speculation loses beyond {fmt_ctx(v.crossover_ctx)}{on} "
                       f"(at {fmt_tokens(last['ctx'])}: {tok(last)})")
     else:  # loses at short context, pays at long: said as measured
         pays = [fmt_tokens(b["ctx"]) for b in best if b["speedup"] >= 1]
-        v.sentence = f"with {path}, speculation pays {on} at {', '.join(pays)} only"
+        v.sentence = f"with {path}, speculation pays{on} at {', '.join(pays)} only"
     v.sentence = " ".join(v.sentence.split())
     return v
 
@@ -184,24 +197,23 @@ def rfc_table(v: Verdict) -> dict[str, int]:
     table: dict[str, int] = {}
     if v.crossover_extrapolated:  # on below the crossover (at the first context's best budget), off beyond
         return {"0": v.best[0]["best_budget_if_on"], str(int(round(v.crossover_ctx))): 0}
-    prev = None
     for i, b in enumerate(v.best):
-        if prev is not None and b["budget"] == prev["budget"]:
+        last = v.best[i - 1] if i else None  # the context measured just before this one
+        if last is not None and b["budget"] == last["budget"]:
             continue
-        if prev is None:
+        if last is None:
             start = 0
-        elif b["budget"] == 0 and v.crossover_ctx is not None and prev["ctx"] <= v.crossover_ctx <= b["ctx"]:
+        elif b["budget"] == 0 and v.crossover_ctx is not None and last["ctx"] <= v.crossover_ctx <= b["ctx"]:
             start = int(round(v.crossover_ctx))
         else:
-            start = int(round(math.sqrt(prev["ctx"] * b["ctx"])))
+            start = int(round(math.sqrt(last["ctx"] * b["ctx"])))
         table[str(start)] = b["budget"]
-        prev = b
     return table
 
 
 def deployable(verdicts: list[Verdict], text: str | None = None) -> dict:
-    """The paste-able JSON per path: ``num_speculative_tokens_per_seq_len`` from the verdict on ``text`` (novel by
-    default when measured: the text that decides whether speculation may cost)."""
+    """The paste-able JSON per path and text (only ``text``'s when given): ``num_speculative_tokens_per_seq_len``.
+    A deployment serving unpredictable text should paste the novel-text table."""
     out = {}
     for v in verdicts:
         if text is None or v.text == text:
@@ -224,6 +236,8 @@ def points_typed(ctxs: list[int], verify_ms: list[float], commit_len: list[float
 
     if len(verify_ms) != n:
         raise DDProbeError(f"give one verify step time per context: {n} contexts, {len(verify_ms)} times")
+    if len(set(ctxs)) != n:
+        raise DDProbeError("a context is given twice: give each context once, with its own step time")
     return [Point(path, text, c, budget, cl, v, d, source) for c, v, cl, d in
             zip(ctxs, verify_ms, per_ctx(commit_len, "commit length"), per_ctx(decode_ms, "decode step time"))]
 
@@ -231,16 +245,17 @@ def points_typed(ctxs: list[int], verify_ms: list[float], commit_len: list[float
 def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, float], path: str,
                        source: str) -> list[Point]:
     """A commit results file's cells (any backend): commit length and ms per verify step per (text, ctx), the
-    file's budget; ``decode_ms`` per context from elsewhere. A cell without a step time or a commit length is
-    refused in one line naming it."""
+    file's budget; ``decode_ms`` per context from elsewhere. Cells without a step time or a commit length are left
+    out (the caller says how many); none left is one line."""
     budget = config.get("budget")
     if not isinstance(budget, int):
         raise DDProbeError("the commit file does not say its budget (config.budget): give --budget")
     pts = []
-    for r in rows:
-        name = f"{r.get('text')} @ {fmt_tokens(r['ctx']) if isinstance(r.get('ctx'), int) else r.get('ctx')}"
-        if not r.get("commit_len") or not r.get("decode_ms_per_step"):
-            raise DDProbeError(f"cell {name} has no commit length or step time: it cannot be advised on")
+    usable = [r for r in rows if r.get("commit_len") and r.get("decode_ms_per_step")]
+    if not usable:
+        raise DDProbeError("no cell of the commit file has both a commit length and a step time (a server that "
+                           "reports no step time): type them instead with --ctx, --step-ms and --commit-len")
+    for r in usable:
         pts.append(Point(path, str(r["text"]), int(r["ctx"]), budget, float(r["commit_len"]),
                          float(r["decode_ms_per_step"]), decode_ms[int(r["ctx"])], source))
     return pts
