@@ -13,7 +13,7 @@ from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, Expe
 from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 from .tables import Col, print_fitted
 
-_FLOOR = "floor"  # the path label of a verify step at its floor
+from ..probes.advise import FLOOR_PATH as _FLOOR, MODEL_DECODE
 _MEASURED = "Measured on this machine (no typed numbers, no --from)"
 
 
@@ -89,7 +89,7 @@ def advise(
     from ..probes.advise import advise as run_advise, points_from_commit, points_typed
     from ..probes.floor import FloorInput, Sharding, floor_row, served_model
     from ..probes.models import get_model
-    from ..results import Result, RunMeta
+    from ..results import Result
 
     if save is not None:  # never over its own input or results measured earlier, unless --force
         from .outputs import check_file
@@ -143,9 +143,8 @@ def advise(
     if modelled:  # said in every sentence, not only in the table's footnote
         for v in verdicts:
             v.sentence += " (against plain decoding at its floor)"
-    decode_source = decode_source or ("the step model's floor of the one-row step (plain decoding at its best)"
-                                      if modelled else "typed (--decode-ms)")
-    result = _result(points + floor_pts, verdicts, config, decode_source, RunMeta)
+    decode_source = decode_source or (MODEL_DECODE if modelled else "typed (--decode-ms)")
+    result = _result(points + floor_pts, verdicts, config, decode_source)
     if save:
         result.save(save)
     if as_json:
@@ -225,15 +224,12 @@ def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float
     return [step_model.cost(c, 1).floor_ms for c in ctxs]
 
 
-def _result(points, verdicts, config: dict, decode_source: str, RunMeta):
-    from ..probes.advise import deployable
-    from ..results import Result
+def _result(points, verdicts, config: dict, decode_source: str):
+    from ..probes.advise import summary
+    from ..results import Result, RunMeta
 
-    summary = {"verdicts": [v.to_dict() for v in verdicts],
-               "vllm_rfc_48627": deployable([v for v in verdicts if v.path != _FLOOR]),
-               "decode_source": decode_source}
     return Result(kind="advise", meta=RunMeta.collect(probe_gpu="measured" in config), config=config,
-                  rows=[p.to_dict() for p in points], summary=summary)
+                  rows=[p.to_dict() for p in points], summary=summary(verdicts, decode_source))
 
 
 def _print(points, verdicts, summary: dict) -> None:

@@ -221,6 +221,18 @@ def deployable(verdicts: list[Verdict], text: str | None = None) -> dict:
     return out
 
 
+FLOOR_PATH = "floor"  # the path label of a verify step at its floor (left out of the deployable table)
+MODEL_DECODE = "the step model's floor of the one-row step (plain decoding at its best)"
+
+
+def summary(verdicts: list[Verdict], decode_source: str) -> dict:
+    """An advise results file's summary: the verdicts, the paste-able RFC #48627 table, where plain decode's time came
+    from."""
+    return {"verdicts": [v.to_dict() for v in verdicts],
+            "vllm_rfc_48627": deployable([v for v in verdicts if v.path != FLOOR_PATH]),
+            "decode_source": decode_source}
+
+
 def points_typed(ctxs: list[int], verify_ms: list[float], commit_len: list[float], decode_ms: list[float],
                  budget: int, path: str, text: str, source: str) -> list[Point]:
     """Typed numbers: one per context each (commit length and decode step may be one for all)."""

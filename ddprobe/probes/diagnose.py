@@ -183,7 +183,7 @@ class Diagnose:
     def advise(self):
         """Speculation on or off (``probes.advise``): the commit cells' commit length and verify step per text and
         context against plain decoding at the step model's one-row floor (the best plain decoding can do)."""
-        from .advise import advise, deployable, points_from_commit
+        from .advise import MODEL_DECODE, advise, points_from_commit, summary
 
         model = getattr(self, "step_model", None)
         cells = [r for r in self.commit_rows if r.get("commit_len") and r.get("decode_ms_per_step")]
@@ -199,9 +199,7 @@ class Diagnose:
         path_out = self.files["advise"] = self.out / "advise.json"
         Result(kind="advise", meta=self.meta, rows=[p.to_dict() for p in pts],
                config={"budget": budget, "path": path},
-               summary={"verdicts": [v.to_dict() for v in verdicts], "vllm_rfc_48627": deployable(verdicts),
-                        "decode_source": "the step model's floor of the one-row step (plain decoding at its "
-                                         "best)"}).save(path_out)
+               summary=summary(verdicts, MODEL_DECODE)).save(path_out)
 
     def verify(self):
         b = self.backend
