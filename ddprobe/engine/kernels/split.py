@@ -58,8 +58,7 @@ class SplitTuning:
     num_stages: int = 2
     min_chunk: int = 64       # fewest prefix tokens per split
     ctas_per_sm: int = 1      # target programs per SM for the prefix kernel
-    tail: int = 2             # 64 < Hq <= 80: 0 pad to 128 rows, 1 one program 64 + 16 rows, 2 a separate 16-row program,
-                              # 3 one program 64 + 16 rows, those 16 transposed (_attend_block_t)
+    tail: int = 2             # 64 < Hq <= 80: 0 pad to 128 rows, 1 one program 64 + 16 rows, 2 a separate 16-row program
     block_q: int = 0          # force the main row block (0: auto)
     warps_128: int = 16       # num_warps when the row block is 128
     tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
@@ -90,33 +89,6 @@ def _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC:
 
 
 @triton.jit
-def _attend_block_t(qt_lat, qt_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC: tl.constexpr):
-    """_attend_block for a few query rows (given transposed: qt_lat [V, T], qt_pe [PE, T]) with the operands swapped, so the tile's tokens are the MMA's M and the
-    rows its N (a 64-row MMA per tile, not one padded to 64 rows): S^T = K Q^T [BLOCK_N, T], the softmax along the
-    tokens (axis 0), O^T [V, T] += V^T P^T (the tile transposed as A)."""
-    st = tl.dot(k_lat, qt_lat, input_precision=PREC)
-    st = tl.dot(k_pe, qt_pe, st, input_precision=PREC)
-    st = tl.where(n_ok[:, None], st * qk_scale, float("-inf"))
-    m_new = tl.maximum(m_t, tl.max(st, 0))
-    alpha = tl.exp2(m_t - m_new)
-    pt = tl.exp2(st - m_new[None, :])
-    l_t = l_t * alpha + tl.sum(pt, 0)
-    acc_t = acc_t * alpha[None, :]
-    acc_t = tl.dot(tl.trans(k_lat), pt.to(k_lat.dtype), acc_t, input_precision=PREC)
-    return m_new, l_t, acc_t
-
-
-@triton.jit
-def _attend_tail(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC: tl.constexpr, TRANS: tl.constexpr):
-    """The tail rows of a tile: transposed (TRANS, acc_t [V, T]) or as the main rows (acc_t [T, V])."""
-    if TRANS:
-        m_t, l_t, acc_t = _attend_block_t(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
-    else:
-        m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
-    return m_t, l_t, acc_t
-
-
-@triton.jit
 def _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST: tl.constexpr):
     ok = offs_q < Hq
     base = Q + (offs_q // H) * stride_qr + (offs_q % H) * stride_qh
@@ -129,32 +101,10 @@ def _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST: tl.
 
 
 @triton.jit
-def _load_q_t(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST: tl.constexpr):
-    """_load_q transposed: [V, rows] and [PE, rows]."""
-    ok = offs_q < Hq
-    base = Q + (offs_q // H) * stride_qr + (offs_q % H) * stride_qh
-    q_lat = tl.load(base[None, :] + offs_v[:, None], mask=ok[None, :], other=0.0)
-    q_pe = tl.load(base[None, :] + offs_pe[:, None], mask=ok[None, :], other=0.0)
-    if UPCAST:
-        q_lat = q_lat.to(tl.float32)
-        q_pe = q_pe.to(tl.float32)
-    return q_lat, q_pe
-
-
-@triton.jit
 def _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc):
     ok = offs_q < Hq
     o = acc / l_i[:, None]
     tl.store(O_part + pid_s * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :], o, mask=ok[:, None])
-    tl.store(LSE_part + pid_s * Hq + offs_q, m_i + tl.log2(l_i), mask=ok)
-
-
-@triton.jit
-def _store_partial_t(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc_t):
-    """_store_partial of a transposed accumulator acc_t [V, T]."""
-    ok = offs_q < Hq
-    o = acc_t / l_i[None, :]
-    tl.store(O_part + pid_s * stride_ps + offs_q[None, :] * stride_pq + offs_v[:, None], o, mask=ok[None, :])
     tl.store(LSE_part + pid_s * Hq + offs_q, m_i + tl.log2(l_i), mask=ok)
 
 
@@ -176,10 +126,8 @@ def _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N: tl.constexpr, U
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-                 TRANS: tl.constexpr):
-    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile; TRANS: those
-    with the operands swapped, _attend_block_t).
+                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile).
     TMA: full tiles come through host tensor descriptors (bulk copies), the last partial tile
     through masked pointer loads; otherwise every tile through pointer loads."""
     offs_v = tl.arange(0, V_DIM)
@@ -191,16 +139,10 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
     acc = tl.zeros([BLOCK_Q, V_DIM], tl.float32)
     if TAIL > 0:
         offs_t = q0 + BLOCK_Q + tl.arange(0, TAIL)
-        if TRANS:
-            t_lat, t_pe = _load_q_t(Q, offs_t, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
-        else:
-            t_lat, t_pe = _load_q(Q, offs_t, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
+        t_lat, t_pe = _load_q(Q, offs_t, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
         m_t = tl.full([TAIL], float("-inf"), tl.float32)
         l_t = tl.zeros([TAIL], tl.float32)
-        if TRANS:
-            acc_t = tl.zeros([V_DIM, TAIL], tl.float32)
-        else:
-            acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
+        acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
     if TMA:
         n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
         for n0 in range(start, n_full, BLOCK_N):
@@ -212,24 +154,21 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
             n_ok = tl.full([BLOCK_N], 1, tl.int1)
             m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
             if TAIL > 0:
-                m_t, l_t, acc_t = _attend_tail(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC, TRANS)
+                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
         if n_full < end:
             k_lat, k_pe, n_ok = _load_tile(KV, n_full, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
             m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
             if TAIL > 0:
-                m_t, l_t, acc_t = _attend_tail(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC, TRANS)
+                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
     else:
         for n0 in range(start, end, BLOCK_N):
             k_lat, k_pe, n_ok = _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
             m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
             if TAIL > 0:
-                m_t, l_t, acc_t = _attend_tail(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC, TRANS)
+                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
     _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc)
     if TAIL > 0:
-        if TRANS:
-            _store_partial_t(O_part, LSE_part, pid_s, offs_t, Hq, stride_ps, stride_pq, offs_v, m_t, l_t, acc_t)
-        else:
-            _store_partial(O_part, LSE_part, pid_s, offs_t, Hq, stride_ps, stride_pq, offs_v, m_t, l_t, acc_t)
+        _store_partial(O_part, LSE_part, pid_s, offs_t, Hq, stride_ps, stride_pq, offs_v, m_t, l_t, acc_t)
 
 
 @triton.jit
@@ -271,7 +210,7 @@ def _split_prefix_kernel(
     PrefixLen, R, min_chunk, Hq, H, qk_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, TAIL_RATIO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, TRANS: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
@@ -315,7 +254,7 @@ def _split_prefix_kernel(
                 t_end = tl.minimum(t_start + tail_chunk, prefix_len)
                 _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, t_start, t_end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA, False)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA)
             else:
                 offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
@@ -323,11 +262,11 @@ def _split_prefix_kernel(
         else:
             _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA, False)
+                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA)
     else:
         _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA, TRANS)
+                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
 
 
 def bit_weights(r: int, device) -> torch.Tensor:
@@ -360,8 +299,7 @@ def prefix_smem(cfg: dict, r: int, width: int, elem_bytes: int) -> int:
     branches share memory: the larger of the two, + 1 KiB (barriers, alignment)."""
     row = width * elem_bytes
     tile = cfg["block_n"] * row
-    copies = 0 if not cfg["tail"] else (cfg["block_n"] * cfg["tail"] * elem_bytes if cfg.get("trans") else 2 * tile)
-    prefix = max(1, cfg["num_stages"]) * tile + (cfg["block_q"] + cfg["tail"]) * row + copies
+    prefix = max(1, cfg["num_stages"]) * tile + (cfg["block_q"] + cfg["tail"]) * row + (2 * tile if cfg["tail"] else 0)
     tree = (max(16, next_pow2(r)) + cfg["block_q"]) * row
     return max(prefix, tree) + 1024
 
@@ -372,7 +310,7 @@ def _row_blocks(hq: int, t: SplitTuning) -> tuple[int, int, int, int]:
         return t.block_q, 0, triton.cdiv(hq, t.block_q), 0
     if hq <= 64:
         return max(16, next_pow2(hq)), 0, 1, 0
-    if hq <= 80 and t.tail in (1, 3):  # 3: the 16 rows transposed (_attend_block_t)
+    if hq <= 80 and t.tail == 1:
         return 64, 16, 1, 0
     if hq <= 80 and t.tail == 2:
         return 64, 0, 2, 16
@@ -388,8 +326,7 @@ def _fit_tiles(t: SplitTuning, block_q: int, tail: int, r: int, width: int, elem
     stages = [t.num_stages] + list(range(t.num_stages - 1, 0, -1))
     tiles = [(t.block_n, s) for s in stages] + ([(32, s) for s in stages] if t.block_n > 32 else [])
     for bn, st in tiles:
-        if prefix_smem(dict(block_n=bn, num_stages=st, block_q=block_q, tail=tail, trans=t.tail == 3), r, width,
-                       elem_bytes) <= limit:
+        if prefix_smem(dict(block_n=bn, num_stages=st, block_q=block_q, tail=tail), r, width, elem_bytes) <= limit:
             return bn, st
     return None
 
@@ -430,7 +367,7 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
     return dict(block_q=block_q, tail=tail, tail_program=tail_prog, tail_ratio=ratio, n_qb=n_qb, block_n=block_n,
                 num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=num_stages, tma=int(t.tma), trans=int(bool(tail) and t.tail == 3))
+                num_warps=warps, num_stages=num_stages, tma=int(t.tma))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -518,7 +455,7 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
             p.prefix_t, r, min_chunk, r * h, h, sm_scale * LOG2E)
     kw = dict(V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"],
               TAIL_RATIO=cfg["tail_ratio"], BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
-              UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv, TRANS=bool(cfg.get("trans")),
+              UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv,
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _split_prefix_kernel, (cfg["n_qb"], ns + 1), args, kw
 
