@@ -201,14 +201,15 @@ def test_decode_shape_sglang_does_not_take_is_one_line():
 
 
 @pytest.mark.skipif(CHILD, reason="compiles in the parent (no GPU needed)")
-@pytest.mark.parametrize("cap", [(9, 0), (12, 0)])
+@pytest.mark.parametrize("cap", [(9, 0), (12, 0), (8, 0), (8, 9)])
 def test_paged_compiles_to_sglangs_kernel(cap):
-    """paged's tree-verify launch and SGLang's, compiled here for sm_90a (H100/H200) and sm_120a with Triton's own
-    compiler and ptxas from the arguments each launcher passes (k2 shapes: 8 heads, 9 rows, bf16, 576-wide rows):
-    the same launch configuration, the same global loads (PTX ld.global and SASS LDG, within 10%), the same
-    registers, shared memory and spills; in fact the same PTX. No GPU: a fact of the code, not a timing."""
+    """paged's tree-verify launch and SGLang's, compiled here for sm_90a (H100/H200), sm_120a, sm_80 and sm_89 with
+    Triton's own compiler and ptxas from the arguments each launcher passes (k2 shapes: 8 heads, 9 rows, bf16,
+    576-wide rows): the same launch configuration, the same global loads (PTX ld.global and SASS LDG, within 10%), the
+    same registers, shared memory and spills; in fact the same PTX. Built for that GPU: shared memory within what it
+    gives a block (split.arch_for), and no sm_90-only instruction off sm_90. No GPU: a fact of the code, not a timing."""
     pytest.importorskip("triton.backends.nvidia")
-    from ddprobe.engine.kernels import _target_compile, paged
+    from ddprobe.engine.kernels import _target_compile, paged, split
 
     _path("sglang")
     g = torch.Generator().manual_seed(1)
@@ -221,6 +222,8 @@ def test_paged_compiles_to_sglangs_kernel(cap):
     for name, (fn, args, kw) in launches.items():
         k = _target_compile.compile_launch(fn, cap, args, kw)
         rep[name], body[name] = _target_compile.code_report(k), _target_compile.ptx_body(k)
+        assert rep[name]["shared"] <= split.arch_for(cap).smem, (name, cap, rep[name])
+        assert cap[0] == 9 or _target_compile.hopper_only(k) == [], (name, cap, _target_compile.hopper_only(k))
     s, p = rep["sglang"], rep["paged"]
     bm, bn, nw = paged.extend_blocks(cap)
     assert {k: launches["sglang"][2][k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")} == \

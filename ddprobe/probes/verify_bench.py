@@ -59,9 +59,11 @@ def label(path: str, over: dict) -> str:
 
 
 def tuned(path, name: str, base: dict, over: dict):
-    """The path's frozen tuning: its default with ``base`` then ``over`` (ints from the command line) applied."""
+    """The path's frozen tuning: its default on this GPU (``default_tuning()`` where the path has one per GPU, else
+    ``DEFAULT_TUNING``) with ``base`` then ``over`` (ints from the command line) applied."""
+    default = path.default_tuning() if hasattr(path, "default_tuning") else path.DEFAULT_TUNING
     try:
-        return dataclasses.replace(path.DEFAULT_TUNING, **{k: int(v) for k, v in {**base, **over}.items()})
+        return dataclasses.replace(default, **{k: int(v) for k, v in {**base, **over}.items()})
     except (TypeError, ValueError) as e:
         raise DDProbeError(f"bad {name} tuning {over or base}: {e}") from None
 

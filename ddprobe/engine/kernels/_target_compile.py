@@ -4,6 +4,8 @@
 without a GPU: both launches are compiled for the same target (``GPUTarget("cuda", 90, 32)`` for sm_90a) with
 Triton's own compiler and ptxas, from the arguments each launcher passes, specialized as a launch would specialize
 them (Triton's binder: 16-byte aligned pointers and integers divisible by 16 marked, integers equal to 1 folded).
+``split_launches`` builds `split`'s two launches (its prefix kernel with the tree part, and the merge) with the
+configuration its plan chooses for that GPU, and ``hopper_only`` lists the sm_90-only instructions in a kernel's PTX.
 ``extend_launches`` records both launches (SGLang's ``extend_attention_fwd`` with its module's ``_fwd_kernel``
 swapped for a recorder and its GPU-capability globals set to the target's for the duration of the call, restored
 after; ``paged.verify_launch`` for ddprobe's), ``compile_launch`` compiles one, ``code_report`` counts the global
@@ -92,6 +94,37 @@ def extend_launches(cap: tuple[int, int], q: torch.Tensor, kv: torch.Tensor, pre
     out = torch.empty(q.shape[0], q.shape[1], v_dim, dtype=q.dtype)
     _, p_args, p_kw = paged.verify_launch(q, kv, p, sm_scale, out, False, dot_flags(q.dtype)[1])  # compiled: no UPCAST
     return {"sglang": (rec.fn, s_args, s_kw), "paged": (paged._paged_verify_kernel, p_args, p_kw)}
+
+
+def split_launches(cap: tuple[int, int], heads: int, r: int = 9, v_dim: int = 512, rope: int = 64,
+                   dtype: torch.dtype = torch.bfloat16, ctx: int = 4096) -> dict[str, tuple[Any, tuple, dict]]:
+    """{"prefix": ..., "merge": ...}: `split`'s two launches (kernel, args, kwargs) as its plan for a GPU of ``cap``
+    chooses them (``split.ARCHS``: the tuning and shared memory of that GPU; the prefix kernel holds the tree part,
+    its last split index), for ``heads`` x ``r`` rows of ``v_dim + rope`` values (CPU tensors stand in for device
+    memory); tensor descriptors from sm_90 up, as ``split.run`` uses them."""
+    from . import split
+    from .merge import merge_launch
+    from .trees import shape_mask
+
+    g = torch.Generator().manual_seed(heads * 131 + r)
+    q = torch.randn(r, heads, v_dim + rope, generator=g).to(dtype)
+    kv = torch.randn(ctx + r + 16, v_dim + rope, generator=g).to(dtype)
+    p = split.plan(ctx, shape_mask("lopsided", r - 1), None, v_dim, heads=heads, dtype=dtype, rope_dim=rope, arch=cap)
+    cfg = split.config_for(p, heads)
+    fn, _, args, kw = split.prefix_launch(q, kv, p, 0.1, cfg, p.extra["partials"], tma_ok=cap[0] >= 9, compiled=True)
+    out = torch.empty(r, heads, v_dim, dtype=dtype)
+    mfn, _, margs, mkw = merge_launch(p.extra["partials"], cfg["num_splits"], out, p.extra["merge"])
+    return {"prefix": (fn, args, kw), "merge": (mfn, margs, mkw)}
+
+
+HOPPER_ONLY = ("wgmma", "setmaxnreg", "cp.async.bulk.tensor", "mbarrier.try_wait.parity")
+
+
+def hopper_only(compiled) -> list[str]:
+    """The sm_90-only PTX instructions (warpgroup MMA, register reallocation, bulk tensor copies and the mbarrier waits
+    they complete on) in a compiled kernel: none belongs in a kernel built for a GPU without them."""
+    ptx = compiled.asm["ptx"]
+    return [op for op in HOPPER_ONLY if re.search(r"\b" + re.escape(op) + r"\b", ptx)]
 
 
 def _tool(name: str, *args: str) -> str:

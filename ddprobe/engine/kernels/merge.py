@@ -134,24 +134,27 @@ def merge_config(t, hq: int, v_dim: int, sms: int, max_parts: int) -> dict:
                 warps=t.merge_warps, n_mb=n_mb, bv=bv, s_max=next_pow2(max_parts + 1))
 
 
-def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, meta: dict | None = None) -> torch.Tensor:
-    """Merge prefix partials 0 .. n_splits - 1 and the tree part's (index n_splits) into out [R, H, v_dim]
-    with merge_config's choice ``mc``."""
+def merge_launch(parts, n_splits: int, out: torch.Tensor, mc: dict) -> tuple:
+    """(kernel, grid, args, kwargs) of the merge of prefix partials 0 .. n_splits - 1 and the tree part's (index
+    n_splits) into out [R, H, v_dim] with merge_config's choice ``mc``."""
     o_part, lse_part = parts
     r, h, v = out.shape
     grid = (mc["n_mb"], v // mc["bv"])
     args = (o_part, lse_part, out, out.stride(0), out.stride(1), o_part.stride(0), o_part.stride(1), r * h, h, n_splits)
     if mc["kind"]:
-        k = _merge_flat_kernel[grid](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
+        return _merge_flat_kernel, grid, args, dict(
+            BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
             S_MAX=max(mc["s_max"], next_pow2(n_splits + 1)), STAGES=mc["stages"],
-            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"],
-        )
-    else:
-        k = _merge_kernel[grid](
-            *args, BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
-            num_warps=mc["warps"], num_stages=mc["stages"],
-        )
+            UNROLL=mc["kind"] == 2, ACC3=mc["kind"] == 3, num_warps=mc["warps"])
+    return _merge_kernel, grid, args, dict(BLOCK_M=mc["block_m"], BLOCK_V=mc["bv"], SPLIT_CHUNK=mc["split_chunk"],
+                                           num_warps=mc["warps"], num_stages=mc["stages"])
+
+
+def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, meta: dict | None = None) -> torch.Tensor:
+    """Merge prefix partials 0 .. n_splits - 1 and the tree part's (index n_splits) into out [R, H, v_dim]
+    with merge_config's choice ``mc`` (merge_launch)."""
+    fn, grid, args, kw = merge_launch(parts, n_splits, out, mc)
+    k = fn[grid](*args, **kw)
     if meta is not None:
         meta["merge"] = kernel_meta(k)
     return out

@@ -30,6 +30,8 @@ Two launches per layer, metadata built once per step in ``plan``:
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -64,7 +66,8 @@ class SplitTuning:
     tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
     tma: int = 1              # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
     merge_kind: int = -1      # the merge (merge_config; as WsTuning.merge_kind): -1 auto by folded rows, 0-3
-    merge_block_m: int = 0    # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS)
+    merge_block_m: int = 8    # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS; 8: 1-4% faster
+                              # than kind 3's 16 at 8 heads on the H200, 2026-12-03; kind 1, above 128 rows, has 8)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0     # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4
@@ -73,6 +76,51 @@ class SplitTuning:
 
 DEFAULT_TUNING = SplitTuning()
 SMEM_SM90 = 232448  # shared memory a block may opt into on sm_90 (H100/H200): the plan's limit off CUDA
+
+
+@dataclass(frozen=True)
+class Arch:
+    """How `split` is configured on one GPU family: the tuning ``plan`` starts from there and what it fits in."""
+
+    name: str
+    smem: int                 # shared memory a block may opt into (bytes)
+    tuning: SplitTuning
+    shared: int = 0           # the prefix kernel's shared memory with that tuning for 16-bit rows 576 wide (Triton 3.9,
+                              # tests/test_split_targets.py compiles it); 0: the sm_90 estimate (prefix_smem) fits the tiles
+    max_rows: int = 64        # the most new rows R that fit (the tree part holds a [next_pow2(R), width] tile)
+    sms: int = 132            # SMs of the GPU this entry stands for (a plan built off that GPU sizes its grids by it)
+
+
+# The one place where `split` is configured per GPU (compute capability -> Arch). sm_90 keeps the tuned defaults
+# (tensor descriptors, 64-token 2-stage tiles, fitted by prefix_smem). Without wgmma (sm_80, sm_86/89, sm_120) Triton
+# emits mma.sync and cp.async pipelines whose shared memory prefix_smem does not model, so those tunings are the ones
+# compiled for the target and checked to fit (tests/test_split_targets.py; docs/kernels.md has the figures): pointer
+# loads (no bulk tensor copies), 2 stages (1 stage takes more shared memory there, not less). A GPU not listed keeps
+# DEFAULT_TUNING fitted to its own limit by the sm_90 estimate.
+SMEM_99K, SMEM_163K = 101376, 166912
+_SMALL = dataclasses.replace(DEFAULT_TUNING, tma=0, block_q=32, block_n=32, num_stages=2)
+ARCHS = {
+    (9, 0): Arch("sm_90", SMEM_SM90, DEFAULT_TUNING),  # H100 / H200
+    (8, 0): Arch("sm_80", SMEM_163K, dataclasses.replace(DEFAULT_TUNING, tma=0), shared=155648, max_rows=32, sms=108),
+    (8, 6): Arch("sm_86", SMEM_99K, _SMALL, shared=75776, max_rows=16, sms=84),  # A40
+    (8, 9): Arch("sm_89", SMEM_99K, _SMALL, shared=75776, max_rows=16, sms=128),  # RTX 4090
+    (12, 0): Arch("sm_120", SMEM_99K, _SMALL, shared=75776, max_rows=16, sms=188),  # RTX PRO 6000 Blackwell
+}
+
+
+def default_tuning() -> SplitTuning:
+    """The tuning ``plan`` starts from on this machine's GPU (ARCHS; sm_90's without one): what a tuning override
+    (``bench verify --variant split:...``) is applied to."""
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+    return arch_for(cap).tuning
+
+
+def arch_for(cap: tuple[int, int] | None) -> Arch:
+    """The Arch of a GPU of compute capability ``cap`` (None: the interpreter, planned as sm_90)."""
+    if cap is None:
+        return ARCHS[(9, 0)]
+    return ARCHS.get(tuple(cap)) or Arch(f"sm_{cap[0]}{cap[1]}", SMEM_SM90, DEFAULT_TUNING)
+
 
 @triton.jit
 def _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC: tl.constexpr):
@@ -331,18 +379,35 @@ def _fit_tiles(t: SplitTuning, block_q: int, tail: int, r: int, width: int, elem
     return None
 
 
+def _check_measured(a: Arch, r: int, width: int, elem_bytes: int, limit: int) -> None:
+    """On a GPU whose tuning was compiled and measured (Arch.shared): rows of other widths or dtypes scale that figure
+    by their bytes; a one-line ValueError when it exceeds ``limit`` or R exceeds what fits."""
+    need = -(-a.shared * width * elem_bytes // (576 * 2))
+    if r > a.max_rows or need > limit:
+        raise ValueError(f"the {name} path on {a.name}: {r} new rows of {width} x {elem_bytes}-byte values need ~{need} B "
+                         f"of shared memory (and R <= {a.max_rows}), {limit} B there; the reference path runs it")
+
+
 def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFAULT_TUNING, *,
                   dtype: torch.dtype = torch.bfloat16, width: int = 576, r: int = 64,
-                  smem_limit: int = SMEM_SM90) -> dict:
+                  smem_limit: int = SMEM_SM90, arch: Arch | None = None) -> dict:
     """Row tiling and split count for Hq folded query rows (pure function of shapes and tuning).
     prefix_len is the plan's bound: the split count is sized for it. The tuning's tiles and stages are
     kept when they fit ``smem_limit`` for r new rows of ``width`` elements of ``dtype`` (prefix_smem: the
     defaults do for 16-bit rows at 576 wide), else fewer stages, then 32-token tiles, then (automatic row
-    blocks above 32 rows) 32-row blocks; a one-line ValueError when nothing fits."""
+    blocks above 32 rows) 32-row blocks; a one-line ValueError when nothing fits. On a GPU of ``arch`` whose own
+    tuning was compiled and measured there (Arch.shared), that tuning's tiles are kept as they are and checked
+    (_check_measured); another tuning there is taken as given."""
     t = tuning
     eb = dtype.itemsize
     block_q, tail, n_qb, tail_prog = _row_blocks(hq, t)
-    fit = _fit_tiles(t, block_q, tail, r, width, eb, smem_limit)
+    tiles = (t.block_q, t.block_n, t.num_stages)
+    if arch is not None and arch.shared:
+        if tiles == (arch.tuning.block_q, arch.tuning.block_n, arch.tuning.num_stages):
+            _check_measured(arch, r, width, eb, smem_limit)
+        fit = (t.block_n, t.num_stages)
+    else:
+        fit = _fit_tiles(t, block_q, tail, r, width, eb, smem_limit)
     if fit is None and block_q > 32 and not t.block_q:
         block_q, tail, n_qb, tail_prog = 32, 0, triton.cdiv(hq, 32), 0
         fit = _fit_tiles(t, block_q, tail, r, width, eb, smem_limit)
@@ -372,16 +437,19 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
          tuning: SplitTuning | None = None, heads: int | None = None, max_prefix: int | None = None,
-         dtype: torch.dtype = torch.bfloat16, rope_dim: int = 64) -> VerifyPlan:
+         dtype: torch.dtype = torch.bfloat16, rope_dim: int = 64, arch: tuple[int, int] | None = None) -> VerifyPlan:
     """Per-step metadata: the ancestor bitmask on the device, the SM count, the device's shared memory
     limit; with ``heads`` also the tile/split config (for q/kv of ``dtype`` and ``rope_dim``: what fits
     shared memory depends on them) and the partial buffers (else run() derives them per call, nothing
     is memoized). prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix``
-    (device plan: splits and buffers sized for max_prefix; ``refresh`` rebuilds the bitmask)."""
-    tuning = DEFAULT_TUNING if tuning is None else tuning
+    (device plan: splits and buffers sized for max_prefix; ``refresh`` rebuilds the bitmask). The GPU's Arch
+    (ARCHS: its tuning, when none is given, and its shared memory) is the device's, or off CUDA that of compute
+    capability ``arch`` (a plan to compile for a target without one, grids sized for its Arch.sms; None: sm_90's)."""
+    dev = tree_mask.device
+    a = arch_for(torch.cuda.get_device_capability(dev) if dev.type == "cuda" else arch)
+    tuning = a.tuning if tuning is None else tuning
     if not isinstance(tuning, SplitTuning):
         raise ValueError(f"the split path takes a SplitTuning, got {type(tuning).__name__}")
-    dev = tree_mask.device
     bound, prefix_t, dynamic = split_prefix_arg(prefix_len, max_prefix, dev)
     check_plan_args(bound, tree_mask, slots)
     if slots is not None:
@@ -391,12 +459,14 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     r = int(tree_mask.shape[0])
     check_rows(r, name)
     w = bit_weights(r, dev)
-    extra = {"bit_weights": w, "bits": mask_bits(tree_mask, w), "sm_count": sm_count(dev),
-             "smem_limit": smem_limit(dev), "dtype": dtype, "rope_dim": rope_dim}
+    sms = a.sms if dev.type != "cuda" and arch is not None else sm_count(dev)
+    extra = {"bit_weights": w, "bits": mask_bits(tree_mask, w), "sm_count": sms,
+             "smem_limit": smem_limit(dev) if dev.type == "cuda" else a.smem, "dtype": dtype, "rope_dim": rope_dim,
+             "arch": a}
     if heads is not None:
         extra["heads"] = heads
         extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning, dtype=dtype,
-                                              width=v_dim + rope_dim, r=r, smem_limit=extra["smem_limit"])
+                                              width=v_dim + rope_dim, r=r, smem_limit=extra["smem_limit"], arch=a)
         extra["partials"] = partials(cfg["num_splits"], heads * r, v_dim, dev)
         extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
@@ -422,7 +492,7 @@ def config_for(p: VerifyPlan, heads: int, dtype: torch.dtype | None = None, rope
     if own is not None and (dtype.itemsize, rope_dim) == (p.extra["dtype"].itemsize, p.extra["rope_dim"]):
         return own
     cfg = choose_config(p.prefix_len, heads * p.num_rows, p.extra["sm_count"], p.tuning, dtype=dtype,
-                        width=p.v_dim + rope_dim, r=p.num_rows, smem_limit=p.extra["smem_limit"])
+                        width=p.v_dim + rope_dim, r=p.num_rows, smem_limit=p.extra["smem_limit"], arch=p.extra["arch"])
     return own if cfg == own else cfg
 
 
@@ -475,8 +545,38 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
     parts = p.extra["partials"] if planned else partials(ns, hq, p.v_dim, q.device)
     out = torch.empty(r, h, p.v_dim, dtype=q.dtype, device=q.device)
     fn, grid, args, kw = prefix_launch(q, kv, p, sm_scale, cfg, parts, tma_ok=_tma_ok(kv))
-    k = fn[grid](*args, **kw)
-    if meta is not None:
-        meta["prefix"] = kernel_meta(k)
     mc = p.extra["merge"] if planned else merge_plan(p.tuning, hq, p.v_dim, p.extra["sm_count"])
-    return launch_merge(parts, ns, out, mc, meta=meta)
+    try:
+        k = fn[grid](*args, **kw)
+        if meta is not None:
+            meta["prefix"] = kernel_meta(k)
+        return launch_merge(parts, ns, out, mc, meta=meta)
+    except COMPILE_ERRORS as e:
+        return _fallback(q, kv, p, sm_scale, cfg, e)
+
+
+def _compile_errors() -> tuple[type, ...]:
+    from triton.compiler.errors import CompilationError
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    return CompilationError, OutOfResources, PTXASError
+
+
+COMPILE_ERRORS = _compile_errors()  # what a kernel that does not build for this GPU raises at its first launch
+_FELL_BACK: set = set()  # (GPU, config) said once
+
+
+def _fallback(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, cfg: dict, e: Exception) -> torch.Tensor:
+    """A kernel that does not compile for this GPU: one line (a RuntimeWarning, once per GPU and config), then the
+    fp32 reference over the same plan, so a measurement goes on rather than ending in a traceback."""
+    a = p.extra["arch"]
+    key = (a.name, tuple(sorted(cfg.items())))
+    if key not in _FELL_BACK:
+        _FELL_BACK.add(key)
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        warnings.warn(f"the {name} path's kernels do not compile for {a.name} with {cfg['block_q']} rows x "
+                      f"{cfg['block_n']} tokens x {cfg['num_stages']} stages ({type(e).__name__}: {why}); "
+                      "the fp32 reference runs instead", RuntimeWarning, stacklevel=3)
+    from . import reference
+
+    return reference.run(q, kv, p, sm_scale)

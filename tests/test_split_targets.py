@@ -1,0 +1,110 @@
+"""`split` built for the GPUs that cannot be timed here: its kernels compiled for sm_120, sm_80 and sm_89 (and sm_90)
+with Triton's own compiler and ptxas, with the configuration its plan chooses for that GPU (``split.ARCHS``), on a
+machine without a GPU (kernels/_target_compile.py). The prefix kernel holds the tree part (its last split index);
+the merge is the second launch. Checked: the shared memory fits what that GPU gives a block, the figure the
+configuration table records covers it, no spills, and no sm_90-only instruction where the GPU has none.
+The fallback when a kernel does not build for a GPU: one line, then the reference.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("triton.backends.nvidia")
+
+CHILD = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+pytestmark = pytest.mark.skipif(CHILD, reason="compiles in the parent (no GPU needed)")
+
+# (capability, heads, new rows R): K2's shard (8 heads x 9 rows: a 64-row block and a 16-row program on sm_80, 32-row
+# blocks on the 99 KB GPUs), 64 heads, and the most rows each GPU's table entry takes (Arch.max_rows)
+TARGETS = [((12, 0), 8, 9), ((12, 0), 64, 9), ((12, 0), 4, 16), ((8, 9), 8, 9), ((8, 0), 8, 9), ((8, 0), 64, 9),
+           ((8, 0), 2, 32), ((9, 0), 8, 9)]
+
+
+def _compile(cap, heads, r, **kw):
+    from ddprobe.engine.kernels import _target_compile as tc
+
+    out = {}
+    for part, (fn, args, kwargs) in tc.split_launches(cap, heads, r, **kw).items():
+        k = tc.compile_launch(fn, cap, args, kwargs)
+        out[part] = (tc.code_report(k), tc.hopper_only(k), kwargs)
+    return out
+
+
+@pytest.mark.parametrize("cap,heads,r", TARGETS)
+def test_split_compiles_for_the_gpu(cap, heads, r):
+    """Both launches compile for the target with the plan's configuration for that GPU: shared memory within the
+    block's limit there (and within the table's figure, which the plan checks wider rows and fp32 against), no
+    local-memory spills, num_warps as configured; wgmma and the other sm_90-only instructions only on sm_90."""
+    from ddprobe.engine.kernels import split
+
+    a = split.arch_for(cap)
+    rep = _compile(cap, heads, r)
+    pre, hop, kw = rep["prefix"]
+    assert pre["ld_global"] > 10, pre  # the kernel was really compiled and read
+    assert pre["shared"] <= a.smem, f"{a.name}: {pre['shared']} B of shared memory, {a.smem} B per block there"
+    if a.shared:
+        assert pre["shared"] <= a.shared, f"{a.name}: {pre} above the table's {a.shared} B"
+        assert (kw["BLOCK_N"], kw["num_stages"]) == (a.tuning.block_n, a.tuning.num_stages) and not kw["TMA"]
+    assert pre["num_warps"] == kw["num_warps"]
+    merge, mhop, _ = rep["merge"]
+    assert merge["shared"] <= a.smem and merge["stl"] == 0
+    if cap[0] == 9:
+        assert "wgmma" in hop and kw["TMA"], hop  # the Hopper build does use them: the check can see them
+    else:
+        assert pre["stl"] == pre["ldl"] == 0, pre
+        assert hop == [] and mhop == [], f"{a.name}: sm_90-only instructions {hop + mhop}"
+
+
+def test_split_table_scales_to_other_rows():
+    """Off sm_90 the plan checks other widths and dtypes against the table's figure scaled by their bytes: the tiny
+    preset's fp32 rows (64 + 32) compile within that estimate on sm_120; fp32 K2 rows and R past the table are refused
+    in one line, before any launch."""
+    from ddprobe.engine.kernels import split
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    a = split.arch_for((12, 0))
+    pre = _compile((12, 0), 8, 9, v_dim=64, rope=32, dtype=torch.float32)["prefix"][0]
+    assert pre["shared"] <= -(-a.shared * 96 * 4 // (576 * 2)) <= a.smem, pre
+    for r, dtype in ((9, torch.float32), (a.max_rows + 1, torch.bfloat16)):
+        with pytest.raises(ValueError, match="the reference path runs it") as e:
+            split.plan(4096, shape_mask("chain", r - 1), None, 512, heads=8, dtype=dtype, arch=(12, 0))
+        assert "\n" not in str(e.value) and "sm_120" in str(e.value)
+
+
+def test_auto_picks_split_where_split_ws_does_not_run():
+    """``--attn auto`` on the investigation's GPUs: split for K2's rows in bf16 (split_ws is sm_90 only), saying why."""
+    from ddprobe import verify_paths
+
+    for cap in ((12, 0), (8, 0), (8, 9), (8, 6)):
+        name, why = verify_paths.auto_choice(cap, "bf16", (512, 64))
+        assert name == "split" and f"sm_{cap[0]}{cap[1]}" in why and "split_ws runs on sm_90 only" in why, why
+    assert verify_paths.auto_choice((9, 0), "bf16", (512, 64))[0] == "split_ws"
+
+
+def test_a_kernel_that_does_not_build_falls_back_in_one_line():
+    """What split.run does when its first launch raises one of Triton's build errors (OutOfResources here, the one a
+    GPU with less shared memory than the plan assumed raises): one RuntimeWarning line naming the GPU, then the
+    fp32 reference's output over the same plan; said once per GPU and configuration."""
+    from triton.runtime.errors import OutOfResources
+
+    from ddprobe.engine.kernels import reference, split
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    g = torch.Generator().manual_seed(3)
+    q, kv = torch.randn(9, 2, 96, generator=g), torch.randn(120, 96, generator=g)
+    p = split.plan(100, shape_mask("fork", 8), None, 64, heads=2, dtype=torch.float32, rope_dim=32, arch=(12, 0))
+    cfg = split.config_for(p, 2)
+    err = OutOfResources(110592, 101376, "shared memory")
+    split._FELL_BACK.clear()
+    with pytest.warns(RuntimeWarning) as rec:
+        out = split._fallback(q, kv, p, 0.1, cfg, err)
+    assert len(rec) == 1 and "\n" not in str(rec[0].message)
+    assert "sm_120" in str(rec[0].message) and "OutOfResources" in str(rec[0].message)
+    assert torch.equal(out, reference.run(q, kv, p, 0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        split._fallback(q, kv, p, 0.1, cfg, err)  # said once
