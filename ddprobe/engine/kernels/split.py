@@ -27,6 +27,10 @@ Two launches per layer, metadata built once per step in ``plan``:
      choice is ``merge_config``'s, shared with `split_ws`): ``_merge_flat_kernel`` by default (every lse
      first, then the partials with no rescale chain), or the online ``_merge_kernel`` (``merge_kind=0``);
      writes the output in q's dtype.
+Per GPU (``ARCHS``, the one place): sm_90 runs the tuning above; sm_80, sm_86/89 and sm_120 (no wgmma, no bulk
+tensor copies) run pointer-load tilings compiled for them and checked to fit their shared memory
+(tests/test_split_targets.py). A kernel that does not build on the GPU at its first launch falls back to the fp32
+reference over the same plan with one RuntimeWarning line (``_fallback``).
 """
 from __future__ import annotations
 
@@ -379,10 +383,19 @@ def _fit_tiles(t: SplitTuning, block_q: int, tail: int, r: int, width: int, elem
     return None
 
 
+def measured_smem(a: Arch, width: int, elem_bytes: int) -> int:
+    """Shared memory of the prefix kernel with Arch ``a``'s own tuning (Arch.shared, compiled for 16-bit rows 576 wide)
+    for rows of ``width`` x ``elem_bytes``: that figure scaled by their bytes, + 4 KB for what does not scale (barriers,
+    reduction scratch: 4,224 B for the tiny preset's fp32 rows on sm_120, tests/test_split_targets.py)."""
+    if width * elem_bytes == 576 * 2:
+        return a.shared
+    return -(-a.shared * width * elem_bytes // (576 * 2)) + 4096
+
+
 def _check_measured(a: Arch, r: int, width: int, elem_bytes: int, limit: int) -> None:
-    """On a GPU whose tuning was compiled and measured (Arch.shared): rows of other widths or dtypes scale that figure
-    by their bytes; a one-line ValueError when it exceeds ``limit`` or R exceeds what fits."""
-    need = -(-a.shared * width * elem_bytes // (576 * 2))
+    """On a GPU whose tuning was compiled and measured (Arch.shared): a one-line ValueError when measured_smem exceeds
+    ``limit`` or R exceeds what fits."""
+    need = measured_smem(a, width, elem_bytes)
     if r > a.max_rows or need > limit:
         raise ValueError(f"the {name} path on {a.name}: {r} new rows of {width} x {elem_bytes}-byte values need ~{need} B "
                          f"of shared memory (and R <= {a.max_rows}), {limit} B there; the reference path runs it")
