@@ -543,6 +543,39 @@ def test_engine_captured_split_ws_step_equals_its_eager_run(heads):
 
 
 @gpu
+@pytest.mark.parametrize("heads", [8, 64])
+def test_bench_verify_times_the_kernel_the_engine_runs(heads):
+    """The kernel the engine's captured step runs (its split_ws device plan, k2 widths, bf16) is the kernel
+    `bench verify` timed for the same heads: the row's plan kind is the engine's and its kernel the engine plan's
+    WsPlan.kernel; and at every context of the grid (1k-128k) the plan bench verify builds picks the kernel of a
+    plan built as engine/graphs.py builds it (a [1] int32 prefix tensor, max_prefix = the context)."""
+    from ddprobe.engine.config import ModelConfig
+    from ddprobe.engine.generate import Engine
+    from ddprobe.probes import verify_bench
+
+    cfg = ModelConfig.from_name("k2", heads=heads, num_layers=2, feature_layers=(0, 1), max_ctx=8192)
+    eng = Engine(cfg, attn="split_ws", device="cuda", dtype=torch.bfloat16, graphs=True, seed=0)
+    assert eng.graphs
+    eng.generate(list(range(1, 301)), max_new_tokens=4)
+    engine = eng.runner.static.plan
+    assert engine.dynamic and engine.detail.heads == heads
+    b = verify_bench.Bench(verify_bench.BenchOptions(ctxs=[4096], heads=[heads], paths=["split_ws"], quick=True,
+                                                     step_ctx=None))
+    b.point(4096, heads)
+    (row,) = b.results
+    assert row.get("ok"), row
+    assert (row["plan"], row["kernel"]) == ("device", engine.detail.kernel), row
+    m, mask = get_path("split_ws"), shape_mask("lopsided", 8, "cuda")
+    for ctx in (1024, 8192, 32768, 65536, 131072):
+        timed = verify_bench.engine_plan(torch, m, "device", ctx, mask, None, V, m.DEFAULT_TUNING, heads)
+        prefix_t = torch.zeros(1, dtype=torch.int32, device="cuda")
+        built = m.plan(prefix_t, mask, None, V, heads=heads, max_prefix=ctx)  # as StaticStep builds it
+        host = m.plan(ctx, mask, None, V, heads=heads)  # the default host plan: the same kernel and grid
+        assert timed.detail.kernel == built.detail.kernel == host.detail.kernel == engine.detail.kernel, ctx
+        assert timed.detail.cfg == built.detail.cfg == host.detail.cfg, ctx
+
+
+@gpu
 @pytest.mark.parametrize("heads,dtype", [(8, torch.bfloat16), (64, torch.bfloat16), (8, torch.float16),
                                          (1, torch.bfloat16)])
 def test_cuda_merge_matches_the_formula_with_poisoned_empty_partials(heads, dtype):
