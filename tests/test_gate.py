@@ -267,3 +267,25 @@ def test_a_baseline_with_split_ws_rows_gates_them_and_records_the_peers_beside(t
     assert f"gate FAILED: 1 of {gated} entries" in r.output
     r = gate_cli(SHIPPED, "--baseline", base)  # a run without split_ws (the old arguments) misses its rows
     assert r.exit_code == 1 and "MISSING: split_ws heads=64 ctx=16k" in r.output
+
+
+def test_the_baselines_command_is_the_workflows_and_parses(tmp_path):
+    """examples/baselines/README.md gives the command that regenerates the baseline: the same benchmark arguments as
+    the workflow's BENCH_ARGS (the gate matches entries, so the two must not drift), split_ws and the peers among
+    them; `bench verify` accepts every option (on the CPU it gets as far as the CUDA check)."""
+    import re
+    import shlex
+
+    examples = SHIPPED.parent.parent
+    workflow = re.search(r"^ +BENCH_ARGS: (.+)$", (examples / "ci-gpu.yml").read_text(), re.M).group(1).split()
+    text = (SHIPPED.parent / "README.md").read_text().replace("\\\n", " ")
+    command = shlex.split(re.search(r"ddprobe bench verify (.+)", text).group(1))
+    i = command.index("--out")
+    assert command[i + 1] == "examples/baselines/bench-verify-h200.json"
+    assert command[:i] + command[i + 2:] == workflow
+    assert {"paged", "split", "split_ws", "flashmla", "flashinfer-fa3"} <= set(workflow[workflow.index("--paths") + 1]
+                                                                               .split(","))
+    import torch
+    if not torch.cuda.is_available():
+        r = runner.invoke(app, ["bench", "verify", *workflow, "--out", str(tmp_path / "b.json")])
+        assert r.exit_code == 1 and "needs a CUDA GPU" in r.output, r.output
