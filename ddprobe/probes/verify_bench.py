@@ -73,7 +73,8 @@ def tuned(path, name: str, base: dict, over: dict):
 
 def plan_kind(path, name: str, over: dict) -> str:
     """The plan kind an entry is timed with: the engine's (a device plan where the path takes one: what the engine
-    builds whenever CUDA graphs are on, its default; engine/graphs.py), or the variant's ``plan=host|device``."""
+    builds whenever CUDA graphs are on, its default; engine/graphs.py), or ``plan=host|device`` from the variant's
+    overrides or the run-wide --tune (``over`` holds both)."""
     kind = over.get("plan", "device" if path.device_plans else "host")
     if kind not in PLAN_KINDS or (kind == "device" and not path.device_plans):
         raise DDProbeError(f"{name}: plan={kind} is not a plan kind it takes (plan=host"
@@ -192,7 +193,7 @@ class Bench:
             raise peers.PeerUnavailable(str(e)) from None
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
-        kind = plan_kind(path, name, over)
+        kind = plan_kind(path, name, {**o.tune.get(name, {}), **over})
         pl = engine_plan(self.torch, path, kind, ctx, mask, slots if paged else None, sh.v_dim, tun, heads)
         rec.update(plan=kind, kernel=kernel_of(name, pl), tuning=dataclasses.asdict(tun))
         if pl.extra.get("config") is not None:
