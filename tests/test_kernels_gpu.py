@@ -559,12 +559,16 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
     eng.generate(list(range(1, 301)), max_new_tokens=4)
     engine = eng.runner.static.plan
     assert engine.dynamic and engine.detail.heads == heads
+    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"tail": "1"})]
     b = verify_bench.Bench(verify_bench.BenchOptions(ctxs=[4096], heads=[heads], paths=["split_ws"], quick=True,
-                                                     step_ctx=None))
+                                                     step_ctx=None, variants=variants))
     b.point(4096, heads)
-    (row,) = b.results
+    row, host, device = b.results
     assert row.get("ok"), row
-    assert (row["plan"], row["kernel"]) == ("device", engine.detail.kernel), row
+    assert (row["path"], row["plan"], row["kernel"]) == ("split_ws", "device", engine.detail.kernel), row
+    # the Gluon tail kernel only as a host plan's explicit tuning (72 folded rows; 64 heads keep the CUDA kernel)
+    assert host.get("ok") and (host["plan"], host["kernel"]) == ("host", "tail" if heads == 8 else "cuda"), host
+    assert "tail=1 needs a host plan" in device["error"] and "us" not in device, device
     m, mask = get_path("split_ws"), shape_mask("lopsided", 8, "cuda")
     for ctx in (1024, 8192, 32768, 65536, 131072):
         timed = verify_bench.engine_plan(torch, m, "device", ctx, mask, None, V, m.DEFAULT_TUNING, heads)
