@@ -25,7 +25,7 @@ from ..units import DDProbeError
 from .backends import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
 from .estimate import timing_block
-from .floor import Sharding, floor_result, served_model
+from .floor import Sharding, floor_result, served_floor
 from .models import get_model
 
 # Every file a diagnosis writes in its folder (the report last): an earlier run's are never replaced unasked.
@@ -168,12 +168,12 @@ class Diagnose:
             model = self.backend.step_model(bw, gpu.bf16_flops if gpu else None)
             config.update(model=f"engine-{self.backend.describe().get('preset', '?')}", tp=1, ep=1, dcp=1,
                           weights="the engine's own", gpu=preset, bw_Bps=bw, flops_per_s=model.flops_per_s)
-        else:  # a server: the model's weights on one GPU of the server's tp/ep/dcp, in its dtypes
+            result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
+        else:  # a server: the model's weights on one GPU of the server's tp/ep/dcp, in its dtypes (as `floor`)
             sh = Sharding(tp=o.tp, ep=o.ep, dcp=o.dcp, weight_dtype=o.weight_dtype, expert_dtype=o.expert_dtype,
                           allreduce_us=o.allreduce_us, allreduce_from=o.allreduce_from)
-            model, served = served_model(get_model(o.model), sh, preset, o.bw_Bps)
-            config.update(served)
-        result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
+            model, result, rows = served_floor(get_model(o.model), sh, ctxs, steps, gpu=preset, bw_Bps=o.bw_Bps,
+                                               queries=queries, config=config, meta=self.meta)
         self.step_model = model
         path = self.files["floor"] = self.out / "floor.json"
         result.save(path)
