@@ -10,8 +10,10 @@ plain decoding's 1 / decode step. From them, per path and text:
 - a table in the form of vLLM RFC #48627 (a context-length axis for the number of speculative tokens: context
   bucket lower bound in tokens -> budget, 0 for off) that a deployment can paste.
 
-The points come from the engine measured on this GPU (``measure``), typed numbers, or a commit results file
-(``points_from_commit``), each point saying where its numbers came from.
+The points come from the engine measured on this GPU (``measure_here``, ``measure``), typed numbers
+(``points_typed``), or a commit results file (``points_from_file``, ``points_from_commit``), each point saying where
+its numbers came from; ``advise_result`` (the pipeline of `advise` and `diagnose`) turns them into verdicts and a
+results file.
 """
 from __future__ import annotations
 
