@@ -22,7 +22,7 @@ def _one(job: tuple[dict, int]) -> str:
 
     over, heads = job
     t0 = time.time()
-    tun = dataclasses.replace(split.DEFAULT_TUNING, **over)
+    tun = dataclasses.replace(split.default_tuning(), **over)  # as bench verify applies --variant
     try:
         for ctx in (8 * 1024, 128 * 1024):
             n = ctx + 9
