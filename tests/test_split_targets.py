@@ -61,18 +61,28 @@ def test_split_compiles_for_the_gpu(cap, heads, r):
 
 def test_split_table_scales_to_other_rows():
     """Off sm_90 the plan checks other widths and dtypes against the table's figure scaled by their bytes: the tiny
-    preset's fp32 rows (64 + 32) compile within that estimate on sm_120; fp32 K2 rows and R past the table are refused
-    in one line, before any launch."""
-    from ddprobe.engine.kernels import split
+    preset's fp32 rows (64 + 32) compile within that estimate on sm_120. fp32 K2 rows and R past the table do not fit
+    there: choose_config says so in one line naming the GPU; a plan for them holds that reason and its run gives the
+    fp32 reference's output, said once in one RuntimeWarning line, launching nothing."""
+    from ddprobe.engine.kernels import reference, split
     from ddprobe.engine.kernels.trees import shape_mask
 
     a = split.arch_for((12, 0))
     pre = _compile((12, 0), 8, 9, v_dim=64, rope=32, dtype=torch.float32)["prefix"][0]
     assert pre["shared"] <= split.measured_smem(a, 96, 4) <= a.smem, pre
+    split._FELL_BACK.clear()
     for r, dtype in ((9, torch.float32), (a.max_rows + 1, torch.bfloat16)):
-        with pytest.raises(ValueError, match="the reference path runs it") as e:
-            split.plan(4096, shape_mask("chain", r - 1), None, 512, heads=8, dtype=dtype, arch=(12, 0))
-        assert "\n" not in str(e.value) and "sm_120" in str(e.value)
+        with pytest.raises(ValueError, match="sm_120") as e:
+            split.choose_config(4096, 8 * r, a.sms, a.tuning, dtype=dtype, r=r, smem_limit=a.smem, arch=a)
+        assert "\n" not in str(e.value)
+        g = torch.Generator().manual_seed(r)
+        q, kv = torch.randn(r, 2, 576, generator=g).to(dtype), torch.randn(300 + r, 576, generator=g).to(dtype)
+        p = split.plan(300, shape_mask("chain", r - 1), None, 512, heads=2, dtype=dtype, arch=(12, 0))
+        assert p.extra["fallback"] and "config" not in p.extra
+        with pytest.warns(RuntimeWarning) as rec:
+            out = split.run(q, kv, p, 0.1)
+        assert len(rec) == 1 and "\n" not in str(rec[0].message) and "sm_120" in str(rec[0].message)
+        assert torch.equal(out, reference.run(q, kv, p, 0.1))
 
 
 def test_auto_picks_split_where_split_ws_does_not_run():
@@ -86,25 +96,24 @@ def test_auto_picks_split_where_split_ws_does_not_run():
 
 
 def test_a_kernel_that_does_not_build_falls_back_in_one_line():
-    """What split.run does when its first launch raises one of Triton's build errors (OutOfResources here, the one a
-    GPU with less shared memory than the plan assumed raises): one RuntimeWarning line naming the GPU, then the
-    fp32 reference's output over the same plan; said once per GPU and configuration."""
+    """What split.run does when its first launch raises one of Triton's build errors (split.COMPILE_ERRORS; no GPU
+    here to raise one, so the fallback itself): one RuntimeWarning line, then the fp32 reference's output over the
+    same plan; the same reason is said once."""
     from triton.runtime.errors import OutOfResources
 
     from ddprobe.engine.kernels import reference, split
     from ddprobe.engine.kernels.trees import shape_mask
 
+    assert OutOfResources in split.COMPILE_ERRORS
     g = torch.Generator().manual_seed(3)
     q, kv = torch.randn(9, 2, 96, generator=g), torch.randn(120, 96, generator=g)
     p = split.plan(100, shape_mask("fork", 8), None, 64, heads=2, dtype=torch.float32, rope_dim=32, arch=(12, 0))
-    cfg = split.config_for(p, 2)
-    err = OutOfResources(110592, 101376, "shared memory")
+    why = "the split path's kernels (32 rows x 32 tokens x 2 stages) do not build on sm_120 (OutOfResources: x)"
     split._FELL_BACK.clear()
     with pytest.warns(RuntimeWarning) as rec:
-        out = split._fallback(q, kv, p, 0.1, cfg, err)
-    assert len(rec) == 1 and "\n" not in str(rec[0].message)
-    assert "sm_120" in str(rec[0].message) and "OutOfResources" in str(rec[0].message)
+        out = split._fallback(q, kv, p, 0.1, why)
+    assert len(rec) == 1 and str(rec[0].message) == why + "; the fp32 reference runs instead"
     assert torch.equal(out, reference.run(q, kv, p, 0.1))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        split._fallback(q, kv, p, 0.1, cfg, err)  # said once
+        split._fallback(q, kv, p, 0.1, why)  # said once

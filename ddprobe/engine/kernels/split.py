@@ -29,8 +29,8 @@ Two launches per layer, metadata built once per step in ``plan``:
      writes the output in q's dtype.
 Per GPU (``ARCHS``, the one place): sm_90 runs the tuning above; sm_80, sm_86/89 and sm_120 (no wgmma, no bulk
 tensor copies) run pointer-load tilings compiled for them and checked to fit their shared memory
-(tests/test_split_targets.py). A kernel that does not build on the GPU at its first launch falls back to the fp32
-reference over the same plan with one RuntimeWarning line (``_fallback``).
+(tests/test_split_targets.py). Where that tiling does not fit the rows, or a kernel does not build on the GPU at its
+first launch, ``run`` falls back to the fp32 reference over the same plan with one RuntimeWarning line (``_fallback``).
 """
 from __future__ import annotations
 
@@ -398,7 +398,7 @@ def _check_measured(a: Arch, r: int, width: int, elem_bytes: int, limit: int) ->
     need = measured_smem(a, width, elem_bytes)
     if r > a.max_rows or need > limit:
         raise ValueError(f"the {name} path on {a.name}: {r} new rows of {width} x {elem_bytes}-byte values need ~{need} B "
-                         f"of shared memory (and R <= {a.max_rows}), {limit} B there; the reference path runs it")
+                         f"of shared memory (and R <= {a.max_rows}), {limit} B there")
 
 
 def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFAULT_TUNING, *,
@@ -478,10 +478,16 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
              "arch": a}
     if heads is not None:
         extra["heads"] = heads
-        extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning, dtype=dtype,
-                                              width=v_dim + rope_dim, r=r, smem_limit=extra["smem_limit"], arch=a)
-        extra["partials"] = partials(cfg["num_splits"], heads * r, v_dim, dev)
-        extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
+        try:
+            extra["config"] = cfg = choose_config(bound, heads * r, extra["sm_count"], tuning, dtype=dtype,
+                                                  width=v_dim + rope_dim, r=r, smem_limit=extra["smem_limit"], arch=a)
+        except ValueError as e:  # the GPU's own tiling does not fit these rows: run() falls back to the reference
+            if not a.shared:
+                raise
+            extra["fallback"] = str(e)
+        else:
+            extra["partials"] = partials(cfg["num_splits"], heads * r, v_dim, dev)
+            extra["merge"] = merge_plan(tuning, heads * r, v_dim, extra["sm_count"])
     return VerifyPlan(prefix_len=bound, tree_mask=tree_mask, slots=None, v_dim=v_dim, prefix_t=prefix_t,
                       dynamic=dynamic, tuning=tuning, extra=extra)
 
@@ -545,14 +551,23 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
 
 def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, meta: dict | None = None) -> torch.Tensor:
     """q [R, H, D], kv [rows, D] contiguous layout -> out [R, H, v_dim] in q's dtype. ``meta``: a
-    dict to receive the compiled kernels' reports under "prefix" and "merge"."""
+    dict to receive the compiled kernels' reports under "prefix" and "merge". Where the kernels cannot run on this
+    GPU (the plan's ``fallback``: its tuning does not fit there; or a build error at the first launch) the fp32
+    reference runs instead, said once in one line (_fallback)."""
     check_run_args(q, kv, p)
     pe = check_dims(q, kv, p.v_dim, name)
     if "bits" not in p.extra:
         raise ValueError("plan was not built by split.plan")
     r, h, _ = q.shape
     hq = r * h
-    cfg = config_for(p, h, q.dtype, pe)
+    try:
+        cfg = p.extra.get("fallback") or config_for(p, h, q.dtype, pe)
+    except ValueError as e:
+        if not p.extra["arch"].shared:
+            raise
+        cfg = str(e)
+    if isinstance(cfg, str):
+        return _fallback(q, kv, p, sm_scale, cfg)
     ns = cfg["num_splits"]
     planned = cfg is p.extra.get("config") and p.extra["partials"][0].device == q.device
     parts = p.extra["partials"] if planned else partials(ns, hq, p.v_dim, q.device)
@@ -565,7 +580,10 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
             meta["prefix"] = kernel_meta(k)
         return launch_merge(parts, ns, out, mc, meta=meta)
     except COMPILE_ERRORS as e:
-        return _fallback(q, kv, p, sm_scale, cfg, e)
+        why = (str(e).strip().splitlines() or [""])[0][:200]
+        return _fallback(q, kv, p, sm_scale, f"the {name} path's kernels ({cfg['block_q']} rows x {cfg['block_n']} "
+                         f"tokens x {cfg['num_stages']} stages) do not build on {p.extra['arch'].name} "
+                         f"({type(e).__name__}: {why})")
 
 
 def _compile_errors() -> tuple[type, ...]:
@@ -576,20 +594,15 @@ def _compile_errors() -> tuple[type, ...]:
 
 
 COMPILE_ERRORS = _compile_errors()  # what a kernel that does not build for this GPU raises at its first launch
-_FELL_BACK: set = set()  # (GPU, config) said once
+_FELL_BACK: set = set()  # the reasons said so far (once each)
 
 
-def _fallback(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, cfg: dict, e: Exception) -> torch.Tensor:
-    """A kernel that does not compile for this GPU: one line (a RuntimeWarning, once per GPU and config), then the
-    fp32 reference over the same plan, so a measurement goes on rather than ending in a traceback."""
-    a = p.extra["arch"]
-    key = (a.name, tuple(sorted(cfg.items())))
-    if key not in _FELL_BACK:
-        _FELL_BACK.add(key)
-        why = (str(e).strip().splitlines() or [""])[0][:200]
-        warnings.warn(f"the {name} path's kernels do not compile for {a.name} with {cfg['block_q']} rows x "
-                      f"{cfg['block_n']} tokens x {cfg['num_stages']} stages ({type(e).__name__}: {why}); "
-                      "the fp32 reference runs instead", RuntimeWarning, stacklevel=3)
+def _fallback(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, why: str) -> torch.Tensor:
+    """The kernels do not run on this GPU (``why``, one line naming the path and the GPU): a RuntimeWarning, once per
+    reason, then the fp32 reference over the same plan, so a measurement goes on rather than ending in a traceback."""
+    if why not in _FELL_BACK:
+        _FELL_BACK.add(why)
+        warnings.warn(f"{why}; the fp32 reference runs instead", RuntimeWarning, stacklevel=3)
     from . import reference
 
     return reference.run(q, kv, p, sm_scale)
