@@ -243,7 +243,7 @@ class Bench:
                     for kv in caches:
                         fn(q, kv)
                 t = timed_graph(whole, 1, min_s=0.5, max_reps=10)
-                rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_ms=floor * 1e3,
+                rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_us=floor * 1e6,
                            gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes)
             except Exception as e:  # noqa: BLE001  (a peer that cannot run: recorded, not fatal)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, skipped=f"{type(e).__name__}: {str(e)[:300]}")
