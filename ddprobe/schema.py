@@ -64,6 +64,7 @@ Flops = Annotated[float, Unit("FLOP"), AT_LEAST_0]
 Tokens = Annotated[int, Unit("tokens"), AT_LEAST_0]
 Context = Annotated[int, Unit("tokens"), AT_LEAST_1]
 TokensPerStep = Annotated[float, Unit("tokens/step"), AT_LEAST_0]
+CommitLen = Annotated[float, Unit("tokens/step"), AT_LEAST_1]  # the bonus token at least
 TokensPerSec = Annotated[float, Unit("tokens/s"), AT_LEAST_0]
 Count = Annotated[int, Unit(""), AT_LEAST_0]
 Number = Annotated[float, Unit(""), AT_LEAST_0]
@@ -182,7 +183,7 @@ class CommitRow(Row):
     """``ddprobe commit``: one (text, context) cell of the commit-length probe."""
     ctx: Context
     text: str  # predictable, novel, recall
-    commit_len: TokensPerStep | None  # tokens committed per verify step, bonus included (null: no step)
+    commit_len: CommitLen | None  # tokens committed per verify step, bonus included (null: no step)
     backend: str | None = None
     prompt_tokens: Tokens | None = None
     reused_tokens: Tokens | None = None
@@ -210,11 +211,9 @@ class CommitRow(Row):
     extra: dict = field(default_factory=dict)
 
     def problem(self, config: dict) -> str | None:
-        """What no measurement can say: a commit length below 1, above max_new_tokens or above budget + 1 (a step
+        """What no measurement can say: a commit length above max_new_tokens or above budget + 1 (a step
         commits at most its accepted nodes and the bonus token), more verify steps than tokens."""
         c, n, b = self.commit_len, self.max_new_tokens, config.get("budget")
-        if c is not None and c < 1.0 - 1e-9:
-            return f"'commit_len' is {c:g} tokens/step (must be >= 1: the bonus token)"
         if c is not None and n is not None and n >= 1 and c > n + 1e-9:
             return f"'commit_len' is {c:g} tokens/step (must be <= max_new_tokens, {n})"
         if c is not None and _is_int(b) and b >= 0 and c > b + 1 + 1e-9:
@@ -303,7 +302,7 @@ class AdviseRow(Row):
     text: str
     ctx: Context
     budget: Count
-    commit_len: Annotated[float, Unit("tokens/step"), AT_LEAST_1]
+    commit_len: CommitLen
     verify_ms: Annotated[float, Unit("ms"), Bound(lo=0, open_lo=True)]
     decode_ms: Annotated[float, Unit("ms"), Bound(lo=0, open_lo=True)]
     source: str | None = None
