@@ -149,7 +149,8 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
 
 
 def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
-    means = plots_gpu.phase_means(r.rows)
+    rows = r.records  # typed telemetry rows (schema.GpuUtilRow)
+    means = plots_gpu.phase_means(rows)
     keys = [k for k, _ in plots_gpu.BARS]
     t = Table("Mean per GPU and phase", ["GPU", "phase"] + [label for _, label in plots_gpu.BARS],
               [[str(g), p] + [f"{m[k]:.1f}%" if k in m else "-" for k in keys]
@@ -160,8 +161,7 @@ def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
         tables.insert(0, Table("Verdict per GPU and phase", ["GPU", "phase", "verdict", "evidence"],
                                [[str(d.get("name", d.get("gpu", "?"))), str(d.get("phase", "?")), str(d.get("verdict", "?")),
                                  str(d.get("evidence", ""))] for d in per_phase if isinstance(d, dict)]))
-    figs = [plots_gpu.timelines(r.rows, f"{sid}-timeline"), plots_gpu.bars(r.rows, f"{sid}-bars")] \
-        if plots_gpu.by_gpu(r.rows) else []
+    figs = [plots_gpu.timelines(rows, f"{sid}-timeline"), plots_gpu.bars(rows, f"{sid}-bars")] if rows else []
     summary = r.summary if isinstance(r.summary, dict) else {}
     if summary.get("nodes"):  # many GPUs: one line per node, the agreement, a heat strip
         from ..gpu_fleet import NODE_SIGNALS
@@ -173,8 +173,8 @@ def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
                                  ", ".join(f"{c} {v}" for v, c in n["verdicts"].items())] +
                                 [_f(n.get(k), ".1f") + ("%" if n.get(k) is not None else "") for k in NODE_SIGNALS] for n in summary["nodes"]],
                                agree))
-    if len(plots_gpu.by_gpu(r.rows)) > 1:
-        figs.append(plots_gpu.heat_strip(r.rows, f"{sid}-heat"))
+    if len(plots_gpu.by_gpu(rows)) > 1:
+        figs.append(plots_gpu.heat_strip(rows, f"{sid}-heat"))
     return tables, figs
 
 
