@@ -174,7 +174,6 @@ class FloorRow(Row):
     attn_gap: Ratio | None = None  # step / attention floor
     attn_gap_if_rows_reread: Ratio | None = None
     below_floor: bool | None = None
-    weights_B: Bytes | None = None
     extra: dict = field(default_factory=dict)
 
 
