@@ -141,3 +141,19 @@ def test_the_one_line_names_the_field_not_a_python_error(tmp_path):
         Result.load(p)
     assert str(e.value) == f"{p}: row 1 of this floor file: 'ctx' is str '131072' (must be an integer in tokens)"
     assert re.search(r"\n", str(e.value)) is None
+
+
+def test_bench_verify_checks_each_row_it_keeps():
+    """`bench verify` writes its own document (not a ResultWriter): each row is checked as it is kept. Bench()
+    measures ceilings on a GPU, so the row keeper is called on a bare instance."""
+    from ddprobe.probes.verify_bench import Bench
+
+    b = Bench.__new__(Bench)
+    b.results, seen = [], []
+    b.on_row = seen.append
+    b._keep({"kind": "step61", "ctx": 131072, "heads": 8, "path": "split", "step_ms": 2.9, "floor_us": 1900.0,
+             "rel_err": float("nan")})  # NaN is written as null
+    with pytest.raises(DDProbeError, match=r"^bench verify: row 2 of this bench-verify file: 'us' is -3.0 us "
+                                           r"\(must be >= 0\)$"):
+        b._keep({"ctx": 1024, "heads": 8, "path": "paged", "us": -3.0})
+    assert len(b.results) == 1 and seen == b.results

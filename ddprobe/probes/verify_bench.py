@@ -165,6 +165,15 @@ class Bench:
             rec["config"] = pl.extra["config"]
         return (lambda q, kv, meta=None: path.run(q, kv, pl, scale, meta=meta)), ("paged" if paged else "tree")
 
+    def _keep(self, rec: dict) -> None:
+        """One row, checked against the bench-verify schema first (a bad row is a bug: raise), then kept."""
+        from ..results import _finite
+        from ..schema import parse_row
+
+        parse_row("bench-verify", _finite(rec), f"bench verify: row {len(self.results) + 1}")
+        self.results.append(rec)
+        self.on_row(rec)
+
     def point(self, ctx: int, heads: int) -> None:
         """Every entry at one (context, heads): checked, then timed; one row each (an error or skip recorded)."""
         torch, o, sh = self.torch, self.opts, self.opts.shape
@@ -214,8 +223,7 @@ class Bench:
                 rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 if name == "flex":
                     self.flex["failed"] = rec["error"]
-            self.results.append(rec)
-            self.on_row(rec)
+            self._keep(rec)
         del kvs, qs
         torch.cuda.empty_cache()
 
@@ -247,8 +255,7 @@ class Bench:
                            gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes)
             except Exception as e:  # noqa: BLE001  (a peer that cannot run: recorded, not fatal)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, skipped=f"{type(e).__name__}: {str(e)[:300]}")
-            self.results.append(rec)
-            self.on_row(rec)
+            self._keep(rec)
         del caches
         torch.cuda.empty_cache()
 
