@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..schema import parse_rows
 from ..units import DDProbeError, fmt_tokens
 from .engine_backend import MAX_BUDGET
 
@@ -262,15 +263,12 @@ def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, floa
     budget = config.get("budget")
     if not isinstance(budget, int):
         raise DDProbeError("the commit file does not say its budget (config.budget): give --budget")
-    pts = []
-    usable = [r for r in rows if r.get("commit_len") and r.get("decode_ms_per_step")]
+    usable = [r for r in parse_rows("commit", rows, "commit file", config) if r.commit_len and r.decode_ms_per_step]
     if not usable:
         raise DDProbeError("no cell of the commit file has both a commit length and a step time (a server that "
                            "reports no step time): type them instead with --ctx, --step-ms and --commit-len")
-    for r in usable:
-        pts.append(Point(path, str(r["text"]), int(r["ctx"]), budget, float(r["commit_len"]),
-                         float(r["decode_ms_per_step"]), decode_ms[int(r["ctx"])], source))
-    return pts
+    return [Point(path, r.text, r.ctx, budget, r.commit_len, r.decode_ms_per_step, decode_ms[r.ctx], source)
+            for r in usable]
 
 
 @dataclass(frozen=True)
