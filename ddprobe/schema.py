@@ -69,7 +69,8 @@ TokensPerSec = Annotated[float, Unit("tokens/s"), AT_LEAST_0]
 Count = Annotated[int, Unit(""), AT_LEAST_0]
 Number = Annotated[float, Unit(""), AT_LEAST_0]
 Ratio = Annotated[float, Unit("x"), AT_LEAST_0]  # a ratio of two like quantities (gap, speedup)
-Fraction = Annotated[float, Unit("fraction"), AT_LEAST_0]
+Fraction = Annotated[float, Unit("fraction"), AT_LEAST_0]  # of a ceiling (a measurement may pass it)
+Share = Annotated[float, Unit("fraction"), Bound(lo=0, hi=1)]  # a part of a whole
 Seconds = Annotated[float, Unit("s"), FINITE]  # a clock reading (may be negative before a marker)
 # the telemetry signals' units, read from their keys' suffixes (signals.TABLE names them once)
 SIGNAL_UNITS = {"_pct": "%", "_W": "W", "_J": "J", "_MHz": "MHz", "_GB": "GB"}
@@ -101,7 +102,10 @@ class FieldSpec:
 
     def say(self) -> str:
         """The field as the docs list it: ``floor_ms: number, ms, >= 0, optional``."""
-        rng = {AT_LEAST_0: ">= 0", AT_LEAST_1: ">= 1"}.get(self.bound, "") if self.bound else ""
+        b = self.bound
+        rng = "" if b is None or b.lo is None and b.hi is None else f"{b.lo:g} to {b.hi:g}" if \
+            b.lo is not None and b.hi is not None else f"{'>' if b.open_lo else '>='} {b.lo:g}" if b.lo is not None \
+            else f"<= {b.hi:g}"
         what = {float: "number", int: "integer", str: "text", bool: "bool", dict: "object", list: "list",
                 object: "any"}[self.base]
         parts = [what, self.unit or "", rng, "or null" if self.nullable else "",
@@ -147,24 +151,24 @@ class FloorRow(Row):
     attn_floor_ms: Ms  # the attention alone: max(KV / bandwidth, attention FLOPs / tensor rate)
     floor_ms: Ms | None = None  # THE floor: the whole step
     rows: Count | None = None  # query rows (budget + 1)
-    kv_B_per_token: BytesPerToken | None = None
-    weights_GB: GB | None = None
-    weights_worst_GB: GB | None = None
-    experts_per_layer: Number | None = None
+    kv_B_per_token: BytesPerToken | None = None  # per GPU, before dcp sharding
+    weights_GB: GB | None = None  # weights read, routed experts expected under uniform routing
+    weights_worst_GB: GB | None = None  # every row on different experts
+    experts_per_layer: Number | None = None  # expected distinct local experts per MoE layer
     experts_worst: Count | None = None
-    GFLOP: GFLOP | None = None
-    kv_floor_ms: Ms | None = None
-    weight_floor_ms: Ms | None = None
+    GFLOP: GFLOP | None = None  # attention over the context + 2 x params x rows
+    kv_floor_ms: Ms | None = None  # KV bytes / bandwidth
+    weight_floor_ms: Ms | None = None  # weight bytes / bandwidth
     weight_floor_worst_ms: Ms | None = None
-    compute_floor_ms: Ms | None = None
-    allreduces: Count | None = None
+    compute_floor_ms: Ms | None = None  # the step's FLOPs / tensor rate
+    allreduces: Count | None = None  # tensor-parallel all-reduces per step
     allreduce_bytes: Bytes | None = None
-    allreduce_us: Us | None = None
-    comm_ms: Ms | None = None
-    launch_ms: Ms | None = None
+    allreduce_us: Us | None = None  # one all-reduce
+    comm_ms: Ms | None = None  # all the all-reduces of a step
+    launch_ms: Ms | None = None  # kernel launches a step cannot avoid
     floor_worst_ms: Ms | None = None
-    binds: str | None = None
-    decode_floor_ms: Ms | None = None
+    binds: str | None = None  # the term that sets the floor
+    decode_floor_ms: Ms | None = None  # the plain one-row decode step's floor
     attn_GFLOP: GFLOP | None = None
     attn_compute_floor_ms: Ms | None = None
     attn_bound: str | None = None  # "memory" or "compute"
@@ -179,28 +183,30 @@ class FloorRow(Row):
 
 @dataclass(frozen=True)
 class CommitRow(Row):
-    """``ddprobe commit``: one (text, context) cell of the commit-length probe."""
+    """``ddprobe commit``: one (text, context) cell of the commit-length probe. Across fields: ``commit_len`` at most
+    ``max_new_tokens`` and, where the file's ``config.budget`` says the tree budget, at most budget + 1;
+    ``verify_steps`` at most ``completion_tokens``."""
     ctx: Context
     text: str  # predictable, novel, recall
     commit_len: CommitLen | None  # tokens committed per verify step, bonus included (null: no step)
     backend: str | None = None
     prompt_tokens: Tokens | None = None
-    reused_tokens: Tokens | None = None
+    reused_tokens: Tokens | None = None  # prompt tokens served from the previous cell's cache
     max_new_tokens: Tokens | None = None
-    completion_tokens: Tokens | None = None
+    completion_tokens: Tokens | None = None  # the first comes from prefill
     verify_steps: Count | None = None
-    accepted_depth: TokensPerStep | None = None
-    sglang_accept_length: TokensPerStep | None = None
+    accepted_depth: TokensPerStep | None = None  # commit_len - 1
+    sglang_accept_length: TokensPerStep | None = None  # completion tokens / verify steps (prefill's token counted)
     commit_len_std: TokensPerStep | None = None
     commit_len_p10: TokensPerStep | None = None
     commit_len_p90: TokensPerStep | None = None
-    drafts_per_step: Number | None = None
+    drafts_per_step: Number | None = None  # draft nodes proposed per verify step
     prefill_s: Sec | None = None
     decode_s: Sec | None = None
-    e2e_s: Sec | None = None
-    decode_ms_per_step: Ms | None = None
-    tokens_per_s: TokensPerSec | None = None
-    output_repeats: Fraction | None = None
+    e2e_s: Sec | None = None  # the request end to end, prefill included
+    decode_ms_per_step: Ms | None = None  # decode time / verify steps
+    tokens_per_s: TokensPerSec | None = None  # decode tokens / decode time
+    output_repeats: Share | None = None  # share of the output that repeats itself
     verify_ms_mean: Ms | None = None
     draft_ms_mean: Ms | None = None
     tree_nodes: Count | None = None
@@ -244,7 +250,8 @@ _GpuUtilBase = dataclasses.make_dataclass(
 
 class GpuUtilRow(_GpuUtilBase):
     """``ddprobe gpu-util``: one telemetry tick of one GPU: ``t_s`` (s since the start), ``gpu`` (index), the
-    phase, and every signal of ``signals.TABLE`` (null where a source does not read it)."""
+    phase, and every signal of ``signals.TABLE`` (null where a source does not read it; what each measures and where
+    it is read: docs/gpu-util.md), its unit its key's suffix."""
 
 
 @dataclass(frozen=True)
@@ -296,7 +303,8 @@ class AllreduceRow(Row):
 
 @dataclass(frozen=True)
 class AdviseRow(Row):
-    """``ddprobe advise``: one (path, text, context, budget) point: speculation's tokens/s against plain decoding's."""
+    """``ddprobe advise``: one (path, text, context, budget) point: speculation's tokens/s against plain decoding's.
+    Across fields: ``commit_len`` at most ``budget`` + 1."""
     path: str
     text: str
     ctx: Context
@@ -387,3 +395,32 @@ def upgrade_row(kind: str, row: Any) -> Any:
 def describe(kind: str) -> list[str]:
     """Every field of a kind, one line each (docs/results.md lists these)."""
     return [f.say() for f in fields_of(KINDS[kind])]
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """The comment beside each field in this module's source (what the field means)."""
+    import inspect
+    import re
+
+    out = {}
+    for c in reversed(cls.__mro__):
+        try:
+            src = inspect.getsource(c)
+        except (OSError, TypeError):
+            continue
+        out.update(re.findall(r"^\s+(\w+): [^#\n]+#\s*(.+)$", src, re.M))
+    return out
+
+
+def markdown() -> str:
+    """Each kind's fields as docs/results.md lists them (``python -m ddprobe.schema`` prints it)."""
+    parts = []
+    for kind, cls in KINDS.items():
+        notes = _comments(cls)
+        lines = [f"- `{f.say()}`" + (f": {notes[f.name]}" if f.name in notes else "") for f in fields_of(cls)]
+        parts.append(f"## `{kind}`\n\n{' '.join((cls.__doc__ or '').split())}\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
