@@ -2,7 +2,10 @@
 
 Every probe and benchmark writes a ``Result``: what kind of measurement it is, the
 metadata of the run (date, host, versions, GPU, command), the configuration, and rows
-(one dict per measured cell, keys carrying their units: ``step_ms``, ``kv_GB``...).
+(one dict per measured cell, keys carrying their units: ``step_ms``, ``kv_GB``...). Each kind's
+rows follow its schema (``schema.KINDS``: type, unit and range of every key), checked when a row is
+written (``ResultWriter.add``, ``save``) and when a file is loaded (``from_dict``, which upgrades a
+version-1 file first); ``Result.records`` gives the rows typed, as the reports read them.
 ``ResultWriter`` rewrites the file atomically after every row, so an interrupted run
 keeps everything it measured, and writes nothing until there is a row (a run that fails
 before its first cell leaves no empty file behind). Files get the user's umask, like any
