@@ -26,6 +26,10 @@ set -u
 OUT=${OUT:-./device-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# the lent machine's image sets PYTHONDONTWRITEBYTECODE=1 and ships torch without __pycache__: every process would
+# compile torch's Python sources again (about 10 s, 4.5 s of it in `import torch`), which a pip-installed torch
+# never does. Bytecode goes to a folder of its own instead (the first process writes it).
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/ddprobe-pycache}
 declare -a STATUS=()
 
 step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record status and seconds (skipped

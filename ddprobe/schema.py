@@ -277,6 +277,8 @@ class BenchVerifyRow(Row):
     ok: bool | None = None
     n_sets: Count | None = None
     timing: str | None = None
+    plan: str | None = None  # "host" or "device": where the path's plan is built
+    kernel: str | None = None  # the kernel the path ran
     gpu: str | None = None
     error: str | None = None
     skipped: str | None = None

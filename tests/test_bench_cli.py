@@ -135,3 +135,34 @@ def test_results_file_is_written_whole_and_only_with_results(tmp_path):
 
     p = write_json_atomic(tmp_path / "a" / "b.json", {"results": [{"x": 1}]})
     assert read_json(p) == {"results": [{"x": 1}]} and [f.name for f in p.parent.iterdir()] == ["b.json"]
+
+
+def test_entries_are_planned_as_the_engine_plans_them():
+    """Every verify path takes device plans (the engine's CUDA-graph step, its default on CUDA), so bench verify
+    plans each one that way: prefix_len a [1] int32 device tensor holding the context, max_prefix = the context;
+    a variant's plan=host times a host plan instead (split_ws's Gluon tunings need one); plan= is no tuning field,
+    and a plan kind a path does not take is one line. Planned here on the CPU (split, paged) as the run plans them
+    on the GPU; the kernel recorded is the path's own name where the plan does not choose among kernels."""
+    import torch
+
+    from ddprobe import verify_paths
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    for p in verify_paths.PATHS:
+        if p.verify:
+            assert verify_bench.plan_kind(p, p.name, {}) == ("device" if p.device_plans else "host")
+    split, paged = get_path("split"), get_path("paged")
+    assert verify_bench.plan_kind(split, "split", {"plan": "host"}) == "host"
+    assert verify_bench.tuned(split, "split", {}, {"plan": "host", "tail": "0"}) == \
+        verify_bench.tuned(split, "split", {}, {"tail": "0"})
+    with pytest.raises(DDProbeError, match="plan=eager is not a plan kind it takes"):
+        verify_bench.plan_kind(split, "split", {"plan": "eager"})
+    mask = shape_mask("lopsided", 8)
+    ctx = 300
+    for path, slots in ((split, None), (paged, torch.randperm(ctx + 9))):
+        dev = verify_bench.engine_plan(torch, path, "device", ctx, mask, slots, 64, path.DEFAULT_TUNING, 8)
+        host = verify_bench.engine_plan(torch, path, "host", ctx, mask, slots, 64, path.DEFAULT_TUNING, 8)
+        assert dev.dynamic and dev.prefix_len == ctx and dev.prefix_t.dtype == torch.int32
+        assert int(dev.prefix_t.item()) == ctx and dev.prefix_t.shape == (1,)
+        assert not host.dynamic and host.prefix_len == ctx
+        assert verify_bench.kernel_of(path.name, dev) == path.name

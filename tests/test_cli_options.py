@@ -1,6 +1,7 @@
 """The engine options, defined once: every engine command has all of them with its own defaults, `auto` picks
 the device here (no GPU: cpu and fp32), and the options a child process gets rebuild the same engine."""
 import dataclasses
+import inspect
 
 import pytest
 import typer
@@ -12,7 +13,7 @@ from ddprobe.cli.options import EngineOptions, engine_options, kv_capacity
 from ddprobe.probes.commit import CONTEXT_SLACK
 
 ENGINE_FLAGS = ["--preset", "--attn", "--budget", "--device", "--dtype", "--heads", "--weights", "--seed", "--graphs",
-                "--threads"]
+                "--compile", "--threads"]
 
 
 @pytest.mark.parametrize("command", ["commit", "serve", "gpu-util", "diagnose"])
@@ -36,12 +37,32 @@ def test_defaults_per_command_and_round_trip():
     assert r.exit_code == 0, r.output
     assert seen["eng"] == EngineOptions(preset="k2", heads=8)
     want = EngineOptions(preset="tiny", attn="split", budget=4, device="cpu", dtype="fp16", heads=2,
-                         weights="random", seed=3, graphs=False, threads=1)
+                         weights="random", seed=3, graphs=False, compile=False, threads=1)
     r = CliRunner().invoke(probe, ["--n", "5", *want.args()])  # what a child process is handed
     assert r.exit_code == 0, r.output
     assert seen["eng"] == want and seen["n"] == 5
     r = CliRunner().invoke(probe, ["--graphs"])
     assert r.exit_code == 0 and seen["eng"].graphs is True
+
+
+def test_commit_alone_compiles_nothing_by_default():
+    """commit's answer is the commit length: no torch.compile warm-up unless asked; the commands that time
+    steps keep the fused step (None: on with CUDA graphs)."""
+    from ddprobe.cli import commit, diagnose, gpu, serve
+
+    def default(fn):
+        return inspect.signature(fn).parameters["compile"].default
+
+    assert default(commit.commit) is False
+    assert [default(f) for f in (gpu.gpu_util, diagnose.diagnose, serve.serve)] == [None, None, None]
+
+
+def test_compile_without_cuda_is_refused_in_one_line(tmp_path):
+    r = CliRunner().invoke(app, ["commit", "--ctx", "1k", "--compile", "--device", "cpu",
+                                 "--json", str(tmp_path / "c.json")])
+    assert r.exit_code == 1, r.output
+    assert "--compile fuses the CUDA-graph step: it needs --device cuda" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "c.json").exists()
 
 
 def test_auto_resolves_to_cpu_without_a_gpu():

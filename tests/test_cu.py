@@ -78,22 +78,51 @@ def test_cuda_work_list_of_the_split_grid_covers_every_column_once(fold, prefix_
     assert _check_cover(cfg, prefix_len, 9) == cfg["n_qb"] * cfg["grid_splits"]
 
 
-def test_cuda_kernel_is_chosen_from_four_row_blocks_on_the_gluon_grid():
-    """cuda=-1 (the default) runs the CUDA kernel from CUDA_MIN_ROW_BLOCKS row blocks of 64 folded rows (64
-    heads x 9 rows: 9 blocks), not for 8 heads (72 rows, where the Gluon tail kernel runs); its config is the Gluon kernel's (a guard: falling back to Gluon reuses the plan's config and
-    partials), and tests/test_kernels_gpu.py checks which kernel ran."""
+CONTEXTS = (1024, 8192, 32768, 65536, 131072)
+
+
+@pytest.mark.parametrize("heads", [8, 64])
+def test_host_and_device_plans_choose_one_kernel_per_shape(heads):
+    """split_ws.choose (pure Python, the one place the kernel is chosen): the default host plan and the device plan
+    (the engine's CUDA-graph step) of the same shape pick the same kernel, the CUDA one, with the same effective
+    tuning and grid at every context from 1k to 128k (the device plan's grid is sized for its bound: here the
+    context), so `bench verify` times the kernel the engine runs. 8 heads x 9 rows = 72 folded rows (where host
+    plans once took the Gluon tail kernel from 48k), 64 heads = 576 (the balanced grid from 32k)."""
     from ddprobe.engine.kernels import split_ws
-    d = split_ws.DEFAULT_TUNING
-    assert d.cuda == -1 and split_ws.CUDA_MIN_ROW_BLOCKS == 4
-    assert split_ws.uses_cuda(576, d) and split_ws.uses_cuda(193, d)
-    assert not split_ws.uses_cuda(192, d) and not split_ws.uses_cuda(72, d)
-    assert split_ws.uses_cuda(72, split_ws.WsTuning(cuda=1)) and not split_ws.uses_cuda(576, split_ws.WsTuning(cuda=0))
-    for ctx in (1024, 8192, 32768, 131072):
-        assert split_ws.config(ctx, 576, 132, d) == split_ws.config(ctx, 576, 132, split_ws.WsTuning(cuda=0))
+    hq = heads * 9
+    host, device = split_ws.choose(hq), split_ws.choose(hq, dynamic=True)
+    assert host == device and host[1] == "cuda"
+    t = host[0]
+    assert (t.cuda, t.balance, t.tail) == (1, 0, 0) and split_ws.uses_cuda(hq, t) and not split_ws.tails(hq, t)
+    for ctx in CONTEXTS:
+        cfg = split_ws.config(ctx, hq, 132, t)
+        assert not cfg.get("balance") and not cfg["tail"] and cfg["block_q"] == split_ws.BLOCK_M
+        assert cfg["fold"] == int(heads == 64) and cfg["n_qb"] * cfg["grid_splits"] <= 132  # one wave
+        assert cfg == split_ws.config(ctx, hq, 132, device[0])
+
+
+def test_explicit_tunings_pick_the_gluon_kernels_on_host_plans_only():
+    """The Gluon kernels, the tail kernel and the balanced grid run only where a host plan's tuning asks for them
+    (bench verify's --variant split_ws:cuda=0, :tail=1, :balance=1); asked of a device plan each is a one-line
+    ValueError, never another schedule run silently. tail=1 touches only 65-72 folded rows."""
+    from ddprobe.engine.kernels import split_ws
+    W = split_ws.WsTuning
+    assert split_ws.choose(72, W(cuda=0))[1] == "gluon" and split_ws.choose(576, W(cuda=0))[1] == "gluon"
+    t, k = split_ws.choose(72, W(tail=1))
+    assert k == "tail" and (t.cuda, t.tail) == (0, 1) and split_ws.config(131072, 72, 132, t)["block_q"] == 72
+    assert split_ws.choose(576, W(tail=1))[1] == "cuda" and split_ws.choose(9, W(tail=1))[1] == "cuda"
+    assert split_ws.choose(72, W(cuda=0, tail=1))[1] == "tail"
+    t, k = split_ws.choose(576, W(balance=1))
+    assert k == "cuda" and split_ws.config(131072, 576, 132, t)["balance"]
+    assert not split_ws.config(0, 576, 132, t).get("balance")  # nothing to balance without a prefix
+    for over, field in ((dict(cuda=0), "cuda=0"), (dict(tail=1), "tail=1"), (dict(balance=1), "balance=1")):
+        with pytest.raises(ValueError, match=f"WsTuning.{field} needs a host plan"):
+            split_ws.choose(72, W(**over), dynamic=True)
+    assert split_ws.choose(72, W(cuda=1, balance=0, tail=0), dynamic=True)[1] == "cuda"
     with pytest.raises(ValueError, match="WsTuning.cuda must be one of -1, 0, 1"):
-        split_ws.check_tuning(split_ws.WsTuning(cuda=2))
+        split_ws.check_tuning(W(cuda=2))
     with pytest.raises(ValueError, match="cannot run with the tail kernel"):
-        split_ws.check_tuning(split_ws.WsTuning(cuda=1, tail=1))
+        split_ws.check_tuning(W(cuda=1, tail=1))
 
 
 @pytest.mark.parametrize("bound,hq,fold", [(20000, 72, 0), (20000, 576, 1), (131072, 72, 0), (0, 9, 0), (0, 576, 1),

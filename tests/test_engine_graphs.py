@@ -210,3 +210,23 @@ def test_triton_paths_through_the_static_step(run_triton_script):
     """paged and split with device plans inside the engine's static step, greedy tokens equal to the plain
     greedy reference's (CPU: the interpreter, in a child process so the switch stays there; CUDA: the kernels)."""
     run_triton_script(SCRIPT)
+
+
+def test_compile_needs_the_cuda_graph_step():
+    with pytest.raises(ValueError, match="compile fuses the CUDA-graph step"):
+        Engine("tiny", device="cpu", compile=True)
+    assert not Engine("tiny", device="cpu", compile=False, max_ctx=64).fuse
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compile_off_replays_the_same_tokens_without_torch_compile():
+    """commit's default (compile off): CUDA graphs of the plain step functions, the same greedy tokens as the
+    fused step and the eager reference; its warm-up says it compiled only kernels."""
+    kw = dict(attn="split", budget=8, dtype=torch.float32, device="cuda", max_ctx=256, graphs=True)
+    off, on = Engine("tiny", compile=False, **kw), Engine("tiny", **kw)
+    assert not off.fuse and on.fuse
+    assert off.warmup(capacity=256)["what"] == "kernels + capture"
+    assert on.warmup(capacity=256)["what"] == "compile + capture"
+    ref = Engine("tiny", dtype=torch.float32, device="cuda", max_ctx=256).greedy_reference(PROMPT, 40)
+    assert off.generate(PROMPT, 40).tokens == ref == on.generate(PROMPT, 40).tokens

@@ -304,6 +304,25 @@ def test_gpu_util_cli_on_the_tiny_engine_with_prometheus(prom, tmp_path):
     assert res.summary["engine"]["vllm:spec_decode_num_drafts_total"] >= 0
 
 
+def test_gpu_util_cli_estimates_after_the_warm_up_and_says_what_deep_found(prom, tmp_path):
+    """The command's pipeline end to end (``gpu_util_run``): the request estimated after the warm-up, its timing
+    beside the estimate, and --deep's ncu run recorded and printed (here without ncu: skipped, saying why)."""
+    url, _ = prom
+    r = CliRunner().invoke(app, ["gpu-util", "--source", "prometheus", "--prom-url", url, "--preset", "tiny",
+                                 "--attn", "reference", "--device", "cpu", "--dtype", "fp32", "--prompt-len", "256",
+                                 "--decode-tokens", "8", "--deep", "--json", str(tmp_path / "g.json")])
+    assert r.exit_code == 0, r.output
+    res = Result.load(tmp_path / "g.json")
+    timing = res.summary["timing"]
+    assert timing["actual_s"] == res.summary["request"]["e2e_s"] > 0
+    assert timing["estimate_s"] == res.config["estimate"]["total_s"] > 0  # the engine is calibrated after warm-up
+    if not (shutil.which("ncu") or Path("/usr/local/cuda/bin/ncu").exists()):
+        assert res.summary["deep"] == {"skipped": "ncu not found on PATH or in /usr/local/cuda/bin"}
+        assert "ncu: ncu not found on PATH" in r.output
+    else:
+        assert "deep" in res.summary and "ncu: " in r.output
+
+
 def test_report_has_a_per_node_table_the_agreement_and_a_heat_strip(nodes, tmp_path):
     from ddprobe.reports import findings, render
 

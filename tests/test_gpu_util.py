@@ -312,6 +312,60 @@ def test_run_gpu_util_on_the_tiny_engine_with_a_fake_reader(tmp_path):
     assert [m[1] for m in s["markers"]] == ["warmup", "idle", "prefill", "decode", "idle"]
 
 
+def test_the_gpu_util_pipeline_estimates_times_and_reads_ncu(tmp_path):
+    """gpu_util_run (the command's and diagnose's pipeline) on the tiny engine: with ``on_estimate`` the request is
+    estimated after the warm-up and the summary's timing sets it beside the request's time; with ``deep`` ncu's
+    child run is recorded (without ncu here: skipped, saying why); without either, neither key is written."""
+    import shutil
+
+    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.gpu_util import DeepRun, gpu_util_run
+
+    be = EngineBackend(preset="tiny", max_ctx=1024)
+    heard = []
+    w = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config=be.describe()),
+                     tmp_path / "g.json")
+    deep = DeepRun("5ms", "engine", 600.0, None, ("--preset", "tiny"), "reference")
+    res = gpu_util_run(be, 256, 16, 0.005, w, telemetry={"reader_factory": FakeReader, "window": None},
+                       on_estimate=heard.append, deep=deep)
+    saved = Result.load(tmp_path / "g.json")
+    assert len(heard) == 1 and saved.config["estimate"] == heard[0].to_dict() and heard[0].total_s > 0
+    timing = saved.summary["timing"]
+    assert timing["actual_s"] == res.summary["request"]["e2e_s"] > 0 and timing["estimate_s"] == heard[0].total_s
+    ncu_here = shutil.which("ncu") or Path("/usr/local/cuda/bin/ncu").exists()
+    assert saved.summary["deep"] == res.summary["deep"]
+    if not ncu_here:
+        assert saved.summary["deep"] == {"skipped": "ncu not found on PATH or in /usr/local/cuda/bin"}
+    w2 = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config=be.describe()),
+                      tmp_path / "g2.json")
+    plain = gpu_util_run(be, 256, 16, 0.005, w2, telemetry={"reader_factory": FakeReader, "window": None})
+    assert "timing" not in plain.summary and "deep" not in plain.summary and "estimate" not in plain.config
+    assert plain.summary["decode_step_ms"] > 0
+
+
+def test_the_ncu_child_command_is_the_same_request_shorter(tmp_path):
+    """DeepRun's child: gpu-util at the same prompt and text, DEEP_DECODE_TOKENS, no warm-up, the backend rebuilt from
+    the options as typed; ddprobe's own parser takes it (here, without a GPU, it stops at NVML: exit 1, not 2)."""
+    import sys
+
+    from ddprobe.probes.gpu_util import DEEP_DECODE_TOKENS, DeepRun
+
+    deep = DeepRun("200ms", "sglang", 30.0, "http://127.0.0.1:30000", (), "paged")
+    cmd = deep.command(8192, "novel", str(tmp_path / "child.json"))
+    assert cmd[:4] == [sys.executable, "-m", "ddprobe", "gpu-util"]
+    assert cmd[4:] == ["--prompt-len", "8192", "--decode-tokens", str(DEEP_DECODE_TOKENS), "--no-warmup", "--period",
+                       "200ms", "--text", "novel", "--backend", "sglang", "--timeout", "30.0", "--url",
+                       "http://127.0.0.1:30000", "--json", str(tmp_path / "child.json")]
+    engine = DeepRun("5ms", "engine", 600.0, None, ("--preset", "tiny", "--no-graphs"), "reference")
+    child = engine.command(256, "predictable", str(tmp_path / "c.json"))[3:]  # from the command's name on
+    assert child[child.index("--timeout"):] == ["--timeout", "600.0", "--preset", "tiny", "--no-graphs", "--json",
+                                                str(tmp_path / "c.json")]
+    if Sampler(0.05).start().available:
+        pytest.skip("an NVIDIA GPU is visible here: the child would measure")
+    r = CliRunner().invoke(app, child)
+    assert r.exit_code == 1 and "no NVIDIA GPU visible to NVML" in r.output, r.output
+
+
 def test_run_gpu_util_without_nvml_raises_one_line(tmp_path):
     def none():
         raise NvmlUnavailable("no NVIDIA GPU visible to NVML: test")

@@ -424,18 +424,17 @@ def test_merge_config_picks_by_rows_and_refuses_unknown_kinds():
     merge (1) above; explicit knobs override the kind's preset; an unknown kind is a one-line ValueError."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning()
-    assert split_ws.merge_plan(t, 72, 512, 132, 4096) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4,
-                                                              n_mb=5, bv=16, s_max=128)
-    # from TAIL_MIN_PREFIX on, 72 rows are one program (the tail kernel): twice the partials, 8-row merge programs
-    assert split_ws.merge_plan(t, 72, 512, 132, 131072) == dict(kind=3, block_m=8, split_chunk=8, stages=3, warps=4,
-                                                                n_mb=9, bv=32, s_max=256)
-    assert split_ws.merge_plan(split_ws.WsTuning(tail=0), 72, 512, 132, 131072)["block_m"] == 16
-    assert split_ws.merge_plan(split_ws.WsTuning(merge_block_m=32), 72, 512, 132, 131072)["block_m"] == 32
-    assert split_ws.merge_plan(t, 576, 512, 132, 131072) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
-                                                                 n_mb=72, bv=256, s_max=16)
-    assert split_ws.merge_plan(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132, 0)["split_chunk"] == 16
+    assert split_ws.merge_plan(t, 72, 512, 132) == dict(kind=3, block_m=16, split_chunk=8, stages=3, warps=4,
+                                                        n_mb=5, bv=16, s_max=128)
+    # with the tail kernel (tail=1), 72 rows are one program: twice the partials, 8-row merge programs
+    assert split_ws.merge_plan(split_ws.WsTuning(tail=1), 72, 512, 132) == dict(
+        kind=3, block_m=8, split_chunk=8, stages=3, warps=4, n_mb=9, bv=32, s_max=256)
+    assert split_ws.merge_plan(split_ws.WsTuning(tail=1, merge_block_m=32), 72, 512, 132)["block_m"] == 32
+    assert split_ws.merge_plan(t, 576, 512, 132) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
+                                                         n_mb=72, bv=256, s_max=16)
+    assert split_ws.merge_plan(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132)["split_chunk"] == 16
     with pytest.raises(ValueError, match="merge_kind must be"):
-        split_ws.merge_plan(split_ws.WsTuning(merge_kind=7), 72, 512, 132, 0)
+        split_ws.merge_plan(split_ws.WsTuning(merge_kind=7), 72, 512, 132)
     # split: the same choice; S_MAX above the most partials its prefix grid writes (one program per SM per split)
     from ddprobe.engine.kernels import split
     assert split.merge_plan(split.DEFAULT_TUNING, 72, 512, 132)["kind"] == 3

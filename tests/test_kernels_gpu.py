@@ -99,9 +99,10 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-@pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=0), dict(balance=1),
-                                  dict(balance=1, programs=7), dict(cuda=1), dict(cuda=1, balance=1)],
-                         ids=["default", "tail", "tail-fold", "no-tail", "balance", "balance-7", "cuda", "cuda-balance"])
+@pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(cuda=0), dict(cuda=0, balance=1),
+                                  dict(cuda=0, balance=1, programs=7), dict(balance=1), dict(balance=1, programs=7)],
+                         ids=["default", "tail", "tail-fold", "gluon", "gluon-balance", "gluon-balance-7", "balance",
+                              "balance-7"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -149,24 +150,17 @@ def test_tail_matches_reference(fold, ctx, budget, shape, heads, dtype):
     tree part folded or not; called twice, the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning, block_rows
     t = WsTuning(tail=1, fold_tree=fold)
-    assert block_rows(heads * (budget + 1), t, ctx) == 72  # the tail kernel is the one that runs
+    assert block_rows(heads * (budget + 1), t) == 72  # the tail kernel is the one that runs
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=t, repeat=2)
 
 
 @gpu
-def test_tail_by_default_from_its_threshold():
-    """The default tuning (tail=-1) runs the tail kernel from TAIL_MIN_PREFIX tokens, the two-program grid below;
-    both against the fp32 reference."""
-    from ddprobe.engine.kernels import split_ws
-    for ctx in (split_ws.TAIL_MIN_PREFIX - 1, split_ws.TAIL_MIN_PREFIX + 100):
-        q, kv, mask = make_inputs(ctx, 8, "lopsided", 8, torch.bfloat16)
-        p = split_ws.plan(ctx, mask, None, V, heads=8)
-        assert p.detail.cfg["tail"] == (ctx >= split_ws.TAIL_MIN_PREFIX)
-        meta = {}
-        out = split_ws.run(q, kv, p, 0.0722, meta=meta)
-        assert meta["prefix"]["name"].startswith("ws_tail_kernel" if p.detail.cfg["tail"] else "ws_prefix_kernel")
-        ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
-        assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.bfloat16]
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", CASES)
+def test_gluon_kernel_matches_reference(ctx, budget, shape, heads, dtype):
+    """The Gluon prefix kernel (WsTuning.cuda=0: a host plan's explicit tuning, the default runs the CUDA kernel)
+    over the same shapes and poisoned rows; called twice, the same bits."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(cuda=0), repeat=2)
 
 
 @gpu
@@ -207,13 +201,16 @@ SEESAW_CASES = CASES + [(5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star",
 
 
 @gpu
+@pytest.mark.parametrize("cuda", [-1, 0], ids=["cuda", "gluon"])
 @pytest.mark.parametrize("programs", [0, 5, 37], ids=["sms", "p5", "p37"])
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
-def test_balanced_grid_matches_reference(programs, ctx, budget, shape, heads, dtype):
-    """The balanced grid (one program per SM, or 5 or 37 programs so that shares cross two and more row blocks):
-    the same shapes and poisoned rows as test_matches_reference; called twice, the same bits."""
+def test_balanced_grid_matches_reference(cuda, programs, ctx, budget, shape, heads, dtype):
+    """The balanced grid (one program per SM, or 5 or 37 programs so that shares cross two and more row blocks) on
+    the CUDA kernel's work list and in the Gluon kernel: the same shapes and poisoned rows as
+    test_matches_reference; called twice, the same bits."""
     from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(balance=1, programs=programs), repeat=2)
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(balance=1, programs=programs, cuda=cuda),
+          repeat=2)
 
 
 # The CUDA C++ seesaw (WsTuning.cuda = 1, cuda/seesaw_sm90.cu): the seesaw cases (every parity of a split's tile
@@ -269,10 +266,10 @@ def test_cuda_seesaw_under_graph_replay_and_plan_reuse():
 @gpu
 @pytest.mark.parametrize("heads,dtype,kernel", [(64, torch.bfloat16, "ddp_seesaw_bf16"),
                                                 (32, torch.float16, "ddp_seesaw_f16"),
-                                                (8, torch.bfloat16, "ws_prefix_kernel")])
-def test_default_runs_the_cuda_kernel_from_four_row_blocks(heads, dtype, kernel):
-    """The default tuning's prefix kernel, as the launch reports it: the CUDA seesaw at 64 and 32 heads (9 and 5
-    row blocks), the Gluon kernel at 8 heads (2 row blocks; the tail kernel only from 48k)."""
+                                                (8, torch.bfloat16, "ddp_seesaw_bf16")])
+def test_default_runs_the_cuda_kernel_at_every_head_count(heads, dtype, kernel):
+    """The default tuning's prefix kernel, as the launch reports it: the CUDA seesaw at 64, 32 and 8 heads (the
+    kernel device plans run; the Gluon kernels only where a host plan's tuning asks)."""
     q, kv, mask = make_inputs(3000, 8, "fork", heads, dtype)
     m = get_path("split_ws")
     meta = {}
@@ -337,7 +334,7 @@ def test_cuda_default_falls_back_to_gluon_when_the_cubin_cannot_load(monkeypatch
 def test_tail_config_takes_72_rows_in_one_program():
     """Host-side (runs anywhere): with ``tail`` 65-72 folded rows are one row block of 64 + 8, so the grid takes
     twice the splits of two 64-row blocks, still one wave; other row counts keep 64-row blocks; the merge's
-    S_MAX covers the larger number of partials. The default (tail=-1) does so from TAIL_MIN_PREFIX tokens."""
+    S_MAX covers the larger number of partials. The default (tail=-1) never runs it (the kernel device plans run)."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning(tail=1)
     for hq in (65, 68, 72):
@@ -346,14 +343,13 @@ def test_tail_config_takes_72_rows_in_one_program():
         assert (c["n_qb"], c["block_q"], c["tail"], two["n_qb"], two["tail"]) == (1, 72, True, 2, False)
         assert c["num_splits"] == 2 * two["num_splits"] == 128 and c["grid_splits"] <= 132  # 1024-token chunks
         assert c["fold"] == 1 and two["fold"] == 0  # fold_tree=-1 folds the tree behind the tail kernel only
-        assert split_ws.merge_plan(t, hq, 512, 132, 131072)["s_max"] == 256
-        assert split_ws.config(131072, hq, 132, split_ws.DEFAULT_TUNING) == c
-        below = split_ws.TAIL_MIN_PREFIX - 1
-        assert split_ws.config(below, hq, 132, split_ws.DEFAULT_TUNING) == split_ws.config(below, hq, 132, two_t := split_ws.WsTuning(tail=0))
-        assert split_ws.merge_plan(split_ws.DEFAULT_TUNING, hq, 512, 132, below) == split_ws.merge_plan(two_t, hq, 512, 132, below)
+        assert split_ws.merge_plan(t, hq, 512, 132)["s_max"] == 256
+        d = split_ws.DEFAULT_TUNING
+        assert split_ws.config(131072, hq, 132, d) == two and not split_ws.tails(hq, d)
+        assert split_ws.merge_plan(d, hq, 512, 132) == split_ws.merge_plan(split_ws.WsTuning(tail=0), hq, 512, 132)
     for hq in (9, 64, 73, 144, 576):
         assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
-    assert not split_ws.tails(72, split_ws.WsTuning(tail=0, cuda=1), 131072)
+    assert not split_ws.tails(72, split_ws.WsTuning(tail=0, cuda=1))
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])
@@ -381,7 +377,7 @@ def test_balanced_grid_covers_every_tile_once():
     cover every (row block, tile) exactly once, give no program more than a one-wave share (cdiv(tiles, SMs)) and
     none nothing, cut every row block's full chunks at the same tiles, give each row
     block distinct slots below grid_splits with its last piece (the tree's) in the last slot, and stay within
-    the merge's S_MAX; the default tuning balances 64 heads from 32k and leaves 8 heads and short prefixes alone."""
+    the merge's S_MAX; balance=1 balances 64 heads, the default tuning never (device plans cannot)."""
     from ddprobe.engine.kernels import split_ws
     for sms in (132, 114, 7):
         for prefix in (1, 64, 65, 1000, 8192, 33000, 131072):
@@ -408,12 +404,12 @@ def test_balanced_grid_covers_every_tile_once():
                         and p[0][1] % share == 0]
                 assert all(full.count(ab) == n_qb for ab in set(full))  # a full chunk is read by every row block
                 t = split_ws.WsTuning(balance=1)
-                assert split_ws.merge_plan(t, hq, 512, sms, prefix)["s_max"] >= c["grid_splits"]
-    d = split_ws.DEFAULT_TUNING
-    assert split_ws.config(32768, 576, 132, d)["balance"] and split_ws.config(131072, 576, 132, d)["programs"] == 132
-    assert not split_ws.config(8192, 576, 132, d).get("balance")       # under BALANCE_MIN_TILES tiles a program
-    assert not split_ws.config(32768, 72, 132, d).get("balance")       # 8 heads: tree part on its own (not folded)
-    assert not split_ws.config(131072, 72, 132, d).get("balance")      # 8 heads from 48k: the tail kernel
+                assert split_ws.merge_plan(t, hq, 512, sms)["s_max"] >= c["grid_splits"]
+    b = split_ws.WsTuning(balance=1)
+    assert split_ws.config(32768, 576, 132, b)["balance"] and split_ws.config(131072, 576, 132, b)["programs"] == 132
+    for hq in (72, 576):
+        for ctx in (8192, 32768, 131072):
+            assert not split_ws.config(ctx, hq, 132, split_ws.DEFAULT_TUNING).get("balance")
 
 
 @pytest.mark.parametrize("over,field", [(dict(fold_tree=2), "fold_tree"), (dict(cuda=2), "cuda"),
@@ -515,8 +511,9 @@ def test_device_plan_eager_equals_replay_and_run_checks_its_inputs():
     with pytest.raises(ValueError, match="built for 8 heads"):
         m.run(q.half(), kv.half(), p, 0.07)
     from ddprobe.engine.kernels.split_ws import WsTuning
-    with pytest.raises(ValueError, match="cuda=0 needs a host plan"):
-        m.plan(prefix_t, mask, None, V, heads=8, max_prefix=5000, tuning=WsTuning(cuda=0))
+    for over in (dict(cuda=0), dict(tail=1), dict(balance=1)):
+        with pytest.raises(ValueError, match="needs a host plan"):
+            m.plan(prefix_t, mask, None, V, heads=8, max_prefix=5000, tuning=WsTuning(**over))
 
 
 @gpu
@@ -543,6 +540,43 @@ def test_engine_captured_split_ws_step_equals_its_eager_run(heads):
         err = float((graph[:n].float() - eager[:n].float()).norm() / eager[:n].float().norm())
         assert err < 1e-3, (n_prompt, err)
         assert torch.equal(graph[:n].argmax(-1), eager[:n].argmax(-1))
+
+
+@gpu
+@pytest.mark.parametrize("heads", [8, 64])
+def test_bench_verify_times_the_kernel_the_engine_runs(heads):
+    """The kernel the engine's captured step runs (its split_ws device plan, k2 widths, bf16) is the kernel
+    `bench verify` timed for the same heads: the row's plan kind is the engine's and its kernel the engine plan's
+    WsPlan.kernel; and at every context of the grid (1k-128k) the plan bench verify builds picks the kernel of a
+    plan built as engine/graphs.py builds it (a [1] int32 prefix tensor, max_prefix = the context)."""
+    from ddprobe.engine.config import ModelConfig
+    from ddprobe.engine.generate import Engine
+    from ddprobe.probes import verify_bench
+
+    cfg = ModelConfig.from_name("k2", heads=heads, num_layers=2, feature_layers=(0, 1), max_ctx=8192)
+    eng = Engine(cfg, attn="split_ws", device="cuda", dtype=torch.bfloat16, graphs=True, seed=0)
+    assert eng.graphs
+    eng.generate(list(range(1, 301)), max_new_tokens=4)
+    engine = eng.runner.static.plan
+    assert engine.dynamic and engine.detail.heads == heads
+    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"tail": "1"})]
+    b = verify_bench.Bench(verify_bench.BenchOptions(ctxs=[4096], heads=[heads], paths=["split_ws"], quick=True,
+                                                     step_ctx=None, variants=variants))
+    b.point(4096, heads)
+    row, host, device = b.results
+    assert row.get("ok"), row
+    assert (row["path"], row["plan"], row["kernel"]) == ("split_ws", "device", engine.detail.kernel), row
+    # the Gluon tail kernel only as a host plan's explicit tuning (72 folded rows; 64 heads keep the CUDA kernel)
+    assert host.get("ok") and (host["plan"], host["kernel"]) == ("host", "tail" if heads == 8 else "cuda"), host
+    assert "tail=1 needs a host plan" in device["error"] and "us" not in device, device
+    m, mask = get_path("split_ws"), shape_mask("lopsided", 8, "cuda")
+    for ctx in (1024, 8192, 32768, 65536, 131072):
+        timed = verify_bench.engine_plan(torch, m, "device", ctx, mask, None, V, m.DEFAULT_TUNING, heads)
+        prefix_t = torch.zeros(1, dtype=torch.int32, device="cuda")
+        built = m.plan(prefix_t, mask, None, V, heads=heads, max_prefix=ctx)  # as StaticStep builds it
+        host = m.plan(ctx, mask, None, V, heads=heads)  # the default host plan: the same kernel and grid
+        assert timed.detail.kernel == built.detail.kernel == host.detail.kernel == engine.detail.kernel, ctx
+        assert timed.detail.cfg == built.detail.cfg == host.detail.cfg, ctx
 
 
 @gpu

@@ -61,3 +61,18 @@ def test_no_product_module_reaches_training():
     assert "ddprobe.engine" in product and "ddprobe.cli" in product
     leaks = {m: sorted(x for x in reached(g, m) if x.startswith("ddprobe.training")) for m in product}
     assert not {m: v for m, v in leaks.items() if v}
+
+
+def in_cli(m: str) -> bool:
+    return m == "ddprobe.cli" or m.startswith("ddprobe.cli.")
+
+
+def test_nothing_below_the_commands_reaches_them():
+    """cli -> probes, reports, server -> engine -> kernels: no module but the entry point (``python -m ddprobe``)
+    reaches ddprobe.cli, transitively: a pipeline moved out of a command never calls back up into it."""
+    g = graph()
+    assert "ddprobe.cli.floor" in reached(g, "ddprobe.__main__")  # the one arrow allowed is seen
+    below = [m for m in g if not (in_cli(m) or m == "ddprobe.__main__")]
+    assert "ddprobe.probes.gpu_util" in below and "ddprobe.probes.floor" in below
+    leaks = {m: sorted(x for x in reached(g, m) if in_cli(x)) for m in below}
+    assert not {m: v for m, v in leaks.items() if v}

@@ -40,4 +40,5 @@ def test_only_and_exit_code(tmp_path, capsys):
     for want in ("commit", "gpu-util", "gpu-util tiny", "diagnose", "diagnose k2", "floor", "advise", "report", "gate",
                  "bench verify", "serve"):
         assert want in names
+    assert names.index("commit again") == names.index("commit") + 1  # the second run: warm compile caches
     assert names.index("report") > names.index("commit")  # report reads the files commit wrote

@@ -64,7 +64,7 @@ def announce(eng: EngineOptions, be) -> None:
 
 @app.command()
 @errors_exit_1
-@engine_options()
+@engine_options(compile=False)  # its answer is the commit length: no torch.compile warm-up for a faster step
 def commit(
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
     text: Annotated[str, typer.Option("--text", help="Text kinds: predictable, novel, recall.")] = "predictable,novel",

@@ -15,7 +15,7 @@ from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
 from .floor_options import COMM, SHARDING, AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, \
-    WeightDtypeOpt
+    WeightDtypeOpt, note_dense
 from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, typed_flags, warm_up
 
@@ -58,13 +58,55 @@ def diagnose(
     from ..probes import make_backend
     from ..probes.commit import check_contexts
     from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
-    from ..probes.gpu_util import check_decode_tokens
-    from ..probes.floor import Sharding
-    from ..probes.models import get_model
-    from ..shapes import dtype_name, get_gpu
+    from ..shapes import dtype_name
     from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
+    bw_Bps = _checked(tctx, backend, model, gpu, bw, max_new_tokens, decode_tokens, tp, ep, dcp)
+    folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    if out_dir == "":
+        raise DDProbeError("--out-dir: empty path (give a folder name)")
+    check_folder("--out-dir", folder, names=FILES, force=force)  # before anything is built or measured
+    # a fleet's source is checked and asked now (open_source), before any model is built; with NVML only the
+    # options are checked here, NVML itself by the gpu-util step (skipped with the reason without a GPU)
+    if source == "nvml":
+        check_source(source, prom_url, match, exporter_url)
+    telemetry = None if source == "nvml" else open_source(source, prom_url, match, exporter_url, GPU_UTIL_PERIOD_S)
+    be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(
+        eng.capacity(max(ctxs), max(max_new_tokens, decode_tokens))))
+    check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))  # the longer of its two requests
+    announce(eng, be)
+    warm_up(be, None)  # outside every measured step, for the largest request
+    opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
+                           bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry, tp=tp, ep=ep,
+                           weight_dtype=dtype_name(weight_dtype),
+                           expert_dtype=dtype_name(expert_dtype or weight_dtype), dcp=dcp,
+                           allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
+    report_path = folder / "report.html"
+    run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
+    run.estimate = diagnose_estimate(be, run, opts)
+    _print_claims(_run_shown(run, report_path), report_path)
+    steps = [r for r in run.record.result.rows if r.get("step")]
+    if steps and not any(r.get("status") == "ok" for r in steps):
+        said = ", ".join(f"{r['step']}: {r['status']}" for r in steps)
+        raise DDProbeError(f"no step of the diagnosis succeeded ({said}); {report_path} says why")
+
+
+def _print_claims(claims: list, report_path: Path) -> None:
+    for c in claims:
+        out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
+                  + escape(c.text), highlight=False)
+    out.print(f"report: {report_path}", highlight=False)
+
+
+def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], bw: Optional[str],
+             max_new_tokens: int, decode_tokens: int, tp: int, ep: int, dcp: int) -> Optional[float]:
+    """Refuse, before anything runs, what the steps would refuse later; returns the floor's bandwidth (--bw)."""
+    from ..probes.floor import Sharding
+    from ..probes.gpu_util import check_decode_tokens
+    from ..probes.models import get_model
+    from ..shapes import get_gpu
+
     if gpu is not None:
         get_gpu(gpu)  # unknown names ('' included) fail before anything runs
     if max_new_tokens < 2:  # the first token is the prefill's: commit length needs a verify step
@@ -81,49 +123,21 @@ def diagnose(
         spec.moe.check(tp, ep)  # a sharding the model cannot have fails before anything runs
         spec.attn.check_tp(tp)
         Sharding(tp=tp, ep=ep, dcp=dcp)  # --dcp must divide --tp: refused before anything runs
-        if ep > 1 and not spec.n_routed_experts:
-            err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
+        note_dense(spec, ep)
     bw_Bps = parse_bandwidth(bw) if bw else None
     check_decode_tokens(decode_tokens)
-    folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
-    if out_dir == "":
-        raise DDProbeError("--out-dir: empty path (give a folder name)")
-    check_folder("--out-dir", folder, names=FILES, force=force)  # before anything is built or measured
-    # a fleet's source is checked and asked now (open_source), before any model is built; with NVML only the
-    # options are checked here, NVML itself by the gpu-util step (skipped with the reason without a GPU)
-    if source == "nvml":
-        check_source(source, prom_url, match, exporter_url)
-        telemetry = None
-    else:
-        telemetry = open_source(source, prom_url, match, exporter_url, GPU_UTIL_PERIOD_S)
-    be = make_backend(backend, url, timeout, engine_factory=lambda: eng.backend(
-        eng.capacity(max(ctxs), max(max_new_tokens, decode_tokens))))
-    check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))  # the longer of its two requests
-    announce(eng, be)
-    warm_up(be, None)  # outside every measured step, for the largest request
-    opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
-                           bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry, tp=tp, ep=ep,
-                           weight_dtype=dtype_name(weight_dtype),
-                           expert_dtype=dtype_name(expert_dtype or weight_dtype), dcp=dcp,
-                           allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
-    report_path = folder / "report.html"
-    run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
-    run.estimate = diagnose_estimate(be, run, opts)
+    return bw_Bps
+
+
+def _run_shown(run, report_path: Path) -> list:
+    """``run_and_report`` under the requests' progress display (with the estimate, when there is one)."""
     est = run.estimate
     with CellDisplay(err, sum(len(v) for v in run.requests().values()),
                      est.calibration.prefill if est is not None and est.calibration is not None else None,
                      label="requests", estimate=None if est is None else f"about {fmt_duration(est.total_s)}") \
             as display:
         run.progress = display
-        claims = run_and_report(run, report_path)
-    for c in claims:
-        out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
-                  + escape(c.text), highlight=False)
-    out.print(f"report: {report_path}", highlight=False)
-    steps = [r for r in run.record.result.rows if r.get("step")]
-    if steps and not any(r.get("status") == "ok" for r in steps):
-        said = ", ".join(f"{r['step']}: {r['status']}" for r in steps)
-        raise DDProbeError(f"no step of the diagnosis succeeded ({said}); {report_path} says why")
+        return run_and_report(run, report_path)
 
 
 def diagnose_estimate(be, run, opts):

@@ -11,7 +11,7 @@ from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time,
     parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, \
-    WeightDtypeOpt
+    WeightDtypeOpt, note_dense
 from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 from .tables import Col, print_fitted
 
@@ -63,81 +63,64 @@ def floor(
 ):
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces) and the
     step's anatomy."""
-    from ..probes.floor import Sharding, floor_result, served_model
+    from ..probes.floor import Sharding, served_floor
     from ..probes.models import get_model, model_from_config
-    from ..step_shape import BELOW_FLOOR
 
     if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
         from .outputs import check_file
 
         check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)])
     spec = model_from_config(config) if config else get_model(model)
-    if steps_from is not None:
-        if step_ms:
-            raise DDProbeError("give --step-ms or --steps-from, not both")
-        if typed_flags(tctx, ("ctx",)):
-            raise DDProbeError("give --ctx or --steps-from, not both (the file's contexts are used)")
-        ctxs, steps = _steps_from(steps_from, spec)
-    else:
-        ctxs = parse_token_list(ctx)
-        steps = [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
+    ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from)
     if tflops is not None and not tflops > 0:
         raise DDProbeError(f"--tflops must be greater than zero, got {tflops}")
-    if ep > 1 and not spec.n_routed_experts:
-        err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)
+    note_dense(spec, ep)
     sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype, kv_dtype=kv_dtype,
                   allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
-    model, config = served_model(spec, sh, gpu, parse_bandwidth(bw) if bw else None,
-                                 tflops * 1e12 if tflops else None)
-    result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, anatomy=anatomy)
+    _, result, rows = served_floor(spec, sh, ctxs, steps, gpu=gpu, bw_Bps=parse_bandwidth(bw) if bw else None,
+                                   flops_per_s=tflops * 1e12 if tflops else None, queries=queries, anatomy=anatomy)
     if save:  # the floor rows are kept, with or without an anatomy
         result.save(save)
     if result.summary.get("anatomy_error"):
         raise DDProbeError(result.summary["anatomy_error"] + (f" (the floor rows were written to {save})" if save
                                                                else ""))
+    _show(spec, result, rows, as_json, save)
+
+
+def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps_from: Optional[Path]) \
+        -> tuple[list[int], Optional[list[float]]]:
+    """The contexts and step times (ms) of the options: typed (--ctx, --step-ms), or read --steps-from a file."""
+    from ..probes.floor import steps_from_file
+
+    if steps_from is None:
+        return parse_token_list(ctx), [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms \
+            else None
+    if step_ms:
+        raise DDProbeError("give --step-ms or --steps-from, not both")
+    if typed_flags(tctx, ("ctx",)):
+        raise DDProbeError("give --ctx or --steps-from, not both (the file's contexts are used)")
+    ctxs, steps, why = steps_from_file(steps_from, spec)
+    if why:
+        err.print(f"warning: {steps_from} cannot be {spec.name}'s steps ({why}): its floor is not these steps' floor",
+                  highlight=False, markup=False, soft_wrap=True)
+    return ctxs, steps
+
+
+def _show(spec, result, rows, as_json: bool, save: Optional[Path]) -> None:
+    """The floor as JSON on stdout, or as the table with its lines; a step below its floor said either way."""
+    from ..step_shape import BELOW_FLOOR
+
     below = any(r.below_floor for r in rows)
     if as_json:
         if below:
             err.print(BELOW_FLOOR, highlight=False, markup=False)
         sys.stdout.write(result.to_json() + "\n")
         return
-    _print(spec, rows, result.config, result.summary.get("anatomy"), config["comm"])
+    _print(spec, rows, result.config, result.summary.get("anatomy"), result.config["comm"])
     if below:
         out.print(BELOW_FLOOR, highlight=False, markup=False)
     if save:
         out.print(f"results written to {save}")
-
-
-def _steps_from(path: Path, spec) -> tuple[list[int], list[float]]:
-    from ..probes.anatomy import steps_from_result
-    from ..results import Result
-
-    r = Result.load(path)
-    pts = steps_from_result(r.kind, r.rows, r.summary, r.config)
-    if not pts:
-        raise DDProbeError(f"{path}: no step times per context in this {r.kind!r} results file")
-    why = _not_the_model(r.config, spec)
-    if why:
-        err.print(f"warning: {path} cannot be {spec.name}'s steps ({why}): its floor is not these steps' floor",
-                  highlight=False, markup=False, soft_wrap=True)
-    return [c for c, _ in pts], [t for _, t in pts]
-
-
-def _not_the_model(config: dict, spec) -> str:
-    """Why a results file's steps cannot be ``spec``'s (its config's preset, device and shape; heads may be a
-    tensor-parallel share of the model's), or "" where they can be."""
-    why = []
-    if config.get("preset") == "tiny":
-        why.append("the tiny engine preset")
-    if config.get("device") == "cpu":
-        why.append("measured on the CPU")
-    for key, want in (("layers", spec.num_layers), ("kv_row", spec.attn.kv_row), ("vocab", spec.vocab_size)):
-        if isinstance(config.get(key), int) and config[key] != want:
-            why.append(f"{key} {config[key]}, not {want}")
-    heads = config.get("heads")
-    if isinstance(heads, int) and (heads <= 0 or spec.num_heads % heads):
-        why.append(f"heads {heads}, not {spec.num_heads} or a tensor-parallel share of them")
-    return "; ".join(why)
 
 
 def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..shapes import DTYPE_BYTES, dtype_name
-from .options import checked
+from .options import checked, err
 
 DTYPES = ", ".join(DTYPE_BYTES)  # the one dtype table (ddprobe.shapes)
 INT4_NOTE = ("int4 counts 0.5 B per weight, without its scales (K2's group-32 bf16 scales add 1/16): a lower "
@@ -32,3 +32,9 @@ AllreduceUsOpt = Annotated[Optional[float], typer.Option("--allreduce-us", help=
 AllreduceFromOpt = Annotated[Optional[Path], typer.Option("--allreduce-from", help="A `ddprobe bench allreduce` "
                                                           "results file measured at --tp ranks.")]
 COMM = ("dcp", "allreduce_us", "allreduce_from")  # the parameter names of the communication options
+
+
+def note_dense(spec, ep: int) -> None:
+    """``--ep`` on a dense model changes nothing: said in one line (floor, diagnose)."""
+    if ep > 1 and not spec.n_routed_experts:
+        err.print(f"note: {spec.name} is dense (no routed experts): --ep {ep} has no effect", highlight=False)

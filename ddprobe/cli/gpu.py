@@ -1,7 +1,6 @@
 """`ddprobe gpu-util`: is the GPU doing work during decode?"""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -26,7 +25,6 @@ SIGNAL_PRIORITY = {"tensor_active_pct": 1, "dram_active_pct": 1, "sm_active_pct"
 REPLAY_IGNORES = {"prompt_len", "decode_tokens", "period", "text", "backend", "url", "timeout", "deep", "warmup",
                   "preset", "attn", "budget", "device", "dtype", "heads", "weights", "seed", "graphs", "threads",
                   *SOURCE_PARAMS}
-DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
 
 
 @app.command("gpu-util")
@@ -62,12 +60,9 @@ def gpu_util(
     *, ctx: typer.Context, eng: EngineOptions,
 ):
     """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
-    import tempfile
-
     from ..probes import make_backend
     from ..probes.commit import check_contexts
-    from ..probes.estimate import timing_block
-    from ..probes.gpu_util import check_decode_tokens, deep_ncu, replay as replay_result, run_gpu_util
+    from ..probes.gpu_util import DeepRun, check_decode_tokens, gpu_util_run
     from .gpu_source import open_source
     from ..results import Result, ResultWriter, RunMeta
     from ..units import parse_time, parse_tokens
@@ -77,18 +72,9 @@ def gpu_util(
     check_outputs({"--json": path, "--csv": csv_path}, force=force, inputs={"--replay": replay},
                   keep_existing=True)  # before anything is sampled
     if replay is not None:
-        ignored = typed_flags(ctx, REPLAY_IGNORES)
-        if ignored:
-            raise DDProbeError(f"--replay re-analyses a saved file: {', '.join(ignored)} would be ignored (drop "
-                               f"{'it' if len(ignored) == 1 else 'them'}, or measure without --replay)")
-        res = replay_result(Result.load(replay))
-        ResultWriter(res, path, csv_path)
+        res = _replay(ctx, replay, path, csv_path)
     else:
-        n_prompt, period_s = parse_tokens(prompt_len), parse_time(period, default_unit="ms")
-        kinds = text_kinds(text)
-        if len(kinds) > 1:
-            raise DDProbeError(f"--text takes one kind for gpu-util, got {text!r}")
-        kind = kinds[0]
+        n_prompt, period_s, kind = parse_tokens(prompt_len), parse_time(period, default_unit="ms"), _one_kind(text)
         check_decode_tokens(decode_tokens)  # plain values first: no GPU or source is probed for a bad one
         telemetry = open_source(source, prom_url, match, exporter_url, period_s)  # before any model is built
         if backend == "engine" and eng.chosen():
@@ -100,42 +86,51 @@ def gpu_util(
         check_contexts(be, [n_prompt], decode_tokens)  # one line naming --prompt-len when it does not fit
         config = {"prompt_len": n_prompt, "decode_tokens": decode_tokens, **be.describe()}
         writer = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(), config=config), path, csv_path)
-        est: list = []
+        deep_run = DeepRun(period, backend, timeout, url, tuple(eng.args()), eng.resolved().attn) if deep else None
         with CellDisplay(err, 1, label="request") as display:
-            def estimate() -> None:  # after the warm-up, before the sampled request
-                from ..probes.estimate import estimate_run
-
-                e = estimate_run(be, [(kind, n_prompt)], decode_tokens, eng.seed, reuse=False)
-                if e is not None:
-                    est.append(e)
-                    writer.result.config["estimate"] = e.to_dict()
-                    display.fit = e.calibration.prefill if e.calibration is not None else None
-                    line = e.line()
-                    if line:
-                        err.print(line, highlight=False, markup=False, soft_wrap=True)
-
-            res = run_gpu_util(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,
-                               on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup, progress=display,
-                               after_warmup=estimate, **telemetry)
-        req = res.summary.get("request", {})
-        res.summary["timing"] = timing_block(req.get("e2e_s"), est[0] if est else None)
-        writer.flush()
-        if deep:
-            with tempfile.TemporaryDirectory() as tmp:
-                # the same request, shorter, without files of its own or a warm-up: ncu's first verify
-                # kernels are then the measured decode's, at the prompt's context
-                child = [sys.executable, "-m", "ddprobe", "gpu-util", "--prompt-len", str(n_prompt),
-                         "--decode-tokens", str(DEEP_DECODE_TOKENS), "--no-warmup", "--period", period,
-                         "--text", kind, "--backend", backend, "--timeout", str(timeout),
-                         *(["--url", url] if url else []), *eng.args(), "--json", str(Path(tmp) / "child.json")]
-                res.summary["deep"] = deep_ncu(child, eng.resolved().attn)
-            writer.flush()
+            res = gpu_util_run(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,
+                               telemetry=telemetry, on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup,
+                               progress=display, on_estimate=_said(display), deep=deep_run)
     print_summary(res)
     written = [str(p) for p in (path, csv_path) if p]
     if written:
         out.print(f"{len(res.rows)} sample(s) written to {' and '.join(written)}")
     if res.summary.get("telemetry_error"):
         raise DDProbeError(f"{res.summary['telemetry_error']} (the request's numbers are kept in {path})")
+
+
+def _replay(ctx: typer.Context, replay: Path, path: Optional[Path], csv_path: Optional[Path]):
+    """A saved gpu-util run re-analysed (``probes.gpu_util.replay``), written to the files asked for; the options it
+    would ignore are refused."""
+    from ..probes.gpu_util import replay as replay_result
+    from ..results import Result, ResultWriter
+
+    ignored = typed_flags(ctx, REPLAY_IGNORES)
+    if ignored:
+        raise DDProbeError(f"--replay re-analyses a saved file: {', '.join(ignored)} would be ignored (drop "
+                           f"{'it' if len(ignored) == 1 else 'them'}, or measure without --replay)")
+    res = replay_result(Result.load(replay))
+    ResultWriter(res, path, csv_path)
+    return res
+
+
+def _one_kind(text: str) -> str:
+    kinds = text_kinds(text)
+    if len(kinds) > 1:
+        raise DDProbeError(f"--text takes one kind for gpu-util, got {text!r}")
+    return kinds[0]
+
+
+def _said(display: CellDisplay):
+    """What gpu-util does with its request's estimate: the display's prefill fit, and one line when long."""
+
+    def on_estimate(e) -> None:
+        display.fit = e.calibration.prefill if e.calibration is not None else None
+        line = e.line()
+        if line:
+            err.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    return on_estimate
 
 
 def print_summary(res) -> None:

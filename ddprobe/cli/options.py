@@ -152,6 +152,9 @@ _ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
     "seed": (int, "--seed", "Weights seed (engine) and text seed.", checked(within(0, MAX_SEED))),
     "graphs": (Optional[bool], "--graphs/--no-graphs", "Replay decode steps as CUDA graphs (default: on for cuda, "
                                                        "off on cpu; cuda only)."),
+    "compile": (Optional[bool], "--compile/--no-compile", "torch.compile the model around the attention in the "
+                "CUDA-graph step: a faster step for seconds of warm-up (default: on, except in commit, whose answer "
+                "is the commit length; cuda only)."),
     "threads": (Optional[int], "--threads", "CPU threads of torch (default: the cores this process may use less "
                                             "the busy ones; OMP_NUM_THREADS when set).",
                 checked(within(1, 4096))),
@@ -175,6 +178,7 @@ class EngineOptions:
     weights: str = "auto"
     seed: int = 0
     graphs: Optional[bool] = None
+    compile: Optional[bool] = None
     threads: Optional[int] = None
 
     def resolved(self) -> "EngineOptions":
@@ -248,7 +252,7 @@ class EngineOptions:
         r = self.resolved()
         return EngineBackend(preset=r.preset, attn=r.attn, budget=r.budget, device=r.device, dtype=r.dtype,
                              seed=r.seed, heads=r.heads, max_ctx=max_ctx, weights=r.weights, graphs=r.graphs,
-                             threads=r.threads)
+                             threads=r.threads, compile=r.compile)
 
     def position_limit(self) -> int:
         """Longest context the preset's weights reach (its RoPE/YaRN range), known before anything is built."""
@@ -350,7 +354,8 @@ def warm_up(be, capacity: Optional[int]) -> Optional[dict]:
     if not hasattr(be, "warmup"):
         return None
     done = be.warmup(capacity)
-    err.print(f"warm-up {done['warmup_s']:.1f} s: {done['what']}", highlight=False)
+    off = " (torch.compile off: --compile for the fused step)" if done["what"] == "kernels + capture" else ""
+    err.print(f"warm-up {done['warmup_s']:.1f} s: {done['what']}{off}", highlight=False)
     return done
 
 

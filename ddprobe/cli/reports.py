@@ -73,7 +73,7 @@ def gate(
                             heads=[int(h) for h in parse_token_list(heads)] if heads else None)
     cols = [Col(c, GATE_PRIORITY.get(c, 0), "left" if c in ("status", "path", "GPU", "why") else "right",
                 wrap=c == "why") for c in COLUMNS]
-    styles = {"ok": "", "new": "cyan"}
+    styles = {"ok": "", "new": "cyan", "ref": "dim"}  # ref: a peer's entry, shown for reference, not gated
     rows = [list(map(escape, cells)) for cells in table_rows(outcome)]  # path names like split_ws[fold_tree=0]
     print_fitted(f"gate: {current} vs baseline {baseline}", cols, rows,  # are text, not rich markup
                  styles=[styles.get(r[0], "bold red") for r in rows])

@@ -10,13 +10,16 @@ plain decoding's 1 / decode step. From them, per path and text:
 - a table in the form of vLLM RFC #48627 (a context-length axis for the number of speculative tokens: context
   bucket lower bound in tokens -> budget, 0 for off) that a deployment can paste.
 
-The points come from the engine measured on this GPU (``measure``), typed numbers, or a commit results file
-(``points_from_commit``), each point saying where its numbers came from.
+The points come from the engine measured on this GPU (``measure_here``, ``measure``), typed numbers
+(``points_typed``), or a commit results file (``points_from_file``, ``points_from_commit``), each point saying where
+its numbers came from; ``advise_result`` (the pipeline of `advise` and `diagnose`) turns them into verdicts and a
+results file.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from ..schema import parse_rows
 from ..units import DDProbeError, fmt_tokens
@@ -323,3 +326,132 @@ def measure(o: MeasureOptions, say=lambda _m: None) -> list[Point]:
         points += [Point(path, text, r.ctx, r.budget, commit[(text, r.ctx, r.budget)], r.step_ms, decode[r.ctx],
                          where) for text in o.texts for r in rows if not r.plain]
     return points
+
+
+def floats(text: str, what: str) -> list[float]:
+    """Comma-separated numbers (``--commit-len``, ``--budgets``); one line naming ``what`` for one that is not."""
+    vals = []
+    for part in text.split(","):
+        try:
+            vals.append(float(part))
+        except ValueError:
+            raise DDProbeError(f"bad {what} {part.strip()!r}: expected a number") from None
+    return vals
+
+
+def points_from_file(path, budget: int | None, decode: Callable[[list[int]], list[float]], label: str,
+                     say: Callable[[str], None] = lambda _m: None) -> list[Point]:
+    """The points of a commit results file (``points_from_commit``): its own budget, else ``budget`` (typed; None:
+    refused); ``decode(ctxs)``: the plain decode step per context; cells without a commit length or a step time left
+    out, and ``say`` told how many; ``label``: the path when the file names none."""
+    from ..results import Result
+
+    r = Result.load(path)
+    if r.kind != "commit":
+        raise DDProbeError(f"{path}: a {r.kind!r} results file; --from takes a commit file")
+    if isinstance(r.config.get("budget"), int):
+        budget = r.config["budget"]
+    elif budget is None:
+        raise DDProbeError(f"{path} does not say its tree budget (config.budget): give --budget")
+    left = [x for x in r.rows if not (x.get("commit_len") and x.get("decode_ms_per_step"))]
+    if left:
+        say(f"note: {len(left)} of {len(r.rows)} cells have no commit length or step time: left out")
+    ctxs = sorted({int(x["ctx"]) for x in r.rows if x not in left})
+    return points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
+                              str(r.config.get("attn") or r.config.get("backend") or label), str(path))
+
+
+MODELLED = " (against plain decoding at its floor)"  # said in every sentence whose decode step is the model's
+
+
+def floor_points(points: list[Point], step_model) -> list[Point]:
+    """The same commit lengths with the verify step at its floor (path ``FLOOR_PATH``), one per text, context and
+    budget: what a verify kernel at physics would give."""
+    from .floor import FloorInput, floor_row
+
+    pts = [Point(FLOOR_PATH, p.text, p.ctx, p.budget, p.commit_len,
+                 floor_row(FloorInput(step_model, p.budget + 1), p.ctx).floor_ms, p.decode_ms, "step model")
+           for p in {(q.text, q.ctx, q.budget): q for q in points}.values()]
+    for p in pts:  # a verify step at its floor beside a measured decode step is no mismatch to report
+        p.note = ""
+    return pts
+
+
+def advise_result(points: list[Point], config: dict, meta=None, *, step_model=None, decode_source: str | None = None,
+                  at_floor: bool = True, say_modelled: bool = True):
+    """The advise pipeline of `advise` and `diagnose`: the verdicts over ``points`` and the advise Result (rows: the
+    points, summary: ``summary``). With ``step_model`` and ``at_floor``: the points at the verify floor beside them
+    (``floor_points``). ``decode_source`` None: the points' plain decode steps are ``step_model``'s one-row floor
+    (``MODEL_DECODE``), which also extends a crossover below the smallest context, and with ``say_modelled`` every
+    sentence says so (diagnose's report says it once). ``meta`` None: collected here (the GPU probed when the points
+    were measured here). Returns (Result, the points with the floor's, verdicts)."""
+    from ..results import Result, RunMeta
+
+    pts = points + (floor_points(points, step_model) if step_model is not None and at_floor else [])
+    decode_at = (lambda c: step_model.cost(max(1, c), 1).floor_ms) if decode_source is None else None
+    verdicts = advise(pts, decode_at)
+    if decode_source is None and say_modelled:
+        for v in verdicts:
+            v.sentence += MODELLED
+    result = Result(kind="advise", meta=meta or RunMeta.collect(probe_gpu="measured" in config), config=config,
+                    rows=[p.to_dict() for p in pts], summary=summary(verdicts, decode_source or MODEL_DECODE))
+    return result, pts, verdicts
+
+
+def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str | None, device: str,
+                 heads: int | None, texts: str, steps: int, gpu_name: str | None, max_new_tokens: int,
+                 say: Callable[[str], None] = lambda _m: None, note: Callable[[str], None] = lambda _m: None):
+    """`advise` with no numbers given: the engine measured on this device (``measure``), with the defaults for it
+    (``ctx``, ``paths``, ``preset``, ``heads`` None: this device's); the step model of the timed preset on this GPU
+    (None without a GPU preset to take bandwidth from) and the config to record. Returns (points, model, config)."""
+    import dataclasses
+
+    import torch
+
+    from .. import verify_paths
+    from ..shapes import get_gpu, gpu_spec_for
+    from ..units import parse_token_list
+    from .engine_backend import preset_step_model
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise DDProbeError(f"--device must be auto, cpu or cuda, got {device!r}")
+    dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    gpu = dev.startswith("cuda")
+    preset = preset or ("k2" if gpu else "tiny")
+    chosen = [p.strip() for p in paths.split(",")] if paths else _default_paths(preset, note) if gpu else ["reference"]
+    for p in chosen:
+        verify_paths.get(p)
+    o = MeasureOptions(paths=tuple(dict.fromkeys(chosen)),
+                       ctxs=tuple(parse_token_list(ctx or ("8k,32k,128k" if gpu else "1k,4k"))),
+                       budgets=tuple(int(b) for b in floats(budgets, "budget")), texts=tuple(texts.split(",")),
+                       preset=preset, device=dev, dtype="bf16" if gpu else "fp32",
+                       heads=heads if heads is not None else (8 if preset == "k2" else None), steps=steps,
+                       max_new_tokens=max_new_tokens)
+    points = measure(o, say=say)
+    spec = get_gpu(gpu_name) if gpu_name else (gpu_spec_for(torch.cuda.get_device_name()) if gpu else None)
+    model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
+    return points, model, {"measured": dataclasses.asdict(o), "gpu": spec.name if spec else None}
+
+
+def _default_paths(preset: str, note: Callable[[str], None]) -> list[str]:
+    """On a GPU: the baseline (SGLang's own kernels where sglang is installed, else `paged`, ddprobe's faithful
+    rendering of them) and auto's path for this preset's MLA rows in bf16 (the tiny model: never split_ws)."""
+    import torch
+
+    from .. import verify_paths
+    from ..engine.config import ModelConfig
+    from ..engine.kernels.plan import PathUnavailable
+    from ..engine.kernels.sglang import check_available
+
+    try:
+        t = ModelConfig.from_name(preset).target
+    except ValueError as e:  # an unknown preset: one line
+        raise DDProbeError(str(e)) from None
+    try:
+        check_available()
+        baseline = "sglang"
+    except PathUnavailable as e:
+        note(f"note: {e}; the baseline is `paged`, ddprobe's rendering of SGLang's kernels")
+        baseline = "paged"
+    sm = torch.cuda.get_device_capability()
+    return [baseline, verify_paths.auto_path(sm, "bf16", (t.kv_lora_rank, t.qk_rope_head_dim))]

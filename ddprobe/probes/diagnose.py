@@ -25,7 +25,7 @@ from ..units import DDProbeError
 from .backends import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
 from .estimate import timing_block
-from .floor import Sharding, floor_result, served_model
+from .floor import Sharding, floor_result, served_floor
 from .models import get_model
 
 # Every file a diagnosis writes in its folder (the report last): an earlier run's are never replaced unasked.
@@ -52,7 +52,7 @@ class DiagnoseOptions:
     allreduce_us: float | None = None
     allreduce_from: str | None = None
     seed: int = 0
-    # run_gpu_util's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
+    # gpu_util_run's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
     telemetry: dict[str, Any] | None = None
 
 
@@ -114,13 +114,13 @@ class Diagnose:
             return "skipped", "no NVIDIA GPU visible to NVML on this machine (a fleet's GPUs: --source " \
                               "prometheus or dcgm-exporter)"
         try:
-            from .gpu_util import run_gpu_util
+            from .gpu_util import gpu_util_run
         except ImportError as e:
             return "skipped", f"the gpu-util probe is not available ({e})"
         path = self.files["gpu-util"] = self.out / "gpu-util.json"
         w = ResultWriter(Result(kind="gpu-util", meta=self.meta, config=self.backend.describe()), path)
-        self.util = run_gpu_util(self.backend, max(self.opts.ctxs), self.opts.decode_tokens, GPU_UTIL_PERIOD_S, w,
-                                 text="novel", progress=self.progress, **(self.opts.telemetry or {}))
+        self.util = gpu_util_run(self.backend, max(self.opts.ctxs), self.opts.decode_tokens, GPU_UTIL_PERIOD_S, w,
+                                 text="novel", telemetry=self.opts.telemetry, progress=self.progress)
         if self.util.summary.get("telemetry_error"):  # the request's numbers are kept in the file
             return "failed", self.util.summary["telemetry_error"]
 
@@ -168,12 +168,12 @@ class Diagnose:
             model = self.backend.step_model(bw, gpu.bf16_flops if gpu else None)
             config.update(model=f"engine-{self.backend.describe().get('preset', '?')}", tp=1, ep=1, dcp=1,
                           weights="the engine's own", gpu=preset, bw_Bps=bw, flops_per_s=model.flops_per_s)
-        else:  # a server: the model's weights on one GPU of the server's tp/ep/dcp, in its dtypes
+            result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
+        else:  # a server: the model's weights on one GPU of the server's tp/ep/dcp, in its dtypes (as `floor`)
             sh = Sharding(tp=o.tp, ep=o.ep, dcp=o.dcp, weight_dtype=o.weight_dtype, expert_dtype=o.expert_dtype,
                           allreduce_us=o.allreduce_us, allreduce_from=o.allreduce_from)
-            model, served = served_model(get_model(o.model), sh, preset, o.bw_Bps)
-            config.update(served)
-        result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
+            model, result, rows = served_floor(get_model(o.model), sh, ctxs, steps, gpu=preset, bw_Bps=o.bw_Bps,
+                                               queries=queries, config=config, meta=self.meta)
         self.step_model = model
         path = self.files["floor"] = self.out / "floor.json"
         result.save(path)
@@ -183,7 +183,7 @@ class Diagnose:
     def advise(self):
         """Speculation on or off (``probes.advise``): the commit cells' commit length and verify step per text and
         context against plain decoding at the step model's one-row floor (the best plain decoding can do)."""
-        from .advise import MODEL_DECODE, advise, points_from_commit, summary
+        from .advise import advise_result, points_from_commit
 
         model = getattr(self, "step_model", None)
         cells = [r for r in self.commit_rows if r.get("commit_len") and r.get("decode_ms_per_step")]
@@ -195,11 +195,11 @@ class Diagnose:
         ctxs = sorted({int(r["ctx"]) for r in cells})
         decode = {c: model.cost(c, 1).floor_ms for c in ctxs}
         pts = points_from_commit(cells, {"budget": budget}, decode, path, "commit probe")
-        verdicts = advise(pts, lambda c: model.cost(max(1, c), 1).floor_ms)
+        # the report says once that plain decoding is at its floor; no floor points beside the measured ones
+        result, _, _ = advise_result(pts, {"budget": budget, "path": path}, self.meta, step_model=model,
+                                     at_floor=False, say_modelled=False)
         path_out = self.files["advise"] = self.out / "advise.json"
-        Result(kind="advise", meta=self.meta, rows=[p.to_dict() for p in pts],
-               config={"budget": budget, "path": path},
-               summary=summary(verdicts, MODEL_DECODE)).save(path_out)
+        result.save(path_out)
 
     def verify(self):
         b = self.backend

@@ -40,13 +40,16 @@ class EngineBackend:
 
     def __init__(self, preset: str = "tiny", attn: str = "reference", budget: int = 8, device: str = "cpu",
                  dtype: str = "fp32", seed: int = 0, heads: int | None = None, max_ctx: int | None = None,
-                 weights: str = "auto", graphs: bool | None = None, threads: int | None = None):
+                 weights: str = "auto", graphs: bool | None = None, threads: int | None = None,
+                 compile: bool | None = None):
         check_device(device)
         if not 1 <= budget <= MAX_BUDGET:
             raise BackendError(f"--budget must be in 1..{MAX_BUDGET} (draft-tree nodes; memory grows with its "
                                f"square), got {budget}")
         if graphs and not device.startswith("cuda"):
             raise BackendError("--graphs replays CUDA graphs: it needs --device cuda")
+        if compile and (not device.startswith("cuda") or graphs is False):
+            raise BackendError("--compile fuses the CUDA-graph step: it needs --device cuda and graphs on")
         if device.startswith("cuda"):  # compiled kernels and graphs from the last run, before torch reads the vars
             from ..engine.compile_cache import enable
 
@@ -92,7 +95,8 @@ class EngineBackend:
             cfg = cfg.with_overrides(max_ctx=max_ctx if max_ctx is not None else min(self.limit, DEFAULT_MAX_CTX))
             tdtype = next(d for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)
                           if dtype_name(d) == dtype)
-            self.engine = Engine(cfg, attn=attn, budget=budget, device=device, dtype=tdtype, seed=seed, graphs=graphs)
+            self.engine = Engine(cfg, attn=attn, budget=budget, device=device, dtype=tdtype, seed=seed, graphs=graphs,
+                                 compile=compile)
             misfit = shipped.config_mismatch(preset, cfg) if shipped.has_weights(preset) else None
             trained = weights == "trained" or (weights == "auto" and shipped.has_weights(preset) and misfit is None)
             # auto with shipped weights that do not fit this config: say so, never silently go random
@@ -151,6 +155,7 @@ class EngineBackend:
                 "budget": self.budget, "block_size": self.engine.config.drafter.block_size, "device": self.device,
                 "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
                 "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs,
+                "compile": self.engine.fuse,
                 **({"fused_tree_fallback": fell} if (fell := self.engine.fused_tree_fallback) else {}),
                 **({"threads": self.threads.to_dict()} if getattr(self, "threads", None) else {})}
 

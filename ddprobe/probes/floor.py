@@ -213,3 +213,45 @@ def floor_result(model: StepModel, ctxs: list[int], steps: list[float] | None, *
         except DDProbeError as e:
             result.summary["anatomy_error"] = str(e)
     return result, rows
+
+
+def served_floor(spec, sh: Sharding, ctxs: list[int], steps: list[float] | None, *, gpu: str | None = None,
+                 bw_Bps: float | None = None, flops_per_s: float | None = None, queries: int = 9,
+                 anatomy: bool | None = None, config: dict | None = None, meta=None):
+    """The floor + anatomy pipeline of a served model (`floor`, and `diagnose` with a server backend): its step model
+    under ``sh`` on one GPU (``served_model``), then ``floor_result``; ``config`` (what the caller adds) comes first
+    in the result's config. Returns (step model, Result of kind "floor", rows)."""
+    model, served = served_model(spec, sh, gpu, bw_Bps, flops_per_s)
+    result, rows = floor_result(model, ctxs, steps, queries=queries, config={**(config or {}), **served}, meta=meta,
+                                anatomy=anatomy)
+    return model, result, rows
+
+
+def steps_from_file(path, spec) -> tuple[list[int], list[float], str]:
+    """The contexts and step times a results file holds (``anatomy.steps_from_result``: commit cells, a gpu-util
+    run), and why they cannot be ``spec``'s steps ("" where they can be: ``not_the_model``)."""
+    from ..results import Result
+    from .anatomy import steps_from_result
+
+    r = Result.load(path)
+    pts = steps_from_result(r.kind, r.rows, r.summary, r.config)
+    if not pts:
+        raise DDProbeError(f"{path}: no step times per context in this {r.kind!r} results file")
+    return [c for c, _ in pts], [t for _, t in pts], not_the_model(r.config, spec)
+
+
+def not_the_model(config: dict, spec) -> str:
+    """Why a results file's steps cannot be ``spec``'s (its config's preset, device and shape; heads may be a
+    tensor-parallel share of the model's), or "" where they can be."""
+    why = []
+    if config.get("preset") == "tiny":
+        why.append("the tiny engine preset")
+    if config.get("device") == "cpu":
+        why.append("measured on the CPU")
+    for key, want in (("layers", spec.num_layers), ("kv_row", spec.attn.kv_row), ("vocab", spec.vocab_size)):
+        if isinstance(config.get(key), int) and config[key] != want:
+            why.append(f"{key} {config[key]}, not {want}")
+    heads = config.get("heads")
+    if isinstance(heads, int) and (heads <= 0 or spec.num_heads % heads):
+        why.append(f"heads {heads}, not {spec.num_heads} or a tensor-parallel share of them")
+    return "; ".join(why)

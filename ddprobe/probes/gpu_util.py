@@ -15,7 +15,11 @@ import io
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from .. import verify_paths
@@ -36,6 +40,7 @@ NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed"
 NCU_KERNELS = {p.name: f"regex:{p.ncu_regex}" for p in verify_paths.PATHS if p.ncu_regex}
 IDLE_LEAD_S = 0.5  # idle samples before and after the request: the baseline
 MAX_SCRAPE_WAIT_S = 60.0  # the longest wait for Prometheus's scrape of the window's end
+DEEP_DECODE_TOKENS = 4  # ncu's child run: a few decode steps are enough to catch the verify kernels
 
 
 def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
@@ -152,6 +157,65 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
         res.summary["telemetry_error"] = telemetry_error
     writer.flush()
     return res
+
+
+def gpu_util_run(backend: Backend, prompt_len: int, decode_tokens: int, period_s: float, writer: ResultWriter, *,
+                 text: str = "novel", seed: int = 0, telemetry: dict[str, Any] | None = None,
+                 on_event: Callable[[str], None] | None = None, warmup: bool = True,
+                 progress: CellProgress | None = None, on_estimate: Callable[[Any], None] | None = None,
+                 deep: "DeepRun | None" = None) -> Result:
+    """The gpu-util pipeline of `gpu-util` and `diagnose`: ``run_gpu_util`` over one request (``telemetry``: its
+    source, ``cli.gpu_source.open_source``; None: NVML here). With ``on_estimate`` (`gpu-util`; `diagnose` estimates
+    its whole run itself): the request is estimated after the warm-up (``estimate.estimate_run``), the estimate
+    recorded in the config and handed to ``on_estimate``, and the summary's ``timing`` sets it beside what the
+    request took. With ``deep``: Nsight Compute over a shorter run of the same request, in the summary's ``deep``."""
+    from .estimate import estimate_run, timing_block
+
+    est: list = []
+
+    def estimate() -> None:  # after the warm-up, before the sampled request
+        e = estimate_run(backend, [(text, prompt_len)], decode_tokens, seed, reuse=False)
+        if e is not None:
+            est.append(e)
+            writer.result.config["estimate"] = e.to_dict()
+            on_estimate(e)
+
+    res = run_gpu_util(backend, prompt_len, decode_tokens, period_s, writer, text=text, seed=seed, on_event=on_event,
+                       warmup=warmup, progress=progress, after_warmup=estimate if on_estimate else None,
+                       **(telemetry or {}))
+    if on_estimate is not None:
+        res.summary["timing"] = timing_block(res.summary.get("request", {}).get("e2e_s"), est[0] if est else None)
+        writer.flush()
+    if deep is not None:
+        res.summary["deep"] = deep.run(prompt_len, text)
+        writer.flush()
+    return res
+
+
+@dataclass(frozen=True)
+class DeepRun:
+    """`gpu-util --deep`: the options, as typed, that rebuild the measured request's backend in ncu's child run, and
+    the attention path whose verify kernels ncu reads (``NCU_KERNELS``)."""
+
+    period: str
+    backend: str
+    timeout: float
+    url: str | None
+    engine_args: tuple[str, ...]
+    attn: str
+
+    def command(self, prompt_len: int, text: str, json_path: str) -> list[str]:
+        """The same request, shorter (``DEEP_DECODE_TOKENS``), without files of its own (but ``json_path``) or a
+        warm-up: ncu's first verify kernels are then the measured decode's, at the prompt's context."""
+        return [sys.executable, "-m", "ddprobe", "gpu-util", "--prompt-len", str(prompt_len), "--decode-tokens",
+                str(DEEP_DECODE_TOKENS), "--no-warmup", "--period", self.period, "--text", text, "--backend",
+                self.backend, "--timeout", str(self.timeout), *(["--url", self.url] if self.url else []),
+                *self.engine_args, "--json", json_path]
+
+    def run(self, prompt_len: int, text: str) -> dict[str, Any]:
+        """``deep_ncu`` over the child run; its results file lives in a folder removed afterwards."""
+        with tempfile.TemporaryDirectory() as tmp:
+            return deep_ncu(self.command(prompt_len, text, str(Path(tmp) / "child.json")), self.attn)
 
 
 def read_window(window: Any, sampler: Sampler, say: Callable[[str], None]) -> tuple[list, str | None, Any]:

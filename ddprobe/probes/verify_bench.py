@@ -5,7 +5,9 @@ Per layer, for each context and head count: the median time of each verify path 
 against the fp32 reference (the peers under the causal mask they run with) and timed under CUDA-graph replay over
 enough input sets that L2 cannot serve the caches; bytes and FLOPs per call, GB/s, TFLOP/s, the kernel floor from ceilings
 measured in the same run (device copy, bf16 matmul), time over floor. Then the whole multi-layer verify step
-(attention only) at one context. The document written (``meta``, ``ceilings``, ``results``, ``flex``) is what
+(attention only) at one context. Each verify path is planned as the engine plans it (``engine_plan``: device plans
+where the path takes them, as its CUDA-graph step does), so the kernel timed is the kernel the engine runs; every
+row records the plan kind and the kernel. The document written (``meta``, ``ceilings``, ``results``, ``flex``) is what
 ``reports.load`` reads as a ``bench-verify`` result and ``ddprobe gate`` compares.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ WEAK_PEERS = ("flex", "sdpa")  # PyTorch's own attention
 SLOT_LAYOUTS = ("shuffled", "contiguous")
 BASELINES = tuple(p.name for p in verify_paths.PATHS if p.baseline)  # paged, sglang: --paged-max-ctx/-heads apply
 Variant = tuple[str, dict]  # (path, tuning overrides); {} is the path's run-wide tuning
+PLAN_KINDS = ("device", "host")  # a variant's plan=host times a host plan (the Gluon-only tunings of split_ws need one)
 
 
 @dataclass
@@ -59,11 +62,42 @@ def label(path: str, over: dict) -> str:
 
 
 def tuned(path, name: str, base: dict, over: dict):
-    """The path's frozen tuning: its default with ``base`` then ``over`` (ints from the command line) applied."""
+    """The path's frozen tuning: its default with ``base`` then ``over`` (ints from the command line) applied; the
+    ``plan`` key is no tuning (``plan_kind`` reads it)."""
+    fields = {k: v for k, v in {**base, **over}.items() if k != "plan"}
     try:
-        return dataclasses.replace(path.DEFAULT_TUNING, **{k: int(v) for k, v in {**base, **over}.items()})
+        return dataclasses.replace(path.DEFAULT_TUNING, **{k: int(v) for k, v in fields.items()})
     except (TypeError, ValueError) as e:
         raise DDProbeError(f"bad {name} tuning {over or base}: {e}") from None
+
+
+def plan_kind(path, name: str, over: dict) -> str:
+    """The plan kind an entry is timed with: the engine's (a device plan where the path takes one: what the engine
+    builds whenever CUDA graphs are on, its default; engine/graphs.py), or ``plan=host|device`` from the variant's
+    overrides or the run-wide --tune (``over`` holds both)."""
+    kind = over.get("plan", "device" if path.device_plans else "host")
+    if kind not in PLAN_KINDS or (kind == "device" and not path.device_plans):
+        raise DDProbeError(f"{name}: plan={kind} is not a plan kind it takes (plan=host"
+                           f"{' or plan=device' if path.device_plans else ''})")
+    return kind
+
+
+def engine_plan(torch, path, kind: str, ctx: int, mask, slots, v_dim: int, tuning, heads: int):
+    """The path's plan for one layer at ``ctx`` tokens: a host plan (prefix_len an int), or a device plan as the
+    engine's CUDA-graph step builds it (prefix_len a [1] int32 device tensor holding ctx, max_prefix = ctx, then
+    ``refresh``)."""
+    if kind == "host":
+        return path.plan(ctx, mask, slots, v_dim, tuning=tuning, heads=heads)
+    prefix_t = torch.full((1,), ctx, dtype=torch.int32, device=mask.device)
+    p = path.plan(prefix_t, mask, slots, v_dim, tuning=tuning, heads=heads, max_prefix=ctx)
+    path.refresh(p)
+    return p
+
+
+def kernel_of(name: str, p) -> str:
+    """The kernel a verify path's plan runs: split_ws's choice (WsPlan.kernel: cuda, gluon or tail), else the
+    path's own name (one kernel family per path)."""
+    return getattr(p.detail, "kernel", None) or name
 
 
 def call_cost(shape: AttnShape, ctx: int, heads: int, rows: int, layers: int = 1) -> tuple[float, float]:
@@ -159,8 +193,9 @@ class Bench:
             raise peers.PeerUnavailable(str(e)) from None
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
-        pl = path.plan(ctx, mask, slots if paged else None, sh.v_dim, tuning=tun, heads=heads)
-        rec["tuning"] = dataclasses.asdict(tun)
+        kind = plan_kind(path, name, {**o.tune.get(name, {}), **over})
+        pl = engine_plan(self.torch, path, kind, ctx, mask, slots if paged else None, sh.v_dim, tun, heads)
+        rec.update(plan=kind, kernel=kernel_of(name, pl), tuning=dataclasses.asdict(tun))
         if pl.extra.get("config") is not None:
             rec["config"] = pl.extra["config"]
         return (lambda q, kv, meta=None: path.run(q, kv, pl, scale, meta=meta)), ("paged" if paged else "tree")
@@ -245,14 +280,16 @@ class Bench:
         for name, over in todo:
             lab = label(name, over)
             try:
-                fn, _ = self._runner(name, over, ctx, heads, mask, slots, {})
+                made: dict = {}
+                fn, _ = self._runner(name, over, ctx, heads, mask, slots, made)
 
                 def whole(fn=fn):
                     for kv in caches:
                         fn(q, kv)
                 t = timed_graph(whole, 1, min_s=0.5, max_reps=10)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_us=floor * 1e6,
-                           gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes)
+                           gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes,
+                           **{k: made[k] for k in ("plan", "kernel") if k in made})
             except Exception as e:  # noqa: BLE001  (a peer that cannot run: recorded, not fatal)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, skipped=f"{type(e).__name__}: {str(e)[:300]}")
             self._keep(rec)

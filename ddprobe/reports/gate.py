@@ -4,13 +4,16 @@ Entries match on (kind, path, context, heads, GPU). An entry regresses when its 
 bandwidth (its speed, from time where no bandwidth is recorded) drops by more than
 ``max_drop``, when it failed in the current run, or when it falls under an absolute floor
 (``min_bw_Bps``, ``min_fraction_of_floor``). A baseline entry absent from the current run
-fails the gate too. Entries only in the current run are shown as new and pass.
+fails the gate too. Entries only in the current run are shown as new and pass. The peers' entries (FlashMLA,
+FlashInfer, Flex, SDPA: any path that is none of ddprobe's verify paths, ``verify_paths.PATHS``) are recorded
+beside the paths for reference: shown with their change (status "ref"), never gated, missing or failed alike.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import verify_paths
 from ..results import Result
 from ..units import DDProbeError, fmt_bandwidth, fmt_time, fmt_tokens
 from . import bench
@@ -26,7 +29,7 @@ class GateRow:
     base: bench.Entry | None
     cur: bench.Entry | None
     drop: float | None = None  # fraction of speed lost vs the baseline (negative: faster)
-    status: str = "ok"  # ok, new, REGRESSED, MISSING, FAILED, BELOW
+    status: str = "ok"  # ok, new, ref (a peer's entry: not gated), REGRESSED, MISSING, FAILED, BELOW
     why: list[str] = field(default_factory=list)
 
     @property
@@ -38,6 +41,11 @@ class GateRow:
         self.why.append(why)
 
 
+def is_peer(path: str) -> bool:
+    """A peer's entry (no verify path of ddprobe's table; a variant ``split_ws[cuda=0]`` counts as its path)."""
+    return path.split("[", 1)[0] not in verify_paths.BY_NAME
+
+
 @dataclass
 class GateOutcome:
     rows: list[GateRow]
@@ -46,7 +54,11 @@ class GateOutcome:
 
     @property
     def failures(self) -> list[GateRow]:
-        return [r for r in self.rows if r.status not in ("ok", "new")]
+        return [r for r in self.rows if r.status not in ("ok", "new", "ref")]
+
+    @property
+    def gated(self) -> list[GateRow]:
+        return [r for r in self.rows if r.status != "ref"]
 
     @property
     def passed(self) -> bool:
@@ -111,10 +123,12 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
             f = c.fraction_of_floor
             if min_fraction_of_floor and f is not None and f < min_fraction_of_floor:
                 row.fail("BELOW", f"{f:.2f} of the floor under --min-fraction-of-floor {min_fraction_of_floor:g}")
+        if is_peer(key[1]):  # recorded for reference: its change and what went wrong shown, never a failure
+            row.status = "ref"
         rows.append(row)
     out = GateOutcome(rows, max_drop)
     gb, gc = bench.gpu_name(baseline), bench.gpu_name(current)
-    if gb != gc and all(r.status == "MISSING" or r.status == "new" for r in rows):
+    if gb != gc and all(r.status == "MISSING" or r.status == "new" for r in out.gated):
         out.notes.append(f"no entries match: the baseline ran on {gb or 'no GPU'}, the current run on "
                          f"{gc or 'no GPU'}")
     return out
@@ -149,7 +163,8 @@ def table_rows(outcome: GateOutcome) -> list[list[str]]:
 def summary_lines(outcome: GateOutcome) -> list[str]:
     """One line per failing entry, naming it, then the verdict."""
     lines = [f"{r.status}: {r.label}: {'; '.join(r.why)}" for r in outcome.failures] + outcome.notes
-    n, bad = len(outcome.rows), len(outcome.failures)
-    lines.append(f"gate passed: {n} entr{'y' if n == 1 else 'ies'} within {outcome.max_drop:.0%}" if not bad else
-                 f"gate FAILED: {bad} of {n} entr{'y' if n == 1 else 'ies'} regressed or missing")
+    n, bad, peers = len(outcome.gated), len(outcome.failures), len(outcome.rows) - len(outcome.gated)
+    ref = f" ({peers} peer entr{'y' if peers == 1 else 'ies'} for reference, not gated)" if peers else ""
+    lines.append(f"gate passed: {n} entr{'y' if n == 1 else 'ies'} within {outcome.max_drop:.0%}{ref}" if not bad else
+                 f"gate FAILED: {bad} of {n} entr{'y' if n == 1 else 'ies'} regressed or missing{ref}")
     return lines

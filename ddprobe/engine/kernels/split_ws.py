@@ -2,15 +2,15 @@
 
 Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..P-1, then the R new rows):
   1. The prefix kernel, per 64 folded query rows (row hq = r * H + h) and chunk of the prefix:
-     - the CUDA C++ seesaw (cuda/seesaw_sm90.cu through _cu.py; FlashMLA's schedule, no producer warp) from
-       CUDA_MIN_ROW_BLOCKS row blocks up (64 heads x 9 rows: 9), and for every device plan. It reads the prefix
-       length from device memory and derives its chunk from it on the row-block x split grid sized for the plan's
-       bound (splits past the live length mark their slot empty and exit at once), so a CUDA graph replays one
-       launch at any length up to the bound; host plans with the balanced grid (WsTuning.balance) give it a work
-       list of pieces built at plan time (cu_table).
-     - below that, on host plans, the Gluon kernels: ``_ws_gluon.ws_prefix_kernel`` (a TMA loader warp, warpgroup
-       0 doing S, the softmax and half of P V, warpgroup 1 the other half) and, for 65-72 folded rows (8 heads x 9)
-       from TAIL_MIN_PREFIX tokens, ``_ws_tail.ws_tail_kernel`` (one program of 64 + 8 rows per chunk).
+     - by default, for every shape and both plan kinds (``choose``: one kernel per shape, the one the engine's
+       CUDA-graph step runs), the CUDA C++ seesaw (cuda/seesaw_sm90.cu through _cu.py; FlashMLA's schedule, no
+       producer warp). It reads the prefix length from device memory and derives its chunk from it on the row-block
+       x split grid sized for the plan's bound (splits past the live length mark their slot empty and exit at
+       once), so a CUDA graph replays one launch at any length up to the bound; host plans with the balanced grid
+       (WsTuning.balance=1) give it a work list of pieces built at plan time (cu_table).
+     - on host plans whose tuning asks for them (cuda=0, tail=1), the Gluon kernels: ``_ws_gluon.ws_prefix_kernel``
+       (a TMA loader warp, warpgroup 0 doing S, the softmax and half of P V, warpgroup 1 the other half) and, for
+       65-72 folded rows (8 heads x 9), ``_ws_tail.ws_tail_kernel`` (one program of 64 + 8 rows per chunk).
   2. The log-sum-exp merge of the partials: the CUDA merge (cuda/seesaw_sm90.cu, _cu.MergeLauncher) by default,
      the Triton merges (merge.py: launch_merge, merge_config's kinds) where the tuning asks for one (a merge kind or
      knob, ``triton_merge``), past the CUDA merge's 1,024 partials, or where the cubin does not load here.
@@ -48,11 +48,7 @@ device_plans = verify_paths.BY_NAME[name].device_plans  # the engine reads this 
 BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
-TAIL_MIN_PREFIX = 49152  # WsTuning.tail = -1 uses it from here (H200, 8 heads: 2% faster at 48k, 4% slower at 32k)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
-CUDA_MIN_ROW_BLOCKS = 4  # WsTuning.cuda = -1 runs the CUDA kernel from this many 64-row blocks (hq > 192) up
-BALANCE_MIN_TILES = 16  # WsTuning.balance = -1 balances from this many prefix tiles per program up (H200, 64 heads:
-                        # faster from 32k, 1.5% slower at 8k: 9 tiles a program)
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -60,14 +56,15 @@ LOAD_REGS = 40   # registers per thread of the loader warp
 
 @dataclass(frozen=True)
 class WsTuning:
-    """Knobs of the prefix kernels, fixed per plan: the schedules that run by default or that the tests or the
-    benchmark still select (the rejected ones, the Gluon seesaw, pipe 0-2 and PDL merges among them, are kept by the
-    tag lab-2026-12-03; their measurements are in docs/perf.md)."""
+    """Knobs of the prefix kernels, fixed per plan: -1 (the default of cuda, balance, tail) is ``choose``'s
+    choice, the same for host and device plans (the kernel the engine runs); the other values are explicit
+    tunings that the tests and ``bench verify --variant`` select (the rejected ones, the Gluon seesaw, pipe 0-2
+    and PDL merges among them, are kept by the tag lab-2026-12-03; their measurements are in docs/perf.md)."""
 
     balance: int = -1   # the balanced grid (one wave of `programs` programs, chunks cut at the same tiles in every
                         # row block, spare programs sharing the remainders; H200, 64 heads: 1-5% faster from 32k);
-                        # -1 (default): from BALANCE_MIN_TILES tiles a program, tree folded, host plans; 1 always
-                        # (host plans; the tests select it at small contexts); 0 never (row blocks x splits)
+                        # 1 always (host plans only: its work list is built for the plan's length); 0 and -1 (the
+                        # default, what device plans can run) never: row blocks x splits
     programs: int = 0   # programs of the balanced grid (0: one per SM; the tests select 5 and 37 for odd shares)
     min_chunk: int = 64  # fewest prefix tokens per split (the tests select 128 and 256 for multi-tile chunks)
     fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
@@ -83,13 +80,12 @@ class WsTuning:
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4        # warps per merge program
     merge_bv: int = 0           # value columns per merge program (0: halve 512 until the grid fills the SMs)
-    cuda: int = -1      # the CUDA C++ prefix kernel: -1 (default) from CUDA_MIN_ROW_BLOCKS row blocks up on host
-                        # plans and always on device plans (H200, 64 heads: 0.96-1.01x FlashMLA from 32k); 1 always
-                        # (needs a positive softmax scale); 0 never (the Gluon kernels: host plans only; the benchmark
-                        # selects it as the comparison)
-    tail: int = -1      # 65-72 folded rows (8 heads x 9) in one Gluon program of 64 + 8 rows per chunk: -1 (default)
-                        # from TAIL_MIN_PREFIX tokens on host plans (H200: 4-10% faster than two 64-row programs at
-                        # 64k-128k); 1 always; 0 never (both tested)
+    cuda: int = -1      # the CUDA C++ prefix kernel: -1 (default) for every shape unless tail=1 asks for the Gluon
+                        # tail kernel (a host plan falls back to Gluon, warned, where the cubin does not load); 1
+                        # always (needs a positive softmax scale); 0 never (the Gluon kernels: host plans only)
+    tail: int = -1      # 65-72 folded rows (8 heads x 9) in one Gluon program of 64 + 8 rows per chunk: 1 always
+                        # (host plans only; H200, 8 heads: 4-10% faster than two 64-row Gluon programs at 64k-128k);
+                        # 0 and -1 (the default) never
 
 
 DEFAULT_TUNING = WsTuning()
@@ -110,24 +106,36 @@ def check_tuning(t: WsTuning) -> None:
         raise ValueError(f"WsTuning.programs must be >= 0 (0: one per SM), got {t.programs}")
 
 
-def tails(hq: int, t: WsTuning, prefix_len: int) -> bool:
-    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel) for a plan
-    bound of ``prefix_len`` tokens."""
-    if t.cuda == 1 or not BLOCK_M < hq <= BLOCK_M + TAIL:
-        return False
-    return prefix_len >= TAIL_MIN_PREFIX if t.tail < 0 else bool(t.tail)
+def tails(hq: int, t: WsTuning) -> bool:
+    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel): tail=1 only."""
+    return t.cuda != 1 and t.tail == 1 and BLOCK_M < hq <= BLOCK_M + TAIL
 
 
-def block_rows(hq: int, t: WsTuning, prefix_len: int) -> int:
+def block_rows(hq: int, t: WsTuning) -> int:
     """Folded query rows per program: 64 (the default kernel), or 72 with the tail kernel (65-72 rows)."""
-    return BLOCK_M + TAIL if tails(hq, t, prefix_len) else BLOCK_M
+    return BLOCK_M + TAIL if tails(hq, t) else BLOCK_M
 
 
 def uses_cuda(hq: int, t: WsTuning) -> bool:
     """Whether tuning ``t`` runs the CUDA prefix kernel for hq folded rows (before the scale's sign is known)."""
-    if t.cuda == 0:
-        return False
-    return t.cuda == 1 or triton.cdiv(hq, BLOCK_M) >= CUDA_MIN_ROW_BLOCKS
+    return t.cuda == 1 or (t.cuda == -1 and not tails(hq, t))
+
+
+def choose(hq: int, t: WsTuning = DEFAULT_TUNING, dynamic: bool = False) -> tuple[WsTuning, str]:
+    """The one choice of kernel per shape (pure Python): (the effective tuning, with cuda, balance and tail
+    resolved to 0 or 1, and the prefix kernel, "cuda", "gluon" or "tail") for hq folded rows on a host plan or,
+    ``dynamic``, a device plan (the engine's CUDA-graph step). The defaults (-1) give both plan kinds the CUDA
+    kernel on the row-block x split grid, the only schedule a device plan can run (it derives its chunks from the
+    prefix length on the device), so `bench verify` times the kernel the engine runs. The Gluon kernels, the tail
+    kernel and the balanced grid run only where a host plan's tuning asks for them (cuda=0, tail=1, balance=1);
+    asked of a device plan they are a one-line ValueError."""
+    if dynamic:
+        for field, bad in (("cuda", 0), ("tail", 1), ("balance", 1)):
+            if getattr(t, field) == bad:
+                raise ValueError(f"the {name} path runs device plans on its CUDA kernel over the row-block x split "
+                                 f"grid: WsTuning.{field}={bad} needs a host plan")
+    kernel = "cuda" if uses_cuda(hq, t) else ("tail" if tails(hq, t) else "gluon")
+    return replace(t, cuda=int(kernel == "cuda"), balance=max(t.balance, 0), tail=int(kernel == "tail")), kernel
 
 
 def folds(n_qb: int, fold_tree: int) -> bool:
@@ -264,35 +272,30 @@ def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> di
                 balance=True, tiles=tiles, programs=g_all)
 
 
-def balances(prefix_len: int, hq: int, sms: int, t: WsTuning) -> bool:
-    """Whether tuning ``t`` runs the balanced grid for this plan (WsTuning.balance)."""
-    if t.balance == 0 or prefix_len == 0 or tails(hq, t, prefix_len):
-        return False
-    if t.balance == 1:
-        return True
-    n_qb = triton.cdiv(hq, BLOCK_M)
-    return folds(n_qb, t.fold_tree) and n_qb * triton.cdiv(prefix_len, BLOCK_N) >= BALANCE_MIN_TILES * sms
+def balances(prefix_len: int, hq: int, t: WsTuning) -> bool:
+    """Whether tuning ``t`` runs the balanced grid for this plan (WsTuning.balance=1, a prefix, no tail kernel)."""
+    return t.balance == 1 and prefix_len > 0 and not tails(hq, t)
 
 
 def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
     """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement), with block_q and
     whether the tail kernel runs; balanced_config where ``t`` balances."""
-    if balances(prefix_len, hq, sms, t):
+    if balances(prefix_len, hq, t):
         return dict(balanced_config(prefix_len, hq, sms, t.programs), block_q=BLOCK_M, tail=False)
-    tail = tails(hq, t, prefix_len)
+    tail = tails(hq, t)
     fold = 1 if tail and t.fold_tree < 0 else t.fold_tree  # behind the tail kernel, fold by default (1-2% faster)
-    bq = block_rows(hq, t, prefix_len)
+    bq = block_rows(hq, t)
     return dict(choose_config(prefix_len, hq, sms, t.min_chunk, fold, bq), block_q=bq, tail=tail)
 
 
-def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int, prefix_len: int) -> dict:
+def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int) -> dict:
     """merge.merge_config for this path: its prefix grid gives at most sms // (row blocks) partials; behind
     the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says;
     the balanced grid at most cdiv(sms, row blocks) + 1 with the tree's (S_MAX covers both, fixed per head count)."""
-    if tails(hq, t, prefix_len) and not t.merge_block_m:
+    if tails(hq, t) and not t.merge_block_m:
         t = replace(t, merge_block_m=TAIL_MERGE_ROWS)
-    parts = sms // triton.cdiv(hq, block_rows(hq, t, prefix_len))
-    if t.balance and not tails(hq, t, prefix_len):  # a row block meets at most cdiv(programs, n_qb) + 1 programs
+    parts = sms // triton.cdiv(hq, block_rows(hq, t))
+    if t.balance == 1 and not tails(hq, t):  # a row block meets at most cdiv(programs, n_qb) + 1 programs
         parts = max(parts, triton.cdiv(t.programs or sms, triton.cdiv(hq, BLOCK_M)))
     return merge_config(t, hq, v_dim, sms, parts)
 
@@ -307,7 +310,7 @@ class WsPlan:
     bits: torch.Tensor          # [R] int64 ancestor bits, rebuilt by refresh()
     bit_weights: torch.Tensor
     sm_count: int
-    tuning: WsTuning = DEFAULT_TUNING   # the effective tuning (device plans: cuda=1, no balance, no tail kernel)
+    tuning: WsTuning = DEFAULT_TUNING   # the effective tuning (``choose``: cuda, balance and tail resolved to 0/1)
     kernel: str = ""            # "cuda", "gluon" or "tail"
     cfg: dict | None = None     # the grid (config / choose_config)
     partials: tuple | None = None
@@ -347,14 +350,10 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     why = _why_not(base.bits.device, dtype, p.v_dim, rope_dim)
     if why:
         raise ValueError(f"the {name} path {why}")
-    t, r, dev, sms = p.tuning, p.num_rows, base.bits.device, base.sm_count
+    r, dev, sms = p.num_rows, base.bits.device, base.sm_count
     hq = heads * r
-    if p.dynamic:  # device plans: the CUDA kernel on the row-block x split grid, chunks derived on the device
-        if t.cuda == 0:
-            raise ValueError(f"the {name} path runs device plans on its CUDA kernel: WsTuning.cuda=0 needs a host plan")
-        t = replace(t, cuda=1, balance=0, tail=0)
+    t, kernel = choose(hq, p.tuning, p.dynamic)
     cfg = config(p.prefix_len, hq, sms, t)
-    kernel = "cuda" if uses_cuda(hq, t) else ("tail" if cfg["tail"] else "gluon")
     parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
     merger = _merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms)
     launcher = None
@@ -365,15 +364,15 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
             launcher = _cu.Launcher(dev, dtype, hq, heads, r, p.num_cols, base.bits, p.prefix_t, *parts, cfg["n_qb"],
                                     cfg["grid_splits"], cfg["fold"], table, fuse_parts=fuse, sms=sms)
         except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): cuda=-1 host plans run Gluon instead
-            if t.cuda == 1:
+            if p.tuning.cuda == 1 or p.dynamic:
                 raise
             import warnings
             warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
                           RuntimeWarning, stacklevel=3)
-            kernel = "gluon"
+            kernel, t = "gluon", replace(t, cuda=0)
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
-                   merge=merge_plan(t, hq, p.v_dim, sms, p.prefix_len), launcher=launcher,
+                   merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher,
                    merger=merger, fused=launcher is not None and launcher.fused,
                    signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
                    index=dev.index if dev.index is not None else -1)
@@ -515,7 +514,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     q2 = q.reshape(r * h, dim)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    if d.kernel == "cuda" and (sm_scale > 0 or d.tuning.cuda == 1 or p.dynamic):
+    if d.kernel == "cuda" and (sm_scale > 0 or p.tuning.cuda == 1 or p.dynamic):
         if sm_scale <= 0:
             raise ValueError(f"the {name} CUDA kernel needs a positive softmax scale, got {sm_scale}")
         dev = q.device.index
@@ -540,7 +539,7 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
     d = p.detail
     if d.heads == h and d.merger is not None and parts is d.partials and _cuda_out(out, d, r):
         return _cuda_merge(d, out, meta)
-    mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count, p.prefix_len)
+    mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count)
     return launch_triton_merge(parts, n_splits, out, mc, meta=meta)
 
 
