@@ -49,6 +49,14 @@ class Bound:
             return f"must be <= {self.hi:g}"
         return None
 
+    def say(self) -> str:
+        """The range as the docs say it: ">= 0", "> 0", "0 to 1" ("" for finite only)."""
+        if self.lo is not None and self.hi is not None:
+            return f"{self.lo:g} to {self.hi:g}"
+        if self.lo is not None:
+            return f"{'>' if self.open_lo else '>='} {self.lo:g}"
+        return f"<= {self.hi:g}" if self.hi is not None else ""
+
 
 AT_LEAST_0, AT_LEAST_1, FINITE = Bound(lo=0), Bound(lo=1), Bound()
 Ms = Annotated[float, Unit("ms"), AT_LEAST_0]
@@ -102,10 +110,7 @@ class FieldSpec:
 
     def say(self) -> str:
         """The field as the docs list it: ``floor_ms: number, ms, >= 0, optional``."""
-        b = self.bound
-        rng = "" if b is None or b.lo is None and b.hi is None else f"{b.lo:g} to {b.hi:g}" if \
-            b.lo is not None and b.hi is not None else f"{'>' if b.open_lo else '>='} {b.lo:g}" if b.lo is not None \
-            else f"<= {b.hi:g}"
+        rng = self.bound.say() if self.bound else ""
         what = {float: "number", int: "integer", str: "text", bool: "bool", dict: "object", list: "list",
                 object: "any"}[self.base]
         parts = [what, self.unit or "", rng, "or null" if self.nullable else "",

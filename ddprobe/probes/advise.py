@@ -353,10 +353,11 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
         budget = r.config["budget"]
     elif budget is None:
         raise DDProbeError(f"{path} does not say its tree budget (config.budget): give --budget")
-    left = [x for x in r.rows if not (x.get("commit_len") and x.get("decode_ms_per_step"))]
+    cells = r.records  # typed commit rows, checked on load
+    ctxs = sorted({x.ctx for x in cells if x.commit_len and x.decode_ms_per_step})
+    left = sum(1 for x in cells if not (x.commit_len and x.decode_ms_per_step))
     if left:
-        say(f"note: {len(left)} of {len(r.rows)} cells have no commit length or step time: left out")
-    ctxs = sorted({int(x["ctx"]) for x in r.rows if x not in left})
+        say(f"note: {left} of {len(cells)} cells have no commit length or step time: left out")
     return points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
                               str(r.config.get("attn") or r.config.get("backend") or label), str(path))
 
