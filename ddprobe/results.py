@@ -2,7 +2,10 @@
 
 Every probe and benchmark writes a ``Result``: what kind of measurement it is, the
 metadata of the run (date, host, versions, GPU, command), the configuration, and rows
-(one dict per measured cell, keys carrying their units: ``step_ms``, ``kv_GB``...).
+(one dict per measured cell, keys carrying their units: ``step_ms``, ``kv_GB``...). Each kind's
+rows follow its schema (``schema.KINDS``: type, unit and range of every key), checked when a row is
+written (``ResultWriter.add``, ``save``) and when a file is loaded (``from_dict``, which upgrades a
+version-1 file first); ``Result.records`` gives the rows typed, as the reports read them.
 ``ResultWriter`` rewrites the file atomically after every row, so an interrupted run
 keeps everything it measured, and writes nothing until there is a row (a run that fails
 before its first cell leaves no empty file behind). Files get the user's umask, like any
@@ -25,59 +28,23 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, signals
+from . import schema as _schema
 from .jsonfile import write_text_atomic
+from .schema import SCHEMA
 from .step_model import upgrade_floor_row
 from .units import DDProbeError
 
-SCHEMA = "ddprobe.result/1"
-# keys a row of these kinds must carry, with the JSON types allowed (None: null allowed)
-ROW_KEYS: dict[str, dict[str, tuple]] = {
-    "gpu-util": {"t_s": (int, float), "gpu": (int,)},
-    "commit": {"ctx": (int,), "text": (str,), "commit_len": (int, float, type(None))},
-    "allreduce": {"bytes": (int,), "us": (int, float, type(None))},
-}
 
-
-def check_rows(rows: Any, kind: str, source: str) -> list[dict[str, Any]]:
-    """Rows must be JSON objects, and rows of a known kind must carry its keys with the right types;
-    otherwise one line naming the file and the row (1-based)."""
+def typed_rows(kind: str, rows: Any, config: Any, source: str) -> list[dict[str, Any]]:
+    """Rows of a loaded file in today's keys, each checked against its kind's schema (``schema.parse_row``):
+    one line naming the file, the row (1-based) and the field otherwise. An older file's keys are upgraded first."""
     if not isinstance(rows, list):
         raise DDProbeError(f"{source}: 'rows' is not a list")
-    need = ROW_KEYS.get(kind, {})
-    for i, row in enumerate(rows, 1):
-        if not isinstance(row, dict):
-            raise DDProbeError(f"{source}: row {i} is not an object (got {type(row).__name__}: {str(row)[:40]!r})")
-        for key, types in need.items():
-            v = row.get(key, ...)
-            if v is ... or isinstance(v, bool) or not isinstance(v, types):
-                got = "missing" if v is ... else f"{type(v).__name__} {str(v)[:40]!r}"
-                raise DDProbeError(f"{source}: row {i} of this {kind} file has a bad {key!r} ({got})")
-        why = impossible(row) if kind == "commit" else None
-        if why:
-            raise DDProbeError(f"{source}: row {i} of this {kind} file: {why}: not believed")
+    rows = [_schema.upgrade_row(kind, r) for r in rows]
+    if kind == "floor":  # an older file's whole-step floor under today's name
+        rows = [upgrade_floor_row(r) if isinstance(r, dict) else r for r in rows]
+    _schema.parse_rows(kind, rows, source, config if isinstance(config, dict) else {})
     return rows
-
-
-# counts and times of a commit row that cannot be negative (NaN and infinities are not JSON: refused when read)
-NON_NEGATIVE = ("prompt_tokens", "completion_tokens", "verify_steps", "max_new_tokens", "prefill_s", "decode_s",
-                "e2e_s", "decode_ms_per_step", "tokens_per_s", "drafts_per_step", "reused_tokens")
-
-
-def impossible(row: dict[str, Any]) -> str | None:
-    """What a commit row says that no measurement can (None: nothing): a negative count or time, a commit length
-    below 1 or above max_new_tokens, more verify steps than tokens. The reports and ``floor --steps-from`` read
-    rows through this (``Result.from_dict``)."""
-    for key in NON_NEGATIVE:
-        v = row.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
-            return f"{key} is {v!r}"
-    c, n = row.get("commit_len"), row.get("max_new_tokens")
-    if c is not None and not (1.0 - 1e-9 <= c <= (n if isinstance(n, int) and n >= 1 else float("inf")) + 1e-9):
-        return f"commit length {c:g} outside [1, {n if isinstance(n, int) else 'max_new_tokens'}]"
-    steps, done = row.get("verify_steps"), row.get("completion_tokens")
-    if isinstance(steps, int) and isinstance(done, int) and steps > max(done, 1):
-        return f"{steps} verify steps for {done} tokens"
-    return None
 
 
 def _pkg_version(name: str) -> str | None:
@@ -189,13 +156,31 @@ class Result:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str, allow_nan=False)
 
+    def check(self, where: str = "results") -> None:
+        """Every row against its kind's schema (a kind without one is refused): ``DDProbeError`` naming the field."""
+        rows = _finite(self.rows)
+        for i, row in enumerate(rows, 1):
+            _schema.parse_row(self.kind, row, f"{where}: row {i}", self.config)
+
     def save(self, path: str | os.PathLike) -> Path:
-        """Write atomically (temp file + rename): a reader never sees half a file."""
+        """Check the rows (``check``), then write atomically (temp file + rename): a reader never sees half a file."""
+        self.check(str(path))
+        return self._write(path)
+
+    def _write(self, path: str | os.PathLike) -> Path:
         return write_text_atomic(path, self.to_json() + "\n", "results file")
+
+    @property
+    def records(self) -> list:
+        """The rows as typed rows of this kind's schema (``schema.KINDS``): attributes with units declared,
+        e.g. ``r.floor_ms`` for a floor row. Rows were checked when written or loaded."""
+        return _schema.parse_rows(self.kind, self.rows, f"{self.kind} result", self.config) or []
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> "Result":
-        if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        """A loaded file: today's schema or an older one (upgraded: keys renamed, ``schema`` today's), every row
+        checked against its kind's schema; a file that breaks it is refused in one line naming the field."""
+        if not isinstance(d, dict) or d.get("schema") not in (SCHEMA, *_schema.OLD_SCHEMAS):
             raise DDProbeError(f"{source}: not a ddprobe results file (schema {SCHEMA!r} missing)")
         for key in ("meta", "config", "summary"):
             if key in d and not isinstance(d[key], dict):
@@ -203,14 +188,14 @@ class Result:
         try:
             meta = RunMeta(**d["meta"])
             kind = d["kind"]
-            rows = check_rows(d.get("rows", []), kind, source)
+            if not isinstance(kind, str):
+                raise DDProbeError(f"{source}: malformed results file ('kind' must be text)")
             step = (d.get("summary") or {}).get("decode_step_ms") if kind == "gpu-util" else None
             if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
                 raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not believed")
-            rows, config, summary = signals.upgrade(kind, list(rows), d.get("config", {}), d.get("summary", {}))
-            if kind == "floor":  # an older file's whole-step floor under today's name
-                rows = [upgrade_floor_row(r) for r in rows]
-            return cls(kind=kind, meta=meta, config=config, rows=rows, summary=summary, schema=d["schema"])
+            rows, config, summary = signals.upgrade(kind, d.get("rows", []), d.get("config", {}), d.get("summary", {}))
+            rows = typed_rows(kind, rows, config, source)
+            return cls(kind=kind, meta=meta, config=config, rows=rows, summary=summary, schema=SCHEMA)
         except (KeyError, TypeError) as e:
             raise DDProbeError(f"{source}: malformed results file ({e})") from None
 
@@ -265,9 +250,14 @@ class ResultWriter:
         self.result = result
         self.path = Path(path) if path else None
         self.csv_path = Path(csv_path) if csv_path else None
+        result.check(str(self.path or "results"))
         self.flush()
 
     def add(self, row: dict[str, Any]) -> None:
+        """Append one row, checked against its kind's schema first: a probe that writes a bad row is a bug
+        (``DDProbeError`` naming the field; nothing is written and the rows already measured stay saved)."""
+        where = f"{self.path or 'results'}: row {len(self.result.rows) + 1}"
+        _schema.parse_row(self.result.kind, _finite(row), where, self.result.config)
         self.result.rows.append(row)
         self.flush()
 
@@ -275,6 +265,6 @@ class ResultWriter:
         if not (self.result.rows or self.result.summary):
             return
         if self.path:
-            self.result.save(self.path)
+            self.result._write(self.path)  # rows were checked as they came
         if self.csv_path:
             self.result.to_csv(self.csv_path)

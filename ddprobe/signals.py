@@ -101,9 +101,11 @@ def upgrade(kind: str, rows: list, config: dict, summary: dict) -> tuple[list, d
     return rows, config, summary
 
 
-def gpu_name(row: dict) -> str:
-    """How a row's GPU is named in tables and plots: ``node/index`` when the row says its node."""
-    node, idx = row.get("node"), row.get("node_gpu")
+def gpu_name(row: Any) -> str:
+    """How a row's GPU (a dict or a typed ``schema.GpuUtilRow``) is named in tables and plots: ``node/index``
+    when the row says its node."""
+    get = row.get if isinstance(row, dict) else (lambda k, d=None: getattr(row, k, d))
+    node, idx = get("node"), get("node_gpu")
     if node:
-        return f"{node}/{idx if idx is not None else row.get('gpu', '?')}"
-    return str(row.get("gpu", "?"))
+        return f"{node}/{idx if idx is not None else get('gpu', '?')}"
+    return str(get("gpu", "?"))

@@ -31,7 +31,7 @@ def measured(tmp_path_factory):
 def test_two_gloo_ranks_write_the_verify_and_decode_sizes(measured):
     out, res = measured
     d = json.loads(out.read_text())
-    assert d["kind"] == "allreduce" and d["schema"] == "ddprobe.result/1" and d["meta"]["command"]
+    assert d["kind"] == "allreduce" and d["schema"] == "ddprobe.result/2" and d["meta"]["command"]
     c = d["config"]
     assert (c["ranks"], c["backend"], c["device"], c["graphs"], c["model"], c["budget"]) == \
         (2, "gloo", "cpu", False, "kimi-k2.6", 4)
@@ -73,9 +73,9 @@ def test_a_file_from_another_rank_count_or_kind_is_refused(measured, tmp_path):
     with pytest.raises(DDProbeError):
         load_allreduce(junk, 2)
     bad = tmp_path / "bad.json"
-    Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 2},
-           rows=[{"bytes": "1k", "us": 3.0}]).save(bad)
-    with pytest.raises(DDProbeError, match="bad 'bytes'"):
+    d = Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 2}).to_dict()
+    bad.write_text(json.dumps({**d, "rows": [{"bytes": "1k", "us": 3.0}]}))
+    with pytest.raises(DDProbeError, match="bad.json: row 1 of this allreduce file: 'bytes' is str '1k'"):
         load_allreduce(bad, 2)
 
 

@@ -67,8 +67,9 @@ def test_differences_within_the_noise_are_flat():
 
 
 def test_steps_from_results():
-    rows = [{"text": "novel", "ctx": 2048, "decode_ms_per_step": 12.0}, {"text": "novel", "ctx": 1024,
-            "decode_ms_per_step": 10.0}, {"text": "predictable", "ctx": 1024, "decode_ms_per_step": 9.0}]
+    rows = [{"text": "novel", "ctx": 2048, "commit_len": 1.1, "decode_ms_per_step": 12.0},
+            {"text": "novel", "ctx": 1024, "commit_len": 1.2, "decode_ms_per_step": 10.0},
+            {"text": "predictable", "ctx": 1024, "commit_len": 7.5, "decode_ms_per_step": 9.0}]
     assert steps_from_result("commit", rows, {}, {}) == [(1024, 10.0), (2048, 12.0)]
     assert steps_from_result("gpu-util", [], {"decode_step_ms": 8.1}, {"prompt_len": 32768}) == [(32768, 8.1)]
     assert steps_from_result("bench-verify", [], {}, {}) == []

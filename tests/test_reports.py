@@ -147,7 +147,7 @@ def test_malformed_rows_of_a_known_kind_are_named(tmp_path):
     d = json.loads((DATA / "floor-rtx-pro-6000-tp8.json").read_text())
     d["rows"][0].pop("kv_GB")
     (tmp_path / "floor.json").write_text(json.dumps(d))
-    with pytest.raises(DDProbeError, match=r"floor\.json: malformed floor results"):
+    with pytest.raises(DDProbeError, match=r"floor\.json: row 1 of this floor file: 'kv_GB' is missing \(required\)$"):
         render.build([tmp_path / "floor.json"])
 
 

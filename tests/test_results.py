@@ -7,6 +7,8 @@ import pytest
 from ddprobe.results import SCHEMA, Result, ResultWriter, RunMeta
 from ddprobe.units import DDProbeError
 
+FLOOR_ROWS = [{"ctx": 1, "kv_GB": 7e-5, "attn_floor_ms": 0.001, "floor_ms": 0.2}]
+
 
 def test_run_meta_has_the_fields_a_report_needs():
     m = RunMeta.collect(command="ddprobe floor --ctx 1k")
@@ -18,7 +20,7 @@ def test_run_meta_has_the_fields_a_report_needs():
 
 def test_round_trip(tmp_path):
     r = Result(kind="floor", meta=RunMeta.collect(command="x"), config={"model": "kimi-k2.6"},
-               rows=[{"ctx": 1024, "floor_ms": 0.04}], summary={"note": "n"})
+               rows=[{"ctx": 1024, "kv_GB": 0.072, "attn_floor_ms": 0.04, "floor_ms": 0.31}], summary={"note": "n"})
     p = r.save(tmp_path / "sub" / "r.json")
     back = Result.load(p)
     assert back == r
@@ -68,10 +70,10 @@ def test_files_follow_the_umask(tmp_path):
     import os
     old = os.umask(0o022)
     try:
-        p = Result(kind="floor", meta=RunMeta.collect(command="x"), rows=[{"ctx": 1}]).save(tmp_path / "a.json")
+        p = Result(kind="floor", meta=RunMeta.collect(command="x"), rows=FLOOR_ROWS).save(tmp_path / "a.json")
         assert p.stat().st_mode & 0o777 == 0o644  # mkstemp alone gives 0600
         os.umask(0o077)
-        p = Result(kind="floor", meta=RunMeta.collect(command="x"), rows=[{"ctx": 1}]).save(tmp_path / "b.json")
+        p = Result(kind="floor", meta=RunMeta.collect(command="x"), rows=FLOOR_ROWS).save(tmp_path / "b.json")
         assert p.stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old)
@@ -88,9 +90,9 @@ def test_no_file_until_there_is_something_to_keep(tmp_path):
 
 @pytest.mark.parametrize("kind,rows,msg", [
     ("commit", [{"ctx": 1024, "text": "novel", "commit_len": 1.5}, "garbage"], "row 2 is not an object"),
-    ("commit", [{"ctx": "1k", "text": "novel", "commit_len": 1.5}], "row 1 of this commit file has a bad 'ctx'"),
-    ("commit", [{"ctx": 1024, "text": "novel"}], "row 1 of this commit file has a bad 'commit_len' \\(missing\\)"),
-    ("gpu-util", [{"t_s": 0.0, "gpu": 0}, {"t_s": "soon", "gpu": 0}], "row 2 of this gpu-util file has a bad 't_s'"),
+    ("commit", [{"ctx": "1k", "text": "novel", "commit_len": 1.5}], "row 1 of this commit file: 'ctx' is str '1k' \\(must be an integer in tokens\\)"),
+    ("commit", [{"ctx": 1024, "text": "novel"}], "row 1 of this commit file: 'commit_len' is missing \\(required\\)"),
+    ("gpu-util", [{"t_s": 0.0, "gpu": 0}, {"t_s": "soon", "gpu": 0}], "row 2 of this gpu-util file: 't_s' is str 'soon'"),
     ("floor", 7, "'rows' is not a list"),
 ])
 def test_garbage_rows_name_the_file_and_row(tmp_path, kind, rows, msg):
@@ -141,7 +143,7 @@ def test_cli_refuses_garbage_rows_naming_file_and_row(tmp_path, cmd):
     p.write_text(json.dumps(d))
     args = [*cmd, str(p)] + (["-o", str(tmp_path / "r.md")] if cmd == ["report"] else [])
     r = CliRunner().invoke(app, args)
-    assert r.exit_code == 1 and "junk.json: row 2 of this gpu-util file has a bad 't_s'" in r.output
+    assert r.exit_code == 1 and "junk.json: row 2 of this gpu-util file: 't_s' is str 'garbage' (must be a number in s)" in r.output
     assert "Traceback" not in r.output
 
 

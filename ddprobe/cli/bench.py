@@ -153,7 +153,7 @@ def line(r: dict) -> str:
         head = f"step {r['ctx']:>7} {'':>3} {r['path']:<32}"
         if "step_ms" not in r:
             return f"{head} skipped: {r.get('skipped', '')[:100]}"
-        return f"{head} {r['step_ms']:9.2f} ms  kernel floor {r['floor_ms']:.2f} ms  x {r['gap']:5.2f}  {r['GBps']:6.0f} GB/s"
+        return f"{head} {r['step_ms']:9.2f} ms  kernel floor {r['floor_us'] / 1e3:.2f} ms  x {r['gap']:5.2f}  {r['GBps']:6.0f} GB/s"
     head = f"{r['ctx']:>12} {r['heads']:>3} {r['path']:<32}"
     if "us" in r:
         k = (r.get("kernels") or {}).get("prefix") or {}

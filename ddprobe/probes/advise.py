@@ -21,6 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from ..schema import parse_rows
 from ..units import DDProbeError, fmt_tokens
 from .engine_backend import MAX_BUDGET
 
@@ -265,15 +266,12 @@ def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, floa
     budget = config.get("budget")
     if not isinstance(budget, int):
         raise DDProbeError("the commit file does not say its budget (config.budget): give --budget")
-    pts = []
-    usable = [r for r in rows if r.get("commit_len") and r.get("decode_ms_per_step")]
+    usable = [r for r in parse_rows("commit", rows, "commit file", config) if r.commit_len and r.decode_ms_per_step]
     if not usable:
         raise DDProbeError("no cell of the commit file has both a commit length and a step time (a server that "
                            "reports no step time): type them instead with --ctx, --step-ms and --commit-len")
-    for r in usable:
-        pts.append(Point(path, str(r["text"]), int(r["ctx"]), budget, float(r["commit_len"]),
-                         float(r["decode_ms_per_step"]), decode_ms[int(r["ctx"])], source))
-    return pts
+    return [Point(path, r.text, r.ctx, budget, r.commit_len, r.decode_ms_per_step, decode_ms[r.ctx], source)
+            for r in usable]
 
 
 @dataclass(frozen=True)
@@ -355,10 +353,11 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
         budget = r.config["budget"]
     elif budget is None:
         raise DDProbeError(f"{path} does not say its tree budget (config.budget): give --budget")
-    left = [x for x in r.rows if not (x.get("commit_len") and x.get("decode_ms_per_step"))]
+    cells = r.records  # typed commit rows, checked on load
+    ctxs = sorted({x.ctx for x in cells if x.commit_len and x.decode_ms_per_step})
+    left = sum(1 for x in cells if not (x.commit_len and x.decode_ms_per_step))
     if left:
-        say(f"note: {len(left)} of {len(r.rows)} cells have no commit length or step time: left out")
-    ctxs = sorted({int(x["ctx"]) for x in r.rows if x not in left})
+        say(f"note: {left} of {len(cells)} cells have no commit length or step time: left out")
     return points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
                               str(r.config.get("attn") or r.config.get("backend") or label), str(path))
 

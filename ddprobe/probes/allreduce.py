@@ -299,10 +299,10 @@ def load_allreduce(path: str | os.PathLike, ranks: int) -> list[tuple[float, flo
         raise DDProbeError(f"{path}: all-reduce measured on {have} ranks, the model asks for {ranks}: measure with "
                            f"`ddprobe bench allreduce --ranks {ranks}`")
     pts: dict[int, float] = {}
-    for row in r.rows:  # ROW_KEYS checked bytes and us on load
-        if row["us"] is None or row["us"] <= 0 or row["bytes"] <= 0:
-            raise DDProbeError(f"{path}: a row of {fmt_bytes(row['bytes'])} has no positive latency")
-        pts[row["bytes"]] = min(row["us"], pts.get(row["bytes"], math.inf))
+    for row in r.records:  # typed rows (schema.AllreduceRow): bytes an integer >= 0, us a time >= 0 or null
+        if row.us is None or row.us <= 0 or row.bytes <= 0:
+            raise DDProbeError(f"{path}: a row of {fmt_bytes(row.bytes)} has no positive latency")
+        pts[row.bytes] = min(row.us, pts.get(row.bytes, math.inf))
     if not pts:
         raise DDProbeError(f"{path}: the all-reduce file has no rows")
     return [(float(b), u) for b, u in sorted(pts.items())]

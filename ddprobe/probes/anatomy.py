@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from ..schema import parse_rows
 from ..units import DDProbeError, fmt_bandwidth, fmt_tokens
 
 NONLINEAR = 1.25  # largest / smallest interval slope above this: not linear
@@ -155,11 +156,11 @@ def _sentence(an: Anatomy, last_t: float, fixed_there: float, share: float, bw: 
 def steps_from_result(kind: str, rows: list[dict], summary: dict, config: dict) -> list[tuple[int, float]]:
     """(context, step ms) pairs a results file holds: commit cells (``decode_ms_per_step``, novel text first,
     as its steps commit least and read the most per token), a gpu-util run (its decode step at its prompt)."""
-    if kind == "commit":
-        cells = [r for r in rows if isinstance(r.get("ctx"), int) and r.get("decode_ms_per_step")]
-        kinds = {r.get("text") for r in cells}
-        pick = "novel" if "novel" in kinds else (sorted(k for k in kinds if k)[:1] or [None])[0]
-        return sorted((r["ctx"], float(r["decode_ms_per_step"])) for r in cells if r.get("text") == pick)
+    if kind == "commit":  # typed rows (schema.CommitRow): the file's rows were checked when it was loaded
+        cells = [r for r in parse_rows(kind, rows, "commit file", config) if r.decode_ms_per_step]
+        kinds = {r.text for r in cells}
+        pick = "novel" if "novel" in kinds else (sorted(kinds)[:1] or [None])[0]
+        return sorted((r.ctx, r.decode_ms_per_step) for r in cells if r.text == pick)
     if kind == "gpu-util" and summary.get("decode_step_ms") and config.get("prompt_len"):
         return [(int(config["prompt_len"]), float(summary["decode_step_ms"]))]
     return []

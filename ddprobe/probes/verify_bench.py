@@ -202,6 +202,15 @@ class Bench:
             rec["config"] = pl.extra["config"]
         return (lambda q, kv, meta=None: path.run(q, kv, pl, scale, meta=meta)), ("paged" if paged else "tree")
 
+    def _keep(self, rec: dict) -> None:
+        """One row, checked against the bench-verify schema first (a bad row is a bug: raise), then kept."""
+        from ..results import _finite
+        from ..schema import parse_row
+
+        parse_row("bench-verify", _finite(rec), f"bench verify: row {len(self.results) + 1}")
+        self.results.append(rec)
+        self.on_row(rec)
+
     def point(self, ctx: int, heads: int) -> None:
         """Every entry at one (context, heads): checked, then timed; one row each (an error or skip recorded)."""
         torch, o, sh = self.torch, self.opts, self.opts.shape
@@ -251,8 +260,7 @@ class Bench:
                 rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
                 if name == "flex":
                     self.flex["failed"] = rec["error"]
-            self.results.append(rec)
-            self.on_row(rec)
+            self._keep(rec)
         del kvs, qs
         torch.cuda.empty_cache()
 
@@ -281,13 +289,12 @@ class Bench:
                     for kv in caches:
                         fn(q, kv)
                 t = timed_graph(whole, 1, min_s=0.5, max_reps=10)
-                rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_ms=floor * 1e3,
+                rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_us=floor * 1e6,
                            gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes,
                            **{k: made[k] for k in ("plan", "kernel") if k in made})
             except Exception as e:  # noqa: BLE001  (a peer that cannot run: recorded, not fatal)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, skipped=f"{type(e).__name__}: {str(e)[:300]}")
-            self.results.append(rec)
-            self.on_row(rec)
+            self._keep(rec)
         del caches
         torch.cuda.empty_cache()
 

@@ -1,9 +1,9 @@
 """Benchmark rows in one shape, whichever writer made them (`ddprobe bench verify` raw or converted).
 
-``entries(result)`` gives one ``Entry`` per row: kind "layer" (one verify-attention call)
-or "step" (the whole multi-layer verify step), path, context, heads, GPU, time, floor,
-effective bandwidth. Old and new key names are both accepted (``us`` / ``time_us``,
-``step_ms``, ``floor_ms`` / ``floor_us``, ``step61`` / ``step``).
+``entries(result)`` gives one ``Entry`` per typed bench-verify row (``schema.BenchVerifyRow``): kind "layer"
+(one verify-attention call, ``us``) or "step" (the whole multi-layer verify step, ``step_ms``), path, context,
+heads, GPU, time, kernel floor (``floor_us``), effective bandwidth. Older files' keys (``time_us``, a step's
+``floor_ms``) are upgraded when the file is loaded (``schema.upgrade_row``).
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ class Entry:
     bytes: float | None = None
     flops: float | None = None
     ok: bool | None = None  # the row's output check against the reference (None: not recorded)
-    nonfinite: tuple[str, ...] = ()  # keys whose number is NaN or infinite (read as missing)
 
     @property
     def key(self) -> tuple:
@@ -57,10 +56,6 @@ def _num(v: Any) -> float | None:
     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
         return float(v)
     return None
-
-
-def _nonfinite(row: dict) -> tuple[str, ...]:
-    return tuple(k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v))
 
 
 def _first(row: dict, *keys: str, scale: float = 1.0) -> float | None:
@@ -96,22 +91,16 @@ def gpu_name(result: Result) -> str | None:
 def entries(result: Result) -> list[Entry]:
     gpu = gpu_name(result)
     out = []
-    for row in result.rows:
-        if "path" not in row or _num(row.get("ctx")) is None:
-            continue
-        step = str(row.get("kind", "")).startswith("step")
-        t = _first(row, "time_us", "us") or _first(row, "step_ms", "time_ms", scale=1e3)
-        floor = _first(row, "floor_us") or _first(row, "floor_ms", scale=1e3)
-        bw = _first(row, "GBps")
-        nbytes = _first(row, "bytes")
-        if bw is None and t and nbytes:
-            bw = nbytes / (t * 1e-6) / 1e9
-        heads = _num(row.get("heads"))
-        out.append(Entry(kind="step" if step else "layer", path=str(row["path"]), ctx=int(row["ctx"]),
-                         heads=int(heads) if heads is not None else None, gpu=str(row.get("gpu") or gpu or "?"),
-                         time_us=t, floor_us=floor, GBps=bw, TFLOPs=_first(row, "TFLOPs"),
-                         rel_err=_first(row, "rel_err"),
-                         error=row.get("error") or (None if t else "no time recorded"),
-                         bytes=nbytes, flops=_first(row, "flops"),
-                         ok=row["ok"] if isinstance(row.get("ok"), bool) else None, nonfinite=_nonfinite(row)))
+    for row in result.records:  # typed bench-verify rows: times in us (a whole step in ms), floors in us
+        step = (row.kind or "").startswith("step")
+        t = row.us if row.us is not None else (row.step_ms * 1e3 if row.step_ms is not None else None)
+        t = t or None  # a zero time is no time
+        bw = row.GBps
+        if bw is None and t and row.bytes:
+            bw = row.bytes / (t * 1e-6) / 1e9
+        out.append(Entry(kind="step" if step else "layer", path=row.path, ctx=row.ctx, heads=row.heads,
+                         gpu=str(row.gpu or gpu or "?"), time_us=t, floor_us=row.floor_us, GBps=bw,
+                         TFLOPs=row.TFLOPs, rel_err=row.rel_err,
+                         error=row.error or (None if t else "no time recorded"),
+                         bytes=row.bytes, flops=row.flops, ok=row.ok))
     return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from .. import verify_paths
 from ..results import Result
+from ..schema import CommitRow, FloorRow
 from ..units import fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
 
@@ -31,19 +32,18 @@ def _by_kind(results: list[Result]) -> dict[str, Result]:
 
 
 def _step_reason(record: Result | None, step: str) -> tuple[str, str]:
-    for row in (record.rows if record else []):
-        if row.get("step") == step:
-            return row.get("status", "skipped"), row.get("reason") or ""
+    for row in (record.records if record else []):
+        if row.step == step:
+            return row.status, row.reason or ""
     return "skipped", "this step did not run"
 
 
-def _series(rows: list[dict], text: str) -> list[dict]:
-    return sorted((r for r in rows if r.get("text") == text and isinstance(r.get("commit_len"), (int, float))),
-                  key=lambda r: r["ctx"])
+def _series(rows: list[CommitRow], text: str) -> list[CommitRow]:
+    return sorted((r for r in rows if r.text == text and r.commit_len is not None), key=lambda r: r.ctx)
 
 
-def _list(rs: list[dict]) -> str:
-    return " / ".join(f"{r['commit_len']:.2f}" for r in rs) + " at " + " / ".join(fmt_tokens(r["ctx"]) for r in rs)
+def _list(rs: list[CommitRow]) -> str:
+    return " / ".join(f"{r.commit_len:.2f}" for r in rs) + " at " + " / ".join(fmt_tokens(r.ctx) for r in rs)
 
 
 def drafter(commit: Result | None, record: Result | None) -> Claim:
@@ -52,11 +52,11 @@ def drafter(commit: Result | None, record: Result | None) -> Claim:
         status, why = _step_reason(record, "commit")
         return Claim("drafter", title, f"Commit probe: {why}", status)
     block = commit.config.get("block_size")
-    pred, novel = _series(commit.rows, "predictable"), _series(commit.rows, "novel")
+    pred, novel = _series(commit.records, "predictable"), _series(commit.records, "novel")
     parts = []
     if pred:
-        first = pred[0]["commit_len"]
-        low = [r for r in pred if r["commit_len"] < FINE * first]
+        first = pred[0].commit_len
+        low = [r for r in pred if r.commit_len < FINE * first]
         of = f" of {block}" if block else ""
         if first < 1.5:
             parts.append(f"The drafter does not accept even at short context: commit length {_list(pred)} on "
@@ -65,10 +65,10 @@ def drafter(commit: Result | None, record: Result | None) -> Claim:
             parts.append(f"No: on predictable text the drafter accepts well at every context, commit length "
                          f"{_list(pred)}{of}.")
         else:
-            parts.append(f"Yes, from {fmt_tokens(low[0]['ctx'])}: on predictable text commit length falls to "
-                         f"{low[0]['commit_len']:.2f} (from {first:.2f} at {fmt_tokens(pred[0]['ctx'])}; "
+            parts.append(f"Yes, from {fmt_tokens(low[0].ctx)}: on predictable text commit length falls to "
+                         f"{low[0].commit_len:.2f} (from {first:.2f} at {fmt_tokens(pred[0].ctx)}; "
                          f"all: {_list(pred)}).")
-    if novel and max(r["commit_len"] for r in novel) <= NOVEL_MAX:
+    if novel and max(r.commit_len for r in novel) <= NOVEL_MAX:
         parts.append(f"Novel text is simply unpredictable: commit length {_list(novel)}.")
     elif novel:
         parts.append(f"Novel text commits {_list(novel)}: the model's continuation repeats itself, so the drafter "
@@ -94,9 +94,9 @@ def gpu(util: Result | None, record: Result | None) -> Claim:
     return Claim("gpu", title, " ".join(s if s.endswith(".") else s + "." for s in lines), "ok")
 
 
-def _step_row(floor: Result) -> dict | None:
-    meas = [r for r in floor.rows if r.get("step_ms")]
-    return max(meas, key=lambda r: r["ctx"]) if meas else None
+def _step_row(floor: Result) -> FloorRow | None:
+    meas = [r for r in floor.records if r.step_ms]
+    return max(meas, key=lambda r: r.ctx) if meas else None
 
 
 def floor_claim(floor: Result | None, record: Result | None) -> Claim:
@@ -106,20 +106,20 @@ def floor_claim(floor: Result | None, record: Result | None) -> Claim:
         status, why = _step_reason(record, "floor")
         return Claim("floor", title, f"Floor: {why}", status)
     bw = floor.config.get("bw_Bps")
-    if not r.get("floor_ms"):  # a file of an older ddprobe: the attention's floor only
-        return Claim("floor", title, f"At {fmt_tokens(r['ctx'])} the measured step {fmt_time(r['step_ms'] / 1e3)} "
-                     f"is {fmt_ratio(r['attn_gap'])} the attention's floor {fmt_time(r['attn_floor_ms'] / 1e3)} "
+    if not r.floor_ms:  # a file of an older ddprobe: the attention's floor only
+        return Claim("floor", title, f"At {fmt_tokens(r.ctx)} the measured step {fmt_time(r.step_ms / 1e3)} "
+                     f"is {fmt_ratio(r.attn_gap)} the attention's floor {fmt_time(r.attn_floor_ms / 1e3)} "
                      "(attention gap; this older floor file has no whole-step floor).", "ok")
-    comm = (f", {fmt_time(r['comm_ms'] / 1e3)} of {r['allreduces']} all-reduces" if r.get("comm_ms") else "")
-    text = (f"At {fmt_tokens(r['ctx'])} each verify step must read {fmt_bytes(r['kv_GB'] * 1e9)} of KV "
-            f"({r['kv_B_per_token']:,.0f} B per token) and {fmt_bytes(r['weights_GB'] * 1e9)} of weights; at "
-            f"{fmt_bandwidth(bw)} the floor of the whole step is {fmt_time(r['floor_ms'] / 1e3)} "
-            f"({r['binds']}-bound{comm}). The measured step takes {fmt_time(r['step_ms'] / 1e3)}: "
-            f"{fmt_ratio(r['gap'])} the floor; the attention alone would take {fmt_time(r['attn_floor_ms'] / 1e3)} "
-            f"(attention gap {fmt_ratio(r['attn_gap'])}, an effective KV bandwidth of "
-            f"{fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}")
-    if r.get("attn_gap_if_rows_reread"):
-        text += f"; still {fmt_ratio(r['attn_gap_if_rows_reread'])} if every verify row re-read the cache"
+    comm = (f", {fmt_time(r.comm_ms / 1e3)} of {r.allreduces} all-reduces" if r.comm_ms else "")
+    text = (f"At {fmt_tokens(r.ctx)} each verify step must read {fmt_bytes(r.kv_GB * 1e9)} of KV "
+            f"({r.kv_B_per_token:,.0f} B per token) and {fmt_bytes(r.weights_GB * 1e9)} of weights; at "
+            f"{fmt_bandwidth(bw)} the floor of the whole step is {fmt_time(r.floor_ms / 1e3)} "
+            f"({r.binds}-bound{comm}). The measured step takes {fmt_time(r.step_ms / 1e3)}: "
+            f"{fmt_ratio(r.gap)} the floor; the attention alone would take {fmt_time(r.attn_floor_ms / 1e3)} "
+            f"(attention gap {fmt_ratio(r.attn_gap)}, an effective KV bandwidth of "
+            f"{fmt_bandwidth(r.eff_bw_GBps * 1e9)}")
+    if r.attn_gap_if_rows_reread:
+        text += f"; still {fmt_ratio(r.attn_gap_if_rows_reread)} if every verify row re-read the cache"
     return Claim("floor", title, text + ").", "ok")
 
 
@@ -136,12 +136,12 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
             if isinstance(v, dict) and v.get("sentence")]
     if said:
         parts.append("Speculation on or off (against plain decoding at its floor): " + "; ".join(said) + ".")
-    novel = _series(commit.rows, "novel") if commit else []
+    novel = _series(commit.records, "novel") if commit else []
     r = _step_row(floor) if floor else None
-    if r is not None and (r.get("gap") or r.get("attn_gap") or 0) > 2:
-        tok = f"{novel[-1]['commit_len']:.2f} tokens" if novel else "few tokens"
-        far = (f"{fmt_ratio(r['gap'])} above its floor" if r.get("gap") else
-               f"{fmt_ratio(r['attn_gap'])} above the attention's floor")
+    if r is not None and (r.gap or r.attn_gap or 0) > 2:
+        tok = f"{novel[-1].commit_len:.2f} tokens" if novel else "few tokens"
+        far = (f"{fmt_ratio(r.gap)} above its floor" if r.gap else
+               f"{fmt_ratio(r.attn_gap)} above the attention's floor")
         head = f"Throughput: batch more requests. A single request commits {tok} per step while the step runs {far}"
         verdicts = [str(p.get("verdict", "")) for p in _decode_phases(util)]
         if any(v.startswith(("latency", "idle")) for v in verdicts):

@@ -25,58 +25,58 @@ def _span(ctxs: list[int]) -> str:
 def commit(result: Result) -> list[str]:
     """One line per text kind, judged by the same rules as the diagnosis (``diagnosis.FINE``, ``NOVEL_MAX``)."""
     by_text = defaultdict(list)
-    for r in result.rows:
-        if isinstance(r.get("commit_len"), (int, float)):
-            by_text[r.get("text", "?")].append(r)
+    for r in result.records:
+        if r.commit_len is not None:
+            by_text[r.text].append(r)
     out = []
     for text, rs in sorted(by_text.items()):
-        rs.sort(key=lambda r: r["ctx"])
+        rs.sort(key=lambda r: r.ctx)
         a, b = rs[0], rs[-1]
-        where = f"{a['commit_len']:.2f} at {fmt_tokens(a['ctx'])}" + \
-            (f", {b['commit_len']:.2f} at {fmt_tokens(b['ctx'])}" if b is not a else "")
-        low = [r for r in rs if r["commit_len"] < FINE * a["commit_len"]]
+        where = f"{a.commit_len:.2f} at {fmt_tokens(a.ctx)}" + \
+            (f", {b.commit_len:.2f} at {fmt_tokens(b.ctx)}" if b is not a else "")
+        low = [r for r in rs if r.commit_len < FINE * a.commit_len]
         if text == "novel":
             out.append(f"Novel text: commit length {where} (about 1 is expected: nothing to predict)."
-                       if max(r["commit_len"] for r in rs) <= NOVEL_MAX else
+                       if max(r.commit_len for r in rs) <= NOVEL_MAX else
                        f"Novel text: commit length {where}: the continuation repeats itself, so the drafter "
                        "predicts it.")
-        elif max(r["commit_len"] for r in rs) < 1.5:
+        elif max(r.commit_len for r in rs) < 1.5:
             out.append(f"Drafter NOT accepting on {text} text even at short context: commit length {where}; "
                        "the drafter is untrained or does not match the target.")
         elif not low:
             out.append(f"Drafter fine at long context on {text} text: commit length {where}.")
         else:
-            out.append(f"Drafter degrades on {text} text from {fmt_tokens(low[0]['ctx'])}: commit length "
-                       f"{low[0]['commit_len']:.2f} there ({where}).")
+            out.append(f"Drafter degrades on {text} text from {fmt_tokens(low[0].ctx)}: commit length "
+                       f"{low[0].commit_len:.2f} there ({where}).")
     return out or ["No commit-length cells recorded."]
 
 
 def floor(result: Result) -> list[str]:
-    rows = sorted((r for r in result.rows if isinstance(r.get("ctx"), int)), key=lambda r: r["ctx"])
+    rows = sorted(result.records, key=lambda r: r.ctx)
     if not rows:
         return ["No floor rows recorded."]
     out = []
-    whole = all(r.get("floor_ms") for r in rows)  # a file of an older ddprobe holds the attention's floor only
-    what, binds = ("The verify step's floor", [r.get("binds") for r in rows]) if whole else \
-        ("The attention (an older file: no whole-step floor)", [r.get("attn_bound") for r in rows])
+    whole = all(r.floor_ms for r in rows)  # a file of an older ddprobe holds the attention's floor only
+    what, binds = ("The verify step's floor", [r.binds for r in rows]) if whole else \
+        ("The attention (an older file: no whole-step floor)", [r.attn_bound for r in rows])
     if len(set(binds)) == 1:
-        out.append(f"{what} is {binds[0]}-bound at every context ({_span([r['ctx'] for r in rows])}).")
+        out.append(f"{what} is {binds[0]}-bound at every context ({_span([r.ctx for r in rows])}).")
     else:
-        out.append(f"{what} is " + ", ".join(f"{b}-bound at {fmt_tokens(r['ctx'])}" for r, b in zip(rows, binds))
+        out.append(f"{what} is " + ", ".join(f"{b}-bound at {fmt_tokens(r.ctx)}" for r, b in zip(rows, binds))
                    + ".")
-    meas = [r for r in rows if r.get("step_ms")]
+    meas = [r for r in rows if r.step_ms]
     if meas:
         r = meas[-1]
         bw = result.config.get("bw_Bps")
-        line = (f"Gap to the floor at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
-                f"{fmt_ratio(r['gap'])} the floor {fmt_time(r['floor_ms'] / 1e3)} (the whole step)" if whole else
-                f"Attention gap at {fmt_tokens(r['ctx'])}: the measured step {fmt_time(r['step_ms'] / 1e3)} is "
-                f"{fmt_ratio(r['attn_gap'])} the attention's floor {fmt_time(r['attn_floor_ms'] / 1e3)}")
-        if r.get("eff_bw_GBps"):
-            line += f" (effective {fmt_bandwidth(r['eff_bw_GBps'] * 1e9)}" + \
+        line = (f"Gap to the floor at {fmt_tokens(r.ctx)}: the measured step {fmt_time(r.step_ms / 1e3)} is "
+                f"{fmt_ratio(r.gap)} the floor {fmt_time(r.floor_ms / 1e3)} (the whole step)" if whole else
+                f"Attention gap at {fmt_tokens(r.ctx)}: the measured step {fmt_time(r.step_ms / 1e3)} is "
+                f"{fmt_ratio(r.attn_gap)} the attention's floor {fmt_time(r.attn_floor_ms / 1e3)}")
+        if r.eff_bw_GBps:
+            line += f" (effective {fmt_bandwidth(r.eff_bw_GBps * 1e9)}" + \
                     (f" of {fmt_bandwidth(bw)})" if bw else ")")
-        if whole and r.get("attn_gap"):
-            line += f"; attention gap {fmt_ratio(r['attn_gap'])} (KV floor {fmt_time(r['kv_floor_ms'] / 1e3)})"
+        if whole and r.attn_gap:
+            line += f"; attention gap {fmt_ratio(r.attn_gap)} (KV floor {fmt_time(r.kv_floor_ms / 1e3)})"
         out.append(line + ".")
     an = result.summary.get("anatomy") if isinstance(result.summary, dict) else None
     if an and an.get("verdict"):

@@ -1,17 +1,19 @@
 """Read results files for reports and the gate: files or folders, every error naming its file.
 
-Besides ddprobe results files (``ddprobe.result/1``) this reads the raw JSON that
+Besides ddprobe results files (``ddprobe.result/2``, and version 1, upgraded on load) this reads the raw JSON that
 ``ddprobe bench verify`` (probes/verify_bench.py) writes (``meta``, ``ceilings``, ``results``) as a
 ``bench-verify`` result, so a benchmark run can be reported before it is converted.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..jsonfile import read_json
-from ..results import SCHEMA, Result, RunMeta
+from ..results import Result, RunMeta
+from ..schema import OLD_SCHEMAS, SCHEMA
 from ..units import DDProbeError
 
 
@@ -29,8 +31,9 @@ def _from_raw_bench(d: dict[str, Any], source: str) -> Result:
     summary = {"copy_GBps": ceil.get("copy_GBps"),
                "matmul_TFLOPs": ceil.get("matmul_TFLOPs", ceil.get("bf16_mm_TFLOPs"))}
     config = {k: v for k, v in m.items() if k not in ("date", "gpu", "torch", "triton", "python", "command")}
-    return Result(kind="bench-verify", meta=meta, config={**config, **summary}, rows=list(d["results"]),
-                  summary=summary)
+    return Result.from_dict({"schema": SCHEMA, "kind": "bench-verify", "meta": dataclasses.asdict(meta),
+                             "config": {**config, **summary}, "rows": list(d["results"]), "summary": summary},
+                            source)
 
 
 def load_one(path: str | os.PathLike) -> Result:
@@ -39,12 +42,9 @@ def load_one(path: str | os.PathLike) -> Result:
     if not path.exists():
         raise DDProbeError(f"results file {path} not found")
     d = read_json(path, "results file")  # regular files only, strict JSON, a depth limit
-    if isinstance(d, dict) and d.get("schema") != SCHEMA and "results" in d and "ceilings" in d:
+    if isinstance(d, dict) and d.get("schema") not in (SCHEMA, *OLD_SCHEMAS) and "results" in d and "ceilings" in d:
         return _from_raw_bench(d, str(path))
-    result = Result.from_dict(d, source=str(path))
-    if not isinstance(result.kind, str) or not all(isinstance(r, dict) for r in result.rows):
-        raise DDProbeError(f"{path}: malformed results file (kind must be a string and rows objects)")
-    return result
+    return Result.from_dict(d, source=str(path))  # every row checked against its kind's schema
 
 
 def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:

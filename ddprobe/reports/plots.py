@@ -14,6 +14,7 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from .. import verify_paths
+from ..schema import AdviseRow, CommitRow, FloorRow
 from ..units import fmt_tokens
 from .bench import Entry
 
@@ -51,20 +52,20 @@ def _ctx_axis(ax) -> None:
     ax.grid(True, which="major", alpha=0.3)
 
 
-def commit_length(rows: list[dict], name: str) -> Figure:
+def commit_length(rows: list[CommitRow], name: str) -> Figure:
     fig, axs = _new()
     ax = axs[0][0]
     lines = defaultdict(list)
     for r in rows:
-        if isinstance(r.get("commit_len"), (int, float)):
-            lines[(r.get("text", "?"), r.get("backend"))].append(r)
+        if r.commit_len is not None:
+            lines[(r.text, r.backend)].append(r)
     multi = len({b for _, b in lines}) > 1
     for (text, backend), rs in sorted(lines.items(), key=lambda kv: str(kv[0])):
-        rs.sort(key=lambda r: r["ctx"])
-        xs = [r["ctx"] for r in rs]
-        ax.plot(xs, [r["commit_len"] for r in rs], marker="o", label=f"{text} ({backend})" if multi else text)
-        if all(isinstance(r.get("commit_len_p10"), (int, float)) for r in rs):
-            ax.fill_between(xs, [r["commit_len_p10"] for r in rs], [r["commit_len_p90"] for r in rs], alpha=0.15)
+        rs.sort(key=lambda r: r.ctx)
+        xs = [r.ctx for r in rs]
+        ax.plot(xs, [r.commit_len for r in rs], marker="o", label=f"{text} ({backend})" if multi else text)
+        if all(r.commit_len_p10 is not None and r.commit_len_p90 is not None for r in rs):
+            ax.fill_between(xs, [r.commit_len_p10 for r in rs], [r.commit_len_p90 for r in rs], alpha=0.15)
     _ctx_axis(ax)
     ax.set_ylabel("commit length (tokens / verify step)")
     ax.set_ylim(bottom=0)
@@ -129,34 +130,34 @@ def bench_bandwidth(es: list[Entry], ceiling_GBps: float | None, name: str) -> F
     return Figure(name, title, _png(fig), wide=len(groups) > 1)
 
 
-def floor_time(rows: list[dict], name: str) -> Figure:
+def floor_time(rows: list[FloorRow], name: str) -> Figure:
     fig, axs = _new()
     ax = axs[0][0]
-    rows = sorted(rows, key=lambda r: r["ctx"])
-    key, label = ("floor_ms", "floor (whole step)") if all(r.get("floor_ms") for r in rows) else \
+    rows = sorted(rows, key=lambda r: r.ctx)
+    key, label = ("floor_ms", "floor (whole step)") if all(r.floor_ms for r in rows) else \
         ("attn_floor_ms", "attention floor (an older file: no whole-step floor)")
-    ax.plot([r["ctx"] for r in rows], [r[key] for r in rows], "k--", lw=2, marker="o", label=label)
-    meas = [r for r in rows if r.get("step_ms")]
+    ax.plot([r.ctx for r in rows], [getattr(r, key) for r in rows], "k--", lw=2, marker="o", label=label)
+    meas = [r for r in rows if r.step_ms]
     if meas:
-        ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], marker="s", label="measured step")
+        ax.plot([r.ctx for r in meas], [r.step_ms for r in meas], marker="s", label="measured step")
     return _log_ctx_figure(fig, ax, "verify step (ms)", "Verify step vs context: measured and floor", name,
                            "Verify step time vs context with the floor")
 
 
-def step_anatomy(rows: list[dict], anatomy: dict | None, name: str) -> Figure:
+def step_anatomy(rows: list[FloorRow], anatomy: dict | None, name: str) -> Figure:
     """Where the step goes: measured step time vs context beside the KV, weight and whole-step floors, and
     the anatomy's fit (fixed + marginal x ctx) when there is one."""
     fig, axs = _new()
     ax = axs[0][0]
-    rows = sorted(rows, key=lambda r: r["ctx"])
-    xs = [r["ctx"] for r in rows]
+    rows = sorted(rows, key=lambda r: r.ctx)
+    xs = [r.ctx for r in rows]
     for key, style, label in (("floor_ms", "k--", "floor (whole step)"), ("kv_floor_ms", "C0:", "KV floor"),
                               ("weight_floor_ms", "C2:", "weight floor")):
-        if all(r.get(key) for r in rows):
-            ax.plot(xs, [r[key] for r in rows], style, lw=2, label=label)
-    meas = [r for r in rows if r.get("step_ms")]
+        if all(getattr(r, key) for r in rows):
+            ax.plot(xs, [getattr(r, key) for r in rows], style, lw=2, label=label)
+    meas = [r for r in rows if r.step_ms]
     if meas:
-        ax.plot([r["ctx"] for r in meas], [r["step_ms"] for r in meas], "C3", marker="s", label="measured step")
+        ax.plot([r.ctx for r in meas], [r.step_ms for r in meas], "C3", marker="s", label="measured step")
     if anatomy:
         fit = [anatomy["fixed_ms"] + anatomy["ms_per_1k"] * x / 1024 for x in xs]
         ax.plot(xs, fit, "C1-.", label=f"fit: {anatomy['fixed_ms']:.3g} ms + {anatomy['ms_per_1k']:.3g} ms per 1k")
@@ -164,11 +165,11 @@ def step_anatomy(rows: list[dict], anatomy: dict | None, name: str) -> Figure:
                            "Measured step time vs context beside the KV, weight and whole-step floors")
 
 
-def floor_bandwidth(rows: list[dict], bw_Bps: float | None, name: str) -> Figure:
+def floor_bandwidth(rows: list[FloorRow], bw_Bps: float | None, name: str) -> Figure:
     fig, axs = _new()
     ax = axs[0][0]
-    meas = sorted((r for r in rows if r.get("eff_bw_GBps")), key=lambda r: r["ctx"])
-    ax.plot([r["ctx"] for r in meas], [r["eff_bw_GBps"] for r in meas], marker="o", label="effective")
+    meas = sorted((r for r in rows if r.eff_bw_GBps), key=lambda r: r.ctx)
+    ax.plot([r.ctx for r in meas], [r.eff_bw_GBps for r in meas], marker="o", label="effective")
     if bw_Bps:
         ax.axhline(bw_Bps / 1e9, color="k", ls="--", lw=2,
                    label=f"bandwidth used for the floor {bw_Bps / 1e9:,.0f} GB/s")
@@ -186,23 +187,23 @@ def _log_ctx_figure(fig, ax, ylabel: str, title: str, name: str, caption: str) -
     return Figure(name, caption, _png(fig))
 
 
-def advise_tokens(rows: list[dict], name: str) -> Figure:
+def advise_tokens(rows: list[AdviseRow], name: str) -> Figure:
     """Tokens/s with speculation (the best budget per context) per path and text, and plain decoding's, vs
     context: where a path's line falls under its text's plain line, speculation loses."""
     fig, axs = _new()
     ax = axs[0][0]
-    best: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
+    best: dict[tuple[str, str], dict[int, AdviseRow]] = defaultdict(dict)
     plain: dict[int, float] = {}
     for r in rows:
-        if not all(isinstance(r.get(k), (int, float)) for k in ("ctx", "spec_tok_s", "plain_tok_s")):
+        if r.spec_tok_s is None or r.plain_tok_s is None:
             continue
-        key = (str(r.get("path")), str(r.get("text")))
-        if r["ctx"] not in best[key] or r["spec_tok_s"] > best[key][r["ctx"]]["spec_tok_s"]:
-            best[key][r["ctx"]] = r
-        plain[r["ctx"]] = r["plain_tok_s"]
+        key = (r.path, r.text)
+        if r.ctx not in best[key] or r.spec_tok_s > best[key][r.ctx].spec_tok_s:
+            best[key][r.ctx] = r
+        plain[r.ctx] = r.plain_tok_s
     for (path, text), by in sorted(best.items()):
         xs = sorted(by)
-        ax.plot(xs, [by[c]["spec_tok_s"] for c in xs], marker="o", color=PATH_COLORS.get(path),
+        ax.plot(xs, [by[c].spec_tok_s for c in xs], marker="o", color=PATH_COLORS.get(path),
                 ls="--" if path == "floor" else "-", label=f"{path}, {text}")
     xs = sorted(plain)
     ax.plot(xs, [plain[c] for c in xs], "k:", lw=2, marker="s", label="plain decoding")

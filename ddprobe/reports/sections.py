@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..results import Result
+from ..schema import FloorRow
 from ..step_shape import BELOW_FLOOR
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from ..signals import LABELS
@@ -60,55 +61,54 @@ def meta_rows(path: Path, r: Result) -> list[tuple[str, str]]:
 
 
 def _commit(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
-    rows = sorted((x for x in r.rows if "commit_len" in x), key=lambda x: (str(x.get("text")), x.get("ctx", 0)))
+    rows = sorted((x for x in r.records if x.commit_len is not None), key=lambda x: (x.text, x.ctx))
     # SGLang's completion / verify (prefill token counted) beside commit_len, when the results carry it
-    sgl = any(x.get("sglang_accept_length") is not None for x in rows)
+    sgl = any(x.sglang_accept_length is not None for x in rows)
     t = Table("Commit length per text kind and context",
               ["text", "ctx", "prompt", "commit len"] + (["SGLang accept len"] if sgl else [])
               + ["p10-p90", "accepted", "drafts", "steps", "ms/step", "tok/s"],
-              [[str(x.get("text")), fmt_tokens(x["ctx"]), _f(x.get("prompt_tokens"), "d"), _f(x["commit_len"], ".2f")]
-               + ([_f(x.get("sglang_accept_length"), ".2f")] if sgl else [])
-               + [f"{_f(x.get('commit_len_p10'), '.0f')}-{_f(x.get('commit_len_p90'), '.0f')}",
-                  _f(x.get("accepted_depth"), ".2f"), _f(x.get("drafts_per_step"), ".1f"),
-                  _f(x.get("verify_steps"), "d"), _f(x.get("decode_ms_per_step"), ".1f"),
-                  _f(x.get("tokens_per_s"), ".1f")] for x in rows])
+              [[x.text, fmt_tokens(x.ctx), _f(x.prompt_tokens, "d"), _f(x.commit_len, ".2f")]
+               + ([_f(x.sglang_accept_length, ".2f")] if sgl else [])
+               + [f"{_f(x.commit_len_p10, '.0f')}-{_f(x.commit_len_p90, '.0f')}",
+                  _f(x.accepted_depth, ".2f"), _f(x.drafts_per_step, ".1f"),
+                  _f(x.verify_steps, "d"), _f(x.decode_ms_per_step, ".1f"),
+                  _f(x.tokens_per_s, ".1f")] for x in rows])
     return [t], [plots.commit_length(rows, f"{sid}-commit-length")] if rows else []
 
 
+def _ms(v: float | None) -> str:
+    return fmt_time(v / 1e3) if v else "-"
+
+
 def _floor(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
-    rows = sorted((x for x in r.rows if isinstance(x.get("ctx"), int)), key=lambda x: x["ctx"])
+    rows = sorted(r.records, key=lambda x: x.ctx)
     t = Table(f"Floor per GPU ({r.config.get('model', '?')}, {r.config.get('queries', '?')} rows, tp "
               f"{r.config.get('tp', '?')}, {fmt_bandwidth(r.config['bw_Bps']) if r.config.get('bw_Bps') else '?'})",
               ["ctx", "KV", "weights", "comm", "floor", "binds", "step", "eff bw", "gap", "attn gap"],
-              [[fmt_tokens(x["ctx"]), fmt_bytes(x["kv_GB"] * 1e9),
-                fmt_bytes(x["weights_GB"] * 1e9) if x.get("weights_GB") else "-",
-                fmt_time(x["comm_ms"] / 1e3) if x.get("comm_ms") else "-",
-                fmt_time(x["floor_ms"] / 1e3) if x.get("floor_ms") else "-", str(x.get("binds") or "-"),
-                fmt_time(x["step_ms"] / 1e3) if x.get("step_ms") else "-",
-                fmt_bandwidth(x["eff_bw_GBps"] * 1e9) if x.get("eff_bw_GBps") else "-",
-                fmt_ratio(x["gap"]) if x.get("gap") else "-",
-                fmt_ratio(x["attn_gap"]) if x.get("attn_gap") else "-"] for x in rows],
+              [[fmt_tokens(x.ctx), fmt_bytes(x.kv_GB * 1e9), fmt_bytes(x.weights_GB * 1e9) if x.weights_GB else "-",
+                _ms(x.comm_ms), _ms(x.floor_ms), x.binds or "-", _ms(x.step_ms),
+                fmt_bandwidth(x.eff_bw_GBps * 1e9) if x.eff_bw_GBps else "-",
+                fmt_ratio(x.gap) if x.gap else "-", fmt_ratio(x.attn_gap) if x.attn_gap else "-"] for x in rows],
               "floor: the whole step (KV + weights over bandwidth, or compute, plus the all-reduces); gap = step / "
               "floor; attn gap = step / KV floor (the attention alone).")
     figs = [plots.floor_time(rows, f"{sid}-step-time")]
-    if any(x.get("eff_bw_GBps") for x in rows):
+    if any(x.eff_bw_GBps for x in rows):
         figs.append(plots.floor_bandwidth(rows, r.config.get("bw_Bps"), f"{sid}-bandwidth"))
     tables = [t]
     an = r.summary.get("anatomy") if isinstance(r.summary, dict) else None
-    if an or any(x.get("floor_ms") for x in rows):  # the whole step: where it goes
+    if an or any(x.floor_ms for x in rows):  # the whole step: where it goes
         tables.append(_where_the_step_goes(rows, an))
         figs.append(plots.step_anatomy(rows, an, f"{sid}-where"))
     return tables, figs
 
 
-def _where_the_step_goes(rows: list[dict], an: dict | None) -> Table:
-    ms = lambda v: fmt_time(v / 1e3) if isinstance(v, (int, float)) else "-"  # noqa: E731
-    body = [[fmt_tokens(x["ctx"]), ms(x.get("kv_floor_ms")), ms(x.get("weight_floor_ms")),
-             ms(x.get("compute_floor_ms")), ms(x.get("comm_ms")), ms(x.get("floor_ms")), str(x.get("binds")),
-             ms(x.get("step_ms")), (fmt_ratio(x["gap"]) + (" below the floor" if x.get("below_floor") else ""))
-             if x.get("gap") else "-"] for x in rows]
+def _where_the_step_goes(rows: list[FloorRow], an: dict | None) -> Table:
+    ms = lambda v: fmt_time(v / 1e3) if v is not None else "-"  # noqa: E731
+    body = [[fmt_tokens(x.ctx), ms(x.kv_floor_ms), ms(x.weight_floor_ms), ms(x.compute_floor_ms), ms(x.comm_ms),
+             ms(x.floor_ms), str(x.binds), ms(x.step_ms),
+             (fmt_ratio(x.gap) + (" below the floor" if x.below_floor else "")) if x.gap else "-"] for x in rows]
     note = (f"A row below the floor: {BELOW_FLOOR} (the floor's inputs do not describe the measured run). "
-            if any(x.get("below_floor") for x in rows) else "")
+            if any(x.below_floor for x in rows) else "")
     if an:
         ivs = "; ".join(f"{fmt_tokens(i['ctx0'])} -> {fmt_tokens(i['ctx1'])}: {i['ms_per_1k']:.3g} ms per 1k"
                         + (f" ({fmt_bandwidth(i['kv_GBps'] * 1e9)} of KV)" if i.get("kv_GBps") else "")
@@ -149,7 +149,8 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
 
 
 def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
-    means = plots_gpu.phase_means(r.rows)
+    rows = r.records  # typed telemetry rows (schema.GpuUtilRow)
+    means = plots_gpu.phase_means(rows)
     keys = [k for k, _ in plots_gpu.BARS]
     t = Table("Mean per GPU and phase", ["GPU", "phase"] + [label for _, label in plots_gpu.BARS],
               [[str(g), p] + [f"{m[k]:.1f}%" if k in m else "-" for k in keys]
@@ -160,8 +161,7 @@ def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
         tables.insert(0, Table("Verdict per GPU and phase", ["GPU", "phase", "verdict", "evidence"],
                                [[str(d.get("name", d.get("gpu", "?"))), str(d.get("phase", "?")), str(d.get("verdict", "?")),
                                  str(d.get("evidence", ""))] for d in per_phase if isinstance(d, dict)]))
-    figs = [plots_gpu.timelines(r.rows, f"{sid}-timeline"), plots_gpu.bars(r.rows, f"{sid}-bars")] \
-        if plots_gpu.by_gpu(r.rows) else []
+    figs = [plots_gpu.timelines(rows, f"{sid}-timeline"), plots_gpu.bars(rows, f"{sid}-bars")] if rows else []
     summary = r.summary if isinstance(r.summary, dict) else {}
     if summary.get("nodes"):  # many GPUs: one line per node, the agreement, a heat strip
         from ..gpu_fleet import NODE_SIGNALS
@@ -173,8 +173,8 @@ def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
                                  ", ".join(f"{c} {v}" for v, c in n["verdicts"].items())] +
                                 [_f(n.get(k), ".1f") + ("%" if n.get(k) is not None else "") for k in NODE_SIGNALS] for n in summary["nodes"]],
                                agree))
-    if len(plots_gpu.by_gpu(r.rows)) > 1:
-        figs.append(plots_gpu.heat_strip(r.rows, f"{sid}-heat"))
+    if len(plots_gpu.by_gpu(rows)) > 1:
+        figs.append(plots_gpu.heat_strip(rows, f"{sid}-heat"))
     return tables, figs
 
 
@@ -191,12 +191,12 @@ def _generic(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
 
 
 def _advise(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
-    rows = [x for x in r.rows if isinstance(x.get("ctx"), int)]
+    rows = r.records
     t = Table("Tokens/s with and without speculation",
               ["path", "text", "ctx", "budget", "commit len", "verify", "decode", "spec tok/s", "plain tok/s", "x"],
-              [[str(x.get("path")), str(x.get("text")), fmt_tokens(x["ctx"]), _f(x.get("budget"), "d"),
-                _f(x.get("commit_len"), ".3g"), fmt_time(x["verify_ms"] / 1e3), fmt_time(x["decode_ms"] / 1e3),
-                _f(x.get("spec_tok_s")), _f(x.get("plain_tok_s")), _f(x.get("speedup"), ".2f")] for x in rows],
+              [[x.path, x.text, fmt_tokens(x.ctx), _f(x.budget, "d"), _f(x.commit_len, ".3g"),
+                fmt_time(x.verify_ms / 1e3), fmt_time(x.decode_ms / 1e3), _f(x.spec_tok_s), _f(x.plain_tok_s),
+                _f(x.speedup, ".2f")] for x in rows],
               f"Plain decode: {r.summary.get('decode_source', '?')}. The floor rows put the verify step at the step "
               "model's floor (a verify kernel at physics).")
     return [t], [plots.advise_tokens(rows, f"{sid}-tokens")] if rows else []

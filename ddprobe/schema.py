@@ -1,0 +1,433 @@
+"""Typed rows of every results-file kind: the contract between the probes that write and the reports that read.
+
+One dataclass per kind (``KINDS``). Each field is a JSON key of today's files (files are the interface: other tools
+read them, so the names stay) with its type, its unit and its range declared in the annotation:
+``floor_ms: Ms`` is ``Annotated[float, Unit("ms"), AT_LEAST_0]``. A field without a default must be in every row;
+``X | None`` may be null. Keys a schema does not name are kept (``extra``), never refused.
+
+``parse_row(kind, row, where)`` checks one row and gives the typed row, or raises one ``DDProbeError`` line naming
+the field, its value with its unit and the rule it breaks. ``ResultWriter`` checks every row it writes (a probe
+that writes a bad row is a bug) and ``results.load`` every row it reads; the reports read ``Result.records``.
+``upgrade_row`` maps a version-1 file's bench keys to today's (the floor's and the telemetry's old keys are mapped
+by ``step_model.upgrade_floor_row`` and ``signals.upgrade``). Stdlib only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Union
+
+from . import signals
+from .units import DDProbeError
+
+SCHEMA = "ddprobe.result/2"
+OLD_SCHEMAS = ("ddprobe.result/1",)  # read and upgraded on load
+
+
+@dataclass(frozen=True)
+class Unit:
+    symbol: str  # "ms", "GB/s", "tokens", ... ("" for a plain number)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A range physics sets: ``lo`` <= v (or lo < v when ``open_lo``) and v <= ``hi``; always finite."""
+    lo: float | None = None
+    hi: float | None = None
+    open_lo: bool = False
+
+    def problem(self, v: float) -> str | None:
+        if not math.isfinite(v):
+            return "must be finite"
+        if self.lo is not None and (v <= self.lo if self.open_lo else v < self.lo):
+            return f"must be {'>' if self.open_lo else '>='} {self.lo:g}"
+        if self.hi is not None and v > self.hi:
+            return f"must be <= {self.hi:g}"
+        return None
+
+    def say(self) -> str:
+        """The range as the docs say it: ">= 0", "> 0", "0 to 1" ("" for finite only)."""
+        if self.lo is not None and self.hi is not None:
+            return f"{self.lo:g} to {self.hi:g}"
+        if self.lo is not None:
+            return f"{'>' if self.open_lo else '>='} {self.lo:g}"
+        return f"<= {self.hi:g}" if self.hi is not None else ""
+
+
+AT_LEAST_0, AT_LEAST_1, FINITE = Bound(lo=0), Bound(lo=1), Bound()
+Ms = Annotated[float, Unit("ms"), AT_LEAST_0]
+Us = Annotated[float, Unit("us"), AT_LEAST_0]
+Sec = Annotated[float, Unit("s"), AT_LEAST_0]
+GB = Annotated[float, Unit("GB"), AT_LEAST_0]
+Bytes = Annotated[float, Unit("B"), AT_LEAST_0]
+BytesPerToken = Annotated[float, Unit("B/token"), AT_LEAST_0]
+GBps = Annotated[float, Unit("GB/s"), AT_LEAST_0]
+TFLOPs = Annotated[float, Unit("TFLOP/s"), AT_LEAST_0]
+GFLOP = Annotated[float, Unit("GFLOP"), AT_LEAST_0]
+Flops = Annotated[float, Unit("FLOP"), AT_LEAST_0]
+Tokens = Annotated[int, Unit("tokens"), AT_LEAST_0]
+Context = Annotated[int, Unit("tokens"), AT_LEAST_1]
+TokensPerStep = Annotated[float, Unit("tokens/step"), AT_LEAST_0]
+CommitLen = Annotated[float, Unit("tokens/step"), AT_LEAST_1]  # the bonus token at least
+TokensPerSec = Annotated[float, Unit("tokens/s"), AT_LEAST_0]
+Count = Annotated[int, Unit(""), AT_LEAST_0]
+Number = Annotated[float, Unit(""), AT_LEAST_0]
+Ratio = Annotated[float, Unit("x"), AT_LEAST_0]  # a ratio of two like quantities (gap, speedup)
+Fraction = Annotated[float, Unit("fraction"), AT_LEAST_0]  # of a ceiling (a measurement may pass it)
+Share = Annotated[float, Unit("fraction"), Bound(lo=0, hi=1)]  # a part of a whole
+Seconds = Annotated[float, Unit("s"), FINITE]  # a clock reading (may be negative before a marker)
+# the telemetry signals' units, read from their keys' suffixes (signals.TABLE names them once)
+SIGNAL_UNITS = {"_pct": "%", "_W": "W", "_J": "J", "_MHz": "MHz", "_GB": "GB"}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    name: str
+    base: type  # int, float, str, bool, dict, list or object (anything)
+    nullable: bool
+    required: bool
+    unit: str | None
+    bound: Bound | None
+
+    def problem(self, v: Any) -> str | None:
+        """Why ``v`` is not a value of this field (None: it is)."""
+        if v is None:
+            return None if self.nullable else "is null (must be a value)"
+        if self.base is object:
+            return None
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool)) if self.base is float else \
+            (isinstance(v, int) and not isinstance(v, bool)) if self.base is int else isinstance(v, self.base)
+        if not ok:
+            what = {float: "a number", int: "an integer", str: "text", bool: "true or false", dict: "an object",
+                    list: "a list"}[self.base]
+            return f"is {type(v).__name__} {str(v)[:40]!r} (must be {what}{' in ' + self.unit if self.unit else ''})"
+        why = self.bound.problem(v) if self.bound and self.base in (int, float) else None
+        return f"is {v!r}{' ' + self.unit if self.unit else ''} ({why})" if why else None
+
+    def say(self) -> str:
+        """The field as the docs list it: ``floor_ms: number, ms, >= 0, optional``."""
+        rng = self.bound.say() if self.bound else ""
+        what = {float: "number", int: "integer", str: "text", bool: "bool", dict: "object", list: "list",
+                object: "any"}[self.base]
+        parts = [what, self.unit or "", rng, "or null" if self.nullable else "",
+                 "required" if self.required else "optional"]
+        return f"{self.name}: {', '.join(p for p in parts if p)}"
+
+
+def _spec(name: str, hint: Any, required: bool) -> FieldSpec:
+    nullable, unit, bound = False, None, None
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        nullable, hint = True, args[0]
+    if typing.get_origin(hint) is Annotated:
+        hint, *meta = typing.get_args(hint)
+        unit = next((m.symbol for m in meta if isinstance(m, Unit)), None)
+        bound = next((m for m in meta if isinstance(m, Bound)), None)
+    base = typing.get_origin(hint) or hint
+    return FieldSpec(name, object if base is Any else base, nullable, required, unit, bound)
+
+
+@functools.cache
+def fields_of(cls: type) -> tuple[FieldSpec, ...]:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return tuple(_spec(f.name, hints[f.name], f.default is dataclasses.MISSING
+                       and f.default_factory is dataclasses.MISSING)
+                 for f in dataclasses.fields(cls) if f.name != "extra")
+
+
+@dataclass(frozen=True)
+class Row:
+    """A typed row; ``extra`` holds the keys its schema does not name."""
+
+    def problem(self, config: dict) -> str | None:  # checks across fields (and the file's config)
+        return None
+
+
+@dataclass(frozen=True)
+class FloorRow(Row):
+    """``ddprobe floor``: the whole-step floor of one verify step at one context, per GPU. Files written before the
+    whole step was modelled carry the attention alone (``attn_*``): their step fields are absent."""
+    ctx: Context
+    kv_GB: GB  # KV one GPU reads
+    attn_floor_ms: Ms  # the attention alone: max(KV / bandwidth, attention FLOPs / tensor rate)
+    floor_ms: Ms | None = None  # THE floor: the whole step
+    rows: Count | None = None  # query rows (budget + 1)
+    kv_B_per_token: BytesPerToken | None = None  # per GPU, before dcp sharding
+    weights_GB: GB | None = None  # weights read, routed experts expected under uniform routing
+    weights_worst_GB: GB | None = None  # every row on different experts
+    experts_per_layer: Number | None = None  # expected distinct local experts per MoE layer
+    experts_worst: Count | None = None
+    GFLOP: GFLOP | None = None  # attention over the context + 2 x params x rows
+    kv_floor_ms: Ms | None = None  # KV bytes / bandwidth
+    weight_floor_ms: Ms | None = None  # weight bytes / bandwidth
+    weight_floor_worst_ms: Ms | None = None
+    compute_floor_ms: Ms | None = None  # the step's FLOPs / tensor rate
+    allreduces: Count | None = None  # tensor-parallel all-reduces per step
+    allreduce_bytes: Bytes | None = None
+    allreduce_us: Us | None = None  # one all-reduce
+    comm_ms: Ms | None = None  # all the all-reduces of a step
+    launch_ms: Ms | None = None  # kernel launches a step cannot avoid
+    floor_worst_ms: Ms | None = None
+    binds: str | None = None  # the term that sets the floor
+    decode_floor_ms: Ms | None = None  # the plain one-row decode step's floor
+    attn_GFLOP: GFLOP | None = None
+    attn_compute_floor_ms: Ms | None = None
+    attn_bound: str | None = None  # "memory" or "compute"
+    step_ms: Ms | None = None  # the measured step
+    eff_bw_GBps: GBps | None = None  # KV bytes / step
+    gap: Ratio | None = None  # step / floor
+    attn_gap: Ratio | None = None  # step / attention floor
+    attn_gap_if_rows_reread: Ratio | None = None
+    below_floor: bool | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CommitRow(Row):
+    """``ddprobe commit``: one (text, context) cell of the commit-length probe. Across fields: ``commit_len`` at most
+    ``max_new_tokens`` and, where the file's ``config.budget`` says the tree budget, at most budget + 1;
+    ``verify_steps`` at most ``completion_tokens``."""
+    ctx: Context
+    text: str  # predictable, novel, recall
+    commit_len: CommitLen | None  # tokens committed per verify step, bonus included (null: no step)
+    backend: str | None = None
+    prompt_tokens: Tokens | None = None
+    reused_tokens: Tokens | None = None  # prompt tokens served from the previous cell's cache
+    max_new_tokens: Tokens | None = None
+    completion_tokens: Tokens | None = None  # the first comes from prefill
+    verify_steps: Count | None = None
+    accepted_depth: TokensPerStep | None = None  # commit_len - 1
+    sglang_accept_length: TokensPerStep | None = None  # completion tokens / verify steps (prefill's token counted)
+    commit_len_std: TokensPerStep | None = None
+    commit_len_p10: TokensPerStep | None = None
+    commit_len_p90: TokensPerStep | None = None
+    drafts_per_step: Number | None = None  # draft nodes proposed per verify step
+    prefill_s: Sec | None = None
+    decode_s: Sec | None = None
+    e2e_s: Sec | None = None  # the request end to end, prefill included
+    decode_ms_per_step: Ms | None = None  # decode time / verify steps
+    tokens_per_s: TokensPerSec | None = None  # decode tokens / decode time
+    output_repeats: Share | None = None  # share of the output that repeats itself
+    verify_ms_mean: Ms | None = None
+    draft_ms_mean: Ms | None = None
+    tree_nodes: Count | None = None
+    finish_reason: str | None = None
+    recall_copied_words: Count | None = None
+    suspect: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def problem(self, config: dict) -> str | None:
+        """What no measurement can say: a commit length above max_new_tokens or above budget + 1 (a step
+        commits at most its accepted nodes and the bonus token), more verify steps than tokens."""
+        c, n, b = self.commit_len, self.max_new_tokens, config.get("budget")
+        if c is not None and n is not None and n >= 1 and c > n + 1e-9:
+            return f"'commit_len' is {c:g} tokens/step (must be <= max_new_tokens, {n})"
+        if c is not None and _is_int(b) and b >= 0 and c > b + 1 + 1e-9:
+            return f"'commit_len' is {c:g} tokens/step (must be <= budget + 1, {b + 1})"
+        if self.verify_steps is not None and self.completion_tokens is not None \
+                and self.verify_steps > max(self.completion_tokens, 1):
+            return f"'verify_steps' is {self.verify_steps} for {self.completion_tokens} tokens (must be <= tokens)"
+        return None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _signal_field(key: str) -> tuple:
+    unit = next((u for suffix, u in SIGNAL_UNITS.items() if key.endswith(suffix)), "")
+    return key, Annotated[float, Unit(unit), AT_LEAST_0] | None, field(default=None)
+
+
+_GpuUtilBase = dataclasses.make_dataclass(
+    "_GpuUtilBase", [("t_s", Seconds), ("gpu", Count), ("window_s", Sec | None, field(default=None)),
+                     ("phase", str | None, field(default=None)), ("node", str | None, field(default=None)),
+                     ("node_gpu", Any, field(default=None)),  # as the source labels it ("0", "0.1" for MIG)
+                     ("clock_reasons", str | None, field(default=None)),
+                     *[_signal_field(k) for k in signals.NUMERIC_KEYS],
+                     ("extra", dict, field(default_factory=dict))],
+    bases=(Row,), frozen=True, namespace={"__module__": __name__})
+
+
+class GpuUtilRow(_GpuUtilBase):
+    """``ddprobe gpu-util``: one telemetry tick of one GPU: ``t_s`` (s since the start), ``gpu`` (index), the
+    phase, and every signal of ``signals.TABLE`` (null where a source does not read it; what each measures and where
+    it is read: docs/gpu-util.md), its unit its key's suffix."""
+
+
+@dataclass(frozen=True)
+class BenchVerifyRow(Row):
+    """``ddprobe bench verify`` and ``diagnose``: one verify-attention path at one (context, heads); ``kind`` "step61"
+    (a whole multi-layer step, timed in ``step_ms``) or absent (one layer's call, timed in ``us``)."""
+    path: str
+    ctx: Context
+    heads: Count | None = None
+    rows: Count | None = None
+    kind: str | None = None
+    us: Us | None = None  # one call
+    step_ms: Ms | None = None  # a whole step (kind "step61")
+    floor_us: Us | None = None  # the kernel floor: max(bytes / copy bandwidth, FLOPs / matmul rate)
+    bytes: Bytes | None = None
+    flops: Flops | None = None
+    GBps: GBps | None = None
+    TFLOPs: TFLOPs | None = None
+    gap: Ratio | None = None  # time / kernel floor
+    bw_frac: Fraction | None = None
+    mm_frac: Fraction | None = None
+    rel_err: Number | None = None  # against the fp32 reference
+    ok: bool | None = None
+    n_sets: Count | None = None
+    timing: str | None = None
+    plan: str | None = None  # "host" or "device": where the path's plan is built
+    kernel: str | None = None  # the kernel the path ran
+    gpu: str | None = None
+    error: str | None = None
+    skipped: str | None = None
+    kernels: dict | None = None
+    config: dict | None = None
+    tuning: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AllreduceRow(Row):
+    """``ddprobe bench allreduce``: one message size on the ranks of one host."""
+    bytes: Annotated[int, Unit("B"), AT_LEAST_0]
+    us: Us | None  # median all-reduce time
+    label: str | None = None
+    p10_us: Us | None = None
+    p90_us: Us | None = None
+    algbw_GBps: GBps | None = None
+    graphs: bool | None = None
+    samples: Count | None = None
+    calls: Count | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AdviseRow(Row):
+    """``ddprobe advise``: one (path, text, context, budget) point: speculation's tokens/s against plain decoding's.
+    Across fields: ``commit_len`` at most ``budget`` + 1."""
+    path: str
+    text: str
+    ctx: Context
+    budget: Count
+    commit_len: CommitLen
+    verify_ms: Annotated[float, Unit("ms"), Bound(lo=0, open_lo=True)]
+    decode_ms: Annotated[float, Unit("ms"), Bound(lo=0, open_lo=True)]
+    source: str | None = None
+    spec_tok_s: TokensPerSec | None = None
+    plain_tok_s: TokensPerSec | None = None
+    speedup: Ratio | None = None  # spec / plain
+    note: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    def problem(self, config: dict) -> str | None:
+        if self.commit_len > self.budget + 1 + 1e-9:
+            return f"'commit_len' is {self.commit_len:g} tokens/step (must be <= budget + 1, {self.budget + 1})"
+        return None
+
+
+@dataclass(frozen=True)
+class DiagnoseRow(Row):
+    """``ddprobe diagnose``: one step of the pipeline (commit, gpu-util, floor, verify, advise) and how it ended."""
+    step: str
+    status: str
+    reason: str | None = None
+    file: str | None = None
+    seconds: Sec | None = None
+    extra: dict = field(default_factory=dict)
+
+
+KINDS: dict[str, type] = {"floor": FloorRow, "commit": CommitRow, "gpu-util": GpuUtilRow,
+                          "bench-verify": BenchVerifyRow, "allreduce": AllreduceRow, "advise": AdviseRow,
+                          "diagnose": DiagnoseRow}
+
+
+def parse_row(kind: str, row: Any, where: str, config: dict | None = None) -> Row:
+    """One row of a ``kind`` file as its typed row; ``where`` starts the one-line error ("FILE: row 3")."""
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise DDProbeError(f"{where}: no schema for kind {kind!r} (known: {', '.join(KINDS)})")
+    if not isinstance(row, dict):
+        raise DDProbeError(f"{where} is not an object (got {type(row).__name__}: {str(row)[:40]!r})")
+    specs = fields_of(cls)
+    values = {}
+    for f in specs:
+        if f.name not in row:
+            if f.required:
+                raise DDProbeError(f"{where} of this {kind} file: {f.name!r} is missing (required)")
+            continue
+        why = f.problem(row[f.name])
+        if why:
+            raise DDProbeError(f"{where} of this {kind} file: {f.name!r} {why}")
+        values[f.name] = float(row[f.name]) if f.base is float and row[f.name] is not None else row[f.name]
+    names = {f.name for f in specs}
+    typed = cls(**values, extra={k: v for k, v in row.items() if k not in names})
+    why = typed.problem(config or {})
+    if why:
+        raise DDProbeError(f"{where} of this {kind} file: {why}")
+    return typed
+
+
+def parse_rows(kind: str, rows: Any, source: str, config: dict | None = None) -> list[Row] | None:
+    """Every row of a file (None for a kind without a schema: its rows are kept as objects, unchecked)."""
+    if not isinstance(rows, list):
+        raise DDProbeError(f"{source}: 'rows' is not a list")
+    if kind not in KINDS:
+        for i, row in enumerate(rows, 1):
+            if not isinstance(row, dict):
+                raise DDProbeError(f"{source}: row {i} is not an object (got {type(row).__name__})")
+        return None
+    return [parse_row(kind, row, f"{source}: row {i}", config) for i, row in enumerate(rows, 1)]
+
+
+# bench-verify keys of version-1 files: the layer time was ``time_us`` in diagnose's files; a step's kernel floor
+# was ``floor_ms`` (today ``floor_us``, like a layer's)
+def upgrade_row(kind: str, row: Any) -> Any:
+    """A version-1 row in today's keys (today's rows come back as they are)."""
+    if kind != "bench-verify" or not isinstance(row, dict) or not ("time_us" in row or "floor_ms" in row):
+        return row
+    out = {("us" if k == "time_us" and "us" not in row else k): v for k, v in row.items() if k != "floor_ms"}
+    f = row.get("floor_ms")
+    if "floor_us" not in out and "floor_ms" in row:
+        out["floor_us"] = f * 1e3 if isinstance(f, (int, float)) and not isinstance(f, bool) else f
+    return out
+
+
+def describe(kind: str) -> list[str]:
+    """Every field of a kind, one line each (docs/results.md lists these)."""
+    return [f.say() for f in fields_of(KINDS[kind])]
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """The comment beside each field in this module's source (what the field means)."""
+    import inspect
+    import re
+
+    out = {}
+    for c in reversed(cls.__mro__):
+        try:
+            src = inspect.getsource(c)
+        except (OSError, TypeError):
+            continue
+        out.update(re.findall(r"^\s+(\w+): [^#\n]+#\s*(.+)$", src, re.M))
+    return out
+
+
+def markdown() -> str:
+    """Each kind's fields as docs/results.md lists them (``python -m ddprobe.schema`` prints it)."""
+    parts = []
+    for kind, cls in KINDS.items():
+        notes = _comments(cls)
+        lines = [f"- `{f.say()}`" + (f": {notes[f.name]}" if f.name in notes else "") for f in fields_of(cls)]
+        parts.append(f"## `{kind}`\n\n{' '.join((cls.__doc__ or '').split())}\n\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
