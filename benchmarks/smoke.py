@@ -47,7 +47,7 @@ class Row:
 
 def cases() -> list[Case]:
     """The user's commands, in the README's spelling (shipped files by their path in this repository)."""
-    base = ROOT / "examples" / "baselines" / "bench-verify-h200.json"
+    base = ROOT / "tests" / "data" / "bench-verify-h200-2026-11-29.json"  # the README's gate example
     return [
         Case("commit", ("commit", "--ctx", "1k,16k,64k,128k")),
         Case("commit again", ("commit", "--ctx", "1k,16k,64k,128k")),  # the compile caches the first run filled

@@ -205,13 +205,14 @@ def test_duplicate_entries_are_an_error(tmp_path):
 
 
 SHIPPED = Path(__file__).parent.parent / "examples" / "baselines" / "bench-verify-h200.json"
+OLD = Path(__file__).parent / "data" / "bench-verify-h200-2026-11-29.json"  # the baseline before split_ws was gated
 
 
 def _with_split_ws_and_peers(tmp_path, name, edit=None) -> Path:
-    """The shipped H200 baseline plus what `bench verify --paths paged,split,split_ws,flashmla,flashinfer-fa3,sdpa`
+    """The 2026-11-29 H200 baseline plus what `bench verify --paths paged,split,split_ws,flashmla,flashinfer-fa3,sdpa`
     adds to it: split_ws rows (device plans, the kernel recorded) and the production peers beside them, derived from
     the split rows (times scaled: the gate reads only times and bandwidths), so the file has the real file's shape."""
-    d = json.loads(SHIPPED.read_text())
+    d = json.loads(OLD.read_text())
     extra = []
     for r in d["results"]:
         if r["path"] != "split":
@@ -265,8 +266,23 @@ def test_a_baseline_with_split_ws_rows_gates_them_and_records_the_peers_beside(t
     assert r.exit_code == 1
     assert "REGRESSED: split_ws heads=8 ctx=128k on NVIDIA H200: 20.0% slower than the baseline" in r.output
     assert f"gate FAILED: 1 of {gated} entries" in r.output
-    r = gate_cli(SHIPPED, "--baseline", base)  # a run without split_ws (the old arguments) misses its rows
+    r = gate_cli(OLD, "--baseline", base)  # a run without split_ws (the old arguments) misses its rows
     assert r.exit_code == 1 and "MISSING: split_ws heads=64 ctx=16k" in r.output
+
+
+def test_the_shipped_baseline_gates_the_kernel_the_engine_runs():
+    """The committed baseline is a real run of the README's command: split_ws, split and paged rows planned as the
+    engine plans them (device plans, the kernel recorded), the step included; peers absent from that machine are
+    recorded as skipped rows and pass as references."""
+    d = json.loads(SHIPPED.read_text())
+    assert d["meta"]["command"].startswith("ddprobe bench verify --ctx 1k,16k,128k --heads 8,64 --paths paged,split,"
+                                           "split_ws,flashmla,flashinfer-fa3,sdpa --quick")
+    ws = [r for r in d["results"] if r["path"] == "split_ws"]
+    assert len(ws) == 7 and all(r["plan"] == "device" and r["kernel"] == "cuda" for r in ws)  # 6 layers + the step
+    assert all(r.get("plan") == "device" for r in d["results"] if r["path"] in ("paged", "split") and "us" in r)
+    r = gate_cli(SHIPPED, "--baseline", SHIPPED)
+    assert r.exit_code == 0, r.output
+    assert "gate passed: 21 entries within 10% (20 peer entries for reference, not gated)" in r.output
 
 
 def test_the_baselines_command_is_the_workflows_and_parses(tmp_path):

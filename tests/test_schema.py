@@ -36,9 +36,9 @@ def test_old_keys_are_upgraded_on_load():
     verify = Result.load(ROOT / "examples/diagnose-h200/k2/verify.json")  # v1 diagnose: time_us
     old = json.loads((ROOT / "examples/diagnose-h200/k2/verify.json").read_text())["rows"][0]
     assert verify.records[0].us == old["time_us"] and "time_us" not in verify.rows[0]
-    raw = load_one(ROOT / "examples/baselines/bench-verify-h200.json")  # a step row's kernel floor was floor_ms
+    raw = load_one(ROOT / "tests/data/bench-verify-h200-2026-11-29.json")  # a step row's kernel floor was floor_ms
     step = next(x for x in raw.records if x.kind == "step61" and x.step_ms)
-    doc = json.loads((ROOT / "examples/baselines/bench-verify-h200.json").read_text())
+    doc = json.loads((ROOT / "tests/data/bench-verify-h200-2026-11-29.json").read_text())
     was = next(x for x in doc["results"] if x.get("kind") == "step61" and x["path"] == step.path
                and x["ctx"] == step.ctx)
     assert step.floor_us == pytest.approx(was["floor_ms"] * 1e3) and "floor_ms" not in raw.rows[0]

@@ -61,7 +61,7 @@ def test_a_pipe_gets_every_column_whole():
 
 
 @pytest.mark.parametrize("args, key", [
-    (["gate", "tests/data/bench-verify-h200-raw.json", "--baseline", "examples/baselines/bench-verify-h200.json",
+    (["gate", "tests/data/bench-verify-h200-raw.json", "--baseline", "tests/data/bench-verify-h200-2026-11-29.json",
       "--paths", "split", "--ctx", "128k"], "status"),
     (["gpu-util", "--replay", "tests/data/gpu-util-h200-split.json", "--json", "{tmp}/r.json"], "GPU"),
 ])
