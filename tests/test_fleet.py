@@ -290,11 +290,16 @@ def test_a_window_shorter_than_one_scrape_is_said(prom):
     assert rows and any("shorter than one scrape" in n and "scrape_interval: 0.1s" in n for n in w.notes)
 
 
+def _tiny_gpu_util(url: str, tmp_path, *more: str):
+    """``gpu-util`` on the tiny CPU engine (256-token prompt) sampled from the Prometheus at ``url``; -> g.json."""
+    return CliRunner().invoke(app, ["gpu-util", "--source", "prometheus", "--prom-url", url, "--preset", "tiny",
+                                    "--attn", "reference", "--device", "cpu", "--dtype", "fp32", "--prompt-len", "256",
+                                    *more, "--json", str(tmp_path / "g.json")])
+
+
 def test_gpu_util_cli_on_the_tiny_engine_with_prometheus(prom, tmp_path):
     url, _ = prom
-    r = CliRunner().invoke(app, ["gpu-util", "--source", "prometheus", "--prom-url", url, "--preset", "tiny",
-                                 "--attn", "reference", "--device", "cpu", "--dtype", "fp32", "--prompt-len", "256",
-                                 "--decode-tokens", "16", "--no-warmup", "--json", str(tmp_path / "g.json")])
+    r = _tiny_gpu_util(url, tmp_path, "--decode-tokens", "16", "--no-warmup")
     assert r.exit_code == 0, r.output
     res = Result.load(tmp_path / "g.json")
     assert res.config["source"] == "prometheus" and len({row["gpu"] for row in res.rows}) == 8
@@ -308,9 +313,7 @@ def test_gpu_util_cli_estimates_after_the_warm_up_and_says_what_deep_found(prom,
     """The command's pipeline end to end (``gpu_util_run``): the request estimated after the warm-up, its timing
     beside the estimate, and --deep's ncu run recorded and printed (here without ncu: skipped, saying why)."""
     url, _ = prom
-    r = CliRunner().invoke(app, ["gpu-util", "--source", "prometheus", "--prom-url", url, "--preset", "tiny",
-                                 "--attn", "reference", "--device", "cpu", "--dtype", "fp32", "--prompt-len", "256",
-                                 "--decode-tokens", "8", "--deep", "--json", str(tmp_path / "g.json")])
+    r = _tiny_gpu_util(url, tmp_path, "--decode-tokens", "8", "--deep")
     assert r.exit_code == 0, r.output
     res = Result.load(tmp_path / "g.json")
     timing = res.summary["timing"]
