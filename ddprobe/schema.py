@@ -374,6 +374,12 @@ def parse_row(kind: str, row: Any, where: str, config: dict | None = None) -> Ro
     return typed
 
 
+def unbelievable(kind: str, row: dict) -> dict[str, str]:
+    """The fields of a measured ``row`` (a dict) whose values break ``kind``'s schema, each with why: what a probe
+    keeps as unknown (null) rather than believe, before the row is written."""
+    return {f.name: why for f in fields_of(KINDS[kind]) if f.name in row and (why := f.problem(row[f.name]))}
+
+
 def parse_rows(kind: str, rows: Any, source: str, config: dict | None = None) -> list[Row] | None:
     """Every row of a file (None for a kind without a schema: its rows are kept as objects, unchecked)."""
     if not isinstance(rows, list):

@@ -112,6 +112,9 @@ def test_from_a_commit_file(tmp_path):
     row = next(r for r in d["rows"] if r["text"] == "novel" and r["ctx"] == 131072 and r["path"] != "floor")
     assert row["spec_tok_s"] == pytest.approx(cell["commit_len"] / cell["decode_ms_per_step"] * 1e3)
     assert {v["text"] for v in d["summary"]["verdicts"]} == {"predictable", "novel"}
+    # the tiny CPU engine's steps against K2's plain decoding: said, as floor --steps-from says it
+    assert ("commit-tiny-cpu-long-2026-12-02.json's steps cannot be kimi-k2.6's (the tiny engine preset; measured on "
+            "the CPU;") in p.stderr
     p = _advise("--from", "tests/data/floor-rtx-pro-6000-tp8.json", ok=False)
     assert "takes a commit file" in p.stderr
 

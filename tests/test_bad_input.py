@@ -49,6 +49,8 @@ def _cases(tmp: Path):
          r"--replay re-analyses a saved file: --backend would be ignored"),
         ("replay with prompt-len", ["gpu-util", "--replay", REPLAY, "--prompt-len", "1k", "--json", d + "/g.json"], 1,
          r"--prompt-len would be ignored"),
+        ("replay with compile", ["gpu-util", "--replay", REPLAY, "--compile", "--json", d + "/g.json"], 1,
+         r"--compile would be ignored"),
         ("floor step 1e-300", ["floor", "--step-ms", "1e-300"], 1, r"--step-ms: bad step time '1e-300'"),
         ("floor queries 1e9", ["floor", "--queries", "1000000000"], 1, r"--queries: bad query rows 1000000000"),
         ("floor bw 1e-300GB/s", ["floor", "--bw", "1e-300GB/s"], 1, r"--bw: bad bandwidth '1e-300GB/s'"),

@@ -218,6 +218,18 @@ def test_compile_needs_the_cuda_graph_step():
     assert not Engine("tiny", device="cpu", compile=False, max_ctx=64).fuse
 
 
+def test_a_plan_that_fell_back_is_said_and_recorded():
+    """A held step whose verify plan fell back to the fp32 reference (split on a GPU its table does not fit: the
+    plan's ``fallback``, split.py) is named by the engine and said on the warm-up line, never hidden."""
+    eng = Engine("tiny", graphs=True, max_ctx=64)
+    assert eng.warmup(capacity=64)["what"] == "first step" and eng.attn_fallback is None and not eng.compiled
+    plan = eng.runner.static.plan
+    plan.extra["fallback"] = "the split path on sm_120 takes at most 16 new rows (its tree tile), got 17"
+    assert eng.attn_fallback == plan.extra["fallback"]
+    assert eng.warmup(capacity=64)["what"] == ("first step (attention: the fp32 reference runs, the split path on "
+                                               "sm_120 takes at most 16 new rows (its tree tile), got 17)")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_compile_off_replays_the_same_tokens_without_torch_compile():

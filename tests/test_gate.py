@@ -283,6 +283,9 @@ def test_the_shipped_baseline_gates_the_kernel_the_engine_runs():
     r = gate_cli(SHIPPED, "--baseline", SHIPPED)
     assert r.exit_code == 0, r.output
     assert "gate passed: 21 entries within 10% (20 peer entries for reference, not gated)" in r.output
+    r = gate_cli(SHIPPED, "--baseline", SHIPPED, "--paths", "flashmla")  # peers alone: nothing would be guarded
+    assert r.exit_code == 1 and "the baseline has only peers' entries matching --paths/--ctx/--heads" in r.output
+    assert len(r.output.strip().splitlines()) == 1
 
 
 def test_the_baselines_command_is_the_workflows_and_parses(tmp_path):

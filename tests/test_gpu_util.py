@@ -494,3 +494,24 @@ def test_bad_decode_tokens_is_named_before_any_gpu_or_source_probe(tmp_path, sou
     r = CliRunner().invoke(app, ["gpu-util", "--decode-tokens", "0", *source, "--json", str(tmp_path / "x.json")])
     assert r.exit_code == 1
     assert r.output.strip() == "error: --decode-tokens must be at least 2, got 0", r.output
+
+
+def test_unbelievable_readings_are_kept_unknown_and_the_file_stays_readable(tmp_path):
+    """A negative power from an exporter, text where a clock belongs, a row without its time: the readings are
+    kept as unknown (null) or the row dropped, each said once, and the file written with them loads again."""
+    from ddprobe.probes.gpu_util import believed
+    from ddprobe.results import Result, ResultWriter, RunMeta
+
+    notes: list[str] = []
+    rows = believed([{"t_s": 0.1, "gpu": 0, "power_W": -1.0, "sm_clock_MHz": 1980.0},
+                     {"t_s": 0.2, "gpu": 0, "power_W": -3.0, "sm_clock_MHz": "fast"},
+                     {"t_s": None, "gpu": 0, "power_W": 300.0}], notes)
+    assert rows == [{"t_s": 0.1, "gpu": 0, "power_W": None, "sm_clock_MHz": 1980.0},
+                    {"t_s": 0.2, "gpu": 0, "power_W": None, "sm_clock_MHz": None}]
+    assert notes == ["telemetry: power_W is -1.0 W (must be >= 0): not believed, kept as unknown",
+                     "telemetry: sm_clock_MHz is str 'fast' (must be a number in MHz): not believed, kept as unknown",
+                     "telemetry: t_s is null (must be a value): that row dropped"]
+    w = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config={}), tmp_path / "g.json")
+    for r in rows:
+        w.add(r)
+    assert [r.power_W for r in Result.load(tmp_path / "g.json").records] == [None, None]

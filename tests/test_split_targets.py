@@ -66,6 +66,7 @@ def test_split_table_scales_to_other_rows():
     fp32 reference's output, said once in one RuntimeWarning line, launching nothing."""
     from ddprobe.engine.kernels import reference, split
     from ddprobe.engine.kernels.trees import shape_mask
+    from ddprobe.probes import verify_bench
 
     a = split.arch_for((12, 0))
     pre = _compile((12, 0), 8, 9, v_dim=64, rope=32, dtype=torch.float32)["prefix"][0]
@@ -83,6 +84,9 @@ def test_split_table_scales_to_other_rows():
             out = split.run(q, kv, p, 0.1)
         assert len(rec) == 1 and "\n" not in str(rec[0].message) and "sm_120" in str(rec[0].message)
         assert torch.equal(out, reference.run(q, kv, p, 0.1))
+        assert verify_bench.kernel_of("split", p) == "reference"  # what bench verify records for it
+    with pytest.raises(ValueError, match=f"takes at most {a.max_rows} new rows"):
+        split.choose_config(4096, 8 * 17, a.sms, a.tuning, r=17, smem_limit=a.smem, arch=a)
 
 
 def test_auto_picks_split_where_split_ws_does_not_run():
@@ -108,12 +112,14 @@ def test_a_kernel_that_does_not_build_falls_back_in_one_line():
     g = torch.Generator().manual_seed(3)
     q, kv = torch.randn(9, 2, 96, generator=g), torch.randn(120, 96, generator=g)
     p = split.plan(100, shape_mask("fork", 8), None, 64, heads=2, dtype=torch.float32, rope_dim=32, arch=(12, 0))
+    assert "fallback" not in p.extra
     why = "the split path's kernels (32 rows x 32 tokens x 2 stages) do not build on sm_120 (OutOfResources: x)"
     split._FELL_BACK.clear()
     with pytest.warns(RuntimeWarning) as rec:
         out = split._fallback(q, kv, p, 0.1, why)
     assert len(rec) == 1 and str(rec[0].message) == why + "; the fp32 reference runs instead"
     assert torch.equal(out, reference.run(q, kv, p, 0.1))
+    assert p.extra["fallback"] == why  # the plan records what ran (the engine's record and bench verify read it)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         split._fallback(q, kv, p, 0.1, why)  # said once

@@ -86,8 +86,8 @@ def advise(
     if from_file is not None:
         if typed_flags(tctx, ("ctx", "step_ms", "commit_len")):
             raise DDProbeError("give --from or typed numbers (--ctx, --step-ms, --commit-len), not both")
-        points = points_from_file(from_file, budget if typed_flags(tctx, ("budget",)) else None,
-                                  lambda ctxs: _decode(decode_ms, ctxs, step_model), path, say=_note)
+        points = points_from_file(from_file, budget if typed_flags(tctx, ("budget",)) else None, lambda ctxs: _decode(
+            decode_ms, ctxs, step_model), path, say=_note, spec=get_model(model))
     elif not (step_ms or commit_len or decode_ms):  # nothing typed: measure the engine here
         points, step_model, config = measure_here(ctx, paths, budgets, preset, device, heads, texts, steps, gpu,
                                                   max_new_tokens, say=_say, note=_note)
@@ -116,7 +116,7 @@ def _say(m: str) -> None:  # what a measurement is doing, as it goes
 
 
 def _note(m: str) -> None:
-    err.print(m, highlight=False)
+    err.print(m, highlight=False, markup=False, soft_wrap=True)
 
 
 def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float]:

@@ -12,7 +12,7 @@ from .app import app
 from .gpu_source import SOURCE_PARAMS, ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt, evidence_lines, \
     print_fleet
 from .progress import CellDisplay
-from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
+from .options import ENGINE_OPTION_NAMES, BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     num_or_dash, out, results_path, text_kinds, typed_flags
 from .outputs import check_outputs
 from .tables import Col, print_fitted
@@ -23,8 +23,7 @@ SIGNAL_PRIORITY = {"tensor_active_pct": 1, "dram_active_pct": 1, "sm_active_pct"
                    "util_gpu_pct": 2, "util_mem_pct": 3, "sm_clock_MHz": 4}
 # every option but the files: what a --replay does not use
 REPLAY_IGNORES = {"prompt_len", "decode_tokens", "period", "text", "backend", "url", "timeout", "deep", "warmup",
-                  "preset", "attn", "budget", "device", "dtype", "heads", "weights", "seed", "graphs", "threads",
-                  *SOURCE_PARAMS}
+                  *ENGINE_OPTION_NAMES, *SOURCE_PARAMS}
 
 
 @app.command("gpu-util")

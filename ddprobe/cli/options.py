@@ -161,6 +161,7 @@ _ENGINE_OPTS = {  # field -> (annotation, flag, help[, callback])
 }
 
 
+ENGINE_OPTION_NAMES = tuple(_ENGINE_OPTS)  # the engine options' parameter names (one list for every command)
 SERVER_IGNORES = tuple(k for k in _ENGINE_OPTS if k != "seed")  # engine options a server backend ignores (the
                                                                 # seed also seeds the probe's text)
 

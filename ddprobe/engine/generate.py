@@ -167,6 +167,22 @@ class Engine:
         return self._runner.compile_error if self._runner is not None else None
 
     @property
+    def compiled(self) -> bool:
+        """Whether the captured step runs torch.compile'd functions: asked for (``fuse``) and not given up."""
+        return bool(self.fuse) and self.compile_error is None
+
+    @property
+    def attn_fallback(self) -> str | None:
+        """Why the held steps' verify plan runs the fp32 reference instead of its path's kernels (split on a GPU
+        whose table does not fit the rows, or a kernel that did not build there), if it does."""
+        r = self._runner
+        for st in ((r.static, r.decode) if r is not None else ()):
+            why = st is not None and (getattr(st.plan, "extra", None) or {}).get("fallback")
+            if why:
+                return why
+        return None
+
+    @property
     def fused_tree_fallback(self) -> str | None:
         """Why the captured step builds the draft tree with the plain device build, not the fused Triton kernel
         (CUDA graphs; ``tree_device.fused_tree_fallback``), if it does."""
@@ -235,8 +251,12 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         cuda = self.device.type == "cuda"
-        what = ("first step" if not cuda else "compile + capture" if self.fuse else
+        what = ("first step" if not cuda else "compile + capture" if self.compiled else
                 "kernels + capture" if self.graphs else "kernels")
+        if self.fuse and not self.compiled:
+            what += f" (torch.compile failed, the plain functions captured: {self.compile_error[:160]})"
+        if self.attn_fallback:
+            what += f" (attention: the fp32 reference runs, {self.attn_fallback[:160]})"
         return {"warmup_s": time.perf_counter() - t0, "what": what, "capacity": cap}
 
     def forget_prefix(self) -> None:

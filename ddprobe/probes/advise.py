@@ -340,15 +340,21 @@ def floats(text: str, what: str) -> list[float]:
 
 
 def points_from_file(path, budget: int | None, decode: Callable[[list[int]], list[float]], label: str,
-                     say: Callable[[str], None] = lambda _m: None) -> list[Point]:
+                     say: Callable[[str], None] = lambda _m: None, spec=None) -> list[Point]:
     """The points of a commit results file (``points_from_commit``): its own budget, else ``budget`` (typed; None:
-    refused); ``decode(ctxs)``: the plain decode step per context; cells without a commit length or a step time left
+    refused); ``decode(ctxs)``: the plain decode step per context (``spec``'s, the model served: a file whose steps
+    cannot be that model's is said, ``floor.not_the_model``); cells without a commit length or a step time left
     out, and ``say`` told how many; ``label``: the path when the file names none."""
     from ..results import Result
+    from .floor import not_the_model
 
     r = Result.load(path)
     if r.kind != "commit":
         raise DDProbeError(f"{path}: a {r.kind!r} results file; --from takes a commit file")
+    why = not_the_model(r.config, spec) if spec is not None else ""
+    if why:
+        say(f"warning: {path}'s steps cannot be {spec.name}'s ({why}): they are compared with {spec.name}'s plain "
+            "decoding, two different models")
     if isinstance(r.config.get("budget"), int):
         budget = r.config["budget"]
     elif budget is None:

@@ -155,7 +155,9 @@ class EngineBackend:
                 "budget": self.budget, "block_size": self.engine.config.drafter.block_size, "device": self.device,
                 "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
                 "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs,
-                "compile": self.engine.fuse,
+                "compile": self.engine.compiled,
+                **({"compile_error": err} if (err := self.engine.compile_error) else {}),
+                **({"attn_fallback": fell} if (fell := self.engine.attn_fallback) else {}),
                 **({"fused_tree_fallback": fell} if (fell := self.engine.fused_tree_fallback) else {}),
                 **({"threads": self.threads.to_dict()} if getattr(self, "threads", None) else {})}
 

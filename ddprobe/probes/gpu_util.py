@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from .. import verify_paths
 from ..results import Result, ResultWriter
-from .. import signals
+from .. import schema, signals
 from ..shapes import gpu_spec_for
 from ..units import DDProbeError
 from .backends import Backend
@@ -77,6 +77,24 @@ def check_decode_tokens(decode_tokens: int) -> None:
     """A sampled decode needs two tokens at least (one step to time after the first)."""
     if decode_tokens < 2:
         raise DDProbeError(f"--decode-tokens must be at least 2, got {decode_tokens}")
+
+
+def believed(rows: list[dict], notes: list[str]) -> list[dict]:
+    """Telemetry rows as they may be written (the gpu-util schema): a reading that breaks it (a negative power from
+    an exporter, text where a number belongs) kept as unknown (null) and said once per signal in ``notes``; a row
+    without a usable time or GPU index dropped, said once."""
+    out, said = [], set()
+    for r in rows:
+        bad = schema.unbelievable("gpu-util", r)
+        drop = sorted({"t_s", "gpu"} & set(bad))
+        for k in drop or bad:
+            if k not in said:
+                said.add(k)
+                notes.append(f"telemetry: {k} {bad[k]}: " + ("that row dropped" if drop else "not believed, kept as "
+                                                                                            "unknown"))
+        if not drop:
+            out.append({**r, **dict.fromkeys(bad)})
+    return out
 
 
 def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s: float, writer: ResultWriter,
@@ -147,8 +165,8 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
                                                           if k in signals.PROFILING),
                        "sources": dict(sampler.sources), "sampled_gpus": sampler.gpus,
                        "source": window.kind if window is not None else sampler.kind})
-    for r in rows:
-        res.rows.append(r)
+    rows = believed(rows, sampler.notes)
+    res.rows.extend(rows)
     res.summary = {**analyze(rows, req, sampler.sources), "request": req,
                    "markers": [[round(t, 4), p] for t, p in sampler.markers], "notes": list(sampler.notes)}
     if engine:

@@ -97,8 +97,11 @@ def engine_plan(torch, path, kind: str, ctx: int, mask, slots, v_dim: int, tunin
 
 
 def kernel_of(name: str, p) -> str:
-    """The kernel a verify path's plan runs: split_ws's choice (WsPlan.kernel: cuda, gluon or tail), else the
-    path's own name (one kernel family per path)."""
+    """The kernel a verify path's plan runs: split_ws's choice (WsPlan.kernel: cuda, gluon or tail), "reference"
+    where the plan fell back to the fp32 reference (split on a GPU its table does not fit), else the path's own name
+    (one kernel family per path)."""
+    if (getattr(p, "extra", None) or {}).get("fallback"):
+        return "reference"
     return getattr(p.detail, "kernel", None) or name
 
 
@@ -200,7 +203,11 @@ class Bench:
         rec.update(plan=kind, kernel=kernel_of(name, pl), tuning=dataclasses.asdict(tun))
         if pl.extra.get("config") is not None:
             rec["config"] = pl.extra["config"]
-        return (lambda q, kv, meta=None: path.run(q, kv, pl, scale, meta=meta)), ("paged" if paged else "tree")
+
+        def call(q, kv, meta=None):
+            return path.run(q, kv, pl, scale, meta=meta)
+        call.plan = pl  # point() reads a fallback the first call recorded in it
+        return call, ("paged" if paged else "tree")
 
     def _keep(self, rec: dict) -> None:
         """One row, checked against the bench-verify schema first (a bad row is a bug: raise), then kept."""
@@ -241,6 +248,9 @@ class Bench:
                     continue
                 kmeta: dict = {}  # the compiled kernels' reports (registers, spills, shared memory)
                 rec["rel_err"] = rel_err(fn(qs[0], kvs[0], meta=kmeta), refs[kind])
+                fell = (getattr(getattr(fn, "plan", None), "extra", None) or {}).get("fallback")
+                if fell:  # the fp32 reference ran, not the path's kernels: nothing of the path to time
+                    raise peers.PeerUnavailable(f"{lab} runs the fp32 reference on this GPU: {fell}")
                 rec["ok"] = bool(rec["rel_err"] < 2e-2)
                 if name == "flex":
                     self.flex["spent"] += time.time() - t0

@@ -102,6 +102,9 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
     if not base:
         raise DDProbeError("the baseline has no benchmark entries" + (" matching --paths/--ctx/--heads"
                                                                         if paths or ctxs or heads else ""))
+    if all(is_peer(k[1]) for k in base):  # nothing of ddprobe's to guard: passing would say nothing
+        raise DDProbeError("the baseline has only peers' entries" + (" matching --paths/--ctx/--heads" if paths or ctxs
+                           or heads else "") + " (recorded for reference, never gated): nothing to gate")
     rows = []
     for key in sorted(set(base) | set(cur), key=lambda k: (k[0], k[1], k[3] or 0, k[2], k[4])):
         b, c = base.get(key), cur.get(key)

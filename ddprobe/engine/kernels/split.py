@@ -396,9 +396,11 @@ def _check_measured(a: Arch, r: int, width: int, elem_bytes: int, limit: int) ->
     """On a GPU whose tuning was compiled and measured (Arch.shared): a one-line ValueError when measured_smem exceeds
     ``limit`` or R exceeds what fits."""
     need = measured_smem(a, width, elem_bytes)
-    if r > a.max_rows or need > limit:
+    if r > a.max_rows:
+        raise ValueError(f"the {name} path on {a.name} takes at most {a.max_rows} new rows (its tree tile), got {r}")
+    if need > limit:
         raise ValueError(f"the {name} path on {a.name}: {r} new rows of {width} x {elem_bytes}-byte values need ~{need} B "
-                         f"of shared memory (and R <= {a.max_rows}), {limit} B there")
+                         f"of shared memory, {limit} B there")
 
 
 def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFAULT_TUNING, *,
@@ -600,6 +602,7 @@ _FELL_BACK: set = set()  # the reasons said so far (once each)
 def _fallback(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, why: str) -> torch.Tensor:
     """The kernels do not run on this GPU (``why``, one line naming the path and the GPU): a RuntimeWarning, once per
     reason, then the fp32 reference over the same plan, so a measurement goes on rather than ending in a traceback."""
+    p.extra.setdefault("fallback", why)  # the plan says what ran: the engine and bench verify read it
     if why not in _FELL_BACK:
         _FELL_BACK.add(why)
         warnings.warn(f"{why}; the fp32 reference runs instead", RuntimeWarning, stacklevel=3)
