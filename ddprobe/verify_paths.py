@@ -23,6 +23,8 @@ Fields of a row:
                 choice there)
   speed         auto's preference among the paths that run a model here (highest first; the fp32 reference is 0;
                 a baseline is never auto's choice)
+  theirs        another project's kernels loaded as a dependency (``sglang``): measured beside ddprobe's, never
+                gated as ddprobe's own (``ddprobe gate`` shows them for reference, like FlashMLA)
 
 ``auto_path(sm, dtype, row)`` reads only these fields: a new row declares its capabilities and auto weighs it.
 """
@@ -50,6 +52,7 @@ class VerifyPath:
     cpu: bool = False
     speed: int = 0
     baseline: bool = False
+    theirs: bool = False
 
 
 TRITON_DTYPES = ("fp32", "bf16", "fp16")  # what the Triton kernels' tl.dot takes (kernels/_common.DTYPES)
@@ -65,7 +68,7 @@ PATHS: tuple[VerifyPath, ...] = (
     VerifyPath("sglang", "paged", "sglang (SGLang's own Triton kernels)", "C7",
                "_fwd_kernel|_fwd_grouped_kernel_stage1|_fwd_kernel_stage2|get_num_kv_splits_triton", True, ("any",),
                ".sglang", "SGLang's own extend/decode Triton kernels from an installed sglang: pip install --no-deps "
-               "sglang==0.5.14", baseline=True),  # what it takes: SGLang's own checks say (one line)
+               "sglang==0.5.14", baseline=True, theirs=True),  # what it takes: SGLang's own checks say (one line)
     VerifyPath("split", "contiguous", "split (split-K Triton)", "C3", "_split_prefix|_merge_kernel|_merge_flat", True,
                ("any",), ".split", "split-K over the contiguous prefix + masked tree pass + merge (Triton)",
                dtypes=TRITON_DTYPES, rows=("pow2",), speed=2),

@@ -270,6 +270,13 @@ def test_a_baseline_with_split_ws_rows_gates_them_and_records_the_peers_beside(t
     assert r.exit_code == 1 and "MISSING: split_ws heads=64 ctx=16k" in r.output
 
 
+def test_peers_are_the_paths_ddprobe_does_not_own():
+    """Gated: ddprobe's own verify paths (variants count as their path); shown for reference: the peers and SGLang's
+    own kernels (another project's code, measured beside ddprobe's), so a runner without sglang still passes."""
+    assert [gate.is_peer(p) for p in ("paged", "split", "split_ws", "split_ws[cuda=0]")] == [False] * 4
+    assert [gate.is_peer(p) for p in ("sglang", "flashmla", "flashinfer-fa3", "sdpa", "flex")] == [True] * 5
+
+
 def test_the_shipped_baseline_gates_the_kernel_the_engine_runs():
     """The committed baseline is a real run of the README's command: split_ws, split and paged rows planned as the
     engine plans them (device plans, the kernel recorded), the step included; peers absent from that machine are
