@@ -85,6 +85,10 @@ def test_split_table_scales_to_other_rows():
         assert len(rec) == 1 and "\n" not in str(rec[0].message) and "sm_120" in str(rec[0].message)
         assert torch.equal(out, reference.run(q, kv, p, 0.1))
         assert verify_bench.kernel_of("split", p) == "reference"  # what bench verify records for it
+        call = lambda *a, p=p: None  # noqa: E731  bench verify's call, its plan attached
+        call.plan = p
+        with pytest.raises(verify_bench.peers.PeerUnavailable, match="split runs the fp32 reference on this GPU"):
+            verify_bench._check_no_fallback(call, "split")  # its row skipped, saying so, never timed as split
     with pytest.raises(ValueError, match=f"takes at most {a.max_rows} new rows"):
         split.choose_config(4096, 8 * 17, a.sms, a.tuning, r=17, smem_limit=a.smem, arch=a)
 

@@ -105,6 +105,14 @@ def kernel_of(name: str, p) -> str:
     return getattr(p.detail, "kernel", None) or name
 
 
+def _check_no_fallback(fn, lab: str) -> None:
+    """A path whose plan fell back to the fp32 reference (split on a GPU its table does not fit, or a kernel that
+    did not build there: the plan's ``fallback``) ran nothing of its own: its row is skipped, saying why."""
+    fell = (getattr(getattr(fn, "plan", None), "extra", None) or {}).get("fallback")
+    if fell:
+        raise peers.PeerUnavailable(f"{lab} runs the fp32 reference on this GPU: {fell}")
+
+
 def call_cost(shape: AttnShape, ctx: int, heads: int, rows: int, layers: int = 1) -> tuple[float, float]:
     """(bytes, useful FLOPs) of verify attention over ctx + rows columns: the latent rows read once, q read, out
     written; FLOPs scale with the heads timed (the shape's count is the model's)."""
@@ -248,9 +256,7 @@ class Bench:
                     continue
                 kmeta: dict = {}  # the compiled kernels' reports (registers, spills, shared memory)
                 rec["rel_err"] = rel_err(fn(qs[0], kvs[0], meta=kmeta), refs[kind])
-                fell = (getattr(getattr(fn, "plan", None), "extra", None) or {}).get("fallback")
-                if fell:  # the fp32 reference ran, not the path's kernels: nothing of the path to time
-                    raise peers.PeerUnavailable(f"{lab} runs the fp32 reference on this GPU: {fell}")
+                _check_no_fallback(fn, lab)
                 rec["ok"] = bool(rec["rel_err"] < 2e-2)
                 if name == "flex":
                     self.flex["spent"] += time.time() - t0
@@ -299,6 +305,7 @@ class Bench:
                     for kv in caches:
                         fn(q, kv)
                 t = timed_graph(whole, 1, min_s=0.5, max_reps=10)
+                _check_no_fallback(fn, lab)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_us=floor * 1e6,
                            gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes,
                            **{k: made[k] for k in ("plan", "kernel") if k in made})
