@@ -115,7 +115,7 @@ def _merge_flat_kernel(
 
 def merge_config(t, hq: int, v_dim: int, sms: int, max_parts: int) -> dict:
     """The merge for hq folded rows, from a tuning with the merge_* fields (SplitTuning, WsTuning): its kind
-    (-1: 3 up to 128 rows, else 1; measured on the H200, docs/perf.md "The merge"), rows per program,
+    (-1: 3 up to 128 rows, else 1; measured on the H200, the diary on the lab branch, "The merge"), rows per program,
     partials per step, stages and warps, the grid (n_mb row blocks x v_dim / bv column blocks: merge_bv
     columns, or v_dim halved until the grid fills the SMs) and S_MAX for the flat kinds: a power of two
     above max_parts, the most prefix partials the path's prefix grid can write for these rows (fixed per
