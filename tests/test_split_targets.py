@@ -71,7 +71,6 @@ def test_split_table_scales_to_other_rows():
     a = split.arch_for((12, 0))
     pre = _compile((12, 0), 8, 9, v_dim=64, rope=32, dtype=torch.float32)["prefix"][0]
     assert pre["shared"] <= split.measured_smem(a, 96, 4) <= a.smem, pre
-    split._FELL_BACK.clear()
     for r, dtype in ((9, torch.float32), (a.max_rows + 1, torch.bfloat16)):
         with pytest.raises(ValueError, match="sm_120") as e:
             split.choose_config(4096, 8 * r, a.sms, a.tuning, dtype=dtype, r=r, smem_limit=a.smem, arch=a)
@@ -106,7 +105,7 @@ def test_auto_picks_split_where_split_ws_does_not_run():
 def test_a_kernel_that_does_not_build_falls_back_in_one_line():
     """What split.run does when its first launch raises one of Triton's build errors (split.COMPILE_ERRORS; no GPU
     here to raise one, so the fallback itself): one RuntimeWarning line, then the fp32 reference's output over the
-    same plan; the same reason is said once."""
+    same plan; said once per plan."""
     from triton.runtime.errors import OutOfResources
 
     from ddprobe.engine.kernels import reference, split
@@ -118,7 +117,6 @@ def test_a_kernel_that_does_not_build_falls_back_in_one_line():
     p = split.plan(100, shape_mask("fork", 8), None, 64, heads=2, dtype=torch.float32, rope_dim=32, arch=(12, 0))
     assert "fallback" not in p.extra
     why = "the split path's kernels (32 rows x 32 tokens x 2 stages) do not build on sm_120 (OutOfResources: x)"
-    split._FELL_BACK.clear()
     with pytest.warns(RuntimeWarning) as rec:
         out = split._fallback(q, kv, p, 0.1, why)
     assert len(rec) == 1 and str(rec[0].message) == why + "; the fp32 reference runs instead"

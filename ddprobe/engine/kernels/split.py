@@ -596,15 +596,15 @@ def _compile_errors() -> tuple[type, ...]:
 
 
 COMPILE_ERRORS = _compile_errors()  # what a kernel that does not build for this GPU raises at its first launch
-_FELL_BACK: set = set()  # the reasons said so far (once each)
 
 
 def _fallback(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, why: str) -> torch.Tensor:
     """The kernels do not run on this GPU (``why``, one line naming the path and the GPU): a RuntimeWarning, once per
-    reason, then the fp32 reference over the same plan, so a measurement goes on rather than ending in a traceback."""
-    p.extra.setdefault("fallback", why)  # the plan says what ran: the engine and bench verify read it
-    if why not in _FELL_BACK:
-        _FELL_BACK.add(why)
+    plan, then the fp32 reference over the same plan, so a measurement goes on rather than ending in a traceback. The
+    plan records what ran (``fallback``: the engine and bench verify read it) and that it was said."""
+    p.extra.setdefault("fallback", why)
+    if not p.extra.get("fallback_said"):
+        p.extra["fallback_said"] = True
         warnings.warn(f"{why}; the fp32 reference runs instead", RuntimeWarning, stacklevel=3)
     from . import reference
 
