@@ -31,7 +31,6 @@ from . import __version__, signals
 from . import schema as _schema
 from .jsonfile import write_text_atomic
 from .schema import SCHEMA
-from .step_model import upgrade_floor_row
 from .units import DDProbeError
 
 
@@ -41,8 +40,6 @@ def typed_rows(kind: str, rows: Any, config: Any, source: str) -> list[dict[str,
     if not isinstance(rows, list):
         raise DDProbeError(f"{source}: 'rows' is not a list")
     rows = [_schema.upgrade_row(kind, r) for r in rows]
-    if kind == "floor":  # an older file's whole-step floor under today's name
-        rows = [upgrade_floor_row(r) if isinstance(r, dict) else r for r in rows]
     _schema.parse_rows(kind, rows, source, config if isinstance(config, dict) else {})
     return rows
 

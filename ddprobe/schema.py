@@ -8,8 +8,8 @@ read them, so the names stay) with its type, its unit and its range declared in 
 ``parse_row(kind, row, where)`` checks one row and gives the typed row, or raises one ``DDProbeError`` line naming
 the field, its value with its unit and the rule it breaks. ``ResultWriter`` checks every row it writes (a probe
 that writes a bad row is a bug) and ``results.load`` every row it reads; the reports read ``Result.records``.
-``upgrade_row`` maps a version-1 file's bench keys to today's (the floor's and the telemetry's old keys are mapped
-by ``step_model.upgrade_floor_row`` and ``signals.upgrade``). Stdlib only.
+``upgrade_row`` maps an older file's floor and bench keys to today's (the telemetry's old keys are mapped by
+``signals.upgrade``). Stdlib only.
 """
 from __future__ import annotations
 
@@ -392,11 +392,23 @@ def parse_rows(kind: str, rows: Any, source: str, config: dict | None = None) ->
     return [parse_row(kind, row, f"{source}: row {i}", config) for i, row in enumerate(rows, 1)]
 
 
-# bench-verify keys of version-1 files: the layer time was ``time_us`` in diagnose's files; a step's kernel floor
-# was ``floor_ms`` (today ``floor_us``, like a layer's)
+# keys of older files, mapped on load (today's rows come back as they are). floor: files written before the step
+# model named the whole step ``total_floor_ms`` and the attention ``floor_ms``; bench-verify: the layer time was
+# ``time_us`` in diagnose's files, a step's kernel floor ``floor_ms`` (today ``floor_us``, like a layer's). The
+# telemetry's old keys are mapped by ``signals.upgrade``.
+_OLD_FLOOR_KEYS = {"floor_ms": "attn_floor_ms", "bound": "attn_bound", "gap": "attn_gap",
+                   "gap_if_rows_reread": "attn_gap_if_rows_reread", "compute_floor_ms": "attn_compute_floor_ms",
+                   "step_compute_floor_ms": "compute_floor_ms", "step_GFLOP": "GFLOP", "total_floor_ms": "floor_ms",
+                   "total_floor_worst_ms": "floor_worst_ms", "total_gap": "gap"}
+
+
 def upgrade_row(kind: str, row: Any) -> Any:
-    """A version-1 row in today's keys (today's rows come back as they are)."""
-    if kind != "bench-verify" or not isinstance(row, dict) or not ("time_us" in row or "floor_ms" in row):
+    """An older file's row in today's keys (today's rows, and anything not an object, come back as they are)."""
+    if not isinstance(row, dict):
+        return row
+    if kind == "floor" and ("total_floor_ms" in row or "mem_floor_ms" in row):
+        return {_OLD_FLOOR_KEYS.get(k, k): v for k, v in row.items() if k not in ("mem_floor_ms", "read_GB")}
+    if kind != "bench-verify" or not ("time_us" in row or "floor_ms" in row):
         return row
     out = {("us" if k == "time_us" and "us" not in row else k): v for k, v in row.items() if k != "floor_ms"}
     f = row.get("floor_ms")

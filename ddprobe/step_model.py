@@ -232,18 +232,3 @@ def check_dcp(dcp: int, tp: int) -> None:
     if tp % dcp:
         raise DDProbeError(f"--dcp {dcp} does not divide --tp {tp} (decode context parallelism shards the KV over "
                            "tensor-parallel ranks)")
-
-
-# ---- results files written before the step model: their floor rows renamed --------------------------------------
-_OLD_FLOOR_KEYS = {"floor_ms": "attn_floor_ms", "bound": "attn_bound", "gap": "attn_gap",
-                   "gap_if_rows_reread": "attn_gap_if_rows_reread", "compute_floor_ms": "attn_compute_floor_ms",
-                   "step_compute_floor_ms": "compute_floor_ms", "step_GFLOP": "GFLOP", "total_floor_ms": "floor_ms",
-                   "total_floor_worst_ms": "floor_worst_ms", "total_gap": "gap"}
-
-
-def upgrade_floor_row(row: dict) -> dict:
-    """A floor row of an older ddprobe (``total_floor_ms``: the whole step; ``floor_ms``: the attention) in
-    today's names (``floor_ms``: the whole step; ``attn_floor_ms``: the attention); today's rows as they are."""
-    if "total_floor_ms" not in row and "mem_floor_ms" not in row:
-        return row
-    return {_OLD_FLOOR_KEYS.get(k, k): v for k, v in row.items() if k not in ("mem_floor_ms", "read_GB")}

@@ -9,8 +9,9 @@ import pytest
 from ddprobe.probes.floor import Sharding, floor_row, FloorInput, served_model
 from ddprobe.probes.models import get_model
 from ddprobe.results import Result
+from ddprobe.schema import upgrade_row
 from ddprobe.step_model import INTERCONNECTS, StepModel, comm_fixed, comm_interconnect, interconnect_for, \
-    interpolate, upgrade_floor_row
+    interpolate
 from ddprobe.units import DDProbeError
 
 K26 = get_model("kimi-k2.6")
@@ -80,10 +81,10 @@ def test_eager_steps_pay_their_launches():
 def test_an_older_floor_file_loads_under_todays_names(tmp_path):
     old = {"ctx": 1024, "floor_ms": 1.0, "bound": "memory", "gap": 40.0, "total_floor_ms": 9.0, "total_gap": 4.4,
            "step_compute_floor_ms": 2.0, "mem_floor_ms": 1.0, "read_GB": 0.07, "gap_if_rows_reread": 4.0}
-    new = upgrade_floor_row(old)
+    new = upgrade_row("floor", old)
     assert new["floor_ms"] == 9.0 and new["gap"] == 4.4 and new["attn_floor_ms"] == 1.0 and new["attn_gap"] == 40.0
     assert new["compute_floor_ms"] == 2.0 and new["attn_bound"] == "memory" and "read_GB" not in new
-    assert upgrade_floor_row(new) == new  # today's rows unchanged
+    assert upgrade_row("floor", new) == new  # today's rows unchanged
     r = Result.load("tests/data/floor-rtx-pro-6000-tp8.json")  # an attention-only file of 2026-11-29
     assert "floor_ms" not in r.rows[0] and r.rows[0]["attn_floor_ms"] == pytest.approx(0.04015542857142857)
 
