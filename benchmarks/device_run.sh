@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One device session: build, check, time. On the GPU machine, from the repository root:
 #   OUT=<folder> bash benchmarks/device_run.sh            # everything (about 8 minutes on an H200)
-#   OUT=<folder> QUICK=1 bash benchmarks/device_run.sh    # short grid: 1k, 32k, 128k; no FlexAttention
+#   OUT=<folder> QUICK=1 bash benchmarks/device_run.sh    # short grid: 1k to 128k, 5 contexts; no FlexAttention
 #   OUT=<folder> ONLY=smoke bash benchmarks/device_run.sh # only the named steps (comma-separated)
 # Steps (each one's log in $OUT/<step>.log, a failed step does not stop the next):
+#   wheels  carried wheels from .whl/ (sglang 0.5.14 for SGLang's own kernels, the server's packages) into /tmp/site
 #   peers   FlashMLA and FlashInfer from .peers/ (benchmarks/peers_bundle.sh build, made where there is network)
 #   build   the split_ws CUDA cubin rebuilt with the device's nvcc when BUILD=1 (python -m ddprobe.engine.kernels._cu
 #           --build); otherwise the shipped one is checked against its source by tests/test_cu.py
@@ -44,6 +45,10 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record sta
     tail -3 "$OUT/$name.log"
 }
 
+if [ -d .whl ]; then
+    step wheels 180 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+    export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 if [ -d .peers ]; then
     step peers 120 bash -c 'source benchmarks/peers_bundle.sh install && python -c "import flash_mla, flashinfer"'
     export PYTHONPATH=/tmp/peers:$PYTHONPATH
@@ -53,8 +58,8 @@ step check 600 python -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu
     tests/test_engine_graphs.py tests/test_moe_fused.py tests/test_tree_build.py
 step smoke 1500 python benchmarks/smoke.py --out "$OUT"
 if [ "${QUICK:-0}" = 1 ]; then
-    step verify 400 python -m ddprobe bench verify --quick --ctx 1k,32k,128k --heads 8,64 \
-        --paths paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,sdpa --out "$OUT/bench-verify.json"
+    step verify 500 python -m ddprobe bench verify --quick --ctx 1k,8k,32k,64k,128k --heads 8,64 \
+        --paths sglang,paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,sdpa --out "$OUT/bench-verify.json"
 else
     step verify 900 python -m ddprobe bench verify --out "$OUT/bench-verify.json"
 fi
