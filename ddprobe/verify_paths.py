@@ -25,6 +25,10 @@ Fields of a row:
                 a baseline is never auto's choice)
   theirs        another project's kernels loaded as a dependency (``sglang``): measured beside ddprobe's, never
                 gated as ddprobe's own (``ddprobe gate`` shows them for reference, like FlashMLA)
+  tested        the GPUs its kernels are configured, compiled and checked for ("any": no caveat): `split`'s are
+                split.ARCHS's (tests/test_split_targets.py compiles them and keeps the two equal); on another GPU
+                auto says that it picked an untested kernel (its first launch compiles it there, and a kernel that
+                does not build falls back to the fp32 reference in one line)
 
 ``auto_path(sm, dtype, row)`` reads only these fields: a new row declares its capabilities and auto weighs it.
 """
@@ -53,9 +57,11 @@ class VerifyPath:
     speed: int = 0
     baseline: bool = False
     theirs: bool = False
+    tested: tuple[str, ...] = ("any",)
 
 
 TRITON_DTYPES = ("fp32", "bf16", "fp16")  # what the Triton kernels' tl.dot takes (kernels/_common.DTYPES)
+SPLIT_TESTED = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_120")  # split.ARCHS's GPUs (a test keeps them equal)
 
 PATHS: tuple[VerifyPath, ...] = (
     VerifyPath("reference", "any", "reference (fp32 PyTorch)", "C4", "", True, ("any",), ".reference",
@@ -71,7 +77,7 @@ PATHS: tuple[VerifyPath, ...] = (
                "sglang==0.5.14", baseline=True, theirs=True),  # what it takes: SGLang's own checks say (one line)
     VerifyPath("split", "contiguous", "split (split-K Triton)", "C3", "_split_prefix|_merge_kernel|_merge_flat", True,
                ("any",), ".split", "split-K over the contiguous prefix + masked tree pass + merge (Triton)",
-               dtypes=TRITON_DTYPES, rows=("pow2",), speed=2),
+               dtypes=TRITON_DTYPES, rows=("pow2",), speed=2, tested=SPLIT_TESTED),
     VerifyPath("split_ws", "contiguous", "split_ws (Hopper warp-specialized)", "C6",
                "ddp_seesaw|ddp_merge|ws_prefix|ws_tail|_merge_kernel|_merge_flat", True, ("sm_90",), ".split_ws",
                "split with warp-specialized Hopper prefix kernels (CUDA C++ / Gluon; sm_90 only)",
@@ -154,9 +160,18 @@ def auto_choice(sm: tuple[int, int] | None, dtype: str | None = None,
         if why is None:
             where = sm_name(sm) + (f" in {dtype}" if dtype else "")
             return p.name, f"the fastest path that runs this model on {where}" + \
-                (f" ({'; '.join(passed)})" if passed else "")
+                (f" ({'; '.join(passed)})" if passed else "") + untested(p, sm)
         passed.append(why)
     return "reference", f"no faster path runs this model here ({'; '.join(passed)}); the fp32 reference runs anywhere"
+
+
+def untested(p: VerifyPath, sm: tuple[int, int] | None) -> str:
+    """'' where path ``p``'s kernels are built and checked for ``sm`` (or the CPU), else a clause saying they are
+    not and what happens there."""
+    if sm is None or "any" in p.tested or sm_name(sm) in p.tested:
+        return ""
+    return (f"; its kernels are not built or tested for {sm_name(sm)} (only {', '.join(p.tested)}): they compile "
+            "there at the first launch, and fall back to the fp32 reference in one line if they do not build")
 
 
 def auto_path(sm: tuple[int, int] | None, dtype: str | None = None, row: tuple[int, int] | None = None) -> str:
