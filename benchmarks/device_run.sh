@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device session: build, check, time. On the GPU machine, from the repository root:
 #   OUT=<folder> bash benchmarks/device_run.sh            # everything (about 8 minutes on an H200)
-#   OUT=<folder> QUICK=1 bash benchmarks/device_run.sh    # short grid: 1k to 128k, 5 contexts; no FlexAttention
+#   OUT=<folder> QUICK=1 bash benchmarks/device_run.sh    # the gate's grid (examples/ci-gpu.yml's BENCH_ARGS)
 #   OUT=<folder> ONLY=smoke bash benchmarks/device_run.sh # only the named steps (comma-separated)
 # Steps (each one's log in $OUT/<step>.log, a failed step does not stop the next):
 #   wheels  carried wheels from .whl/ (sglang 0.5.14 for SGLang's own kernels, the server's packages) into /tmp/site
@@ -58,8 +58,9 @@ step check 600 python -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu
     tests/test_engine_graphs.py tests/test_moe_fused.py tests/test_tree_build.py
 step smoke 1500 python benchmarks/smoke.py --out "$OUT"
 if [ "${QUICK:-0}" = 1 ]; then
-    step verify 500 python -m ddprobe bench verify --quick --ctx 1k,8k,32k,64k,128k --heads 8,64 \
-        --paths sglang,paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-fa2,sdpa --out "$OUT/bench-verify.json"
+    # the gate's own benchmark (examples/ci-gpu.yml's BENCH_ARGS): its output is a baseline candidate
+    step verify 500 python -m ddprobe bench verify $(sed -n 's/^  BENCH_ARGS: //p' examples/ci-gpu.yml) \
+        --out "$OUT/bench-verify.json"
 else
     step verify 900 python -m ddprobe bench verify --out "$OUT/bench-verify.json"
 fi
