@@ -52,6 +52,23 @@ def timed_graph(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> fl
     return statistics.median(ts) / n_calls
 
 
+def timed_eager(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> float:
+    """fn() (which makes n_calls layer calls) launched eagerly, as timed_graph times its replay: median seconds per
+    call between events around each fn(), the host's launch work included wherever it outlasts the kernels."""
+    import statistics
+
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    ts: list[float] = []
+    while len(ts) < 3 or (len(ts) < max_reps and sum(ts) < min_s):
+        e0.record(); fn(); e1.record(); torch.cuda.synchronize()  # noqa: E702
+        ts.append(e0.elapsed_time(e1) / 1e3)
+    return statistics.median(ts) / n_calls
+
+
 def n_cache_sets(per_set: int, l2: int = DEFAULT_L2_BYTES, most: int = 1024) -> int:
     """Distinct caches to cycle through so that together they hold 3x the L2 (at least 2, at most ``most``)."""
     return max(2, min(most, -(-3 * l2 // per_set)))

@@ -84,30 +84,33 @@ CONTEXTS = (1024, 8192, 32768, 65536, 131072)
 @pytest.mark.parametrize("heads", [8, 64])
 def test_host_and_device_plans_choose_one_kernel_per_shape(heads):
     """split_ws.choose (pure Python, the one place the kernel is chosen): the default host plan and the device plan
-    (the engine's CUDA-graph step) of the same shape pick the same kernel, the CUDA one, with the same effective
-    tuning and grid at every context from 1k to 128k (the device plan's grid is sized for its bound: here the
-    context), so `bench verify` times the kernel the engine runs. 8 heads x 9 rows = 72 folded rows (where host
-    plans once took the Gluon tail kernel from 48k), 64 heads = 576 (the balanced grid from 32k)."""
+    (the engine's CUDA-graph step) of the same shape pick the same kernel with the same effective tuning and grid
+    at every context from 1k to 128k (the device plan's grid is sized for its bound: here the context), so
+    `bench verify` times the kernel the engine runs: 8 heads x 9 rows = 72 folded rows the Gluon tail kernel (one
+    program of 64 + 8 rows per chunk, the tree folded), 64 heads = 576 rows the CUDA seesaw."""
     from ddprobe.engine.kernels import split_ws
     hq = heads * 9
     host, device = split_ws.choose(hq), split_ws.choose(hq, dynamic=True)
-    assert host == device and host[1] == "cuda"
+    tail = heads == 8
+    assert host == device and host[1] == ("tail" if tail else "cuda")
     t = host[0]
-    assert (t.cuda, t.balance, t.tail) == (1, 0, 0) and split_ws.uses_cuda(hq, t) and not split_ws.tails(hq, t)
+    assert (t.cuda, t.balance, t.tail) == (int(not tail), 0, int(tail))
+    assert split_ws.uses_cuda(hq, t) != tail and split_ws.tails(hq, t) == tail
     for ctx in CONTEXTS:
         cfg = split_ws.config(ctx, hq, 132, t)
-        assert not cfg.get("balance") and not cfg["tail"] and cfg["block_q"] == split_ws.BLOCK_M
-        assert cfg["fold"] == int(heads == 64) and cfg["n_qb"] * cfg["grid_splits"] <= 132  # one wave
+        assert not cfg.get("balance") and cfg["tail"] == tail and cfg["block_q"] == (72 if tail else split_ws.BLOCK_M)
+        assert cfg["fold"] == 1 and cfg["n_qb"] * cfg["grid_splits"] <= 132  # one wave
         assert cfg == split_ws.config(ctx, hq, 132, device[0])
 
 
 def test_explicit_tunings_pick_the_gluon_kernels_on_host_plans_only():
-    """The Gluon kernels, the tail kernel and the balanced grid run only where a host plan's tuning asks for them
-    (bench verify's --variant split_ws:cuda=0, :tail=1, :balance=1); asked of a device plan each is a one-line
-    ValueError, never another schedule run silently. tail=1 touches only 65-72 folded rows."""
+    """The Gluon prefix kernel and the balanced grid run only where a host plan's tuning asks for them
+    (bench verify's --variant split_ws:cuda=0, :balance=1); asked of a device plan each is a one-line ValueError,
+    never another schedule run silently. The tail kernel runs on both plan kinds, only for 65-72 folded rows
+    (tail=0 or cuda=1: the CUDA kernel there)."""
     from ddprobe.engine.kernels import split_ws
     W = split_ws.WsTuning
-    assert split_ws.choose(72, W(cuda=0))[1] == "gluon" and split_ws.choose(576, W(cuda=0))[1] == "gluon"
+    assert split_ws.choose(72, W(cuda=0, tail=0))[1] == "gluon" and split_ws.choose(576, W(cuda=0))[1] == "gluon"
     t, k = split_ws.choose(72, W(tail=1))
     assert k == "tail" and (t.cuda, t.tail) == (0, 1) and split_ws.config(131072, 72, 132, t)["block_q"] == 72
     assert split_ws.choose(576, W(tail=1))[1] == "cuda" and split_ws.choose(9, W(tail=1))[1] == "cuda"
@@ -115,25 +118,28 @@ def test_explicit_tunings_pick_the_gluon_kernels_on_host_plans_only():
     t, k = split_ws.choose(576, W(balance=1))
     assert k == "cuda" and split_ws.config(131072, 576, 132, t)["balance"]
     assert not split_ws.config(0, 576, 132, t).get("balance")  # nothing to balance without a prefix
-    for over, field in ((dict(cuda=0), "cuda=0"), (dict(tail=1), "tail=1"), (dict(balance=1), "balance=1")):
+    for over, field in ((dict(cuda=0), "cuda=0"), (dict(balance=1), "balance=1")):
         with pytest.raises(ValueError, match=f"WsTuning.{field} needs a host plan"):
             split_ws.choose(72, W(**over), dynamic=True)
     assert split_ws.choose(72, W(cuda=1, balance=0, tail=0), dynamic=True)[1] == "cuda"
+    assert split_ws.choose(72, W(tail=0), dynamic=True)[1] == "cuda"
+    assert split_ws.choose(72, W(tail=1), dynamic=True)[1] == "tail" == split_ws.choose(68, dynamic=True)[1]
     with pytest.raises(ValueError, match="WsTuning.cuda must be one of -1, 0, 1"):
         split_ws.check_tuning(W(cuda=2))
     with pytest.raises(ValueError, match="cannot run with the tail kernel"):
         split_ws.check_tuning(W(cuda=1, tail=1))
 
 
-@pytest.mark.parametrize("bound,hq,fold", [(20000, 72, 0), (20000, 576, 1), (131072, 72, 0), (0, 9, 0), (0, 576, 1),
-                                          (100, 64, 1)])
-def test_device_grid_covers_every_live_length(bound, hq, fold):
-    """The CUDA kernel's grid for a device plan (no work list: split_ws.grid_piece, the kernel's own arithmetic),
-    sized for ``bound`` and run at live lengths 0 .. bound: every column of every row block is covered exactly once,
-    the tree columns by the last slot, and every slot is written or marked empty (lse -inf) by exactly one
-    program, whatever the length."""
+@pytest.mark.parametrize("bound,hq,fold,block_q", [(20000, 72, 0, 64), (20000, 576, 1, 64), (131072, 72, 0, 64),
+                                                  (0, 9, 0, 64), (0, 576, 1, 64), (100, 64, 1, 64), (20000, 72, 1, 72),
+                                                  (131072, 68, 1, 72), (100, 72, 0, 72), (0, 72, 1, 72)])
+def test_device_grid_covers_every_live_length(bound, hq, fold, block_q):
+    """The grid of a device plan (split_ws.grid_piece: the arithmetic the CUDA kernel and the Gluon tail kernel,
+    block_q 72, run on the device), sized for ``bound`` and run at live lengths 0 .. bound: every column of every
+    row block is covered exactly once, the tree columns by the last slot, and every slot is written or marked
+    empty (lse -inf) by exactly one program, whatever the length."""
     from ddprobe.engine.kernels import split_ws
-    cfg = split_ws.choose_config(bound, hq, 132, 64, fold)
+    cfg = split_ws.choose_config(bound, hq, 132, 64, fold, block_q)
     r = 9
     for n in sorted({0, 1, 63, 64, 65, bound // 3, bound - 1, bound} & set(range(bound + 1))):
         for rb in range(cfg["n_qb"]):

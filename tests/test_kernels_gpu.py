@@ -266,10 +266,11 @@ def test_cuda_seesaw_under_graph_replay_and_plan_reuse():
 @gpu
 @pytest.mark.parametrize("heads,dtype,kernel", [(64, torch.bfloat16, "ddp_seesaw_bf16"),
                                                 (32, torch.float16, "ddp_seesaw_f16"),
-                                                (8, torch.bfloat16, "ddp_seesaw_bf16")])
-def test_default_runs_the_cuda_kernel_at_every_head_count(heads, dtype, kernel):
-    """The default tuning's prefix kernel, as the launch reports it: the CUDA seesaw at 64, 32 and 8 heads (the
-    kernel device plans run; the Gluon kernels only where a host plan's tuning asks)."""
+                                                (7, torch.bfloat16, "ddp_seesaw_bf16"),
+                                                (8, torch.bfloat16, "ws_tail_kernel")])
+def test_default_runs_the_chosen_kernel_at_every_head_count(heads, dtype, kernel):
+    """The default tuning's prefix kernel, as the launch reports it: the CUDA seesaw at 64, 32 and 7 heads (63
+    folded rows), the Gluon tail kernel at 8 heads (72 folded rows), as split_ws.choose picks for both plan kinds."""
     q, kv, mask = make_inputs(3000, 8, "fork", heads, dtype)
     m = get_path("split_ws")
     meta = {}
@@ -334,7 +335,7 @@ def test_cuda_default_falls_back_to_gluon_when_the_cubin_cannot_load(monkeypatch
 def test_tail_config_takes_72_rows_in_one_program():
     """Host-side (runs anywhere): with ``tail`` 65-72 folded rows are one row block of 64 + 8, so the grid takes
     twice the splits of two 64-row blocks, still one wave; other row counts keep 64-row blocks; the merge's
-    S_MAX covers the larger number of partials. The default (tail=-1) never runs it (the kernel device plans run)."""
+    S_MAX covers the larger number of partials. The default (tail=-1) runs it; tail=0 or cuda=1 does not."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning(tail=1)
     for hq in (65, 68, 72):
@@ -345,8 +346,9 @@ def test_tail_config_takes_72_rows_in_one_program():
         assert c["fold"] == 1 and two["fold"] == 0  # fold_tree=-1 folds the tree behind the tail kernel only
         assert split_ws.merge_plan(t, hq, 512, 132)["s_max"] == 256
         d = split_ws.DEFAULT_TUNING
-        assert split_ws.config(131072, hq, 132, d) == two and not split_ws.tails(hq, d)
-        assert split_ws.merge_plan(d, hq, 512, 132) == split_ws.merge_plan(split_ws.WsTuning(tail=0), hq, 512, 132)
+        assert split_ws.config(131072, hq, 132, d) == c and split_ws.tails(hq, d)
+        assert split_ws.merge_plan(d, hq, 512, 132) == split_ws.merge_plan(t, hq, 512, 132)
+        assert split_ws.config(131072, hq, 132, split_ws.WsTuning(cuda=1)) == two
     for hq in (9, 64, 73, 144, 576):
         assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
     assert not split_ws.tails(72, split_ws.WsTuning(tail=0, cuda=1))
@@ -450,26 +452,34 @@ def test_benchmark_peers_say_why_they_cannot_run():
 
 # ---- device plans (the engine's CUDA-graph-captured step) ----------------------------------------------------------
 
-DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16), (8, "fork", 64, torch.bfloat16), (1, "chain", 1, torch.float16),
-                (32, "star", 2, torch.bfloat16), (63, "lopsided", 1, torch.bfloat16)]
+# budget, shape, heads, dtype, tuning overrides, the kernel chosen (72 and 66 folded rows: the Gluon tail kernel)
+DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "tail"), (8, "fork", 64, torch.bfloat16, {}, "cuda"),
+                (1, "chain", 1, torch.float16, {}, "cuda"), (32, "star", 2, torch.bfloat16, {}, "tail"),
+                (63, "lopsided", 1, torch.bfloat16, {}, "cuda"), (8, "fork", 8, torch.float16, {}, "tail"),
+                (8, "chain", 8, torch.bfloat16, dict(fold_tree=0), "tail"),
+                (8, "lopsided", 8, torch.bfloat16, dict(cuda=1), "cuda")]
 
 
 @gpu
-@pytest.mark.parametrize("budget,shape,heads,dtype", DEVICE_CASES)
-def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads, dtype):
+@pytest.mark.parametrize("budget,shape,heads,dtype,over,kernel", DEVICE_CASES)
+def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads, dtype, over, kernel):
     """A device plan sized for max_prefix, captured once in a CUDA graph, replayed at prefix lengths from 0 and 1
     to max_prefix (mid-tile ends, one split, every split): the length, the tree mask and the cache rows rewritten
     in place before each replay, every cache row past prefix + R and the partial buffers poisoned with NaN; each
-    replay equals the fp32 reference at that length."""
+    replay equals the fp32 reference at that length. Both kernels device plans run: the CUDA seesaw and the Gluon
+    tail kernel (each derives its chunk from the live length on the device)."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
     max_prefix, r = 20000, budget + 1
     m = get_path("split_ws")
     assert m.device_plans
     q, kv, mask = make_inputs(max_prefix, budget, shape, heads, dtype)
     prefix_t = torch.zeros(1, dtype=torch.int32, device="cuda")
     tree = torch.eye(r, dtype=torch.bool, device="cuda")
-    p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype)
-    assert p.detail.kernel == "cuda" and p.detail.launcher.report["work_list"] is False
-    assert p.detail.fused, "device plans merge inside the prefix kernel's launch by default"
+    p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype, tuning=WsTuning(**over))
+    assert p.detail.kernel == kernel
+    if kernel == "cuda":
+        assert p.detail.launcher.report["work_list"] is False
+        assert p.detail.fused, "device plans merge inside the prefix kernel's launch by default"
     m.refresh(p)
     m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
     torch.cuda.synchronize()
@@ -511,7 +521,7 @@ def test_device_plan_eager_equals_replay_and_run_checks_its_inputs():
     with pytest.raises(ValueError, match="built for 8 heads"):
         m.run(q.half(), kv.half(), p, 0.07)
     from ddprobe.engine.kernels.split_ws import WsTuning
-    for over in (dict(cuda=0), dict(tail=1), dict(balance=1)):
+    for over in (dict(cuda=0), dict(balance=1)):
         with pytest.raises(ValueError, match="needs a host plan"):
             m.plan(prefix_t, mask, None, V, heads=8, max_prefix=5000, tuning=WsTuning(**over))
 
@@ -559,16 +569,17 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
     eng.generate(list(range(1, 301)), max_new_tokens=4)
     engine = eng.runner.static.plan
     assert engine.dynamic and engine.detail.heads == heads
-    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"tail": "1"})]
+    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"cuda": "1"})]
     b = verify_bench.Bench(verify_bench.BenchOptions(ctxs=[4096], heads=[heads], paths=["split_ws"], quick=True,
                                                      step_ctx=None, variants=variants))
     b.point(4096, heads)
     row, host, device = b.results
     assert row.get("ok"), row
     assert (row["path"], row["plan"], row["kernel"]) == ("split_ws", "device", engine.detail.kernel), row
-    # the Gluon tail kernel only as a host plan's explicit tuning (72 folded rows; 64 heads keep the CUDA kernel)
-    assert host.get("ok") and (host["plan"], host["kernel"]) == ("host", "tail" if heads == 8 else "cuda"), host
-    assert "tail=1 needs a host plan" in device["error"] and "us" not in device, device
+    # 72 folded rows run the Gluon tail kernel on both plan kinds (64 heads: the CUDA kernel); cuda=1 the CUDA one
+    assert row["kernel"] == ("tail" if heads == 8 else "cuda"), row
+    assert host.get("ok") and (host["plan"], host["kernel"]) == ("host", row["kernel"]), host
+    assert device.get("ok") and (device["plan"], device["kernel"]) == ("device", "cuda"), device
     m, mask = get_path("split_ws"), shape_mask("lopsided", 8, "cuda")
     for ctx in (1024, 8192, 32768, 65536, 131072):
         timed = verify_bench.engine_plan(torch, m, "device", ctx, mask, None, V, m.DEFAULT_TUNING, heads)

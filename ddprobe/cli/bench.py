@@ -66,6 +66,9 @@ def verify(
     slots: Annotated[str, typer.Option("--slots", help="Token-pool slots of the page_size=1 paths (paged, sglang): "
                                                        "shuffled or contiguous.")] = "shuffled",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer cache sets and shorter timing.")] = False,
+    eager: Annotated[bool, typer.Option("--eager", help="Also time each verify path's eager launches (the same "
+                                                        "input sets, no graph): eager_us and eager_ratio, eager "
+                                                        "over graph replay.")] = False,
     step_ctx: Annotated[str, typer.Option("--step-ctx", help="Context of the whole-step timing (every layer, "
                                                              "8 heads); 0 leaves the step out.")] = "128k",
     step_variant: Annotated[Optional[list[str]], typer.Option("--step-variant", help="Also time PATH with "
@@ -95,7 +98,7 @@ def verify(
         step_variants=_variants(step_variant or [], "--step-variant"), step_skip=_names(step_skip, "--step-skip"),
         paged_max_ctx=parse_token_list(paged_max_ctx)[0],
         paged_heads=_counts(paged_heads, "--paged-heads") if paged_heads else [],
-        flex_budget_s=flex_budget_s)
+        flex_budget_s=flex_budget_s, eager=eager)
     if budget < 1:
         raise DDProbeError(f"--budget must be at least 1, got {budget}")
     if slots not in ("shuffled", "contiguous"):
@@ -159,7 +162,8 @@ def line(r: dict) -> str:
         k = (r.get("kernels") or {}).get("prefix") or {}
         regs = f"  regs {k.get('n_regs')} spill {k.get('n_spills')}" if k else ""
         return (f"{head} {r['us']:9.1f} us  {r['GBps']:6.0f} GB/s {r['TFLOPs']:6.1f} TF/s  kernel floor {r['floor_us']:7.1f} "
-                f"x {r['gap']:5.2f}  err {r['rel_err']:.1e}{regs}")
+                f"x {r['gap']:5.2f}  err {r['rel_err']:.1e}{regs}"
+                + (f"  eager {r['eager_us']:.1f} us (x {r['eager_ratio']:.2f})" if "eager_us" in r else ""))
     return f"{head} " + (f"skipped: {r['skipped'][:100]}" if "skipped" in r else f"ERROR {r.get('error', '')[:100]}")
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from .. import verify_paths
 from ..shapes import DEFAULT_L2_BYTES, KIMI_K2, AttnShape, dtype_bytes, floor_s, gpu_spec_for
-from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_graph
+from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_eager, timed_graph
 from ..units import DDProbeError
 from . import peers
 
@@ -51,6 +51,7 @@ class BenchOptions:
     shape: AttnShape = KIMI_K2
     sm_scale: float | None = None  # None: the shape's (an engine's carries YaRN's factor)
     slots: str = "shuffled"  # the token pool of the page_size=1 paths: "shuffled" (a random permutation) or "contiguous"
+    eager: bool = False  # also time the verify paths' eager launches (eager_us, eager_ratio = eager / graph replay)
 
     @property
     def scale(self) -> float:
@@ -268,6 +269,9 @@ class Bench:
                 rec.update(us=t * 1e6, GBps=nbytes / t / 1e9, TFLOPs=flops / t / 1e12, gap=t / floor,
                            bw_frac=nbytes / t / 1e9 / self.ceil["copy_GBps"],
                            mm_frac=flops / t / 1e12 / self.ceil["bf16_mm_TFLOPs"])
+                if o.eager and name not in peers.PEERS and name not in WEAK_PEERS:
+                    te = timed_eager(many, n_sets, min_s=0.1 if o.quick else 0.3)
+                    rec.update(eager_us=te * 1e6, eager_ratio=te / t)
                 if kmeta:
                     rec["kernels"] = kmeta
             except peers.PeerUnavailable as e:

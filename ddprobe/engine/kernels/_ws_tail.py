@@ -37,7 +37,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from ._ws_gluon import _chunk_bounds, _load_tiles, _ss_scores
+from ._ws_gluon import _load_tiles, _ss_scores
+
+EMPTY_ROWS = gl.constexpr(128)  # the power of two above BLOCK_M + TAIL (an empty split's lse row block)
 
 
 @gluon.jit
@@ -54,9 +56,46 @@ def _tl_loader(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_p
 
 
 @gluon.jit
+def _live_bounds(pid_s, n_splits, prefix_len, R, BLOCK_N: gl.constexpr, FOLD: gl.constexpr):
+    """Columns [start, end) of split pid_s at the live prefix length, the CUDA kernel's rule (split_ws.grid_piece):
+    n_splits prefix splits of whole tiles; FOLD: the last one also takes the R tree columns, else split n_splits is
+    the tree part alone. start >= end: an empty split (past the live length)."""
+    chunk = gl.maximum(gl.cdiv(gl.cdiv(prefix_len, n_splits), BLOCK_N) * BLOCK_N, BLOCK_N)
+    start = gl.minimum(pid_s * chunk, prefix_len)
+    end = gl.minimum(start + chunk, prefix_len)
+    if FOLD:
+        end = gl.where(pid_s == n_splits - 1, prefix_len + R, end)
+    else:
+        start = gl.where(pid_s == n_splits, prefix_len, start)
+        end = gl.where(pid_s == n_splits, prefix_len + R, end)
+    return start, end
+
+
+@gluon.jit
+def _mark_empty(LSE_part, pid_s, q0, Hq, ROWS: gl.constexpr):
+    """An empty split's slot: lse -inf for its rows (the merge gives it weight 0 and never reads its O)."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    rows = q0 + gl.arange(0, EMPTY_ROWS, lay)
+    gl.store(LSE_part + pid_s * Hq + rows, gl.full([EMPTY_ROWS], float("-inf"), gl.float32, lay),
+             mask=(rows < q0 + ROWS) & (rows < Hq))
+
+
+@gluon.jit
+def _zero_rows(k_lat, first, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr):
+    """Rows [first, BLOCK_N) of a stage's latent tile set to zero, so that P = 0 there meets no NaN in P V."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    keep = (gl.arange(0, BLOCK_N, gl.SliceLayout(1, lay)) < first)[:, None]
+    for c in gl.static_range(V_DIM // 32):
+        piece = k_lat.slice(c * 32, 32, dim=1)
+        x = piece.load(lay)
+        piece.store(gl.where(keep, x, gl.zeros([BLOCK_N, 32], x.dtype, lay)))
+
+
+@gluon.jit
 def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
-            Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
-            qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr):
+            Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, live_end, Hq,
+            H, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, V_DIM: gl.constexpr,
+            STAGES: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -81,6 +120,9 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
         k_lat = k_lat_s.index(st)
         k_pe = k_pe_s.index(st)
         mbarrier.wait(kv_ready.index(st), ph)
+        n0 = start + i * BLOCK_N
+        if n0 + BLOCK_N > live_end:
+            _zero_rows(k_lat, live_end - n0, BLOCK_N, V_DIM)
         s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe_s, k_pe.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
@@ -196,7 +238,7 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
 
 @gluon.jit
 def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps,
-                   stride_pq, prefix_len, R, chunk, Hq, H, qk_scale,
+                   stride_pq, Prefix, R, n_splits, Hq, H, qk_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                    TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr):
     """Grid (1, num_splits) with FOLD (the last split also takes the R tree columns), else (1, num_splits + 1)
@@ -205,7 +247,12 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * (BLOCK_M + TAIL)
-    start, end, n_tiles = _chunk_bounds(pid_s, chunk, prefix_len, R, BLOCK_N, FOLD)
+    prefix_len = gl.load(Prefix)
+    start, end = _live_bounds(pid_s, n_splits, prefix_len, R, BLOCK_N, FOLD)
+    if start >= end:
+        _mark_empty(LSE_part, pid_s, q0, Hq, BLOCK_M + TAIL)
+        return
+    n_tiles = gl.cdiv(end - start, BLOCK_N)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
 
@@ -235,8 +282,8 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
 
     gl.warp_specialize([
         (_tl_wg0, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
-                   Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
-                   qk_scale, BLOCK_M, BLOCK_N, HALF, STAGES)),
+                   Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len,
+                   prefix_len + R, Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, V_DIM, STAGES)),
         (_tl_wg1, (qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
                    Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
                    qk_scale, BLOCK_M, BLOCK_N, HALF, V_DIM, TAIL, STAGES)),

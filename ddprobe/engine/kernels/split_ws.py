@@ -27,7 +27,7 @@ kernels are written for (v_dim 512, rope 64); anything else is a one-line ValueE
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -52,6 +52,7 @@ TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 u
 STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
+MAX_DESCS = 128  # tensor descriptor sets a plan keeps for the Gluon kernels' launches
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,9 @@ def check_tuning(t: WsTuning) -> None:
 
 
 def tails(hq: int, t: WsTuning) -> bool:
-    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel): tail=1 only."""
-    return t.cuda != 1 and t.tail == 1 and BLOCK_M < hq <= BLOCK_M + TAIL
+    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel): 65-72 rows unless
+    the tuning says tail=0 or cuda=1."""
+    return t.cuda != 1 and t.tail != 0 and BLOCK_M < hq <= BLOCK_M + TAIL
 
 
 def block_rows(hq: int, t: WsTuning) -> int:
@@ -130,7 +132,7 @@ def choose(hq: int, t: WsTuning = DEFAULT_TUNING, dynamic: bool = False) -> tupl
     kernel and the balanced grid run only where a host plan's tuning asks for them (cuda=0, tail=1, balance=1);
     asked of a device plan they are a one-line ValueError."""
     if dynamic:
-        for field, bad in (("cuda", 0), ("tail", 1), ("balance", 1)):
+        for field, bad in (("cuda", 0), ("balance", 1)):
             if getattr(t, field) == bad:
                 raise ValueError(f"the {name} path runs device plans on its CUDA kernel over the row-block x split "
                                  f"grid: WsTuning.{field}={bad} needs a host plan")
@@ -321,6 +323,8 @@ class WsPlan:
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, and both
                                 # tensors' device index, Tensor.get_device: cheaper than building torch.device)
     index: int = -1             # the CUDA device's index
+    descs: dict = field(default_factory=dict)  # the Gluon kernels' tensor descriptors per (q, kv) address and
+                                               # stride (they hold the tensors: at most MAX_DESCS kept)
 
 
 def _why_not(device, dtype, v_dim: int, rope_dim: int) -> str | None:
@@ -371,7 +375,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
                           RuntimeWarning, stacklevel=3)
             kernel, t = "gluon", replace(t, cuda=0)
     dim = p.v_dim + rope_dim
-    return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts,
+    return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts, descs={},
                    merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher,
                    merger=merger, fused=launcher is not None and launcher.fused,
                    signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
@@ -459,13 +463,20 @@ def _launch_gluon(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
     cfg, (o_part, lse_part) = d.cfg, d.partials
     hq, dim = q2.shape
     gs = cfg["grid_splits"]
-    qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = _descs(q2, kv, p, cfg["tail"])
+    key = (q2.data_ptr(), q2.stride(0), hq, kv.data_ptr(), kv.stride(0))
+    descs = d.descs.get(key)
+    if descs is None:  # built on first sight of these tensors (Python work of tens of microseconds), kept with them
+        if len(d.descs) >= MAX_DESCS:
+            d.descs.clear()
+        descs = d.descs[key] = _descs(q2, kv, p, cfg["tail"])
+    qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = descs
     args = (qd_lat, qd_pe, kd_lat, kd_pe, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1),
             p.prefix_len, p.num_rows, cfg["chunk"], hq, h, sm_scale * LOG2E)
-    if cfg["tail"]:
+    if cfg["tail"]:  # the live length from p.prefix_t, the chunk derived on the device (device plans too)
         from ._ws_tail import ws_tail_kernel
         return ws_tail_kernel[(cfg["n_qb"], gs)](
-            qd_lat, qd_pe, *q_tail, *args[2:], BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
+            qd_lat, qd_pe, *q_tail, *args[2:9], p.prefix_t, p.num_rows, gs - 1 + cfg["fold"], hq, h,
+            sm_scale * LOG2E, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
             PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
         )
     bal = cfg.get("balance", False)
