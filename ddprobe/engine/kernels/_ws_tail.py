@@ -83,12 +83,12 @@ def _mark_empty(LSE_part, pid_s, q0, Hq, ROWS: gl.constexpr):
 @gluon.jit
 def _zero_rows(k_lat, first, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr):
     """Rows [first, BLOCK_N) of a stage's latent tile set to zero, so that P = 0 there meets no NaN in P V."""
-    lay: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     keep = (gl.arange(0, BLOCK_N, gl.SliceLayout(1, lay)) < first)[:, None]
-    for c in gl.static_range(V_DIM // 32):
-        piece = k_lat.slice(c * 32, 32, dim=1)
+    for c in gl.static_range(V_DIM // 64):  # 64 columns (128 bytes, one swizzle row) at a time
+        piece = k_lat.slice(c * 64, 64, dim=1)
         x = piece.load(lay)
-        piece.store(gl.where(keep, x, gl.zeros([BLOCK_N, 32], x.dtype, lay)))
+        piece.store(gl.where(keep, x, gl.zeros([BLOCK_N, 64], x.dtype, lay)))
 
 
 @gluon.jit
