@@ -40,94 +40,42 @@ def test_build_entry_point_rejects_other_arguments(capsys):
     assert "usage" in capsys.readouterr().err
 
 
-def _check_cover(cfg, prefix_len, r):
-    from ddprobe.engine.kernels.split_ws import cu_pieces
-    ptr, flat = cu_pieces(cfg, prefix_len, r)
-    rows = [flat[i:i + 6] for i in range(0, len(flat), 6)]
-    assert ptr[0] == 0 and ptr[-1] == len(rows) and all(a < b for a, b in zip(ptr, ptr[1:]))
-    gs = cfg["grid_splits"]
-    for rb in range(cfg["n_qb"]):
-        mine = sorted((pc for pc in rows if pc[0] == rb), key=lambda pc: pc[1])
-        cols = [c for pc in mine for c in range(pc[1], pc[2])]
-        assert cols == list(range(prefix_len + r)), f"row block {rb}: columns not covered exactly once"
-        assert all(pc[2] > pc[1] for pc in mine)
-        slots = [pc[3] for pc in mine]
-        fills = [f for pc in mine for f in range(pc[4], pc[5])]
-        assert sorted(slots + fills) == list(range(gs)), f"row block {rb}: slots {slots}, fills {fills} of {gs}"
-        assert [pc[3] for pc in mine if pc[2] == prefix_len + r] == [gs - 1]  # the tree columns: the last slot
-    return len(ptr) - 1
-
-
-@pytest.mark.parametrize("prefix_len,hq,programs", [(131072, 576, 0), (65536, 576, 0), (32768, 576, 37),
-                                                   (20000, 576, 5), (300000, 288, 0), (131072, 576, 132)])
-def test_cuda_work_list_of_the_balanced_grid_covers_every_column_once(prefix_len, hq, programs):
-    from ddprobe.engine.kernels import split_ws
-    t = split_ws.WsTuning(cuda=1, balance=1, programs=programs)
-    cfg = split_ws.config(prefix_len, hq, 132, t)
-    assert cfg.get("balance")
-    assert _check_cover(cfg, prefix_len, 9) == cfg["programs"] <= (programs or 132)
-
-
-@pytest.mark.parametrize("fold", [0, 1])
-@pytest.mark.parametrize("prefix_len,hq", [(0, 72), (1, 9), (63, 72), (5000, 72), (131072, 576), (12000, 9)])
-def test_cuda_work_list_of_the_split_grid_covers_every_column_once(fold, prefix_len, hq):
-    from ddprobe.engine.kernels import split_ws
-    t = split_ws.WsTuning(cuda=1, balance=0, fold_tree=fold)
-    cfg = split_ws.config(prefix_len, hq, 132, t)
-    assert not cfg.get("balance") and not cfg["tail"]
-    assert _check_cover(cfg, prefix_len, 9) == cfg["n_qb"] * cfg["grid_splits"]
-
-
 CONTEXTS = (1024, 8192, 32768, 65536, 131072)
 
 
 @pytest.mark.parametrize("heads", [8, 64])
 def test_host_and_device_plans_choose_one_kernel_per_shape(heads):
-    """split_ws.choose (pure Python, the one place the kernel is chosen): the default host plan and the device plan
-    (the engine's CUDA-graph step) of the same shape pick the same kernel with the same effective tuning and grid
-    at every context from 1k to 128k (the device plan's grid is sized for its bound: here the context), so
-    `bench verify` times the kernel the engine runs: 8 heads x 9 rows = 72 folded rows the Gluon tail kernel (one
-    program of 64 + 8 rows per chunk, the tree folded), 64 heads = 576 rows the CUDA seesaw."""
+    """split_ws.choose (pure Python, the one place the kernel is chosen, the same for host and device plans: both
+    kernels derive their chunks from the live length on the device): at every plan bound from 1k to 128k one kernel
+    and grid, so `bench verify` times the kernel the engine runs. 8 heads x 9 rows = 72 folded rows: the CUDA
+    kernel on two 64-row blocks below TAIL_FROM tokens, the Gluon tail kernel (one program of 64 + 8 rows per
+    chunk, the tree folded) from it; 64 heads = 576 rows: the CUDA kernel at every bound."""
     from ddprobe.engine.kernels import split_ws
     hq = heads * 9
-    host, device = split_ws.choose(hq), split_ws.choose(hq, dynamic=True)
-    tail = heads == 8
-    assert host == device and host[1] == ("tail" if tail else "cuda")
-    t = host[0]
-    assert (t.cuda, t.balance, t.tail) == (int(not tail), 0, int(tail))
-    assert split_ws.uses_cuda(hq, t) != tail and split_ws.tails(hq, t) == tail
     for ctx in CONTEXTS:
+        t, kernel = split_ws.choose(hq, ctx)
+        tail = heads == 8 and ctx >= split_ws.TAIL_FROM
+        assert kernel == ("tail" if tail else "cuda") and t.tail == int(tail) and split_ws.tails(hq, t) == tail
         cfg = split_ws.config(ctx, hq, 132, t)
-        assert not cfg.get("balance") and cfg["tail"] == tail and cfg["block_q"] == (72 if tail else split_ws.BLOCK_M)
-        assert cfg["fold"] == 1 and cfg["n_qb"] * cfg["grid_splits"] <= 132  # one wave
-        assert cfg == split_ws.config(ctx, hq, 132, device[0])
+        assert cfg == split_ws.config(ctx, hq, 132, split_ws.DEFAULT_TUNING)  # resolved or not: one grid
+        assert cfg["tail"] == tail and cfg["block_q"] == (72 if tail else split_ws.BLOCK_M)
+        assert cfg["fold"] == int(tail or heads == 64) and cfg["n_qb"] * cfg["grid_splits"] <= 132  # one wave
+    assert split_ws.TAIL_FROM == 65536
 
 
-def test_explicit_tunings_pick_the_gluon_kernels_on_host_plans_only():
-    """The Gluon prefix kernel and the balanced grid run only where a host plan's tuning asks for them
-    (bench verify's --variant split_ws:cuda=0, :balance=1); asked of a device plan each is a one-line ValueError,
-    never another schedule run silently. The tail kernel runs on both plan kinds, only for 65-72 folded rows
-    (tail=0 or cuda=1: the CUDA kernel there)."""
+def test_explicit_tunings_pick_the_kernel_at_any_bound():
+    """tail=1 runs the tail kernel for 65-72 folded rows at every bound, tail=0 never; other row counts always
+    run the CUDA kernel; a knob outside its choices is a one-line ValueError."""
     from ddprobe.engine.kernels import split_ws
     W = split_ws.WsTuning
-    assert split_ws.choose(72, W(cuda=0, tail=0))[1] == "gluon" and split_ws.choose(576, W(cuda=0))[1] == "gluon"
-    t, k = split_ws.choose(72, W(tail=1))
-    assert k == "tail" and (t.cuda, t.tail) == (0, 1) and split_ws.config(131072, 72, 132, t)["block_q"] == 72
-    assert split_ws.choose(576, W(tail=1))[1] == "cuda" and split_ws.choose(9, W(tail=1))[1] == "cuda"
-    assert split_ws.choose(72, W(cuda=0, tail=1))[1] == "tail"
-    t, k = split_ws.choose(576, W(balance=1))
-    assert k == "cuda" and split_ws.config(131072, 576, 132, t)["balance"]
-    assert not split_ws.config(0, 576, 132, t).get("balance")  # nothing to balance without a prefix
-    for over, field in ((dict(cuda=0), "cuda=0"), (dict(balance=1), "balance=1")):
-        with pytest.raises(ValueError, match=f"WsTuning.{field} needs a host plan"):
-            split_ws.choose(72, W(**over), dynamic=True)
-    assert split_ws.choose(72, W(cuda=1, balance=0, tail=0), dynamic=True)[1] == "cuda"
-    assert split_ws.choose(72, W(tail=0), dynamic=True)[1] == "cuda"
-    assert split_ws.choose(72, W(tail=1), dynamic=True)[1] == "tail" == split_ws.choose(68, dynamic=True)[1]
-    with pytest.raises(ValueError, match="WsTuning.cuda must be one of -1, 0, 1"):
-        split_ws.check_tuning(W(cuda=2))
-    with pytest.raises(ValueError, match="cannot run with the tail kernel"):
-        split_ws.check_tuning(W(cuda=1, tail=1))
+    t, k = split_ws.choose(72, 1024, W(tail=1))
+    assert k == "tail" and t.tail == 1 and split_ws.config(1024, 72, 132, t)["block_q"] == 72
+    assert split_ws.choose(68, 0, W(tail=1))[1] == "tail" and split_ws.choose(65, 131072)[1] == "tail"
+    assert split_ws.choose(72, 131072, W(tail=0)) == (W(tail=0), "cuda")
+    for hq in (9, 64, 73, 144, 576):
+        assert split_ws.choose(hq, 131072, W(tail=1))[1] == "cuda"
+    with pytest.raises(ValueError, match="WsTuning.tail must be one of -1, 0, 1"):
+        split_ws.check_tuning(W(tail=2))
 
 
 @pytest.mark.parametrize("bound,hq,fold,block_q", [(20000, 72, 0, 64), (20000, 576, 1, 64), (131072, 72, 0, 64),

@@ -430,6 +430,7 @@ def test_merge_config_picks_by_rows_and_refuses_unknown_kinds():
     assert split_ws.merge_plan(split_ws.WsTuning(tail=1), 72, 512, 132) == dict(
         kind=3, block_m=8, split_chunk=8, stages=3, warps=4, n_mb=9, bv=32, s_max=256)
     assert split_ws.merge_plan(split_ws.WsTuning(tail=1, merge_block_m=32), 72, 512, 132)["block_m"] == 32
+    assert split_ws.merge_plan(t, 72, 512, 132, 131072) == split_ws.merge_plan(split_ws.WsTuning(tail=1), 72, 512, 132)
     assert split_ws.merge_plan(t, 576, 512, 132) == dict(kind=1, block_m=8, split_chunk=1, stages=4, warps=4,
                                                          n_mb=72, bv=256, s_max=16)
     assert split_ws.merge_plan(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132)["split_chunk"] == 16

@@ -99,10 +99,8 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-@pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(cuda=0), dict(cuda=0, balance=1),
-                                  dict(cuda=0, balance=1, programs=7), dict(balance=1), dict(balance=1, programs=7)],
-                         ids=["default", "tail", "tail-fold", "gluon", "gluon-balance", "gluon-balance-7", "balance",
-                              "balance-7"])
+@pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=1, fold_tree=0)],
+                         ids=["default", "tail", "tail-fold", "tail-tree-apart"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -155,15 +153,6 @@ def test_tail_matches_reference(fold, ctx, budget, shape, heads, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", CASES)
-def test_gluon_kernel_matches_reference(ctx, budget, shape, heads, dtype):
-    """The Gluon prefix kernel (WsTuning.cuda=0: a host plan's explicit tuning, the default runs the CUDA kernel)
-    over the same shapes and poisoned rows; called twice, the same bits."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(cuda=0), repeat=2)
-
-
-@gpu
 def test_unsupported_inputs_are_one_line_errors():
     m = get_path("split_ws")
     q, kv, mask = make_inputs(100, 8, "fork", 2, torch.bfloat16)
@@ -201,26 +190,10 @@ SEESAW_CASES = CASES + [(5000, 8, "fork", 8, torch.bfloat16), (12000, 8, "star",
 
 
 @gpu
-@pytest.mark.parametrize("cuda", [-1, 0], ids=["cuda", "gluon"])
-@pytest.mark.parametrize("programs", [0, 5, 37], ids=["sms", "p5", "p37"])
-@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
-def test_balanced_grid_matches_reference(cuda, programs, ctx, budget, shape, heads, dtype):
-    """The balanced grid (one program per SM, or 5 or 37 programs so that shares cross two and more row blocks) on
-    the CUDA kernel's work list and in the Gluon kernel: the same shapes and poisoned rows as
-    test_matches_reference; called twice, the same bits."""
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(balance=1, programs=programs, cuda=cuda),
-          repeat=2)
-
-
-# The CUDA C++ seesaw (WsTuning.cuda = 1, cuda/seesaw_sm90.cu): the seesaw cases (every parity of a split's tile
-# count, bf16 and fp16, 1 to 64 heads, poisoned rows), the tree folded or as a program of its own, chunks of 1 to 4+
-# tiles, and several softmax scales (a large one makes every tile raise the running maximum, so each rescale runs)
-@gpu
 @pytest.mark.parametrize("ctx,budget,shape,heads,dtype", SEESAW_CASES)
 def test_cuda_seesaw_matches_reference(ctx, budget, shape, heads, dtype):
     from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(cuda=1), repeat=2)
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=WsTuning(tail=0), repeat=2)
 
 
 @gpu
@@ -231,14 +204,14 @@ def test_cuda_seesaw_matches_reference(ctx, budget, shape, heads, dtype):
 def test_cuda_seesaw_tree_placements(fold, min_chunk, ctx, budget, shape, heads):
     from ddprobe.engine.kernels.split_ws import WsTuning
     check("split_ws", ctx, budget, shape, heads, torch.bfloat16,
-          tuning=WsTuning(cuda=1, min_chunk=min_chunk, fold_tree=fold), repeat=2)
+          tuning=WsTuning(tail=0, min_chunk=min_chunk, fold_tree=fold), repeat=2)
 
 
 @gpu
 @pytest.mark.parametrize("sm_scale", [0.01, 0.0722, 1.0])
 def test_cuda_seesaw_softmax_scales(sm_scale):
     from ddprobe.engine.kernels.split_ws import WsTuning
-    check("split_ws", 33000, 8, "lopsided", 64, torch.bfloat16, sm_scale=sm_scale, tuning=WsTuning(cuda=1),
+    check("split_ws", 33000, 8, "lopsided", 64, torch.bfloat16, sm_scale=sm_scale, tuning=WsTuning(tail=0),
           repeat=2)
 
 
@@ -249,7 +222,7 @@ def test_cuda_seesaw_under_graph_replay_and_plan_reuse():
     from ddprobe.engine.kernels.split_ws import WsTuning
     m = get_path("split_ws")
     q, kv, mask = make_inputs(20000, 8, "fork", 64, torch.bfloat16)
-    p = m.plan(20000, mask, None, V, heads=64, tuning=WsTuning(cuda=1))
+    p = m.plan(20000, mask, None, V, heads=64, tuning=WsTuning(tail=0))
     m.run(q, kv, p, 0.07)  # loads the module outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
@@ -264,19 +237,21 @@ def test_cuda_seesaw_under_graph_replay_and_plan_reuse():
 
 
 @gpu
-@pytest.mark.parametrize("heads,dtype,kernel", [(64, torch.bfloat16, "ddp_seesaw_bf16"),
-                                                (32, torch.float16, "ddp_seesaw_f16"),
-                                                (7, torch.bfloat16, "ddp_seesaw_bf16"),
-                                                (8, torch.bfloat16, "ws_tail_kernel")])
-def test_default_runs_the_chosen_kernel_at_every_head_count(heads, dtype, kernel):
+@pytest.mark.parametrize("heads,dtype,ctx,kernel", [(64, torch.bfloat16, 3000, "ddp_seesaw_bf16"),
+                                                    (32, torch.float16, 3000, "ddp_seesaw_f16"),
+                                                    (7, torch.bfloat16, 70000, "ddp_seesaw_bf16"),
+                                                    (8, torch.bfloat16, 3000, "ddp_seesaw_bf16"),
+                                                    (8, torch.bfloat16, 70000, "ws_tail_kernel")])
+def test_default_runs_the_chosen_kernel_at_every_head_count(heads, dtype, ctx, kernel):
     """The default tuning's prefix kernel, as the launch reports it: the CUDA seesaw at 64, 32 and 7 heads (63
-    folded rows), the Gluon tail kernel at 8 heads (72 folded rows), as split_ws.choose picks for both plan kinds."""
-    q, kv, mask = make_inputs(3000, 8, "fork", heads, dtype)
+    folded rows) and at 8 heads (72 folded rows) below TAIL_FROM tokens, the Gluon tail kernel at 8 heads from it,
+    as split_ws.choose picks for both plan kinds."""
+    q, kv, mask = make_inputs(ctx, 8, "fork", heads, dtype)
     m = get_path("split_ws")
     meta = {}
-    out = m.run(q, kv, m.plan(3000, mask, None, V), 0.07, meta=meta)
+    out = m.run(q, kv, m.plan(ctx, mask, None, V), 0.07, meta=meta)
     assert meta["prefix"]["name"] == kernel
-    ref = reference.run(q, kv, reference.plan(3000, mask, None, V), 0.07)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.07)
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[dtype]
 
 
@@ -310,32 +285,34 @@ def test_cuda_seesaw_refuses_a_negative_scale():
     q, kv, mask = make_inputs(100, 8, "fork", 8, torch.bfloat16)
     m = get_path("split_ws")
     with pytest.raises(ValueError, match="positive softmax scale"):
-        m.run(q, kv, m.plan(100, mask, None, V, tuning=WsTuning(cuda=1)), -0.1)
+        m.run(q, kv, m.plan(100, mask, None, V, tuning=WsTuning(tail=0)), -0.1)
 
 
 @gpu
-def test_cuda_default_falls_back_to_gluon_when_the_cubin_cannot_load(monkeypatch, tmp_path):
-    """No loadable cubin (_cu.CUBIN at a file that is not one, as a benchmark's --cubin sets it): cuda=-1 warns and runs the Gluon kernel on
-    the same grid (equal to the reference), the failed load remembered by _cu; cuda=1 raises the load error."""
+def test_a_cubin_that_does_not_load_is_one_line_and_the_tail_kernel_still_runs(monkeypatch, tmp_path):
+    """No loadable cubin (_cu.CUBIN at a file that is not one, as a benchmark's --cubin sets it): a plan on the
+    CUDA kernel (64 heads) is a one-line ValueError that names the split path, the failed load remembered by _cu
+    (not retried); 72 folded rows on the tail kernel still run, merged by the Triton merge (equal to the
+    reference)."""
     from ddprobe.engine.kernels import _cu, split_ws
     bad = tmp_path / "bad.cubin"
     bad.write_bytes(b"not a cubin")
     monkeypatch.setattr(_cu, "CUBIN", bad)
     monkeypatch.setattr(_cu, "_funcs", {})
-    with pytest.warns(RuntimeWarning, match="CUDA prefix kernel is unavailable"):
-        check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)
-    failed = [v for v in _cu._funcs.values() if isinstance(v, _cu.LoadError)]
-    assert len(failed) == 1  # remembered: the next call does not load again
-    check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)  # still right
-    assert [v for v in _cu._funcs.values() if isinstance(v, _cu.LoadError)] == failed
-    with pytest.raises(_cu.LoadError):
-        check("split_ws", 5000, 8, "fork", 64, torch.bfloat16, tuning=split_ws.WsTuning(cuda=1))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="CUDA kernel does not load here .*the split path") as e:
+            check("split_ws", 5000, 8, "fork", 64, torch.bfloat16)
+        assert "\n" not in str(e.value)
+    assert len([v for v in _cu._funcs.values() if isinstance(v, _cu.LoadError)]) == 1
+    with pytest.warns(RuntimeWarning, match="CUDA merge is unavailable"):
+        check("split_ws", 5000, 8, "fork", 8, torch.bfloat16, tuning=split_ws.WsTuning(tail=1))
 
 
 def test_tail_config_takes_72_rows_in_one_program():
     """Host-side (runs anywhere): with ``tail`` 65-72 folded rows are one row block of 64 + 8, so the grid takes
     twice the splits of two 64-row blocks, still one wave; other row counts keep 64-row blocks; the merge's
-    S_MAX covers the larger number of partials. The default (tail=-1) runs it; tail=0 or cuda=1 does not."""
+    S_MAX covers the larger number of partials. The default (tail=-1) runs it from a bound of TAIL_FROM tokens;
+    tail=0 never."""
     from ddprobe.engine.kernels import split_ws
     t = split_ws.WsTuning(tail=1)
     for hq in (65, 68, 72):
@@ -346,12 +323,11 @@ def test_tail_config_takes_72_rows_in_one_program():
         assert c["fold"] == 1 and two["fold"] == 0  # fold_tree=-1 folds the tree behind the tail kernel only
         assert split_ws.merge_plan(t, hq, 512, 132)["s_max"] == 256
         d = split_ws.DEFAULT_TUNING
-        assert split_ws.config(131072, hq, 132, d) == c and split_ws.tails(hq, d)
-        assert split_ws.merge_plan(d, hq, 512, 132) == split_ws.merge_plan(t, hq, 512, 132)
-        assert split_ws.config(131072, hq, 132, split_ws.WsTuning(cuda=1)) == two
+        assert split_ws.config(131072, hq, 132, d) == c and split_ws.tails(hq, d, 131072)
+        assert split_ws.config(32768, hq, 132, d) == split_ws.config(32768, hq, 132, split_ws.WsTuning(tail=0))
+        assert split_ws.merge_plan(d, hq, 512, 132, 131072) == split_ws.merge_plan(t, hq, 512, 132)
     for hq in (9, 64, 73, 144, 576):
         assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
-    assert not split_ws.tails(72, split_ws.WsTuning(tail=0, cuda=1))
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])
@@ -374,49 +350,8 @@ def test_split_config_covers_the_prefix_in_one_wave(fold):
                     assert c["grid_splits"] == 1
 
 
-def test_balanced_grid_covers_every_tile_once():
-    """Host-side (runs anywhere): the balanced grid's pieces (split_ws.pieces, the kernel's _piece arithmetic)
-    cover every (row block, tile) exactly once, give no program more than a one-wave share (cdiv(tiles, SMs)) and
-    none nothing, cut every row block's full chunks at the same tiles, give each row
-    block distinct slots below grid_splits with its last piece (the tree's) in the last slot, and stay within
-    the merge's S_MAX; balance=1 balances 64 heads, the default tuning never (device plans cannot)."""
-    from ddprobe.engine.kernels import split_ws
-    for sms in (132, 114, 7):
-        for prefix in (1, 64, 65, 1000, 8192, 33000, 131072):
-            for hq in (9, 72, 576, 1152):
-                c = split_ws.balanced_config(prefix, hq, sms)
-                n_qb, tiles, g = c["n_qb"], c["tiles"], c["programs"]
-                share = -(-n_qb * tiles // min(sms, n_qb * tiles))  # tiles a program of a one-wave grid must take
-                assert tiles == -(-prefix // 64) and g <= min(sms, n_qb * tiles) and c["chunk"] == share * 64
-                seen = {}
-                slots = {}
-                for prog in split_ws.pieces(n_qb, tiles, g):
-                    assert 0 < sum(b - a for _, a, b, _ in prog) <= share
-                    for rb, a, b, slot in prog:
-                        assert 0 <= a < b <= tiles
-                        for t in range(a, b):
-                            assert (rb, t) not in seen
-                            seen[rb, t] = slot
-                        slot = c["grid_splits"] - 1 if slot < 0 else slot
-                        assert 0 <= slot < c["grid_splits"] and slot not in slots.setdefault(rb, set())
-                        slots[rb].add(slot)
-                assert len(seen) == n_qb * tiles and all(seen[rb, tiles - 1] == -1 for rb in range(n_qb))
-                assert c["grid_splits"] == max(len(v) for v in slots.values())  # closed form = the pieces walked
-                full = [p[0][1:3] for p in split_ws.pieces(n_qb, tiles, g) if len(p) == 1 and p[0][2] - p[0][1] == share
-                        and p[0][1] % share == 0]
-                assert all(full.count(ab) == n_qb for ab in set(full))  # a full chunk is read by every row block
-                t = split_ws.WsTuning(balance=1)
-                assert split_ws.merge_plan(t, hq, 512, sms)["s_max"] >= c["grid_splits"]
-    b = split_ws.WsTuning(balance=1)
-    assert split_ws.config(32768, 576, 132, b)["balance"] and split_ws.config(131072, 576, 132, b)["programs"] == 132
-    for hq in (72, 576):
-        for ctx in (8192, 32768, 131072):
-            assert not split_ws.config(ctx, hq, 132, split_ws.DEFAULT_TUNING).get("balance")
-
-
-@pytest.mark.parametrize("over,field", [(dict(fold_tree=2), "fold_tree"), (dict(cuda=2), "cuda"),
-                                        (dict(balance=2), "balance"), (dict(tail=3), "tail"),
-                                        (dict(merge_kind=7), "merge_kind"), (dict(programs=-1), "programs")])
+@pytest.mark.parametrize("over,field", [(dict(fold_tree=2), "fold_tree"), (dict(tail=3), "tail"),
+                                        (dict(merge_kind=7), "merge_kind")])
 def test_tuning_outside_the_kernels_choices_is_refused(over, field):
     """Host-side (runs anywhere): a schedule knob no kernel implements is a one-line ValueError at plan time,
     naming the field, not another schedule run silently; every value the kernels implement passes the check."""
@@ -452,12 +387,13 @@ def test_benchmark_peers_say_why_they_cannot_run():
 
 # ---- device plans (the engine's CUDA-graph-captured step) ----------------------------------------------------------
 
-# budget, shape, heads, dtype, tuning overrides, the kernel chosen (72 and 66 folded rows: the Gluon tail kernel)
-DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "tail"), (8, "fork", 64, torch.bfloat16, {}, "cuda"),
-                (1, "chain", 1, torch.float16, {}, "cuda"), (32, "star", 2, torch.bfloat16, {}, "tail"),
-                (63, "lopsided", 1, torch.bfloat16, {}, "cuda"), (8, "fork", 8, torch.float16, {}, "tail"),
-                (8, "chain", 8, torch.bfloat16, dict(fold_tree=0), "tail"),
-                (8, "lopsided", 8, torch.bfloat16, dict(cuda=1), "cuda")]
+# budget, shape, heads, dtype, tuning overrides, the kernel that runs (72 and 66 folded rows with tail=1: the Gluon
+# tail kernel, the default from a bound of TAIL_FROM tokens; the bound here is 20000)
+DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "cuda"), (8, "fork", 64, torch.bfloat16, {}, "cuda"),
+                (1, "chain", 1, torch.float16, {}, "cuda"), (32, "star", 2, torch.bfloat16, dict(tail=1), "tail"),
+                (63, "lopsided", 1, torch.bfloat16, {}, "cuda"), (8, "fork", 8, torch.float16, dict(tail=1), "tail"),
+                (8, "chain", 8, torch.bfloat16, dict(tail=1, fold_tree=0), "tail"),
+                (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail")]
 
 
 @gpu
@@ -478,7 +414,6 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype, tuning=WsTuning(**over))
     assert p.detail.kernel == kernel
     if kernel == "cuda":
-        assert p.detail.launcher.report["work_list"] is False
         assert p.detail.fused, "device plans merge inside the prefix kernel's launch by default"
     m.refresh(p)
     m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
@@ -520,10 +455,6 @@ def test_device_plan_eager_equals_replay_and_run_checks_its_inputs():
         m.run(q[:, :4].contiguous(), kv, p, 0.07)
     with pytest.raises(ValueError, match="built for 8 heads"):
         m.run(q.half(), kv.half(), p, 0.07)
-    from ddprobe.engine.kernels.split_ws import WsTuning
-    for over in (dict(cuda=0), dict(balance=1)):
-        with pytest.raises(ValueError, match="needs a host plan"):
-            m.plan(prefix_t, mask, None, V, heads=8, max_prefix=5000, tuning=WsTuning(**over))
 
 
 @gpu
@@ -569,24 +500,26 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
     eng.generate(list(range(1, 301)), max_new_tokens=4)
     engine = eng.runner.static.plan
     assert engine.dynamic and engine.detail.heads == heads
-    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"cuda": "1"})]
+    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"tail": "1"})]
     b = verify_bench.Bench(verify_bench.BenchOptions(ctxs=[4096], heads=[heads], paths=["split_ws"], quick=True,
                                                      step_ctx=None, variants=variants))
     b.point(4096, heads)
     row, host, device = b.results
     assert row.get("ok"), row
     assert (row["path"], row["plan"], row["kernel"]) == ("split_ws", "device", engine.detail.kernel), row
-    # 72 folded rows run the Gluon tail kernel on both plan kinds (64 heads: the CUDA kernel); cuda=1 the CUDA one
-    assert row["kernel"] == ("tail" if heads == 8 else "cuda"), row
-    assert host.get("ok") and (host["plan"], host["kernel"]) == ("host", row["kernel"]), host
-    assert device.get("ok") and (device["plan"], device["kernel"]) == ("device", "cuda"), device
+    # tail=1: the Gluon tail kernel at 72 folded rows on both plan kinds (64 heads: the CUDA kernel)
+    assert row["kernel"] == "cuda", row  # the engine's bound (max_ctx 8192) and 4096 are below TAIL_FROM
+    want = "tail" if heads == 8 else "cuda"
+    assert host.get("ok") and (host["plan"], host["kernel"]) == ("host", want), host
+    assert device.get("ok") and (device["plan"], device["kernel"]) == ("device", want), device
     m, mask = get_path("split_ws"), shape_mask("lopsided", 8, "cuda")
     for ctx in (1024, 8192, 32768, 65536, 131072):
         timed = verify_bench.engine_plan(torch, m, "device", ctx, mask, None, V, m.DEFAULT_TUNING, heads)
         prefix_t = torch.zeros(1, dtype=torch.int32, device="cuda")
         built = m.plan(prefix_t, mask, None, V, heads=heads, max_prefix=ctx)  # as StaticStep builds it
         host = m.plan(ctx, mask, None, V, heads=heads)  # the default host plan: the same kernel and grid
-        assert timed.detail.kernel == built.detail.kernel == host.detail.kernel == engine.detail.kernel, ctx
+        assert timed.detail.kernel == built.detail.kernel == host.detail.kernel, ctx
+        assert timed.detail.kernel == ("tail" if heads == 8 and ctx >= m.TAIL_FROM else "cuda"), ctx
         assert timed.detail.cfg == built.detail.cfg == host.detail.cfg, ctx
 
 
@@ -686,7 +619,7 @@ def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
     same prefix kernel with the merge as its own launch (merge_kind -2): both within the tolerance of the fp32
     reference and within it of each other (only the order of the merge's sums differs); 30 launches in a row (30
     epochs of the barrier's counter, partials poisoned with NaN before each) give the same bits; device plans (the
-    row-block x split grid) and host plans (the balanced grid's work list at 64 heads). Empty splits arriving at
+    row-block x split grid) and host plans. Empty splits arriving at
     the barrier: test_device_plan_replays_one_graph_at_changing_lengths (lengths 0 to max_prefix, fused)."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     m = get_path("split_ws")
@@ -697,7 +630,7 @@ def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
     ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.07)
     outs = {}
     for kind in (-1, -2):
-        p = m.plan(prefix, mask, None, V, heads=heads, tuning=WsTuning(cuda=1, merge_kind=kind), **extra)
+        p = m.plan(prefix, mask, None, V, heads=heads, tuning=WsTuning(tail=0, merge_kind=kind), **extra)
         d = p.detail
         assert d.kernel == "cuda" and d.fused == (kind == -1)
         outs[kind] = m.run(q, kv, p, 0.07).clone()

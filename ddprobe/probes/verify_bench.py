@@ -98,7 +98,7 @@ def engine_plan(torch, path, kind: str, ctx: int, mask, slots, v_dim: int, tunin
 
 
 def kernel_of(name: str, p) -> str:
-    """The kernel a verify path's plan runs: split_ws's choice (WsPlan.kernel: cuda, gluon or tail), "reference"
+    """The kernel a verify path's plan runs: split_ws's choice (WsPlan.kernel: cuda or tail), "reference"
     where the plan fell back to the fp32 reference (split on a GPU its table does not fit), else the path's own name
     (one kernel family per path)."""
     if (getattr(p, "extra", None) or {}).get("fallback"):

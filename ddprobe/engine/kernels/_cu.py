@@ -1,14 +1,14 @@
-"""The CUDA C++ kernels of `split_ws` (the prefix kernel, WsTuning.cuda = 1, and the merge of its partials, fused
+"""The CUDA C++ kernels of `split_ws` (the prefix kernel, split_ws.choose's "cuda", and the merge of its partials, fused
 into the prefix kernel's launch after a grid barrier or as its own launch): load the prebuilt cubin, encode TMA
 maps, launch.
 
 ``cuda/seesaw_sm90.cu`` is compiled offline for sm_90a (``python -m ddprobe.engine.kernels._cu --build``, nvcc
 12.3 or newer; no GPU needed) into ``cuda/seesaw_sm90.cubin``, which ships with the package beside a stamp of the
 SHA-256 of the source and of the cubin (a test fails when either changed without the other). The shipped cubin is
-nvcc 13.0's, so it needs a CUDA 13 driver (R580 or newer); with an older one `split_ws` warns and runs its
-Gluon kernel (WsTuning.cuda = -1), or the cubin can be rebuilt with the local nvcc. At run time the cubin is
-loaded through the CUDA driver API (``libcuda.so.1`` via ctypes) into the context torch uses, so there is no
-extension build and no compiler on the GPU machine. Launches go to torch's current stream, so they are captured
+nvcc 13.0's, so it needs a CUDA 13 driver (R580 or newer); with an older one a `split_ws` plan on the CUDA
+kernel is a one-line error (the Gluon tail kernel and the Triton merge still run), or the cubin can be rebuilt
+with the local nvcc. At run time the cubin is loaded through the CUDA driver API (``libcuda.so.1`` via ctypes)
+into the context torch uses, so there is no extension build and no compiler on the GPU machine. Launches go to torch's current stream, so they are captured
 by CUDA graphs like any kernel; the two TMA descriptors travel by value as kernel parameters.
 The benchmarks time variants by setting CUBIN (another build of the same source: a schedule variant, see the
 source's DDP_* macros) and L2_PROMOTION before the first launch (benchmarks/cu_variant.py).
@@ -176,12 +176,13 @@ def tensor_map(t, rows: int, box_rows: int):
 
 class Launcher:
     """One plan's launch of the seesaw kernel, built once (plan time): the function, the parameter block (the
-    plan's bitmask, work list or grid, partial buffers, device prefix length) and the TMA maps of the q and kv
+    plan's bitmask, grid, partial buffers, device prefix length) and the TMA maps of the q and kv
     tensors it has met, cached by address and shape. A call only points the block at q's and kv's maps (encoded on
     first sight) and launches on torch's current stream, so an eager call costs a few microseconds of host time.
 
-    table: (piece_ptr, pieces) int32 device tensors (split_ws.cu_table: the balanced grid of a host plan), or None
-    for the row-block x split grid the kernel derives from the live prefix length (n_qb x grid_splits programs).
+    The grid is the row-block x split grid (n_qb x grid_splits programs) the kernel derives from the live prefix
+    length; the kernel's work-list parameters (piece_ptr, pieces) are passed null (the balanced grid that built
+    work lists is on the lab branch).
     fuse_parts > 0: the merge of that many partials can run inside the launch (a call given ``out``), after a grid
     barrier on a counter of the launcher's own; only where the grid is one wave (at most ``sms`` programs, one per
     SM) and no MPS thread percentage below 100 limits the SMs, else ``fused`` is False and a call given ``out``
@@ -192,23 +193,20 @@ class Launcher:
     MAX_MAPS = 512   # cached TMA maps (per role) before the cache is cleared
 
     def __init__(self, device, dtype, hq: int, h: int, r: int, num_cols: int, bits, prefix_t, o_part, lse_part,
-                 n_qb: int, grid_splits: int, fold: int, table=None, fuse_parts: int = 0, sms: int = 0):
+                 n_qb: int, grid_splits: int, fold: int, fuse_parts: int = 0, sms: int = 0):
         import torch
 
         self.device = torch.device(device)
         self.name = KERNELS[str(dtype).removeprefix("torch.")]
         self.fn = _function(self.name, self.device)
         self.hq, self.num_cols = hq, num_cols
-        self.programs = table[0].numel() - 1 if table is not None else n_qb * grid_splits
-        self.pieces = table[1].shape[0] if table is not None else self.programs
+        self.programs = n_qb * grid_splits
         self.fused = 1 <= fuse_parts <= MERGE_MAX_PARTS and self.programs <= sms and not _mps_limited()
         counter = torch.zeros(1, dtype=torch.int64, device=self.device) if self.fused else None
-        self._keep = (bits, prefix_t, o_part, lse_part, table, counter)   # what the block points at stays alive
+        self._keep = (bits, prefix_t, o_part, lse_part, counter)   # what the block points at stays alive
         self._maps: dict = {}
         self.scale = ctypes.c_float(1.0)
-        ptr = table[0].data_ptr() if table is not None else 0
-        pcs = table[1].data_ptr() if table is not None else 0
-        self._args = [ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(ptr), ctypes.c_uint64(pcs),
+        self._args = [ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(0), ctypes.c_uint64(0),
                       ctypes.c_uint64(o_part.data_ptr()), ctypes.c_uint64(lse_part.data_ptr()),
                       ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
                       ctypes.c_uint64(prefix_t.data_ptr()), ctypes.c_int32(hq), ctypes.c_int32(h), self.scale,
@@ -220,8 +218,7 @@ class Launcher:
                        ctypes.c_int32(fuse_parts if self.fused else 0)]
         self.params = (ctypes.c_void_p * (2 + len(self._args)))(
             None, None, *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
-        self.report = {"name": self.name, "shared": SMEM_BYTES, "threads": THREADS, "programs": self.programs,
-                       "pieces": self.pieces, "work_list": table is not None}
+        self.report = {"name": self.name, "shared": SMEM_BYTES, "threads": THREADS, "programs": self.programs}
         self.fused_report = {**self.report, "merge": "fused", "partials": fuse_parts}
 
     def _map(self, t, rows: int) -> int:

@@ -1,14 +1,15 @@
 """Gluon prefix kernel of the `split_ws` path for 65 to 72 folded query rows (8 heads x 9 rows) in ONE program.
 
-The default kernel (`_ws_gluon.ws_prefix_kernel`) puts 64 folded rows on the MMA's M side, so 72 rows take two
-programs per chunk and the second computes 64 rows for 8: half of the grid does 1/8 useful work, and each
-program streams half as many tiles as it could. Here one program takes all 72 rows of a chunk: rows 0..63 as
-in the default kernel, and the 8 "tail" rows with the operands swapped (KV tokens on M, the 8 rows on N, which
-wgmma allows in steps of 8), on warpgroup 1, which in the default kernel only computes half of P V and waits
-for warpgroup 0 most of the time. With half as many programs per chunk the grid takes twice as many splits, so
-each program streams half as many tiles. Per tile, in addition to the default kernel's work:
+The CUDA kernel (cuda/seesaw_sm90.cu) puts 64 folded rows on the MMA's M side, so 72 rows take two programs per
+chunk and the second computes 64 rows for 8: half of the grid does 1/8 useful work, and each program streams
+half as many tiles as it could. Here one program takes all 72 rows of a chunk: rows 0..63 on warpgroup 0 (and
+half of their P V on warpgroup 1), and the 8 "tail" rows with the operands swapped (KV tokens on M, the 8 rows on
+N, which wgmma allows in steps of 8) on warpgroup 1. With half as many programs per chunk the grid takes twice as
+many splits, so each program streams half as many tiles. Per tile:
 
-    S_t^T [64 tokens, 8]  = K_lat [64, 512] Q_t_lat^T + K_pe [64, 64] Q_t_pe^T     (A = the tile, B = Q tail)
+    S   [64, 64 tokens]  = Q_lat [64, 512] K_lat^T + Q_pe [64, 64] K_pe^T         (warpgroup 0)
+    O[:, :256] += P V[:, :256]  (warpgroup 0, P from registers);  O[:, 256:] += P V[:, 256:]  (warpgroup 1)
+    S_t^T [64 tokens, 8]  = K_lat [64, 512] Q_t_lat^T + K_pe [64, 64] Q_t_pe^T    (A = the tile, B = Q tail)
     O_t^T [512, 8]       += V^T [512, 64] P_t^T [64, 8]                           (A = the tile, transposed)
 
 Partitions (shared memory: Q 72 KB + Q tail 9 KB + 2 x 72 KB of tiles + P tail 1 KB = 226 KB of the 227 KB):
@@ -16,14 +17,22 @@ Partitions (shared memory: Q 72 KB + Q tail 9 KB + 2 x 72 KB of tiles + P tail 1
   loader   (1 warp):  Q and the Q tail once, then each tile into the ring of 2 stages (kv_ready / kv_free).
   warpgroup 0 (the default partition): S = Q K^T of rows 0..63, the online softmax, O[:, :256] += P V[:, :256]
                       with P from registers; P (bf16) goes to warpgroup 1 in the tile's own K_pe buffer (dead
-                      once both S products of the tile are computed; a [64, 64] bf16 wgmma operand already),
-                      so the default kernel's 8 KB P buffer is not needed; alpha in a 2-slot buffer.
+                      once both S products of the tile are computed; a [64, 64] bf16 wgmma operand already);
+                      alpha in a 2-slot buffer. A tile that reaches past the last live row (prefix_len + R: a
+                      device plan's cache may hold anything there, NaN too) has those rows of its latent part set
+                      to zero first, so that P = 0 there meets no NaN in P V.
   warpgroup 1:        S_t^T of the tail rows (then releases the tile's K_pe buffer: ``pe_free``), their online
                       softmax along the tokens (axis 0), P_t^T to shared memory; then, once warpgroup 0's P is
                       there (``p_ready``), O[:, 256:] += P V[:, 256:] and O_t^T += V^T P_t^T; releases the stage.
 At the end warpgroup 0 passes 1 / l through the alpha buffer (``fin``); both store their half of the normalized
 partial of rows 0..63 and warpgroup 1 the tail rows' partial and log2-sum-exp, in `split`'s layout (fp32), so
-the merge is unchanged. FOLD and the tree part as in the default kernel.
+the merge is unchanged.
+The grid is (row blocks of 72, splits) sized for the plan's bound; each program reads the live prefix length from
+device memory and derives its chunk (``_live_bounds``, the CUDA kernel's rule: split_ws.grid_piece mirrors it), so
+one captured launch serves any length up to the bound; a split past the live length marks its slot empty
+(lse -inf) and exits. The tree part (the R new rows, columns prefix_len .. prefix_len + R - 1, masked by the
+per-row ancestor bitmask: bit j of row r set when row r sees new row j) rides on the last prefix split (FOLD),
+whose partial therefore always has a finite log-sum-exp, or is one more split index of its own (FOLD = 0).
 """
 from __future__ import annotations
 
@@ -36,8 +45,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-
-from ._ws_gluon import _load_tiles, _ss_scores
 
 EMPTY_ROWS = gl.constexpr(128)  # the power of two above BLOCK_M + TAIL (an empty split's lse row block)
 
@@ -53,6 +60,36 @@ def _tl_loader(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_p
     tma.async_copy_global_to_shared(qt_lat_d, [q0 + BLOCK_M, 0], q_bar, qt_lat_s.index(0))
     tma.async_copy_global_to_shared(qt_pe_d, [q0 + BLOCK_M, 0], q_bar, qt_pe_s.index(0))
     _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N: gl.constexpr,
+                STAGES: gl.constexpr):
+    """The loader's ring: each [BLOCK_N, 512 + 64] KV tile of the chunk by TMA into stage i % STAGES once both
+    warpgroups have released it (``kv_free``), completing ``kv_ready`` by byte count."""
+    nbytes: gl.constexpr = k_lat_d.block_type.nbytes + k_pe_d.block_type.nbytes
+    for i in range(n_tiles):
+        st = i % STAGES
+        mbarrier.wait(kv_free.index(st), ((i // STAGES) & 1) ^ 1)
+        bar = kv_ready.index(st)
+        mbarrier.expect(bar, nbytes)
+        n0 = start + i * BLOCK_N
+        tma.async_copy_global_to_shared(k_lat_d, [n0, 0], bar, k_lat_s.index(st))
+        tma.async_copy_global_to_shared(k_pe_d, [n0, 0], bar, k_pe_s.index(st))
+
+
+@gluon.jit
+def _ss_scores(s, i, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N: gl.constexpr):
+    """Tile i's scores in base 2, masked only where a tile reaches the tree columns or the chunk's end."""
+    n0 = start + i * BLOCK_N
+    if n0 + BLOCK_N > gl.minimum(end, prefix_len):
+        offs_n = n0 + offs_n0
+        c = gl.minimum(gl.maximum(offs_n - prefix_len, 0), 63).to(gl.int64)
+        see = (offs_n < prefix_len)[None, :] | (((bits[:, None] >> c[None, :]) & 1) != 0)
+        s = gl.where(see & (offs_n < end)[None, :], s * qk_scale, float("-inf"))
+    else:
+        s = s * qk_scale
+    return s
 
 
 @gluon.jit
@@ -241,8 +278,9 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
                    stride_pq, Prefix, R, n_splits, Hq, H, qk_scale,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                    TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr):
-    """Grid (1, num_splits) with FOLD (the last split also takes the R tree columns), else (1, num_splits + 1)
-    with the tree part as split index num_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written)."""
+    """Grid (1, n_splits) with FOLD (the last split also takes the R tree columns), else (1, n_splits + 1) with the
+    tree part as split index n_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written). Prefix: the [1]
+    int32 live prefix length (at most the bound the grid and the descriptors were sized for)."""
     STAGES: gl.constexpr = 2
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)

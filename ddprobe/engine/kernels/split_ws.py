@@ -1,16 +1,17 @@
 """`split_ws`: `split`'s algorithm with warp-specialized Hopper prefix kernels (sm_90 only).
 
 Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..P-1, then the R new rows):
-  1. The prefix kernel, per 64 folded query rows (row hq = r * H + h) and chunk of the prefix:
-     - by default, for every shape and both plan kinds (``choose``: one kernel per shape, the one the engine's
-       CUDA-graph step runs), the CUDA C++ seesaw (cuda/seesaw_sm90.cu through _cu.py; FlashMLA's schedule, no
-       producer warp). It reads the prefix length from device memory and derives its chunk from it on the row-block
-       x split grid sized for the plan's bound (splits past the live length mark their slot empty and exit at
-       once), so a CUDA graph replays one launch at any length up to the bound; host plans with the balanced grid
-       (WsTuning.balance=1) give it a work list of pieces built at plan time (cu_table).
-     - on host plans whose tuning asks for them (cuda=0, tail=1), the Gluon kernels: ``_ws_gluon.ws_prefix_kernel``
-       (a TMA loader warp, warpgroup 0 doing S, the softmax and half of P V, warpgroup 1 the other half) and, for
-       65-72 folded rows (8 heads x 9), ``_ws_tail.ws_tail_kernel`` (one program of 64 + 8 rows per chunk).
+  1. The prefix kernel, one per shape (``choose``: the same for host and device plans, so the kernel the engine's
+     CUDA-graph step runs is the one `bench verify` times), per block of folded query rows (row hq = r * H + h)
+     and chunk of the prefix:
+     - the CUDA C++ seesaw (cuda/seesaw_sm90.cu through _cu.py; FlashMLA's schedule, no producer warp) on 64-row
+       blocks, for every shape but the next one;
+     - for 65-72 folded rows (8 heads x 9) in plans sized for TAIL_FROM tokens and more, the Gluon tail kernel
+       (``_ws_tail.ws_tail_kernel``: a TMA loader warp, warpgroup 0 doing S, the softmax and half of P V for rows
+       0..63, warpgroup 1 the other half and the 8 tail rows with the operands swapped), one program per chunk.
+     Both read the prefix length from device memory (VerifyPlan.prefix_t) and derive their chunk from it on the
+     row-block x split grid sized for the plan's bound (splits past the live length mark their slot empty and exit
+     at once), so a CUDA graph replays one launch at any length up to the bound.
   2. The log-sum-exp merge of the partials: the CUDA merge (cuda/seesaw_sm90.cu, _cu.MergeLauncher) by default,
      the Triton merges (merge.py: launch_merge, merge_config's kinds) where the tuning asks for one (a merge kind or
      knob, ``triton_merge``), past the CUDA merge's 1,024 partials, or where the cubin does not load here.
@@ -19,11 +20,13 @@ allocates the partials and builds the CUDA kernels' launchers (their parameter b
 (VerifyPlan.detail); ``run`` checks that the inputs match it (a one-line ValueError otherwise) and launches: on
 the CUDA kernels, the output's allocation and one driver launch: the prefix kernel merges its own partials after a
 grid barrier (its grid is one wave), WsTuning.merge_kind -2 keeps the merge as a second launch (host time on the
-H200 machine: docs/perf.md).
+H200 machine: docs/perf.md); the tail kernel is a Triton launch (its tensor descriptors kept per plan) followed
+by the merge's.
 A plan built without heads is completed per call for the call's heads (correct, with the host cost of a plan).
-It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, and the MLA widths the
-kernels are written for (v_dim 512, rope 64); anything else is a one-line ValueError. There is no interpreter path:
-`split` is the CPU-tested path with the same results, and tests/test_kernels_gpu.py checks this one on the GPU.
+It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, the MLA widths the
+kernels are written for (v_dim 512, rope 64) and, on the CUDA kernel, a positive softmax scale and a cubin the
+driver loads; anything else is a one-line ValueError. There is no interpreter path: `split` is the CPU-tested
+path with the same results, and tests/test_kernels_gpu.py checks this one on the GPU.
 """
 from __future__ import annotations
 
@@ -49,28 +52,23 @@ BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
-STAGES = 2       # KV ring depth: Q 72 KB + 2 x 72 KB of tiles + P 8 KB fill the 227 KB of shared memory
+TAIL_FROM = 65536  # plan bounds (prefix tokens) from which 65-72 folded rows run the tail kernel by default
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
-MAX_DESCS = 128  # tensor descriptor sets a plan keeps for the Gluon kernels' launches
+MAX_DESCS = 128  # tensor descriptor sets a plan keeps for the tail kernel's launches
 
 
 @dataclass(frozen=True)
 class WsTuning:
-    """Knobs of the prefix kernels, fixed per plan: -1 (the default of cuda, balance, tail) is ``choose``'s
-    choice, the same for host and device plans (the kernel the engine runs); the other values are explicit
-    tunings that the tests and ``bench verify --variant`` select (the rejected ones, the Gluon seesaw, pipe 0-2
-    and PDL merges among them, are kept by the tag lab-2026-12-03; their measurements are in docs/perf.md)."""
+    """Knobs of the prefix kernels, fixed per plan: -1 (the default of tail) is ``choose``'s choice, the same for
+    host and device plans (the kernel the engine runs); the other values are explicit tunings that the tests and
+    ``bench verify --variant`` select. Kernels and knobs nothing chooses are on the lab branch (the plain Gluon
+    prefix kernel, cuda=0; the balanced grid, balance=1: docs/kernels.md says where)."""
 
-    balance: int = -1   # the balanced grid (one wave of `programs` programs, chunks cut at the same tiles in every
-                        # row block, spare programs sharing the remainders; H200, 64 heads: 1-5% faster from 32k);
-                        # 1 always (host plans only: its work list is built for the plan's length); 0 and -1 (the
-                        # default, what device plans can run) never: row blocks x splits
-    programs: int = 0   # programs of the balanced grid (0: one per SM; the tests select 5 and 37 for odd shares)
     min_chunk: int = 64  # fewest prefix tokens per split (the tests select 128 and 256 for multi-tile chunks)
     fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
                          # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
-                         # 8 heads without the tail kernel 1-14% slower folded); both placements are tested
+                         # 8 heads on the CUDA kernel 1-14% slower folded); both placements are tested
     merge_kind: int = -1    # the merge: -1 (default) the CUDA merge, inside the CUDA prefix kernel's launch where
                             # that kernel runs (one launch), else its own launch (with a merge knob below set, or
                             # where the cubin does not load: the Triton merge, kind 3 up to 128 folded rows, else
@@ -81,17 +79,13 @@ class WsTuning:
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4        # warps per merge program
     merge_bv: int = 0           # value columns per merge program (0: halve 512 until the grid fills the SMs)
-    cuda: int = -1      # the CUDA C++ prefix kernel: -1 (default) for every shape unless tail=1 asks for the Gluon
-                        # tail kernel (a host plan falls back to Gluon, warned, where the cubin does not load); 1
-                        # always (needs a positive softmax scale); 0 never (the Gluon kernels: host plans only)
-    tail: int = -1      # 65-72 folded rows (8 heads x 9) in one Gluon program of 64 + 8 rows per chunk: 1 always
-                        # (host plans only; H200, 8 heads: 4-10% faster than two 64-row Gluon programs at 64k-128k);
-                        # 0 and -1 (the default) never
+    tail: int = -1      # 65-72 folded rows (8 heads x 9) on the Gluon tail kernel, one program of 64 + 8 rows per
+                        # chunk: -1 (default) from a plan bound of TAIL_FROM tokens, 1 at every bound, 0 never (the
+                        # CUDA kernel on two 64-row blocks); other row counts always run the CUDA kernel
 
 
 DEFAULT_TUNING = WsTuning()
-_CHOICES = {"balance": (-1, 0, 1), "fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3),
-            "cuda": (-1, 0, 1)}
+_CHOICES = {"fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3)}
 
 
 def check_tuning(t: WsTuning) -> None:
@@ -100,44 +94,28 @@ def check_tuning(t: WsTuning) -> None:
     for field, allowed in _CHOICES.items():
         if getattr(t, field) not in allowed:
             raise ValueError(f"WsTuning.{field} must be one of {', '.join(map(str, allowed))}, got {getattr(t, field)}")
-    if t.cuda == 1 and t.tail == 1:
-        raise ValueError("WsTuning.cuda=1 is the CUDA kernel on 64-row blocks; it cannot run with the tail kernel "
-                         "(tail=1)")
-    if t.programs < 0:
-        raise ValueError(f"WsTuning.programs must be >= 0 (0: one per SM), got {t.programs}")
 
 
-def tails(hq: int, t: WsTuning) -> bool:
-    """Whether ``t`` runs hq folded rows as one program of 64 + TAIL rows (the _ws_tail kernel): 65-72 rows unless
-    the tuning says tail=0 or cuda=1."""
-    return t.cuda != 1 and t.tail != 0 and BLOCK_M < hq <= BLOCK_M + TAIL
+def tails(hq: int, t: WsTuning, bound: int = 0) -> bool:
+    """Whether ``t`` runs hq folded rows, in a plan sized for ``bound`` prefix tokens, as one program of 64 + TAIL
+    rows (the _ws_tail kernel): 65-72 rows with tail=1, or tail=-1 from TAIL_FROM tokens."""
+    return BLOCK_M < hq <= BLOCK_M + TAIL and (t.tail == 1 or (t.tail == -1 and bound >= TAIL_FROM))
 
 
-def block_rows(hq: int, t: WsTuning) -> int:
-    """Folded query rows per program: 64 (the default kernel), or 72 with the tail kernel (65-72 rows)."""
-    return BLOCK_M + TAIL if tails(hq, t) else BLOCK_M
+def block_rows(hq: int, t: WsTuning, bound: int = 0) -> int:
+    """Folded query rows per program: 64 (the CUDA kernel), or 72 on the tail kernel (65-72 rows)."""
+    return BLOCK_M + TAIL if tails(hq, t, bound) else BLOCK_M
 
 
-def uses_cuda(hq: int, t: WsTuning) -> bool:
-    """Whether tuning ``t`` runs the CUDA prefix kernel for hq folded rows (before the scale's sign is known)."""
-    return t.cuda == 1 or (t.cuda == -1 and not tails(hq, t))
-
-
-def choose(hq: int, t: WsTuning = DEFAULT_TUNING, dynamic: bool = False) -> tuple[WsTuning, str]:
-    """The one choice of kernel per shape (pure Python): (the effective tuning, with cuda, balance and tail
-    resolved to 0 or 1, and the prefix kernel, "cuda", "gluon" or "tail") for hq folded rows on a host plan or,
-    ``dynamic``, a device plan (the engine's CUDA-graph step). The defaults (-1) give both plan kinds the CUDA
-    kernel on the row-block x split grid, the only schedule a device plan can run (it derives its chunks from the
-    prefix length on the device), so `bench verify` times the kernel the engine runs. The Gluon kernels, the tail
-    kernel and the balanced grid run only where a host plan's tuning asks for them (cuda=0, tail=1, balance=1);
-    asked of a device plan they are a one-line ValueError."""
-    if dynamic:
-        for field, bad in (("cuda", 0), ("balance", 1)):
-            if getattr(t, field) == bad:
-                raise ValueError(f"the {name} path runs device plans on its CUDA kernel over the row-block x split "
-                                 f"grid: WsTuning.{field}={bad} needs a host plan")
-    kernel = "cuda" if uses_cuda(hq, t) else ("tail" if tails(hq, t) else "gluon")
-    return replace(t, cuda=int(kernel == "cuda"), balance=max(t.balance, 0), tail=int(kernel == "tail")), kernel
+def choose(hq: int, bound: int, t: WsTuning = DEFAULT_TUNING) -> tuple[WsTuning, str]:
+    """The one choice of kernel per shape (pure Python): (the effective tuning, tail resolved to 0 or 1, and the
+    prefix kernel, "cuda" or "tail") for hq folded rows in a plan sized for ``bound`` prefix tokens (a host plan's
+    length, a device plan's max_prefix). Both kernels read the live length from device memory and derive their
+    chunks there, so host and device plans (the engine's CUDA-graph step) of one shape run the same kernel and
+    `bench verify` times the kernel the engine runs: the tail kernel for 65-72 rows from TAIL_FROM tokens (H200,
+    8 heads, graphs: 64.2 us against 71.8 at 128k, even at 64k, 4-20% slower at 16k-32k), else the CUDA kernel."""
+    kernel = "tail" if tails(hq, t, bound) else "cuda"
+    return replace(t, tail=int(kernel == "tail")), kernel
 
 
 def folds(n_qb: int, fold_tree: int) -> bool:
@@ -160,78 +138,6 @@ def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_
     return dict(n_qb=n_qb, num_splits=ns, chunk=chunk, grid_splits=ns + extra, fold=1 - extra)
 
 
-def _balanced_grid(n_qb: int, tiles: int, programs: int) -> tuple[int, int, int, int]:
-    """(P, F, nf, programs launched): chunks of P = cdiv(n_qb tiles, programs) tiles, F full ones per row block
-    taken by nf = n_qb F programs, the rest of the programs (at most one per remaining tile) sharing the
-    remainders."""
-    w = n_qb * tiles
-    pt = -(-w // programs)
-    f = tiles // pt
-    nf = n_qb * f
-    return pt, f, nf, nf + min(programs - nf, n_qb * (tiles - f * pt))
-
-
-def pieces(n_qb: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, int]]]:
-    """Host mirror of _ws_gluon._piece with BALANCE: per launched program, its pieces as (row block, first tile,
-    end tile, slot), slot -1 standing for the row block's last slot (the one that also takes the tree columns)."""
-    pt, f, nf, g_all = _balanced_grid(n_qb, tiles, programs)
-    rt = tiles - f * pt
-    ns, wt = max(g_all - nf, 1), max(n_qb * rt, 1)
-    out = []
-    for g in range(g_all):
-        if g < nf:
-            a = (g // n_qb) * pt
-            out.append([(g % n_qb, a, a + pt, -1 if a + pt == tiles else g // n_qb)])
-            continue
-        h = g - nf
-        lo, hi = h * wt // ns, (h + 1) * wt // ns
-        prog = []
-        for rb in range(lo // rt, (hi - 1) // rt + 1):
-            base = rb * rt
-            a, b = f * pt + max(lo, base) - base, f * pt + min(hi, base + rt) - base
-            prog.append((rb, a, b, -1 if b == tiles else f + h - ((base + 1) * ns - 1) // wt))
-        out.append(prog)
-    return out
-
-
-def cu_pieces(cfg: dict, prefix_len: int, r: int) -> tuple[list[int], list[int]]:
-    """The CUDA kernel's work list (WsTuning.cuda) for a config of this module: per program of its 1-D grid, its
-    pieces as (row block, first column, end column, partial slot, fill_lo, fill_hi), the slots [fill_lo, fill_hi)
-    being those of the piece's row block that no piece writes (lse -inf for the merge; set by the row block's
-    last piece). The row-block x split grid gives one piece per program, program = slot x row blocks + row block
-    (the row blocks of a split side by side, so they read its tiles from L2 at about the same time); the balanced
-    grid gives `pieces`'s. Returns (piece_ptr [programs + 1], the pieces flattened)."""
-    n_qb, gs = cfg["n_qb"], cfg["grid_splits"]
-    progs: list[list[list[int]]] = []
-    if cfg.get("balance"):
-        raw = pieces(n_qb, cfg["tiles"], cfg["programs"])
-        used: list[set[int]] = [set() for _ in range(n_qb)]
-        for prog in raw:
-            for rb, _, _, slot in prog:
-                used[rb].add(gs - 1 if slot < 0 else slot)
-        for prog in raw:
-            out = []
-            for rb, a, b, slot in prog:
-                if slot < 0:  # the row block's last piece: the tree columns, the last slot, the unused slots
-                    lo = max((x for x in used[rb] if x != gs - 1), default=-1) + 1
-                    out.append([rb, a * BLOCK_N, prefix_len + r, gs - 1, lo, gs - 1])
-                else:
-                    out.append([rb, a * BLOCK_N, b * BLOCK_N, slot, 0, 0])
-            progs.append(out)
-    else:
-        chunk, fold = cfg["chunk"], cfg["fold"]
-        for slot in range(gs):
-            last = slot == gs - 1
-            start = prefix_len if last and not fold else slot * chunk
-            end = prefix_len + r if last else min(slot * chunk + chunk, prefix_len)
-            progs.extend([[rb, start, end, slot, 0, 0]] for rb in range(n_qb))
-    ptr, flat = [0], []
-    for prog in progs:
-        flat.extend(x for pc in prog for x in pc)
-        ptr.append(ptr[-1] + len(prog))
-    return ptr, flat
-
-
 def grid_piece(g: int, n_qb: int, grid_splits: int, fold: int, prefix_len: int, r: int) -> tuple[int, int, int, int]:
     """Host mirror of the CUDA kernel's grid without a work list (device plans): program g's (row block, first
     column, end column, slot) at live length ``prefix_len``; start == end: an empty split (lse -inf, exits)."""
@@ -245,61 +151,22 @@ def grid_piece(g: int, n_qb: int, grid_splits: int, fold: int, prefix_len: int, 
     return rb, start, end, slot
 
 
-def cu_table(cfg: dict, prefix_len: int, r: int, device) -> tuple[torch.Tensor, torch.Tensor, tuple]:
-    """cu_pieces as the int32 device tensors the CUDA kernel reads (piece_ptr, pieces [n, 6]), and their pinned
-    host source. The copy does not block, so a table first needed inside a CUDA-graph capture is captured as a
-    copy node; the host tensors stay with the table, so every replay copies the same values."""
-    ptr, flat = cu_pieces(cfg, prefix_len, r)
-    device = torch.device(device)
-    host = (torch.tensor(ptr, dtype=torch.int32), torch.tensor(flat, dtype=torch.int32).view(-1, 6))
-    if device.type == "cuda":
-        host = tuple(h.pin_memory() for h in host)
-    return host[0].to(device, non_blocking=True), host[1].to(device, non_blocking=True), host
-
-
-def balanced_config(prefix_len: int, hq: int, sms: int, programs: int = 0) -> dict:
-    """The balanced grid (WsTuning.balance) for ``programs`` (0: sms) programs, at most one per tile, over n_qb
-    row blocks x cdiv(prefix_len, 64) tiles (_ws_gluon._piece): ``chunk`` = the full chunks' tokens,
-    ``programs`` = programs launched, ``grid_splits`` = slots per row block (the most pieces a row block has)."""
-    n_qb = triton.cdiv(hq, BLOCK_M)
-    tiles = triton.cdiv(prefix_len, BLOCK_N)
-    pt, f, nf, g_all = _balanced_grid(n_qb, tiles, min(programs or sms, n_qb * tiles))
-    rt = tiles - f * pt
-    ns, wt = max(g_all - nf, 1), max(n_qb * rt, 1)
-    # a row block's pieces: its f full chunks, plus the sharing programs its remainder meets (first to last, as
-    # _piece numbers them): O(row blocks) per plan, no walk over the programs
-    slots = f + max((((rb + 1) * rt * ns - 1) // wt - ((rb * rt + 1) * ns - 1) // wt + 1 for rb in range(n_qb))
-                    if rt else [0])
-    return dict(n_qb=n_qb, num_splits=slots, chunk=pt * BLOCK_N, grid_splits=slots, fold=1,
-                balance=True, tiles=tiles, programs=g_all)
-
-
-def balances(prefix_len: int, hq: int, t: WsTuning) -> bool:
-    """Whether tuning ``t`` runs the balanced grid for this plan (WsTuning.balance=1, a prefix, no tail kernel)."""
-    return t.balance == 1 and prefix_len > 0 and not tails(hq, t)
-
-
 def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
-    """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement), with block_q and
-    whether the tail kernel runs; balanced_config where ``t`` balances."""
-    if balances(prefix_len, hq, t):
-        return dict(balanced_config(prefix_len, hq, sms, t.programs), block_q=BLOCK_M, tail=False)
-    tail = tails(hq, t)
+    """choose_config for tuning ``t`` (its row-block size, chunk floor and tree placement) at a plan bound of
+    ``prefix_len`` tokens, with block_q and whether the tail kernel runs."""
+    tail = tails(hq, t, prefix_len)
     fold = 1 if tail and t.fold_tree < 0 else t.fold_tree  # behind the tail kernel, fold by default (1-2% faster)
-    bq = block_rows(hq, t)
+    bq = block_rows(hq, t, prefix_len)
     return dict(choose_config(prefix_len, hq, sms, t.min_chunk, fold, bq), block_q=bq, tail=tail)
 
 
-def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int) -> dict:
+def merge_plan(t: WsTuning, hq: int, v_dim: int, sms: int, bound: int = 0) -> dict:
     """merge.merge_config for this path: its prefix grid gives at most sms // (row blocks) partials; behind
-    the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says;
-    the balanced grid at most cdiv(sms, row blocks) + 1 with the tree's (S_MAX covers both, fixed per head count)."""
-    if tails(hq, t) and not t.merge_block_m:
+    the tail kernel (twice the partials) the merge's programs take TAIL_MERGE_ROWS rows unless the tuning says."""
+    tail = tails(hq, t, bound)
+    if tail and not t.merge_block_m:
         t = replace(t, merge_block_m=TAIL_MERGE_ROWS)
-    parts = sms // triton.cdiv(hq, block_rows(hq, t))
-    if t.balance == 1 and not tails(hq, t):  # a row block meets at most cdiv(programs, n_qb) + 1 programs
-        parts = max(parts, triton.cdiv(t.programs or sms, triton.cdiv(hq, BLOCK_M)))
-    return merge_config(t, hq, v_dim, sms, parts)
+    return merge_config(t, hq, v_dim, sms, sms // triton.cdiv(hq, BLOCK_M + TAIL if tail else BLOCK_M))
 
 
 @dataclass(frozen=True)
@@ -312,8 +179,8 @@ class WsPlan:
     bits: torch.Tensor          # [R] int64 ancestor bits, rebuilt by refresh()
     bit_weights: torch.Tensor
     sm_count: int
-    tuning: WsTuning = DEFAULT_TUNING   # the effective tuning (``choose``: cuda, balance and tail resolved to 0/1)
-    kernel: str = ""            # "cuda", "gluon" or "tail"
+    tuning: WsTuning = DEFAULT_TUNING   # the effective tuning (``choose``: tail resolved to 0 or 1)
+    kernel: str = ""            # "cuda" or "tail"
     cfg: dict | None = None     # the grid (config / choose_config)
     partials: tuple | None = None
     merge: dict | None = None   # the Triton merge's config (merge.merge_config), when ``merger`` is None
@@ -323,7 +190,7 @@ class WsPlan:
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, and both
                                 # tensors' device index, Tensor.get_device: cheaper than building torch.device)
     index: int = -1             # the CUDA device's index
-    descs: dict = field(default_factory=dict)  # the Gluon kernels' tensor descriptors per (q, kv) address and
+    descs: dict = field(default_factory=dict)  # the tail kernel's tensor descriptors per (q, kv) address and
                                                # stride (they hold the tensors: at most MAX_DESCS kept)
 
 
@@ -356,24 +223,19 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
         raise ValueError(f"the {name} path {why}")
     r, dev, sms = p.num_rows, base.bits.device, base.sm_count
     hq = heads * r
-    t, kernel = choose(hq, p.tuning, p.dynamic)
+    t, kernel = choose(hq, p.prefix_len, p.tuning)
     cfg = config(p.prefix_len, hq, sms, t)
     parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
     merger = _merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms)
     launcher = None
     if kernel == "cuda":
-        table = cu_table(cfg, p.prefix_len, r, dev) if cfg.get("balance") else None
         fuse = cfg["grid_splits"] if merger is not None and t.merge_kind == -1 else 0
         try:
             launcher = _cu.Launcher(dev, dtype, hq, heads, r, p.num_cols, base.bits, p.prefix_t, *parts, cfg["n_qb"],
-                                    cfg["grid_splits"], cfg["fold"], table, fuse_parts=fuse, sms=sms)
-        except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): cuda=-1 host plans run Gluon instead
-            if p.tuning.cuda == 1 or p.dynamic:
-                raise
-            import warnings
-            warnings.warn(f"split_ws: the CUDA prefix kernel is unavailable ({e}); using the Gluon kernel",
-                          RuntimeWarning, stacklevel=3)
-            kernel, t = "gluon", replace(t, cuda=0)
+                                    cfg["grid_splits"], cfg["fold"], fuse_parts=fuse, sms=sms)
+        except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): one line, no other kernel for this shape
+            raise ValueError(f"the {name} path's CUDA kernel does not load here ({e}); the split path runs "
+                             f"anywhere") from None
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts, descs={},
                    merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher,
@@ -438,52 +300,41 @@ def refresh(p: VerifyPlan) -> None:
     p.detail.bits.copy_(mask_bits(p.tree_mask, p.detail.bit_weights))
 
 
-def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, tail: bool = False):
-    """Tensor descriptors: Q in 64-row blocks (latent, rope), the KV tiles (latent, rope), and with ``tail`` the
-    Q tail's TAIL-row blocks after them."""
+def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
+    """The tail kernel's tensor descriptors, in its argument order: Q in 64-row blocks (latent, rope), the Q tail's
+    TAIL-row blocks (latent, rope), the KV tiles (latent, rope); rows past the plan's columns read as zeros."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     dt = gl.bfloat16 if kv.dtype == torch.bfloat16 else gl.float16
     v, pe = p.v_dim, kv.shape[1] - p.v_dim
-    rows = p.num_cols  # rows past the prefix and the tree read as zeros
+    rows, hq = p.num_cols, q2.shape[0]
 
     def desc(t, shape, block):
         return TensorDescriptor(t, shape, [t.stride(0), 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
-    hq = q2.shape[0]
-    out = (desc(q2, [hq, v], [BLOCK_M, v]), desc(q2[:, v:], [hq, pe], [BLOCK_M, pe]),
-           desc(kv, [rows, v], [BLOCK_N, v]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
-    return out + (desc(q2, [hq, v], [TAIL, v]), desc(q2[:, v:], [hq, pe], [TAIL, pe])) if tail else out
+    return (desc(q2, [hq, v], [BLOCK_M, v]), desc(q2[:, v:], [hq, pe], [BLOCK_M, pe]),
+            desc(q2, [hq, v], [TAIL, v]), desc(q2[:, v:], [hq, pe], [TAIL, pe]),
+            desc(kv, [rows, v], [BLOCK_N, v]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
 
 
-def _launch_gluon(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
-    """The Gluon prefix kernel (host plans): the tail kernel or ws_prefix_kernel on d's grid."""
-    from ._ws_gluon import ws_prefix_kernel
+def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
+    """The Gluon tail kernel on d's grid: it reads the live length from p.prefix_t and derives its chunk on the
+    device (host and device plans alike); the tensor descriptors are built on first sight of q2 and kv."""
+    from ._ws_tail import ws_tail_kernel
 
     cfg, (o_part, lse_part) = d.cfg, d.partials
     hq, dim = q2.shape
-    gs = cfg["grid_splits"]
     key = (q2.data_ptr(), q2.stride(0), hq, kv.data_ptr(), kv.stride(0))
     descs = d.descs.get(key)
-    if descs is None:  # built on first sight of these tensors (Python work of tens of microseconds), kept with them
+    if descs is None:  # Python work of tens of microseconds: kept with the tensors they point at
         if len(d.descs) >= MAX_DESCS:
             d.descs.clear()
-        descs = d.descs[key] = _descs(q2, kv, p, cfg["tail"])
-    qd_lat, qd_pe, kd_lat, kd_pe, *q_tail = descs
-    args = (qd_lat, qd_pe, kd_lat, kd_pe, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1),
-            p.prefix_len, p.num_rows, cfg["chunk"], hq, h, sm_scale * LOG2E)
-    if cfg["tail"]:  # the live length from p.prefix_t, the chunk derived on the device (device plans too)
-        from ._ws_tail import ws_tail_kernel
-        return ws_tail_kernel[(cfg["n_qb"], gs)](
-            qd_lat, qd_pe, *q_tail, *args[2:9], p.prefix_t, p.num_rows, gs - 1 + cfg["fold"], hq, h,
-            sm_scale * LOG2E, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
-            PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
-        )
-    bal = cfg.get("balance", False)
-    return ws_prefix_kernel[(cfg["programs"], 1) if bal else (cfg["n_qb"], gs)](
-        *args, cfg.get("tiles", 0), cfg.get("programs", 0), gs, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
-        PE_DIM=dim - p.v_dim, STAGES=STAGES, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"],
-        BALANCE=bal, FFMA=sm_scale > 0, num_warps=4,
+        descs = d.descs[key] = _descs(q2, kv, p)
+    gs = cfg["grid_splits"]
+    return ws_tail_kernel[(cfg["n_qb"], gs)](
+        *descs, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
+        gs - 1 + cfg["fold"], hq, h, sm_scale * LOG2E, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
+        PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
     )
 
 
@@ -525,7 +376,7 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     q2 = q.reshape(r * h, dim)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
         q2 = q2.contiguous()
-    if d.kernel == "cuda" and (sm_scale > 0 or p.tuning.cuda == 1 or p.dynamic):
+    if d.kernel == "cuda":
         if sm_scale <= 0:
             raise ValueError(f"the {name} CUDA kernel needs a positive softmax scale, got {sm_scale}")
         dev = q.device.index
@@ -534,8 +385,8 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         else:
             with torch.cuda.device(dev):
                 info = d.launcher(q2, kv, sm_scale * LOG2E, _cu.stream_of(dev))
-    else:  # the Gluon kernels (a host plan with cuda=-1 and a scale <= 0 runs them on the CUDA kernel's grid)
-        k = _launch_gluon(q2, kv, p, d, sm_scale, h)
+    else:
+        k = _launch_tail(q2, kv, p, d, sm_scale, h)
         info = kernel_meta(k) if meta is not None else None
     if meta is not None:
         meta["prefix"] = info
@@ -550,7 +401,7 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, p: VerifyPlan, meta: d
     d = p.detail
     if d.heads == h and d.merger is not None and parts is d.partials and _cuda_out(out, d, r):
         return _cuda_merge(d, out, meta)
-    mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count)
+    mc = d.merge if d.heads == h else merge_plan(p.tuning, r * h, p.v_dim, d.sm_count, p.prefix_len)
     return launch_triton_merge(parts, n_splits, out, mc, meta=meta)
 
 
