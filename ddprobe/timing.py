@@ -52,20 +52,27 @@ def timed_graph(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> fl
     return statistics.median(ts) / n_calls
 
 
-def timed_eager(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> float:
-    """fn() (which makes n_calls layer calls) launched eagerly, as timed_graph times its replay: median seconds per
-    call between events around each fn(), the host's launch work included wherever it outlasts the kernels."""
+def timed_eager(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40, min_calls: int = 48) -> float:
+    """fn() (which makes n_calls layer calls) launched eagerly, repeated within each timed window until it holds
+    min_calls calls (a steady stream of launches, as an eager step's layers give: one launch's host latency is not
+    charged to a few calls), as timed_graph times its replay: median seconds per call, the host's launch work
+    included wherever it outlasts the kernels."""
     import statistics
 
     import torch
 
+    inner = -(-min_calls // n_calls)
     fn()
     torch.cuda.synchronize()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ts: list[float] = []
-    while len(ts) < 3 or (len(ts) < max_reps and sum(ts) < min_s):
-        e0.record(); fn(); e1.record(); torch.cuda.synchronize()  # noqa: E702
-        ts.append(e0.elapsed_time(e1) / 1e3)
+    while len(ts) < 3 or (len(ts) < max_reps and sum(ts) * inner < min_s):
+        e0.record()
+        for _ in range(inner):
+            fn()
+        e1.record()
+        torch.cuda.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1e3 / inner)
     return statistics.median(ts) / n_calls
 
 

@@ -192,6 +192,7 @@ class WsPlan:
     index: int = -1             # the CUDA device's index
     descs: dict = field(default_factory=dict)  # the tail kernel's tensor descriptors per (q, kv) address and
                                                # stride (they hold the tensors: at most MAX_DESCS kept)
+    compiled: dict = field(default_factory=dict)  # the tail kernel as compiled for this plan (its first launch)
 
 
 def _why_not(device, dtype, v_dim: int, rope_dim: int) -> str | None:
@@ -238,6 +239,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
                              f"anywhere") from None
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts, descs={},
+                   compiled={},
                    merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher,
                    merger=merger, fused=launcher is not None and launcher.fused,
                    signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
@@ -318,8 +320,12 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
 
 
 def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
-    """The Gluon tail kernel on d's grid: it reads the live length from p.prefix_t and derives its chunk on the
-    device (host and device plans alike); the tensor descriptors are built on first sight of q2 and kv."""
+    """The Gluon tail kernel on d's grid (it reads the live length from p.prefix_t and derives its chunk on the
+    device, host and device plans alike); returns the compiled kernel. The tensor descriptors are built on first
+    sight of q2 and kv; the first launch goes through Triton's JIT (compiling or finding the kernel for the plan's
+    fixed shapes), later ones straight to the compiled kernel's launcher (the JIT's argument binding and cache
+    lookup are most of an eager call's host time; the specialization cannot change within a plan: its integers
+    are fixed and q2 and kv are 16-byte aligned)."""
     from ._ws_tail import ws_tail_kernel
 
     cfg, (o_part, lse_part) = d.cfg, d.partials
@@ -330,12 +336,17 @@ def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
         if len(d.descs) >= MAX_DESCS:
             d.descs.clear()
         descs = d.descs[key] = _descs(q2, kv, p)
-    gs = cfg["grid_splits"]
-    return ws_tail_kernel[(cfg["n_qb"], gs)](
-        *descs, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
-        gs - 1 + cfg["fold"], hq, h, sm_scale * LOG2E, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim,
-        PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS, LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], num_warps=4,
-    )
+    grid = (cfg["n_qb"], cfg["grid_splits"], 1)
+    args = (*descs, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
+            cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E)
+    consts = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS,
+                  LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"])
+    k = d.compiled.get("tail")
+    if k is None:
+        k = d.compiled["tail"] = ws_tail_kernel[grid](*args, **consts, num_warps=4)
+    else:  # every argument, the constexprs included, in the kernel's order (what the JIT hands the launcher)
+        k[grid](*args, *(consts[n] for n in ws_tail_kernel.arg_names[len(args):]), stream=_cu.stream_of(d.index))
+    return k
 
 
 def check_inputs(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan) -> WsPlan:
@@ -368,10 +379,12 @@ def _check_kv_rows(kv: torch.Tensor) -> None:
         raise ValueError(f"the {name} path needs 16-byte aligned kv rows with unit column stride")
 
 
-def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None):
-    """Check the inputs and launch the prefix kernel; returns (WsPlan, number of prefix partials n): the merge
-    combines partials 0 .. n - 1 with the tree part's at index n."""
-    d = check_inputs(q, kv, p)
+def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None,
+                  d: WsPlan | None = None):
+    """Check the inputs (unless ``d``, the WsPlan check_inputs gave for them, is passed) and launch the prefix
+    kernel; returns (WsPlan, number of prefix partials n): the merge combines partials 0 .. n - 1 with the tree
+    part's at index n."""
+    d = check_inputs(q, kv, p) if d is None else d
     r, h, dim = q.shape
     q2 = q.reshape(r * h, dim)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
@@ -385,8 +398,12 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
         else:
             with torch.cuda.device(dev):
                 info = d.launcher(q2, kv, sm_scale * LOG2E, _cu.stream_of(dev))
-    else:
+    elif d.index == torch.cuda.current_device():
         k = _launch_tail(q2, kv, p, d, sm_scale, h)
+        info = kernel_meta(k) if meta is not None else None
+    else:
+        with torch.cuda.device(d.index):
+            k = _launch_tail(q2, kv, p, d, sm_scale, h)
         info = kernel_meta(k) if meta is not None else None
     if meta is not None:
         meta["prefix"] = info
@@ -442,7 +459,7 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
             d.launcher(q, kv, sm_scale * LOG2E, stream)
             d.merger(out, stream)
         return out
-    d, n_splits = launch_prefix(q, kv, p, sm_scale, meta)
+    d, n_splits = launch_prefix(q, kv, p, sm_scale, meta, d)
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
     if d.merger is not None:
         return _cuda_merge(d, out, meta)
