@@ -29,7 +29,7 @@ def _cuda() -> bool:
 @pytest.mark.skipif(_cuda(), reason="this machine has CUDA: the command would run")
 def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / "bench.json"
-    res = runner.invoke(app, ["bench", "verify", "--ctx", "1k", "--quick", "--out", str(out)])
+    res = runner.invoke(app, ["bench", "verify", "--ctx", "1k", "--quick", "--eager", "--out", str(out)])
     assert "needs a CUDA GPU" in _error_line(res)
     assert not out.exists()
 

@@ -502,10 +502,11 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
     assert engine.dynamic and engine.detail.heads == heads
     variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"tail": "1"})]
     b = verify_bench.Bench(verify_bench.BenchOptions(ctxs=[4096], heads=[heads], paths=["split_ws"], quick=True,
-                                                     step_ctx=None, variants=variants))
+                                                     step_ctx=None, variants=variants, eager=True))
     b.point(4096, heads)
     row, host, device = b.results
     assert row.get("ok"), row
+    assert row["eager_us"] > 0 and row["eager_ratio"] == pytest.approx(row["eager_us"] / row["us"]), row
     assert (row["path"], row["plan"], row["kernel"]) == ("split_ws", "device", engine.detail.kernel), row
     # tail=1: the Gluon tail kernel at 72 folded rows on both plan kinds (64 heads: the CUDA kernel)
     assert row["kernel"] == "cuda", row  # the engine's bound (max_ctx 8192) and 4096 are below TAIL_FROM
