@@ -330,6 +330,41 @@ def test_tail_config_takes_72_rows_in_one_program():
         assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
 
 
+@pytest.mark.parametrize("fold", [0, 1])
+def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold):
+    """Host-side (runs anywhere, Triton's compiler and ptxas for sm_90a): the Gluon tail kernel with the arguments
+    a plan passes compiles under this Triton (its Gluon names differ from the H200 machine's 3.6: _ws_tail picks
+    them), within the 232,448 B of shared memory a block gets, with wgmma and TMA copies in its PTX."""
+    import triton
+    from triton.compiler import make_backend
+    try:  # the private API this compiles through (checked on Triton 3.9, the CPU's)
+        from triton.experimental.gluon._runtime import GluonASTSource
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError as e:
+        pytest.skip(f"this Triton ({triton.__version__}) compiles Gluon for a target only through its GPU: {e}")
+
+    from ddprobe.engine.kernels import _target_compile as tc
+    from ddprobe.engine.kernels import split_ws
+    from ddprobe.engine.kernels._ws_tail import ws_tail_kernel as fn
+    from ddprobe.engine.kernels.plan import VerifyPlan
+    hq, h, r, n = 72, 8, 9, 4000
+    q2, kv = torch.zeros(hq, V + PE, dtype=torch.bfloat16), torch.zeros(n + r, V + PE, dtype=torch.bfloat16)
+    p = VerifyPlan(prefix_len=n, tree_mask=torch.eye(r, dtype=torch.bool), prefix_t=torch.tensor([n], dtype=torch.int32))
+    o, lse = torch.zeros(10, hq, V), torch.zeros(10, hq)
+    args = (*split_ws._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o, lse, o.stride(0), o.stride(1), p.prefix_t,
+            r, 9, hq, h, 0.1)
+    kw = dict(BLOCK_M=64, BLOCK_N=64, V_DIM=V, PE_DIM=PE, TAIL=split_ws.TAIL, PV_REGS=split_ws.PV_REGS,
+              LOAD_REGS=split_ws.LOAD_REGS, FOLD=fold, num_warps=4)
+    tgt = tc.target((9, 0))
+    backend = make_backend(tgt)
+    bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kw)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
+    k = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=tgt, options=options.__dict__)
+    assert k.metadata.shared <= 232448
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+
+
 @pytest.mark.parametrize("fold", [0, 1, -1])
 def test_split_config_covers_the_prefix_in_one_wave(fold):
     """Host-side tiling (runs anywhere): chunks of whole tiles that cover the prefix exactly once, and at

@@ -46,6 +46,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# Gluon's names across Triton releases: 3.6 (the H200 machine) has tma.async_copy_global_to_shared and
+# gl.thread_barrier, later ones tma.async_load and gl.barrier (the old names removed)
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 EMPTY_ROWS = gl.constexpr(128)  # the power of two above BLOCK_M + TAIL (an empty split's lse row block)
 
 
@@ -55,10 +59,10 @@ def _tl_loader(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_p
                STAGES: gl.constexpr):
     mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes + qt_lat_d.block_type.nbytes
                     + qt_pe_d.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_lat_d, [q0, 0], q_bar, q_lat_s)
-    tma.async_copy_global_to_shared(q_pe_d, [q0, 0], q_bar, q_pe_s)
-    tma.async_copy_global_to_shared(qt_lat_d, [q0 + BLOCK_M, 0], q_bar, qt_lat_s.index(0))
-    tma.async_copy_global_to_shared(qt_pe_d, [q0 + BLOCK_M, 0], q_bar, qt_pe_s.index(0))
+    _tma_load(q_lat_d, [q0, 0], q_bar, q_lat_s)
+    _tma_load(q_pe_d, [q0, 0], q_bar, q_pe_s)
+    _tma_load(qt_lat_d, [q0 + BLOCK_M, 0], q_bar, qt_lat_s.index(0))
+    _tma_load(qt_pe_d, [q0 + BLOCK_M, 0], q_bar, qt_pe_s.index(0))
     _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES)
 
 
@@ -74,8 +78,8 @@ def _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_ti
         bar = kv_ready.index(st)
         mbarrier.expect(bar, nbytes)
         n0 = start + i * BLOCK_N
-        tma.async_copy_global_to_shared(k_lat_d, [n0, 0], bar, k_lat_s.index(st))
-        tma.async_copy_global_to_shared(k_pe_d, [n0, 0], bar, k_pe_s.index(st))
+        _tma_load(k_lat_d, [n0, 0], bar, k_lat_s.index(st))
+        _tma_load(k_pe_d, [n0, 0], bar, k_pe_s.index(st))
 
 
 @gluon.jit
@@ -175,18 +179,18 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
         k_pe.store(p16)
         a_s.index(st).store(alpha)
         fence_async_shared()
-        gl.thread_barrier()
+        _sync_warps()
         mbarrier.arrive(p_ready.index(st), count=1)
         acc = acc * gl.convert_layout(alpha, row_o)[:, None]
         acc = warpgroup_mma(gl.convert_layout(p16, p_dot), k_lat.slice(0, HALF, dim=1), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        gl.thread_barrier()
+        _sync_warps()
         mbarrier.arrive(kv_free.index(st), count=1)
     # 1 / l to warpgroup 1 in the alpha slot of tile n_tiles (its last reader, tile n_tiles - 2, is done: warpgroup
     # 1 released tile n_tiles - 1's K_pe, which it does only after finishing tile n_tiles - 2)
     inv_l = 1.0 / l_i
     a_s.index(n_tiles % STAGES).store(inv_l)
-    gl.thread_barrier()
+    _sync_warps()
     mbarrier.arrive(fin, count=1)
     gl.store(LSE_part + pid_s * Hq + rows, m_i + gl.log2(l_i), mask=rows < Hq)
     out = acc * gl.convert_layout(inv_l, row_o)[:, None]
@@ -230,7 +234,7 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
         s = warpgroup_mma(k_lat, qt_lat_s.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(k_pe, qt_pe_s.index(z).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        gl.thread_barrier()
+        _sync_warps()
         mbarrier.arrive(pe_free.index(st), count=1)
         n0 = start + i * BLOCK_N
         if n0 + BLOCK_N > gl.minimum(end, prefix_len):
@@ -249,7 +253,7 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
         pt = pt_s.index(z)
         pt.store(gl.permute(p.to(k_lat.dtype), (1, 0)))  # P_t^T kept as [TAIL, 64]: K-major for the wgmma
         fence_async_shared()
-        gl.thread_barrier()
+        _sync_warps()
         mbarrier.wait(p_ready.index(st), ph)
         alpha = a_s.index(st).load(row_o)
         acc = acc * alpha[:, None]
@@ -257,7 +261,7 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
         acc_t = acc_t * alpha_t[None, :]
         acc_t = warpgroup_mma(k_lat.permute((1, 0)), pt.permute((1, 0)), acc_t, is_async=True)
         acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
-        gl.thread_barrier()
+        _sync_warps()
         mbarrier.arrive(kv_free.index(st), count=1)
     mbarrier.wait(fin, 0)
     inv_l = a_s.index(n_tiles % STAGES).load(row_o)
