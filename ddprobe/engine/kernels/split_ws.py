@@ -91,9 +91,9 @@ _CHOICES = {"fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 
 def check_tuning(t: WsTuning) -> None:
     """One-line ValueError for a knob outside the kernels' choices (a value no kernel implements would otherwise run
     some other schedule silently)."""
-    for field, allowed in _CHOICES.items():
-        if getattr(t, field) not in allowed:
-            raise ValueError(f"WsTuning.{field} must be one of {', '.join(map(str, allowed))}, got {getattr(t, field)}")
+    for knob, allowed in _CHOICES.items():
+        if getattr(t, knob) not in allowed:
+            raise ValueError(f"WsTuning.{knob} must be one of {', '.join(map(str, allowed))}, got {getattr(t, knob)}")
 
 
 def tails(hq: int, t: WsTuning, bound: int = 0) -> bool:
