@@ -79,7 +79,7 @@ PATHS: tuple[VerifyPath, ...] = (
                ("any",), ".split", "split-K over the contiguous prefix + masked tree pass + merge (Triton)",
                dtypes=TRITON_DTYPES, rows=("pow2",), speed=2, tested=SPLIT_TESTED),
     VerifyPath("split_ws", "contiguous", "split_ws (Hopper warp-specialized)", "C6",
-               "ddp_seesaw|ddp_merge|ws_prefix|ws_tail|_merge_kernel|_merge_flat", True, ("sm_90",), ".split_ws",
+               "ddp_seesaw|ddp_merge|ws_tail|_merge_kernel|_merge_flat", True, ("sm_90",), ".split_ws",
                "split with warp-specialized Hopper prefix kernels (CUDA C++ / Gluon; sm_90 only)",
                dtypes=("bf16", "fp16"), rows=("512+64",), speed=3),
 )
