@@ -68,6 +68,7 @@ class SplitTuning:
     block_q: int = 0          # force the main row block (0: auto)
     warps_128: int = 16       # num_warps when the row block is 128
     tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
+    pipe: int = 0             # 1: the full tiles' loop software-pipelined by hand (_pipe_tiles; tensor descriptors, no in-program tail)
     tma: int = 1              # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
     merge_kind: int = -1      # the merge (merge_config; as WsTuning.merge_kind): -1 auto by folded rows, 0-3
     merge_block_m: int = 8    # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS; 8: 1-4% faster
@@ -141,6 +142,63 @@ def _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC:
 
 
 @triton.jit
+def _softmax_step(s, m_i, l_i, acc, qk_scale):
+    """Online-softmax update for scores ``s`` (all columns valid): P (fp32) and the state rescaled to the new max."""
+    s = s * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    return p, m_new, l_i, acc
+
+
+@triton.jit
+def _score_pe(q_pe, KD_pe, n0, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Q_pe K_pe^T of the full tile at row n0 (through the rope descriptor)."""
+    k_pe = KD_pe.load([n0, 0])
+    if UPCAST:
+        k_pe = k_pe.to(tl.float32)
+    return tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
+
+
+@triton.jit
+def _add_dot(a, KD, n0, acc, TRANS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """acc + a B, B the full tile at row n0 through descriptor KD (its transpose with TRANS)."""
+    b = KD.load([n0, 0])
+    if UPCAST:
+        b = b.to(tl.float32)
+    if TRANS:
+        b = tl.trans(b)
+    return tl.dot(a.to(b.dtype), b, acc, input_precision=PREC)
+
+
+@triton.jit
+def _pipe_tiles(q_lat, q_pe, KD_lat, KD_pe, start, n_full, m_i, l_i, acc, qk_scale,
+                BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Full tiles [start, n_full) (at least one), rotated by hand so that each tile's copies have work to hide behind.
+    Triton's pipeliner issues a loop's loads at the end of its body, so in the plain loop (S, softmax, P V of one
+    tile) the next tile is waited for right after its copy starts. Here the iteration of tile j computes the rope part
+    of S_{j+1} (a small product that waits for the tensor work still in flight), runs the softmax of S_j (carried from
+    the last iteration), issues P_j V_j (V_j: the latent of tile j, loaded again through the latent descriptor) and
+    then the latent part of S_{j+1}, both left in flight into the next iteration: the copies issued at the end of the
+    body stream while those two products and the next softmax run. The epilogue takes the last tile's softmax and
+    P V; the first iteration stands in for a prologue: its S is -inf and the
+    running max starts at a finite floor, so its P is zero (a P V of zeros over the first tile, not a second copy of
+    the first tile's loads held through the loop)."""
+    m_i = tl.maximum(m_i, -1.0e30)
+    s = tl.full([q_lat.shape[0], BLOCK_N], float("-inf"), tl.float32)
+    for n0 in range(start - BLOCK_N, n_full - BLOCK_N, BLOCK_N):
+        s_pe = _score_pe(q_pe, KD_pe, n0 + BLOCK_N, UPCAST, PREC)
+        p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, qk_scale)
+        acc = _add_dot(p, KD_lat, tl.maximum(n0, start), acc, False, UPCAST, PREC)
+        s = _add_dot(q_lat, KD_lat, n0 + BLOCK_N, s_pe, True, UPCAST, PREC)
+    p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, qk_scale)
+    acc = _add_dot(p, KD_lat, n_full - BLOCK_N, acc, False, UPCAST, PREC)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST: tl.constexpr):
     ok = offs_q < Hq
     base = Q + (offs_q // H) * stride_qr + (offs_q % H) * stride_qh
@@ -178,7 +236,8 @@ def _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N: tl.constexpr, U
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+                 PIPE: tl.constexpr):
     """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile).
     TMA: full tiles come through host tensor descriptors (bulk copies), the last partial tile
     through masked pointer loads; otherwise every tile through pointer loads."""
@@ -195,7 +254,15 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
         m_t = tl.full([TAIL], float("-inf"), tl.float32)
         l_t = tl.zeros([TAIL], tl.float32)
         acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
-    if TMA:
+    if TMA and PIPE and TAIL == 0:
+        n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
+        if n_full > start:
+            m_i, l_i, acc = _pipe_tiles(q_lat, q_pe, KD_lat, KD_pe, start, n_full, m_i, l_i, acc, qk_scale,
+                                        BLOCK_N, UPCAST, PREC)
+        if n_full < end:
+            k_lat, k_pe, n_ok = _load_tile(KV, n_full, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
+            m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
+    elif TMA:
         n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
         for n0 in range(start, n_full, BLOCK_N):
             k_lat = KD_lat.load([n0, 0])
@@ -262,7 +329,7 @@ def _split_prefix_kernel(
     PrefixLen, R, min_chunk, Hq, H, qk_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, TAIL_RATIO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, PIPE: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
@@ -306,7 +373,7 @@ def _split_prefix_kernel(
                 t_end = tl.minimum(t_start + tail_chunk, prefix_len)
                 _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, t_start, t_end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA, PIPE)
             else:
                 offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
@@ -314,11 +381,11 @@ def _split_prefix_kernel(
         else:
             _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA)
+                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA, PIPE)
     else:
         _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
+                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA, PIPE)
 
 
 def bit_weights(r: int, device) -> torch.Tensor:
@@ -447,7 +514,7 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
     return dict(block_q=block_q, tail=tail, tail_program=tail_prog, tail_ratio=ratio, n_qb=n_qb, block_n=block_n,
                 num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=num_stages, tma=int(t.tma))
+                num_warps=warps, num_stages=num_stages, tma=int(t.tma), pipe=int(t.pipe))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -546,7 +613,7 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
             p.prefix_t, r, min_chunk, r * h, h, sm_scale * LOG2E)
     kw = dict(V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"],
               TAIL_RATIO=cfg["tail_ratio"], BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
-              UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv,
+              UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv, PIPE=cfg["pipe"],
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _split_prefix_kernel, (cfg["n_qb"], ns + 1), args, kw
 
