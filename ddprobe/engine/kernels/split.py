@@ -178,24 +178,30 @@ def _pipe_tiles(q_lat, q_pe, KD_lat, KD_pe, start, n_full, m_i, l_i, acc, qk_sca
                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     """Full tiles [start, n_full) (at least one), rotated by hand so that each tile's copies have work to hide behind.
     Triton's pipeliner issues a loop's loads at the end of its body, so in the plain loop (S, softmax, P V of one
-    tile) the next tile is waited for right after its copy starts. Here the iteration of tile j computes the rope part
-    of S_{j+1} (a small product that waits for the tensor work still in flight), runs the softmax of S_j (carried from
-    the last iteration), issues P_j V_j (V_j: the latent of tile j, loaded again through the latent descriptor) and
-    then the latent part of S_{j+1}, both left in flight into the next iteration: the copies issued at the end of the
-    body stream while those two products and the next softmax run. The epilogue takes the last tile's softmax and
-    P V; the first iteration stands in for a prologue: its S is -inf and the
-    running max starts at a finite floor, so its P is zero (a P V of zeros over the first tile, not a second copy of
-    the first tile's loads held through the loop)."""
-    m_i = tl.maximum(m_i, -1.0e30)
-    s = tl.full([q_lat.shape[0], BLOCK_N], float("-inf"), tl.float32)
-    for n0 in range(start - BLOCK_N, n_full - BLOCK_N, BLOCK_N):
-        s_pe = _score_pe(q_pe, KD_pe, n0 + BLOCK_N, UPCAST, PREC)
-        p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, qk_scale)
-        acc = _add_dot(p, KD_lat, tl.maximum(n0, start), acc, False, UPCAST, PREC)
-        s = _add_dot(q_lat, KD_lat, n0 + BLOCK_N, s_pe, True, UPCAST, PREC)
-    p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, qk_scale)
-    acc = _add_dot(p, KD_lat, n_full - BLOCK_N, acc, False, UPCAST, PREC)
-    return m_i, l_i, acc
+    tile) the next tile is waited for right after its copy starts. Here iteration i takes the rope part of S of tile
+    i - 1 (a small product whose wait also drains the tensor work still in flight), adds the latent part carried from
+    the last iteration, runs the softmax, issues P V of that tile (V loaded again through the latent descriptor) and
+    then the latent part of S of tile i; both products stay in flight into the next iteration, so the copies issued
+    at the end of the body stream while they run. Iteration 0 has no tile before it: its P is zero (S set to -1e30
+    under a running max floored at -1e20). The epilogue takes the last tile's softmax and P V.
+    What ptxas needs to keep the wgmma asynchronous (else it serializes every one, warning C7515): the two parts of S
+    stay separate products (one accumulating into the other puts a layout conversion between them), the loop runs
+    at least once by construction (no path around it), and the latent part's registers are only ever written by
+    products, so its value before the loop is one too (a rope product of the first tile)."""
+    m_i = tl.maximum(m_i, -1.0e20)
+    s_lat = _add_dot(q_pe, KD_pe, start, tl.zeros([q_pe.shape[0], BLOCK_N], tl.float32), True, UPCAST, PREC)
+    for i in range(0, tl.maximum((n_full - start) // BLOCK_N, 1)):
+        n0 = start + (i - 1) * BLOCK_N
+        n_v = tl.maximum(n0, start)
+        s = _score_pe(q_pe, KD_pe, n_v, UPCAST, PREC) * qk_scale + s_lat * qk_scale  # s_lat read after the wait
+        s = tl.where(i > 0, s, -1.0e30)
+        p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, 1.0)
+        acc = _add_dot(p, KD_lat, n_v, acc, False, UPCAST, PREC)
+        s_lat = _add_dot(q_lat, KD_lat, n0 + BLOCK_N, tl.zeros_like(s_lat), True, UPCAST, PREC)
+    last = n_full - BLOCK_N
+    s = _score_pe(q_pe, KD_pe, last, UPCAST, PREC) * qk_scale + s_lat * qk_scale
+    p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, 1.0)
+    return m_i, l_i, _add_dot(p, KD_lat, last, acc, False, UPCAST, PREC)
 
 
 @triton.jit
