@@ -125,17 +125,6 @@ def test_split_tile_loads(tma, block_n, tail):
         check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
 
 
-@pytest.mark.parametrize("block_n,min_chunk,heads", [(32, 64, 8), (32, 256, 8), (64, 256, 16)])
-@needs_kernels
-def test_split_pipelined_loop(block_n, min_chunk, heads):
-    """pipe=1: the full tiles' loop rotated by hand (S of the next tile carried across iterations, the first
-    iteration a zero P V): chunks of one or several full tiles, then the prefix's last partial tile; the 16-row
-    program and 64-row blocks (16 heads: 144 rows)."""
-    t = tune(pipe=1, tma=1, block_n=block_n, min_chunk=min_chunk)
-    check("split", 201, 8, "lopsided", heads, torch.float16, tuning=t)
-    check("split", 256, 8, "fork", heads, torch.float32, tuning=t)
-
-
 # metadata.shared of split's prefix kernel compiled for sm_90a by Triton 3.6 (lab-2026-12-03:benchmarks/compile_split_sm90.py,
 # tma=1) at the k2 width: (dtype, heads, R, block_n, num_stages) -> bytes; the limit is 232,448 B
 SM90_SHARED = [

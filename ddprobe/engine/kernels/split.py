@@ -68,7 +68,6 @@ class SplitTuning:
     block_q: int = 0          # force the main row block (0: auto)
     warps_128: int = 16       # num_warps when the row block is 128
     tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
-    pipe: int = 0             # 1: the full tiles' loop software-pipelined by hand (_pipe_tiles; tensor descriptors, no in-program tail)
     tma: int = 1              # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
     merge_kind: int = -1      # the merge (merge_config; as WsTuning.merge_kind): -1 auto by folded rows, 0-3
     merge_block_m: int = 8    # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS; 8: 1-4% faster
@@ -142,69 +141,6 @@ def _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC:
 
 
 @triton.jit
-def _softmax_step(s, m_i, l_i, acc, qk_scale):
-    """Online-softmax update for scores ``s`` (all columns valid): P (fp32) and the state rescaled to the new max."""
-    s = s * qk_scale
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
-    return p, m_new, l_i, acc
-
-
-@triton.jit
-def _score_pe(q_pe, KD_pe, n0, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """Q_pe K_pe^T of the full tile at row n0 (through the rope descriptor)."""
-    k_pe = KD_pe.load([n0, 0])
-    if UPCAST:
-        k_pe = k_pe.to(tl.float32)
-    return tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
-
-
-@triton.jit
-def _add_dot(a, KD, n0, acc, TRANS: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """acc + a B, B the full tile at row n0 through descriptor KD (its transpose with TRANS)."""
-    b = KD.load([n0, 0])
-    if UPCAST:
-        b = b.to(tl.float32)
-    if TRANS:
-        b = tl.trans(b)
-    return tl.dot(a.to(b.dtype), b, acc, input_precision=PREC)
-
-
-@triton.jit
-def _pipe_tiles(q_lat, q_pe, KD_lat, KD_pe, start, n_full, m_i, l_i, acc, qk_scale,
-                BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """Full tiles [start, n_full) (at least one), rotated by hand so that each tile's copies have work to hide behind.
-    Triton's pipeliner issues a loop's loads at the end of its body, so in the plain loop (S, softmax, P V of one
-    tile) the next tile is waited for right after its copy starts. Here iteration i takes the rope part of S of tile
-    i - 1 (a small product whose wait also drains the tensor work still in flight), adds the latent part carried from
-    the last iteration, runs the softmax, issues P V of that tile (V loaded again through the latent descriptor) and
-    then the latent part of S of tile i; both products stay in flight into the next iteration, so the copies issued
-    at the end of the body stream while they run. Iteration 0 has no tile before it: its P is zero (S set to -1e30
-    under a running max floored at -1e20). The epilogue takes the last tile's softmax and P V.
-    What ptxas needs to keep the wgmma asynchronous (else it serializes every one, warning C7515): the two parts of S
-    stay separate products (one accumulating into the other puts a layout conversion between them), the loop runs
-    at least once by construction (no path around it), and the latent part's registers are only ever written by
-    products, so its value before the loop is one too (a rope product of the first tile)."""
-    m_i = tl.maximum(m_i, -1.0e20)
-    s_lat = _add_dot(q_pe, KD_pe, start, tl.zeros([q_pe.shape[0], BLOCK_N], tl.float32), True, UPCAST, PREC)
-    for i in range(0, tl.maximum((n_full - start) // BLOCK_N, 1)):
-        n0 = start + (i - 1) * BLOCK_N
-        n_v = tl.maximum(n0, start)
-        s = _score_pe(q_pe, KD_pe, n_v, UPCAST, PREC) * qk_scale + s_lat * qk_scale  # s_lat read after the wait
-        s = tl.where(i > 0, s, -1.0e30)
-        p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, 1.0)
-        acc = _add_dot(p, KD_lat, n_v, acc, False, UPCAST, PREC)
-        s_lat = _add_dot(q_lat, KD_lat, n0 + BLOCK_N, tl.zeros_like(s_lat), True, UPCAST, PREC)
-    last = n_full - BLOCK_N
-    s = _score_pe(q_pe, KD_pe, last, UPCAST, PREC) * qk_scale + s_lat * qk_scale
-    p, m_i, l_i, acc = _softmax_step(s, m_i, l_i, acc, 1.0)
-    return m_i, l_i, _add_dot(p, KD_lat, last, acc, False, UPCAST, PREC)
-
-
-@triton.jit
 def _load_q(Q, offs_q, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST: tl.constexpr):
     ok = offs_q < Hq
     base = Q + (offs_q // H) * stride_qr + (offs_q % H) * stride_qh
@@ -242,8 +178,7 @@ def _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N: tl.constexpr, U
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-                 PIPE: tl.constexpr):
+                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
     """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile).
     TMA: full tiles come through host tensor descriptors (bulk copies), the last partial tile
     through masked pointer loads; otherwise every tile through pointer loads."""
@@ -260,15 +195,7 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
         m_t = tl.full([TAIL], float("-inf"), tl.float32)
         l_t = tl.zeros([TAIL], tl.float32)
         acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
-    if TMA and PIPE and TAIL == 0:
-        n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
-        if n_full > start:
-            m_i, l_i, acc = _pipe_tiles(q_lat, q_pe, KD_lat, KD_pe, start, n_full, m_i, l_i, acc, qk_scale,
-                                        BLOCK_N, UPCAST, PREC)
-        if n_full < end:
-            k_lat, k_pe, n_ok = _load_tile(KV, n_full, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
-            m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
-    elif TMA:
+    if TMA:
         n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
         for n0 in range(start, n_full, BLOCK_N):
             k_lat = KD_lat.load([n0, 0])
@@ -335,7 +262,7 @@ def _split_prefix_kernel(
     PrefixLen, R, min_chunk, Hq, H, qk_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, TAIL_RATIO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, PIPE: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
@@ -379,7 +306,7 @@ def _split_prefix_kernel(
                 t_end = tl.minimum(t_start + tail_chunk, prefix_len)
                 _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, t_start, t_end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA, PIPE)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA)
             else:
                 offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
@@ -387,11 +314,11 @@ def _split_prefix_kernel(
         else:
             _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA, PIPE)
+                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA)
     else:
         _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA, PIPE)
+                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
 
 
 def bit_weights(r: int, device) -> torch.Tensor:
@@ -520,7 +447,7 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
     return dict(block_q=block_q, tail=tail, tail_program=tail_prog, tail_ratio=ratio, n_qb=n_qb, block_n=block_n,
                 num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=num_stages, tma=int(t.tma), pipe=int(t.pipe))
+                num_warps=warps, num_stages=num_stages, tma=int(t.tma))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -619,7 +546,7 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
             p.prefix_t, r, min_chunk, r * h, h, sm_scale * LOG2E)
     kw = dict(V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"],
               TAIL_RATIO=cfg["tail_ratio"], BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
-              UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv, PIPE=cfg["pipe"],
+              UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv,
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _split_prefix_kernel, (cfg["n_qb"], ns + 1), args, kw
 
