@@ -68,6 +68,7 @@ class SplitTuning:
     block_q: int = 0          # force the main row block (0: auto)
     warps_128: int = 16       # num_warps when the row block is 128
     tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
+    prefetch: int = 0         # > 0: each iteration asks L2 for the tile this many tiles ahead (an experiment; GPU only)
     tma: int = 1              # 1: KV tiles through host tensor descriptors (Hopper bulk copies; 6% faster on the H200), 0: pointer loads
     merge_kind: int = -1      # the merge (merge_config; as WsTuning.merge_kind): -1 auto by folded rows, 0-3
     merge_block_m: int = 8    # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS; 8: 1-4% faster
@@ -175,10 +176,23 @@ def _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N: tl.constexpr, U
 
 
 @triton.jit
+def _prefetch_l2(KV, n0, end, stride_kv, BLOCK_N: tl.constexpr, WIDTH: tl.constexpr):
+    """Ask L2 for rows n0 .. n0 + BLOCK_N (clamped below ``end``): a PTX prefetch per 128-byte line, up to 16 lines
+    (2 KB) of each row."""
+    LINE: tl.constexpr = 1024 // KV.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
+    rows = tl.minimum(n0 + tl.arange(0, BLOCK_N), end - 1)
+    cols = tl.minimum(tl.arange(0, 16) * LINE, WIDTH - 1)
+    ptrs = KV + rows.to(tl.int64)[:, None] * stride_kv + cols[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr):
+                 BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+                 PREFETCH: tl.constexpr):
     """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile).
     TMA: full tiles come through host tensor descriptors (bulk copies), the last partial tile
     through masked pointer loads; otherwise every tile through pointer loads."""
@@ -198,6 +212,8 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
     if TMA:
         n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
         for n0 in range(start, n_full, BLOCK_N):
+            if PREFETCH > 0:
+                _prefetch_l2(KV, n0 + PREFETCH * BLOCK_N, end, stride_kv, BLOCK_N, V_DIM + PE_DIM)
             k_lat = KD_lat.load([n0, 0])
             k_pe = KD_pe.load([n0, 0])
             if UPCAST:
@@ -262,7 +278,7 @@ def _split_prefix_kernel(
     PrefixLen, R, min_chunk, Hq, H, qk_scale,
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, TAIL_RATIO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
@@ -306,7 +322,7 @@ def _split_prefix_kernel(
                 t_end = tl.minimum(t_start + tail_chunk, prefix_len)
                 _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, t_start, t_end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
             else:
                 offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
@@ -314,11 +330,11 @@ def _split_prefix_kernel(
         else:
             _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA)
+                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
     else:
         _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA)
+                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
 
 
 def bit_weights(r: int, device) -> torch.Tensor:
@@ -447,7 +463,7 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
     return dict(block_q=block_q, tail=tail, tail_program=tail_prog, tail_ratio=ratio, n_qb=n_qb, block_n=block_n,
                 num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=num_stages, tma=int(t.tma))
+                num_warps=warps, num_stages=num_stages, tma=int(t.tma), prefetch=int(t.prefetch))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -547,6 +563,7 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     kw = dict(V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"],
               TAIL_RATIO=cfg["tail_ratio"], BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
               UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv,
+              PREFETCH=0 if interpreting() and not compiled else cfg["prefetch"],
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _split_prefix_kernel, (cfg["n_qb"], ns + 1), args, kw
 
