@@ -176,6 +176,22 @@ def test_split_config_fits_shared_memory(heads, r, fp32_tiles):
     assert split.config_for(p16, heads)["num_stages"] == 2 and split.config_for(p16, heads, torch.float16) is p16.extra["config"]
 
 
+def test_split_prefetch_auto():
+    """SplitTuning.prefetch = -1 (auto): 2 tiles ahead where the rows take three or more 64-row programs per split (64
+    heads x 9 rows: nine), none for 8 heads x 9 (a 64-row and a 16-row program), one block, or 32-row blocks (fp32
+    rows stepped down: not measured); an explicit value is kept."""
+    import dataclasses as dc
+
+    from ddprobe.engine.kernels import split
+    assert split.DEFAULT_TUNING.prefetch == -1
+    assert split.choose_config(4096, 64 * 9, 132)["prefetch"] == 2
+    assert split.choose_config(4096, 8 * 9, 132)["prefetch"] == 0
+    assert split.choose_config(4096, 4 * 9, 132)["prefetch"] == 0
+    assert split.choose_config(4096, 2 * 33, 132, dtype=torch.float32, r=33)["prefetch"] == 0  # 3 x 32 rows
+    for n in (0, 1, 3):
+        assert split.choose_config(4096, 8 * 9, 132, dc.replace(split.DEFAULT_TUNING, prefetch=n))["prefetch"] == n
+
+
 def test_split_nothing_fits_is_one_line():
     """When even 32-token, 1-stage tiles with 32-row blocks exceed the limit: a one-line ValueError naming the dtype
     and width, from choose_config (an explicit limit), plan (fp32 rows 2048 + 64 wide) and run (before any launch)."""

@@ -59,6 +59,19 @@ def test_split_compiles_for_the_gpu(cap, heads, r):
         assert hop == [] and mhop == [], f"{a.name}: sm_90-only instructions {hop + mhop}"
 
 
+def test_sm90_prefetch_where_rows_take_three_programs():
+    """split's L2 prefetch (SplitTuning.prefetch, auto): compiled into the sm_90 kernel for 64 heads (nine 64-row
+    programs per split share each tile), left out for 8 heads (a 64-row and a 16-row program) and off sm_90 (there
+    the loop has no descriptor loads, the only place it asks)."""
+    from ddprobe.engine.kernels import _target_compile as tc
+
+    for cap, heads, want in (((9, 0), 64, 2), ((9, 0), 8, 0), ((8, 0), 64, 2)):
+        fn, args, kw = tc.split_launches(cap, heads)["prefix"]
+        assert kw["PREFETCH"] == want, (cap, heads, kw["PREFETCH"])
+        k = tc.compile_launch(fn, cap, args, kw)
+        assert ("prefetch.global.L2" in k.asm["ptx"]) == (want > 0 and cap[0] >= 9), (cap, heads)
+
+
 def test_split_table_scales_to_other_rows():
     """Off sm_90 the plan checks other widths and dtypes against the table's figure scaled by their bytes: the tiny
     preset's fp32 rows (64 + 32) compile within that estimate on sm_120. fp32 K2 rows and R past the table do not fit
