@@ -278,18 +278,26 @@ def test_peers_are_the_paths_ddprobe_does_not_own():
 
 
 def test_the_shipped_baseline_gates_the_kernel_the_engine_runs():
-    """The committed baseline is a real run of the README's command: split_ws, split and paged rows planned as the
-    engine plans them (device plans, the kernel recorded), the step included; peers absent from that machine are
-    recorded as skipped rows and pass as references."""
+    """The committed baseline is a real run of the workflow's benchmark (examples/ci-gpu.yml's BENCH_ARGS): split_ws,
+    split and paged rows planned as the engine plans them (device plans), each split_ws row on the kernel
+    ``split_ws.choose`` gives its shape (the tail kernel for 8 heads from a 64k bound, else the CUDA kernel), the
+    step included; SGLang's kernel and the other peers measured beside them pass as references."""
+    import re
+
+    from ddprobe.engine.kernels import split_ws
+
     d = json.loads(SHIPPED.read_text())
-    assert d["meta"]["command"].startswith("ddprobe bench verify --ctx 1k,16k,128k --heads 8,64 --paths paged,split,"
-                                           "split_ws,flashmla,flashinfer-fa3,sdpa --quick")
+    args = re.search(r"^ +BENCH_ARGS: (.+)$", (SHIPPED.parent.parent / "ci-gpu.yml").read_text(), re.M).group(1)
+    assert d["meta"]["command"].startswith(f"ddprobe bench verify {args} --out ")
     ws = [r for r in d["results"] if r["path"] == "split_ws"]
-    assert len(ws) == 7 and all(r["plan"] == "device" and r["kernel"] == "cuda" for r in ws)  # 6 layers + the step
+    assert len(ws) == 11 and all(r["plan"] == "device" for r in ws)  # 5 contexts x 2 head counts + the step
+    assert all(r["kernel"] == split_ws.choose(r["heads"] * 9, r["ctx"])[1] for r in ws)
+    assert {r["kernel"] for r in ws} == {"cuda", "tail"}
     assert all(r.get("plan") == "device" for r in d["results"] if r["path"] in ("paged", "split") and "us" in r)
+    assert all("us" in r or "step_ms" in r for r in d["results"] if r["path"] in ("sglang", "flashmla"))  # measured
     r = gate_cli(SHIPPED, "--baseline", SHIPPED)
     assert r.exit_code == 0, r.output
-    assert "gate passed: 21 entries within 10% (20 peer entries for reference, not gated)" in r.output
+    assert "gate passed: 33 entries within 10% (43 peer entries for reference, not gated)" in r.output
     r = gate_cli(SHIPPED, "--baseline", SHIPPED, "--paths", "flashmla")  # peers alone: nothing would be guarded
     assert r.exit_code == 1 and "the baseline has only peers' entries matching --paths/--ctx/--heads" in r.output
     assert len(r.output.strip().splitlines()) == 1
