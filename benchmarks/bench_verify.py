@@ -2,7 +2,7 @@
 the peers ddprobe/probes/peers.py). Every option of the command is accepted here:
 
     PYTHONPATH=$PWD PYTHONUNBUFFERED=1 python benchmarks/bench_verify.py --out $OUT/bench-verify.json
-    ... --ctx 32k,128k --heads 8 --quick --paths split --variant split:tail=1 --variant split:tail=0
+    ... --ctx 32k,128k --heads 8 --quick --paths split --variant split:tma=0 --variant split:block_n=32,num_stages=3
 
 Per layer, for each context and head count: every verify path and peer, checked against the fp32 reference and
 timed under CUDA-graph replay, next to the floor from ceilings measured in the same run; then the 61-layer k2

@@ -55,13 +55,17 @@ def test_every_default_path_is_a_verify_path_or_a_peer():
 
 def test_tuning_overrides_apply_over_the_run_wide_base_and_bad_fields_are_one_line():
     split = get_path("split")
-    t = verify_bench.tuned(split, "split", {"tail": "0"}, {"block_n": str(split.DEFAULT_TUNING.block_n * 2)})
-    assert t.tail == 0 and t.block_n == split.DEFAULT_TUNING.block_n * 2
+    t = verify_bench.tuned(split, "split", {"tma": "0"}, {"block_n": str(split.DEFAULT_TUNING.block_n * 2)})
+    assert t.tma == 0 and t.block_n == split.DEFAULT_TUNING.block_n * 2
     assert verify_bench.tuned(split, "split", {}, {}) == split.DEFAULT_TUNING
     with pytest.raises(DDProbeError, match="bad split tuning"):
         verify_bench.tuned(split, "split", {}, {"no_such_field": "1"})
+    for removed in ("tail", "tail_ratio", "ctas_per_sm", "warps_128"):  # knobs moved to the lab branch
+        with pytest.raises(DDProbeError, match=f"SplitTuning has no field '{removed}' \\(its fields: block_n,") as e:
+            verify_bench.tuned(split, "split", {"block_n": "32"}, {removed: "1"})
+        assert "\n" not in str(e.value)
     with pytest.raises(DDProbeError, match="bad split tuning"):
-        verify_bench.tuned(split, "split", {}, {"tail": "x"})
+        verify_bench.tuned(split, "split", {}, {"tma": "x"})
 
 
 def test_sglang_is_a_baseline_beside_paged_and_takes_no_knobs():
@@ -153,8 +157,8 @@ def test_entries_are_planned_as_the_engine_plans_them():
             assert verify_bench.plan_kind(p, p.name, {}) == ("device" if p.device_plans else "host")
     split, paged = get_path("split"), get_path("paged")
     assert verify_bench.plan_kind(split, "split", {"plan": "host"}) == "host"
-    assert verify_bench.tuned(split, "split", {}, {"plan": "host", "tail": "0"}) == \
-        verify_bench.tuned(split, "split", {}, {"tail": "0"})
+    assert verify_bench.tuned(split, "split", {}, {"plan": "host", "tma": "0"}) == \
+        verify_bench.tuned(split, "split", {}, {"tma": "0"})
     with pytest.raises(DDProbeError, match="plan=eager is not a plan kind it takes"):
         verify_bench.plan_kind(split, "split", {"plan": "eager"})
     mask = shape_mask("lopsided", 8)

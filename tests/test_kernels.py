@@ -104,23 +104,27 @@ def test_k2_width(path):
     check(path, 17, 8, "lopsided", 2, torch.float16, v_dim=512, rope=64)
 
 
-@pytest.mark.parametrize("tail", [0, 1, 2])
+@pytest.mark.parametrize("block_q,tiling", [(0, (64, 2, 16)), (32, (32, 3, 0))])
 @needs_kernels
-def test_split_row_tilings(tail):
-    """72 folded rows (8 heads x 9): padded to 128, 64 + 16 in one program, or a 16-row program."""
-    check("split", 200, 8, "fork", 8, torch.float16, tuning=tune(tail=tail))
+def test_split_row_tilings(block_q, tiling):
+    """72 folded rows (8 heads x 9): a 64-row block and a separate 16-row program (auto), or 32-row blocks
+    (block_q=32, the 99 KB GPUs' tuning)."""
+    t = tune(block_q=block_q)
+    cfg = PATHS["split"].choose_config(200, 72, 4, t)
+    assert (cfg["block_q"], cfg["n_qb"], cfg["tail_program"]) == tiling
+    check("split", 200, 8, "fork", 8, torch.float16, tuning=t)
 
 
 @pytest.mark.parametrize("tma", [0, 1])
-@pytest.mark.parametrize("block_n,tail", [(64, 2), (32, 1), (32, 0)])
+@pytest.mark.parametrize("block_n", [64, 32])
 @needs_kernels
-def test_split_tile_loads(tma, block_n, tail):
+def test_split_tile_loads(tma, block_n):
     """KV tiles through tensor descriptors (TMA: full tiles; the prefix's last partial tile through
     pointer loads) or pointer loads, 64- or 32-token tiles; a prefix that ends mid-tile; bf16 and the
     k2 width too."""
-    t = tune(tma=tma, block_n=block_n, tail=tail)
+    t = tune(tma=tma, block_n=block_n)
     check("split", 201, 8, "lopsided", 8, torch.float16, tuning=t)
-    if block_n == 64 and tail == 2:
+    if block_n == 64:
         check("split", 77, 8, "fork", 8, torch.bfloat16, tuning=t)
         check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
 
@@ -136,7 +140,7 @@ SM90_SHARED = [
     (torch.bfloat16, 64, 9, 64, 2, 221200),
     (torch.bfloat16, 1, 64, 64, 2, 221200),
 ]
-STEP = {"block_n", "num_stages", "chunk", "num_splits", "tail_chunk", "tail_splits"}  # what a tile step-down moves
+STEP = {"block_n", "num_stages", "chunk", "num_splits"}  # what a tile step-down moves
 
 
 @pytest.mark.parametrize("dtype,heads,r,block_n,stages,shared", SM90_SHARED)
@@ -230,23 +234,24 @@ def test_split_tma_fallback():
     assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.float16]
 
 
-@pytest.mark.parametrize("ratio", [2, 3])
 @needs_kernels
-def test_split_tail_ratio(ratio):
-    """The 16-row tail program takes `ratio` main chunks per split; its spare splits are empty."""
+def test_split_tail_program_spare_splits_are_empty():
+    """A device plan's grid is sized for its bound: at a shorter prefix the 16-row tail program's splits past it
+    mark their split empty (lse -inf) and write no partial output, so whatever the buffer holds (NaN here) never
+    reaches the result; it matches the reference at that prefix."""
     split = PATHS["split"]
-    t = tune(tail_ratio=ratio, min_chunk=64)
-    check("split", 400, 8, "lopsided", 8, torch.float16, tuning=t)
-    # the spare splits never write their partial output: whatever the buffer holds (NaN here) must not
-    # reach the result; a plan built for 8 heads holds its partial buffers, so poison them and run again
-    q, kv, _, mask = make_inputs("split", 400, 8, "lopsided", 8, torch.float16)
-    plan = split.plan(400, mask, None, 64, tuning=t, heads=8)
-    first = split.run(q, kv, plan, 0.125)
+    q, kv, _, mask = make_inputs("split", 60, 8, "lopsided", 8, torch.float16)
+    prefix_t = torch.full((1,), 60, dtype=torch.int32, device=DEV)
+    plan = split.plan(prefix_t, mask, None, 64, heads=8, max_prefix=400)
+    pool = torch.full((400 + 9, kv.shape[1]), float("nan"), dtype=kv.dtype, device=DEV)
+    pool[: kv.shape[0]] = kv
     cfg = split.config_for(plan, 8)
-    assert cfg["tail_splits"] < cfg["num_splits"]  # there are spare splits
+    assert cfg["tail_program"] == 16 and cfg["num_splits"] >= 2  # one chunk (min_chunk) covers 60 tokens
     plan.extra["partials"][0].fill_(float("nan"))
-    again = split.run(q, kv, plan, 0.125)
-    assert torch.isfinite(again).all() and torch.equal(first, again)
+    out = split.run(q, pool, plan, 0.125)
+    ref = reference.run(q, kv, reference.plan(60, mask, None, 64), 0.125)
+    assert torch.isfinite(out).all()
+    assert float((out.float() - ref.float()).norm() / ref.float().norm()) < TOL[torch.float16]
 
 
 @pytest.mark.parametrize("heads,budget", [(12, 8), (8, 12), (2, 63)])
@@ -379,12 +384,12 @@ def test_device_plan_reads_lengths_from_tensors(path, dtype):
 def test_tuning_is_held_by_the_plan_and_meta_is_opt_in():
     split, paged = PATHS["split"], PATHS["paged"]
     mask = shape_mask("fork", 8, DEV)
-    t = tune(tail=1, block_n=32)
+    t = tune(block_q=32, block_n=32)
     p = split.plan(100, mask, None, 64, tuning=t, heads=8)
-    assert p.tuning is t and split.config_for(p, 8)["tail"] == 16 and split.config_for(p, 8)["block_n"] == 32
-    assert split.DEFAULT_TUNING.tail == 2 and split.plan(100, mask, None, 64).tuning == split.DEFAULT_TUNING
+    assert p.tuning is t and split.config_for(p, 8)["block_q"] == 32 and split.config_for(p, 8)["block_n"] == 32
+    assert split.DEFAULT_TUNING.block_q == 0 and split.plan(100, mask, None, 64).tuning == split.DEFAULT_TUNING
     with pytest.raises(dataclasses.FrozenInstanceError):
-        t.tail = 0
+        t.block_q = 0
     with pytest.raises(ValueError, match="SplitTuning"):
         split.plan(100, mask, None, 64, tuning=paged.DEFAULT_TUNING)
     q, kv, slots, _ = make_inputs("paged", 100, 8, "fork", 2, torch.float16)
@@ -452,11 +457,11 @@ def test_merge_config_picks_by_rows_and_refuses_unknown_kinds():
     assert split_ws.merge_plan(split_ws.WsTuning(merge_kind=0, merge_split_chunk=16), 576, 512, 132)["split_chunk"] == 16
     with pytest.raises(ValueError, match="merge_kind must be"):
         split_ws.merge_plan(split_ws.WsTuning(merge_kind=7), 72, 512, 132)
-    # split: the same choice; S_MAX above the most partials its prefix grid writes (one program per SM per split)
+    # split: the same choice; S_MAX above the most partials its prefix grid writes (one program per SM)
     from ddprobe.engine.kernels import split
     assert split.merge_plan(split.DEFAULT_TUNING, 72, 512, 132)["kind"] == 3
     assert split.merge_plan(split.DEFAULT_TUNING, 72, 512, 132)["s_max"] == 256
-    assert split.merge_plan(split.SplitTuning(ctas_per_sm=2), 576, 512, 132)["s_max"] == 512
+    assert split.merge_plan(split.DEFAULT_TUNING, 576, 512, 300)["s_max"] == 512  # 300 SMs: up to 300 partials
 
 
 @needs_kernels

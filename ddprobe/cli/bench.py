@@ -41,7 +41,7 @@ def _overrides(text: str, what: str) -> dict[str, str]:
 
 
 def _variants(items: list[str], what: str) -> list[tuple[str, dict]]:
-    """'split:tail=1,block_n=32' -> ("split", {"tail": "1", "block_n": "32"}) per item."""
+    """'split:tma=0,block_n=32' -> ("split", {"tma": "0", "block_n": "32"}) per item."""
     out_ = []
     for item in items:
         path, sep, over = item.partition(":")
@@ -58,9 +58,9 @@ def verify(
     heads: Annotated[str, typer.Option("--heads", help="Head counts timed per layer (8 = K2 under tp 8).")] = "8,64",
     paths: Annotated[str, typer.Option("--paths", help="Verify paths and peers, in order.")] = DEFAULT_PATHS,
     variant: Annotated[Optional[list[str]], typer.Option("--variant", help="Also time PATH with tuning overrides, "
-                                                         "e.g. split:tail=1 (repeatable).")] = None,
+                                                         "e.g. split:tma=0 (repeatable).")] = None,
     tune: Annotated[Optional[list[str]], typer.Option("--tune", help="A path's tuning for the whole run, e.g. "
-                                                      "split:tail_ratio=3 (repeatable).")] = None,
+                                                      "split:block_n=32 (repeatable).")] = None,
     budget: Annotated[int, typer.Option("--budget", help="Tree budget (verify rows = budget + 1).")] = 8,
     tree: Annotated[str, typer.Option("--tree", help="Tree shape: lopsided, fork, chain, star.")] = "lopsided",
     slots: Annotated[str, typer.Option("--slots", help="Token-pool slots of the page_size=1 paths (paged, sglang): "

@@ -68,6 +68,11 @@ def tuned(path, name: str, base: dict, over: dict):
     tuning (``plan_kind`` reads it)."""
     fields = {k: v for k, v in {**base, **over}.items() if k != "plan"}
     default = path.default_tuning() if hasattr(path, "default_tuning") else path.DEFAULT_TUNING
+    known = [f.name for f in dataclasses.fields(default)]
+    unknown = [k for k in fields if k not in known]
+    if unknown:
+        raise DDProbeError(f"bad {name} tuning {over or base}: {type(default).__name__} has no field "
+                           f"{', '.join(map(repr, unknown))} (its fields: {', '.join(known) or 'none'})")
     try:
         return dataclasses.replace(default, **{k: int(v) for k, v in fields.items()})
     except (TypeError, ValueError) as e:

@@ -16,10 +16,11 @@ Two launches per layer, metadata built once per step in ``plan``:
      64-row programs per split (64 heads), each iteration of the descriptor loop also asks L2 for the tile two
      ahead (``SplitTuning.prefetch``, a PTX prefetch): Triton issues the loop's bulk copies at the end of its body,
      so a copy hides only behind the previous P V; from L2 it lands sooner.
-     Tiling: a main block of BLOCK_Q rows (64 -> one Hopper warpgroup MMA) plus, for 72 rows
-     (8 heads x 9), a separate 16-row program (or 16 more rows in the same program), so they
-     cost 80 rows of tensor work rather than 128; the latent tile is loaded once and used both
-     as K (with the rope tile) and as V.
+     Tiling: a main block of BLOCK_Q rows (64 -> one Hopper warpgroup MMA) plus, for 65-80 rows
+     (72: 8 heads x 9), a separate 16-row program (TAIL_PROGRAM), so they cost 80 rows of tensor
+     work rather than 128; the latent tile is loaded once and used both as K (with the rope tile)
+     and as V. (The row tilings measured slower, 64 + 16 rows in one program and one 128-row
+     block, are on the lab branch.)
      The last split index is the tree part: one short program per q block attends its rows
      over the R new rows under the per-row ancestor bitmask (R <= 64 columns: one tile) and
      writes it as one more partial, beside the prefix splits.
@@ -66,11 +67,7 @@ class SplitTuning:
     num_warps: int = 8
     num_stages: int = 2
     min_chunk: int = 64       # fewest prefix tokens per split
-    ctas_per_sm: int = 1      # target programs per SM for the prefix kernel
-    tail: int = 2             # 64 < Hq <= 80: 0 pad to 128 rows, 1 one program 64 + 16 rows, 2 a separate 16-row program
-    block_q: int = 0          # force the main row block (0: auto)
-    warps_128: int = 16       # num_warps when the row block is 128
-    tail_ratio: int = 1       # tail=2: the 16-row program takes this many main chunks per split
+    block_q: int = 0          # force the main row block (0: auto: 64-row blocks, 64 < Hq <= 80 a 64-row and a 16-row program)
     prefetch: int = -1        # each iteration of the descriptor loop asks L2 for the tile this many tiles ahead (PTX
                               # prefetch; compiled kernels only); -1 auto: 2 where the rows take 3+ 64-row programs per
                               # split (64 heads: 4-7% faster on the H200, 2026-12-04), else 0 (8 heads: 0-4% slower with it)
@@ -195,10 +192,10 @@ def _prefetch_l2(KV, n0, end, stride_kv, BLOCK_N: tl.constexpr, WIDTH: tl.conste
 @triton.jit
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                 V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
+                 V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
                  PREFETCH: tl.constexpr):
-    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q) (+ TAIL more, same tile).
+    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q).
     TMA: full tiles come through host tensor descriptors (bulk copies), the last partial tile
     through masked pointer loads; otherwise every tile through pointer loads."""
     offs_v = tl.arange(0, V_DIM)
@@ -208,12 +205,6 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
     m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, V_DIM], tl.float32)
-    if TAIL > 0:
-        offs_t = q0 + BLOCK_Q + tl.arange(0, TAIL)
-        t_lat, t_pe = _load_q(Q, offs_t, Hq, H, stride_qr, stride_qh, offs_v, offs_pe, UPCAST)
-        m_t = tl.full([TAIL], float("-inf"), tl.float32)
-        l_t = tl.zeros([TAIL], tl.float32)
-        acc_t = tl.zeros([TAIL, V_DIM], tl.float32)
     if TMA:
         n_full = start + (tl.maximum(end - start, 0) // BLOCK_N) * BLOCK_N
         for n0 in range(start, n_full, BLOCK_N):
@@ -226,22 +217,14 @@ def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                 k_pe = k_pe.to(tl.float32)
             n_ok = tl.full([BLOCK_N], 1, tl.int1)
             m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
-            if TAIL > 0:
-                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
         if n_full < end:
             k_lat, k_pe, n_ok = _load_tile(KV, n_full, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
             m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
-            if TAIL > 0:
-                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
     else:
         for n0 in range(start, end, BLOCK_N):
             k_lat, k_pe, n_ok = _load_tile(KV, n0, end, stride_kv, offs_v, offs_pe, BLOCK_N, UPCAST)
             m_i, l_i, acc = _attend_block(q_lat, q_pe, k_lat, k_pe, n_ok, m_i, l_i, acc, qk_scale, PREC)
-            if TAIL > 0:
-                m_t, l_t, acc_t = _attend_block(t_lat, t_pe, k_lat, k_pe, n_ok, m_t, l_t, acc_t, qk_scale, PREC)
     _store_partial(O_part, LSE_part, pid_s, offs_q, Hq, stride_ps, stride_pq, offs_v, m_i, l_i, acc)
-    if TAIL > 0:
-        _store_partial(O_part, LSE_part, pid_s, offs_t, Hq, stride_ps, stride_pq, offs_v, m_t, l_t, acc_t)
 
 
 @triton.jit
@@ -281,8 +264,8 @@ def _split_prefix_kernel(
     Q, KV, KD_lat, KD_pe, Bits, O_part, LSE_part,
     stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
     PrefixLen, R, min_chunk, Hq, H, qk_scale,
-    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr, TAIL: tl.constexpr,
-    TAIL_PROGRAM: tl.constexpr, TAIL_RATIO: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
+    V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+    TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
@@ -293,8 +276,7 @@ def _split_prefix_kernel(
     prefix_len = tl.load(PrefixLen)
     chunk = tl.cdiv(tl.cdiv(prefix_len, tl.maximum(num_splits, 1)), BLOCK_N) * BLOCK_N
     chunk = tl.maximum(chunk, min_chunk)
-    tail_chunk = chunk * TAIL_RATIO
-    tail_splits = tl.cdiv(prefix_len, tail_chunk)
+    used_splits = tl.cdiv(prefix_len, chunk)
     start = pid_s * chunk
     end = tl.minimum(start + chunk, prefix_len)
     q0 = pid_q * BLOCK_Q
@@ -313,21 +295,14 @@ def _split_prefix_kernel(
             _tree_rows(Q, KV, Bits, O_part, LSE_part, q0, prefix_len, R, pid_s, stride_qr, stride_qh,
                        stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, V_DIM, PE_DIM, BLOCK_Q,
                        BLOCK_R, UPCAST, PREC)
-            if TAIL > 0:
-                _tree_rows(Q, KV, Bits, O_part, LSE_part, q0 + BLOCK_Q, prefix_len, R, pid_s, stride_qr,
-                           stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, V_DIM, PE_DIM, TAIL,
-                           BLOCK_R, UPCAST, PREC)
     elif TAIL_PROGRAM > 0:
-        # the last q block is a narrow program of TAIL_PROGRAM rows (e.g. rows 64..71 of 72); with
-        # tail_ratio > 1 it takes longer chunks (tail_chunk) and fewer splits; the programs left
-        # over mark their split empty (lse = -inf) and exit at once
+        # the last q block is a narrow program of TAIL_PROGRAM rows (e.g. rows 64..71 of 72); its splits past the
+        # prefix (a device plan's grid is sized for its bound) mark their split empty (lse = -inf) and exit at once
         if pid_q == tl.num_programs(0) - 1:
-            if pid_s < tail_splits:
-                t_start = pid_s * tail_chunk
-                t_end = tl.minimum(t_start + tail_chunk, prefix_len)
-                _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, t_start, t_end,
+            if pid_s < used_splits:
+                _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, 0, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
             else:
                 offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
@@ -335,11 +310,11 @@ def _split_prefix_kernel(
         else:
             _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, 0, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
+                         V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
     else:
         _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, TAIL, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
+                     V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
 
 
 def bit_weights(r: int, device) -> torch.Tensor:
@@ -367,39 +342,34 @@ def prefix_smem(cfg: dict, r: int, width: int, elem_bytes: int) -> int:
     and kv rows of ``width`` elements of ``elem_bytes``. Calibrated on Triton 3.6's metadata.shared
     (lab-2026-12-03:benchmarks/compile_split_sm90.py; within 16 B + the 1 KiB margin where the limit binds: fp32, and 16-bit
     64-row blocks): the prefix loop holds num_stages [block_n, width] KV tiles and the query rows
-    [block_q + tail, width] staged for the dots (an in-program tail, tail=1, takes each tile through a
-    second MMA: two tile copies more); the tree part its [BLOCK_R, width] tile and the block's rows. The
+    [block_q, width] staged for the dots; the tree part its [BLOCK_R, width] tile and the block's rows. The
     branches share memory: the larger of the two, + 1 KiB (barriers, alignment)."""
     row = width * elem_bytes
     tile = cfg["block_n"] * row
-    prefix = max(1, cfg["num_stages"]) * tile + (cfg["block_q"] + cfg["tail"]) * row + (2 * tile if cfg["tail"] else 0)
+    prefix = max(1, cfg["num_stages"]) * tile + cfg["block_q"] * row
     tree = (max(16, next_pow2(r)) + cfg["block_q"]) * row
     return max(prefix, tree) + 1024
 
 
-def _row_blocks(hq: int, t: SplitTuning) -> tuple[int, int, int, int]:
-    """(block_q, tail, n_qb, tail_program) for Hq folded query rows."""
+def _row_blocks(hq: int, t: SplitTuning) -> tuple[int, int, int]:
+    """(block_q, n_qb, tail_program) for Hq folded query rows: 64-row blocks (a 128-row block needs more registers
+    than sm_90 gives 16 warps), 65-80 rows a 64-row block and a separate 16-row program."""
     if t.block_q:
-        return t.block_q, 0, triton.cdiv(hq, t.block_q), 0
+        return t.block_q, triton.cdiv(hq, t.block_q), 0
     if hq <= 64:
-        return max(16, next_pow2(hq)), 0, 1, 0
-    if hq <= 80 and t.tail == 1:
-        return 64, 16, 1, 0
-    if hq <= 80 and t.tail == 2:
-        return 64, 0, 2, 16
-    if hq <= 80:  # tail=0: pad to one 128-row block (an experiment: it does not compile for sm_90 at 576 wide)
-        return 128, 0, 1, 0
-    return 64, 0, triton.cdiv(hq, 64), 0  # 64-row blocks (a 128-row block needs more registers than sm_90 gives 16 warps)
+        return max(16, next_pow2(hq)), 1, 0
+    if hq <= 80:
+        return 64, 2, 16
+    return 64, triton.cdiv(hq, 64), 0
 
 
-def _fit_tiles(t: SplitTuning, block_q: int, tail: int, r: int, width: int, elem_bytes: int,
-               limit: int) -> tuple[int, int] | None:
+def _fit_tiles(t: SplitTuning, block_q: int, r: int, width: int, elem_bytes: int, limit: int) -> tuple[int, int] | None:
     """The tuning's (block_n, num_stages) when prefix_smem fits ``limit``, else fewer stages, then 32-token
     tiles: the first that fits (None if none does)."""
     stages = [t.num_stages] + list(range(t.num_stages - 1, 0, -1))
     tiles = [(t.block_n, s) for s in stages] + ([(32, s) for s in stages] if t.block_n > 32 else [])
     for bn, st in tiles:
-        if prefix_smem(dict(block_n=bn, num_stages=st, block_q=block_q, tail=tail), r, width, elem_bytes) <= limit:
+        if prefix_smem(dict(block_n=bn, num_stages=st, block_q=block_q), r, width, elem_bytes) <= limit:
             return bn, st
     return None
 
@@ -436,40 +406,33 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     (_check_measured); another tuning there is taken as given."""
     t = tuning
     eb = dtype.itemsize
-    block_q, tail, n_qb, tail_prog = _row_blocks(hq, t)
+    block_q, n_qb, tail_prog = _row_blocks(hq, t)
     tiles = (t.block_q, t.block_n, t.num_stages)
     if arch is not None and arch.shared:
         if tiles == (arch.tuning.block_q, arch.tuning.block_n, arch.tuning.num_stages):
             _check_measured(arch, r, width, eb, smem_limit)
         fit = (t.block_n, t.num_stages)
     else:
-        fit = _fit_tiles(t, block_q, tail, r, width, eb, smem_limit)
+        fit = _fit_tiles(t, block_q, r, width, eb, smem_limit)
     if fit is None and block_q > 32 and not t.block_q:
-        block_q, tail, n_qb, tail_prog = 32, 0, triton.cdiv(hq, 32), 0
-        fit = _fit_tiles(t, block_q, tail, r, width, eb, smem_limit)
+        block_q, n_qb, tail_prog = 32, triton.cdiv(hq, 32), 0
+        fit = _fit_tiles(t, block_q, r, width, eb, smem_limit)
     if fit is None:
-        need = prefix_smem(dict(block_n=min(t.block_n, 32), num_stages=1, block_q=block_q, tail=tail), r, width, eb)
+        need = prefix_smem(dict(block_n=min(t.block_n, 32), num_stages=1, block_q=block_q), r, width, eb)
         raise ValueError(f"the {name} path: no tile config fits {dtype} kv rows {width} wide in {smem_limit} B of "
                          f"shared memory (the smallest, {min(t.block_n, 32)} tokens x 1 stage x {block_q} rows, "
                          f"needs ~{need} B); use fp16/bf16, narrower rows or a smaller SplitTuning.block_q")
     block_n, num_stages = fit
-    warps = t.warps_128 if block_q >= 128 else t.num_warps
-    ratio = max(1, int(t.tail_ratio)) if tail_prog else 1
     if prefix_len == 0:
         num_splits, chunk = 0, block_n
     else:
-        ctas = sms * t.ctas_per_sm
-        # with a tail program of 1/ratio the work per token: main splits + tail splits = ctas
-        target = max(1, ctas * ratio // (ratio + 1)) if tail_prog else max(1, ctas // n_qb)
+        target = max(1, sms // n_qb)  # one program per SM (a tail program counts as one of the n_qb)
         num_splits = max(1, min(target, triton.cdiv(prefix_len, t.min_chunk)))
         chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), block_n) * block_n
         num_splits = triton.cdiv(prefix_len, chunk)
-    tail_chunk = chunk * ratio
     prefetch = (2 if block_q == 64 and n_qb >= 3 else 0) if t.prefetch < 0 else int(t.prefetch)
-    tail_splits = triton.cdiv(prefix_len, tail_chunk) if prefix_len else 0
-    return dict(block_q=block_q, tail=tail, tail_program=tail_prog, tail_ratio=ratio, n_qb=n_qb, block_n=block_n,
-                num_splits=num_splits, chunk=chunk, tail_chunk=tail_chunk, tail_splits=tail_splits,
-                num_warps=warps, num_stages=num_stages, tma=int(t.tma), prefetch=prefetch)
+    return dict(block_q=block_q, tail_program=tail_prog, n_qb=n_qb, block_n=block_n, num_splits=num_splits,
+                chunk=chunk, num_warps=t.num_warps, num_stages=num_stages, tma=int(t.tma), prefetch=prefetch)
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -522,8 +485,8 @@ def refresh(p: VerifyPlan) -> None:
 
 
 def merge_plan(t: SplitTuning, hq: int, v_dim: int, sms: int) -> dict:
-    """merge_config for this path: its prefix grid writes at most sms x ctas_per_sm prefix partials."""
-    return merge_config(t, hq, v_dim, sms, sms * max(1, t.ctas_per_sm))
+    """merge_config for this path: its prefix grid writes at most sms prefix partials (one program per SM)."""
+    return merge_config(t, hq, v_dim, sms, sms)
 
 
 def config_for(p: VerifyPlan, heads: int, dtype: torch.dtype | None = None, rope_dim: int | None = None) -> dict:
@@ -566,8 +529,8 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     args = (q, kv, kd_lat, kd_pe, p.extra["bits"], o_part, lse_part,
             q.stride(0), q.stride(1), kv.stride(0), o_part.stride(0), o_part.stride(1),
             p.prefix_t, r, min_chunk, r * h, h, sm_scale * LOG2E)
-    kw = dict(V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL=cfg["tail"], TAIL_PROGRAM=cfg["tail_program"],
-              TAIL_RATIO=cfg["tail_ratio"], BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
+    kw = dict(V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL_PROGRAM=cfg["tail_program"],
+              BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
               UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv,
               PREFETCH=0 if interpreting() and not compiled else cfg["prefetch"],
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
