@@ -42,6 +42,11 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
     (["--step-skip", "pagd"], "unknown path 'pagd'"),
     (["--ctx", "12q"], "12q"),
     (["--budget", "0"], "--budget"),
+    (["--variant", "split:tail=1"], "SplitTuning has no field 'tail'"),  # a knob moved to the lab branch
+    (["--step-variant", "split:tail_ratio=2"], "SplitTuning has no field 'tail_ratio'"),
+    (["--tune", "split_ws:balance=1"], "WsTuning has no field 'balance'"),
+    (["--variant", "split:block_n=x"], "bad split tuning"),
+    (["--variant", "paged:plan=graph"], "plan=graph is not a plan kind it takes"),
 ])
 def test_bad_input_is_one_line_before_any_gpu_work(args, says):
     assert says in _error_line(runner.invoke(app, ["bench", "verify", *args]))

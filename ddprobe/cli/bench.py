@@ -88,7 +88,7 @@ def verify(
     """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against each kernel's floor (its bytes over the measured copy bandwidth, or its FLOPs over the measured
     matmul rate: a kernel floor, not the whole step's); needs CUDA."""
     from ..jsonfile import write_json_atomic
-    from ..probes.verify_bench import BenchOptions, run
+    from ..probes.verify_bench import BenchOptions, check_tunings, run
 
     opts = BenchOptions(
         ctxs=parse_token_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
@@ -104,6 +104,7 @@ def verify(
     if slots not in ("shuffled", "contiguous"):
         raise DDProbeError(f"--slots takes shuffled or contiguous, got {slots!r}")
     _check_tree(tree)
+    check_tunings(opts)
     _need_cuda()
 
     def write(doc):  # nothing until the first result: a run that dies early leaves no empty file

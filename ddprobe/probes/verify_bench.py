@@ -79,6 +79,24 @@ def tuned(path, name: str, base: dict, over: dict):
         raise DDProbeError(f"bad {name} tuning {over or base}: {e}") from None
 
 
+def check_tunings(opts: "BenchOptions") -> None:
+    """Every --variant, --step-variant and --tune of ddprobe's own paths checked before any GPU work: a field its
+    tuning does not have (a knob moved to the lab branch among them), a value that is no whole number, or a plan
+    kind it does not take is one line (DDProbeError) rather than a failure in the middle of a run. Peers, and
+    paths whose library is not installed here, are left to the run (their rows say why)."""
+    try:
+        from ..engine import kernels
+    except ImportError:  # no torch: the CUDA check that follows says so
+        return
+    for name, over in [*opts.variants, *opts.step_variants, *((n, {}) for n in opts.tune)]:
+        try:
+            path = kernels.get_path(name)
+        except (ValueError, kernels.PathUnavailable):
+            continue
+        tuned(path, name, opts.tune.get(name, {}), over)
+        plan_kind(path, name, {**opts.tune.get(name, {}), **over})
+
+
 def plan_kind(path, name: str, over: dict) -> str:
     """The plan kind an entry is timed with: the engine's (a device plan where the path takes one: what the engine
     builds whenever CUDA graphs are on, its default; engine/graphs.py), or ``plan=host|device`` from the variant's
