@@ -273,7 +273,7 @@ def test_a_baseline_with_split_ws_rows_gates_them_and_records_the_peers_beside(t
 def test_peers_are_the_paths_ddprobe_does_not_own():
     """Gated: ddprobe's own verify paths (variants count as their path); shown for reference: the peers and SGLang's
     own kernels (another project's code, measured beside ddprobe's), so a runner without sglang still passes."""
-    assert [gate.is_peer(p) for p in ("paged", "split", "split_ws", "split_ws[cuda=0]")] == [False] * 4
+    assert [gate.is_peer(p) for p in ("paged", "split", "split_ws", "split_ws[tail=0]")] == [False] * 4
     assert [gate.is_peer(p) for p in ("sglang", "flashmla", "flashinfer-fa3", "sdpa", "flex")] == [True] * 5
 
 

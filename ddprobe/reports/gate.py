@@ -43,7 +43,7 @@ class GateRow:
 
 def is_peer(path: str) -> bool:
     """A peer's entry: no verify path of ddprobe's table, or one that runs another project's kernels (``theirs``:
-    SGLang's own); a variant ``split_ws[cuda=0]`` counts as its path."""
+    SGLang's own); a variant ``split_ws[tail=0]`` counts as its path."""
     p = verify_paths.BY_NAME.get(path.split("[", 1)[0])
     return p is None or p.theirs
 
