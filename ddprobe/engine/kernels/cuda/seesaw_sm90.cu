@@ -6,8 +6,8 @@
 //
 // Prefix kernel: one program (CTA, 256 threads = two warpgroups, no producer warp) = 64 folded query rows
 // (row = r * H + h) x one chunk of KV tokens, in tiles of 64 tokens: on the row-block x split grid, the chunk is
-// derived from the live prefix length read from device memory (device plans); with a work list (host plans with
-// the balanced grid, split_ws.cu_pieces) the program's pieces. The partial layout of _ws_gluon.ws_prefix_kernel:
+// derived from the live prefix length read from device memory (every plan; a work list, piece_ptr, is unused since
+// the balanced grid moved to the lab branch: the launcher passes null). The partial layout of `split`'s kernels:
 // O_part[slot, row, 0:512] normalized (fp32),
 // LSE_part[slot, row] = m + log2(l) in base 2, the tree columns folded into the last split (fold) or the last
 // split index being the tree part alone.
