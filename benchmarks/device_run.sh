@@ -59,8 +59,9 @@ step check 600 python -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu
 step smoke 1500 python benchmarks/smoke.py --out "$OUT"
 if [ "${QUICK:-0}" = 1 ]; then
     # the gate's own benchmark (examples/ci-gpu.yml's BENCH_ARGS): its output is a baseline candidate
-    step verify 500 python -m ddprobe bench verify $(sed -n 's/^  BENCH_ARGS: //p' examples/ci-gpu.yml) \
-        --out "$OUT/bench-verify.json"
+    args=$(sed -n 's/^ *BENCH_ARGS: *//p' examples/ci-gpu.yml)
+    [ -n "$args" ] || { echo "examples/ci-gpu.yml has no BENCH_ARGS line" >&2; exit 2; }
+    step verify 500 python -m ddprobe bench verify $args --out "$OUT/bench-verify.json"
 else
     step verify 900 python -m ddprobe bench verify --out "$OUT/bench-verify.json"
 fi

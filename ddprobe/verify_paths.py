@@ -25,10 +25,10 @@ Fields of a row:
                 a baseline is never auto's choice)
   theirs        another project's kernels loaded as a dependency (``sglang``): measured beside ddprobe's, never
                 gated as ddprobe's own (``ddprobe gate`` shows them for reference, like FlashMLA)
-  tested        the GPUs its kernels are configured, compiled and checked for ("any": no caveat): `split`'s are
-                split.ARCHS's (tests/test_split_targets.py compiles them and keeps the two equal); on another GPU
-                auto says that it picked an untested kernel (its first launch compiles it there, and a kernel that
-                does not build falls back to the fp32 reference in one line)
+  tested        the GPUs its kernels are configured and compile-checked for ("any": no caveat): `split`'s are
+                split.ARCHS's (tests/test_split_targets.py compiles them for each and keeps the two equal; sm_90 is
+                also timed); on another GPU auto says that its kernels were not (they run sm_90's tuning there, and
+                a kernel that does not build falls back to the fp32 reference in one line)
 
 ``auto_path(sm, dtype, row)`` reads only these fields: a new row declares its capabilities and auto weighs it.
 """
@@ -170,8 +170,9 @@ def untested(p: VerifyPath, sm: tuple[int, int] | None) -> str:
     not and what happens there."""
     if sm is None or "any" in p.tested or sm_name(sm) in p.tested:
         return ""
-    return (f"; its kernels are not built or tested for {sm_name(sm)} (only {', '.join(p.tested)}): they compile "
-            "there at the first launch, and fall back to the fp32 reference in one line if they do not build")
+    return (f"; {p.name}'s kernels are not configured or compile-checked for {sm_name(sm)} (only "
+            f"{', '.join(p.tested)}): they run sm_90's tuning there, and fall back to the fp32 reference in one line "
+            "if they do not build")
 
 
 def auto_path(sm: tuple[int, int] | None, dtype: str | None = None, row: tuple[int, int] | None = None) -> str:

@@ -46,6 +46,7 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
     (["--step-variant", "split:tail_ratio=2"], "SplitTuning has no field 'tail_ratio'"),
     (["--tune", "split_ws:balance=1"], "WsTuning has no field 'balance'"),
     (["--variant", "split:block_n=x"], "bad split tuning"),
+    (["--variant", "split_ws:tail=2"], "WsTuning.tail must be one of"),
     (["--variant", "paged:plan=graph"], "plan=graph is not a plan kind it takes"),
 ])
 def test_bad_input_is_one_line_before_any_gpu_work(args, says):

@@ -287,11 +287,14 @@ def test_the_shipped_baseline_gates_the_kernel_the_engine_runs():
     from ddprobe.engine.kernels import split_ws
 
     d = json.loads(SHIPPED.read_text())
-    args = re.search(r"^ +BENCH_ARGS: (.+)$", (SHIPPED.parent.parent / "ci-gpu.yml").read_text(), re.M).group(1)
+    args = re.search(r"^ *BENCH_ARGS: *(.+)$", (SHIPPED.parent.parent / "ci-gpu.yml").read_text(), re.M).group(1)
     assert d["meta"]["command"].startswith(f"ddprobe bench verify {args} --out ")
     ws = [r for r in d["results"] if r["path"] == "split_ws"]
     assert len(ws) == 11 and all(r["plan"] == "device" for r in ws)  # 5 contexts x 2 head counts + the step
-    assert all(r["kernel"] == split_ws.choose(r["heads"] * 9, r["ctx"])[1] for r in ws)
+    rows = {r["rows"] for r in d["results"] if "rows" in r}  # query rows per head (the budget + 1), one per run
+    assert len(rows) == 1
+    (r_per_head,) = rows
+    assert all(r["kernel"] == split_ws.choose(r["heads"] * r_per_head, r["ctx"])[1] for r in ws)
     assert {r["kernel"] for r in ws} == {"cuda", "tail"}
     assert all(r.get("plan") == "device" for r in d["results"] if r["path"] in ("paged", "split") and "us" in r)
     assert all("us" in r or "step_ms" in r for r in d["results"] if r["path"] in ("sglang", "flashmla"))  # measured

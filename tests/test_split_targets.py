@@ -117,18 +117,18 @@ def test_auto_picks_split_where_split_ws_does_not_run():
 
 def test_auto_says_when_it_picks_a_kernel_not_built_for_the_gpu():
     """The GPUs split's kernels are checked for are split.ARCHS's (the table this file compiles), and nowhere else: on
-    a GPU outside it (sm_100, sm_75) auto still picks split, and its line says the kernels were not built or tested
-    there and what happens; on the tested ones it says nothing of the kind."""
+    a GPU outside it (sm_100, sm_75) auto still picks split, and its line says the kernels were not configured or
+    compile-checked there and what happens; on the checked ones it says nothing of the kind."""
     from ddprobe import verify_paths
     from ddprobe.engine.kernels import split
 
     assert set(verify_paths.BY_NAME["split"].tested) == {a.name for a in split.ARCHS.values()}
     for cap in ((10, 0), (7, 5)):
         name, why = verify_paths.auto_choice(cap, "bf16", (512, 64))
-        assert name == "split" and f"not built or tested for sm_{cap[0]}{cap[1]}" in why, why
+        assert name == "split" and f"split's kernels are not configured or compile-checked for sm_{cap[0]}{cap[1]}" in why, why
         assert "fall back to the fp32 reference in one line" in why
     for cap in split.ARCHS:
-        assert "not built or tested" not in verify_paths.auto_choice(cap, "bf16", (512, 64))[1]
+        assert "not configured" not in verify_paths.auto_choice(cap, "bf16", (512, 64))[1]
 
 
 def test_a_kernel_that_does_not_build_falls_back_in_one_line():

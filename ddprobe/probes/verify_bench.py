@@ -81,8 +81,8 @@ def tuned(path, name: str, base: dict, over: dict):
 
 def check_tunings(opts: "BenchOptions") -> None:
     """Every --variant, --step-variant and --tune of ddprobe's own paths checked before any GPU work: a field its
-    tuning does not have (a knob moved to the lab branch among them), a value that is no whole number, or a plan
-    kind it does not take is one line (DDProbeError) rather than a failure in the middle of a run. Peers, and
+    tuning does not have (a knob moved to the lab branch among them), a value that is no whole number or that no
+    kernel implements, or a plan kind it does not take is one line (DDProbeError) rather than a failure in the middle of a run. Peers, and
     paths whose library is not installed here, are left to the run (their rows say why)."""
     try:
         from ..engine import kernels
@@ -93,8 +93,12 @@ def check_tunings(opts: "BenchOptions") -> None:
             path = kernels.get_path(name)
         except (ValueError, kernels.PathUnavailable):
             continue
-        tuned(path, name, opts.tune.get(name, {}), over)
+        t = tuned(path, name, opts.tune.get(name, {}), over)
         plan_kind(path, name, {**opts.tune.get(name, {}), **over})
+        try:
+            getattr(path, "check_tuning", lambda t: None)(t)  # a value no kernel implements (split_ws's tail=2)
+        except ValueError as e:
+            raise DDProbeError(f"bad {name} tuning {over or opts.tune.get(name)}: {e}") from None
 
 
 def plan_kind(path, name: str, over: dict) -> str:

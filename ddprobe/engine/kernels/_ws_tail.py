@@ -162,8 +162,8 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
         k_pe = k_pe_s.index(st)
         mbarrier.wait(kv_ready.index(st), ph)
         n0 = start + i * BLOCK_N
-        if n0 + BLOCK_N > live_end:
-            _zero_rows(k_lat, live_end - n0, BLOCK_N, V_DIM)
+        if n0 + BLOCK_N > live_end:  # no fence before S: S may read the rows as they were, which is right only
+            _zero_rows(k_lat, live_end - n0, BLOCK_N, V_DIM)  # because _ss_scores masks them; P V reads after the fence
         s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma(q_pe_s, k_pe.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))

@@ -112,8 +112,8 @@ def choose(hq: int, bound: int, t: WsTuning = DEFAULT_TUNING) -> tuple[WsTuning,
     prefix kernel, "cuda" or "tail") for hq folded rows in a plan sized for ``bound`` prefix tokens (a host plan's
     length, a device plan's max_prefix). Both kernels read the live length from device memory and derive their
     chunks there, so host and device plans (the engine's CUDA-graph step) of one shape run the same kernel and
-    `bench verify` times the kernel the engine runs: the tail kernel for 65-72 rows from TAIL_FROM tokens (H200,
-    8 heads, graphs: 64.2 us against 71.8 at 128k, even at 64k, 4-20% slower at 16k-32k), else the CUDA kernel."""
+    `bench verify` times the kernel the engine runs for a plan of that bound: the tail kernel for 65-72 rows from
+    TAIL_FROM tokens (faster at 8 heads from 64k, slower at 16k-32k: docs/perf.md), else the CUDA kernel."""
     kernel = "tail" if tails(hq, t, bound) else "cuda"
     return replace(t, tail=int(kernel == "tail")), kernel
 
