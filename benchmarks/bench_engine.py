@@ -52,7 +52,6 @@ from ddprobe.engine.loop import decode  # noqa: E402
 from ddprobe.engine.runner import Caches  # noqa: E402
 from ddprobe.engine.steps import DeviceTreeStep, EagerStep, HostTreeStep  # noqa: E402
 from ddprobe.units import UnitError, parse_tokens  # noqa: E402
-from cu_variant import add_options, apply  # noqa: E402  (beside this script)
 
 PHASES = ("draft_ms", "tree_ms", "verify_ms", "commit_ms")
 
@@ -404,9 +403,7 @@ def main() -> int:
     ap.add_argument("--moe-kernel", choices=("auto", "fused", "grouped", "batched"), default="auto",
                     help="--anatomy: the routed experts' path (engine/moe.py); auto: what Experts chose (fused on "
                          "CUDA where the Triton kernels work, else grouped where torch._grouped_mm runs, else batched)")
-    add_options(ap)
     a = ap.parse_args()
-    variant = apply(a, ap)
     try:
         [parse_tokens(c) for c in a.ctxs.split(",")]
     except UnitError as e:
@@ -414,7 +411,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     out = {"meta": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                    "command": " ".join(sys.argv), **variant}, "equality": {}, "k2": [], "tiny": [], "kernel": []}
+                    "command": " ".join(sys.argv)}, "equality": {}, "k2": [], "tiny": [], "kernel": []}
     try:
         import triton
         out["meta"]["triton"] = triton.__version__

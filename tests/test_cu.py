@@ -141,30 +141,3 @@ def test_an_mps_thread_limit_keeps_the_merge_out_of_the_prefix_launch(monkeypatc
     for value, limited in (("100", False), ("50", True), ("12.5", True), ("junk", True)):
         monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", value)
         assert _cu._mps_limited() is limited, value
-
-
-
-def test_the_benchmarks_time_a_variant_cubin_and_l2_promotion(tmp_path, monkeypatch, capsys):
-    """The measurement options live in the benchmarks (benchmarks/cu_variant.py, in bench_verify.py and
-    bench_engine.py), not in the product: a cubin that is not there is refused in one line; a real one and an L2
-    promotion are set on _cu, which reads them at the next load and encoding."""
-    import argparse
-
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
-    monkeypatch.setattr(_cu, "CUBIN", _cu.CUBIN)
-    monkeypatch.setattr(_cu, "L2_PROMOTION", _cu.L2_PROMOTION)
-    import cu_variant
-
-    ap = argparse.ArgumentParser(prog="bench")
-    cu_variant.add_options(ap)
-    with pytest.raises(SystemExit) as e:
-        cu_variant.apply(ap.parse_args(["--cubin", str(tmp_path / "none.cubin")]), ap)
-    assert e.value.code == 2
-    said = capsys.readouterr().err.strip().splitlines()[-1]
-    assert said == f"bench: error: --cubin {tmp_path / 'none.cubin'}: no such file"
-    variant = tmp_path / "variant.cubin"
-    variant.write_bytes(_cu.CUBIN.read_bytes())
-    assert cu_variant.apply(ap.parse_args([]), ap) == {} and _cu.L2_PROMOTION == 2  # the shipped 128 B
-    done = cu_variant.apply(ap.parse_args(["--cubin", str(variant), "--l2-promotion", "1"]), ap)
-    assert done == {"cubin": str(variant.resolve()), "l2_promotion": 1}
-    assert _cu.CUBIN == variant.resolve() and _cu.L2_PROMOTION == 1

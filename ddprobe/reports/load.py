@@ -18,7 +18,7 @@ from ..units import DDProbeError
 
 
 def _from_raw_bench(d: dict[str, Any], source: str) -> Result:
-    """bench_verify.py's own document -> Result(kind="bench-verify")."""
+    """`ddprobe bench verify`'s own document -> Result(kind="bench-verify")."""
     m, ceil = d.get("meta") or {}, d.get("ceilings") or {}
     if not isinstance(m, dict) or not isinstance(ceil, dict) or not isinstance(d.get("results"), list):
         raise DDProbeError(f"{source}: malformed benchmark file (meta, ceilings and results expected)")

@@ -10,8 +10,6 @@ kernel is a one-line error (the Gluon tail kernel and the Triton merge still run
 with the local nvcc. At run time the cubin is loaded through the CUDA driver API (``libcuda.so.1`` via ctypes)
 into the context torch uses, so there is no extension build and no compiler on the GPU machine. Launches go to torch's current stream, so they are captured
 by CUDA graphs like any kernel; the two TMA descriptors travel by value as kernel parameters.
-The benchmarks time variants by setting CUBIN (another build of the same source: a schedule variant, see the
-source's DDP_* macros) and L2_PROMOTION before the first launch (benchmarks/cu_variant.py).
 Nothing here imports torch or touches the driver at import time.
 """
 from __future__ import annotations
@@ -39,7 +37,7 @@ MERGE_MAX_PARTS = 1024   # the merge's MERGE_MAX_PARTS (weights kept in shared m
 
 _CU_TENSOR_MAP_DTYPE = {"bfloat16": 9, "float16": 6}
 _SWIZZLE_128B = 3
-L2_PROMOTION = 2   # the TMA maps' L2 promotion (CUtensorMapL2promotion: 0 none, 1 64 B, 2 128 B, 3 256 B)
+_L2_PROMOTION_128B = 2  # the TMA maps' L2 promotion (CUtensorMapL2promotion 2: 128 B; the others measured within 1%)
 _ATTR_MAX_DYNAMIC_SHARED = 8
 
 
@@ -110,7 +108,7 @@ def _function(name: str, device, smem: int = SMEM_BYTES) -> ctypes.c_void_p:
     is raised again)."""
     import torch
 
-    cubin = CUBIN  # read at call time: a benchmark may point it at a variant build
+    cubin = CUBIN  # read at call time (a test points it at a file that is no cubin)
     key = (device.index, str(cubin))
     fkey = (*key, name)
     if fkey not in _funcs:
@@ -170,7 +168,7 @@ def tensor_map(t, rows: int, box_rows: int):
     elem = (ctypes.c_uint32 * 2)(1, 1)
     dt = _CU_TENSOR_MAP_DTYPE[str(t.dtype).removeprefix("torch.")]
     _check(_driver().cuTensorMapEncodeTiled(ctypes.byref(tm), dt, 2, ctypes.c_void_p(t.data_ptr()), dims, strides,
-                                            box, elem, 0, _SWIZZLE_128B, L2_PROMOTION, 0), "encoding a TMA map")
+                                            box, elem, 0, _SWIZZLE_128B, _L2_PROMOTION_128B, 0), "encoding a TMA map")
     return buf, tm
 
 
