@@ -176,3 +176,30 @@ def test_entries_are_planned_as_the_engine_plans_them():
         assert int(dev.prefix_t.item()) == ctx and dev.prefix_t.shape == (1,)
         assert not host.dynamic and host.prefix_len == ctx
         assert verify_bench.kernel_of(path.name, dev) == path.name
+
+
+def test_a_variant_bound_sizes_the_device_plan_as_an_engine_of_that_capacity():
+    """bound= (tokens, k = 1024) sizes an entry's device plan above its context, as the engine sizes its plan by its
+    KV capacity: split's chunk rule then runs at the live length on the grid of the bound. It is no tuning field, it
+    is never below the context, and it takes a device plan: with plan=host, or a bad token count, it is one line."""
+    import torch
+
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    split = get_path("split")
+    assert verify_bench.plan_bound(split, "split", {}) is None
+    assert verify_bench.plan_bound(split, "split", {"bound": "2k"}) == 2048
+    assert verify_bench.tuned(split, "split", {}, {"bound": "2k", "tma": "0"}) == \
+        verify_bench.tuned(split, "split", {}, {"tma": "0"})
+    with pytest.raises(DDProbeError, match="bound= sizes a device plan"):
+        verify_bench.plan_bound(split, "split", {"bound": "2k", "plan": "host"})
+    with pytest.raises(DDProbeError, match="bad split bound"):
+        verify_bench.plan_bound(split, "split", {"bound": "2q"})
+    with pytest.raises(DDProbeError, match="bad split bound"):
+        verify_bench.check_tunings(verify_bench.BenchOptions(ctxs=[1024], variants=[("split", {"bound": "0"})]))
+    mask = shape_mask("lopsided", 8)
+    sized = verify_bench.engine_plan(torch, split, "device", 300, mask, None, 64, split.DEFAULT_TUNING, 8, 4096)
+    own = verify_bench.engine_plan(torch, split, "device", 300, mask, None, 64, split.DEFAULT_TUNING, 8)
+    low = verify_bench.engine_plan(torch, split, "device", 300, mask, None, 64, split.DEFAULT_TUNING, 8, 100)
+    assert sized.prefix_len == 4096 and int(sized.prefix_t.item()) == 300 and own.prefix_len == low.prefix_len == 300
+    assert sized.extra["config"]["chunk"] > own.extra["config"]["chunk"]  # splits sized for the bound

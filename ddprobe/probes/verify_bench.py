@@ -21,7 +21,7 @@ from typing import Any, Callable
 from .. import verify_paths
 from ..shapes import DEFAULT_L2_BYTES, KIMI_K2, AttnShape, dtype_bytes, floor_s, gpu_spec_for
 from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_eager, timed_graph
-from ..units import DDProbeError
+from ..units import DDProbeError, UnitError, parse_tokens
 from . import peers
 
 DT = "bf16"
@@ -29,7 +29,8 @@ WEAK_PEERS = ("flex", "sdpa")  # PyTorch's own attention
 SLOT_LAYOUTS = ("shuffled", "contiguous")
 BASELINES = tuple(p.name for p in verify_paths.PATHS if p.baseline)  # paged, sglang: --paged-max-ctx/-heads apply
 Variant = tuple[str, dict]  # (path, tuning overrides); {} is the path's run-wide tuning
-PLAN_KINDS = ("device", "host")  # a variant's plan=host times a host plan (the Gluon-only tunings of split_ws need one)
+PLAN_KINDS = ("device", "host")  # a variant's plan=host times a host plan
+PLAN_KEYS = ("plan", "bound")  # a variant's keys that shape its plan, not its tuning (plan_kind, plan_bound)
 
 
 @dataclass
@@ -64,9 +65,9 @@ def label(path: str, over: dict) -> str:
 
 def tuned(path, name: str, base: dict, over: dict):
     """The path's frozen tuning: its default on this GPU (``default_tuning()`` where the path has one per GPU, else
-    ``DEFAULT_TUNING``) with ``base`` then ``over`` (ints from the command line) applied; the ``plan`` key is no
-    tuning (``plan_kind`` reads it)."""
-    fields = {k: v for k, v in {**base, **over}.items() if k != "plan"}
+    ``DEFAULT_TUNING``) with ``base`` then ``over`` (ints from the command line) applied; the PLAN_KEYS are no
+    tuning (``plan_kind`` and ``plan_bound`` read them)."""
+    fields = {k: v for k, v in {**base, **over}.items() if k not in PLAN_KEYS}
     default = path.default_tuning() if hasattr(path, "default_tuning") else path.DEFAULT_TUNING
     known = [f.name for f in dataclasses.fields(default)]
     unknown = [k for k in fields if k not in known]
@@ -94,7 +95,7 @@ def check_tunings(opts: "BenchOptions") -> None:
         except (ValueError, kernels.PathUnavailable):
             continue
         t = tuned(path, name, opts.tune.get(name, {}), over)
-        plan_kind(path, name, {**opts.tune.get(name, {}), **over})
+        plan_bound(path, name, {**opts.tune.get(name, {}), **over})
         try:
             getattr(path, "check_tuning", lambda t: None)(t)  # a value no kernel implements (split_ws's tail=2)
         except ValueError as e:
@@ -112,14 +113,31 @@ def plan_kind(path, name: str, over: dict) -> str:
     return kind
 
 
-def engine_plan(torch, path, kind: str, ctx: int, mask, slots, v_dim: int, tuning, heads: int):
+def plan_bound(path, name: str, over: dict) -> int | None:
+    """The bound (max_prefix, tokens) a device plan of this entry is sized for, from ``bound=`` in the variant's
+    overrides or the run-wide --tune (``over`` holds both): what an engine whose KV cache holds that many tokens
+    plans at every live length (engine/graphs.py sizes its plan by its capacity), so ``split_ws:bound=128k`` at 8k
+    times the kernel such an engine runs there. None: the context itself (a plan sized for it)."""
+    kind = plan_kind(path, name, over)
+    if "bound" not in over:
+        return None
+    if kind != "device":
+        raise DDProbeError(f"{name}: bound= sizes a device plan; this entry is timed with a host plan")
+    try:
+        return parse_tokens(over["bound"])
+    except UnitError as e:
+        raise DDProbeError(f"bad {name} bound: {e}") from None
+
+
+def engine_plan(torch, path, kind: str, ctx: int, mask, slots, v_dim: int, tuning, heads: int,
+                bound: int | None = None):
     """The path's plan for one layer at ``ctx`` tokens: a host plan (prefix_len an int), or a device plan as the
-    engine's CUDA-graph step builds it (prefix_len a [1] int32 device tensor holding ctx, max_prefix = ctx, then
-    ``refresh``)."""
+    engine's CUDA-graph step builds it (prefix_len a [1] int32 device tensor holding ctx, max_prefix = ``bound``,
+    at least ctx (default ctx), then ``refresh``)."""
     if kind == "host":
         return path.plan(ctx, mask, slots, v_dim, tuning=tuning, heads=heads)
     prefix_t = torch.full((1,), ctx, dtype=torch.int32, device=mask.device)
-    p = path.plan(prefix_t, mask, slots, v_dim, tuning=tuning, heads=heads, max_prefix=ctx)
+    p = path.plan(prefix_t, mask, slots, v_dim, tuning=tuning, heads=heads, max_prefix=max(ctx, bound or ctx))
     path.refresh(p)
     return p
 
@@ -212,6 +230,17 @@ class Bench:
         todo = [(p, {}) for p in o.paths] + list(o.variants)
         return [(p, over) for p, over in todo if not (p in BASELINES and skip_paged)]
 
+    def _kv_rows(self, ctx: int, heads: int, n: int) -> int:
+        """Rows of each cache set: the context and its tree rows (n), or more where an entry's device plan is sized
+        for a larger bound (``bound=``: a plan checks that the cache holds its bound; the kernels read only the
+        live rows, so the rows past them stay as random as the rest)."""
+        o, most = self.opts, n
+        for name, over in self._entries(ctx, heads):
+            b = {**o.tune.get(name, {}), **over}.get("bound")
+            if b is not None and name not in peers.PEERS and name not in WEAK_PEERS:
+                most = max(most, parse_tokens(b) + o.budget + 1)
+        return most
+
     def _runner(self, name: str, over: dict, ctx: int, heads: int, mask, slots, rec: dict):
         """(fn(q, kv, meta=None), the reference it is checked against: "tree", "paged" (the tree over the shuffled
         slots) or "causal" (the production peers' mask)) for one entry; fills rec's tuning and config."""
@@ -234,9 +263,12 @@ class Bench:
             raise peers.PeerUnavailable(str(e)) from None
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
-        kind = plan_kind(path, name, {**o.tune.get(name, {}), **over})
-        pl = engine_plan(self.torch, path, kind, ctx, mask, slots if paged else None, sh.v_dim, tun, heads)
+        both = {**o.tune.get(name, {}), **over}
+        kind, bound = plan_kind(path, name, both), plan_bound(path, name, both)
+        pl = engine_plan(self.torch, path, kind, ctx, mask, slots if paged else None, sh.v_dim, tun, heads, bound)
         rec.update(plan=kind, kernel=kernel_of(name, pl), tuning=dataclasses.asdict(tun))
+        if bound is not None:
+            rec["bound"] = max(ctx, bound)
         if pl.extra.get("config") is not None:
             rec["config"] = pl.extra["config"]
 
@@ -263,8 +295,8 @@ class Bench:
         n_sets = n_cache_sets(int(sh.kv_bytes_per_token(DT, layers=1) * n), self.l2, most=48 if o.quick else 96)
         g = torch.Generator(device="cuda").manual_seed(ctx * 131 + heads)
         # rows padded to FlashMLA's 64-row pages; every path reads only the first n
-        kvs = [torch.randn(peers.rows_for(n), sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
-               for _ in range(n_sets)]
+        kvs = [torch.randn(peers.rows_for(self._kv_rows(ctx, heads, n)), sh.kv_row, device="cuda",
+                           dtype=torch.bfloat16, generator=g) for _ in range(n_sets)]
         qs = [torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
               for _ in range(n_sets)]
         mask, causal = shape_mask(o.tree, o.budget, "cuda"), shape_mask("chain", o.budget, "cuda")
