@@ -179,8 +179,7 @@ class Launcher:
     first sight) and launches on torch's current stream, so an eager call costs a few microseconds of host time.
 
     The grid is the row-block x split grid (n_qb x grid_splits programs) the kernel derives from the live prefix
-    length; the kernel's work-list parameters (piece_ptr, pieces) are passed null (the balanced grid that built
-    work lists is on the lab branch).
+    length.
     fuse_parts > 0: the merge of that many partials can run inside the launch (a call given ``out``), after a grid
     barrier on a counter of the launcher's own; only where the grid is one wave (at most ``sms`` programs, one per
     SM) and no MPS thread percentage below 100 limits the SMs, else ``fused`` is False and a call given ``out``
@@ -204,8 +203,7 @@ class Launcher:
         self._keep = (bits, prefix_t, o_part, lse_part, counter)   # what the block points at stays alive
         self._maps: dict = {}
         self.scale = ctypes.c_float(1.0)
-        self._args = [ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(0), ctypes.c_uint64(0),
-                      ctypes.c_uint64(o_part.data_ptr()), ctypes.c_uint64(lse_part.data_ptr()),
+        self._args = [ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(o_part.data_ptr()), ctypes.c_uint64(lse_part.data_ptr()),
                       ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
                       ctypes.c_uint64(prefix_t.data_ptr()), ctypes.c_int32(hq), ctypes.c_int32(h), self.scale,
                       ctypes.c_int32(r), ctypes.c_int32(n_qb), ctypes.c_int32(grid_splits), ctypes.c_int32(fold)]

@@ -6,8 +6,7 @@
 //
 // Prefix kernel: one program (CTA, 256 threads = two warpgroups, no producer warp) = 64 folded query rows
 // (row = r * H + h) x one chunk of KV tokens, in tiles of 64 tokens: on the row-block x split grid, the chunk is
-// derived from the live prefix length read from device memory (every plan; a work list, piece_ptr, is unused since
-// the balanced grid moved to the lab branch: the launcher passes null). The partial layout of `split`'s kernels:
+// derived from the live prefix length read from device memory (every plan). The partial layout of `split`'s kernels:
 // O_part[slot, row, 0:512] normalized (fp32),
 // LSE_part[slot, row] = m + log2(l) in base 2, the tree columns folded into the last split (fold) or the last
 // split index being the tree part alone.
@@ -477,7 +476,7 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
 
 template <bool BF16>
 __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
-                                       const int* piece_ptr, const int* pieces, float* o_part, float* lse_part,
+                                       float* o_part, float* lse_part,
                                        long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
                                        int H, float c, int r, int n_qb, int grid_splits, int fold) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -502,44 +501,33 @@ __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUt
 
   // the live prefix length, from device memory (a CUDA graph replays one launch at any length up to the bound)
   const int prefix_len = *prefix_ptr;
-  // no work list (piece_ptr null): the row-block x split grid, program = slot x n_qb + row block, its chunk derived
-  // from the live length (split's rule: grid_splits - 1 + fold prefix splits of whole tiles); the tree columns on
-  // the last prefix split (fold) or on slot grid_splits - 1 alone. A split past the live length marks its slot
-  // empty (lse -inf) and exits at once.
-  int g_rb = 0, g_start = 0, g_end = 0, g_slot = 0;
-  if (!piece_ptr) {
-    g_rb = blockIdx.x % n_qb;
-    g_slot = blockIdx.x / n_qb;
-    const int ns = grid_splits - 1 + fold;
-    if (!fold && g_slot == ns) {
-      g_start = prefix_len;
-      g_end = prefix_len + r;
-    } else {
-      const int chunk = max(BN, ((prefix_len + ns - 1) / ns + BN - 1) / BN * BN);
-      g_start = min(g_slot * chunk, prefix_len);
-      g_end = (fold && g_slot == ns - 1) ? prefix_len + r : min(g_start + chunk, prefix_len);
-    }
-    if (g_start >= g_end) {
-      for (int i = tid; i < BM; i += 256)
-        if (g_rb * BM + i < hq) lse_part[static_cast<long long>(g_slot) * hq + g_rb * BM + i] = -INFINITY;
-      return;
-    }
+  // the row-block x split grid, program = slot x n_qb + row block, its chunk derived from the live length (split's
+  // rule: grid_splits - 1 + fold prefix splits of whole tiles); the tree columns on the last prefix split (fold) or
+  // on slot grid_splits - 1 alone. A split past the live length marks its slot empty (lse -inf) and exits at once.
+  const int rb = blockIdx.x % n_qb, slot = blockIdx.x / n_qb;
+  const int ns = grid_splits - 1 + fold;
+  int start, end;
+  if (!fold && slot == ns) {
+    start = prefix_len;
+    end = prefix_len + r;
+  } else {
+    const int chunk = max(BN, ((prefix_len + ns - 1) / ns + BN - 1) / BN * BN);
+    start = min(slot * chunk, prefix_len);
+    end = (fold && slot == ns - 1) ? prefix_len + r : min(start + chunk, prefix_len);
+  }
+  if (start >= end) {
+    for (int i = tid; i < BM; i += 256)
+      if (rb * BM + i < hq) lse_part[static_cast<long long>(slot) * hq + rb * BM + i] = -INFINITY;
+    return;
   }
   if (tid == 0) {
     mbar_init(q_bar, 1);
     for (int i = 0; i < 2 * NP; ++i) mbar_init(ready0 + 8 * i, 1);
     fence_barrier_init();
   }
-  int u0 = 0, u1 = 0;  // tiles loaded into stage 0 / stage 1 by earlier pieces (their barriers' phases)
-  const int k_beg = piece_ptr ? piece_ptr[blockIdx.x] : 0, k_end = piece_ptr ? piece_ptr[blockIdx.x + 1] : 1;
-  for (int k = k_beg; k < k_end; ++k) {
-    // piece: row block, columns [start, end), partial slot, and the slots [fill_lo, fill_hi) of the row block
-    // that no piece writes (their lse is set to -inf for the merge); without a work list, the grid's own piece
-    const int* pc = piece_ptr ? pieces + 6 * k : nullptr;
-    const int rb = pc ? pc[0] : g_rb, start = pc ? pc[1] : g_start, end = pc ? pc[2] : g_end;
-    const int slot = pc ? pc[3] : g_slot, fill_lo = pc ? pc[4] : 0, fill_hi = pc ? pc[5] : 0;
+  {
     const int n_tiles = (end - start + BN - 1) / BN;
-    __syncthreads();  // barriers initialized; both warpgroups done with the previous piece's Q, tiles and l
+    __syncthreads();  // barriers initialized
     if (tid == 0) {
       mbar_expect(q_bar, TILE);
       for (int p = 0; p < NP; ++p) tma_load(sq + p * PIECE, tm_q, q_bar, p * 64, rb * BM);
@@ -559,24 +547,22 @@ __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUt
     for (int i = 0; i < 128; ++i) st.o[i] = 0.f;
     st.l0 = st.l1 = 0.f;
     st.m0 = st.m1 = -INFINITY;
-    mbar_wait(q_bar, (k - k_beg) & 1);
+    mbar_wait(q_bar, 0);
 
-#define DDP_PAIRS(PAIR, U)                                                                                            \
+#define DDP_PAIRS(PAIR)                                                                                               \
   for (int j = 0; j < n_tiles / 2; ++j)                                                                              \
-    PAIR<BF16, true>(j, ((U) + j) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
+    PAIR<BF16, true>(j, j & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
                      ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);                                                  \
   if (n_tiles & 1)                                                                                                   \
-    PAIR<BF16, false>(n_tiles / 2, ((U) + n_tiles / 2) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, \
+    PAIR<BF16, false>(n_tiles / 2, (n_tiles / 2) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, \
                       wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
     // each warpgroup runs the full pairs, then the odd last tile alone (HAS_B false), in its own role
     if (wg == 0) {
-      DDP_PAIRS(wg0_pair, u0)
+      DDP_PAIRS(wg0_pair)
     } else {
-      DDP_PAIRS(wg1_pair, u1)
+      DDP_PAIRS(wg1_pair)
     }
 #undef DDP_PAIRS
-    u0 += (n_tiles + 1) / 2;
-    u1 += n_tiles / 2;
 
     // epilogue: l = l0 + l1 over both warpgroups, O normalized, lse = m + log2(l) (base 2)
     const float l0 = quad_sum(st.l0), l1 = quad_sum(st.l1);
@@ -590,10 +576,6 @@ __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUt
     if (wg == 0 && (lane & 3) == 0) {
       if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = st.m0 + __log2f(lt0);
       if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = st.m1 + __log2f(lt1);
-      for (int f = fill_lo; f < fill_hi; ++f) {
-        if (g0 < hq) lse_part[static_cast<long long>(f) * hq + g0] = -INFINITY;
-        if (g1 < hq) lse_part[static_cast<long long>(f) * hq + g1] = -INFINITY;
-      }
     }
     float* out = o_part + slot * stride_ps + wg * 256 + cq;
 #pragma unroll
@@ -776,12 +758,12 @@ __device__ __forceinline__ void merge_fused(const float* __restrict__ o_part, co
 // merge_fused.
 template <bool BF16>
 __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
-                                       const int* piece_ptr, const int* pieces, float* o_part, float* lse_part,
+                                       float* o_part, float* lse_part,
                                        long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
                                        int H, float c, int r, int n_qb, int grid_splits, int fold, void* out,
                                        long long stride_or, long long stride_oh, unsigned long long* counter,
                                        int n_parts) {
-  seesaw_prefix<BF16>(tm_q, tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq,
+  seesaw_prefix<BF16>(tm_q, tm_kv, bits, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq,
                       H, c, r, n_qb, grid_splits, fold);
   if (out == nullptr) return;
   grid_barrier(counter);
@@ -815,11 +797,11 @@ extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_f16(DDP_ME
 // merge fused after a grid barrier into out [R, H, 512] (16-bit, unit column stride, 8-byte aligned).
 #define DDP_ARGS                                                                                                     \
   const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
-      const int* piece_ptr, const int* pieces, float* o_part, float* lse_part, long long stride_ps,                 \
+      float* o_part, float* lse_part, long long stride_ps,                                                        \
       long long stride_pq, const int* prefix_ptr, int hq, int H, float c, int r, int n_qb, int grid_splits, int fold, \
       void* out, long long stride_or, long long stride_oh, unsigned long long* counter, int n_parts
 #define DDP_CALL                                                                                                     \
-  &tm_q, &tm_kv, bits, piece_ptr, pieces, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq, H, c, r, n_qb,     \
+  &tm_q, &tm_kv, bits, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq, H, c, r, n_qb,     \
       grid_splits, fold, out, stride_or, stride_oh, counter, n_parts
 
 extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
