@@ -283,7 +283,7 @@ class BenchVerifyRow(Row):
     n_sets: Count | None = None
     timing: str | None = None
     plan: str | None = None  # "host" or "device": where the path's plan is built
-    bound: Context | None = None  # a device plan's bound (max_prefix) where a variant's bound= sized it above ctx
+    bound: Context | None = None  # the device plan's bound (max_prefix, at least ctx) where a variant set it (bound=)
     kernel: str | None = None  # the kernel the path ran
     gpu: str | None = None
     error: str | None = None

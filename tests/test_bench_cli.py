@@ -197,9 +197,27 @@ def test_a_variant_bound_sizes_the_device_plan_as_an_engine_of_that_capacity():
         verify_bench.plan_bound(split, "split", {"bound": "2q"})
     with pytest.raises(DDProbeError, match="bad split bound"):
         verify_bench.check_tunings(verify_bench.BenchOptions(ctxs=[1024], variants=[("split", {"bound": "0"})]))
+    with pytest.raises(DDProbeError, match="paged reads a page_size=1 pool"):
+        verify_bench.plan_bound(get_path("paged"), "paged", {"bound": "2k"})
+    for opts in (dict(tune={"split": {"bound": "2k"}}), dict(step_variants=[("split", {"bound": "2k"})])):
+        with pytest.raises(DDProbeError, match="give it in a --variant"):
+            verify_bench.check_tunings(verify_bench.BenchOptions(ctxs=[1024], **opts))
+    with pytest.raises(DDProbeError, match="flashmla is a peer: it takes no tuning overrides"):
+        verify_bench.check_tunings(verify_bench.BenchOptions(ctxs=[1024], variants=[("flashmla", {"bound": "2k"})]))
     mask = shape_mask("lopsided", 8)
     sized = verify_bench.engine_plan(torch, split, "device", 300, mask, None, 64, split.DEFAULT_TUNING, 8, 4096)
     own = verify_bench.engine_plan(torch, split, "device", 300, mask, None, 64, split.DEFAULT_TUNING, 8)
     low = verify_bench.engine_plan(torch, split, "device", 300, mask, None, 64, split.DEFAULT_TUNING, 8, 100)
     assert sized.prefix_len == 4096 and int(sized.prefix_t.item()) == 300 and own.prefix_len == low.prefix_len == 300
     assert sized.extra["config"]["chunk"] > own.extra["config"]["chunk"]  # splits sized for the bound
+
+    # the cache sets span the largest bound + R rows among the entries that run (a plan checks it holds them)
+    from ddprobe.engine import kernels
+
+    bench = object.__new__(verify_bench.Bench)  # the CUDA check and ceilings of __init__ are not needed here
+    bench.kernels = kernels
+    bench.opts = verify_bench.BenchOptions(ctxs=[300], paths=["split", "flashmla"], variants=[
+        ("split", {"bound": "4k"}), ("split", {"bound": "2k", "tma": "0"}), ("split", {"tma": "0"})])
+    assert bench._kv_rows(300, 8, 309) == 4096 + 9
+    bench.opts.variants = [("split", {"tma": "0"})]
+    assert bench._kv_rows(300, 8, 309) == 309

@@ -535,11 +535,14 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
     eng.generate(list(range(1, 301)), max_new_tokens=4)
     engine = eng.runner.static.plan
     assert engine.dynamic and engine.detail.heads == heads
-    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"tail": "1"})]
+    variants = [("split_ws", {"plan": "host", "tail": "1"}), ("split_ws", {"tail": "1"}), ("split_ws", {"bound": "128k"})]
     b = verify_bench.Bench(verify_bench.BenchOptions(ctxs=[4096], heads=[heads], paths=["split_ws"], quick=True,
                                                      step_ctx=None, variants=variants, eager=True))
     b.point(4096, heads)
-    row, host, device = b.results
+    row, host, device, sized = b.results
+    # bound=128k: the plan an engine of that capacity builds, its kernel choose's at that bound (8 heads: the tail)
+    assert sized.get("ok") and sized["bound"] == 131072, sized
+    assert sized["kernel"] == get_path("split_ws").choose(heads * 9, 131072)[1], sized
     assert row.get("ok"), row
     assert row["eager_us"] > 0 and row["eager_ratio"] == pytest.approx(row["eager_us"] / row["us"]), row
     assert (row["path"], row["plan"], row["kernel"]) == ("split_ws", "device", engine.detail.kernel), row

@@ -59,8 +59,8 @@ def verify(
     paths: Annotated[str, typer.Option("--paths", help="Verify paths and peers, in order.")] = DEFAULT_PATHS,
     variant: Annotated[Optional[list[str]], typer.Option("--variant", help="Also time PATH with tuning overrides, "
                                                          "e.g. split:tma=0 (repeatable); plan=host times a host plan, "
-                                                         "bound=128k a device plan sized for 128k tokens (an engine of "
-                                                         "that KV capacity) at each context.")] = None,
+                                                         "bound=128k a device plan sized for 128k tokens (as an engine "
+                                                         "of about that KV capacity plans) at each context.")] = None,
     tune: Annotated[Optional[list[str]], typer.Option("--tune", help="A path's tuning for the whole run, e.g. "
                                                       "split:block_n=32 (repeatable).")] = None,
     budget: Annotated[int, typer.Option("--budget", help="Tree budget (verify rows = budget + 1).")] = 8,

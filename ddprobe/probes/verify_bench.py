@@ -83,8 +83,16 @@ def tuned(path, name: str, base: dict, over: dict):
 def check_tunings(opts: "BenchOptions") -> None:
     """Every --variant, --step-variant and --tune of ddprobe's own paths checked before any GPU work: a field its
     tuning does not have (a knob moved to the lab branch among them), a value that is no whole number or that no
-    kernel implements, or a plan kind it does not take is one line (DDProbeError) rather than a failure in the middle of a run. Peers, and
-    paths whose library is not installed here, are left to the run (their rows say why)."""
+    kernel implements, or a plan kind it does not take is one line (DDProbeError) rather than a failure in the middle of a run;
+    so are overrides given to a peer (it has no tuning) and a ``bound=`` anywhere but a --variant (the step's caches
+    hold the step's context). Paths whose library is not installed here are left to the run (their rows say why)."""
+    for name, over in [*opts.variants, *opts.step_variants, *opts.tune.items()]:
+        if over and (name in peers.PEERS or name in WEAK_PEERS):
+            raise DDProbeError(f"{name} is a peer: it takes no tuning overrides, got {over}")
+    for what, items in (("--tune", opts.tune.items()), ("--step-variant", opts.step_variants)):
+        for name, over in items:
+            if "bound" in over:
+                raise DDProbeError(f"{what} {name}: bound= sizes one layer's device plan; give it in a --variant")
     try:
         from ..engine import kernels
     except ImportError:  # no torch: the CUDA check that follows says so
@@ -115,14 +123,16 @@ def plan_kind(path, name: str, over: dict) -> str:
 
 def plan_bound(path, name: str, over: dict) -> int | None:
     """The bound (max_prefix, tokens) a device plan of this entry is sized for, from ``bound=`` in the variant's
-    overrides or the run-wide --tune (``over`` holds both): what an engine whose KV cache holds that many tokens
-    plans at every live length (engine/graphs.py sizes its plan by its capacity), so ``split_ws:bound=128k`` at 8k
-    times the kernel such an engine runs there. None: the context itself (a plan sized for it)."""
+    overrides (``over``): what an engine whose plan has that bound (its KV capacity less the R tree rows,
+    engine/graphs.py) runs at every live length, so ``split_ws:bound=128k`` at 8k times the kernel such an engine
+    runs there. None: the context itself (a plan sized for it). Contiguous-layout device plans only."""
     kind = plan_kind(path, name, over)
     if "bound" not in over:
         return None
     if kind != "device":
         raise DDProbeError(f"{name}: bound= sizes a device plan; this entry is timed with a host plan")
+    if path.layout != "contiguous":
+        raise DDProbeError(f"{name}: bound= sizes a contiguous-layout plan; {name} reads a page_size=1 pool")
     try:
         return parse_tokens(over["bound"])
     except UnitError as e:
@@ -231,14 +241,17 @@ class Bench:
         return [(p, over) for p, over in todo if not (p in BASELINES and skip_paged)]
 
     def _kv_rows(self, ctx: int, heads: int, n: int) -> int:
-        """Rows of each cache set: the context and its tree rows (n), or more where an entry's device plan is sized
-        for a larger bound (``bound=``: a plan checks that the cache holds its bound; the kernels read only the
-        live rows, so the rows past them stay as random as the rest)."""
-        o, most = self.opts, n
+        """Rows each cache set spans: the context and its tree rows (n), or more where an entry's device plan is
+        sized for a larger bound (``bound=``: a plan checks that the cache holds its bound + R rows; the kernels
+        read only the live rows). Entries whose path does not load here are skipped by the run: not counted."""
+        most = n
         for name, over in self._entries(ctx, heads):
-            b = {**o.tune.get(name, {}), **over}.get("bound")
-            if b is not None and name not in peers.PEERS and name not in WEAK_PEERS:
-                most = max(most, parse_tokens(b) + o.budget + 1)
+            if "bound" in over:
+                try:
+                    b = plan_bound(self.kernels.get_path(name), name, over)
+                except self.kernels.PathUnavailable:
+                    continue
+                most = max(most, b + self.opts.budget + 1)
         return most
 
     def _runner(self, name: str, over: dict, ctx: int, heads: int, mask, slots, rec: dict):
@@ -264,7 +277,7 @@ class Bench:
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
         both = {**o.tune.get(name, {}), **over}
-        kind, bound = plan_kind(path, name, both), plan_bound(path, name, both)
+        kind, bound = plan_kind(path, name, both), plan_bound(path, name, over)
         pl = engine_plan(self.torch, path, kind, ctx, mask, slots if paged else None, sh.v_dim, tun, heads, bound)
         rec.update(plan=kind, kernel=kernel_of(name, pl), tuning=dataclasses.asdict(tun))
         if bound is not None:
@@ -295,8 +308,11 @@ class Bench:
         n_sets = n_cache_sets(int(sh.kv_bytes_per_token(DT, layers=1) * n), self.l2, most=48 if o.quick else 96)
         g = torch.Generator(device="cuda").manual_seed(ctx * 131 + heads)
         # rows padded to FlashMLA's 64-row pages; every path reads only the first n
-        kvs = [torch.randn(peers.rows_for(self._kv_rows(ctx, heads, n)), sh.kv_row, device="cuda",
-                           dtype=torch.bfloat16, generator=g) for _ in range(n_sets)]
+        # the sets side by side in one buffer, set i the rows from i x its padded length: their live rows are
+        # disjoint, and a set seen by a plan of a larger bound (bound=) spans the next sets' rows, not a copy of its own
+        step, span = peers.rows_for(n), peers.rows_for(self._kv_rows(ctx, heads, n))
+        flat = torch.randn((n_sets - 1) * step + span, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
+        kvs = [flat[i * step:i * step + span] for i in range(n_sets)]
         qs = [torch.randn(rows, heads, sh.kv_row, device="cuda", dtype=torch.bfloat16, generator=g)
               for _ in range(n_sets)]
         mask, causal = shape_mask(o.tree, o.budget, "cuda"), shape_mask("chain", o.budget, "cuda")
@@ -340,7 +356,7 @@ class Bench:
                 if name == "flex":
                     self.flex["failed"] = rec["error"]
             self._keep(rec)
-        del kvs, qs
+        del kvs, qs, flat
         torch.cuda.empty_cache()
 
     def step(self) -> None:

@@ -203,7 +203,8 @@ class Launcher:
         self._keep = (bits, prefix_t, o_part, lse_part, counter)   # what the block points at stays alive
         self._maps: dict = {}
         self.scale = ctypes.c_float(1.0)
-        self._args = [ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(o_part.data_ptr()), ctypes.c_uint64(lse_part.data_ptr()),
+        self._args = [ctypes.c_uint64(bits.data_ptr()), ctypes.c_uint64(o_part.data_ptr()),
+                      ctypes.c_uint64(lse_part.data_ptr()),
                       ctypes.c_int64(o_part.stride(0)), ctypes.c_int64(o_part.stride(1)),
                       ctypes.c_uint64(prefix_t.data_ptr()), ctypes.c_int32(hq), ctypes.c_int32(h), self.scale,
                       ctypes.c_int32(r), ctypes.c_int32(n_qb), ctypes.c_int32(grid_splits), ctypes.c_int32(fold)]

@@ -304,7 +304,7 @@ __device__ __forceinline__ void refill(int wg_bar, int wt, uint32_t stage, uint3
 }
 
 // Rows [from, 64) of a stage's eight latent pieces set to zero (128-byte rows, so the swizzle does not matter):
-// a tile reaching past the last live row (prefix_len + R; any piece's last tile can) of a device plan, whose kv map
+// a tile reaching past the last live row (prefix_len + R; any split's last tile can) of a device plan, whose kv map
 // spans the plan's bound, so rows past the live end may hold anything (NaN included) and P = 0 there must not
 // meet them in P V. The caller's
 // warpgroup then fences for the async proxy and syncs its four warps; the other warpgroup sees the rows through the
@@ -525,67 +525,66 @@ __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUt
     for (int i = 0; i < 2 * NP; ++i) mbar_init(ready0 + 8 * i, 1);
     fence_barrier_init();
   }
-  {
-    const int n_tiles = (end - start + BN - 1) / BN;
-    __syncthreads();  // barriers initialized
-    if (tid == 0) {
-      mbar_expect(q_bar, TILE);
-      for (int p = 0; p < NP; ++p) tma_load(sq + p * PIECE, tm_q, q_bar, p * 64, rb * BM);
-      for (int t = 0; t < min(2, n_tiles); ++t)
-        for (int p = 0; p < NP; ++p) {
-          const uint32_t rd = (t ? ready1 : ready0) + 8 * p;
-          mbar_expect(rd, PIECE);
-          tma_load((t ? k1 : k0) + p * PIECE, tm_kv, rd, p * 64, start + t * BN);
-        }
-    }
-    const int g0 = rb * BM + r0, g1 = g0 + 8;
-    const long long b0 = g0 < hq ? bits[g0 / H] : -1ll;  // padded rows see every tree column (a finite lse)
-    const long long b1 = g1 < hq ? bits[g1 / H] : -1ll;
+  const int n_tiles = (end - start + BN - 1) / BN;
+  __syncthreads();  // barriers initialized
+  if (tid == 0) {
+    mbar_expect(q_bar, TILE);
+    for (int p = 0; p < NP; ++p) tma_load(sq + p * PIECE, tm_q, q_bar, p * 64, rb * BM);
+    for (int t = 0; t < min(2, n_tiles); ++t)
+      for (int p = 0; p < NP; ++p) {
+        const uint32_t rd = (t ? ready1 : ready0) + 8 * p;
+        mbar_expect(rd, PIECE);
+        tma_load((t ? k1 : k0) + p * PIECE, tm_kv, rd, p * 64, start + t * BN);
+      }
+  }
+  const int g0 = rb * BM + r0, g1 = g0 + 8;
+  const long long b0 = g0 < hq ? bits[g0 / H] : -1ll;  // padded rows see every tree column (a finite lse)
+  const long long b1 = g1 < hq ? bits[g1 / H] : -1ll;
 
-    State st;
+  State st;
 #pragma unroll
-    for (int i = 0; i < 128; ++i) st.o[i] = 0.f;
-    st.l0 = st.l1 = 0.f;
-    st.m0 = st.m1 = -INFINITY;
-    mbar_wait(q_bar, 0);
+  for (int i = 0; i < 128; ++i) st.o[i] = 0.f;
+  st.l0 = st.l1 = 0.f;
+  st.m0 = st.m1 = -INFINITY;
+  mbar_wait(q_bar, 0);
 
 #define DDP_PAIRS(PAIR)                                                                                               \
   for (int j = 0; j < n_tiles / 2; ++j)                                                                              \
-    PAIR<BF16, true>(j, j & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
-                     ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);                                                  \
+  PAIR<BF16, true>(j, j & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, wt, sq, k0, k1, pa,  \
+                   ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);                                                  \
   if (n_tiles & 1)                                                                                                   \
-    PAIR<BF16, false>(n_tiles / 2, (n_tiles / 2) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, \
-                      wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
-    // each warpgroup runs the full pairs, then the odd last tile alone (HAS_B false), in its own role
-    if (wg == 0) {
-      DDP_PAIRS(wg0_pair)
-    } else {
-      DDP_PAIRS(wg1_pair)
-    }
+  PAIR<BF16, false>(n_tiles / 2, (n_tiles / 2) & 1, n_tiles, start, end, prefix_len, prefix_len + r, c, b0, b1, cq, r0, lane, \
+                    wt, sq, k0, k1, pa, ready0, ready1, tm_kv, s_m, s_sc0, s_sc1, st);
+  // each warpgroup runs the full pairs, then the odd last tile alone (HAS_B false), in its own role
+  if (wg == 0) {
+    DDP_PAIRS(wg0_pair)
+  } else {
+    DDP_PAIRS(wg1_pair)
+  }
 #undef DDP_PAIRS
 
-    // epilogue: l = l0 + l1 over both warpgroups, O normalized, lse = m + log2(l) (base 2)
-    const float l0 = quad_sum(st.l0), l1 = quad_sum(st.l1);
-    if ((lane & 3) == 0) {
-      s_l[wg * BM + r0] = l0;
-      s_l[wg * BM + r0 + 8] = l1;
-    }
-    bar_sync(BAR_L, 256);
-    const float lt0 = s_l[r0] + s_l[BM + r0], lt1 = s_l[r0 + 8] + s_l[BM + r0 + 8];
-    const float i0 = 1.f / lt0, i1 = 1.f / lt1;
-    if (wg == 0 && (lane & 3) == 0) {
-      if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = st.m0 + __log2f(lt0);
-      if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = st.m1 + __log2f(lt1);
-    }
-    float* out = o_part + slot * stride_ps + wg * 256 + cq;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      if (g0 < hq)
-        *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
-      if (g1 < hq)
-        *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
-    }
+  // epilogue: l = l0 + l1 over both warpgroups, O normalized, lse = m + log2(l) (base 2)
+  const float l0 = quad_sum(st.l0), l1 = quad_sum(st.l1);
+  if ((lane & 3) == 0) {
+    s_l[wg * BM + r0] = l0;
+    s_l[wg * BM + r0 + 8] = l1;
   }
+  bar_sync(BAR_L, 256);
+  const float lt0 = s_l[r0] + s_l[BM + r0], lt1 = s_l[r0 + 8] + s_l[BM + r0 + 8];
+  const float i0 = 1.f / lt0, i1 = 1.f / lt1;
+  if (wg == 0 && (lane & 3) == 0) {
+    if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = st.m0 + __log2f(lt0);
+    if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = st.m1 + __log2f(lt1);
+  }
+  float* out = o_part + slot * stride_ps + wg * 256 + cq;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    if (g0 < hq)
+      *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
+    if (g1 < hq)
+      *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
+  }
+
 }
 
 }  // namespace
