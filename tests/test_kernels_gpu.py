@@ -330,11 +330,12 @@ def test_tail_config_takes_72_rows_in_one_program():
         assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
 
 
-@pytest.mark.parametrize("fold", [0, 1])
-def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold):
+@pytest.mark.parametrize("fold,merge", [(0, 0), (1, 0), (1, 1), (0, 1)])
+def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold, merge):
     """Host-side (runs anywhere, Triton's compiler and ptxas for sm_90a): the Gluon tail kernel with the arguments
     a plan passes compiles under this Triton (its Gluon names differ from the H200 machine's 3.6: _ws_tail picks
-    them), within the 232,448 B of shared memory a block gets, with wgmma and TMA copies in its PTX."""
+    them), within the 232,448 B of shared memory a block gets, with wgmma and TMA copies in its PTX; with the merge
+    fused (MERGE), one release add on the counter and acquire loads of it (the grid barrier), no local memory."""
     import triton
     from triton.compiler import make_backend
     try:  # the private API this compiles through (checked on Triton 3.9, the CPU's)
@@ -351,10 +352,12 @@ def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold):
     q2, kv = torch.zeros(hq, V + PE, dtype=torch.bfloat16), torch.zeros(n + r, V + PE, dtype=torch.bfloat16)
     p = VerifyPlan(prefix_len=n, tree_mask=torch.eye(r, dtype=torch.bool), prefix_t=torch.tensor([n], dtype=torch.int32))
     o, lse = torch.zeros(10, hq, V), torch.zeros(10, hq)
+    out, counter = torch.zeros(r, h, V, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
     args = (*split_ws._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o, lse, o.stride(0), o.stride(1), p.prefix_t,
-            r, 9, hq, h, 0.1)
+            r, 9, hq, h, 0.1, out, out.stride(0), out.stride(1), counter)
     kw = dict(BLOCK_M=64, BLOCK_N=64, V_DIM=V, PE_DIM=PE, TAIL=split_ws.TAIL, PV_REGS=split_ws.PV_REGS,
-              LOAD_REGS=split_ws.LOAD_REGS, FOLD=fold, num_warps=4)
+              LOAD_REGS=split_ws.LOAD_REGS, FOLD=fold, MERGE=merge, MERGE_S=16, MERGE_C=split_ws.TAIL_MERGE_COLS,
+              num_warps=4)
     tgt = tc.target((9, 0))
     backend = make_backend(tgt)
     bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kw)
@@ -363,6 +366,8 @@ def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold):
     assert k.metadata.shared <= 232448
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert ptx.count("atom.global.gpu.release.add.u64") == merge and ("ld.global.gpu.acquire" in ptx) == bool(merge)
+    assert ".local" not in ptx
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])
@@ -428,7 +433,8 @@ DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "cuda"), (8, "fork", 64, 
                 (1, "chain", 1, torch.float16, {}, "cuda"), (32, "star", 2, torch.bfloat16, dict(tail=1), "tail"),
                 (63, "lopsided", 1, torch.bfloat16, {}, "cuda"), (8, "fork", 8, torch.float16, dict(tail=1), "tail"),
                 (8, "chain", 8, torch.bfloat16, dict(tail=1, fold_tree=0), "tail"),
-                (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail")]
+                (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail"),
+                (8, "fork", 8, torch.bfloat16, dict(tail=1, merge_kind=-2), "tail")]
 
 
 @gpu
@@ -448,8 +454,8 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     tree = torch.eye(r, dtype=torch.bool, device="cuda")
     p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype, tuning=WsTuning(**over))
     assert p.detail.kernel == kernel
-    if kernel == "cuda":
-        assert p.detail.fused, "device plans merge inside the prefix kernel's launch by default"
+    assert p.detail.fused == (over.get("merge_kind", -1) == -1), "the merge is inside the prefix kernel's launch " \
+                                                                   "by default (both kernels), apart with -2"
     m.refresh(p)
     m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
     torch.cuda.synchronize()
