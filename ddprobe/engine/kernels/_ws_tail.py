@@ -294,33 +294,55 @@ def _grid_barrier(Counter, n_programs):
 
 
 @gluon.jit
+def _merge_load(O_part, LSE_part, stride_ps, stride_pq, Hq, it, n_items, parts, live, cols0,
+                SLICES: gl.constexpr, MC: gl.constexpr):
+    """Item ``it``'s lse [MS] and O [MS, MC] tile of every live partial (nothing past n_items): independent loads."""
+    ok = it < n_items
+    row = gl.minimum(it, n_items - 1) // SLICES
+    cols = (it % SLICES) * MC + cols0
+    use = live & ok
+    lse = gl.load(LSE_part + parts * Hq + row, mask=use, other=float("-inf"), cache_modifier=".cg")
+    o = gl.load(O_part + parts[:, None] * stride_ps + row * stride_pq + cols[None, :], mask=use[:, None], other=0.0,
+                cache_modifier=".cg")
+    return lse, o
+
+
+@gluon.jit
+def _merge_store(Out, stride_or, stride_oh, H, lse, o, it, n_items, cols0, SLICES: gl.constexpr, MC: gl.constexpr):
+    """out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) of item ``it`` in Out's dtype (M the row's maximum)."""
+    m = gl.max(lse, axis=0)
+    w = gl.exp2(lse - gl.where(m == float("-inf"), 0.0, m))
+    out = gl.sum(o * w[:, None], axis=0) / gl.sum(w, axis=0)
+    row = gl.minimum(it, n_items - 1) // SLICES
+    cols = (it % SLICES) * MC + cols0
+    gl.store(Out + (row // H) * stride_or + (row % H) * stride_oh + cols, out.to(Out.dtype.element_ty),
+             mask=(cols0 < MC) & (it < n_items))
+
+
+@gluon.jit
 def _merge_share(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Prefix, R, n_splits, n_parts, Hq,
                  H, pid, n_programs, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, FOLD: gl.constexpr,
                  MS: gl.constexpr, MC: gl.constexpr):
     """This program's share of the merge after the grid barrier: items (folded row, MC columns), item i on program
-    i mod grid; per item one [MS partials, MC] tile: out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) in Out's
-    dtype (M the row's maximum). The partials' lse and O loads are independent (the empty splits, whose O was
-    never written, are masked by the split rule itself, _live_bounds), so both are in flight at once."""
+    i mod grid, two items' loads in flight at a time (the merge is bound by how many bytes each SM keeps in flight:
+    docs/kernels.md). The empty splits, whose O was never written, are masked by the split rule itself
+    (_live_bounds), so an item's lse and O loads do not wait for each other."""
     lay: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (MC // 4), MC // 4], [4, 1], [1, 0])
-    s_l: gl.constexpr = gl.SliceLayout(1, lay)
-    c_l: gl.constexpr = gl.SliceLayout(0, lay)
-    parts = gl.arange(0, MS, s_l)
+    parts = gl.arange(0, MS, gl.SliceLayout(1, lay))
     prefix_len = gl.load(Prefix)
     start, end = _live_bounds(parts, n_splits, prefix_len, R, BLOCK_N, FOLD)
     live = (parts < n_parts) & (start < end)
-    cols0 = gl.arange(0, MC, c_l)
-    slices: gl.constexpr = V_DIM // MC
-    for it in range(pid, Hq * slices, n_programs):
-        row = it // slices
-        cols = (it % slices) * MC + cols0
-        lse = gl.load(LSE_part + parts * Hq + row, mask=live, other=float("-inf"), cache_modifier=".cg")
-        o = gl.load(O_part + parts[:, None] * stride_ps + row * stride_pq + cols[None, :], mask=live[:, None],
-                    other=0.0, cache_modifier=".cg")
-        m = gl.max(lse, axis=0)
-        w = gl.exp2(lse - gl.where(m == float("-inf"), 0.0, m))
-        acc = gl.sum(o * w[:, None], axis=0)
-        out = acc / gl.sum(w, axis=0)
-        gl.store(Out + (row // H) * stride_or + (row % H) * stride_oh + cols, out.to(Out.dtype.element_ty))
+    cols0 = gl.arange(0, MC, gl.SliceLayout(0, lay))
+    SLICES: gl.constexpr = V_DIM // MC
+    n_items = Hq * SLICES
+    for it in range(pid, n_items, 2 * n_programs):
+        lse_a, o_a = _merge_load(O_part, LSE_part, stride_ps, stride_pq, Hq, it, n_items, parts, live, cols0,
+                                 SLICES, MC)
+        it_b = it + n_programs
+        lse_b, o_b = _merge_load(O_part, LSE_part, stride_ps, stride_pq, Hq, it_b, n_items, parts, live, cols0,
+                                 SLICES, MC)
+        _merge_store(Out, stride_or, stride_oh, H, lse_a, o_a, it, n_items, cols0, SLICES, MC)
+        _merge_store(Out, stride_or, stride_oh, H, lse_b, o_b, it_b, n_items, cols0, SLICES, MC)
 
 
 @gluon.jit

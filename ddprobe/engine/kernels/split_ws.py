@@ -52,7 +52,7 @@ BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
-TAIL_MERGE_COLS = 32     # columns per item of the tail kernel's fused merge (a [partials, 32] fp32 tile per item)
+TAIL_MERGE_COLS = 64     # columns per item of the tail kernel's fused merge (a [partials, 64] fp32 tile per item)
 TAIL_FROM = 65536  # plan bounds (prefix tokens) from which 65-72 folded rows run the tail kernel by default
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -358,7 +358,7 @@ def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int, out:
             cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E, *merged)
     consts = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS,
                   LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], MERGE=int(out is not None),
-                  MERGE_S=triton.next_power_of_2(cfg["grid_splits"]), MERGE_C=TAIL_MERGE_COLS)
+                  MERGE_S=max(16, triton.next_power_of_2(cfg["grid_splits"])), MERGE_C=TAIL_MERGE_COLS)
     which = "tail" if out is None else "tail+merge"
     k = d.compiled.get(which)
     if k is None:
