@@ -197,7 +197,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
+    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
 
 
 @gluon.jit
@@ -269,12 +269,12 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
     rows = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = HALF + gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out, mask=(rows < Hq)[:, None])
+    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows < Hq)[:, None])
     gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
     out_t = acc_t * (1.0 / l_t)[None, :]
     dims = gl.arange(0, V_DIM, tok_t)
     ptr_t = O_part + pid_s * stride_ps + rows_t[None, :] * stride_pq + dims[:, None]
-    gl.store(ptr_t, out_t, mask=(rows_t < Hq)[None, :])
+    gl.store(ptr_t, out_t.to(O_part.dtype.element_ty), mask=(rows_t < Hq)[None, :])
 
 
 @gluon.jit
@@ -327,7 +327,8 @@ def _merge_share(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_
     i mod grid, two items' loads in flight at a time (the merge is bound by how many bytes each SM keeps in flight:
     docs/kernels.md). The empty splits, whose O was never written, are masked by the split rule itself
     (_live_bounds), so an item's lse and O loads do not wait for each other."""
-    lay: gl.constexpr = gl.BlockedLayout([1, 4], [32 // (MC // 4), MC // 4], [4, 1], [1, 0])
+    VEC: gl.constexpr = 128 // O_part.dtype.element_ty.primitive_bitwidth  # 16-byte loads
+    lay: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (MC // VEC), MC // VEC], [4, 1], [1, 0])
     parts = gl.arange(0, MS, gl.SliceLayout(1, lay))
     prefix_len = gl.load(Prefix)
     start, end = _live_bounds(parts, n_splits, prefix_len, R, BLOCK_N, FOLD)
@@ -341,8 +342,8 @@ def _merge_share(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_
         it_b = it + n_programs
         lse_b, o_b = _merge_load(O_part, LSE_part, stride_ps, stride_pq, Hq, it_b, n_items, parts, live, cols0,
                                  SLICES, MC)
-        _merge_store(Out, stride_or, stride_oh, H, lse_a, o_a, it, n_items, cols0, SLICES, MC)
-        _merge_store(Out, stride_or, stride_oh, H, lse_b, o_b, it_b, n_items, cols0, SLICES, MC)
+        _merge_store(Out, stride_or, stride_oh, H, lse_a, o_a.to(gl.float32), it, n_items, cols0, SLICES, MC)
+        _merge_store(Out, stride_or, stride_oh, H, lse_b, o_b.to(gl.float32), it_b, n_items, cols0, SLICES, MC)
 
 
 @gluon.jit
@@ -401,7 +402,9 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
     tree part as split index n_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written). Prefix: the [1]
     int32 live prefix length (at most the bound the grid and the descriptors were sized for). MERGE: then the grid
     barrier on Counter and this program's share of the merge into Out [R, H, V_DIM] (MERGE_S: the partials, padded
-    to a power of two; MERGE_C columns per item); else Out, its strides and Counter are unused."""
+    to a power of two; MERGE_C columns per item); else Out, its strides and Counter are unused. O_part: fp32, or
+    (fused plans) kv's 16-bit dtype: a partial is a convex combination of V rows, so it is within that dtype's
+    range, and the partials' write and the merge's read move half the bytes."""
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * (BLOCK_M + TAIL)

@@ -52,6 +52,7 @@ BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
+TAIL_FUSE = True  # fused plans exist (_fusable); False: the tail kernel's merge is always its own launch
 TAIL_MERGE_COLS = 64     # columns per item of the tail kernel's fused merge (a [partials, 64] fp32 tile per item)
 TAIL_FROM = 65536  # plan bounds (prefix tokens) from which 65-72 folded rows run the tail kernel by default
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
@@ -190,6 +191,7 @@ class WsPlan:
     fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out), or the
                                 # tail kernel's MERGE variant, after its grid barrier on ``counter``)
     counter: Any = None         # the tail kernel's grid-barrier counter ([1] int64, monotonic) when fused
+    o16: Any = None             # then also its partial outputs in q's 16-bit dtype (the fused launch's O_part)
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, and both
                                 # tensors' device index, Tensor.get_device: cheaper than building torch.device)
     index: int = -1             # the CUDA device's index
@@ -231,9 +233,10 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     cfg = config(p.prefix_len, hq, sms, t)
     parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
     merger = _merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms)
-    launcher, counter = None, None
+    launcher, counter, o16 = None, None, None
     if kernel == "tail" and _fusable(t, cfg, sms):
-        counter = torch.zeros(1, dtype=torch.int64, device=dev)
+        counter, o16 = torch.zeros(1, dtype=torch.int64, device=dev), torch.empty(parts[0].shape, dtype=dtype,
+                                                                                   device=dev)
     if kernel == "cuda":
         fuse = cfg["grid_splits"] if merger is not None and t.merge_kind == -1 else 0
         try:
@@ -247,7 +250,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
                    compiled={},
                    merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher,
                    merger=merger, fused=launcher.fused if launcher is not None else counter is not None,
-                   counter=counter,
+                   counter=counter, o16=o16,
                    signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
                    index=dev.index if dev.index is not None else -1)
 
@@ -257,7 +260,7 @@ def _fusable(t: WsTuning, cfg: dict, sms: int) -> bool:
     knob) and a grid of one wave (at most one program per SM: its 226 KB of shared memory allow no second, and
     choose_config sizes the grid to the SM count), where no MPS thread percentage below 100 limits the SMs (the
     grid barrier would wait for programs that never start); else the merge is its own launch."""
-    return (t.merge_kind == -1 and not triton_merge(t) and cfg["n_qb"] * cfg["grid_splits"] <= sms
+    return (TAIL_FUSE and t.merge_kind == -1 and not triton_merge(t) and cfg["n_qb"] * cfg["grid_splits"] <= sms
             and not _cu._mps_limited())
 
 
@@ -345,6 +348,8 @@ def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int, out:
     from ._ws_tail import ws_tail_kernel
 
     cfg, (o_part, lse_part) = d.cfg, d.partials
+    if out is not None:  # the fused launch writes its partial outputs in 16 bits (_ws_tail.ws_tail_kernel)
+        o_part = d.o16
     hq, dim = q2.shape
     key = (q2.data_ptr(), q2.stride(0), hq, kv.data_ptr(), kv.stride(0))
     descs = d.descs.get(key)
