@@ -330,12 +330,11 @@ def test_tail_config_takes_72_rows_in_one_program():
         assert split_ws.config(131072, hq, 132, t) == split_ws.config(131072, hq, 132, split_ws.WsTuning(tail=0))
 
 
-@pytest.mark.parametrize("fold,merge", [(0, 0), (1, 0), (1, 1), (0, 1)])
-def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold, merge):
+@pytest.mark.parametrize("fold", [0, 1])
+def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold):
     """Host-side (runs anywhere, Triton's compiler and ptxas for sm_90a): the Gluon tail kernel with the arguments
     a plan passes compiles under this Triton (its Gluon names differ from the H200 machine's 3.6: _ws_tail picks
-    them), within the 232,448 B of shared memory a block gets, with wgmma and TMA copies in its PTX; with the merge
-    fused (MERGE), one release add on the counter and acquire loads of it (the grid barrier), no local memory."""
+    them), within the 232,448 B of shared memory a block gets, with wgmma and TMA copies in its PTX."""
     import triton
     from triton.compiler import make_backend
     try:  # the private API this compiles through (checked on Triton 3.9, the CPU's)
@@ -351,13 +350,11 @@ def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold, merge):
     hq, h, r, n = 72, 8, 9, 4000
     q2, kv = torch.zeros(hq, V + PE, dtype=torch.bfloat16), torch.zeros(n + r, V + PE, dtype=torch.bfloat16)
     p = VerifyPlan(prefix_len=n, tree_mask=torch.eye(r, dtype=torch.bool), prefix_t=torch.tensor([n], dtype=torch.int32))
-    o, lse = torch.zeros(10, hq, V, dtype=torch.bfloat16 if merge else torch.float32), torch.zeros(10, hq)
-    out, counter = torch.zeros(r, h, V, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.int64)
+    o, lse = torch.zeros(10, hq, V), torch.zeros(10, hq)
     args = (*split_ws._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o, lse, o.stride(0), o.stride(1), p.prefix_t,
-            r, 9, hq, h, 0.1, out, out.stride(0), out.stride(1), counter)
+            r, 9, hq, h, 0.1)
     kw = dict(BLOCK_M=64, BLOCK_N=64, V_DIM=V, PE_DIM=PE, TAIL=split_ws.TAIL, PV_REGS=split_ws.PV_REGS,
-              LOAD_REGS=split_ws.LOAD_REGS, FOLD=fold, MERGE=merge, MERGE_S=16, MERGE_C=split_ws.TAIL_MERGE_COLS,
-              num_warps=4)
+              LOAD_REGS=split_ws.LOAD_REGS, FOLD=fold, num_warps=4)
     tgt = tc.target((9, 0))
     backend = make_backend(tgt)
     bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kw)
@@ -366,8 +363,6 @@ def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold, merge):
     assert k.metadata.shared <= 232448
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-    assert ptx.count("atom.global.gpu.release.add.u64") == merge and ("ld.global.gpu.acquire" in ptx) == bool(merge)
-    assert ".local" not in ptx
 
 
 @pytest.mark.parametrize("fold", [0, 1, -1])
@@ -433,8 +428,7 @@ DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "cuda"), (8, "fork", 64, 
                 (1, "chain", 1, torch.float16, {}, "cuda"), (32, "star", 2, torch.bfloat16, dict(tail=1), "tail"),
                 (63, "lopsided", 1, torch.bfloat16, {}, "cuda"), (8, "fork", 8, torch.float16, dict(tail=1), "tail"),
                 (8, "chain", 8, torch.bfloat16, dict(tail=1, fold_tree=0), "tail"),
-                (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail"),
-                (8, "fork", 8, torch.bfloat16, dict(tail=1, merge_kind=-2), "tail")]
+                (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail")]
 
 
 @gpu
@@ -445,7 +439,6 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     in place before each replay, every cache row past prefix + R and the partial buffers poisoned with NaN; each
     replay equals the fp32 reference at that length. Both kernels device plans run: the CUDA seesaw and the Gluon
     tail kernel (each derives its chunk from the live length on the device)."""
-    from ddprobe.engine.kernels import split_ws
     from ddprobe.engine.kernels.split_ws import WsTuning
     max_prefix, r = 20000, budget + 1
     m = get_path("split_ws")
@@ -455,8 +448,8 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     tree = torch.eye(r, dtype=torch.bool, device="cuda")
     p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype, tuning=WsTuning(**over))
     assert p.detail.kernel == kernel
-    assert p.detail.fused == (over.get("merge_kind", -1) == -1 and (kernel == "cuda" or split_ws.TAIL_FUSE)), \
-        "the merge is inside the prefix kernel's launch by default, apart with -2"
+    if kernel == "cuda":
+        assert p.detail.fused, "device plans merge inside the prefix kernel's launch by default"
     m.refresh(p)
     m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
     torch.cuda.synchronize()
@@ -470,7 +463,7 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
         tree.copy_(mask)
         kv.fill_(float("nan"))
         kv[: n + r] = rows[: n + r]
-        for buf in (*p.detail.partials, *((p.detail.o16,) if p.detail.o16 is not None else ())):
+        for buf in p.detail.partials:
             buf.fill_(float("nan"))
         g.replay()
         ref = reference.run(q, kv, reference.plan(n, mask, None, V), 0.0722)

@@ -197,7 +197,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
 
 
 @gluon.jit
@@ -269,93 +269,35 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
     rows = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = HALF + gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows < Hq)[:, None])
+    gl.store(ptr, out, mask=(rows < Hq)[:, None])
     gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
     out_t = acc_t * (1.0 / l_t)[None, :]
     dims = gl.arange(0, V_DIM, tok_t)
     ptr_t = O_part + pid_s * stride_ps + rows_t[None, :] * stride_pq + dims[:, None]
-    gl.store(ptr_t, out_t.to(O_part.dtype.element_ty), mask=(rows_t < Hq)[None, :])
+    gl.store(ptr_t, out_t, mask=(rows_t < Hq)[None, :])
 
 
 @gluon.jit
-def _grid_barrier(Counter, n_programs):
-    """Every program arrives once on the plan's 64-bit counter (release), then waits (acquire) until it reaches the
-    next multiple of the grid size: the CUDA kernel's grid_barrier. The counter only grows (no reset between
-    launches or graph replays); the grid is one wave (split_ws._fusable), so no waiting program holds an SM another
-    one needs. The atomics on a scalar run on one thread, their result shared with the others."""
-    _sync_warps()  # the program's partials are written (the warpgroups joined at the end of warp_specialize)
-    old = gl.atomic_add(Counter, 1, sem="release", scope="gpu")
-    n = n_programs.to(gl.int64)
-    target = (old // n + 1) * n
-    now = old + 1
-    while now < target:
-        now = gl.atomic_add(Counter, 0, sem="acquire", scope="gpu")
-    _sync_warps()
-
-
-@gluon.jit
-def _merge_load(O_part, LSE_part, stride_ps, stride_pq, Hq, it, n_items, parts, live, cols0,
-                SLICES: gl.constexpr, MC: gl.constexpr):
-    """Item ``it``'s lse [MS] and O [MS, MC] tile of every live partial (nothing past n_items): independent loads."""
-    ok = it < n_items
-    row = gl.minimum(it, n_items - 1) // SLICES
-    cols = (it % SLICES) * MC + cols0
-    use = live & ok
-    lse = gl.load(LSE_part + parts * Hq + row, mask=use, other=float("-inf"), cache_modifier=".cg")
-    o = gl.load(O_part + parts[:, None] * stride_ps + row * stride_pq + cols[None, :], mask=use[:, None], other=0.0,
-                cache_modifier=".cg")
-    return lse, o
-
-
-@gluon.jit
-def _merge_store(Out, stride_or, stride_oh, H, lse, o, it, n_items, cols0, SLICES: gl.constexpr, MC: gl.constexpr):
-    """out = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) of item ``it`` in Out's dtype (M the row's maximum)."""
-    m = gl.max(lse, axis=0)
-    w = gl.exp2(lse - gl.where(m == float("-inf"), 0.0, m))
-    out = gl.sum(o * w[:, None], axis=0) / gl.sum(w, axis=0)
-    row = gl.minimum(it, n_items - 1) // SLICES
-    cols = (it % SLICES) * MC + cols0
-    gl.store(Out + (row // H) * stride_or + (row % H) * stride_oh + cols, out.to(Out.dtype.element_ty),
-             mask=(cols0 < MC) & (it < n_items))
-
-
-@gluon.jit
-def _merge_share(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Prefix, R, n_splits, n_parts, Hq,
-                 H, pid, n_programs, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, FOLD: gl.constexpr,
-                 MS: gl.constexpr, MC: gl.constexpr):
-    """This program's share of the merge after the grid barrier: items (folded row, MC columns), item i on program
-    i mod grid, two items' loads in flight at a time (the merge is bound by how many bytes each SM keeps in flight:
-    docs/kernels.md). The empty splits, whose O was never written, are masked by the split rule itself
-    (_live_bounds), so an item's lse and O loads do not wait for each other."""
-    VEC: gl.constexpr = 128 // O_part.dtype.element_ty.primitive_bitwidth  # 16-byte loads
-    lay: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // (MC // VEC), MC // VEC], [4, 1], [1, 0])
-    parts = gl.arange(0, MS, gl.SliceLayout(1, lay))
-    prefix_len = gl.load(Prefix)
-    start, end = _live_bounds(parts, n_splits, prefix_len, R, BLOCK_N, FOLD)
-    live = (parts < n_parts) & (start < end)
-    cols0 = gl.arange(0, MC, gl.SliceLayout(0, lay))
-    SLICES: gl.constexpr = V_DIM // MC
-    n_items = Hq * SLICES
-    for it in range(pid, n_items, 2 * n_programs):
-        lse_a, o_a = _merge_load(O_part, LSE_part, stride_ps, stride_pq, Hq, it, n_items, parts, live, cols0,
-                                 SLICES, MC)
-        it_b = it + n_programs
-        lse_b, o_b = _merge_load(O_part, LSE_part, stride_ps, stride_pq, Hq, it_b, n_items, parts, live, cols0,
-                                 SLICES, MC)
-        _merge_store(Out, stride_or, stride_oh, H, lse_a, o_a.to(gl.float32), it, n_items, cols0, SLICES, MC)
-        _merge_store(Out, stride_or, stride_oh, H, lse_b, o_b.to(gl.float32), it_b, n_items, cols0, SLICES, MC)
-
-
-@gluon.jit
-def _tail_prefix(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps, stride_pq,
-                 q0, pid_s, start, end, prefix_len, R, Hq, H, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 V_DIM: gl.constexpr, PE_DIM: gl.constexpr, TAIL: gl.constexpr, PV_REGS: gl.constexpr,
-                 LOAD_REGS: gl.constexpr):
-    """One live split's partial: the shared memory, the barriers and the three partitions."""
+def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps,
+                   stride_pq, Prefix, R, n_splits, Hq, H, qk_scale,
+                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
+                   TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr):
+    """Grid (1, n_splits) with FOLD (the last split also takes the R tree columns), else (1, n_splits + 1) with the
+    tree part as split index n_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written). Prefix: the [1]
+    int32 live prefix length (at most the bound the grid and the descriptors were sized for)."""
     STAGES: gl.constexpr = 2
+    pid_q = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    q0 = pid_q * (BLOCK_M + TAIL)
+    prefix_len = gl.load(Prefix)
+    start, end = _live_bounds(pid_s, n_splits, prefix_len, R, BLOCK_N, FOLD)
+    if start >= end:
+        _mark_empty(LSE_part, pid_s, q0, Hq, BLOCK_M + TAIL)
+        return
     n_tiles = gl.cdiv(end - start, BLOCK_N)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
+
     q_lat_s = gl.allocate_shared_memory(dt, [BLOCK_M, V_DIM], q_lat_d.layout)
     q_pe_s = gl.allocate_shared_memory(dt, [BLOCK_M, PE_DIM], q_pe_d.layout)
     qt_lat_s = gl.allocate_shared_memory(dt, [1, TAIL, V_DIM], qt_lat_d.layout)
@@ -390,35 +332,3 @@ def _tail_prefix(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_pa
         (_tl_loader, (q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, qt_lat_s, qt_pe_s,
                       k_lat_s, k_pe_s, q_bar, kv_ready, kv_free, q0, start, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
     ], [4, 1], [PV_REGS, LOAD_REGS])
-
-
-@gluon.jit
-def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps,
-                   stride_pq, Prefix, R, n_splits, Hq, H, qk_scale, Out, stride_or, stride_oh, Counter,
-                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
-                   TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr,
-                   MERGE: gl.constexpr, MERGE_S: gl.constexpr, MERGE_C: gl.constexpr):
-    """Grid (1, n_splits) with FOLD (the last split also takes the R tree columns), else (1, n_splits + 1) with the
-    tree part as split index n_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written). Prefix: the [1]
-    int32 live prefix length (at most the bound the grid and the descriptors were sized for). MERGE: then the grid
-    barrier on Counter and this program's share of the merge into Out [R, H, V_DIM] (MERGE_S: the partials, padded
-    to a power of two; MERGE_C columns per item); else Out, its strides and Counter are unused. O_part: fp32, or
-    (fused plans) kv's 16-bit dtype: a partial is a convex combination of V rows, so it is within that dtype's
-    range, and the partials' write and the merge's read move half the bytes."""
-    pid_q = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    q0 = pid_q * (BLOCK_M + TAIL)
-    prefix_len = gl.load(Prefix)
-    start, end = _live_bounds(pid_s, n_splits, prefix_len, R, BLOCK_N, FOLD)
-    if start < end:
-        _tail_prefix(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps,
-                     stride_pq, q0, pid_s, start, end, prefix_len, R, Hq, H, qk_scale, BLOCK_M, BLOCK_N, V_DIM,
-                     PE_DIM, TAIL, PV_REGS, LOAD_REGS)
-    else:
-        _mark_empty(LSE_part, pid_s, q0, Hq, BLOCK_M + TAIL)
-    if MERGE:
-        n_programs = gl.num_programs(0) * gl.num_programs(1)
-        _grid_barrier(Counter, n_programs)
-        _merge_share(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Prefix, R, n_splits,
-                     gl.num_programs(1), Hq, H, pid_s * gl.num_programs(0) + pid_q, n_programs, BLOCK_N, V_DIM, FOLD,
-                     MERGE_S, MERGE_C)

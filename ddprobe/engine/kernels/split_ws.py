@@ -52,8 +52,6 @@ BLOCK_M = 64     # query rows per program (one warpgroup's wgmma M)
 BLOCK_N = 64     # KV tokens per tile
 TAIL = 8         # rows beyond 64 that the _ws_tail kernel takes on warpgroup 1 (shared memory allows 8: 232,384 B)
 TAIL_MERGE_ROWS = 8      # merge rows per program behind it (129 partials: 8.0 us against 10.0 with 16)
-TAIL_FUSE = True  # fused plans exist (_fusable); False: the tail kernel's merge is always its own launch
-TAIL_MERGE_COLS = 64     # columns per item of the tail kernel's fused merge (a [partials, 64] fp32 tile per item)
 TAIL_FROM = 65536  # plan bounds (prefix tokens) from which 65-72 folded rows run the tail kernel by default
 PV_REGS = 232    # registers per thread of warpgroup 1 (setmaxnreg)
 LOAD_REGS = 40   # registers per thread of the loader warp
@@ -188,10 +186,7 @@ class WsPlan:
     merge: dict | None = None   # the Triton merge's config (merge.merge_config), when ``merger`` is None
     launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
     merger: Any = None          # _cu.MergeLauncher of the CUDA merge
-    fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out), or the
-                                # tail kernel's MERGE variant, after its grid barrier on ``counter``)
-    counter: Any = None         # the tail kernel's grid-barrier counter ([1] int64, monotonic) when fused
-    o16: Any = None             # then also its partial outputs in q's 16-bit dtype (the fused launch's O_part)
+    fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out))
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, and both
                                 # tensors' device index, Tensor.get_device: cheaper than building torch.device)
     index: int = -1             # the CUDA device's index
@@ -233,10 +228,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     cfg = config(p.prefix_len, hq, sms, t)
     parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
     merger = _merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms)
-    launcher, counter, o16 = None, None, None
-    if kernel == "tail" and _fusable(t, cfg, sms):
-        counter, o16 = torch.zeros(1, dtype=torch.int64, device=dev), torch.empty(parts[0].shape, dtype=dtype,
-                                                                                   device=dev)
+    launcher = None
     if kernel == "cuda":
         fuse = cfg["grid_splits"] if merger is not None and t.merge_kind == -1 else 0
         try:
@@ -249,19 +241,9 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts, descs={},
                    compiled={},
                    merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher,
-                   merger=merger, fused=launcher.fused if launcher is not None else counter is not None,
-                   counter=counter, o16=o16,
+                   merger=merger, fused=launcher is not None and launcher.fused,
                    signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
                    index=dev.index if dev.index is not None else -1)
-
-
-def _fusable(t: WsTuning, cfg: dict, sms: int) -> bool:
-    """Whether the tail kernel merges inside its own launch: the default merge (merge_kind -1, no Triton merge
-    knob) and a grid of one wave (at most one program per SM: its 226 KB of shared memory allow no second, and
-    choose_config sizes the grid to the SM count), where no MPS thread percentage below 100 limits the SMs (the
-    grid barrier would wait for programs that never start); else the merge is its own launch."""
-    return (TAIL_FUSE and t.merge_kind == -1 and not triton_merge(t) and cfg["n_qb"] * cfg["grid_splits"] <= sms
-            and not _cu._mps_limited())
 
 
 def triton_merge(t: WsTuning) -> bool:
@@ -337,19 +319,16 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
             desc(kv, [rows, v], [BLOCK_N, v]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
 
 
-def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int, out: torch.Tensor | None = None):
+def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
     """The Gluon tail kernel on d's grid (it reads the live length from p.prefix_t and derives its chunk on the
     device, host and device plans alike); returns the compiled kernel. The tensor descriptors are built on first
     sight of q2 and kv; the first launch goes through Triton's JIT (compiling or finding the kernel for the plan's
     fixed shapes), later ones straight to the compiled kernel's launcher (the JIT's argument binding and cache
     lookup are most of an eager call's host time; the specialization cannot change within a plan: its integers
-    are fixed and q2 and kv are 16-byte aligned). ``out`` (fused plans only): the merge runs inside the launch,
-    after the grid barrier on the plan's counter (the MERGE variant, compiled on its first launch)."""
+    are fixed and q2 and kv are 16-byte aligned)."""
     from ._ws_tail import ws_tail_kernel
 
     cfg, (o_part, lse_part) = d.cfg, d.partials
-    if out is not None:  # the fused launch writes its partial outputs in 16 bits (_ws_tail.ws_tail_kernel)
-        o_part = d.o16
     hq, dim = q2.shape
     key = (q2.data_ptr(), q2.stride(0), hq, kv.data_ptr(), kv.stride(0))
     descs = d.descs.get(key)
@@ -358,16 +337,13 @@ def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int, out:
             d.descs.clear()
         descs = d.descs[key] = _descs(q2, kv, p)
     grid = (cfg["n_qb"], cfg["grid_splits"], 1)
-    merged = (out, out.stride(0), out.stride(1), d.counter) if out is not None else (o_part, 0, 0, d.bits)
     args = (*descs, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
-            cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E, *merged)
+            cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E)
     consts = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS,
-                  LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], MERGE=int(out is not None),
-                  MERGE_S=max(16, triton.next_power_of_2(cfg["grid_splits"])), MERGE_C=TAIL_MERGE_COLS)
-    which = "tail" if out is None else "tail+merge"
-    k = d.compiled.get(which)
+                  LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"])
+    k = d.compiled.get("tail")
     if k is None:
-        k = d.compiled[which] = ws_tail_kernel[grid](*args, **consts, num_warps=4)
+        k = d.compiled["tail"] = ws_tail_kernel[grid](*args, **consts, num_warps=4)
     else:  # every argument, the constexprs included, in the kernel's order (what the JIT hands the launcher)
         k[grid](*args, *(consts[n] for n in ws_tail_kernel.arg_names[len(args):]), stream=_cu.stream_of(d.index))
     return k
@@ -404,10 +380,10 @@ def _check_kv_rows(kv: torch.Tensor) -> None:
 
 
 def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None,
-                  d: WsPlan | None = None, out: torch.Tensor | None = None):
+                  d: WsPlan | None = None):
     """Check the inputs (unless ``d``, the WsPlan check_inputs gave for them, is passed) and launch the prefix
     kernel; returns (WsPlan, number of prefix partials n): the merge combines partials 0 .. n - 1 with the tree
-    part's at index n. ``out`` (a fused tail plan only): the tail kernel also merges into it."""
+    part's at index n."""
     d = check_inputs(q, kv, p) if d is None else d
     r, h, dim = q.shape
     q2 = q.reshape(r * h, dim)  # row hq = r * H + h
@@ -423,11 +399,11 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
             with torch.cuda.device(dev):
                 info = d.launcher(q2, kv, sm_scale * LOG2E, _cu.stream_of(dev))
     elif d.index == torch.cuda.current_device():
-        k = _launch_tail(q2, kv, p, d, sm_scale, h, out)
+        k = _launch_tail(q2, kv, p, d, sm_scale, h)
         info = kernel_meta(k) if meta is not None else None
     else:
         with torch.cuda.device(d.index):
-            k = _launch_tail(q2, kv, p, d, sm_scale, h, out)
+            k = _launch_tail(q2, kv, p, d, sm_scale, h)
         info = kernel_meta(k) if meta is not None else None
     if meta is not None:
         meta["prefix"] = info
@@ -483,13 +459,8 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
             d.launcher(q, kv, sm_scale * LOG2E, stream)
             d.merger(out, stream)
         return out
-    out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
-    if d.fused and d.kernel == "tail":  # one launch: the tail kernel merges after its grid barrier
-        launch_prefix(q, kv, p, sm_scale, meta, d, out)
-        if meta is not None:
-            meta["merge"] = {"merge": "fused", "partials": d.cfg["grid_splits"]}
-        return out
     d, n_splits = launch_prefix(q, kv, p, sm_scale, meta, d)
+    out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
     if d.merger is not None:
         return _cuda_merge(d, out, meta)
     return launch_triton_merge(d.partials, n_splits, out, d.merge, meta=meta)
