@@ -258,9 +258,9 @@ def test_default_runs_the_chosen_kernel_at_every_head_count(heads, dtype, ctx, k
 @gpu
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "first-call-captured"])
 def test_cuda_seesaw_captured_with_a_plan_built_without_heads(warm):
-    """A plan built without ``heads`` (the engine's eager plans) has no work list of its own: the first call
-    builds one from pinned memory without blocking, so the capture holds it even when that first call is
-    inside the capture; replays with new cache contents equal the reference."""
+    """A plan built without ``heads`` (the engine's eager plans) is completed by its first call (kernel, grid,
+    partials, launcher) without blocking, so the capture holds it even when that first call is inside the capture;
+    replays with new cache contents equal the reference."""
     m = get_path("split_ws")
     q, kv, mask = make_inputs(9000, 8, "lopsided", 64, torch.bfloat16)
     p = m.plan(9000, mask, None, V)

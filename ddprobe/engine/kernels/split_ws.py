@@ -139,7 +139,7 @@ def choose_config(prefix_len: int, hq: int, sms: int, min_chunk: int = 64, fold_
 
 
 def grid_piece(g: int, n_qb: int, grid_splits: int, fold: int, prefix_len: int, r: int) -> tuple[int, int, int, int]:
-    """Host mirror of the CUDA kernel's grid without a work list (device plans): program g's (row block, first
+    """Host mirror of the CUDA kernel's row-block x split grid (host and device plans): program g's (row block, first
     column, end column, slot) at live length ``prefix_len``; start == end: an empty split (lse -inf, exits)."""
     rb, slot = g % n_qb, g // n_qb
     ns = grid_splits - 1 + fold
