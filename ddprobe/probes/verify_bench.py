@@ -248,11 +248,15 @@ class Bench:
         for name, over in self._entries(ctx, heads):
             if "bound" in over:
                 try:
-                    b = plan_bound(self.kernels.get_path(name), name, over)
+                    b = plan_bound(self.kernels.get_path(name), name, self._both(name, over))
                 except self.kernels.PathUnavailable:
                     continue
                 most = max(most, b + self.opts.budget + 1)
         return most
+
+    def _both(self, name: str, over: dict) -> dict:
+        """An entry's overrides over the path's run-wide --tune: what its plan kind and bound are read from."""
+        return {**self.opts.tune.get(name, {}), **over}
 
     def _runner(self, name: str, over: dict, ctx: int, heads: int, mask, slots, rec: dict):
         """(fn(q, kv, meta=None), the reference it is checked against: "tree", "paged" (the tree over the shuffled
@@ -276,8 +280,8 @@ class Bench:
             raise peers.PeerUnavailable(str(e)) from None
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
-        both = {**o.tune.get(name, {}), **over}
-        kind, bound = plan_kind(path, name, both), plan_bound(path, name, over)
+        both = self._both(name, over)
+        kind, bound = plan_kind(path, name, both), plan_bound(path, name, both)
         pl = engine_plan(self.torch, path, kind, ctx, mask, slots if paged else None, sh.v_dim, tun, heads, bound)
         rec.update(plan=kind, kernel=kernel_of(name, pl), tuning=dataclasses.asdict(tun))
         if bound is not None:
