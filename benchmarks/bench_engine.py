@@ -310,7 +310,7 @@ def engine_weight_floor(eng: Engine, bw_Bps: float) -> dict:
     """The weights one k2 verify step reads besides the KV, as the step model counts them (``ddprobe.step_model``,
     through ``engine_backend.target_step_weights``: the target's weights, routed experts as 9 rows touch them; the
     drafter is not counted), and their floor at ``bw_Bps``."""
-    from ddprobe.probes.engine_backend import target_step_weights
+    from ddprobe.probes.backends.engine import target_step_weights
     from ddprobe.shapes import dtype_name
 
     w = target_step_weights(eng.config.target, eng.budget + 1, dtype_name(eng.dtype))
@@ -321,7 +321,7 @@ def engine_weight_floor(eng: Engine, bw_Bps: float) -> dict:
 
 def run_anatomy(a, out: dict, save) -> None:
     """k2 (MoE), split, graphs, one capture at the longest context; per context: step, kernel classes."""
-    from ddprobe.probes.anatomy import fit_anatomy
+    from ddprobe.probes.bench.anatomy import fit_anatomy
     from ddprobe.shapes import gpu_spec_for
 
     ctxs = sorted(parse_tokens(c) for c in a.ctxs.split(","))

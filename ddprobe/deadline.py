@@ -1,7 +1,7 @@
 """A deadline over a whole answer (stdlib only): the socket timeouts of ``requests`` and ``urllib`` bound each
 read, not the answer, so a server sending a byte a second holds a client for as long as it likes.
 ``within(fn, seconds)`` runs ``fn`` in a daemon thread and gives up at the deadline (``Late``); the thread is
-left to end when its socket does (the caller's session is then not reused: see ``probes.http``)."""
+left to end when its socket does (the caller's session is then not reused: see ``probes.backends.http``)."""
 from __future__ import annotations
 
 import threading

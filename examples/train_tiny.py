@@ -100,7 +100,7 @@ def main() -> int:
         """Teacher-forced copy accuracy of the target on the repeats of held-out rosters (64 names x 4) and on the
         probe's recall layout at 1k tokens (after the cue)."""
         from ddprobe.probes.commit import prompt_ids
-        from ddprobe.probes.engine_backend import EngineBackend
+        from ddprobe.probes.backends.engine import EngineBackend
 
         t = eng.target
         with torch.no_grad():
@@ -161,9 +161,9 @@ def main() -> int:
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
     # the long-context check on the same device: commit length per text kind and context, both dtypes
-    from ddprobe.probes.backends import GenStats
+    from ddprobe.probes.backends.base import GenStats
     from ddprobe.probes.commit import prompt_ids, recall_copied
-    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.backends.engine import EngineBackend
 
     ctxs = [int(c) for c in args.eval_ctx.split(",") if c]
     evals = []

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddprobe.cli import app
-from ddprobe.probes.allreduce import load_allreduce, step_messages
+from ddprobe.probes.bench.allreduce import load_allreduce, step_messages
 from ddprobe.results import Result, RunMeta
 from ddprobe.units import DDProbeError
 
@@ -115,7 +115,7 @@ def test_bad_input_one_line_nothing_written(tmp_path, args, says):
 
 
 def test_a_run_past_its_timeout_stops_in_one_line_and_writes_nothing(tmp_path):
-    from ddprobe.probes.allreduce import AllreduceOptions, run_allreduce
+    from ddprobe.probes.bench.allreduce import AllreduceOptions, run_allreduce
     from ddprobe.results import ResultWriter
 
     out = tmp_path / "ar.json"

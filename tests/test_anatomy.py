@@ -2,7 +2,7 @@
 714 ms at 128k, 1430 ms at 185k on 8x RTX PRO 6000, Kimi K2.6, tp 8) decomposed."""
 import pytest
 
-from ddprobe.probes.anatomy import fit_anatomy, fit_line, steps_from_result
+from ddprobe.probes.bench.anatomy import fit_anatomy, fit_line, steps_from_result
 from ddprobe.units import DDProbeError
 
 K, KV_TOK = 1024, 61 * 576 * 2  # 70,272 bytes per token per GPU (MLA: the whole latent on every GPU)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from ddprobe.probes.backends import BackendError
-from ddprobe.probes.sglang import SGLangBackend
-from ddprobe.probes.vllm import VLLMBackend, parse_metrics
+from ddprobe.probes.backends.base import BackendError
+from ddprobe.probes.backends.sglang import SGLangBackend
+from ddprobe.probes.backends.vllm import VLLMBackend, parse_metrics
 
 DATA = Path(__file__).parent / "data" / "recorded"
 SGLANG_13754 = json.loads((DATA / "sglang-pr13754-generate.json").read_text())

@@ -280,8 +280,8 @@ def test_fp16_on_the_cpu_decodes_what_fp32_decodes():
     """The tiny preset's trained weights in fp16 on the CPU: the same greedy tokens as fp32 (they were all id 0
     before the norm's variance moved to fp32), and no cell flagged."""
     from ddprobe.probes.commit import prompt_ids
-    from ddprobe.probes.engine_backend import EngineBackend
-    from ddprobe.probes.sanity import suspect
+    from ddprobe.probes.backends.engine import EngineBackend
+    from ddprobe.probes.backends.sanity import suspect
 
     outs = {}
     for dtype in ("fp32", "fp16"):
@@ -299,8 +299,8 @@ def test_broken_weights_flag_the_cell(tmp_path):
     import torch
 
     from ddprobe.probes.commit import run_commit_probe
-    from ddprobe.probes.engine_backend import EngineBackend
-    from ddprobe.probes.sanity import suspect_notes
+    from ddprobe.probes.backends.engine import EngineBackend
+    from ddprobe.probes.backends.sanity import suspect_notes
     from ddprobe.results import Result, ResultWriter, RunMeta
 
     be = EngineBackend(dtype="fp32", device="cpu", max_ctx=1024, threads=1)
@@ -327,7 +327,7 @@ def test_broken_weights_flag_the_cell(tmp_path):
 
 
 def test_healthy_cells_are_not_flagged():
-    from ddprobe.probes.sanity import logits_problem, suspect
+    from ddprobe.probes.backends.sanity import logits_problem, suspect
 
     import torch
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from ddprobe.probes.engine_backend import EngineBackend
+from ddprobe.probes.backends.engine import EngineBackend
 
 uvicorn = pytest.importorskip("uvicorn")
 from test_server import Served  # noqa: E402  (the app in a uvicorn thread on a free port)
@@ -107,7 +107,7 @@ def test_server_commands_table(srv, tmp_path, command, code, pattern):
 
 
 def test_server_url_normalization():
-    from ddprobe.probes.http import server_root
+    from ddprobe.probes.backends.http import server_root
 
     for given in ("http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/"):
         assert server_root(given) == "http://h:8000"
@@ -473,7 +473,7 @@ def test_impossible_numbers_from_a_server(tmp_path, case):
 def test_vllm_per_request_metrics_are_read():
     """vLLM PR #48915's ``metrics.speculative_decoding`` is read when present: its own counts, no /metrics (the
     fake has none), the spread from its histogram."""
-    from ddprobe.probes.vllm import VLLMBackend
+    from ddprobe.probes.backends.vllm import VLLMBackend
 
     # three steps accepting 0, 2 and 2 drafts of 4: 1 + 3 + 3 tokens committed after the prefill's (8 in all)
     own = {"mean_acceptance_length": 1 + 4 / 3, "draft_acceptance_rate": 4 / 12, "acceptance_histogram": [1, 0, 2, 0, 0],
@@ -563,9 +563,9 @@ def test_telemetry_numbers_out_of_range_and_malformed_prometheus_answers():
     """dcgm-exporter samples no GPU can read (an SM active 250 %, a negative power) are read as missing and noted;
     a Prometheus answer whose values are not numbers, or whose series lack their labels, is one line naming the
     URL (it was a ValueError traceback)."""
-    from ddprobe.probes.dcgm_exporter import parse
-    from ddprobe.probes.prometheus import PromWindow
-    from ddprobe.probes.sources import SourceUnavailable
+    from ddprobe.probes.telemetry.dcgm_exporter import parse
+    from ddprobe.probes.telemetry.prometheus import PromWindow
+    from ddprobe.probes.telemetry.sources import SourceUnavailable
 
     seen: list[str] = []
     got = parse('DCGM_FI_PROF_SM_ACTIVE{gpu="0",Hostname="n"} 2.5\nDCGM_FI_DEV_POWER_USAGE{gpu="0",Hostname="n"} -40\n'

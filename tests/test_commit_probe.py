@@ -14,11 +14,11 @@ from typer.testing import CliRunner
 
 from ddprobe.cli import app
 from ddprobe import texts
-from ddprobe.probes.backends import BackendError
-from ddprobe.probes.sglang import SGLangBackend
-from ddprobe.probes.vllm import VLLMBackend
+from ddprobe.probes.backends.base import BackendError
+from ddprobe.probes.backends.sglang import SGLangBackend
+from ddprobe.probes.backends.vllm import VLLMBackend
 from ddprobe.probes.commit import prompt_ids, run_commit_probe
-from ddprobe.probes.engine_backend import EngineBackend
+from ddprobe.probes.backends.engine import EngineBackend
 from ddprobe.results import Result, ResultWriter, RunMeta
 
 CTX, NEW = 256, 24
@@ -262,9 +262,9 @@ def test_cli_commit_engine_and_errors(tmp_path):
 def test_recall_copied_counts_the_passage_words_after_the_cue():
     """The recall cell says whether the target itself wrote the passage back (real tokenizer round trip)."""
     from ddprobe import texts
-    from ddprobe.probes.backends import GenStats
+    from ddprobe.probes.backends.base import GenStats
     from ddprobe.probes.commit import recall_copied
-    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.backends.engine import EngineBackend
 
     be = EngineBackend(preset="tiny", max_ctx=2048)
     _, passage = texts.recall(8, 0)
@@ -282,7 +282,7 @@ def test_output_repeats_tells_a_loop_from_prose():
     """A looping output (real tokenizer, the tiny target's kind of loop) against novel prose and the refrain."""
     from ddprobe import texts
     from ddprobe.probes.commit import REPEAT_SPAN, loop_notes, output_repeats
-    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.backends.engine import EngineBackend
 
     be = EngineBackend(preset="tiny", max_ctx=2048)
     prose = be.tokenize(texts.novel(120, seed=5))[:128]

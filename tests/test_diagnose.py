@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from ddprobe.cli import app
 from ddprobe.cli.diagnose import run_and_report
 from ddprobe.probes.diagnose import Diagnose, DiagnoseOptions
-from ddprobe.probes.engine_backend import EngineBackend
+from ddprobe.probes.backends.engine import EngineBackend
 from ddprobe.reports.diagnosis import TOPICS
 from ddprobe.results import Result
 from ddprobe.units import fmt_ratio
@@ -247,7 +247,7 @@ def test_recorded_h200_diagnose_runs(run, want):
 def _server_floor(tmp_path, **sharding):
     """The floor step of a diagnosis of an SGLang server (a loopback server; its /get_model_info is a 404) whose
     novel-text steps took 100 and 159 ms at 1k and 4k (as the commit probe records them)."""
-    from ddprobe.probes.sglang import SGLangBackend
+    from ddprobe.probes.backends.sglang import SGLangBackend
     from test_backends import replay
 
     srv, url = replay({})
@@ -274,7 +274,7 @@ def test_server_floor_uses_the_servers_sharding(tmp_path):
 
 def test_server_floor_says_a_step_below_it(tmp_path):
     # 100 ms at 1k is above the one-GPU floor at the H200's 4.8 TB/s (77 ms), below it at 2 TB/s (186 ms)
-    from ddprobe.probes.sglang import SGLangBackend
+    from ddprobe.probes.backends.sglang import SGLangBackend
     from test_backends import replay
 
     srv, url = replay({})

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddprobe.cli import app
-from ddprobe.probes import estimate as E
+from ddprobe.probes.bench import estimate as E
 from ddprobe.probes.commit import cell_order
 
 

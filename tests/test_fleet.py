@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from ddprobe import gpu_verdict as gv, signals
 from ddprobe.cli import app
-from ddprobe.probes.dcgm_exporter import ExporterSource, parse
+from ddprobe.probes.telemetry.dcgm_exporter import ExporterSource, parse
 from ddprobe.probes.gpu_util import replay
-from ddprobe.probes.prometheus import PromWindow
-from ddprobe.probes.sampler import Sampler
-from ddprobe.probes.sources import SourceUnavailable
+from ddprobe.probes.telemetry.prometheus import PromWindow
+from ddprobe.probes.telemetry.sampler import Sampler
+from ddprobe.probes.telemetry.sources import SourceUnavailable
 from ddprobe.results import Result, RunMeta
 
 REC = Path(__file__).parent / "data" / "recorded"
@@ -186,7 +186,7 @@ def test_nan_samples_and_an_energy_counter_reset(tmp_path):
         src.close()
     finally:
         ep.close()
-    from ddprobe.probes.sources import undo_resets
+    from ddprobe.probes.telemetry.sources import undo_resets
 
     notes = []
     undo_resets(rows, notes)

@@ -11,7 +11,7 @@ import pytest
 
 from ddprobe.probes.floor import FloorInput, Sharding, floor_row, floor_table, served_model
 from ddprobe.step_model import StepModel
-from ddprobe.probes.models import get_model, model_from_config
+from ddprobe.models import get_model, model_from_config
 from ddprobe.shapes import KIMI_K2, AttnShape, dtype_bytes, floor_s, get_gpu
 from ddprobe.units import DDProbeError
 
@@ -139,7 +139,7 @@ def test_engine_k2_weights_by_hand():
     """The k2 engine is one GPU's share of K2 (tp 8 / ep 8) at hidden 1024: its 48 local experts routed top-8
     among themselves, a 256-wide shared expert, the first layer dense at 2304, the whole 163840-row lm_head."""
     from ddprobe.engine.config import ModelConfig
-    from ddprobe.probes.engine_backend import target_step_weights
+    from ddprobe.probes.backends.engine import target_step_weights
 
     w = target_step_weights(ModelConfig.from_name("k2").target, 9, "bf16")
     h, n, v, E, k, I = 1024, 8, 163840, 48, 8, 2048

@@ -11,8 +11,8 @@ from ddprobe.cli import app
 from ddprobe import gpu_verdict as gv
 from ddprobe.probes.gpu_util import parse_ncu_csv, replay, run_gpu_util
 from ddprobe.shapes import gpu_spec_for
-from ddprobe.probes.sampler import Sampler, assign_phases, phase_at
-from ddprobe.probes.telemetry import GPM_METRICS, NvmlReader, NvmlUnavailable
+from ddprobe.probes.telemetry.sampler import Sampler, assign_phases, phase_at
+from ddprobe.probes.telemetry.nvml import GPM_METRICS, NvmlReader, NvmlUnavailable
 from ddprobe.results import Result, ResultWriter, RunMeta
 
 DATA = Path(__file__).parent / "data"
@@ -290,7 +290,7 @@ def test_gpu_names_never_match_by_substring():
 
 # ---- the probe end to end (tiny engine on the CPU, fake reader) ----------------------------------
 def test_run_gpu_util_on_the_tiny_engine_with_a_fake_reader(tmp_path):
-    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.backends.engine import EngineBackend
 
     be = EngineBackend(preset="tiny", max_ctx=1024)
     w = ResultWriter(Result(kind="gpu-util", meta=RunMeta.collect(probe_gpu=False), config=be.describe()),
@@ -318,7 +318,7 @@ def test_the_gpu_util_pipeline_estimates_times_and_reads_ncu(tmp_path):
     child run is recorded (without ncu here: skipped, saying why); without either, neither key is written."""
     import shutil
 
-    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.backends.engine import EngineBackend
     from ddprobe.probes.gpu_util import DeepRun, gpu_util_run
 
     be = EngineBackend(preset="tiny", max_ctx=1024)

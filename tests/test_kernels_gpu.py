@@ -400,10 +400,10 @@ def test_tuning_outside_the_kernels_choices_is_refused(over, field):
 
 
 def test_benchmark_peers_say_why_they_cannot_run():
-    """probes/peers.py: without a Hopper GPU (or without the libraries) every production peer raises
+    """probes/bench/peers.py: without a Hopper GPU (or without the libraries) every production peer raises
     PeerUnavailable with a one-line reason, which the verify comparison records; the SDPA peer matches the
     reference."""
-    from ddprobe.probes import peers
+    from ddprobe.probes.bench import peers
 
     assert peers.rows_for(1) == 64 and peers.rows_for(64) == 64 and peers.rows_for(65) == 128
     with pytest.raises(ValueError, match="unknown peer"):
@@ -527,7 +527,7 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
     plan built as engine/graphs.py builds it (a [1] int32 prefix tensor, max_prefix = the context)."""
     from ddprobe.engine.config import ModelConfig
     from ddprobe.engine.generate import Engine
-    from ddprobe.probes import verify_bench
+    from ddprobe.probes.bench import verify as verify_bench
 
     cfg = ModelConfig.from_name("k2", heads=heads, num_layers=2, feature_layers=(0, 1), max_ctx=8192)
     eng = Engine(cfg, attn="split_ws", device="cuda", dtype=torch.bfloat16, graphs=True, seed=0)

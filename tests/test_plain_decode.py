@@ -146,7 +146,7 @@ def test_serve_no_spec_warms_the_plain_step_and_serves_plain_greedy():
 
     import requests
 
-    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.backends.engine import EngineBackend
     from test_commit_probe import free_port, wait_up
 
     port = free_port()

@@ -5,7 +5,7 @@ real tiny engine on the CPU, contexts 1k and 2k, every text kind."""
 import pytest
 
 from ddprobe.probes.commit import cell_row, prompt_ids, run_commit_probe
-from ddprobe.probes.engine_backend import EngineBackend
+from ddprobe.probes.backends.engine import EngineBackend
 from ddprobe.results import Result, ResultWriter, RunMeta
 
 KINDS = ["predictable", "novel", "recall"]

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 from ddprobe.cli import app
 from ddprobe.cli.progress import CellDisplay, decode_eta, prefill_eta
 from ddprobe.probes.commit import CellProgress, cell_order, prompt_ids, run_commit_probe
-from ddprobe.probes.engine_backend import EngineBackend
-from ddprobe.probes.estimate import PrefillFit
+from ddprobe.probes.backends.engine import EngineBackend
+from ddprobe.probes.bench.estimate import PrefillFit
 from ddprobe.results import Result, ResultWriter, RunMeta
 
 ESC = re.compile(r"\x1b\[")
@@ -186,7 +186,7 @@ class _Nvml:  # a GPU reader for the sampler (there is no GPU here); the engine 
 
 
 def test_gpu_util_request_is_one_cell_and_the_estimate_runs_inside_the_warmup(engine):
-    from ddprobe.probes.estimate import estimate_run
+    from ddprobe.probes.bench.estimate import estimate_run
     from ddprobe.probes.gpu_util import run_gpu_util
 
     rec, est = Recorder(), []

@@ -147,7 +147,7 @@ def test_the_one_line_names_the_field_not_a_python_error(tmp_path):
 def test_bench_verify_checks_each_row_it_keeps():
     """`bench verify` writes its own document (not a ResultWriter): each row is checked as it is kept. Bench()
     measures ceilings on a GPU, so the row keeper is called on a bare instance."""
-    from ddprobe.probes.verify_bench import Bench
+    from ddprobe.probes.bench.verify import Bench
 
     b = Bench.__new__(Bench)
     b.results, seen = [], []

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from ddprobe.probes.commit import prompt_ids
-from ddprobe.probes.engine_backend import EngineBackend
+from ddprobe.probes.backends.engine import EngineBackend
 
 uvicorn = pytest.importorskip("uvicorn")
 
@@ -293,9 +293,9 @@ def test_vllm_backend_sees_another_clients_traffic(srv):
     """The vLLM backend reads server-wide counters: with another client decoding at the same time it must
     fail the cell in one line (it once reported novel text 2.21 instead of 1.62 here), alone it must agree
     with the per-request SGLang answer."""
-    from ddprobe.probes.backends import BackendError
-    from ddprobe.probes.sglang import SGLangBackend
-    from ddprobe.probes.vllm import VLLMBackend
+    from ddprobe.probes.backends.base import BackendError
+    from ddprobe.probes.backends.sglang import SGLangBackend
+    from ddprobe.probes.backends.vllm import VLLMBackend
 
     ids = prompt_ids(srv.backend, "novel", 64)
     alone = VLLMBackend(srv.url).generate(ids, 12)

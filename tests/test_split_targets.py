@@ -79,7 +79,7 @@ def test_split_table_scales_to_other_rows():
     fp32 reference's output, said once in one RuntimeWarning line, launching nothing."""
     from ddprobe.engine.kernels import reference, split
     from ddprobe.engine.kernels.trees import shape_mask
-    from ddprobe.probes import verify_bench
+    from ddprobe.probes.bench import verify as verify_bench
 
     a = split.arch_for((12, 0))
     pre = _compile((12, 0), 8, 9, v_dim=64, rope=32, dtype=torch.float32)["prefix"][0]

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from ddprobe.probes.floor import Sharding, floor_row, FloorInput, served_model
-from ddprobe.probes.models import get_model
+from ddprobe.models import get_model
 from ddprobe.results import Result
 from ddprobe.schema import upgrade_row
 from ddprobe.step_model import INTERCONNECTS, StepModel, comm_fixed, comm_interconnect, interconnect_for, \

@@ -1,4 +1,4 @@
-"""probes.step_times: the DDTree step per (context, budget) and the plain decode step per context, measured on a
+"""probes.bench.step_times: the DDTree step per (context, budget) and the plain decode step per context, measured on a
 real engine over synthetic caches (the tiny preset on CPU, tiny contexts), and its one-line refusals."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from ddprobe.probes.step_times import StepTime, StepTimeOptions, capacity, check, measure_step_times
+from ddprobe.probes.bench.step_times import StepTime, StepTimeOptions, capacity, check, measure_step_times
 from ddprobe.units import DDProbeError
 
 CTXS, BUDGETS, STEPS = [24, 80], [2, 5], 3
@@ -57,7 +57,7 @@ def test_unknown_preset_and_path_are_refused():
 
 SCRIPT = textwrap.dedent("""
     import torch
-    from ddprobe.probes.step_times import StepTimeOptions, measure_step_times
+    from ddprobe.probes.bench.step_times import StepTimeOptions, measure_step_times
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the CPU: the interpreter (run_triton_script sets it)
     for attn in ("paged", "split"):
         opts = StepTimeOptions(preset="tiny", attn=attn, device=dev, dtype="fp32", graphs=True, steps=2)

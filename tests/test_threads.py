@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from ddprobe.probes import threads as th
+from ddprobe.probes.backends import threads as th
 
 
 def _stat(tmp_path, name, per_core):
@@ -42,7 +42,7 @@ def test_order_of_choice():
 def test_engine_backend_applies_and_reports_it():
     import torch
 
-    from ddprobe.probes.engine_backend import EngineBackend
+    from ddprobe.probes.backends.engine import EngineBackend
 
     before = torch.get_num_threads()
     try:
@@ -55,7 +55,7 @@ def test_engine_backend_applies_and_reports_it():
 
 
 def test_estimate_says_the_threads_it_assumed():
-    from ddprobe.probes.estimate import Estimate
+    from ddprobe.probes.bench.estimate import Estimate
 
     e = Estimate(prefill_s=50.0, decode_s=20.0, device="cpu", threads=1)
     assert e.line().startswith("estimate: about 1 min on this CPU with 1 thread (prefill")

@@ -11,7 +11,7 @@ from ddprobe.engine.generate import Engine
 from ddprobe.training.train import drafter_forward_train, target_forward_train, train_drafter, train_target
 from ddprobe.training.traindata import TensorStream, make_dataset
 from ddprobe.probes.commit import prompt_ids
-from ddprobe.probes.engine_backend import EngineBackend
+from ddprobe.probes.backends.engine import EngineBackend
 
 # Changing the shipped weights means retraining (ddprobe/training/recall_curriculum.py, its stage ship) and updating this
 # digest.

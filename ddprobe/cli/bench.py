@@ -21,8 +21,8 @@ DEFAULT_PATHS = "sglang,paged,split,split_ws,flashmla,flashinfer-fa3,flashinfer-
 def _names(text: str, what: str) -> list[str]:
     """Comma-separated path and peer names, checked against the verify paths and the peers."""
     from ..engine.kernels import available
-    from ..probes.peers import PEERS
-    from ..probes.verify_bench import WEAK_PEERS
+    from ..probes.bench.peers import PEERS
+    from ..probes.bench.verify import WEAK_PEERS
 
     known = [p for p in available() if p not in ("reference", "prefill")] + list(PEERS) + list(WEAK_PEERS)
     names = [p.strip() for p in text.split(",") if p.strip()]
@@ -90,7 +90,7 @@ def verify(
     """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against each kernel's floor (its bytes over the measured copy bandwidth, or its FLOPs over the measured
     matmul rate: a kernel floor, not the whole step's); needs CUDA."""
     from ..jsonfile import write_json_atomic
-    from ..probes.verify_bench import BenchOptions, check_tunings, run
+    from ..probes.bench.verify import BenchOptions, check_tunings, run
 
     opts = BenchOptions(
         ctxs=parse_token_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
@@ -195,8 +195,8 @@ def allreduce(
                                            callback=output_file)] = Path("allreduce.json"),
 ):
     """All-reduce latency at the verify and plain decode message sizes on N local ranks (NCCL or gloo)."""
-    from ..probes.allreduce import AllreduceOptions, check, default_ranks, run_allreduce, step_messages
-    from ..probes.models import get_model
+    from ..probes.bench.allreduce import AllreduceOptions, check, default_ranks, run_allreduce, step_messages
+    from ..models import get_model
     from ..results import Result, ResultWriter, RunMeta
     from ..shapes import dtype_name
     from ..units import parse_bytes

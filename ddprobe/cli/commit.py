@@ -11,7 +11,7 @@ from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from ..probes.estimate import fmt_duration
+from ..probes.bench.estimate import fmt_duration
 from ..units import fmt_tokens, parse_token_list
 from .app import app
 from .outputs import check_outputs
@@ -80,9 +80,9 @@ def commit(
     *, eng: EngineOptions,
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
-    from ..probes import make_backend
+    from ..probes.backends import make_backend
     from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe, timing_note
-    from ..probes.sanity import suspect_notes
+    from ..probes.backends.sanity import suspect_notes
     from ..results import Result, ResultWriter, RunMeta
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
@@ -112,7 +112,7 @@ def commit(
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
     for line in [*loop_notes(rows), *filter(None, [timing_note(rows)])]:
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
-    for r in rows:  # a server's figures that contradict each other (probes.backends.histogram_note)
+    for r in rows:  # a server's figures that contradict each other (probes.backends.base.histogram_note)
         if r.get("server_note"):
             err.print(f"[yellow]note:[/] {escape(r['text'])} @ {fmt_tokens(r['ctx'])}: {escape(r['server_note'])}",
                       highlight=False, soft_wrap=True)
@@ -123,7 +123,7 @@ def commit(
 def say_estimate(be, order, max_new_tokens: int, seed: int):
     """Calibrate (engine backends) and say how long the cells will take, when that is more than
     ``estimate.SAY_OVER_S``; returns the Estimate (None where the backend cannot be calibrated)."""
-    from ..probes.estimate import estimate_run
+    from ..probes.bench.estimate import estimate_run
 
     est = estimate_run(be, order, max_new_tokens, seed)
     line = est.line() if est is not None else None
@@ -174,7 +174,7 @@ def measured(table, n_cells: int, est):
 
 def record_timing(writer, est, display) -> None:
     """The estimate next to what the cells took, in the results summary (once there is a row)."""
-    from ..probes.estimate import timing_block
+    from ..probes.bench.estimate import timing_block
 
     res = writer.result
     if not res.rows:

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from ..units import DDProbeError, parse_bandwidth, parse_token_list
 from .app import app
-from ..probes.estimate import fmt_duration
+from ..probes.bench.estimate import fmt_duration
 from .commit import announce
 from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
@@ -55,7 +55,7 @@ def diagnose(
     """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
     import datetime as dt
 
-    from ..probes import make_backend
+    from ..probes.backends import make_backend
     from ..probes.commit import check_contexts
     from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from ..shapes import dtype_name
@@ -104,7 +104,7 @@ def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], 
     """Refuse, before anything runs, what the steps would refuse later; returns the floor's bandwidth (--bw)."""
     from ..probes.floor import Sharding
     from ..probes.gpu_util import check_decode_tokens
-    from ..probes.models import get_model
+    from ..models import get_model
     from ..shapes import get_gpu
 
     if gpu is not None:
@@ -143,7 +143,7 @@ def _run_shown(run, report_path: Path) -> list:
 def diagnose_estimate(be, run, opts):
     """The estimate of the diagnosis' measured requests (commit cells with prefix reuse, then the gpu-util
     request), said when long (``estimate.SAY_OVER_S``); None where the backend cannot be calibrated."""
-    from ..probes.estimate import estimate_run
+    from ..probes.bench.estimate import estimate_run
 
     reqs = run.requests()
     est = estimate_run(be, reqs["commit"], opts.max_new_tokens, opts.seed)

@@ -64,7 +64,7 @@ def floor(
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces) and the
     step's anatomy."""
     from ..probes.floor import Sharding, served_floor
-    from ..probes.models import get_model, model_from_config
+    from ..models import get_model, model_from_config
 
     if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
         from .outputs import check_file

@@ -59,7 +59,7 @@ def gpu_util(
     *, ctx: typer.Context, eng: EngineOptions,
 ):
     """Power, memory-controller, SM and tensor-pipe telemetry during prefill and decode, with a verdict per phase."""
-    from ..probes import make_backend
+    from ..probes.backends import make_backend
     from ..probes.commit import check_contexts
     from ..probes.gpu_util import DeepRun, check_decode_tokens, gpu_util_run
     from .gpu_source import open_source

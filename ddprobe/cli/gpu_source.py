@@ -32,7 +32,7 @@ SOURCE_PARAMS = ("source", "prom_url", "match", "exporter_url")  # the parameter
 
 def check_source(source: str, prom_url: str | None, match: str | None, exporter_url: str | None) -> None:
     """One line when --source is unknown or a URL option goes with another source."""
-    from ..probes.sources import SOURCES
+    from ..probes.telemetry.sources import SOURCES
 
     if source not in SOURCES:
         raise DDProbeError(f"--source must be one of {', '.join(SOURCES)}, got {source!r}")
@@ -40,7 +40,7 @@ def check_source(source: str, prom_url: str | None, match: str | None, exporter_
         raise DDProbeError("--prom-url and --match go with --source prometheus")
     if source != "dcgm-exporter" and exporter_url:
         raise DDProbeError("--exporter-url goes with --source dcgm-exporter")
-    from ..probes.sources import check_url
+    from ..probes.telemetry.sources import check_url
 
     if prom_url:
         check_url(prom_url, "Prometheus")
@@ -54,7 +54,7 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
     """{"reader_factory": ..., "window": ...} for ``run_gpu_util``, after one check of the source."""
     check_source(source, prom_url, match, exporter_url)
     if source == "nvml":
-        from ..probes.telemetry import NvmlReader, NvmlUnavailable, require_nvml
+        from ..probes.telemetry.nvml import NvmlReader, NvmlUnavailable, require_nvml
 
         try:
             names = require_nvml()  # before any model is built: one line and exit 1 without a GPU
@@ -64,7 +64,7 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
         err.print(f"sampling {len(names)} GPU(s) every {period_s * 1e3:.0f} ms: {', '.join(sorted(set(names)))}")
         return {"reader_factory": NvmlReader, "window": None}
     if source == "prometheus":
-        from ..probes.prometheus import PromWindow
+        from ..probes.telemetry.prometheus import PromWindow
 
         if not prom_url:
             raise DDProbeError("--source prometheus needs --prom-url http://host:9090")
@@ -73,7 +73,7 @@ def open_source(source: str, prom_url: str | None, match: str | None, exporter_u
         err.print(f"Prometheus {version} at {prom_url}: the GPUs' DCGM series are read over the request's "
                   f"window after it ends" + (f" (matching {match})" if match else ""), highlight=False)
         return {"reader_factory": None, "window": window}
-    from ..probes.dcgm_exporter import ExporterSource
+    from ..probes.telemetry.dcgm_exporter import ExporterSource
 
     urls = [u.strip() for u in (exporter_url or "").split(",") if u.strip()]
     if not urls:

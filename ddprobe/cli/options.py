@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .. import verify_paths
-from ..probes.engine_backend import MAX_BUDGET
+from ..probes.backends.engine import MAX_BUDGET
 from ..units import DDProbeError
 
 # Piped output (CI logs, files) gets a wide page instead of rich's default 80 columns, unless COLUMNS says.
@@ -247,7 +247,7 @@ class EngineOptions:
         return f"attn {name}: {why}"
 
     def backend(self, max_ctx: Optional[int]):
-        from ..probes.engine_backend import EngineBackend
+        from ..probes.backends.engine import EngineBackend
 
         self.check()
         r = self.resolved()

@@ -24,7 +24,7 @@ from rich.table import Column
 from rich.text import Text
 
 from ..probes.commit import CellProgress
-from ..probes.estimate import PrefillFit
+from ..probes.bench.estimate import PrefillFit
 from ..units import fmt_tokens
 
 

@@ -37,7 +37,7 @@ eagerly, which is what the CPU tests compare with the eager step (``steps.py``).
 ``DecodeStep`` is plain greedy decoding as a static step: one row (R = 1) through the same verify
 path's plan and run, one captured graph (``decode``) that chains replay after replay, one copy back
 per token. ``fill_synthetic`` / ``synthetic(ctx)``: a cache of ``ctx`` random rows, for timing a step
-at a context without a prefill (``probes.step_times``, ``benchmarks/bench_engine.py``).
+at a context without a prefill (``probes.bench.step_times``, ``benchmarks/bench_engine.py``).
 """
 from __future__ import annotations
 

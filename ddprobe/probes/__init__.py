@@ -1,36 +1,9 @@
-"""Probes: bandwidth floor, commit length, GPU telemetry, and the backends they talk to.
+"""Probes, by role. At this level only the pipelines a command runs: ``commit`` (commit length per text and
+context), ``gpu_util`` (is the GPU busy), ``floor`` (the whole-step floor), ``advise`` (speculation on or off),
+``diagnose`` (all of them, one report). Below them:
 
-The backends are chosen here (``make_backend``): the interface and what they share are in ``backends``, each
-implementation in its own module (``engine_backend``, ``sglang``, ``vllm``, over ``http``), none of which
-imports this choice. The embedded engine is built by the caller (``engine_factory``), so torch is imported only
-when it is asked for.
+- ``backends/``: the servers a probe talks to (the engine in-process, SGLang, vLLM) behind one interface;
+- ``telemetry/``: GPU readings (NVML, a Prometheus server, a DCGM exporter) and the sampler that collects them;
+- ``bench/``: what times things (verify kernels and their peers, step times, step anatomy, all-reduce, the run
+  estimate's calibration).
 """
-from __future__ import annotations
-
-from typing import Callable
-
-from .backends import Backend, BackendError
-from .sglang import SGLangBackend
-from .vllm import VLLMBackend
-
-BACKENDS = ("engine", "sglang", "vllm")
-SERVERS = {"sglang": SGLangBackend, "vllm": VLLMBackend}
-
-
-def make_backend(kind: str, url: str | None = None, timeout_s: float = 600.0,
-                 engine_factory: Callable[[], Backend] | None = None) -> Backend:
-    """Backend by name: ``engine`` (needs ``engine_factory``), ``sglang`` or ``vllm`` (need ``url``)."""
-    if kind == "engine":
-        if url:
-            raise BackendError("--url is for --backend sglang or vllm: the engine backend runs in this process")
-        if engine_factory is None:
-            raise BackendError("the engine backend needs an engine")
-        return engine_factory()
-    if kind in SERVERS:
-        if not url:
-            raise BackendError(f"--backend {kind} needs --url http://host:port")
-        return SERVERS[kind](url, timeout_s)
-    raise BackendError(f"unknown backend {kind!r}; known: {', '.join(BACKENDS)}")
-
-
-__all__ = ["BACKENDS", "make_backend"]

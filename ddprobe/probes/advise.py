@@ -23,7 +23,7 @@ from typing import Callable
 
 from ..schema import parse_rows
 from ..units import DDProbeError, fmt_tokens
-from .engine_backend import MAX_BUDGET
+from .backends.engine import MAX_BUDGET
 
 
 @dataclass
@@ -277,7 +277,7 @@ def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, floa
 @dataclass(frozen=True)
 class MeasureOptions:
     """What `advise` measures on this device when no numbers are given: step times of ``preset`` (random weights)
-    through each of ``paths`` (``probes.step_times``), and commit lengths of the shipped trained tiny pair per text,
+    through each of ``paths`` (``probes.bench.step_times``), and commit lengths of the shipped trained tiny pair per text,
     context and budget (``probes.commit``: a target's commit length needs trained weights)."""
 
     paths: tuple[str, ...]
@@ -298,8 +298,8 @@ def measure(o: MeasureOptions, say=lambda _m: None) -> list[Point]:
     budget. ``say`` hears of each stage."""
     from ..results import Result, ResultWriter, RunMeta
     from .commit import run_commit_probe
-    from .engine_backend import EngineBackend
-    from .step_times import StepTimeOptions, measure_step_times
+    from .backends.engine import EngineBackend
+    from .bench.step_times import StepTimeOptions, measure_step_times
 
     for b in o.budgets:
         check_budget(b)
@@ -418,7 +418,7 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     from .. import verify_paths
     from ..shapes import get_gpu, gpu_spec_for
     from ..units import parse_token_list
-    from .engine_backend import preset_step_model
+    from .backends.engine import preset_step_model
 
     if device not in ("auto", "cpu", "cuda"):
         raise DDProbeError(f"--device must be auto, cpu or cuda, got {device!r}")

@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 from ..results import ResultWriter
 from ..units import DDProbeError, fmt_tokens
 from .. import texts
-from .backends import Backend, GenStats
-from .sanity import suspect
+from .backends.base import Backend, GenStats
+from .backends.sanity import suspect
 
 
 DEFINITIONS = {

@@ -22,11 +22,11 @@ from ..results import Result, ResultWriter, RunMeta
 from ..shapes import get_gpu, gpu_spec_for
 from ..step_shape import BELOW_FLOOR
 from ..units import DDProbeError
-from .backends import Backend
+from .backends.base import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
-from .estimate import timing_block
+from .bench.estimate import timing_block
 from .floor import Sharding, floor_result, served_floor
-from .models import get_model
+from ..models import get_model
 
 # Every file a diagnosis writes in its folder (the report last): an earlier run's are never replaced unasked.
 FILES = ("diagnose.json", "commit.json", "gpu-util.json", "floor.json", "advise.json", "verify.json", "report.html")
@@ -208,7 +208,7 @@ class Diagnose:
             return "skipped", "the paged vs split(_ws) comparison runs on the embedded engine only"
         if not str(b.describe().get("device")).startswith("cuda"):
             return "skipped", "the embedded engine runs on the CPU (--device cpu): Triton kernels need a GPU"
-        from .verify_bench import compare
+        from .bench.verify import compare
 
         shape, _, sm_scale = attention()
         path = self.files["verify"] = self.out / "verify.json"

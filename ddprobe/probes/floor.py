@@ -137,7 +137,7 @@ def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
     if sh.allreduce_us is not None:
         c = comm_fixed(sh.allreduce_us)
     elif sh.allreduce_from:
-        from .allreduce import load_allreduce
+        from .bench.allreduce import load_allreduce
 
         points = load_allreduce(sh.allreduce_from, sh.tp)
         c = comm_table(points, f"measured: {sh.allreduce_from}")
@@ -152,7 +152,7 @@ def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
 
 def model_for(spec, sh: Sharding, *, bw_Bps: float, flops_per_s: float | None, gpu: str | None) \
         -> tuple[StepModel, str]:
-    """The step model of a served model (``probes.models.ModelSpec``) under sharding ``sh`` on one GPU, and the
+    """The step model of a served model (``ddprobe.models.ModelSpec``) under sharding ``sh`` on one GPU, and the
     line saying where its all-reduce latency comes from."""
     from ..shapes import dtype_name
 
@@ -179,7 +179,7 @@ def gpu_rates(gpu: str | None, bw_Bps: float | None = None, flops_per_s: float |
 
 def served_model(spec, sh: Sharding, gpu: str | None, bw_Bps: float | None = None,
                  flops_per_s: float | None = None) -> tuple[StepModel, dict]:
-    """The step model of a served model (``probes.models.ModelSpec``) under ``sh`` on one GPU, and the config a
+    """The step model of a served model (``ddprobe.models.ModelSpec``) under ``sh`` on one GPU, and the config a
     floor result records of it (model, sharding, GPU, bandwidth, MoE, where the all-reduce latency comes from)."""
     name, bw, rate = gpu_rates(gpu, bw_Bps, flops_per_s)
     model, said = model_for(spec, sh, bw_Bps=bw, flops_per_s=rate, gpu=name)
@@ -198,7 +198,7 @@ def floor_result(model: StepModel, ctxs: list[int], steps: list[float] | None, *
     Returns (Result of kind "floor", rows). An anatomy that cannot be fitted leaves ``summary.anatomy_error`` (the
     rows are kept)."""
     from ..results import Result, RunMeta
-    from .anatomy import fit_anatomy
+    from .bench.anatomy import fit_anatomy
 
     rows = floor_table(FloorInput(model, queries), ctxs, steps)
     result = Result(kind="floor", meta=meta or RunMeta.collect(probe_gpu=False),
@@ -231,7 +231,7 @@ def steps_from_file(path, spec) -> tuple[list[int], list[float], str]:
     """The contexts and step times a results file holds (``anatomy.steps_from_result``: commit cells, a gpu-util
     run), and why they cannot be ``spec``'s steps ("" where they can be: ``not_the_model``)."""
     from ..results import Result
-    from .anatomy import steps_from_result
+    from .bench.anatomy import steps_from_result
 
     r = Result.load(path)
     pts = steps_from_result(r.kind, r.rows, r.summary, r.config)

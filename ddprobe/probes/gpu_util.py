@@ -27,12 +27,12 @@ from ..results import Result, ResultWriter
 from .. import schema, signals
 from ..shapes import gpu_spec_for
 from ..units import DDProbeError
-from .backends import Backend
+from .backends.base import Backend
 from .commit import CellProgress, generate_hooked, prompt_ids
 from ..gpu_verdict import analyze
-from .sampler import Sampler, assign_phases
-from .sources import SourceUnavailable, http_get, undo_resets
-from .telemetry import NvmlReader, NvmlUnavailable
+from .telemetry.sampler import Sampler, assign_phases
+from .telemetry.sources import SourceUnavailable, http_get, undo_resets
+from .telemetry.nvml import NvmlReader, NvmlUnavailable
 
 NCU_METRICS = ["sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed",
                "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"]
@@ -187,7 +187,7 @@ def gpu_util_run(backend: Backend, prompt_len: int, decode_tokens: int, period_s
     its whole run itself): the request is estimated after the warm-up (``estimate.estimate_run``), the estimate
     recorded in the config and handed to ``on_estimate``, and the summary's ``timing`` sets it beside what the
     request took. With ``deep``: Nsight Compute over a shorter run of the same request, in the summary's ``deep``."""
-    from .estimate import estimate_run, timing_block
+    from .bench.estimate import estimate_run, timing_block
 
     est: list = []
 

@@ -1,7 +1,7 @@
 """Read results files for reports and the gate: files or folders, every error naming its file.
 
 Besides ddprobe results files (``ddprobe.result/2``, and version 1, upgraded on load) this reads the raw JSON that
-``ddprobe bench verify`` (probes/verify_bench.py) writes (``meta``, ``ceilings``, ``results``) as a
+``ddprobe bench verify`` (probes/bench/verify.py) writes (``meta``, ``ceilings``, ``results``) as a
 ``bench-verify`` result, so a benchmark run can be reported before it is converted.
 """
 from __future__ import annotations

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..probes.backends import BackendError, GenStats, StopGeneration
+from ..probes.backends.base import BackendError, GenStats, StopGeneration
 
 
 @dataclass

@@ -26,7 +26,7 @@ LONG = {"B": (1024, 16, 600), "C": (4096, 4, 400), "D": (16384, 2, 300), "E": (3
 
 
 def backend(eng, tok):
-    from ..probes.engine_backend import EngineBackend
+    from ..probes.backends.engine import EngineBackend
 
     return EngineBackend.around(eng, tok)
 
@@ -334,7 +334,7 @@ def stage_rdrafter(run: Run) -> None:
 def stage_v(run: Run) -> None:
     """Commit length with the engine (bf16, fp32 logits) for the three kinds, the words the target copied, the
     share of its output repeating its own 5-token spans."""
-    from ..probes.backends import GenStats
+    from ..probes.backends.base import GenStats
     from ..probes.commit import output_repeats, prompt_ids, recall_copied
 
     a, ctxs = run.a, run.a.eval_ctx

@@ -13,9 +13,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..units import DDProbeError
+from ...units import DDProbeError
 from .sources import SourceUnavailable, undo_resets
-from .telemetry import DEFAULT_PERIOD_S, NvmlReader
+from .nvml import DEFAULT_PERIOD_S, NvmlReader
 
 
 class Sampler:

@@ -16,7 +16,7 @@ import statistics
 import urllib.parse
 from typing import Any
 
-from .. import signals
+from ... import signals
 from .sources import KEEP_LABELS, SourceUnavailable, check_url, gpu_of, http_get, natural, power_limit, row_value
 from .dcgm_exporter import gpu_entry
 

@@ -281,7 +281,7 @@ def calibrate(backend, longest: int, seed: int = 0, tokens: int = CALIBRATION_TO
     ``new_tokens`` decoded each): prefill points (with, on the CPU, one per prefill chunk of the longer
     request, from the engine's ``on_prefill`` hook) and per-step decode times at both contexts. None for a
     backend that does not report prefill and decode times apart (the HTTP servers)."""
-    from .commit import accepts, prompt_ids
+    from ..commit import accepts, prompt_ids
 
     if not hasattr(backend, "warmup"):  # a server: its prefix cache and other clients make a short run unreliable
         return None

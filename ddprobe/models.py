@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..shapes import KIMI_K2, AttnShape
-from ..step_shape import MoeShape, StepWeights, step_weights
-from ..units import DDProbeError
+from .shapes import KIMI_K2, AttnShape
+from .step_shape import MoeShape, StepWeights, step_weights
+from .units import DDProbeError
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ def model_from_config(path: str | Path) -> ModelSpec:
 
     Multimodal configs that nest the language model under ``text_config`` are unwrapped. Every size
     must be a positive integer; a bad value is one error naming the file and the key."""
-    from ..jsonfile import read_json
+    from .jsonfile import read_json
 
     path = Path(path)
     cfg = read_json(path, what="config")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .backends import BackendError, GenStats, checked_stats, histogram_note
+from .base import BackendError, GenStats, checked_stats, histogram_note
 from .http import HttpClient, field_of, number_of
 
 

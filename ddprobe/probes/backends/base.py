@@ -1,7 +1,7 @@
 """What every backend the probes talk to shares: the interface, ``GenStats``, the errors. The backends themselves
-live in their own modules and are chosen by name in ``ddprobe.probes.make_backend``:
+live in their own modules and are chosen by name in ``ddprobe.probes.backends.make_backend``:
 
-- ``EngineBackend``: the reference DDTree engine in-process (``ddprobe.probes.engine_backend``).
+- ``EngineBackend``: the reference DDTree engine in-process (``ddprobe.probes.backends.engine``).
 - ``SGLangBackend``: SGLang's native ``/generate`` (``input_ids`` in, ``meta_info`` out).
 - ``VLLMBackend``: OpenAI-style ``/v1/completions`` and ``/tokenize``, counters from ``/metrics``.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..units import DDProbeError
+from ...units import DDProbeError
 
 
 class BackendError(DDProbeError):

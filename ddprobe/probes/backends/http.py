@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .backends import BackendError
+from .base import BackendError
 
 
 def server_root(url: str) -> str:
@@ -40,7 +40,7 @@ class HttpClient:
     def call(self, method: str, path: str, json_body: Any = None, expect_json: bool = True) -> Any:
         """``method`` ``path`` with the whole answer (not each read) bounded by ``timeout_s``: every failure, a
         slow server included, is one ``BackendError`` naming the URL and what was slow."""
-        from ..deadline import Late, within
+        from ...deadline import Late, within
 
         url = self.url + path
         rq = self._requests
@@ -62,8 +62,8 @@ class HttpClient:
             raise BackendError(f"{method} {url}: HTTP {r.status_code} {detail}")
         if not expect_json:
             return r.text
-        from ..jsonfile import parse_json
-        from ..units import DDProbeError
+        from ...jsonfile import parse_json
+        from ...units import DDProbeError
 
         try:
             return parse_json(r.content, "answer")  # strict: no NaN/Infinity, a depth limit

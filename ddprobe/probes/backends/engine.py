@@ -12,10 +12,10 @@ import os
 import time
 from typing import Any, Callable
 
-from .. import verify_paths
-from ..shapes import dtype_name
-from ..units import DDProbeError
-from .backends import BackendError, GenStats, StopGeneration
+from ... import verify_paths
+from ...shapes import dtype_name
+from ...units import DDProbeError
+from .base import BackendError, GenStats, StopGeneration
 
 ENGINE_DTYPES = ("fp32", "bf16", "fp16", "fp64")  # what the engine runs in (sizes: ddprobe.shapes)
 DEFAULT_MAX_CTX = 8192
@@ -51,19 +51,19 @@ class EngineBackend:
         if compile and (not device.startswith("cuda") or graphs is False):
             raise BackendError("--compile fuses the CUDA-graph step: it needs --device cuda and graphs on")
         if device.startswith("cuda"):  # compiled kernels and graphs from the last run, before torch reads the vars
-            from ..engine.compile_cache import enable
+            from ...engine.compile_cache import enable
 
             enable()
         import torch
 
         from .threads import choose_threads
 
-        from ..engine.config import ModelConfig
-        from ..engine.generate import Engine
-        from ..engine import weights as shipped
-        from ..engine.tokenizer import WordTokenizer
+        from ...engine.config import ModelConfig
+        from ...engine.generate import Engine
+        from ...engine import weights as shipped
+        from ...engine.tokenizer import WordTokenizer
 
-        from ..engine import kernels
+        from ...engine import kernels
 
         if weights not in WEIGHTS:
             raise BackendError(f"unknown weights {weights!r}; known: {', '.join(WEIGHTS)}")
@@ -268,7 +268,7 @@ class EngineBackend:
 def target_step_model(t, dtype: str, bw_Bps: float, flops_per_s: float | None = None, graphs: bool = True):
     """The step model (``ddprobe.step_model``) of an engine target (``engine.config.TargetConfig``, one GPU's share:
     no tensor parallelism) in ``dtype``."""
-    from ..step_model import StepModel
+    from ...step_model import StepModel
 
     return StepModel(attn=t.attn_shape, weights=lambda r: target_step_weights(t, r, dtype), bw_Bps=bw_Bps,
                      flops_per_s=flops_per_s, hidden=t.hidden_size, kv_dtype=dtype, graphs=graphs)
@@ -276,7 +276,7 @@ def target_step_model(t, dtype: str, bw_Bps: float, flops_per_s: float | None = 
 
 def preset_step_model(preset: str, heads: int | None, dtype: str, bw_Bps: float, flops_per_s: float | None = None):
     """The step model of an engine preset (its config alone: no engine is built, no torch needed)."""
-    from ..engine.config import ModelConfig
+    from ...engine.config import ModelConfig
 
     return target_step_model(ModelConfig.from_name(preset, heads=heads).target, dtype, bw_Bps, flops_per_s)
 
@@ -288,7 +288,7 @@ def target_step_weights(t, rows: int, dtype: str):
     every weight in the engine's ``dtype``. A bank of routed experts shared by the MoE layers
     (``moe_shared_bank``) is read by each of them, so it counts per layer. The drafter's weights are not
     counted, as in ``ddprobe floor``."""
-    from ..step_shape import MoeShape, step_weights
+    from ...step_shape import MoeShape, step_weights
 
     moe = MoeShape(t.n_experts, t.experts_per_tok, t.moe_intermediate_size,
                    n_shared_experts=1 if t.shared_intermediate_size else 0,

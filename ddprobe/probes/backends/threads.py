@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..units import DDProbeError
+from ...units import DDProbeError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 

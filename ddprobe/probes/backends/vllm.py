@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any
 
-from .backends import BackendError, GenStats, checked_stats, histogram_note
+from .base import BackendError, GenStats, checked_stats, histogram_note
 from .http import HttpClient, field_of
 
 

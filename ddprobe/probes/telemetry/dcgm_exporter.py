@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import signals
+from ... import signals
 from .sources import KEEP_LABELS, SourceUnavailable, gpu_of, http_get, natural, power_limit, row_value
 
 SM_ACTIVE_HINT = ("dcgm-exporter's default-counters.csv leaves DCGM_FI_PROF_SM_ACTIVE and "

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from ..schema import parse_rows
-from ..units import DDProbeError, fmt_bandwidth, fmt_tokens
+from ...schema import parse_rows
+from ...units import DDProbeError, fmt_bandwidth, fmt_tokens
 
 NONLINEAR = 1.25  # largest / smallest interval slope above this: not linear
 # Step times on a GPU move by a percent or two between runs (clocks, other work, the allocator): differences within

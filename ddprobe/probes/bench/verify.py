@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import verify_paths
-from ..shapes import DEFAULT_L2_BYTES, KIMI_K2, AttnShape, dtype_bytes, floor_s, gpu_spec_for
-from ..timing import copy_bandwidth_Bps, n_cache_sets, timed_eager, timed_graph
-from ..units import DDProbeError, UnitError, parse_tokens
+from ... import verify_paths
+from ...shapes import DEFAULT_L2_BYTES, KIMI_K2, AttnShape, dtype_bytes, floor_s, gpu_spec_for
+from ...timing import copy_bandwidth_Bps, n_cache_sets, timed_eager, timed_graph
+from ...units import DDProbeError, UnitError, parse_tokens
 from . import peers
 
 DT = "bf16"
@@ -94,7 +94,7 @@ def check_tunings(opts: "BenchOptions") -> None:
             if "bound" in over:
                 raise DDProbeError(f"{what} {name}: bound= sizes one layer's device plan; give it in a --variant")
     try:
-        from ..engine import kernels
+        from ...engine import kernels
     except ImportError:  # no torch: the CUDA check that follows says so
         return
     for name, over in [*opts.variants, *opts.step_variants, *((n, {}) for n in opts.tune)]:
@@ -212,8 +212,8 @@ class Bench:
     def __init__(self, opts: BenchOptions, on_row: Callable[[dict], None] | None = None):
         import torch
 
-        from ..engine import kernels
-        from ..engine.kernels.trees import SHAPES
+        from ...engine import kernels
+        from ...engine.kernels.trees import SHAPES
         if not torch.cuda.is_available():
             raise DDProbeError("no CUDA GPU visible to torch: the verify comparison times kernels on a GPU")
         if opts.tree not in SHAPES:
@@ -296,8 +296,8 @@ class Bench:
 
     def _keep(self, rec: dict) -> None:
         """One row, checked against the bench-verify schema first (a bad row is a bug: raise), then kept."""
-        from ..results import _finite
-        from ..schema import parse_row
+        from ...results import _finite
+        from ...schema import parse_row
 
         parse_row("bench-verify", _finite(rec), f"bench verify: row {len(self.results) + 1}")
         self.results.append(rec)
@@ -308,7 +308,7 @@ class Bench:
         torch, o, sh = self.torch, self.opts, self.opts.shape
         ref_path = self.kernels.get_path("reference")
         rows, n = o.budget + 1, ctx + o.budget + 1
-        from ..engine.kernels.trees import shape_mask
+        from ...engine.kernels.trees import shape_mask
         n_sets = n_cache_sets(int(sh.kv_bytes_per_token(DT, layers=1) * n), self.l2, most=48 if o.quick else 96)
         g = torch.Generator(device="cuda").manual_seed(ctx * 131 + heads)
         # rows padded to FlashMLA's 64-row pages; every path reads only the first n
@@ -366,7 +366,7 @@ class Bench:
     def step(self) -> None:
         """The whole verify step (every layer of the shape, attention only) at 8 heads under CUDA-graph replay."""
         torch, o, sh = self.torch, self.opts, self.opts.shape
-        from ..engine.kernels.trees import shape_mask
+        from ...engine.kernels.trees import shape_mask
         ctx, heads, rows = o.step_ctx, 8, o.budget + 1
         n = ctx + rows
         g = torch.Generator(device="cuda").manual_seed(7)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..units import fmt_tokens
+from ...units import fmt_tokens
 
 REPEAT_MIN = 8  # an output of at least this many tokens, all one id, is not text
 

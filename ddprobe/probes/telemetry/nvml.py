@@ -1,4 +1,4 @@
-"""GPU telemetry through NVML: one reading per GPU per tick (the sampler thread is ``probes.sampler``).
+"""GPU telemetry through NVML: one reading per GPU per tick (the sampler thread is ``probes.telemetry.sampler``).
 
 Per GPU per tick (``Sampler.period_s``, default 0.2 s) one row, keys carrying units:
 instant and average power, the enforced power limit, the energy counter, SM and memory
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import signals
-from ..signals import TABLE
+from ... import signals
+from ...signals import TABLE
 from .sources import SourceUnavailable
 
 DEFAULT_PERIOD_S = 0.2

@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..shapes import dtype_bytes
-from ..units import DDProbeError, fmt_bytes
+from ...shapes import dtype_bytes
+from ...units import DDProbeError, fmt_bytes
 
 KIND = "allreduce"
 DEFAULT_CALLS = 20  # all-reduces per sample (captured in one graph on NCCL)
@@ -128,7 +128,7 @@ def run_allreduce(opts: AllreduceOptions, writer, on_row=None) -> list[dict]:
         try:
             for rank in range(opts.ranks):
                 arg = json.dumps({**spec, "rank": rank})
-                code = f"from ddprobe.probes.allreduce import rank_main; rank_main({arg!r})"
+                code = f"from ddprobe.probes.bench.allreduce import rank_main; rank_main({arg!r})"
                 errs.append(open(Path(tmp) / f"rank{rank}.err", "w+"))
                 procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stderr=errs[-1], text=True,
                                               stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL))
@@ -289,7 +289,7 @@ def _time(torch, dist, x, calls: int, samples: int, graphs: bool) -> tuple[list[
 def load_allreduce(path: str | os.PathLike, ranks: int) -> list[tuple[float, float]]:
     """The (bytes, median us) points of a ``bench allreduce`` file measured on ``ranks`` ranks, sorted by bytes
     (one line otherwise); ``step_model.comm_table`` interpolates between them."""
-    from ..results import Result
+    from ...results import Result
 
     r = Result.load(path)
     if r.kind != KIND:

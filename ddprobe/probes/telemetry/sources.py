@@ -16,8 +16,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Protocol
 
-from .. import signals
-from ..units import DDProbeError
+from ... import signals
+from ...units import DDProbeError
 
 SOURCES = ("nvml", "prometheus", "dcgm-exporter")
 NODE_LABELS = ("Hostname", "hostname", "instance")  # dcgm-exporter writes Hostname (older) or hostname (newer)
@@ -101,7 +101,7 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
     """GET ``url`` as text; any failure one line naming ``what`` and the URL (SourceUnavailable)."""
     import http.client
 
-    from ..deadline import Late, within
+    from ...deadline import Late, within
 
     check_url(url, what)
 
@@ -132,7 +132,7 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
 
 def power_limit(model: str | None) -> float | None:
     """The datasheet board power of a GPU model name ("NVIDIA H200" -> 700), else None."""
-    from ..shapes import gpu_spec_for
+    from ...shapes import gpu_spec_for
 
     spec = gpu_spec_for(model)
     return signals.DATASHEET_POWER_W.get(spec.name) if spec else None

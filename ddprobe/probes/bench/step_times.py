@@ -20,8 +20,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from ..units import DDProbeError, fmt_tokens
-from .engine_backend import MAX_BUDGET
+from ...units import DDProbeError, fmt_tokens
+from ..backends.engine import MAX_BUDGET
 
 DEFAULT_STEPS = 10  # timed steps per cell (their median)
 
@@ -47,7 +47,7 @@ class StepTime:
 
 @dataclass(frozen=True)
 class StepTimeOptions:
-    """The engine to time (``probes.engine_backend.EngineBackend``'s options; random weights)."""
+    """The engine to time (``probes.backends.engine.EngineBackend``'s options; random weights)."""
 
     preset: str = "k2"
     attn: str = "split"
@@ -68,7 +68,7 @@ def capacity(ctxs: list[int], budgets: list[int], steps: int) -> int:
 
 def check(opts: StepTimeOptions, ctxs: list[int], budgets: list[int]) -> int:
     """One line for anything that does not fit (before an engine is built) -> the cache capacity."""
-    from ..engine.config import ModelConfig
+    from ...engine.config import ModelConfig
 
     if not ctxs:
         raise DDProbeError("step times need at least one context")
@@ -93,7 +93,7 @@ def check(opts: StepTimeOptions, ctxs: list[int], budgets: list[int]) -> int:
 def measure_step_times(opts: StepTimeOptions, ctxs: list[int], budgets: list[int], on_row=None) -> list[StepTime]:
     """The DDTree step per (ctx, budget) and the plain decode step per ctx (budget 0), on opts' engine;
     on_row(StepTime) after each cell. Contexts and budgets in the order given, decode first per context."""
-    from .engine_backend import EngineBackend
+    from ..backends.engine import EngineBackend
 
     cap = check(opts, list(ctxs), list(budgets))
     be = EngineBackend(opts.preset, opts.attn, budget=max(budgets, default=1), device=opts.device,
@@ -123,7 +123,7 @@ def measure_step_times(opts: StepTimeOptions, ctxs: list[int], budgets: list[int
 
 def _median_ms(eng, run, steps: int) -> float:
     """Median ms of ``steps`` calls of run() between clock marks (CUDA events on a GPU)."""
-    from ..engine.clock import StepClock
+    from ...engine.clock import StepClock
 
     clock = StepClock(eng.device)
     marks = []
@@ -137,8 +137,8 @@ def _median_ms(eng, run, steps: int) -> float:
 def _decode_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
     import torch
 
-    from ..engine.graphs import fill_synthetic
-    from ..engine.loop import plain_step
+    from ...engine.graphs import fill_synthetic
+    from ...engine.loop import plain_step
 
     runner, ms = eng.runner, None
     with torch.no_grad():
@@ -158,9 +158,9 @@ def _decode_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
 def _ddtree_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
     import torch
 
-    from ..engine.graphs import fill_synthetic
-    from ..engine.loop import decode
-    from ..engine.runner import Caches
+    from ...engine.graphs import fill_synthetic
+    from ...engine.loop import decode
+    from ...engine.runner import Caches
 
     runner, models = eng.runner, eng.models
     with torch.no_grad():
