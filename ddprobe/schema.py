@@ -344,9 +344,22 @@ class DiagnoseRow(Row):
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class LaunchRow(Row):
+    """``ddprobe bench launch``: the least time per kernel of one kind of launch (graph-empty, graph-small,
+    eager-small, sync) on this GPU."""
+    kind: str
+    us: Us  # median per kernel (per sync)
+    p10_us: Us | None = None
+    p90_us: Us | None = None
+    kernels: Count | None = None  # launches per sample
+    samples: Count | None = None
+    extra: dict = field(default_factory=dict)
+
+
 KINDS: dict[str, type] = {"floor": FloorRow, "commit": CommitRow, "gpu-util": GpuUtilRow,
                           "bench-verify": BenchVerifyRow, "allreduce": AllreduceRow, "advise": AdviseRow,
-                          "diagnose": DiagnoseRow}
+                          "diagnose": DiagnoseRow, "bench-launch": LaunchRow}
 
 
 def parse_row(kind: str, row: Any, where: str, config: dict | None = None) -> Row:

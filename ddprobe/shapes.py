@@ -7,6 +7,8 @@ dtype, GPU specs, and the floor of a step.
   ``num_kv_heads`` heads). KV bytes per token and attention FLOPs per context token follow from it.
 - ``DTYPE_BYTES``: the one dtype-size table (KV caches, weights, engine dtypes).
 - ``GPUS``: datasheet peak bandwidth, dense bf16 tensor rate and last-level cache (L2) size.
+- ``KERNEL_TIMES``: the least time one kernel of a step takes per GPU (graph-replayed, eager, a host
+  synchronisation): measured by ``ddprobe bench launch`` where a source says so, else a class bound.
 - ``floor_s``: max(bytes / bandwidth, FLOPs / tensor rate) and which term wins.
 """
 from __future__ import annotations
@@ -158,6 +160,33 @@ GPUS: dict[str, GpuSpec] = {g.name: g for g in [
 # What the timers assume when they do not know the GPU: the largest L2 of the Hopper parts ddprobe is
 # measured on, so "3x the L2" errs towards more caches.
 DEFAULT_L2_BYTES = 60 * _MiB
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """The least time one kernel of a decode step costs on a GPU, in us: back to back in a replayed CUDA graph
+    (``graph_us``: the larger of an empty kernel's and a one-block small kernel's), launched eagerly one after another
+    from Python (``eager_us``), and one host synchronisation (``sync_us``: a one-value device-to-host copy's round
+    trip). ``measured`` False: no measurement of this GPU; the figures are a class bound (lower than any GPU of the
+    class measured), said wherever they are used."""
+
+    graph_us: float
+    eager_us: float
+    sync_us: float
+    source: str
+    measured: bool
+
+
+# A class bound for GPUs ddprobe has not measured: below the H100's measured figures (``bench launch``), so a floor
+# built on it stays a floor; a GPU measured gets its own row.
+KERNEL_CLASS_BOUND = KernelTime(1.0, 2.0, 5.0, "class bound for a data-center GPU (not measured here): 1 us per "
+                                               "graph-replayed kernel, 2 us eager, 5 us per host sync", False)
+KERNEL_TIMES: dict[str, KernelTime] = {}
+
+
+def kernel_time(gpu: str | None) -> KernelTime:
+    """The least time per kernel of a GPU preset: its measurement, else the class bound (``measured`` False)."""
+    return KERNEL_TIMES.get((gpu or "").strip().lower(), KERNEL_CLASS_BOUND)
 
 
 def get_gpu(name: str) -> GpuSpec:

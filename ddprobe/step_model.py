@@ -13,23 +13,43 @@ reports and the gate). A step of R rows (R = budget + 1 for a verify step, 1 for
   x 576 and x (v + 1) values; each rank attends with the group's heads over 1 / dcp of the KV). Their latency
   comes from the interconnect table below (or ``--allreduce-us``, or a ``bench allreduce`` file); collectives are
   latency-bound at these sizes and do not overlap a decode step's kernels, so they add;
-- launches, where the step is not replayed as a CUDA graph (an estimate: launches x launch time).
+- launches: a step is a sequence of kernels on one stream, and kernels on a stream serialize: each takes at least
+  the GPU's least time per kernel (``shapes.KERNEL_TIMES``: a graph-replayed kernel, or an eager launch where the
+  step is not a CUDA graph; measured by ``ddprobe bench launch``, else a class bound said as such). A kernel's bytes
+  move inside its own duration, so the launches are not added to the bytes: each kernel costs at least
+  max(its bytes / bandwidth, the least kernel time), and summed over the step that is at least
+  max(all bytes / bandwidth, kernels x least kernel time). The per-kernel bytes are not known, so the floor takes
+  that max (a bound that holds; the true sum of per-kernel maxima lies between it and their sum). Kernels per step
+  come from the engine (counted on the GPU) or ``--kernels``; without either, a structural least count
+  (``KERNELS_PER_LAYER`` per layer + 2) stands in;
+- host synchronisations (a device-to-host copy the host waits on): the GPU's queue drains while the host reads
+  and submits again, so nothing overlaps them: they add (syncs x ``sync_us``).
 
-floor = max((KV + weights) / bandwidth, FLOPs / tensor rate) + communication + launches.
+floor = max((KV + weights) / bandwidth, FLOPs / tensor rate, kernels x least kernel time) + communication + syncs.
+The **latency floor** is kernels x least kernel time + syncs: no step of those kernels is faster, whatever it reads.
 The attention alone (KV / bandwidth) is the **KV floor**, and step / KV floor the **attention gap**; one kernel's
 floor (``bench verify``) is a **kernel floor**. None of them is called "the floor".
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
-from .shapes import AttnShape, dtype_bytes, dtype_name, floor_s
+from .shapes import AttnShape, dtype_bytes, dtype_name, floor_s, kernel_time
 from .step_shape import StepWeights
 from .units import DDProbeError
 
 ALLREDUCES_PER_LAYER = 2  # after attention's o_proj and after the MLP / MoE (SGLang's and vLLM's DeepSeek layers)
+# The fewest kernels a decoder layer takes without fusing one GEMM into another: norm + QKV projection, attention,
+# output projection, MLP up (activation fused), MLP down; + 2 per step (embedding, norm + lm_head). A lower bound for
+# a server whose own count is not given (``--kernels``); a megakernel server would be below it.
+KERNELS_PER_LAYER = 5
+
+
+def structural_kernels(layers: int) -> int:
+    """The least kernels of one step of a ``layers``-layer model (``KERNELS_PER_LAYER``): a lower bound."""
+    return KERNELS_PER_LAYER * layers + 2
 
 
 @dataclass(frozen=True)
@@ -139,10 +159,16 @@ class StepCost:
     allreduce_bytes: float  # one TP all-reduce's message
     allreduce_us: float  # one TP all-reduce's latency
     comm_ms: float
-    launch_ms: float
+    kernels: int  # kernels per step (0: not counted)
+    kernel_us: float  # the least time of one of them
+    launch_ms: float  # kernels x kernel_us: the launches' floor
+    syncs: int  # host synchronisations per step
+    sync_ms: float
+    latency_floor_ms: float  # launch_ms + sync_ms
+    bytes_floor_ms: float  # (KV + weights) / bandwidth
     floor_ms: float
     floor_worst_ms: float
-    binds: str  # "KV", "weights", "compute" or "communication"
+    binds: str  # "KV", "weights", "compute", "launches" or "communication"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,9 +189,12 @@ class StepModel:
     kv_dtype: str = "bf16"
     act_dtype: str = "bf16"
     comm: Comm | None = None  # None with tp > 1: communication not counted (said by the caller)
-    graphs: bool = True
-    launches_per_layer: int = 0  # eager steps only
-    launch_us: float = 0.0
+    graphs: bool = True  # the step is a replayed CUDA graph (else its kernels are launched eagerly)
+    kernels: Callable[[int], int] | None = None  # rows -> kernels per step (None: launches not counted)
+    kernel_us: float = 0.0  # the least time per kernel (``shapes.KernelTime``: graph_us or eager_us)
+    syncs: int = 0  # host synchronisations per step
+    sync_us: float = 0.0
+    kernel_source: str = ""  # where kernels and kernel_us come from (said with the floor)
 
     def __post_init__(self):
         object.__setattr__(self, "kv_dtype", dtype_name(self.kv_dtype))
@@ -211,19 +240,54 @@ class StepModel:
         mem, bound = floor_s(kv + w.total_B, flops, bw_Bps=self.bw_Bps, flops_per_s=self.flops_per_s)
         worst, _ = floor_s(kv + w.total_worst_B, flops, bw_Bps=self.bw_Bps, flops_per_s=self.flops_per_s)
         n, nbytes, comm_us = self.collectives(rows)
-        launch = 0.0 if self.graphs else self.launches_per_layer * self.attn.num_layers * self.launch_us / 1e3
+        k = int(self.kernels(rows)) if self.kernels else 0
+        launch, sync = k * self.kernel_us / 1e3, self.syncs * self.sync_us / 1e3
         comm = comm_us / 1e3
         binds = "compute" if bound == "compute" else ("KV" if kv >= w.total_B else "weights")
-        if comm > mem * 1e3:
+        if launch > mem * 1e3:
+            binds = "launches"
+        top, top_worst = max(mem * 1e3, launch), max(worst * 1e3, launch)
+        if comm > top:
             binds = "communication"
         return StepCost(ctx=ctx, rows=rows, kv_GB=kv / 1e9, weights_GB=w.total_B / 1e9,
                         weights_worst_GB=w.total_worst_B / 1e9, GFLOP=flops / 1e9, kv_floor_ms=kv * ms,
                         weight_floor_ms=w.total_B * ms, weight_floor_worst_ms=w.total_worst_B * ms,
                         compute_floor_ms=flops / self.flops_per_s * 1e3 if self.flops_per_s else None,
                         allreduces=n, allreduce_bytes=nbytes,
-                        allreduce_us=self.comm.us_at(nbytes) if n else 0.0, comm_ms=comm,
-                        launch_ms=launch, floor_ms=mem * 1e3 + comm + launch, floor_worst_ms=worst * 1e3 + comm + launch,
-                        binds=binds)
+                        allreduce_us=self.comm.us_at(nbytes) if n else 0.0, comm_ms=comm, kernels=k,
+                        kernel_us=self.kernel_us, launch_ms=launch, syncs=self.syncs, sync_ms=sync,
+                        latency_floor_ms=launch + sync, bytes_floor_ms=(kv + w.total_B) * ms,
+                        floor_ms=top + comm + sync, floor_worst_ms=top_worst + comm + sync, binds=binds)
+
+
+def with_launches(m: StepModel, gpu: str | None, kernels: Callable[[int], int] | int | None, *, syncs: int = 0,
+                  counted: str = "") -> StepModel:
+    """``m`` with its launches counted: ``kernels`` per step (rows -> count, or one count for every row count;
+    None: the structural least count of the model's layers), at GPU preset ``gpu``'s least kernel time (graph or
+    eager as ``m.graphs``; ``shapes.kernel_time``: its measurement or the class bound), ``syncs`` host
+    synchronisations per step. ``counted`` says where the count comes from."""
+    kt = kernel_time(gpu)
+    if kernels is None:
+        n = structural_kernels(m.attn.num_layers)
+        kernels, counted = (lambda _r: n), f"at least {KERNELS_PER_LAYER} per layer + 2 (a structural lower bound)"
+    elif isinstance(kernels, int):
+        if kernels < 0:
+            raise DDProbeError(f"kernels per step must be >= 0, got {kernels}")
+        kernels = (lambda _r, k=kernels: k)
+    us = kt.graph_us if m.graphs else kt.eager_us
+    where = f"{gpu}: {kt.source}" if kt.measured else f"{gpu or 'this GPU'}: no measurement, {kt.source}"
+    return replace(m, kernels=kernels, kernel_us=us, syncs=syncs, sync_us=kt.sync_us,
+                   kernel_source=f"kernels: {counted or 'given'}; {us:g} us each ({'graph-replayed' if m.graphs else 'eager'}; {where})")
+
+
+def gap_split(c: StepCost, step_ms: float) -> dict:
+    """How much of a measured step its launches and its bytes explain: each part's floor and its share of the step,
+    and which bound the step is nearer ("launch-bound" where kernels x least time is the larger part)."""
+    bytes_ms = max(c.bytes_floor_ms, c.compute_floor_ms or 0.0)
+    return {"step_ms": step_ms, "launch_ms": c.launch_ms, "sync_ms": c.sync_ms, "bytes_ms": bytes_ms,
+            "kernels": c.kernels, "kernel_us": c.kernel_us, "launch_share": c.latency_floor_ms / step_ms,
+            "bytes_share": bytes_ms / step_ms, "bound": "launch-bound" if c.latency_floor_ms > bytes_ms
+            else "bandwidth-bound", "rest_ms": max(0.0, step_ms - c.floor_ms)}
 
 
 def check_dcp(dcp: int, tp: int) -> None:

@@ -10,8 +10,11 @@ from ddprobe.probes.floor import Sharding, floor_row, FloorInput, served_model
 from ddprobe.models import get_model
 from ddprobe.results import Result
 from ddprobe.schema import upgrade_row
+from dataclasses import replace
+
+from ddprobe.shapes import GPUS, KERNEL_CLASS_BOUND, KERNEL_TIMES, kernel_time
 from ddprobe.step_model import INTERCONNECTS, StepModel, comm_fixed, comm_interconnect, interconnect_for, \
-    interpolate
+    interpolate, structural_kernels, with_launches
 from ddprobe.units import DDProbeError
 
 K26 = get_model("kimi-k2.6")
@@ -71,11 +74,59 @@ def test_tp1_and_unknown_interconnects():
         served_model(K26, Sharding(tp=8, allreduce_us=5.0, allreduce_from="x.json"), "h200")
 
 
-def test_eager_steps_pay_their_launches():
+def test_launches_bound_the_step_by_max_not_sum():
+    """Kernels serialize and each moves its bytes inside its own duration: floor = max(bytes, FLOPs, launches)."""
     w = lambda r: K26.step_weights(rows=r)  # noqa: E731
     g = StepModel(attn=K26.attn, weights=w, bw_Bps=4.8e12)
-    e = StepModel(attn=K26.attn, weights=w, bw_Bps=4.8e12, graphs=False, launches_per_layer=20, launch_us=5.0)
-    assert e.cost(1024, 9).floor_ms - g.cost(1024, 9).floor_ms == pytest.approx(20 * 61 * 5.0 / 1e3)
+    few = with_launches(g, "h200", 100, counted="test")
+    many = with_launches(g, "h200", 10_000_000)
+    kt = kernel_time("h200")
+    b, f, m = g.cost(1024, 9), few.cost(1024, 9), many.cost(1024, 9)
+    assert f.launch_ms == pytest.approx(100 * kt.graph_us / 1e3) and f.launch_ms < f.bytes_floor_ms
+    assert f.floor_ms == pytest.approx(b.floor_ms) and f.binds == b.binds  # bytes dominate: launches add nothing
+    assert m.binds == "launches" and m.floor_ms == pytest.approx(10_000_000 * kt.graph_us / 1e3)
+    assert m.latency_floor_ms == pytest.approx(m.launch_ms)
+    # eager: the eager launch rate; host syncs add (the queue drains)
+    e = with_launches(replace(g, graphs=False), "h200", 10_000_000, syncs=4)
+    c = e.cost(1024, 9)
+    assert c.kernel_us == kt.eager_us and c.sync_ms == pytest.approx(4 * kt.sync_us / 1e3)
+    assert c.floor_ms == pytest.approx(10_000_000 * kt.eager_us / 1e3 + c.sync_ms)
+    with pytest.raises(DDProbeError, match="kernels per step"):
+        with_launches(g, "h200", -1)
+
+
+def test_unmeasured_gpus_use_the_class_bound_and_say_so():
+    w = lambda r: K26.step_weights(rows=r)  # noqa: E731
+    m = with_launches(StepModel(attn=K26.attn, weights=w, bw_Bps=4.8e12), "l40s", 1000)
+    assert not kernel_time("l40s").measured and m.kernel_us == KERNEL_CLASS_BOUND.graph_us
+    assert "no measurement" in m.kernel_source and "bound" in m.kernel_source
+    for name, kt in KERNEL_TIMES.items():  # every measurement names its source and stays above the class bound
+        assert name in GPUS and kt.measured and kt.source and kt.graph_us >= KERNEL_CLASS_BOUND.graph_us
+
+
+@pytest.mark.parametrize("gpu", sorted(GPUS))
+def test_latency_term_for_every_preset_and_gpu(gpu):
+    """Every served preset (the structural least count) and engine preset (tiny, k2) on every GPU of the table:
+    launches = kernels x the GPU's least kernel time, and the floor is the largest of its parts plus the rest."""
+    from ddprobe.engine.config import PRESETS as ENGINE
+    from ddprobe.models import PRESETS as SERVED
+    from ddprobe.probes.backends.engine import preset_step_model
+
+    g, kt = GPUS[gpu], kernel_time(gpu)
+    models = [(name, served_model(spec, Sharding(), gpu)[0]) for name, spec in SERVED.items()]
+    models += [(name, with_launches(preset_step_model(name, None, "bf16", g.bw_Bps, g.bf16_flops), gpu, 300))
+               for name in ENGINE]
+    for name, m in models:
+        for ctx, rows in ((1, 1), (1024, 9), (131072, 9)):
+            c = m.cost(ctx, rows)
+            n = structural_kernels(m.attn.num_layers) if name in SERVED else 300
+            assert c.kernels == n and c.kernel_us == kt.graph_us, name
+            assert c.launch_ms == pytest.approx(n * kt.graph_us / 1e3)
+            top = max(c.bytes_floor_ms, c.compute_floor_ms or 0, c.launch_ms)
+            assert c.floor_ms == pytest.approx(top + c.comm_ms + c.sync_ms), (name, ctx)
+            assert (c.binds == "launches") == (c.launch_ms > max(c.bytes_floor_ms, c.compute_floor_ms or 0))
+    tiny = models[-2][1].cost(1, 1) if models[-2][0] == "tiny" else models[-1][1].cost(1, 1)
+    assert tiny.binds == "launches"  # a one-row step of the tiny model is launch-bound on every GPU
 
 
 def test_an_older_floor_file_loads_under_todays_names(tmp_path):

@@ -236,3 +236,32 @@ def allreduce_line(r: dict) -> str:
     g = "  graph" if r.get("graphs") else ""
     return (f"{fmt_bytes(r['bytes']):>10} {r['label']:<18} {r['us']:9.1f} us  p10 {r['p10_us']:.1f}  p90 "
             f"{r['p90_us']:.1f}  {r['algbw_GBps']:.2f} GB/s{g}")
+
+
+@bench_app.command("launch")
+@errors_exit_1
+def launch(
+    kernels: Annotated[int, typer.Option("--kernels", help="Launches per timed sample.",
+                                         callback=checked(within(1, 100000)))] = 1000,
+    samples: Annotated[int, typer.Option("--samples", help="Timed samples per kind (median, p10, p90).",
+                                         callback=checked(within(1, 10000)))] = 20,
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Results file (JSON), rewritten after every row.",
+                                           callback=output_file)] = Path("launch.json"),
+):
+    """The least time one kernel costs on this GPU: graph-replayed (empty and small), eager, and a host sync."""
+    from ..probes.bench.launch import check, measure_launch
+    from ..results import Result, ResultWriter, RunMeta
+
+    check(kernels, samples)
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise DDProbeError("ddprobe bench launch needs torch (pip install 'ddprobe[engine]')") from None
+    meta = RunMeta.collect()
+    writer = ResultWriter(Result(kind="bench-launch", meta=meta, config={"kernels": kernels, "samples": samples}),
+                          out_path)
+    rows = measure_launch(kernels, samples, on_row=lambda r: writer.add(r.to_dict()))
+    for r in rows:
+        out.print(f"{r.kind:<12} {r.us:8.3f} us per {'sync' if r.kind == 'sync' else 'kernel'}  p10 {r.p10_us:.3f}  "
+                  f"p90 {r.p90_us:.3f}  ({r.kernels} per sample, {r.samples} samples)", highlight=False)
+    out.print(f"{meta.gpu_name or 'this GPU'}: results written to {out_path}", highlight=False)

@@ -132,6 +132,17 @@ def _said(display: CellDisplay):
     return on_estimate
 
 
+def _print_parts(p) -> None:
+    """The decode step's launch part and bandwidth part (``gpu_util.step_parts``)."""
+    if not isinstance(p, dict):
+        return
+    syncs = f" + {p['syncs']} syncs" if p.get("syncs") else ""
+    out.print(f"where the step goes: launches >= {p['launch_ms']:.3g} ms ({p['kernels']} kernels x "
+              f"{p['kernel_us']:.3g} us{syncs}, {p['launch_share']:.0%} of the step), bytes >= {p['bytes_ms']:.3g} ms "
+              f"at the GPU's bandwidth ({p['bytes_share']:.0%}): {p['bound']}; {p.get('source') or ''}",
+              highlight=False, soft_wrap=True)
+
+
 def print_summary(res) -> None:
     """The per-GPU, per-phase table, the evidence per phase (one line where the GPUs agree) and the step
     numbers."""
@@ -167,6 +178,7 @@ def print_summary(res) -> None:
                     "(the backend reports no first-token time)")
     if nums:
         out.print("; ".join(nums) + ".", highlight=False)
+    _print_parts(s.get("step_parts"))
     deep_d = s.get("deep")
     if isinstance(deep_d, dict):
         out.print(f"ncu: {deep_d['skipped']}" if "skipped" in deep_d else

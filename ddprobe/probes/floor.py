@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..shapes import floor_s
-from ..step_model import StepModel, check_dcp
+from ..step_model import StepModel, check_dcp, gap_split, with_launches
 from ..units import DDProbeError
 
 MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a context
@@ -46,7 +46,13 @@ class FloorRow:
     allreduce_bytes: float
     allreduce_us: float
     comm_ms: float
-    launch_ms: float
+    kernels: int  # kernels per step (0: not counted)
+    kernel_us: float  # the least time of one (``shapes.KERNEL_TIMES``)
+    launch_ms: float  # kernels x kernel_us
+    syncs: int  # host synchronisations per step
+    sync_ms: float
+    latency_floor_ms: float  # launches + syncs: no step of these kernels is faster
+    bytes_floor_ms: float  # (KV + weights) / bandwidth
     floor_ms: float  # THE floor: the whole step
     floor_worst_ms: float
     binds: str
@@ -60,6 +66,9 @@ class FloorRow:
     attn_gap: float | None = None  # step / attention floor
     attn_gap_if_rows_reread: float | None = None
     below_floor: bool | None = None
+    launch_share: float | None = None  # latency floor / step: the share of the step its launches explain
+    bytes_share: float | None = None  # max(bytes, compute) floor / step
+    step_bound: str | None = None  # "launch-bound" or "bandwidth-bound": the larger of the two parts
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,6 +101,9 @@ def floor_row(inp: FloorInput, ctx: int, step_ms: float | None = None) -> FloorR
         row.attn_gap = step_ms / row.attn_floor_ms
         reread_s, _ = floor_s(kv * r, aflops, bw_Bps=m.bw_Bps, flops_per_s=m.flops_per_s)
         row.attn_gap_if_rows_reread = step_ms / (reread_s * 1e3)
+        split = gap_split(c, step_ms)
+        row.launch_share, row.bytes_share, row.step_bound = split["launch_share"], split["bytes_share"], \
+            split["bound"]
     return row
 
 
@@ -150,10 +162,11 @@ def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
     return c, f"all-reduce latency: {c.source}"
 
 
-def model_for(spec, sh: Sharding, *, bw_Bps: float, flops_per_s: float | None, gpu: str | None) \
-        -> tuple[StepModel, str]:
-    """The step model of a served model (``ddprobe.models.ModelSpec``) under sharding ``sh`` on one GPU, and the
-    line saying where its all-reduce latency comes from."""
+def model_for(spec, sh: Sharding, *, bw_Bps: float, flops_per_s: float | None, gpu: str | None,
+              kernels: int | None = None) -> tuple[StepModel, str]:
+    """The step model of a served model (``ddprobe.models.ModelSpec``) under sharding ``sh`` on one GPU, with its
+    launches (``kernels`` per step, None: the structural least count; ``step_model.with_launches``), and the line
+    saying where its all-reduce latency comes from."""
     from ..shapes import dtype_name
 
     wd = dtype_name(sh.weight_dtype)
@@ -164,7 +177,7 @@ def model_for(spec, sh: Sharding, *, bw_Bps: float, flops_per_s: float | None, g
                                                                       expert_dtype=ed),
                   bw_Bps=bw_Bps, flops_per_s=flops_per_s, hidden=spec.hidden_size, tp=sh.tp, dcp=sh.dcp,
                   kv_dtype=dtype_name(sh.kv_dtype), comm=comm)
-    return m, said
+    return with_launches(m, gpu, kernels, counted="--kernels" if kernels is not None else ""), said
 
 
 def gpu_rates(gpu: str | None, bw_Bps: float | None = None, flops_per_s: float | None = None) \
@@ -178,16 +191,16 @@ def gpu_rates(gpu: str | None, bw_Bps: float | None = None, flops_per_s: float |
 
 
 def served_model(spec, sh: Sharding, gpu: str | None, bw_Bps: float | None = None,
-                 flops_per_s: float | None = None) -> tuple[StepModel, dict]:
+                 flops_per_s: float | None = None, kernels: int | None = None) -> tuple[StepModel, dict]:
     """The step model of a served model (``ddprobe.models.ModelSpec``) under ``sh`` on one GPU, and the config a
     floor result records of it (model, sharding, GPU, bandwidth, MoE, where the all-reduce latency comes from)."""
     name, bw, rate = gpu_rates(gpu, bw_Bps, flops_per_s)
-    model, said = model_for(spec, sh, bw_Bps=bw, flops_per_s=rate, gpu=name)
+    model, said = model_for(spec, sh, bw_Bps=bw, flops_per_s=rate, gpu=name, kernels=kernels)
     w = model.weights(9)
     config = {"model": spec.name, **sh.to_dict(), "expert_dtype": sh.expert_dtype or sh.weight_dtype, "gpu": name,
               "bw_Bps": bw, "flops_per_s": rate, "moe": spec.n_routed_experts > 0,
               "n_routed_experts": spec.n_routed_experts, "num_experts_per_tok": spec.num_experts_per_tok,
-              "moe_layers": w.moe_layers, "comm": said}
+              "moe_layers": w.moe_layers, "comm": said, "launches": model.kernel_source}
     return model, config
 
 
@@ -217,11 +230,11 @@ def floor_result(model: StepModel, ctxs: list[int], steps: list[float] | None, *
 
 def served_floor(spec, sh: Sharding, ctxs: list[int], steps: list[float] | None, *, gpu: str | None = None,
                  bw_Bps: float | None = None, flops_per_s: float | None = None, queries: int = 9,
-                 anatomy: bool | None = None, config: dict | None = None, meta=None):
+                 anatomy: bool | None = None, config: dict | None = None, meta=None, kernels: int | None = None):
     """The floor + anatomy pipeline of a served model (`floor`, and `diagnose` with a server backend): its step model
     under ``sh`` on one GPU (``served_model``), then ``floor_result``; ``config`` (what the caller adds) comes first
     in the result's config. Returns (step model, Result of kind "floor", rows)."""
-    model, served = served_model(spec, sh, gpu, bw_Bps, flops_per_s)
+    model, served = served_model(spec, sh, gpu, bw_Bps, flops_per_s, kernels)
     result, rows = floor_result(model, ctxs, steps, queries=queries, config={**(config or {}), **served}, meta=meta,
                                 anatomy=anatomy)
     return model, result, rows

@@ -65,12 +65,31 @@ def request_info(backend: Backend, st, gpu_name: str | None) -> dict[str, Any]:
 
 def _step_floor(backend: Backend, spec, st) -> dict[str, Any]:
     """The step model's floor of the engine's verify step at the middle of the decode (the whole step: KV, weights,
-    compute), and its KV floor (the attention alone)."""
+    compute, launches counted on the GPU), its KV floor (the attention alone) and its launch and bytes parts."""
+    from .bench.step_times import engine_step_model
+
     rows = int(backend.describe().get("budget", 8)) + 1
     ctx = int(st.prompt_tokens + (st.completion_tokens or 0) / 2)
-    c = backend.step_model(spec.bw_Bps, spec.bf16_flops).cost(max(1, ctx), rows)
+    m = engine_step_model(backend, spec.name, spec.bw_Bps, spec.bf16_flops)
+    c = m.cost(max(1, ctx), rows)
     return {"floor_ms": c.floor_ms, "kv_floor_ms": c.kv_floor_ms, "floor_binds": c.binds,
-            "floor_source": "ddprobe.step_model, the engine's own weights"}
+            "floor_source": "ddprobe.step_model, the engine's own weights", "kernels": c.kernels,
+            "kernel_us": c.kernel_us, "launch_ms": c.launch_ms, "sync_ms": c.sync_ms, "syncs": c.syncs,
+            "latency_floor_ms": c.latency_floor_ms, "bytes_floor_ms": max(c.bytes_floor_ms, c.compute_floor_ms or 0),
+            "launches_source": m.kernel_source}
+
+
+def step_parts(summary: dict) -> dict[str, Any]:
+    """{"step_parts": ...}: how much of the measured decode step its launches (kernels x least kernel time + syncs)
+    and its bytes (at the GPU's bandwidth) explain, and which is larger; {} without a floor or a step."""
+    req, step = summary.get("request") or {}, summary.get("decode_step_ms")
+    if not step or req.get("latency_floor_ms") is None or not req.get("bytes_floor_ms"):
+        return {}
+    lat, byt = req["latency_floor_ms"], req["bytes_floor_ms"]
+    return {"step_parts": {"step_ms": step, "launch_ms": lat, "bytes_ms": byt, "launch_share": lat / step,
+                           "bytes_share": byt / step, "kernels": req.get("kernels"), "kernel_us": req.get("kernel_us"),
+                           "syncs": req.get("syncs"), "bound": "launch-bound" if lat > byt else "bandwidth-bound",
+                           "source": req.get("launches_source")}}
 
 
 def check_decode_tokens(decode_tokens: int) -> None:
@@ -169,6 +188,7 @@ def run_gpu_util(backend: Backend, prompt_len: int, decode_tokens: int, period_s
     res.rows.extend(rows)
     res.summary = {**analyze(rows, req, sampler.sources), "request": req,
                    "markers": [[round(t, 4), p] for t, p in sampler.markers], "notes": list(sampler.notes)}
+    res.summary.update(step_parts(res.summary))
     if engine:
         res.summary["engine"] = engine
     if telemetry_error:

@@ -175,3 +175,87 @@ def _ddtree_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
             recs = decode(runner, models, c, 1, steps * eng.budget + steps + 1, max_steps=steps)[1]
     return StepTime(eng.attn, ctx, eng.budget, eng.budget + 1, statistics.median(r.step_ms for r in recs),
                     statistics.median(r.verify_ms for r in recs), len(recs), eng.graphs)
+
+
+def count_kernels(run, steps: int = 3) -> tuple[float, float]:
+    """(GPU operations, device-to-host copies) per call of run(), counted by torch.profiler on the GPU over ``steps``
+    calls after one untimed: every kernel, memcpy and memset the GPU ran (a replayed CUDA graph's nodes one by one),
+    as ``benchmarks/bench_engine.py`` counts a step's kernels. The copies to the host are the step's
+    synchronisations (the host reads what the step decided)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            run()
+        torch.cuda.synchronize()
+    n = d2h = 0
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        n += 1
+        d2h += "DtoH" in ev.name or "Device -> Pageable" in ev.name or "Device -> Pinned" in ev.name
+    return n / steps, d2h / steps
+
+
+def engine_kernels(eng, steps: int = 3) -> dict | None:
+    """The engine's kernels per step counted on its GPU (``count_kernels``): {"ddtree": kernels of the DDTree step
+    (draft + tree + verify + walk/commit), "decode": of the plain one-row step (None where it could not be built),
+    "syncs": device-to-host copies per DDTree step}; None off CUDA (no kernels to count). Runs on the engine's
+    held static step at a short context (a captured step's kernels do not depend on the context)."""
+    import torch
+
+    from ...engine.graphs import fill_synthetic
+    from ...engine.loop import decode
+    from ...engine.runner import Caches
+
+    if eng.device.type != "cuda":
+        return None
+    runner, models, r = eng.runner, eng.models, eng.budget + 1
+    need = 64 + (steps + 3) * r + 1
+    with torch.no_grad():
+        if eng.graphs:
+            st = runner.static_for(models, need)[0]
+            c = Caches(st.kv, st.dctx, st)
+        else:
+            c = Caches(runner.new_cache(need), models.drafter.new_context(need))
+
+        def ddtree():
+            fill_synthetic(c.kv, 64, c.dctx)
+            decode(runner, models, c, 1, r + 1, max_steps=1)
+        dd, syncs = count_kernels(ddtree, steps)
+        dec = None
+        if eng.graphs:
+            try:
+                ds = runner.decode_for(models, need)[0]
+                ds.synthetic(64)
+                dec = count_kernels(ds.run, steps)[0]
+            except Exception:  # noqa: BLE001 - the plain step's count is left out (None), the DDTree one stands
+                dec = None
+    # fill_synthetic's own operations run inside the counted call: count them alone and take them off
+    fill = count_kernels(lambda: fill_synthetic(c.kv, 64, c.dctx), steps)[0]
+    return {"ddtree": max(1, round(dd - fill)), "decode": round(dec) if dec else None, "syncs": round(syncs)}
+
+
+def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: float | None):
+    """The embedded engine's step model (``backend.step_model``) with its launches: kernels per step counted on the
+    GPU once per backend (``engine_kernels``; the structural least count off CUDA), at ``gpu``'s least kernel time.
+    """
+    from ...step_model import structural_kernels, with_launches
+
+    m = backend.step_model(bw_Bps, flops_per_s)
+    counts = getattr(backend, "kernel_counts", "unset")
+    if counts == "unset":
+        counts = backend.kernel_counts = engine_kernels(backend.engine)
+    if not counts:
+        return with_launches(m, gpu, None)
+    least = structural_kernels(m.attn.num_layers)
+    dd, dec = counts["ddtree"], counts.get("decode") or least
+
+    def kernels(rows: int) -> int:
+        return dd if rows > 1 else dec
+    said = (f"counted on the GPU: {dd} per DDTree step, " +
+            (f"{dec} per plain decode step" if counts.get("decode") else f"plain decode at least {least}"))
+    return with_launches(m, gpu, kernels, syncs=counts.get("syncs") or 0, counted=said)
