@@ -357,9 +357,43 @@ class LaunchRow(Row):
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TraceRow(Row):
+    """``ddprobe trace``: one rank's profiler trace; its verify steps' median GPU span, the split by kernel class
+    (``ddprobe.kernel_classes``, time and launches per step), the largest attention kernel's grid against the SMs,
+    and with a model its effective KV bandwidth, kernel floor and the whole step against the floor."""
+    rank: Count
+    file: str
+    steps: Count
+    method: str  # "markers", "graph launches" or "repeating kernel sequence"
+    step_ms: Ms  # median GPU span of a step: first kernel's start to last kernel's end
+    busy_ms: Ms | None = None  # the union of the step's kernels
+    idle_ms: Ms | None = None  # span - busy: the GPU idle inside the step
+    gpu: str | None = None
+    attention_ms: Ms | None = None
+    moe_ms: Ms | None = None
+    gemm_ms: Ms | None = None
+    communication_ms: Ms | None = None
+    norm_elementwise_ms: Ms | None = None
+    sampling_tree_ms: Ms | None = None
+    other_ms: Ms | None = None
+    attn_kernel: str | None = None  # the attention kernel that took most time
+    attn_us: Us | None = None  # its mean launch
+    attn_calls: Number | None = None  # its launches per step
+    attn_blocks: Count | None = None  # its grid's blocks
+    sms: Count | None = None  # the GPU's SMs (the trace's deviceProperties)
+    attn_eff_bw_GBps: GBps | None = None  # KV bytes one call reads / its time (with --model --ctx)
+    attn_kernel_floor_us: Us | None = None  # the kernel floor: KV bytes one call reads / bandwidth
+    attn_vs_kernel_floor: Ratio | None = None
+    floor_ms: Ms | None = None  # the whole step's floor (the step model)
+    gap: Ratio | None = None  # step / floor
+    extra: dict = field(default_factory=dict)
+
+
 KINDS: dict[str, type] = {"floor": FloorRow, "commit": CommitRow, "gpu-util": GpuUtilRow,
                           "bench-verify": BenchVerifyRow, "allreduce": AllreduceRow, "advise": AdviseRow,
-                          "diagnose": DiagnoseRow, "bench-launch": LaunchRow}
+                          "diagnose": DiagnoseRow, "bench-launch": LaunchRow,
+                          "trace": TraceRow}
 
 
 def parse_row(kind: str, row: Any, where: str, config: dict | None = None) -> Row:

@@ -7,7 +7,7 @@ is in ``options``.
 """
 from __future__ import annotations
 
-from . import floor, advise, commit, serve, gpu, reports, diagnose, bench  # noqa: F401, I001  (each registers its commands, in help order)
+from . import floor, advise, commit, serve, gpu, reports, diagnose, bench, trace  # noqa: F401, I001  (each registers its commands, in help order)
 from .app import app
 
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import models as m
-from . import routes
+from . import profile, routes
 from .limits import BODY_READ_S, MAX_BODY_BYTES, BodyLimits
 from .metrics import Metrics
 from .served import ApiError, Served, served
@@ -25,6 +25,7 @@ def build_app(backend, spec: bool = True, model_name: str | None = None, max_bod
     name = model_name or f"ddprobe-{backend.preset}"
     metrics = Metrics(name, spec)
     worker = EngineWorker(backend, spec, on_done=lambda job, st: metrics.finished(st))
+    worker.profiler = profile.EngineProfiler()
     metrics.gauges(lambda: worker.running, lambda: worker.waiting)
     app = FastAPI(title="ddprobe serve", version="1")
     app.state.served = Served(backend, spec, name, worker, metrics, backend.max_commit())
@@ -35,7 +36,8 @@ def build_app(backend, spec: bool = True, model_name: str | None = None, max_bod
     for path, fn, method in (("/health", health, "GET"), ("/get_model_info", model_info, "GET"),
                              ("/v1/models", models, "GET"), ("/tokenize", tokenize, "POST"),
                              ("/generate", routes.generate, "POST"), ("/v1/completions", routes.completions, "POST"),
-                             ("/metrics", metrics_text, "GET")):
+                             ("/metrics", metrics_text, "GET"), ("/start_profile", profile.start_profile, "POST"),
+                             ("/stop_profile", profile.stop_profile, "POST")):
         app.add_api_route(path, fn, methods=[method])
     app.add_middleware(BodyLimits, max_bytes=max_body, read_s=body_read_s)
     return app

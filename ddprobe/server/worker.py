@@ -74,6 +74,7 @@ class EngineWorker:
         self.running = 0
         self.current: Job | None = None  # the job the engine is on
         self.closing = False
+        self.profiler = None  # server.profile.EngineProfiler: ticked between verify steps
         self.thread = threading.Thread(target=self.loop, name="ddprobe-engine", daemon=True)
         self.thread.start()
 
@@ -136,6 +137,8 @@ class EngineWorker:
         sent: list[int] = []
 
         def on_tokens(new: list[int]) -> None:
+            if self.profiler is not None:  # /start_profile's torch.profiler steps once per verify step
+                self.profiler.tick()
             if job.cancel.is_set():
                 raise StopGeneration("abort")
             checked = len(sent)

@@ -1,0 +1,148 @@
+"""`ddprobe trace`: where a server's verify step goes, read from its torch-profiler traces (``probes.trace``)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..kernel_classes import CLASSES, LABELS
+from ..units import DDProbeError, parse_rows, parse_tokens
+from .app import app
+from .floor_options import TpOpt
+from .options import ForceOpt, checked, err, errors_exit_1, out, results_path
+
+BIG_FILE = 16 << 20  # files this large get a progress line with an ETA
+
+
+class ReadProgress:
+    """Bytes of each trace read, with an ETA, on stderr (a live bar on a terminal, a line per 10% elsewhere)."""
+
+    def __init__(self):
+        self.t0, self.file, self.shown = time.perf_counter(), None, -1
+
+    def __call__(self, file: str, done: int, size: int) -> None:
+        if size < BIG_FILE:
+            return
+        if file != self.file:
+            self.file, self.t0, self.shown = file, time.perf_counter(), -1
+        frac = min(1.0, done / size) if size else 1.0
+        step = int(frac * 10)
+        if step == self.shown:
+            return
+        self.shown = step
+        el = time.perf_counter() - self.t0
+        eta = el * (1 - frac) / frac if frac > 0 else float("nan")
+        err.print(f"reading {Path(file).name}: {frac:.0%} of {size / 1e6:,.0f} MB, {el:.0f} s, about {eta:.0f} s "
+                  "left", highlight=False)
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:,.3f}" if v < 10 else f"{v:,.1f}"
+
+
+def print_rank(row: dict, top: list[dict], detail: str) -> None:
+    sms = f", {row['sms']} SMs" if row.get("sms") else ""
+    out.print(f"[bold]rank {row['rank']}[/]: {Path(row['file']).name} ({row.get('gpu') or 'GPU not named'}{sms})",
+              highlight=False)
+    idle = row["idle_ms"] / row["step_ms"] if row["step_ms"] else 0.0
+    out.print(f"  {row['steps']} steps by {row['method']} ({detail}); median GPU span {_ms(row['step_ms'])} ms, "
+              f"kernels busy {_ms(row['busy_ms'])} ms, idle inside the step {_ms(row['idle_ms'])} ms ({idle:.1%})",
+              highlight=False, soft_wrap=True)
+    total = sum(row[f"{c}_ms"] for c in CLASSES) or 1.0
+    out.print(f"  {'class':<20} {'ms/step':>10} {'share':>7} {'launches':>9}  largest kernels (ms/step x launches)",
+              highlight=False)
+    for c in CLASSES:
+        if not row[f"{c}_per_step"]:
+            continue
+        big = [k for k in top if k["cls"] == c][:3]
+        names = "; ".join(f"{k['name'][:48]} {k['us_per_step'] / 1e3:.3f} x {k['per_step']:.0f}" for k in big)
+        out.print(f"  {LABELS[c]:<20} {_ms(row[f'{c}_ms']):>10} {row[f'{c}_ms'] / total:>7.1%} "
+                  f"{row[f'{c}_per_step']:>9.0f}  {names}", highlight=False, soft_wrap=True)
+    print_attention(row)
+
+
+def print_attention(row: dict) -> None:
+    if not row.get("attn_kernel"):
+        out.print("  no attention kernel in the step", highlight=False)
+        return
+    ex = row  # the keys the schema does not name (attn_what, attn_grid, ...) are kept in the row as they are
+    out.print(f"  attention kernel {row['attn_kernel'][:80]} ({ex.get('attn_what', '')}): {row['attn_us']:,.1f} us "
+              f"x {row['attn_calls']:.0f} per step; {ex.get('attn_grid', '')}", highlight=False, soft_wrap=True)
+    if row.get("attn_eff_bw_GBps") is not None:
+        out.print(f"  with the model: {ex['attn_kv_B_per_call'] / 1e6:,.1f} MB of KV per call, effective "
+                  f"{row['attn_eff_bw_GBps']:,.1f} GB/s; kernel floor {row['attn_kernel_floor_us']:,.1f} us "
+                  f"({row['attn_vs_kernel_floor']:,.1f}x it); the step {_ms(row['step_ms'])} ms against the floor "
+                  f"{_ms(row['floor_ms'])} ms (gap {row['gap']:,.1f}x, {ex.get('binds', '')}-bound)", highlight=False,
+                  soft_wrap=True)
+
+
+def print_ranks(rows: list[dict], skew: dict) -> None:
+    out.print(f"[bold]{len(rows)} ranks[/]: rank, step ms, attention ms, communication ms, idle ms", highlight=False)
+    for r in rows:
+        out.print(f"  {r['rank']:>4} {_ms(r['step_ms']):>10} {_ms(r['attention_ms']):>10} "
+                  f"{_ms(r['communication_ms']):>10} {_ms(r['idle_ms']):>10}", highlight=False)
+    out.print(f"  skew: rank {skew['slowest_rank']}'s step {_ms(skew['slowest_step_ms'])} ms is {skew['skew']:.3f}x "
+              f"the median rank's {_ms(skew['median_step_ms'])} ms", highlight=False)
+
+
+FilesArg = Annotated[Optional[list[Path]], typer.Argument(help="Trace files (.json or .json.gz, one per rank) or "
+                                                               "folders of them.", show_default=False)]
+
+
+@app.command()
+@errors_exit_1
+def trace(
+    files: FilesArg = None,
+    url: Annotated[Optional[str], typer.Option("--url", help="Profile this SGLang / vLLM / ddprobe serve server: "
+                                                             "/start_profile, a request, /stop_profile, then read "
+                                                             "the traces it writes into --dir.")] = None,
+    num_steps: Annotated[int, typer.Option("--num-steps", help="With --url: decode steps to profile.",
+                                           callback=checked(parse_rows))] = 8,
+    trace_dir: Annotated[Optional[Path], typer.Option("--dir", help="With --url: the folder the server writes its "
+                                                                    "traces into (SGLang's output_dir; vLLM's "
+                                                                    "torch_profiler_dir). Default: "
+                                                                    "ddprobe-results/traces-<time>.")] = None,
+    wait: Annotated[float, typer.Option("--wait", help="With --url: seconds to wait for the trace files.")] = 300.0,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset (kimi-k2.6, kimi-k2, "
+                                                                       "deepseek-v3, ...): adds the attention "
+                                                                       "kernel's bandwidth and floors.")] = None,
+    ctx: Annotated[Optional[str], typer.Option("--ctx", help="Context the traced steps attended over, k = 1024 "
+                                                             "(with --model).")] = None,
+    tp: TpOpt = 1,
+    queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1), for the floor.",
+                                         callback=checked(parse_rows))] = 9,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for the floors (default: the trace's "
+                                                             "GPU when known, else h200).")] = None,
+    marker: Annotated[str, typer.Option("--marker", help="Regular expression of the step annotations.")]
+    = r"^ProfilerStep#\d+$",
+    cpu_ops: Annotated[bool, typer.Option("--cpu-ops", help="Analyse the CPU operators of a trace without GPU "
+                                                            "kernels (a CPU engine's).")] = False,
+    out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Results file (JSON). Default: "
+                                                                         "ddprobe-results/trace-<time>.json.")] = None,
+    force: ForceOpt = False,
+):
+    """Read torch-profiler traces (SGLang, vLLM, any Kineto trace): per verify step, where the GPU time went."""
+    import sys
+
+    from ..probes.trace import run_trace
+    from .outputs import check_file
+
+    if bool(files) == bool(url):
+        raise DDProbeError("give trace files or folders, or --url to profile a server (one of the two)")
+    path = check_file("--out", results_path(out_path, "trace"), force=force, keep_existing=True,
+                      inputs=[("FILES", f) for f in files or []])
+    if url:
+        from ..probes.trace_parts.trigger import profile_server
+
+        files = profile_server(url, num_steps, trace_dir, wait, progress=err.print)
+    result, ranks = run_trace(files, marker=marker, cpu_ops=cpu_ops, model=model, tp=tp, rows=queries, gpu=gpu,
+                              ctx=parse_tokens(ctx) if ctx else None, progress=ReadProgress(),
+                              command=" ".join(sys.argv))
+    for row, r in zip(result.rows, ranks):
+        print_rank(row, result.summary["top"][str(r.rank)], r.detail)
+    if result.summary.get("skew"):
+        print_ranks(result.rows, result.summary["skew"])
+    result.save(path)
+    err.print(f"results: {path}", highlight=False)
