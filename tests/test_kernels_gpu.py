@@ -684,3 +684,58 @@ def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
                 d.launcher(q, kv, 0.1, 0, torch.empty_like(outs[kind]))
     err = float((outs[-1].float() - outs[-2].float()).norm() / outs[-2].float().norm())
     assert err < TOL[dtype], f"fused vs own launch: rel err {err:.2e}"
+
+
+PORTABLE_CASES = [  # ctx, budget, shape, heads, dtype (R <= 16: the sm_120 tiling's rows limit)
+    (0, 8, "lopsided", 8, torch.bfloat16),
+    (63, 8, "fork", 8, torch.float16),
+    (1000, 8, "lopsided", 8, torch.bfloat16),
+    (4097, 15, "chain", 64, torch.bfloat16),
+    (33000, 8, "lopsided", 8, torch.bfloat16),
+]
+
+
+@gpu
+@pytest.mark.parametrize("build", ["sm_120", "sm_80"])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", PORTABLE_CASES)
+def test_portable_build_matches_reference(build, ctx, budget, shape, heads, dtype):
+    """split's portable build (the target's tiling, its PTX JIT-compiled by the driver for this GPU) vs the fp32
+    reference, on a host plan and on a device plan replayed in a CUDA graph at a shorter live length."""
+    from ddprobe.engine.kernels import portable
+
+    q, kv, mask = make_inputs(ctx, budget, shape, heads, dtype)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
+    p = portable.plan(ctx, mask, V, build=build, heads=heads, dtype=dtype)
+    meta: dict = {}
+    out = portable.run(q, kv, p, 0.0722, meta=meta)
+    assert torch.isfinite(out).all(), "NaN/inf in output: a poisoned row was read"
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < TOL[dtype], f"{build} ctx={ctx} H={heads}: rel err {err:.2e}"
+    assert meta["prefix"]["mma_sync"] > 0 and meta["prefix"]["wgmma"] == 0
+    assert meta["prefix"]["shared"] <= portable.split.ARCHS[portable.BUILDS[build].tiling].smem
+    bound = ctx + 500
+    pt = torch.full((1,), bound, dtype=torch.int32, device="cuda")
+    big = torch.full((bound + budget + 1 + 64, V + PE), float("nan"), device="cuda", dtype=dtype)
+    big[:ctx + budget + 1] = kv[:ctx + budget + 1]  # the live rows; everything past them NaN
+    dp = portable.plan(pt, mask, V, build=build, heads=heads, dtype=dtype, max_prefix=bound)
+    portable.run(q, big, dp, 0.0722)  # compiled and loaded before the capture (its output is not checked)
+    pt.fill_(ctx)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = portable.run(q, big, dp, 0.0722)
+    graph.replay()
+    torch.cuda.synchronize()
+    err = float((got.float() - ref.float()).norm() / ref.float().norm())
+    assert err < TOL[dtype], f"{build} device plan replayed at {ctx} of {bound}: rel err {err:.2e}"
+
+
+@gpu
+def test_portable_build_bad_input_is_one_line():
+    from ddprobe.engine.kernels import portable
+
+    mask = shape_mask("chain", 32, "cuda")  # R = 33: more rows than the sm_120 tiling takes
+    with pytest.raises(portable.PortableUnavailable) as e:
+        portable.plan(100, mask, V, build="sm_120", heads=8)
+    assert "\n" not in str(e.value) and "sm_120" in str(e.value)
+    with pytest.raises(ValueError, match="unknown portable build"):
+        portable.plan(100, mask, V, build="sm_75", heads=8)

@@ -154,3 +154,54 @@ def test_a_kernel_that_does_not_build_falls_back_in_one_line():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         split._fallback(q, kv, p, 0.1, why)  # said once
+
+
+@pytest.mark.parametrize("build,heads", [("sm_120", 8), ("sm_80", 8), ("sm_120", 64)])
+def test_portable_build_compiles_to_ptx_a_hopper_driver_can_jit(build, heads):
+    """The portable build bench verify times on an H100/H200 (``split:build=...``): both launches compiled with the
+    build's tiling (split.ARCHS) for its PTX target: a target at or below sm_90 (the driver JIT-compiles PTX only
+    upwards), mma.sync and no sm_90-only instruction, within that GPU's shared memory, no spills."""
+    import re
+
+    from ddprobe.engine.kernels import _target_compile as tc
+    from ddprobe.engine.kernels import portable, split
+    from ddprobe.engine.kernels.merge import merge_launch
+    from ddprobe.engine.kernels.trees import shape_mask
+
+    b = portable.build_of(build)
+    assert b.ptx <= (9, 0) and split.ARCHS[b.tiling].tuning.tma == 0
+    q, kv = torch.randn(9, heads, 576).bfloat16(), torch.randn(32768 + 9, 576).bfloat16()
+    p = split.plan(32768, shape_mask("lopsided", 8), None, 512, heads=heads, arch=b.tiling)
+    cfg = p.extra["config"]
+    assert (cfg["block_n"], cfg["num_stages"]) == (split.ARCHS[b.tiling].tuning.block_n, 2)
+    fn, _, args, kw = split.prefix_launch(q, kv, p, 0.1, cfg, p.extra["partials"], tma_ok=False, compiled=True)
+    out = torch.empty(9, heads, 512, dtype=torch.bfloat16)
+    mfn, _, margs, mkw = merge_launch(p.extra["partials"], cfg["num_splits"], out, p.extra["merge"])
+    for role, (f, a, k) in {"prefix": (fn, args, kw), "merge": (mfn, margs, mkw)}.items():
+        c, values, _ = portable.compile_for(b, role, f, a, k)
+        ptx = c.asm["ptx"]
+        assert re.search(rf"^\.target sm_{b.ptx[0]}{b.ptx[1]}\b", ptx, re.M), role
+        assert not tc.hopper_only(c) and (role == "merge" or "mma.sync" in ptx)
+        rep = tc.code_report(c)
+        assert rep["shared"] <= split.ARCHS[b.tiling].smem and rep["stl"] == 0, (role, rep)
+        assert len(values) == len(f.arg_names)  # every argument in the kernel's order, as Triton's launcher takes
+
+
+def test_portable_build_bad_input_is_one_line():
+    """An unknown build, a plan off CUDA: one line each; the names bench verify accepts are the builds; what a row
+    says it timed is a proxy, never that GPU's figure."""
+    from ddprobe.engine.kernels import portable
+    from ddprobe.engine.kernels.trees import shape_mask
+    from ddprobe.probes.bench import verify
+
+    with pytest.raises(ValueError, match="unknown portable build 'sm_75'; known: sm_120, sm_80"):
+        portable.build_of("sm_75")
+    with pytest.raises(portable.PortableUnavailable) as e:
+        portable.plan(100, shape_mask("chain", 8), 512, build="sm_120", heads=8)
+    assert "\n" not in str(e.value) and "CUDA GPU" in str(e.value)
+    for name in portable.BUILDS:
+        verify.check_build("split", {"build": name})
+        what = portable.describe(name, "NVIDIA H100 80GB HBM3")
+        assert what.startswith("proxy: ") and f"not an {name} figure" in what and "H100" in what
+    with pytest.raises(verify.DDProbeError, match="unknown portable build"):
+        verify.check_build("split", {"build": "sm_90"})

@@ -114,7 +114,7 @@ def verify(
             write_json_atomic(out_path, doc)
 
     doc = run(opts, write, on_row=lambda r: err.print(line(r), highlight=False, markup=False),
-              command=" ".join(["ddprobe", *sys.argv[1:]]),
+              command=" ".join(["ddprobe", *sys.argv[1:]]), on_progress=progress_line,
               on_ceilings=lambda c: err.print(f"ceilings: copy {c['copy_GBps']:.0f} GB/s, bf16 matmul "
                                               f"{c['bf16_mm_TFLOPs']:.0f} TFLOP/s", highlight=False))
     ceil = doc["ceilings"]
@@ -151,6 +151,13 @@ def _need_cuda() -> None:
         raise DDProbeError("ddprobe bench verify needs torch with CUDA (pip install 'ddprobe[engine]')") from None
     if not torch.cuda.is_available():
         raise DDProbeError("ddprobe bench verify needs a CUDA GPU; none is visible to torch")
+
+
+def progress_line(done: int, total: int, elapsed_s: float, eta_s: float | None) -> None:
+    """bench verify's progress on stderr after each row: entries done, time elapsed, ETA (probes/bench/verify.Progress)."""
+    from .progress import _clock
+
+    err.print(f"  [{done}/{total}] {_clock(elapsed_s)} elapsed, ETA {_clock(eta_s)}", highlight=False, markup=False)
 
 
 def line(r: dict) -> str:

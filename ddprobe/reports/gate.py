@@ -139,8 +139,30 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
     return out
 
 
+def baseline_for(current: Result, folder: Path) -> Path:
+    """The baseline in ``folder`` (its ``*.json`` benchmark results, one per card) whose GPU is the current run's
+    (the GPU name in each file's meta); a one-line DDProbeError naming the GPUs the folder has when none is."""
+    cards: dict[str, Path] = {}
+    for f in sorted(folder.glob("*.json")):
+        try:
+            r = load_one(f)
+        except DDProbeError:
+            continue  # not a results file: not a baseline
+        if r.kind in bench.BENCH_KINDS and bench.gpu_name(r):
+            cards.setdefault(bench.gpu_name(r), f)
+    gpu = bench.gpu_name(current)
+    if gpu not in cards:
+        have = ", ".join(f"{g} ({p.name})" for g, p in cards.items()) or "none"
+        raise DDProbeError(f"no baseline in {folder} ran on {gpu or 'no GPU'} (the current run's GPU); it has: {have}")
+    return cards[gpu]
+
+
 def compare_files(current: str | Path, baseline: str | Path, **kw) -> GateOutcome:
-    return compare(load_one(current), load_one(baseline), **kw)
+    """Compare two files; ``baseline`` may be a folder of baselines, one per card: the one of the current run's
+    GPU is used (``baseline_for``)."""
+    cur = load_one(current)
+    base = Path(baseline)
+    return compare(cur, load_one(baseline_for(cur, base) if base.is_dir() else base), **kw)
 
 
 def table_rows(outcome: GateOutcome) -> list[list[str]]:

@@ -91,6 +91,7 @@ def _driver():
         lib.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
         lib.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
         lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p]
         _lib = lib
     return _lib
 
@@ -172,6 +173,18 @@ def tensor_map(t, rows: int, box_rows: int):
     return buf, tm
 
 
+_ATTR_LOCAL_BYTES, _ATTR_NUM_REGS = 3, 4  # CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_FUNC_ATTRIBUTE_NUM_REGS
+
+
+def resources(fn) -> dict:
+    """Registers per thread and local-memory spills of a loaded kernel, as the driver reports them (``n_spills``:
+    local bytes per thread / 4, Triton's convention, so bench verify's regs/spill line reads the same for both)."""
+    regs, local = ctypes.c_int(-1), ctypes.c_int(-1)
+    _driver().cuFuncGetAttribute(ctypes.byref(regs), _ATTR_NUM_REGS, fn)
+    _driver().cuFuncGetAttribute(ctypes.byref(local), _ATTR_LOCAL_BYTES, fn)
+    return {"n_regs": regs.value, "n_spills": local.value // 4 if local.value >= 0 else None}
+
+
 class Launcher:
     """One plan's launch of the seesaw kernel, built once (plan time): the function, the parameter block (the
     plan's bitmask, grid, partial buffers, device prefix length) and the TMA maps of the q and kv
@@ -215,7 +228,8 @@ class Launcher:
                        ctypes.c_int32(fuse_parts if self.fused else 0)]
         self.params = (ctypes.c_void_p * (2 + len(self._args)))(
             None, None, *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
-        self.report = {"name": self.name, "shared": SMEM_BYTES, "threads": THREADS, "programs": self.programs}
+        self.report = {"name": self.name, "shared": SMEM_BYTES, "threads": THREADS, "programs": self.programs,
+                       **resources(self.fn)}
         self.fused_report = {**self.report, "merge": "fused", "partials": fuse_parts}
 
     def _map(self, t, rows: int) -> int:
@@ -278,7 +292,7 @@ class MergeLauncher:
         self.params = (ctypes.c_void_p * len(self._args))(
             *[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in self._args])
         self.report = {"name": self.name, "threads": MERGE_THREADS, "programs": hq * self.slices,
-                       "partials": n_parts}
+                       "partials": n_parts, **resources(self.fn)}
 
     def __call__(self, out, stream: int) -> dict:
         """Launch on ``stream`` into ``out`` [R, H, 512] of the plan's dtype, unit column stride, 8-byte aligned."""

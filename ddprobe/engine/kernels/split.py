@@ -444,9 +444,12 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     is memoized). prefix_len: int (host plan) or a [1] int32 device tensor with ``max_prefix``
     (device plan: splits and buffers sized for max_prefix; ``refresh`` rebuilds the bitmask). The GPU's Arch
     (ARCHS: its tuning, when none is given, and its shared memory) is the device's, or off CUDA that of compute
-    capability ``arch`` (a plan to compile for a target without one, grids sized for its Arch.sms; None: sm_90's)."""
+    capability ``arch`` (a plan to compile for a target without one, grids sized for its Arch.sms; None: sm_90's).
+    On CUDA an ``arch`` given plans that GPU's tiling and shared-memory limit with this device's SM count (the
+    portable build timed on another card: portable.py)."""
     dev = tree_mask.device
-    a = arch_for(torch.cuda.get_device_capability(dev) if dev.type == "cuda" else arch)
+    target = arch is not None and dev.type == "cuda"
+    a = arch_for(torch.cuda.get_device_capability(dev) if dev.type == "cuda" and not target else arch)
     tuning = a.tuning if tuning is None else tuning
     if not isinstance(tuning, SplitTuning):
         raise ValueError(f"the split path takes a SplitTuning, got {type(tuning).__name__}")
@@ -461,7 +464,7 @@ def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None,
     w = bit_weights(r, dev)
     sms = a.sms if dev.type != "cuda" and arch is not None else sm_count(dev)
     extra = {"bit_weights": w, "bits": mask_bits(tree_mask, w), "sm_count": sms,
-             "smem_limit": smem_limit(dev) if dev.type == "cuda" else a.smem, "dtype": dtype, "rope_dim": rope_dim,
+             "smem_limit": smem_limit(dev) if dev.type == "cuda" and not target else a.smem, "dtype": dtype, "rope_dim": rope_dim,
              "arch": a}
     if heads is not None:
         extra["heads"] = heads

@@ -30,7 +30,8 @@ SLOT_LAYOUTS = ("shuffled", "contiguous")
 BASELINES = tuple(p.name for p in verify_paths.PATHS if p.baseline)  # paged, sglang: --paged-max-ctx/-heads apply
 Variant = tuple[str, dict]  # (path, tuning overrides); {} is the path's run-wide tuning
 PLAN_KINDS = ("device", "host")  # a variant's plan=host times a host plan
-PLAN_KEYS = ("plan", "bound")  # a variant's keys that shape its plan, not its tuning (plan_kind, plan_bound)
+PLAN_KEYS = ("plan", "bound", "build")  # a variant's keys that shape its plan, not its tuning (plan_kind, plan_bound;
+# build=: split's portable build, engine/kernels/portable.py)
 
 
 @dataclass
@@ -91,8 +92,12 @@ def check_tunings(opts: "BenchOptions") -> None:
             raise DDProbeError(f"{name} is a peer: it takes no tuning overrides, got {over}")
     for what, items in (("--tune", opts.tune.items()), ("--step-variant", opts.step_variants)):
         for name, over in items:
-            if "bound" in over:
-                raise DDProbeError(f"{what} {name}: bound= sizes one layer's device plan; give it in a --variant")
+            for key in ("bound", "build"):
+                if key in over:
+                    raise DDProbeError(f"{what} {name}: {key}= shapes one layer's plan; give it in a --variant")
+    for name, over in opts.variants:
+        if "build" in over:
+            check_build(name, over)
     try:
         from ...engine import kernels
     except ImportError:  # no torch: the CUDA check that follows says so
@@ -108,6 +113,16 @@ def check_tunings(opts: "BenchOptions") -> None:
             getattr(path, "check_tuning", lambda t: None)(t)  # a value no kernel implements (split_ws's tail=2)
         except ValueError as e:
             raise DDProbeError(f"bad {name} tuning {over or opts.tune.get(name)}: {e}") from None
+
+
+def check_build(name: str, over: dict) -> None:
+    """``split:build=sm_120|sm_80``: the portable build of `split` (engine/kernels/portable.py; its names are
+    split.ARCHS entries, stdlib-readable here through verify_paths' GPU lists). One line for another path or name."""
+    builds = ("sm_120", "sm_80")  # portable.BUILDS (a test checks the two agree)
+    if name != "split":
+        raise DDProbeError(f"{name}: build= names a portable build of split (split:build={'|'.join(builds)})")
+    if over["build"] not in builds:
+        raise DDProbeError(f"split: unknown portable build {over['build']!r}; known: {', '.join(builds)}")
 
 
 def plan_kind(path, name: str, over: dict) -> str:
@@ -206,6 +221,28 @@ def rel_err(out, ref) -> float:
     return float((out.float() - ref.float()).norm() / ref.float().norm())
 
 
+class Progress:
+    """Entries done of the run's total, time elapsed and an ETA, for a run of minutes. An entry's cost grows with
+    its context (the caches filled, the slow baselines' kernels): each weighs 1 + ctx / 32k (a step entry 8), and
+    the ETA is the weight left at the pace measured so far. ``report(done, total, elapsed_s, eta_s)`` after each."""
+
+    def __init__(self, weights: list[float], report: Callable[[int, int, float, float | None], None] | None):
+        self.weights, self.report, self.done, self.t0 = weights, report, 0, time.monotonic()
+
+    @staticmethod
+    def weight(ctx: int) -> float:
+        return 1.0 + ctx / 32768
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.report is None:
+            return
+        el = time.monotonic() - self.t0
+        w_done, w_all = sum(self.weights[:self.done]), sum(self.weights)
+        eta = el * (w_all - w_done) / w_done if w_done > 0 and self.done < len(self.weights) else 0.0
+        self.report(self.done, len(self.weights), el, eta)
+
+
 class Bench:
     """One run: the options, the ceilings (measured on creation), the rows so far; ``on_row`` sees each row."""
 
@@ -223,6 +260,7 @@ class Bench:
         self.torch, self.kernels, self.opts, self.on_row = torch, kernels, opts, on_row or (lambda row: None)
         self.ceil = ceilings(torch)
         self.results: list[dict[str, Any]] = []
+        self.progress: Progress | None = None
         self.flex = {"failed": None, "spent": 0.0}
         spec = gpu_spec_for(torch.cuda.get_device_name())
         self.l2 = spec.l2_bytes if spec else DEFAULT_L2_BYTES
@@ -278,9 +316,11 @@ class Bench:
             path = self.kernels.get_path(name)
         except self.kernels.PathUnavailable as e:  # sglang not installed: a skipped row that says how
             raise peers.PeerUnavailable(str(e)) from None
+        both = self._both(name, over)
+        if "build" in both:
+            return self._portable(both, ctx, heads, mask, rec)
         tun = tuned(path, name, o.tune.get(name, {}), over)
         paged = path.layout == "paged"
-        both = self._both(name, over)
         kind, bound = plan_kind(path, name, both), plan_bound(path, name, both)
         pl = engine_plan(self.torch, path, kind, ctx, mask, slots if paged else None, sh.v_dim, tun, heads, bound)
         rec.update(plan=kind, kernel=kernel_of(name, pl), tuning=dataclasses.asdict(tun))
@@ -294,6 +334,35 @@ class Bench:
         call.plan = pl  # point() reads a fallback the first call recorded in it
         return call, ("paged" if paged else "tree")
 
+    def _portable(self, over: dict, ctx: int, heads: int, mask, rec: dict):
+        """split's portable build ``over["build"]`` (portable.py) on the engine's plan kind: its row says what it is
+        (``proxy``); where it cannot run here (the card, the driver's JIT, the tiling) a skipped row saying why."""
+        from ...engine.kernels import portable
+
+        torch, o = self.torch, self.opts
+        kind = plan_kind(self.kernels.get_path("split"), "split", over)
+        prefix = ctx if kind == "host" else torch.full((1,), ctx, dtype=torch.int32, device=mask.device)
+        fields = {k: v for k, v in over.items() if k not in PLAN_KEYS}
+        try:
+            base = portable.base_tuning(over["build"])
+            tun = dataclasses.replace(base, **{k: int(v) for k, v in fields.items()})
+        except (TypeError, ValueError) as e:
+            raise DDProbeError(f"bad split:build={over['build']} tuning {fields}: {e}") from None
+        try:
+            pl = portable.plan(prefix, mask, o.shape.v_dim, build=over["build"], heads=heads, tuning=tun,
+                               max_prefix=None if kind == "host" else ctx)
+        except portable.PortableUnavailable as e:
+            raise peers.PeerUnavailable(str(e)) from None
+        rec.update(plan=kind, kernel=f"portable {over['build']}", proxy=portable.describe(over["build"],
+                   torch.cuda.get_device_name()), tuning=dataclasses.asdict(pl.tuning), config=pl.extra["config"])
+
+        def call(q, kv, meta=None):
+            try:
+                return portable.run(q, kv, pl, o.scale, meta=meta)
+            except portable.PortableUnavailable as e:
+                raise peers.PeerUnavailable(str(e)) from None
+        return call, "tree"
+
     def _keep(self, rec: dict) -> None:
         """One row, checked against the bench-verify schema first (a bad row is a bug: raise), then kept."""
         from ...results import _finite
@@ -302,6 +371,17 @@ class Bench:
         parse_row("bench-verify", _finite(rec), f"bench verify: row {len(self.results) + 1}")
         self.results.append(rec)
         self.on_row(rec)
+        if self.progress is not None:
+            self.progress.tick()
+
+    def plan_progress(self, report: Callable[[int, int, float, float | None], None] | None) -> None:
+        """Count the run's entries (every point's, then the step's) for ``Progress``."""
+        o = self.opts
+        w = [Progress.weight(c) for h in o.heads for c in o.ctxs for _ in self._entries(c, h)]
+        if o.step_ctx:
+            steps = [p for p in o.paths if p not in o.step_skip and p not in WEAK_PEERS] + list(o.step_variants)
+            w += [8.0] * len(steps)
+        self.progress = Progress(w, report)
 
     def point(self, ctx: int, heads: int) -> None:
         """Every entry at one (context, heads): checked, then timed; one row each (an error or skip recorded)."""
@@ -332,7 +412,9 @@ class Bench:
             try:
                 t0 = time.time()
                 fn, kind = self._runner(name, over, ctx, heads, mask, slots, rec)
-                if fn is None:
+                if fn is None:  # flex left out: no row, but the entry is done
+                    if self.progress is not None:
+                        self.progress.tick()
                     continue
                 kmeta: dict = {}  # the compiled kernels' reports (registers, spills, shared memory)
                 rec["rel_err"] = rel_err(fn(qs[0], kvs[0], meta=kmeta), refs[kind])
@@ -400,14 +482,17 @@ class Bench:
 
 
 def run(opts: BenchOptions, write: Callable[[dict], None], on_row: Callable[[dict], None] | None = None,
-        command: str = "", on_ceilings: Callable[[dict], None] | None = None) -> dict[str, Any]:
+        command: str = "", on_ceilings: Callable[[dict], None] | None = None,
+        on_progress: Callable[[int, int, float, float | None], None] | None = None) -> dict[str, Any]:
     """The whole comparison: every (heads, context) point, then the step; ``write(doc)`` after each point so a run
-    cut short keeps what it measured. Returns the document."""
+    cut short keeps what it measured; ``on_progress(done, total, elapsed_s, eta_s)`` after each row. Returns the
+    document."""
     import platform
 
     import triton
 
     b = Bench(opts, on_row)
+    b.plan_progress(on_progress)
     torch = b.torch
     meta = dict(date=time.strftime("%Y-%m-%d"), gpu=torch.cuda.get_device_name(), torch=torch.__version__,
                 triton=triton.__version__, python=platform.python_version(), command=command,
