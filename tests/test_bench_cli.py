@@ -48,6 +48,9 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(tmp_path):
     (["--variant", "split:block_n=x"], "bad split tuning"),
     (["--variant", "split_ws:tail=2"], "WsTuning.tail must be one of"),
     (["--variant", "paged:plan=graph"], "plan=graph is not a plan kind it takes"),
+    (["--variant", "split:build=sm_75"], "unknown portable build 'sm_75'; known: sm_120, sm_80"),
+    (["--variant", "split_ws:build=sm_120"], "build= names a portable build of split"),
+    (["--step-variant", "split:build=sm_120"], "build= shapes one layer's plan; give it in a --variant"),
 ])
 def test_bad_input_is_one_line_before_any_gpu_work(args, says):
     assert says in _error_line(runner.invoke(app, ["bench", "verify", *args]))
@@ -221,3 +224,21 @@ def test_a_variant_bound_sizes_the_device_plan_as_an_engine_of_that_capacity():
     assert bench._kv_rows(300, 8, 309) == 4096 + 9
     bench.opts.variants = [("split", {"tma": "0"})]
     assert bench._kv_rows(300, 8, 309) == 309
+
+
+def test_progress_counts_every_entry_and_weighs_the_eta_by_context():
+    """bench verify's progress (Progress): one tick per entry, the total the run's entries (points x entries, then
+    the step's), the ETA the weight left at the pace so far, 0 at the end."""
+    from ddprobe.probes.bench.verify import Progress
+
+    seen = []
+    p = Progress([Progress.weight(1024), Progress.weight(131072), 8.0], lambda *a: seen.append(a))
+    p.t0 -= 10.0  # 10 s into the run
+    p.tick()
+    (done, total, el, eta), = seen
+    assert (done, total) == (1, 3) and el >= 10.0
+    w_first = 1 + 1024 / 32768
+    assert eta == pytest.approx(el * (5.0 + 8.0) / w_first, rel=1e-6)  # 128k weighs 5, the step 8
+    p.tick()
+    p.tick()
+    assert seen[-1][0] == 3 and seen[-1][3] == 0.0

@@ -326,3 +326,29 @@ def test_the_baselines_command_is_the_workflows_and_parses(tmp_path):
     if not torch.cuda.is_available():
         r = runner.invoke(app, ["bench", "verify", *workflow, "--out", str(tmp_path / "b.json")])
         assert r.exit_code == 1 and "needs a CUDA GPU" in r.output, r.output
+
+
+def test_a_folder_of_baselines_gates_against_the_card_the_run_used(tmp_path):
+    """``--baseline FOLDER``: the baseline whose GPU (the name in its meta) is the current run's; a run on a card the
+    folder has no baseline for is one line naming the cards it has; files that are no results are passed over."""
+    import shutil
+
+    folder = tmp_path / "baselines"
+    folder.mkdir()
+    for f in SHIPPED.parent.glob("*.json"):  # the shipped baselines, one per card
+        shutil.copy(f, folder / f.name)
+    (folder / "notes.json").write_text("{}")
+    d = json.loads(SHIPPED.read_text())
+    d["meta"]["gpu"] = "NVIDIA Made-Up 1"
+    (tmp_path / "other.json").write_text(json.dumps(d))
+    cards = {}
+    for f in sorted(SHIPPED.parent.glob("bench-verify-*.json")):
+        gpu = json.loads(f.read_text())["meta"]["gpu"]
+        cards[gpu] = f
+        assert gate.baseline_for(gate.load_one(f), folder).name == f.name
+        r = gate_cli(f, "--baseline", folder)
+        assert r.exit_code == 0 and "gate passed" in r.output, r.output
+    assert len(cards) == len(list(SHIPPED.parent.glob("bench-verify-*.json")))  # one file per card
+    r = gate_cli(tmp_path / "other.json", "--baseline", folder)
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
+    assert "no baseline in" in r.output and "NVIDIA Made-Up 1" in r.output and "NVIDIA H200" in r.output
