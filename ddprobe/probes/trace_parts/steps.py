@@ -8,8 +8,8 @@
    graph per step).
 3. the repeating kernel sequence: with neither, the kernels themselves are the units.
 
-For 2 and 3 the step is the shortest window that repeats: the least frequent unit whose occurrences come at one
-regular distance (at least two windows alike) anchors it.
+For 2 and 3 the step is the window that repeats: the least frequent unit whose occurrences come at one regular
+distance, with at least two windows alike that together cover half the trace or more, anchors it.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .read import Kernel, Trace
 
 GRAPH_LAUNCHES = ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "cuGraphLaunch")
 MIN_ALIKE = 0.5  # of the windows at the modal distance, at least this share must hold the same sequence
+MIN_COVER = 0.5  # and the windows alike must cover at least this share of the trace's units
 
 
 @dataclass
@@ -128,6 +129,6 @@ def _regular(seq: list[int], pos: list[int]) -> tuple[int, list[int]] | None:
     starts = [a for a, g in zip(pos, gaps) if g == period]
     shapes = Counter(tuple(seq[s:s + period]) for s in starts)
     shape, alike = shapes.most_common(1)[0]
-    if alike < 2 or alike < MIN_ALIKE * len(starts):
-        return None
+    if alike < 2 or alike < MIN_ALIKE * len(starts) or alike * period < MIN_COVER * len(seq):
+        return None  # a local repetition (a layer's few kernels, a burst) is not the step
     return period, [s for s in starts if tuple(seq[s:s + period]) == shape]

@@ -103,7 +103,7 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
     worker = threading.Thread(target=lambda: _catch(errors, _load, base, num_steps, wait_s), daemon=True)
     worker.start()
     worker.join(wait_s)
-    r = _post(f"{base}/stop_profile", None, wait_s)
+    r = _post(f"{base}/stop_profile", {}, wait_s)
     if r.status_code == 404:
         raise _refused(r, base, "/stop_profile")
     if errors:

@@ -1,0 +1,208 @@
+"""`ddprobe trace` on the CPU: fresh torch.profiler traces of the engine's steps (tiny preset), the three ways of
+finding steps, several ranks, the command in a fresh process, `serve` + `trace --url` end to end, and bad input."""
+import gzip
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ddprobe.probes.trace import rank_of, run_trace
+from ddprobe.units import DDProbeError
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+STEPS = 6
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "ddprobe", "trace", *map(str, args)], env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def engine_trace(tmp_path_factory) -> Path:
+    """A real torch.profiler trace of STEPS verify steps of the tiny engine, one ProfilerStep per step."""
+    import torch  # noqa: F401
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from ddprobe.engine.generate import Engine
+
+    eng = Engine("tiny", attn="reference", device="cpu")
+    ids = list(range(5, 45))
+    eng.generate(ids, 8)
+    path = tmp_path_factory.mktemp("traces") / "tiny-TP-0.trace.json.gz"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=100)) as prof:
+        eng.generate(ids, STEPS * 3, on_tokens=lambda toks, n: prof.step())
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def rewrite(src: Path, dst: Path, keep) -> Path:
+    doc = json.loads(gzip.open(src, "rt").read())
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if keep(e)]
+    with gzip.open(dst, "wt") as f:
+        json.dump(doc, f)
+    return dst
+
+
+def test_engine_trace_steps_by_markers(engine_trace):
+    res, ranks = run_trace([engine_trace], cpu_ops=True)
+    row = res.rows[0]
+    assert row["method"] == "markers" and row["steps"] >= STEPS - 1
+    assert 0 < row["busy_ms"] <= row["step_ms"] and row["idle_ms"] >= 0
+    summed = sum(row[f"{c}_ms"] for c in ("attention", "moe", "gemm", "communication", "norm_elementwise",
+                                          "sampling_tree", "other"))
+    busy = sum(ranks[0].steps.busy_ms) / row["steps"]  # the class times are means per step
+    assert summed == pytest.approx(busy, rel=0.02)  # one thread: top-level operators never overlap
+    assert row["gemm_ms"] > 0 and row["gemm_per_step"] >= 8  # the tiny target's projections, every step
+    assert row["sampling_tree_per_step"] >= 1  # the tree's top-k / the walk's argmax
+    strip = res.summary["strip"]
+    assert strip["kernels"] and all(k[1] >= 0 and k[2] >= 0 for k in strip["kernels"])
+
+
+def test_without_markers_the_repeating_sequence_is_found(engine_trace, tmp_path):
+    bare = rewrite(engine_trace, tmp_path / "bare.json.gz", lambda e: e.get("cat") != "user_annotation")
+    res, ranks = run_trace([bare], cpu_ops=True)
+    marked, _ = run_trace([engine_trace], cpu_ops=True)
+    row = res.rows[0]
+    assert row["method"] == "repeating kernel sequence" and row["steps"] >= 2
+    assert "repeats" in ranks[0].detail
+    # the window that repeats is one verify step: its span within 30% of the marked steps' median
+    assert row["step_ms"] == pytest.approx(marked.rows[0]["step_ms"], rel=0.3)
+
+
+def test_ranks_side_by_side_with_skew(engine_trace, tmp_path):
+    for r in (0, 1):
+        shutil.copy(engine_trace, tmp_path / f"1700000000.5-TP-{r}.trace.json.gz")
+    with pytest.raises(DDProbeError, match="no GPU kernels"):
+        run_trace([tmp_path])
+    res, _ = run_trace([tmp_path], cpu_ops=True)
+    assert [r["rank"] for r in res.rows] == [0, 1]
+    sk = res.summary["skew"]
+    assert sk["ranks"] == 2 and sk["skew"] == pytest.approx(1.0) and set(sk["communication_ms"]) == {"0", "1"}
+
+
+def test_rank_from_sglang_and_vllm_names():
+    assert rank_of(Path("1733.12-TP-3.trace.json.gz"), {}, 0) == 3
+    assert rank_of(Path("1733.12-TP-5-DP-0-EXTEND.trace.json.gz"), {}, 0) == 5
+    assert rank_of(Path("dp0_pp0_tp2_dcp0_ep0_rank2.1733000000123.pt.trace.json.gz"), {}, 0) == 2
+    assert rank_of(Path("whatever.json"), {"distributedInfo": {"rank": 7}}, 0) == 7
+    assert rank_of(Path("whatever.json"), {}, 4) == 4
+
+
+def test_the_command_in_a_fresh_process(engine_trace, tmp_path):
+    out = tmp_path / "t.json"
+    r = cli(engine_trace, "--cpu-ops", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "steps by markers" in r.stdout and "dense GEMM" in r.stdout
+    from ddprobe.results import load
+
+    got = load(out)
+    assert got.kind == "trace" and got.records[0].steps >= STEPS - 1
+    again = cli(engine_trace, "--cpu-ops", "-o", out)  # results already there: refused, kept
+    assert again.returncode == 1 and "--force" in again.stderr and load(out).rows == got.rows
+
+
+def one_line_error(r, *words):
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_bad_input_one_line_each_and_nothing_written(engine_trace, tmp_path):
+    out = tmp_path / "never.json"
+    text = tmp_path / "notes.txt"
+    text.write_text("not a trace at all\n")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"schema": "x", "rows": []}))
+    cut = tmp_path / "cut.trace.json.gz"
+    cut.write_bytes(engine_trace.read_bytes()[: engine_trace.stat().st_size // 2])
+    two = rewrite(engine_trace, tmp_path / "two.json.gz", lambda e: e.get("cat") == "cpu_op")
+    doc = json.loads(gzip.open(two, "rt").read())
+    doc["traceEvents"] = doc["traceEvents"][:2]
+    two.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    one_line_error(cli(text, "-o", out), "not a torch-profiler trace")
+    one_line_error(cli(other, "-o", out), "not a torch-profiler trace")
+    one_line_error(cli(cut, "-o", out), "truncated")
+    one_line_error(cli(engine_trace, "-o", out), "no GPU kernels", "--cpu-ops")
+    one_line_error(cli(two, "--cpu-ops", "-o", out), "no step markers", "no repeating")
+    one_line_error(cli(tmp_path / "missing.json.gz", "-o", out), "no such file")
+    one_line_error(cli("-o", out), "--url")
+    assert not out.exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_server_without_a_profiler_is_one_line(tmp_path):
+    """A real HTTP server that, like vLLM started without --profiler-config, has no /start_profile (404)."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.add_api_route("/v1/models", lambda: {"data": [{"id": "m"}]}, methods=["GET"])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        url = f"http://127.0.0.1:{server.config.port}"
+        r = cli("--url", url, "--dir", tmp_path / "d", "-o", tmp_path / "o.json", "--wait", "5")
+        one_line_error(r, "404", "--profiler-config")
+        assert not (tmp_path / "o.json").exists()
+    finally:
+        server.should_exit = True
+        th.join(10)
+
+
+def test_serve_and_trace_url_end_to_end(tmp_path):
+    """`ddprobe serve` (tiny engine, CPU) writes a real torch.profiler trace of its verify steps at /start_profile;
+    `ddprobe trace --url` asks for it, waits for the file and reads it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ddprobe", "serve", "--preset", "tiny", "--port", str(port)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        import requests
+
+        t0 = time.time()
+        while True:
+            assert proc.poll() is None and time.time() - t0 < 120, "serve did not start"
+            try:
+                requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except requests.RequestException:
+                time.sleep(0.3)
+        r = cli("--url", f"http://127.0.0.1:{port}", "--num-steps", 4, "--cpu-ops", "--dir", tmp_path / "d",
+                "-o", tmp_path / "o.json")
+        assert r.returncode == 0, r.stderr
+        files = list((tmp_path / "d").glob("*-TP-0.trace.json.gz"))
+        assert len(files) == 1
+        res = json.loads((tmp_path / "o.json").read_text())
+        assert res["rows"][0]["method"] == "markers" and res["rows"][0]["steps"] == 4
+        stop = requests.post(f"http://127.0.0.1:{port}/stop_profile", json={}, timeout=30)  # already stopped itself
+        assert stop.status_code == 400 and "not in progress" in stop.text
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_read_trace_refuses_what_it_cannot_read(tmp_path):
+    from ddprobe.probes.trace_parts.read import read_trace
+
+    p = tmp_path / "x.json"
+    p.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, }')
+    with pytest.raises(DDProbeError, match="not valid JSON|truncated"):
+        read_trace(p)
