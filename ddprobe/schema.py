@@ -206,6 +206,8 @@ class CommitRow(Row):
     commit_len_p10: TokensPerStep | None = None
     commit_len_p90: TokensPerStep | None = None
     drafts_per_step: Number | None = None  # draft nodes proposed per verify step
+    accepted_per_pos: list | None = None  # per draft position p (0 first): steps whose draft token at p was accepted
+    cond_accept_per_pos: list | None = None  # conditional acceptance per draft position: at p / at p - 1 (0: / steps)
     prefill_s: Sec | None = None
     decode_s: Sec | None = None
     e2e_s: Sec | None = None  # the request end to end, prefill included

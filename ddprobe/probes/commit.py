@@ -234,7 +234,7 @@ def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: st
         "reused_tokens": st.reused_tokens,
         "max_new_tokens": max_new_tokens, "completion_tokens": st.completion_tokens,
         "verify_steps": st.verify_steps, "commit_len": st.commit_len, "accepted_depth": st.commit_len - 1,
-        "sglang_accept_length": st.sglang_accept_length,
+        "sglang_accept_length": st.sglang_accept_length if st.verify_steps else None,
         "commit_len_std": None, "commit_len_p10": None, "commit_len_p90": None,
         "drafts_per_step": st.drafts_per_step, "prefill_s": st.prefill_s, "decode_s": st.decode_s,
         "e2e_s": st.e2e_s, "decode_ms_per_step": None, "tokens_per_s": None,

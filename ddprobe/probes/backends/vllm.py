@@ -4,17 +4,31 @@ returns them (vLLM PR #48915, ``--per-request-spec-decode-metrics``), the reques
 ``metrics.speculative_decoding`` (``num_spec_steps``, ``num_accepted_draft_tokens``, ``num_draft_tokens``,
 ``acceptance_histogram``: index = draft tokens accepted in a step), which no other client's traffic can mix.
 
+Verify steps, as vLLM counts them, are the steps that proposed a draft: a step where the proposer drafted nothing
+(ngram speculation finding no match) commits its one token outside them, and a request with no drafted step has
+vLLM's mean acceptance length 1.0 (kept so, with a note). Commit length is vLLM's ``1 + accepted / drafts``.
+
+Per draft position (``accepted_per_pos``): the steps whose draft token at position p was accepted, from the change
+in ``vllm:spec_decode_num_accepted_tokens_per_pos{position=p}`` or from the request's ``per_step_accepted`` (a step
+accepting a tokens counts at positions 0..a-1); ``cond_accept_per_pos``: conditional acceptance per draft position,
+accepted at p over accepted at p - 1 (at 0: over the drafted steps). A step that drafted fewer tokens than
+positions counts as not accepted at the missing ones, as vLLM's counters count it.
+
 Every count is checked before it is believed (``backends.checked_stats``): counters that go backwards (a
-restart) or jump past what one request can move, and per-request figures that contradict each other, fail the
-cell in one line."""
+restart during the request) or jump past what one request can move, and per-request figures that contradict each
+other, fail the cell in one line. A restart between cells (counters lower than after the previous cell, or a new
+``process_start_time_seconds``) is said in the next cell's ``server_note``; its counts start again and stand."""
 from __future__ import annotations
 
 import math
 import time
 from typing import Any
 
-from .base import BackendError, GenStats, checked_stats, histogram_note
+from .base import BackendError, GenStats, checked_stats
 from .http import HttpClient, field_of
+
+
+NO_SPEC = "no speculative-decoding counters"
 
 
 class VLLMBackend(HttpClient):
@@ -24,7 +38,9 @@ class VLLMBackend(HttpClient):
     DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
     SUCCESS = "vllm:request_success"  # label finished_reason; one more per finished request
     GEN_TOKENS = "vllm:generation_tokens"
-    GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label position: 0 .. k-1
+    STARTED = "process_start_time_seconds"  # prometheus-client's process collector: changes when the server restarts
+    GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", STARTED)
     COUNTERS = (ACCEPTED, DRAFTS, DRAFT_TOKENS, SUCCESS, GEN_TOKENS)
     RETRIES = 2  # attempts after the first when another client's traffic is seen
 
@@ -33,6 +49,7 @@ class VLLMBackend(HttpClient):
         self._model = model
         self._models: dict | None = None
         self._per_request = False  # the server returns metrics.speculative_decoding: /metrics is not read
+        self._last: dict[str, float] | None = None  # the counters after the previous cell (a restart shows below)
 
     def _model_card(self) -> dict:
         if self._models is None:
@@ -61,17 +78,17 @@ class VLLMBackend(HttpClient):
         """Sum of each counter (``_total`` samples) and gauge we read, over all label sets."""
         text = self.call("GET", "/metrics", expect_json=False)
         totals = parse_metrics(text, f"{self.url}/metrics", counters=self.COUNTERS,
-                               gauges=self.GAUGES)
+                               gauges=self.GAUGES, by_label=(self.PER_POS, "position"))
         missing = [n for n in (self.ACCEPTED, self.DRAFTS) if n not in totals]
         if missing:
-            raise BackendError(f"{self.url}/metrics: the server reports no speculative-decoding counters "
+            raise BackendError(f"{self.url}/metrics: the server reports {NO_SPEC} "
                                f"({', '.join(m + '_total' for m in missing)} missing): is speculative decoding on?")
         return totals
 
     def other_traffic(self, before: dict, after: dict, completion_tokens: int) -> str | None:
         """Why the counters moved by more than this one request (None when they did not or cannot tell)."""
         why = []
-        busy = [g.split(":")[1] for g in self.GAUGES if before.get(g)]
+        busy = [g.split(":")[1] for g in self.GAUGES if before.get(g) and g != self.STARTED]
         if busy:
             why.append(f"{', '.join(busy)} > 0 before the request")
         if self.SUCCESS in after:
@@ -110,9 +127,9 @@ class VLLMBackend(HttpClient):
         try:
             d = self.call("POST", "/v1/completions", body)
         except BackendError:
-            if no_counters is not None:  # a server without the counters is the first thing to say
+            if no_counters is not None and NO_SPEC in str(no_counters):  # no spec decoding: the first thing to say
                 raise no_counters from None
-            raise
+            raise  # /metrics unreachable too (a proxy without it, a dead server): the request's own failure
         e2e = time.perf_counter() - t0
         usage = field_of(d, "usage", where, dict)
         completion = field_of(usage, "completion_tokens", where, int)
@@ -122,75 +139,157 @@ class VLLMBackend(HttpClient):
             self._per_request = True
             return per_request_stats(own, prompt, completion, e2e, max_new_tokens, where), ""
         if before is None:
-            raise no_counters or BackendError(f"{where}: the answer has no metrics.speculative_decoding any more")
+            raise no_counters or BackendError(f"{where}: the answer has no metrics.speculative_decoding any more "
+                                              "(the server restarted without --per-request-spec-decode-metrics?)")
         after = self.spec_counters()
         back = [n for n in self.COUNTERS if n in before and n in after and after[n] < before[n]]
-        if back:
-            raise BackendError(f"{self.url}/metrics: {back[0]}_total went backwards ({before[back[0]]:g} -> "
-                               f"{after[back[0]]:g}; the server restarted?): the request's counts are lost")
+        if back or before.get(self.STARTED) != after.get(self.STARTED):
+            what = (f"{back[0]}_total went backwards ({before[back[0]]:g} -> {after[back[0]]:g})" if back
+                    else f"{self.STARTED} changed")
+            raise BackendError(f"{self.url}/metrics: {what} during the request: the server restarted, the "
+                               "request's counts are lost")
         traffic = self.other_traffic(before, after, completion)
         if traffic:
             return None, traffic
-        accepted = after[self.ACCEPTED] - before[self.ACCEPTED]
-        drafts = after[self.DRAFTS] - before[self.DRAFTS]
-        if drafts <= 0:
-            raise BackendError(f"{self.url}/metrics: no draft was counted during the request (speculative "
-                               "decoding off?)")
-        stats = GenStats(prompt_tokens=prompt, completion_tokens=completion, verify_steps=int(round(drafts)),
-                         accepted_tokens=accepted, e2e_s=e2e)
-        k = None
-        if self.DRAFT_TOKENS in after:
-            stats.drafts_per_step = (after[self.DRAFT_TOKENS] - before[self.DRAFT_TOKENS]) / drafts
-            k = max(1, round(stats.drafts_per_step))
-        checked_stats(stats, max_new_tokens, f"{self.url}/metrics", budget=k)
+        stats = self._counter_stats(before, after, prompt, completion, e2e, max_new_tokens)
         if self.SUCCESS not in after and self.GEN_TOKENS not in after:
             stats.extra["traffic_check"] = "unavailable: /metrics has no request_success or generation_tokens"
         return stats, ""
+
+    def _restarted(self, before: dict) -> str | None:
+        """Why the server restarted since the previous cell (None: it did not, or there was none)."""
+        last, self._last = self._last, None
+        if last is None:
+            return None
+        if last.get(self.STARTED) != before.get(self.STARTED):
+            return f"the server restarted since the previous cell ({self.STARTED} changed): its counters started again"
+        low = [n for n in self.COUNTERS if n in last and n in before and before[n] < last[n]]
+        return (f"the server restarted since the previous cell ({low[0]}_total fell from {last[low[0]]:g} to "
+                f"{before[low[0]]:g}): its counters started again") if low else None
+
+    def _counter_stats(self, before: dict, after: dict, prompt: int, completion: int, e2e: float,
+                       max_new_tokens: int) -> GenStats:
+        """GenStats from the change in the spec-decode counters across one request (nobody else's traffic)."""
+        where = f"{self.url}/metrics"
+        restarted = self._restarted(before)
+        self._last = after
+        delta = {n: after[n] - before.get(n, 0.0) for n in after}
+        accepted, drafts = delta[self.ACCEPTED], delta[self.DRAFTS]
+        if drafts <= 0:
+            if accepted:
+                raise BackendError(f"{where}: {accepted:g} accepted tokens counted with no draft: not believed")
+            stats = no_draft_stats(prompt, completion, e2e, max_new_tokens, where)
+        else:
+            stats = GenStats(prompt_tokens=prompt, completion_tokens=completion, verify_steps=int(round(drafts)),
+                             accepted_tokens=accepted, e2e_s=e2e)
+            k = None
+            if self.DRAFT_TOKENS in delta:
+                stats.drafts_per_step = delta[self.DRAFT_TOKENS] / drafts
+                k = max(1, round(stats.drafts_per_step))
+            checked_stats(stats, max_new_tokens, where, budget=k)
+            at = [delta[n] for n in sorted((n for n in delta if n.startswith(self.PER_POS + "[")),
+                                           key=lambda n: int(n[len(self.PER_POS) + 1:-1]))]
+            keep_positions(stats, at, drafts, accepted, f"{where} {self.PER_POS}_total")
+        stats.extra["spec_counts"] = "server-wide counters of /metrics, this request alone"
+        if restarted:
+            stats.extra["server_note"] = restarted
+        return stats
+
+
+def no_draft_stats(prompt: int, completion: int, e2e: float, max_new_tokens: int, where: str) -> GenStats:
+    """A request during which the proposer drafted nothing (ngram speculation without a match): every token from a
+    plain decode step, no verify step; vLLM's mean acceptance length is 1.0, so is the commit length."""
+    if not 1 <= completion <= max_new_tokens:
+        raise BackendError(f"{where}: completion_tokens {completion} for max_new_tokens {max_new_tokens}: "
+                           "impossible, not believed")
+    stats = GenStats(prompt_tokens=prompt, completion_tokens=completion, verify_steps=0, commit_mean=1.0,
+                     accepted_tokens=0.0, e2e_s=e2e)
+    stats.extra["server_note"] = ("no step proposed a draft (the proposer found nothing to draft): commit length "
+                                  "1.0, as vLLM counts it")
+    return stats
+
+
+def keep_positions(stats: GenStats, at: list[float], steps: float, accepted: float, where: str) -> None:
+    """``accepted_per_pos`` (steps accepted at each draft position) and ``cond_accept_per_pos`` (at p over at
+    p - 1; at 0 over the steps) into ``stats.extra`` when ``at`` can be true of the counts: non-increasing, at most
+    ``steps``, summing to ``accepted``; else a ``server_note`` says why they are ignored."""
+    if not at:
+        return
+    ok = all(0 <= a <= b for a, b in zip(at, [steps] + at[:-1])) and abs(sum(at) - accepted) < 0.5
+    if not ok:
+        stats.extra["server_note"] = (f"{where}: per-position counts {[round(a) for a in at]} do not fit "
+                                      f"{steps:g} drafted steps and {accepted:g} accepted tokens: ignored")
+        return
+    stats.extra["accepted_per_pos"] = [int(round(a)) for a in at]
+    stats.extra["cond_accept_per_pos"] = [a / b if b else None for a, b in zip(at, [steps] + at[:-1])]
+
+
+def _ints(v) -> list[int] | None:
+    ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+    return v if ok else None
 
 
 def per_request_stats(sd: dict, prompt: int, completion: int, e2e: float, max_new_tokens: int,
                       where: str) -> GenStats:
     """GenStats from vLLM's per-request ``metrics.speculative_decoding`` (PR #48915): ``num_spec_steps`` verify
-    steps, ``num_accepted_draft_tokens`` (a cut last step counted uncut, as vLLM counts), ``num_draft_tokens`` and
-    ``num_spec_tokens`` (k); ``acceptance_histogram`` gives the spread when it agrees with the counts."""
+    steps (steps that drafted), ``num_accepted_draft_tokens`` (a cut last step counted uncut, as vLLM counts),
+    ``num_draft_tokens`` and ``num_spec_tokens`` (k); ``acceptance_histogram`` (index = draft tokens accepted in a
+    step) gives the spread and ``per_step_accepted`` the per-position counts when they agree with the totals;
+    ``mean_acceptance_length``, vLLM's own figure, is kept beside ddprobe's as ``reported_mean_acceptance_length``."""
     where = f"{where} metrics.speculative_decoding"
     steps = field_of(sd, "num_spec_steps", where, int)
     accepted = field_of(sd, "num_accepted_draft_tokens", where, int)
-    if steps <= 0 or accepted < 0:
+    if steps < 0 or accepted < 0 or (steps == 0 and accepted):
         raise BackendError(f"{where}: num_spec_steps {steps}, num_accepted_draft_tokens {accepted}: not believed")
     k = sd.get("num_spec_tokens")
     k = k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
-    stats = GenStats(prompt_tokens=prompt, completion_tokens=completion, verify_steps=steps,
-                     accepted_tokens=float(accepted), e2e_s=e2e)
-    drafted = sd.get("num_draft_tokens")
-    if isinstance(drafted, int) and not isinstance(drafted, bool) and drafted >= 0:
-        stats.drafts_per_step = drafted / steps
-    checked_stats(stats, max_new_tokens, where, budget=k)
-    hist = sd.get("acceptance_histogram")
-    if isinstance(hist, list) and hist and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                               for h in hist):
-        note = histogram_note(hist, stats)
-        if note:
-            stats.extra["server_note"] = note
-        else:
+    if steps == 0:
+        stats = no_draft_stats(prompt, completion, e2e, max_new_tokens, where)
+    else:
+        stats = GenStats(prompt_tokens=prompt, completion_tokens=completion, verify_steps=steps,
+                         accepted_tokens=float(accepted), e2e_s=e2e)
+        drafted = sd.get("num_draft_tokens")
+        if isinstance(drafted, int) and not isinstance(drafted, bool) and drafted >= 0:
+            stats.drafts_per_step = drafted / steps
+        checked_stats(stats, max_new_tokens, where, budget=k)
+        hist = _ints(sd.get("acceptance_histogram"))
+        if hist and sum(hist) == steps and sum(i * n for i, n in enumerate(hist)) == accepted:
             stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
+        elif hist:
+            stats.extra["server_note"] = (f"acceptance_histogram {hist} does not fit {steps} steps and {accepted} "
+                                          "accepted tokens: spread ignored")
+        per_step = _ints(sd.get("per_step_accepted"))
+        if per_step is not None and len(per_step) == steps:
+            at = [sum(a > p for a in per_step) for p in range(k or max(per_step, default=0))]
+            keep_positions(stats, at, steps, accepted, f"{where} per_step_accepted")
+    reported = sd.get("mean_acceptance_length")
+    if isinstance(reported, (int, float)) and not isinstance(reported, bool) and math.isfinite(reported):
+        stats.extra["reported_mean_acceptance_length"] = float(reported)
+        if abs(reported - stats.commit_len) > 1e-6:
+            stats.extra["server_note"] = (f"vLLM's mean_acceptance_length {reported:g} differs from 1 + accepted / "
+                                          f"steps = {stats.commit_len:g} of its own counts")
     stats.extra["spec_counts"] = "per request (metrics.speculative_decoding)"
     return stats
 
 
-def parse_metrics(text: str, where: str, counters=(), gauges=()) -> dict[str, float]:
+def parse_metrics(text: str, where: str, counters=(), gauges=(), by_label: tuple[str, str] | None = None
+                  ) -> dict[str, float]:
     """Prometheus text -> {name: value summed over label sets} for the named counters (their ``_total``
     samples; ``_created`` and other series ignored) and gauges, read with prometheus-client's parser. Goes by
     sample name, so text without ``# TYPE`` lines (grep output: each sample its own untyped family) reads the
-    same as vLLM's full exposition."""
+    same as vLLM's full exposition. ``by_label`` (counter, label): that counter per value of that label, as
+    ``counter[value]`` keys (summed over its other labels)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     totals = {c + "_total": c for c in counters}
+    split = (by_label[0] + "_total", by_label[1]) if by_label else None
     out: dict[str, float] = {}
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
                 name = totals.get(s.name) or (s.name if s.name in gauges else None)
+                if split and s.name == split[0] and s.labels.get(split[1], "").isdigit():
+                    name = f"{by_label[0]}[{s.labels[split[1]]}]"
                 if name is not None:
                     if not math.isfinite(s.value):
                         raise BackendError(f"{where}: {s.name} is {s.value}, not a finite number")
