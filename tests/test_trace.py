@@ -206,3 +206,20 @@ def test_read_trace_refuses_what_it_cannot_read(tmp_path):
     p.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, }')
     with pytest.raises(DDProbeError, match="not valid JSON|truncated"):
         read_trace(p)
+
+
+def test_report_draws_the_step_anatomy(engine_trace, tmp_path):
+    """`report` on a trace result: findings in words, the stacked bar per rank and one step's timeline strip."""
+    from ddprobe.reports import render
+
+    for r in (0, 1):
+        shutil.copy(engine_trace, tmp_path / f"1700000000.5-TP-{r}.trace.json.gz")
+    res, _ = run_trace([tmp_path], cpu_ops=True)
+    res.save(tmp_path / "trace.json")
+    report = render.build([tmp_path / "trace.json"])
+    (s,) = report.sections
+    assert s.kind == "trace" and [f.name.split("-")[-1] for f in s.figures] == ["anatomy", "strip"]
+    assert all(f.png.startswith(b"\x89PNG") for f in s.figures)
+    assert s.findings[0].startswith("rank 0:") and "skew" in s.findings[-1]
+    html = render.write(report, tmp_path / "r.html")[0].read_text()
+    assert "Where the step goes" in html and "The attention kernel against the GPU" in html

@@ -156,7 +156,14 @@ def advise(result: Result) -> list[str]:
     return out or ["No speculation verdict recorded."]
 
 
-BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util, "advise": advise}
+def trace(result: Result) -> list[str]:
+    from .trace import findings as trace_findings
+
+    return trace_findings(result)
+
+
+BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util, "advise": advise,
+           "trace": trace}
 
 
 def findings(result: Result) -> list[str]:

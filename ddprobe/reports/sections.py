@@ -14,12 +14,12 @@ from ..schema import FloorRow
 from ..step_shape import BELOW_FLOOR
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from ..signals import LABELS
-from . import bench, plots, plots_gpu
+from . import bench, plots, plots_gpu, trace
 from .findings import findings
 from .plots import Figure
 
 TITLES = {"commit": "Commit length", "floor": "Bandwidth floor", "bench-verify": "Verify-attention benchmark",
-          "gpu-util": "GPU utilization", "advise": "Speculation on or off"}
+          "gpu-util": "GPU utilization", "advise": "Speculation on or off", "trace": "Where the step goes (trace)"}
 GENERIC_ROWS, GENERIC_COLS = 50, 12
 
 
@@ -202,7 +202,8 @@ def _advise(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     return [t], [plots.advise_tokens(rows, f"{sid}-tokens")] if rows else []
 
 
-BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util, "advise": _advise}
+BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util, "advise": _advise,
+            "trace": lambda r, sid: trace.section(r, sid)}
 
 
 def build(path: Path, result: Result, index: int) -> Section:
