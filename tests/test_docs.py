@@ -1,0 +1,261 @@
+"""The docs hold to the code (issue 52).
+
+- Every command the app registers has its page, ``docs/<command>.md`` (``bench``'s subcommands share
+  ``docs/bench.md``), and every option its ``--help`` lists (short forms and ``--no-x`` included) appears in that
+  page.
+- Every ``ddprobe`` command shown in the README and in ``docs/`` runs: each fenced ``bash`` or ``console`` block is
+  parsed (in ``bash`` every line, in ``console`` the lines after ``$ ``; a trailing backslash continues a line, ``&&``
+  chains commands, ``#`` starts a comment, leading ``VAR=value`` words are dropped), and each line whose command is
+  ``ddprobe`` or ``python -m ddprobe`` runs in a fresh process, in a temporary folder (the block's commands in order,
+  in the same folder), on copies of the shipped files it names (``tests/...``, ``examples/...``), with
+  ``OMP_NUM_THREADS=1``; it must exit 0.
+
+Markers (an HTML comment on the line just before the opening fence; text after the word is free):
+
+- ``<!-- gpu -->``: needs a GPU; ``<!-- live -->``: needs a server, or starts one; ``<!-- long -->``: runs on a CPU but
+  takes minutes. These are not run: each command must parse (the command exists, every option exists, an integer or
+  number option's value is one, none is given twice).
+- ``<!-- exit N -->``: run, and expect exit status N (a gate that fails on purpose).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+from ddprobe.cli import app
+from ddprobe.cli.app import repeated_options
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+# Commands whose page another change adds; while the page is missing, its command is not required to have one and
+# its examples are not parsed. The lead empties this set once each page is in.
+PENDING = {
+    "trace",  # docs/trace.md: written with the trace command (issue 55)
+}
+
+MARKER = re.compile(r"^\s*<!--\s*(gpu|live|long|exit\s+(\d+))\b.*-->\s*$")
+FENCE = re.compile(r"^```(\w*)\s*$")
+SHIPPED = ("tests/", "examples/")
+ROOT_CMD = typer.main.get_command(app)
+
+
+def leaf_commands(group=ROOT_CMD, path=()):
+    """(path, click command) of every command a user runs: ('floor',), ('bench', 'verify'), ..."""
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if hasattr(cmd, "list_commands"):
+            yield from leaf_commands(cmd, (*path, name))
+        else:
+            yield (*path, name), cmd
+
+
+COMMANDS = dict(leaf_commands())
+
+
+def page_of(path: tuple[str, ...]) -> Path:
+    return DOCS / f"{path[0]}.md"
+
+
+def option_names(cmd) -> list[str]:
+    names = []
+    for p in cmd.params:
+        if getattr(p, "param_type_name", "") == "option" and not getattr(p, "hidden", False):
+            names += [*p.opts, *p.secondary_opts]
+    return [*names, "--help"]
+
+
+def argument_names(cmd) -> list[str]:
+    return [p.name.upper() for p in cmd.params if getattr(p, "param_type_name", "") == "argument"]
+
+
+def test_every_command_has_a_page():
+    assert len(COMMANDS) >= 10, sorted(COMMANDS)  # the walk found the app's commands
+    missing = sorted(" ".join(p) for p in COMMANDS if not page_of(p).is_file() and p[0] not in PENDING)
+    assert not missing, f"commands without a page in docs/: {missing}"
+
+
+@pytest.mark.parametrize("path", sorted(COMMANDS), ids=" ".join)
+def test_every_option_is_in_its_page(path):
+    page = page_of(path)
+    if not page.is_file():
+        assert path[0] in PENDING
+        pytest.skip(f"{page.name} pending (PENDING)")
+    text = page.read_text()
+    cmd = COMMANDS[path]
+    absent = [o for o in option_names(cmd) if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)]
+    absent += [a for a in argument_names(cmd) if a not in text]
+    assert not absent, f"{page.relative_to(ROOT)} does not name these options of `ddprobe {' '.join(path)}`: {absent}"
+
+
+# --- the examples ------------------------------------------------------------------------------------------------
+
+
+def blocks(md: Path):
+    """(line number, language, marker or None, lines) of each fenced bash/console block of a page."""
+    lines = md.read_text().split("\n")
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start, lang = i, m.group(1)
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith("```"):
+            j += 1
+        if lang in ("bash", "console"):
+            prev = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
+            mk = MARKER.match(prev)
+            yield start + 1, lang, (mk.group(1) if mk else None), lines[start + 1:j]
+        i = j + 1
+
+
+def commands_of(lang: str, body: list[str]) -> list[list[str]]:
+    """The ddprobe command lines of a block, each as the arguments after ``ddprobe``."""
+    logical, cur = [], None
+    for line in body:
+        if cur is None:
+            if lang == "console":
+                if not line.startswith("$ "):
+                    continue
+                line = line[2:]
+            cur = ""
+        if line.rstrip().endswith("\\"):
+            cur += line.rstrip()[:-1] + " "
+            continue
+        logical.append(cur + line)
+        cur = None
+    out = []
+    for line in logical:
+        for part in re.split(r"\s&&\s", line):
+            words = shlex.split(part, comments=True)
+            while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+                words.pop(0)
+            if words[:1] == ["ddprobe"]:
+                out.append(words[1:])
+            elif words[:3] == ["python", "-m", "ddprobe"]:
+                out.append(words[3:])
+    return out
+
+
+EXAMPLES = [(md, line, lang, marker, args)
+            for md in PAGES for line, lang, marker, body in blocks(md)
+            for args in [commands_of(lang, body)] if args]
+
+
+def example_id(ex) -> str:
+    md, line, _, marker, _ = ex
+    return f"{md.relative_to(ROOT)}:{line}" + (f"[{marker}]" if marker else "")
+
+
+def resolve(args: list[str]):
+    """The leaf command ``args`` name, and the arguments left for it."""
+    cmd, rest = ROOT_CMD, list(args)
+    path = []
+    while hasattr(cmd, "list_commands"):
+        assert rest and not rest[0].startswith("-"), f"no command in `ddprobe {' '.join(args)}`"
+        name = rest.pop(0)
+        sub = cmd.get_command(click.Context(cmd), name)
+        path.append(name)
+        if sub is None:
+            return tuple(path), None, rest
+        cmd = sub
+    return tuple(path), cmd, rest
+
+
+def check_parses(args: list[str]) -> None:
+    """The command exists, every option exists, an integer or number option's value is one, none is given twice,
+    no positional argument is left over. Callbacks (which read files) are not run."""
+    path, cmd, rest = resolve(args)
+    if cmd is None:
+        if path[0] in PENDING and not page_of(path).is_file():
+            return
+        pytest.fail(f"`ddprobe {' '.join(args)}`: no command {' '.join(path)!r}")
+    by_name = {o: p for p in cmd.params if getattr(p, "param_type_name", "") == "option"
+               for o in (*p.opts, *p.secondary_opts)}
+    arguments = [p for p in cmd.params if getattr(p, "param_type_name", "") == "argument"]
+    positional, i = [], 0
+    while i < len(rest):
+        word = rest[i]
+        if word.startswith("-") and word != "-":
+            name, eq, value = word.partition("=")
+            if name == "--help":
+                i += 1
+                continue
+            p = by_name.get(name)
+            assert p is not None, f"`ddprobe {' '.join(args)}`: `ddprobe {' '.join(path)}` has no option {name}"
+            if p.is_flag or name in p.secondary_opts:
+                assert not eq, f"{name} takes no value"
+            else:
+                if not eq:
+                    i += 1
+                    assert i < len(rest), f"{name} needs a value"
+                    value = rest[i]
+                kind = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+                if kind in (int, float):
+                    try:
+                        kind(value)
+                    except ValueError:
+                        pytest.fail(f"`ddprobe {' '.join(args)}`: {name} takes {kind.__name__}, not {value!r}")
+        else:
+            positional.append(word)
+        i += 1
+    room = sum(10**6 if a.nargs == -1 else a.nargs for a in arguments)
+    assert len(positional) <= room, f"`ddprobe {' '.join(args)}`: arguments left over: {positional}"
+    twice = repeated_options(cmd, rest)
+    assert not twice, f"`ddprobe {' '.join(args)}`: given twice: {twice}"
+
+
+def ddprobe_exe() -> list[str]:
+    script = Path(sys.executable).with_name("ddprobe")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "ddprobe"]
+
+
+def stage_shipped(args: list[str], cwd: Path) -> None:
+    """Copy the shipped files a command names into its folder, at the same relative path."""
+    for word in args:
+        value = word.partition("=")[2] if word.startswith("-") else word
+        for v in value.split(","):
+            if v.startswith(SHIPPED) and (ROOT / v).exists():
+                src, dst = ROOT / v, cwd / v
+                if dst.exists():
+                    continue
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+
+
+def test_the_examples_were_found():
+    """The parser finds the examples (a README without runnable ones, or a parser that finds none, fails here)."""
+    readme = [ex for ex in EXAMPLES if ex[0].name == "README.md"]
+    assert len(readme) >= 8 and any(ex[3] is None for ex in readme)
+    assert {ex[4][0][0] for ex in EXAMPLES} >= {"commit", "floor", "advise", "diagnose", "gpu-util", "report", "gate"}
+
+
+@pytest.mark.parametrize("ex", EXAMPLES, ids=example_id)
+def test_example(ex, tmp_path):
+    md, line, _, marker, commands = ex
+    for args in commands:
+        check_parses(args)
+    if marker in ("gpu", "live", "long"):
+        return
+    expect = int(marker.split()[1]) if marker and marker.startswith("exit") else 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    env.pop("TRITON_INTERPRET", None)
+    for args in commands:
+        stage_shipped(args, tmp_path)
+        r = subprocess.run([*ddprobe_exe(), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300, stdin=subprocess.DEVNULL)
+        assert r.returncode == expect, (f"{example_id(ex)}: `ddprobe {shlex.join(args)}` exited {r.returncode}, "
+                                        f"not {expect}:\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
