@@ -1,6 +1,6 @@
 """Request models of ``ddprobe serve``: strict, so nothing a client asks for is silently ignored.
 
-Policy (documented in the README):
+Policy (documented in docs/serve.md):
 - Every field is strict (pydantic strict mode): nothing is coerced. An integer field takes a JSON integer
   only (``true``, ``"8"`` and ``8.0`` are a 400), a number field a JSON number (``"0.5"`` and ``true`` are a
   400; an integer is a number), a boolean ``true`` or ``false`` (``"yes"`` and ``1`` are a 400).
