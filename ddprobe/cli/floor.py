@@ -10,8 +10,8 @@ import typer
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth, \
     parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
 from .app import app
-from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, KvDtypeOpt, TpOpt, \
-    WeightDtypeOpt, note_dense
+from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, KernelsOpt, KvDtypeOpt, \
+    TpOpt, WeightDtypeOpt, check_latency, note_dense
 from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 from .tables import Col, print_fitted
 
@@ -56,6 +56,7 @@ def floor(
     dcp: DcpOpt = 1,
     allreduce_us: AllreduceUsOpt = None,
     allreduce_from: AllreduceFromOpt = None,
+    kernels: KernelsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
@@ -72,13 +73,20 @@ def floor(
         check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)])
     spec = model_from_config(config) if config else get_model(model)
     ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from)
+    if kernels is None and steps_from is not None:  # the engine's own count, where the file holds one
+        from ..probes.floor import kernels_from_file
+
+        kernels = kernels_from_file(steps_from)
     if tflops is not None and not tflops > 0:
         raise DDProbeError(f"--tflops must be greater than zero, got {tflops}")
     note_dense(spec, ep)
     sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype, kv_dtype=kv_dtype,
                   allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
     _, result, rows = served_floor(spec, sh, ctxs, steps, gpu=gpu, bw_Bps=parse_bandwidth(bw) if bw else None,
-                                   flops_per_s=tflops * 1e12 if tflops else None, queries=queries, anatomy=anatomy)
+                                   flops_per_s=tflops * 1e12 if tflops else None, queries=queries, anatomy=anatomy,
+                                   kernels=kernels)
+    if step_ms:  # a typed step below the latency floor is a typo or another model: refused, not compared
+        check_latency(rows)
     if save:  # the floor rows are kept, with or without an anatomy
         result.save(save)
     if result.summary.get("anatomy_error"):
@@ -134,14 +142,14 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
     timed = any(r.step_ms is not None for r in rows)
     comm = any(r.comm_ms for r in rows)
     cols = [Col("ctx"), Col("KV", 3), Col("weights", 3), Col("KV fl", 2), Col("wt fl", 2), Col("compute", 4)] + \
-        ([Col("comm", 2)] if comm else []) + [Col("floor"), Col("binds", 2), Col("decode fl", 3)]
+        ([Col("comm", 2)] if comm else []) + [Col("launches", 2), Col("floor"), Col("binds", 2), Col("decode fl", 3)]
     if timed:
         cols += [Col("step"), Col("eff bw", 1), Col("gap"), Col("attn gap", 1), Col("re-read", 5)]
     cells = []
     for r in rows:
         c = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
              _ms(r.weight_floor_ms), _ms(r.compute_floor_ms)] + ([_ms(r.comm_ms)] if comm else []) + \
-            [_ms(r.floor_ms), r.binds, _ms(r.decode_floor_ms)]
+            [_ms(r.latency_floor_ms), _ms(r.floor_ms), r.binds, _ms(r.decode_floor_ms)]
         if timed:
             below = "!" if r.below_floor else ""  # below the whole-step floor (BELOW_FLOOR is printed)
             c += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.gap),
@@ -167,8 +175,17 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
                   soft_wrap=True)
     elif config["tp"] > 1:
         out.print(said, highlight=False)
+    out.print(f"launches: {r0.kernels} kernels x {r0.kernel_us:.3g} us" + (f" + {r0.syncs} host syncs" if r0.syncs
+              else "") + f" = {_ms(r0.latency_floor_ms)} (the latency floor; {config.get('launches')})",
+              highlight=False, soft_wrap=True)
+    for r in (r for r in rows if r.step_ms is not None):
+        out.print(f"at {fmt_tokens(r.ctx)} the {r.step_ms:.4g} ms step: launches >= {_ms(r.latency_floor_ms)} "
+                  f"({r.launch_share:.0%}), bytes >= {_ms(max(r.bytes_floor_ms, r.compute_floor_ms or 0))} "
+                  f"({r.bytes_share:.0%}): {r.step_bound}", highlight=False)
     out.print("KV fl / wt fl: KV / weight bytes over bandwidth; compute: all FLOPs / tensor rate; floor = max((KV + "
-              "weights) / bandwidth, compute) + all-reduces (the whole step); decode fl: the plain one-row decode "
+              "weights) / bandwidth, compute, launches) + all-reduces + host syncs (the whole step: kernels serialize, "
+              "each moves its bytes inside its own duration, so launches and bytes bound the step together, not "
+              "added); decode fl: the plain one-row decode "
               "step's floor; gap = step / floor; attn gap = step / KV fl (the attention alone); re-read: the "
               "attention gap if every row re-read the cache", highlight=False, style="dim")
     if an is not None:

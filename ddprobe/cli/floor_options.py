@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..shapes import DTYPE_BYTES, dtype_name
-from .options import checked, err
+from .options import checked, err, within
 
 DTYPES = ", ".join(DTYPE_BYTES)  # the one dtype table (ddprobe.shapes)
 INT4_NOTE = ("int4 counts 0.5 B per weight, without its scales (K2's group-32 bf16 scales add 1/16): a lower "
@@ -32,6 +32,21 @@ AllreduceUsOpt = Annotated[Optional[float], typer.Option("--allreduce-us", help=
 AllreduceFromOpt = Annotated[Optional[Path], typer.Option("--allreduce-from", help="A `ddprobe bench allreduce` "
                                                           "results file measured at --tp ranks.")]
 COMM = ("dcp", "allreduce_us", "allreduce_from")  # the parameter names of the communication options
+KernelsOpt = Annotated[Optional[int], typer.Option("--kernels", callback=checked(within(0, 10_000_000)), help="Kernels per step of the server "
+                                                   "(default: a structural lower bound, 5 per layer + 2; "
+                                                   "ddprobe.step_model).")]
+
+
+def check_latency(rows) -> None:
+    """A step time below its latency floor (kernels x least kernel time + syncs) is refused in one line."""
+    from ..units import DDProbeError, fmt_time, fmt_tokens
+
+    for r in rows:
+        if r.step_ms is not None and r.step_ms < r.latency_floor_ms:
+            raise DDProbeError(f"--step-ms {fmt_time(r.step_ms / 1e3)} at {fmt_tokens(r.ctx)} is below the latency "
+                               f"floor {fmt_time(r.latency_floor_ms / 1e3)} ({r.kernels} kernels x "
+                               f"{r.kernel_us:.3g} us): no step of these kernels is that fast (give --kernels if the "
+                               "server launches fewer)")
 
 
 def note_dense(spec, ep: int) -> None:

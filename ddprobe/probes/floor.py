@@ -253,6 +253,18 @@ def steps_from_file(path, spec) -> tuple[list[int], list[float], str]:
     return [c for c, _ in pts], [t for _, t in pts], not_the_model(r.config, spec)
 
 
+def kernels_from_file(path) -> int | None:
+    """The kernels per DDTree step a gpu-util results file counted on its GPU (``summary.request.kernels``, written
+    where the engine counted them), else None."""
+    from ..results import Result
+
+    r = Result.load(path)
+    req = (r.summary or {}).get("request") or {}
+    src = str(req.get("launches_source") or "")
+    n = req.get("kernels")
+    return int(n) if isinstance(n, (int, float)) and n > 0 and "counted on the GPU" in src else None
+
+
 def not_the_model(config: dict, spec) -> str:
     """Why a results file's steps cannot be ``spec``'s (its config's preset, device and shape; heads may be a
     tensor-parallel share of the model's), or "" where they can be."""

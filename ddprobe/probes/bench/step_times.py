@@ -185,9 +185,11 @@ def count_kernels(run, steps: int = 3) -> tuple[float, float]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from ...foreign import quiet_stderr
+
     run()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             run()
         torch.cuda.synchronize()
