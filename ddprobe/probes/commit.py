@@ -245,8 +245,9 @@ def cell_row(kind: str, ctx: int, max_new_tokens: int, st: GenStats, backend: st
         deciles = statistics.quantiles(st.commit_lens, n=10, method="inclusive") if len(st.commit_lens) > 1 \
             else [float(st.commit_lens[0])] * 9
         row["commit_len_p10"], row["commit_len_p90"] = deciles[0], deciles[8]
-    if st.decode_s and st.verify_steps:
-        row["decode_ms_per_step"] = st.decode_s * 1e3 / st.verify_steps
+    steps = st.extra.get("decode_steps") or st.verify_steps  # a server's steps that drafted nothing included
+    if st.decode_s and steps:
+        row["decode_ms_per_step"] = st.decode_s * 1e3 / steps
         row["tokens_per_s"] = (st.completion_tokens - 1) / st.decode_s  # the first token is the prefill's
     for k, v in st.extra.items():
         row.setdefault(k, v)

@@ -73,7 +73,17 @@ def _commit(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
                   _f(x.accepted_depth, ".2f"), _f(x.drafts_per_step, ".1f"),
                   _f(x.verify_steps, "d"), _f(x.decode_ms_per_step, ".1f"),
                   _f(x.tokens_per_s, ".1f")] for x in rows])
-    return [t], [plots.commit_length(rows, f"{sid}-commit-length")] if rows else []
+    tables = [t]
+    pos = [x for x in rows if x.cond_accept_per_pos]
+    if pos:  # vLLM's per-position counters (or per_step_accepted): where along the draft acceptance stops
+        n = max(len(x.cond_accept_per_pos) for x in pos)
+        tables.append(Table("Conditional acceptance per draft position",
+                            ["text", "ctx", "steps"] + [f"pos {p}" for p in range(n)],
+                            [[x.text, fmt_tokens(x.ctx), _f(x.verify_steps, "d")]
+                             + [_f(c, ".2f") for c in (list(x.cond_accept_per_pos) + [None] * n)[:n]] for x in pos],
+                            "pos p: steps whose draft token at p was accepted / those accepted at p - 1 (pos 0: / "
+                            "verify steps), from the server's own per-position counts (accepted_per_pos)."))
+    return tables, [plots.commit_length(rows, f"{sid}-commit-length")] if rows else []
 
 
 def _ms(v: float | None) -> str:

@@ -72,7 +72,15 @@ class VLLMBackend(HttpClient):
         return v if isinstance(v, int) else None
 
     def describe(self) -> dict[str, Any]:
-        return {"backend": self.name, "url": self.url, "model": self._model_card().get("id")}
+        """What the results file's config says of the server; ``budget``: the draft tokens per step (k), counted
+        from the per-position series vLLM's /metrics keeps for each speculative position (absent: unknown)."""
+        out = {"backend": self.name, "url": self.url, "model": self._model_card().get("id")}
+        try:
+            text = self.call("GET", "/metrics", expect_json=False)
+        except BackendError:
+            return out
+        positions = [n for n in parse_metrics(text, f"{self.url}/metrics", by_label=(self.PER_POS, "position"))]
+        return {**out, "budget": len(positions)} if positions else out
 
     def spec_counters(self) -> dict[str, float]:
         """Sum of each counter (``_total`` samples) and gauge we read, over all label sets."""
@@ -137,7 +145,9 @@ class VLLMBackend(HttpClient):
         own = (d.get("metrics") or {}).get("speculative_decoding") if isinstance(d.get("metrics"), dict) else None
         if isinstance(own, dict):
             self._per_request = True
-            return per_request_stats(own, prompt, completion, e2e, max_new_tokens, where), ""
+            stats = per_request_stats(own, prompt, completion, e2e, max_new_tokens, where)
+            timing(stats, d["metrics"])
+            return stats, ""
         if before is None:
             raise no_counters or BackendError(f"{where}: the answer has no metrics.speculative_decoding any more "
                                               "(the server restarted without --per-request-spec-decode-metrics?)")
@@ -194,6 +204,21 @@ class VLLMBackend(HttpClient):
         if restarted:
             stats.extra["server_note"] = restarted
         return stats
+
+
+def timing(stats: GenStats, metrics: dict) -> None:
+    """Prefill and decode time from vLLM's per-request timing (``--enable-per-request-metrics``):
+    ``time_to_first_token_ms`` (scheduled to first token) and ``generation_time_ms`` (first token to last). The
+    decode steps, for the time per step, are the verify steps and the steps that drafted nothing (each committed
+    one token: ``completion - 1 - verify_steps - accepted`` of them, none when a cut last step hides them)."""
+    ttft, gen = metrics.get("time_to_first_token_ms"), metrics.get("generation_time_ms")
+    num = (int, float)
+    if not (isinstance(ttft, num) and isinstance(gen, num) and math.isfinite(ttft) and math.isfinite(gen)
+            and ttft >= 0 and gen > 0):
+        return
+    stats.prefill_s, stats.decode_s = ttft / 1e3, gen / 1e3
+    plain = max(0, stats.completion_tokens - 1 - stats.verify_steps - round(stats.accepted_tokens or 0))
+    stats.extra["decode_steps"] = stats.verify_steps + plain
 
 
 def no_draft_stats(prompt: int, completion: int, e2e: float, max_new_tokens: int, where: str) -> GenStats:
