@@ -170,7 +170,13 @@ class FloorRow(Row):
     allreduce_bytes: Bytes | None = None
     allreduce_us: Us | None = None  # one all-reduce
     comm_ms: Ms | None = None  # all the all-reduces of a step
-    launch_ms: Ms | None = None  # kernel launches a step cannot avoid
+    launch_ms: Ms | None = None  # kernels x the least time per kernel: the launches' floor
+    kernels: Count | None = None  # kernels per step (0: not counted)
+    kernel_us: Us | None = None  # the least time of one (ddprobe.shapes.KERNEL_TIMES)
+    syncs: Count | None = None  # host synchronisations per step
+    sync_ms: Ms | None = None
+    latency_floor_ms: Ms | None = None  # launches + syncs
+    bytes_floor_ms: Ms | None = None  # (KV + weights) / bandwidth
     floor_worst_ms: Ms | None = None
     binds: str | None = None  # the term that sets the floor
     decode_floor_ms: Ms | None = None  # the plain one-row decode step's floor
@@ -183,6 +189,9 @@ class FloorRow(Row):
     attn_gap: Ratio | None = None  # step / attention floor
     attn_gap_if_rows_reread: Ratio | None = None
     below_floor: bool | None = None
+    launch_share: Ratio | None = None  # latency floor / step
+    bytes_share: Ratio | None = None  # max(bytes, compute) floor / step
+    step_bound: str | None = None  # "launch-bound" or "bandwidth-bound"
     extra: dict = field(default_factory=dict)
 
 

@@ -100,8 +100,31 @@ def test_bad_input_is_one_line(args, msg):
 
 
 def test_a_decode_step_longer_than_the_verify_step_is_said():
-    p = _advise("--ctx", "32k", "--step-ms", "10", "--commit-len", "3", "--decode-ms", "20")
-    assert "the plain decode step (20 ms) is longer than the 9-row verify step (10 ms) at 32k" in p.stderr
+    p = _advise("--ctx", "32k", "--step-ms", "15", "--commit-len", "3", "--decode-ms", "20")
+    assert "the plain decode step (20 ms) is longer than the 9-row verify step (15 ms) at 32k" in p.stderr
+
+
+def test_a_step_faster_than_physics_is_refused_as_a_bug():
+    """kimi-k2.6 on an H200 at 32k: the one-row step reads 57.9 GB of weights and KV at least (13.68 ms); a 10 ms
+    verify step (or plain step) would be 100 tok/s above the 73 the bytes permit: refused, not printed."""
+    p = _advise("--ctx", "32k", "--step-ms", "10", "--commit-len", "3", "--decode-ms", "20", ok=False)
+    assert p.stdout == "" and "a bug, not printed: the 9-row verify step at 32k" in p.stderr
+    assert "below the one-row step's floor 13.68 ms" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    p = _advise("--ctx", "32k", "--step-ms", "20", "--commit-len", "3", "--decode-ms", "5", ok=False)
+    assert "the plain decode step at 32k" in p.stderr
+
+
+def test_floor_rows_are_floor_against_floor():
+    """advise's floor rows: the verify step and the plain decode step both at their floors; measured beside."""
+    from ddprobe.probes.advise import FLOOR_PATH, floor_points
+
+    model, _ = served_model(get_model("kimi-k2.6"), Sharding(), "h200")
+    pts = points_typed([8192, 32768], [30.0, 40.0], [7.0], [20.0], 8, "split_ws", "novel", "typed")
+    fl = floor_points(pts, model)
+    assert [p.path for p in fl] == [FLOOR_PATH, FLOOR_PATH]
+    for p in fl:
+        assert p.decode_ms == pytest.approx(model.cost(p.ctx, 1).floor_ms) and p.decode_ms < 20.0
+        assert p.verify_ms == pytest.approx(model.cost(p.ctx, 9).floor_ms)
 
 
 def test_from_a_commit_file(tmp_path):

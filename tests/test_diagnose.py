@@ -83,7 +83,11 @@ def test_every_claim_present_or_skipped_with_reason(run_dir):
     assert floor["binds"] == "KV" and fl.rows[0]["binds"] == "weights"  # 1k of KV is 1.57 MB
     status, text = claims["help"]
     assert "batch more requests" in text and "no telemetry here" in text
-    assert "Speculation on or off (against plain decoding at its floor): with reference, speculation" in text
+    assert "Speculation on or off (against measured plain decoding): with reference, speculation" in text
+    # like with like: the plain side is the same engine's one-row step, measured, and never below its floor
+    adv = Result.load(out / "advise.json")
+    assert adv.summary["decode_source"].startswith("measured: the engine's plain one-row decode step")
+    assert all(p["decode_ms"] >= fl.rows[0]["decode_floor_ms"] for p in adv.rows)
     assert "skipped: the embedded engine runs on the CPU" in text
     # the same claims on the terminal
     assert "Is the drafter broken at long context? No: on predictable text" in " ".join(printed.split())

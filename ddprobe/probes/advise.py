@@ -40,6 +40,7 @@ class Point:
     plain_tok_s: float = 0.0
     speedup: float = 0.0  # spec / plain
     note: str = ""
+    same_model: bool = True  # the steps are the step model's model (False: a file of another; no physics check)
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -364,24 +365,41 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     left = sum(1 for x in cells if not (x.commit_len and x.decode_ms_per_step))
     if left:
         say(f"note: {left} of {len(cells)} cells have no commit length or step time: left out")
-    return points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
-                              str(r.config.get("attn") or r.config.get("backend") or label), str(path))
+    pts = points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
+                             str(r.config.get("attn") or r.config.get("backend") or label), str(path))
+    for p in pts:
+        p.same_model = not why
+    return pts
 
 
-MODELLED = " (against plain decoding at its floor)"  # said in every sentence whose decode step is the model's
+# said in every sentence whose decode step is the model's floor: a bound on plain decoding, not a measurement
+MODELLED = " (against plain decoding at its floor, not measured: a bound, not a verdict)"
 
 
 def floor_points(points: list[Point], step_model) -> list[Point]:
-    """The same commit lengths with the verify step at its floor (path ``FLOOR_PATH``), one per text, context and
-    budget: what a verify kernel at physics would give."""
-    from .floor import FloorInput, floor_row
-
-    pts = [Point(FLOOR_PATH, p.text, p.ctx, p.budget, p.commit_len,
-                 floor_row(FloorInput(step_model, p.budget + 1), p.ctx).floor_ms, p.decode_ms, "step model")
+    """The same commit lengths with both sides at their floors (path ``FLOOR_PATH``), one per text, context and
+    budget: the verify step's floor against the plain one-row step's floor (like with like: physics against physics;
+    the measured points stay beside them)."""
+    pts = [Point(FLOOR_PATH, p.text, p.ctx, p.budget, p.commit_len, step_model.cost(p.ctx, p.budget + 1).floor_ms,
+                 step_model.cost(p.ctx, 1).floor_ms, "step model: verify and plain decode at their floors")
            for p in {(q.text, q.ctx, q.budget): q for q in points}.values()]
-    for p in pts:  # a verify step at its floor beside a measured decode step is no mismatch to report
-        p.note = ""
     return pts
+
+
+def check_physics(points: list[Point], step_model) -> None:
+    """A measured point faster than physics allows is a bug, refused in one line: a plain decode step below the
+    one-row step's floor, or a verify step below it (R rows read at least what one row reads: its weights, its
+    KV), i.e. tokens a second above what the weights' bytes permit."""
+    for p in points:
+        if p.path == FLOOR_PATH or not p.same_model:
+            continue
+        fl = step_model.cost(p.ctx, 1).floor_ms
+        for what, ms in (("plain decode step", p.decode_ms), (f"{p.budget + 1}-row verify step", p.verify_ms)):
+            if ms < fl * (1 - 1e-6):
+                raise DDProbeError(f"a bug, not printed: the {what} at {fmt_tokens(p.ctx)} through {p.path} measured "
+                                   f"{ms:.4g} ms, below the one-row step's floor {fl:.4g} ms ({1e3 / ms:.4g} tok/s "
+                                   f"against the {1e3 / fl:.4g} the weights' bytes permit); check the GPU preset "
+                                   "and the timer")
 
 
 def advise_result(points: list[Point], config: dict, meta=None, *, step_model=None, decode_source: str | None = None,
@@ -394,6 +412,8 @@ def advise_result(points: list[Point], config: dict, meta=None, *, step_model=No
     were measured here). Returns (Result, the points with the floor's, verdicts)."""
     from ..results import Result, RunMeta
 
+    if step_model is not None:
+        check_physics(points, step_model)
     pts = points + (floor_points(points, step_model) if step_model is not None and at_floor else [])
     decode_at = (lambda c: step_model.cost(max(1, c), 1).floor_ms) if decode_source is None else None
     verdicts = advise(pts, decode_at)
@@ -437,6 +457,10 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     points = measure(o, say=say)
     spec = get_gpu(gpu_name) if gpu_name else (gpu_spec_for(torch.cuda.get_device_name()) if gpu else None)
     model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
+    if model is not None:  # its launches: the structural least count at this GPU's least kernel time
+        from ..step_model import with_launches
+
+        model = with_launches(model, spec.name, None)
     return points, model, {"measured": dataclasses.asdict(o), "gpu": spec.name if spec else None}
 
 

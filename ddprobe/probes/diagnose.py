@@ -165,7 +165,9 @@ class Diagnose:
         config = {"step_source": "commit probe, novel text" if len(timed) > 1 else source}
         o = self.opts
         if getattr(self.backend, "step_model", None) is not None:  # the embedded engine: its own weights, one GPU
-            model = self.backend.step_model(bw, gpu.bf16_flops if gpu else None)
+            from .bench.step_times import engine_step_model
+
+            model = engine_step_model(self.backend, preset, bw, gpu.bf16_flops if gpu else None)
             config.update(model=f"engine-{self.backend.describe().get('preset', '?')}", tp=1, ep=1, dcp=1,
                           weights="the engine's own", gpu=preset, bw_Bps=bw, flops_per_s=model.flops_per_s)
             result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
@@ -182,7 +184,9 @@ class Diagnose:
 
     def advise(self):
         """Speculation on or off (``probes.advise``): the commit cells' commit length and verify step per text and
-        context against plain decoding at the step model's one-row floor (the best plain decoding can do)."""
+        context against the plain one-row decode step measured through the same path as `advise`'s
+        (``step_times.plain_decode_ms`` on the embedded engine); a server's plain side is the step model's floor,
+        said in every sentence as a bound, not a verdict."""
         from .advise import advise_result, points_from_commit
 
         model = getattr(self, "step_model", None)
@@ -193,13 +197,28 @@ class Diagnose:
         budget = int(self.backend.describe().get("budget", 8))
         path = str(self.backend.describe().get("attn") or self.backend.name)
         ctxs = sorted({int(r["ctx"]) for r in cells})
-        decode = {c: model.cost(c, 1).floor_ms for c in ctxs}
+        decode, source = self._plain_decode(ctxs)
+        if decode is None:
+            decode = {c: model.cost(c, 1).floor_ms for c in ctxs}
+        cells = [r for r in cells if int(r["ctx"]) in decode]
         pts = points_from_commit(cells, {"budget": budget}, decode, path, "commit probe")
-        # the report says once that plain decoding is at its floor; no floor points beside the measured ones
         result, _, _ = advise_result(pts, {"budget": budget, "path": path}, self.meta, step_model=model,
-                                     at_floor=False, say_modelled=False)
+                                     decode_source=source, at_floor=False)
         path_out = self.files["advise"] = self.out / "advise.json"
         result.save(path_out)
+
+    def _plain_decode(self, ctxs: list[int]) -> tuple[dict[int, float] | None, str | None]:
+        """The plain decode step per context measured on the embedded engine (``step_times.plain_decode_ms``), and
+        where it comes from; (None, None) for a backend without an engine here (a server)."""
+        eng = getattr(self.backend, "engine", None)
+        if eng is None:
+            return None, None
+        from .bench.step_times import plain_decode_ms
+
+        ms = plain_decode_ms(eng, ctxs)
+        if not ms:
+            return None, None
+        return ms, "measured: the engine's plain one-row decode step through the same path as `advise`"
 
     def verify(self):
         b = self.backend

@@ -120,7 +120,20 @@ def floor_claim(floor: Result | None, record: Result | None) -> Claim:
             f"{fmt_bandwidth(r.eff_bw_GBps * 1e9)}")
     if r.attn_gap_if_rows_reread:
         text += f"; still {fmt_ratio(r.attn_gap_if_rows_reread)} if every verify row re-read the cache"
-    return Claim("floor", title, text + ").", "ok")
+    return Claim("floor", title, text + ")." + _launch_sentence(r, floor.config.get("launches")), "ok")
+
+
+def _launch_sentence(r: FloorRow, source: str | None) -> str:
+    """The step's launch part against its bandwidth part (``step_model.gap_split``), or "" for an older file."""
+    if r.latency_floor_ms is None or not r.kernels or not r.step_ms:
+        return ""
+    byt = max(r.bytes_floor_ms or 0.0, r.compute_floor_ms or 0.0)
+    bound = "launch-bound" if r.latency_floor_ms > byt else "bandwidth-bound"
+    syncs = f" + {r.syncs} host syncs" if r.syncs else ""
+    return (f" The floor counts the launches: {r.kernels:,} kernels x {r.kernel_us:.3g} us{syncs} = "
+            f"{fmt_time(r.latency_floor_ms / 1e3)}, {r.latency_floor_ms / r.step_ms:.0%} of the measured step, "
+            f"against {fmt_time(byt / 1e3)} of bytes at the GPU's bandwidth ({byt / r.step_ms:.0%}): the step is "
+            f"{bound}" + (f" ({source})." if source else "."))
 
 
 def _decode_phases(util: Result | None) -> list[dict]:
@@ -135,9 +148,14 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
     said = [v["sentence"] for v in ((advise.summary.get("verdicts") or []) if advise else [])
             if isinstance(v, dict) and v.get("sentence")]
     if said:
-        parts.append("Speculation on or off (against plain decoding at its floor): " + "; ".join(said) + ".")
+        src = str(advise.summary.get("decode_source") or "")
+        plain = "measured plain decoding" if src.startswith("measured") else "plain decoding at its floor"
+        parts.append(f"Speculation on or off (against {plain}): " + "; ".join(said) + ".")
     novel = _series(commit.records, "novel") if commit else []
     r = _step_row(floor) if floor else None
+    if r is not None and r.kernels and r.latency_floor_ms and r.step_ms and \
+            r.latency_floor_ms > max(r.bytes_floor_ms or 0.0, r.compute_floor_ms or 0.0):
+        parts.append(_launch_help(r, novel[-1].commit_len if novel else None))
     if r is not None and (r.gap or r.attn_gap or 0) > 2:
         tok = f"{novel[-1].commit_len:.2f} tokens" if novel else "few tokens"
         far = (f"{fmt_ratio(r.gap)} above its floor" if r.gap else
@@ -170,6 +188,19 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
         parts.append(f"Latency of one request: a better verify kernel (split-K over the prefix plus a masked tree "
                      f"pass); its measured gain was {status}: {why}")
     return Claim("help", title, " ".join(parts), "ok" if ctxs or r is not None or said else "skipped")
+
+
+def _launch_help(r: FloorRow, commit_len: float | None) -> str:
+    """What would help a launch-bound step, with its numbers."""
+    per = r.kernel_us or 0.0
+    tok = f"{commit_len:.2f}" if commit_len else "its"
+    return (f"The step is launch-bound: {r.kernels:,} kernels at least {per:.3g} us each are "
+            f"{fmt_time(r.latency_floor_ms / 1e3)} of its {fmt_time(r.step_ms / 1e3)}, while its bytes need "
+            f"{fmt_time(max(r.bytes_floor_ms or 0.0, r.compute_floor_ms or 0.0) / 1e3)}. What helps: fewer kernels "
+            f"per step (fusing: every kernel cut saves at least {per:.3g} us a step; half the kernels, "
+            f"{fmt_time(r.latency_floor_ms / 2e3)} off the floor); CUDA graphs (the engine replays one already: an "
+            f"eager step pays the host's launch rate per kernel instead); batching (B requests share each step's "
+            f"launches, so B x {tok} tokens commit per step at nearly the same step time).")
 
 
 def diagnose(results: list[Result]) -> list[Claim]:

@@ -261,3 +261,17 @@ def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: floa
     said = (f"counted on the GPU: {dd} per DDTree step, " +
             (f"{dec} per plain decode step" if counts.get("decode") else f"plain decode at least {least}"))
     return with_launches(m, gpu, kernels, syncs=counts.get("syncs") or 0, counted=said)
+
+
+def plain_decode_ms(eng, ctxs: list[int], steps: int = DEFAULT_STEPS) -> dict[int, float]:
+    """The plain one-row decode step per context on an engine already built (``diagnose``'s), through the same path
+    as `advise` (``_decode_cell``: graph-replayed on CUDA, the eager one-row step elsewhere); contexts the engine's
+    capacity cannot hold with the steps' rows are left out."""
+    out = {}
+    for ctx in sorted(set(ctxs)):
+        cap = capacity([ctx], [], steps)
+        if cap > eng.max_ctx:
+            continue
+        out[ctx] = _decode_cell(eng, ctx, steps, eng.max_ctx).step_ms
+    eng.release()
+    return out
