@@ -98,7 +98,22 @@ def run_case(case: Case, work: Path, log) -> Row:
         rc, out, err = 124, _text(e.stdout), _text(e.stderr) + f"\ntimed out after {case.timeout_s:.0f} s"
     wall = time.perf_counter() - t0
     log.write(f"== {case.name}: ddprobe {' '.join(case.args)} (rc {rc}, {wall:.1f} s)\n{out}{err}\n")
-    return Row(case.name, "ddprobe " + " ".join(case.args), rc, wall, parse_warmup(err + out), _last_line(err))
+    tail = _last_line(err)
+    noise = foreign_line(out + err)
+    if noise and rc == 0:  # a third-party warning reached the user's terminal: the step fails on it (issue 54)
+        rc, tail = FOREIGN_RC, f"a third-party warning reached the terminal: {noise[:120]}"
+    return Row(case.name, "ddprobe " + " ".join(case.args), rc, wall, parse_warmup(err + out), tail)
+
+
+FOREIGN_RC = 3  # the exit recorded for a command that succeeded but let a third-party warning through
+# what a third-party warning looks like on a terminal: Python's "file:line: XWarning: ...", a C++ glog/Kineto line
+FOREIGN_RE = re.compile(r"^(?:.*\.py:\d+: \w*Warning: .*|[WE]\d{4} \d\d:\d\d:.*|USDT:.*|INFO:\d{4}-.*)$", re.M)
+
+
+def foreign_line(text: str) -> str:
+    """The first line of ``text`` that is a third-party warning ("" when none)."""
+    m = FOREIGN_RE.search(text)
+    return m.group(0).strip() if m else ""
 
 
 def _text(b) -> str:

@@ -24,7 +24,6 @@ import warnings
 FOREIGN_WARNINGS: tuple[tuple[str, str], ...] = (
     (r"TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled\..*", "torch"),
     (r"Online softmax is disabled on the fly since Inductor decides to\s+split the reduction\..*", "torch._inductor"),
-    (r"Please use the new API settings to control TF32 behavior.*", "torch"),
 )
 _installed: dict = {}
 

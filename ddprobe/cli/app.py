@@ -1,6 +1,8 @@
 """The Typer app and its root options; the commands register themselves on it."""
 from __future__ import annotations
 
+import atexit
+import sys
 from typing import Annotated
 
 import typer
@@ -60,5 +62,19 @@ def _version(value: bool):
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Also show third-party warnings (torch, "
+                                                                  "Inductor) that ddprobe keeps in its log.")] = False,
 ):
-    pass
+    from .. import foreign
+
+    foreign.install(verbose)
+    atexit.register(_say_kept)
+
+
+def _say_kept() -> None:
+    """The one line naming the log of the third-party messages this run kept (``ddprobe.foreign``)."""
+    from .. import foreign
+
+    line = foreign.kept()
+    if line:
+        sys.stderr.write(f"note: {line}\n")
