@@ -90,7 +90,7 @@ def advise(
             decode_ms, ctxs, step_model), path, say=_note, spec=get_model(model))
     elif not (step_ms or commit_len or decode_ms):  # nothing typed: measure the engine here
         points, step_model, config = measure_here(ctx, paths, budgets, preset, device, heads, texts, steps, gpu,
-                                                  max_new_tokens, say=_say, note=_note)
+                                                  max_new_tokens, say=_say, note=_note, progress=_cells)
         decode_source = "measured: the engine's plain one-row decode step through the same path"
     else:
         if not (ctx and step_ms and commit_len):
@@ -113,6 +113,13 @@ def advise(
 
 def _say(m: str) -> None:  # what a measurement is doing, as it goes
     err.print(m, highlight=False, markup=False)
+
+
+def _cells(n: int):
+    """The commit cells' progress on stderr (``progress.CellDisplay``: a live display on a terminal)."""
+    from .progress import CellDisplay
+
+    return CellDisplay(err, n, label="commit cells")
 
 
 def _note(m: str) -> None:

@@ -18,12 +18,14 @@ results file.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from ..schema import parse_rows
 from ..units import DDProbeError, fmt_tokens
 from .backends.engine import MAX_BUDGET
+from .bench.step_times import StepTimeOptions, measure_step_times
 
 
 @dataclass
@@ -294,16 +296,44 @@ class MeasureOptions:
     threads: int | None = None
 
 
-def measure(o: MeasureOptions, say=lambda _m: None) -> list[Point]:
+def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point]:
     """Commit lengths (tiny pair) and step times (``o.preset``) measured here; one Point per path, text, context and
-    budget. ``say`` hears of each stage."""
-    from ..results import Result, ResultWriter, RunMeta
-    from .commit import run_commit_probe
-    from .backends.engine import EngineBackend
-    from .bench.step_times import StepTimeOptions, measure_step_times
+    budget. ``say`` hears of each stage and of each step-time cell (with the time left at the pace so far);
+    ``progress(n_cells)``: a context manager giving the commit cells' ``CellProgress`` (the CLI's display)."""
+    from contextlib import nullcontext
 
     for b in o.budgets:
         check_budget(b)
+    n = len(o.budgets) * len(o.texts) * len(o.ctxs)
+    with (progress(n) if progress is not None else nullcontext()) as display:
+        commit = _commit_lengths(o, say, display)
+    points, cells, t0 = [], len(o.paths) * len(o.ctxs) * (len(o.budgets) + 1), time.perf_counter()
+    done = [0]
+
+    def on_row(r) -> None:
+        done[0] += 1
+        spent = time.perf_counter() - t0
+        say(f"  {r.path} {fmt_tokens(r.ctx)} {'plain decode' if r.plain else f'budget {r.budget}'}: {r.step_ms:.4g} "
+            f"ms ({done[0]}/{cells} cells, {spent:.0f} s, about {spent / done[0] * (cells - done[0]):.0f} s left)")
+    for path in o.paths:
+        say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, budgets "
+            f"{', '.join(map(str, o.budgets))} and plain decode")
+        rows = measure_step_times(StepTimeOptions(preset=o.preset, attn=path, device=o.device, dtype=o.dtype,
+                                                  heads=o.heads, steps=o.steps, threads=o.threads),
+                                  list(o.ctxs), list(o.budgets), on_row=on_row)
+        decode = {r.ctx: r.step_ms for r in rows if r.plain}
+        where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
+        points += [Point(path, text, r.ctx, r.budget, commit[(text, r.ctx, r.budget)], r.step_ms, decode[r.ctx],
+                         where) for text in o.texts for r in rows if not r.plain]
+    return points
+
+
+def _commit_lengths(o: MeasureOptions, say, display) -> dict[tuple[str, int, int], float]:
+    """The shipped tiny pair's commit length per (text, ctx, budget), each cell heard by ``display``."""
+    from ..results import Result, ResultWriter, RunMeta
+    from .commit import run_commit_probe
+    from .backends.engine import EngineBackend
+
     commit: dict[tuple[str, int, int], float] = {}
     for b in o.budgets:
         say(f"commit length at budget {b}: the shipped tiny pair, {', '.join(o.texts)} at "
@@ -312,21 +342,10 @@ def measure(o: MeasureOptions, say=lambda _m: None) -> list[Point]:
                            dtype="fp32" if o.device == "cpu" else "bf16", weights="trained", threads=o.threads,
                            max_ctx=max(o.ctxs) + o.max_new_tokens + 4 * (b + 1) + 64)
         writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(probe_gpu=False)), None)
-        for r in run_commit_probe(be, list(o.ctxs), list(o.texts), o.max_new_tokens, writer):
+        for r in run_commit_probe(be, list(o.ctxs), list(o.texts), o.max_new_tokens, writer, progress=display):
             commit[(r["text"], int(r["ctx"]), b)] = float(r["commit_len"])
         be.engine.release()
-    points = []
-    for path in o.paths:
-        say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, budgets "
-            f"{', '.join(map(str, o.budgets))} and plain decode")
-        rows = measure_step_times(StepTimeOptions(preset=o.preset, attn=path, device=o.device, dtype=o.dtype,
-                                                  heads=o.heads, steps=o.steps, threads=o.threads),
-                                  list(o.ctxs), list(o.budgets))
-        decode = {r.ctx: r.step_ms for r in rows if r.plain}
-        where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
-        points += [Point(path, text, r.ctx, r.budget, commit[(text, r.ctx, r.budget)], r.step_ms, decode[r.ctx],
-                         where) for text in o.texts for r in rows if not r.plain]
-    return points
+    return commit
 
 
 def floats(text: str, what: str) -> list[float]:
@@ -427,7 +446,8 @@ def advise_result(points: list[Point], config: dict, meta=None, *, step_model=No
 
 def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str | None, device: str,
                  heads: int | None, texts: str, steps: int, gpu_name: str | None, max_new_tokens: int,
-                 say: Callable[[str], None] = lambda _m: None, note: Callable[[str], None] = lambda _m: None):
+                 say: Callable[[str], None] = lambda _m: None, note: Callable[[str], None] = lambda _m: None,
+                 progress=None):
     """`advise` with no numbers given: the engine measured on this device (``measure``), with the defaults for it
     (``ctx``, ``paths``, ``preset``, ``heads`` None: this device's); the step model of the timed preset on this GPU
     (None without a GPU preset to take bandwidth from) and the config to record. Returns (points, model, config)."""
@@ -454,7 +474,7 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
                        preset=preset, device=dev, dtype="bf16" if gpu else "fp32",
                        heads=heads if heads is not None else (8 if preset == "k2" else None), steps=steps,
                        max_new_tokens=max_new_tokens)
-    points = measure(o, say=say)
+    points = measure(o, say=say, progress=progress)
     spec = get_gpu(gpu_name) if gpu_name else (gpu_spec_for(torch.cuda.get_device_name()) if gpu else None)
     model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
     if model is not None:  # its launches: the structural least count at this GPU's least kernel time
