@@ -515,3 +515,18 @@ def test_unbelievable_readings_are_kept_unknown_and_the_file_stays_readable(tmp_
     for r in rows:
         w.add(r)
     assert [r.power_W for r in Result.load(tmp_path / "g.json").records] == [None, None]
+
+
+def test_step_parts_split_the_decode_step_into_launches_and_bytes():
+    """k2 at 64k (docs/perf.md): 1,424 kernels; at 2.5 us each 3.56 ms of launches against 10.4 ms of bytes in an
+    18.37 ms step: bandwidth-bound, the launches 19% of it."""
+    from ddprobe.probes.gpu_util import step_parts
+
+    req = {"latency_floor_ms": 1424 * 2.5e-3, "bytes_floor_ms": 10.4, "kernels": 1424, "kernel_us": 2.5, "syncs": 0,
+           "launches_source": "counted on the GPU"}
+    p = step_parts({"request": req, "decode_step_ms": 18.37})["step_parts"]
+    assert p["bound"] == "bandwidth-bound" and p["launch_share"] == pytest.approx(3.56 / 18.37)
+    assert p["bytes_share"] == pytest.approx(10.4 / 18.37)
+    tiny = step_parts({"request": {**req, "latency_floor_ms": 0.6, "bytes_floor_ms": 0.0014}, "decode_step_ms": 0.7})
+    assert tiny["step_parts"]["bound"] == "launch-bound"
+    assert step_parts({"request": {}, "decode_step_ms": 1.0}) == {}  # a server: no floor, no parts

@@ -71,3 +71,20 @@ SCRIPT = textwrap.dedent("""
 def test_triton_paths(run_triton_script):
     """paged and split through both static steps (CPU: the interpreter; CUDA: captured graphs replayed)."""
     run_triton_script(SCRIPT)
+
+
+def test_plain_decode_on_a_built_engine_and_the_engines_launches_off_cuda():
+    """diagnose's plain side: the one-row step of the engine it already has, per context that fits its capacity;
+    off CUDA no kernels are counted, so the launches are the structural lower bound, said as such."""
+    from ddprobe.probes.backends.engine import EngineBackend
+    from ddprobe.probes.bench.step_times import engine_kernels, engine_step_model, plain_decode_ms
+    from ddprobe.step_model import structural_kernels
+
+    be = EngineBackend("tiny", "reference", budget=4, device="cpu", dtype="fp32", max_ctx=256)
+    ms = plain_decode_ms(be.engine, [24, 80, 252], steps=STEPS)
+    assert sorted(ms) == [24, 80] and all(v > 0 for v in ms.values())  # 252 + 5 rows + 1 exceed 256
+    assert engine_kernels(be.engine) is None
+    m = engine_step_model(be, "h100", 3.35e12, 989e12)
+    c = m.cost(80, 5)
+    assert c.kernels == structural_kernels(be.engine.config.target.num_layers) and "structural" in m.kernel_source
+    assert be.kernel_counts is None  # asked once per backend
