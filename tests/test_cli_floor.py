@@ -246,3 +246,18 @@ def test_dtype_help_lists_what_is_accepted_and_ep_on_dense():
     assert r.exit_code == 1 and "--kv-dtype: unknown dtype 'int9'" in r.output
     r = run("floor", "--model", "qwen3-8b", "--tp", "2", "--ep", "2", "--ctx", "1k", "--json")
     assert r.exit_code == 0 and r.stderr.count("qwen3-8b is dense (no routed experts): --ep 2 has no effect") == 1
+
+
+def test_launches_are_a_named_part_and_a_step_below_them_is_refused():
+    """kimi-k2.6 (61 layers) on an L40S (no measured kernel time: the class bound, said): at least 5 x 61 + 2 = 307
+    kernels x 1 us = 307 us of launches; a 0.2 ms step is refused naming both numbers; --kernels 100 lets it be."""
+    r = run("floor", "--ctx", "1k", "--gpu", "l40s", "--step-ms", "0.2")
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
+    assert "--step-ms 200 us at 1k is below the latency floor 307 us (307 kernels x 1 us)" in r.output
+    r = run("floor", "--ctx", "1k", "--gpu", "l40s")
+    assert r.exit_code == 0 and "launches: 307 kernels x 1 us = 307 us" in r.output
+    assert "no measurement, class bound" in " ".join(r.output.split())
+    r = run("floor", "--ctx", "1k", "--gpu", "l40s", "--json", "--kernels", "100", "--step-ms", "1000")
+    row = json.loads(r.output)["rows"][0]
+    assert (row["kernels"], row["latency_floor_ms"]) == (100, pytest.approx(0.1))
+    assert row["step_bound"] == "bandwidth-bound" and row["launch_share"] == pytest.approx(0.1 / 1000)
