@@ -85,3 +85,11 @@ def test_an_intercept_below_the_weight_floor_is_not_the_fixed_cost():
     assert an.fixed_below_floor and "is below the weight floor (30 ms): it is not the fixed cost" in an.verdict
     above = fit_anatomy([1024, 4096], [40.0, 50.0], weight_floor_ms=30.0)  # intercept 36.7 ms
     assert not above.fixed_below_floor and "not the fixed cost" not in above.verdict
+
+
+def test_the_fixed_part_is_set_against_the_weights_and_the_launches():
+    """The engine's k2 step (docs/perf.md): 14.16 / 15.22 / 20.11 ms at 8k / 32k / 128k is fixed-dominated; its fixed
+    part is named beside the weight floor (6.38 ms) and the launches (1,424 kernels x 1 us = 1.42 ms)."""
+    an = fit_anatomy([8 * K, 32 * K, 128 * K], [14.16, 15.22, 20.11], weight_floor_ms=6.38, latency_floor_ms=1.424)
+    assert an.dominant == "fixed" and an.latency_floor_ms == 1.424
+    assert "the fixed part (13.7 ms (weight floor 6.38 ms, launches at least 1.42 ms): weights" in an.verdict

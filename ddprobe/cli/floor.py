@@ -202,6 +202,8 @@ def _print_anatomy(an: dict) -> None:
     print_fitted("where the step goes: step = fixed + marginal x ctx",
                  [Col("interval"), Col("ms per 1k tokens"), Col("marginal KV bw", 1), Col("of GPU bw", 2)], rows)
     wf = f" vs weight floor {an['weight_floor_ms']:.3g} ms" if an.get("weight_floor_ms") is not None else ""
+    if an.get("latency_floor_ms"):
+        wf += f"{' and' if wf else ' vs'} launches at least {an['latency_floor_ms']:.3g} ms"
     out.print(f"fixed part (fit intercept, >= 0): {an['fixed_ms']:.3g} ms{wf}", highlight=False)
     for n in an.get("notes", []):
         out.print(n, highlight=False)

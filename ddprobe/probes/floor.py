@@ -222,7 +222,8 @@ def floor_result(model: StepModel, ctxs: list[int], steps: list[float] | None, *
         try:
             result.summary["anatomy"] = fit_anatomy([c for c, _ in timed], [t for _, t in timed],
                                                     kv_B_per_token=model.kv_bytes(1), bw_Bps=model.bw_Bps,
-                                                    weight_floor_ms=rows[0].weight_floor_ms).to_dict()
+                                                    weight_floor_ms=rows[0].weight_floor_ms,
+                                                    latency_floor_ms=rows[0].latency_floor_ms or None).to_dict()
         except DDProbeError as e:
             result.summary["anatomy_error"] = str(e)
     return result, rows

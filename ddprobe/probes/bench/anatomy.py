@@ -47,6 +47,7 @@ class Anatomy:
     dominant: str = ""  # "context" or "fixed"
     verdict: str = ""
     fixed_below_floor: bool = False  # the fit's intercept is below the weight floor: not the fixed cost
+    latency_floor_ms: float | None = None  # the step's launches (kernels x least kernel time + syncs): fixed too
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -99,9 +100,11 @@ def _kv_GBps(kv_B_per_token: float | None, ms_per_1k: float) -> float | None:
 
 
 def fit_anatomy(ctxs: list[int], step_ms: list[float], *, kv_B_per_token: float | None = None,
-                bw_Bps: float | None = None, weight_floor_ms: float | None = None) -> Anatomy:
+                bw_Bps: float | None = None, weight_floor_ms: float | None = None,
+                latency_floor_ms: float | None = None) -> Anatomy:
     """The anatomy of the steps measured at ``ctxs`` (tokens); KV bytes per token per GPU for the
-    marginal bandwidth, the GPU's bandwidth and the step's weight floor to compare with, when known."""
+    marginal bandwidth, the GPU's bandwidth, and the step's weight floor and latency floor (its launches) to set
+    the fixed part against, when known."""
     pts = _check(list(ctxs), list(step_ms))
     a, b = fit_line(pts)
     ivs = []
@@ -114,7 +117,7 @@ def fit_anatomy(ctxs: list[int], step_ms: list[float], *, kv_B_per_token: float 
     per_k = b * TOKENS_PER_K
     an = Anatomy(ctxs=[c for c, _ in pts], step_ms=[t for _, t in pts], fixed_ms=a, ms_per_1k=per_k, linear=linear,
                  intervals=ivs, kv_GBps=_kv_GBps(kv_B_per_token, per_k), bw_GBps=bw_Bps / 1e9 if bw_Bps else None,
-                 weight_floor_ms=weight_floor_ms)
+                 weight_floor_ms=weight_floor_ms, latency_floor_ms=latency_floor_ms)
     last_c, last_t = pts[-1]
     an.longest_ctx = last_c
     # at the longest context: the last interval's slope when the fit is not linear (what the step costs there)
@@ -137,7 +140,9 @@ def _verdict(an: Anatomy, last_t: float, fixed_there: float) -> str:
     bw = (f" at a marginal KV bandwidth of {fmt_bandwidth(kv * 1e9)}"
           + (f", {kv / an.bw_GBps:.2%} of the GPU's {fmt_bandwidth(an.bw_GBps * 1e9)}" if an.bw_GBps else "")
           if kv else "")
-    wf = f" (weight floor {an.weight_floor_ms:.3g} ms)" if an.weight_floor_ms is not None else ""
+    parts = ([f"weight floor {an.weight_floor_ms:.3g} ms"] if an.weight_floor_ms is not None else []) + \
+        ([f"launches at least {an.latency_floor_ms:.3g} ms"] if an.latency_floor_ms else [])
+    wf = f" ({', '.join(parts)})" if parts else ""
     return _sentence(an, last_t, fixed_there, share, bw, wf) + (
         f" The fitted intercept ({an.fixed_ms:.3g} ms) is below the weight floor ({an.weight_floor_ms:.3g} ms): it is "
         "not the fixed cost (the slope grows with context, or the floor's sharding is wrong: check "
