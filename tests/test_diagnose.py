@@ -1,6 +1,7 @@
 """`ddprobe diagnose` end to end on the CPU with the shipped tiny model: every claim present or marked skipped,
 results written as they are measured, the report renders (and loads in headless Chromium), interruption keeps
 what was measured."""
+import json
 import re
 
 import pytest
@@ -300,3 +301,25 @@ def test_sharding_options_on_the_engine_are_refused(tmp_path):
         r = CliRunner().invoke(app, ["diagnose", *args, "--out-dir", str(tmp_path / "x")])
         assert r.exit_code == 1 and msg in r.output and "Traceback" not in r.output, (args, r.output)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_launch_bound_tiny_step_is_said_with_what_would_help():
+    """The tiny engine on an H100 (bf16): its step's bytes are about 1.4 us, so 400 kernels at the class bound of
+    1 us (0.4 ms) set its floor; a 0.697 ms step is 1.74x that floor, launch-bound, and what helps says so."""
+    from ddprobe.probes.backends.engine import preset_step_model
+    from ddprobe.probes.floor import floor_result
+    from ddprobe.reports.diagnosis import floor_claim, help_claim
+    from ddprobe.step_model import with_launches
+
+    model = with_launches(preset_step_model("tiny", None, "bf16", 3.35e12, 989e12), "h100", 400,
+                          counted="counted on the GPU")
+    result, rows = floor_result(model, [1024], [0.697], queries=9,
+                                config={"launches": model.kernel_source, "bw_Bps": 3.35e12})
+    fl = Result.from_dict(json.loads(result.to_json()))  # as the report reads it back
+    r = rows[0]
+    assert r.binds == "launches" and r.floor_ms == pytest.approx(0.4) and r.gap == pytest.approx(0.697 / 0.4)
+    text = floor_claim(fl, None).text
+    assert "400 kernels x 1 us = 400 us, 57% of the measured step" in text and "the step is launch-bound" in text
+    help_text = help_claim(None, fl, None, None).text
+    assert "The step is launch-bound: 400 kernels at least 1 us each are 400 us of its 697 us" in help_text
+    assert "fewer kernels per step" in help_text and "CUDA graphs" in help_text and "batching" in help_text
