@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # FlashMLA and FlashInfer MLA for a GPU machine without network access (see docs/perf.md, round 4).
-#   bash benchmarks/peers_bundle.sh build     # here, with network and nvcc: fills .peers/ (git-ignored, ~30 MB)
+#   bash benchmarks/peers_bundle.sh build     # here, with network and nvcc: fills .peers/ (git-ignored, ~30 MB;
+#                                             # FLASHINFER=0: FlashMLA alone, 13 MB, no nvcc; under the 64 MiB carry)
 #   source benchmarks/peers_bundle.sh install # there: unpacks .peers/ into /tmp/peers and puts it on PYTHONPATH
 # build: downloads the sgl-flash-mla 1.0.0 and apache-tvm-ffi 0.1.15.post2 wheels (cp312, x86-64), installs
 # flashinfer-python 0.7.2.post1 locally, compiles its two MLA modules (fa3 = *_sm90, fa2) for sm_90a with nvcc
@@ -14,6 +15,7 @@ build)
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .peers/whl \
         sgl-flash-mla==1.0.0 apache-tvm-ffi==0.1.15.post2
+    if [ "${FLASHINFER:-1}" = 0 ]; then du -sh "$here/.peers"; exit 0; fi  # FlashMLA alone (13 MB): no nvcc build
     python3 -m pip download -q --no-deps -d /tmp/peers_build flashinfer-python==0.7.2.post1 apache-tvm-ffi==0.1.15.post2
     python3 -m pip install -q --no-deps --target /tmp/peers_build/site /tmp/peers_build/*.whl tqdm einops tabulate
     mkdir -p /tmp/peers_build/stub && echo 'void ddprobe_stub(void){}' > /tmp/peers_build/stub/s.c
@@ -38,7 +40,7 @@ PY
 install)
     mkdir -p /tmp/peers
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/peers "$here"/.peers/whl/*.whl
-    tar xzf "$here/.peers/flashinfer_slim.tgz" -C /tmp/peers
+    if [ -f "$here/.peers/flashinfer_slim.tgz" ]; then tar xzf "$here/.peers/flashinfer_slim.tgz" -C /tmp/peers; fi
     export PYTHONPATH=/tmp/peers:$here${PYTHONPATH:+:$PYTHONPATH} ;;
 *)
     echo "usage: bash benchmarks/peers_bundle.sh build | source benchmarks/peers_bundle.sh install" >&2
