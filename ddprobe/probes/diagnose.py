@@ -167,7 +167,7 @@ class Diagnose:
         if getattr(self.backend, "step_model", None) is not None:  # the embedded engine: its own weights, one GPU
             from .bench.step_times import engine_step_model
 
-            model = engine_step_model(self.backend, preset, bw, gpu.bf16_flops if gpu else None)
+            model = engine_step_model(self.backend, preset, bw, gpu.bf16_flops if gpu else None, decode_step=True)
             config.update(model=f"engine-{self.backend.describe().get('preset', '?')}", tp=1, ep=1, dcp=1,
                           weights="the engine's own", gpu=preset, bw_Bps=bw, flops_per_s=model.flops_per_s)
             result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)

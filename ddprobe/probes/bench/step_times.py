@@ -202,11 +202,12 @@ def count_kernels(run, steps: int = 3) -> tuple[float, float]:
     return n / steps, d2h / steps
 
 
-def engine_kernels(eng, steps: int = 3) -> dict | None:
+def engine_kernels(eng, steps: int = 3, decode_step: bool = True) -> dict | None:
     """The engine's kernels per step counted on its GPU (``count_kernels``): {"ddtree": kernels of the DDTree step
     (draft + tree + verify + walk/commit), "decode": of the plain one-row step (None where it could not be built),
     "syncs": device-to-host copies per DDTree step}; None off CUDA (no kernels to count). Runs on the engine's
-    held static step at a short context (a captured step's kernels do not depend on the context)."""
+    held static step at a short context (a captured step's kernels do not depend on the context); the plain step
+    only with ``decode_step`` (its capture compiles the one-row functions: seconds on k2)."""
     import torch
 
     from ...engine.graphs import fill_synthetic
@@ -229,7 +230,7 @@ def engine_kernels(eng, steps: int = 3) -> dict | None:
             decode(runner, models, c, 1, r + 1, max_steps=1)
         dd, syncs = count_kernels(ddtree, steps)
         dec = None
-        if eng.graphs:
+        if eng.graphs and decode_step:
             try:
                 ds = runner.decode_for(models, need)[0]
                 ds.synthetic(64)
@@ -241,10 +242,10 @@ def engine_kernels(eng, steps: int = 3) -> dict | None:
     return {"ddtree": max(1, round(dd - fill)), "decode": round(dec) if dec else None, "syncs": round(syncs)}
 
 
-def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: float | None):
+def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: float | None, decode_step: bool = False):
     """The embedded engine's step model (``backend.step_model``) with its launches: kernels per step counted on the
-    GPU once per backend (``engine_kernels``; the structural least count off CUDA), at ``gpu``'s least kernel time.
-    """
+    GPU once per backend (``engine_kernels``, the plain step's too with ``decode_step``; the structural least count
+    off CUDA or where not counted), at ``gpu``'s least kernel time."""
     from dataclasses import replace
 
     from ...step_model import structural_kernels, with_launches
@@ -253,7 +254,7 @@ def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: floa
     counts = getattr(backend, "kernel_counts", "unset")
     if counts == "unset":
         try:
-            counts = engine_kernels(backend.engine)
+            counts = engine_kernels(backend.engine, decode_step=decode_step)
         except Exception as e:  # noqa: BLE001 - a profiler that fails must not lose the floor: the bound stands
             counts = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:160]}
         backend.kernel_counts = counts
