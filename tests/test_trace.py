@@ -223,3 +223,53 @@ def test_report_draws_the_step_anatomy(engine_trace, tmp_path):
     assert s.findings[0].startswith("rank 0:") and "skew" in s.findings[-1]
     html = render.write(report, tmp_path / "r.html")[0].read_text()
     assert "Where the step goes" in html and "The attention kernel against the GPU" in html
+
+
+def graph_trace(path: Path, steps: int = 4, fwd_us: float = 5040.0) -> Path:
+    """A Kineto file shaped as a CUDA-graph verify step is recorded (structure only, no GPU here): per step a draft
+    graph of 3 kernels, a verify graph whose 61 layers each run SGLang's `_fwd_kernel` (grid 1 x 8 x 1) and a GEMM,
+    then an eager device-to-host copy; graph kernels carry their cudaGraphLaunch's correlation id."""
+    ev, t, corr = [], 1000.0, 1
+    for _ in range(steps):
+        for graph in ("draft", "verify"):
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t - 20, "dur": 10,
+                       "args": {"correlation": corr}})
+            kernels = [("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", [1, 16, 1], 30.0)] * 3 if graph == "draft" else \
+                [k for _ in range(61) for k in (("_fwd_kernel", [1, 8, 1], fwd_us),
+                                                ("nvjet_tst_128x64_64x8_2x1_v_bz_coopA_TNN", [132, 1, 1], 40.0))]
+            for name, grid, dur in kernels:
+                ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": dur,
+                           "args": {"grid": grid, "block": [256, 1, 1], "registers per thread": 128,
+                                    "shared memory": 65536, "blocks per SM": grid[0] * grid[1] / 132,
+                                    "warps per SM": grid[0] * grid[1] * 8 / 132, "est. achieved occupancy %": 0,
+                                    "stream": 7, "correlation": corr}})
+                t += dur + 1.0
+            corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": t - 5, "dur": 3,
+                   "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": t, "dur": 2.0,
+                   "args": {"stream": 7, "correlation": corr}})
+        corr, t = corr + 1, t + 200.0  # the host's gap before the next step
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132}],
+           "traceEvents": ev}
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+def test_graph_launches_are_the_units_and_the_grid_is_read(tmp_path):
+    res, ranks = run_trace([graph_trace(tmp_path / "g-TP-0.trace.json.gz")], model="kimi-k2", ctx=32768, tp=8)
+    row = res.rows[0]
+    assert row["method"] == "graph launches" and row["steps"] == 4
+    assert "3 graph launches" in ranks[0].detail
+    assert row["attn_kernel"] == "_fwd_kernel" and row["attn_calls"] == 61 and row["sms"] == 132
+    assert row["attn_grid"].startswith("grid 1 x 8 x 1 = 8 blocks on 132 SMs: at most 6% of the GPU can work on it")
+    assert row["attention_ms"] == pytest.approx(61 * 5.040)
+    # the KV one call reads: MLA's 576-value bf16 latent row (1152 B) per token per layer, all of it on each GPU
+    assert row["attn_kv_B_per_call"] == 1152 * 32768
+    assert row["attn_eff_bw_GBps"] == pytest.approx(1152 * 32768 / 5040e-6 / 1e9)
+    assert row["attn_kernel_floor_us"] == pytest.approx(1152 * 32768 / 3.35e12 * 1e6)  # the H100's datasheet
+    assert row["gap"] == pytest.approx(row["step_ms"] / row["floor_ms"])
+    # 1 us between consecutive kernels (125 per step, the copy last), nothing else idle inside the step
+    assert row["idle_ms"] == pytest.approx(125 * 1.0 / 1e3)
+    assert row["busy_ms"] == pytest.approx((3 * 30 + 61 * (5040 + 40) + 2) / 1e3)

@@ -13,13 +13,14 @@ distance, with at least two windows alike that together cover half the trace or 
 """
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from ...units import DDProbeError
 from .read import Kernel, Trace
 
-GRAPH_LAUNCHES = ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "cuGraphLaunch")
+GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")  # cudaGraphLaunch, cudaGraphLaunch_v10000, cuGraphLaunch_v2
 MIN_ALIKE = 0.5  # of the windows at the modal distance, at least this share must hold the same sequence
 MIN_COVER = 0.5  # and the windows alike must cover at least this share of the trace's units
 
@@ -86,7 +87,7 @@ def _windows(kernels: list[Kernel], spans: list[tuple[float, float]], when) -> l
 def _units(t: Trace, kernels: list[Kernel]) -> tuple[list[tuple[str, list[Kernel]]], bool]:
     """The trace's units in launch order: one per graph launch (all its kernels), one per other kernel."""
     groups: dict[int, list[Kernel]] = defaultdict(list)
-    graph_corr = {c for c, (_, name) in t.launches.items() if name in GRAPH_LAUNCHES}
+    graph_corr = {c for c, (_, name) in t.launches.items() if GRAPH_LAUNCH.match(name)}
     units: list[tuple[str, list[Kernel]]] = []
     for k in kernels:
         if k.corr in graph_corr:
@@ -127,6 +128,8 @@ def _regular(seq: list[int], pos: list[int]) -> tuple[int, list[int]] | None:
     if n < 2 or n < 0.6 * len(gaps):
         return None
     starts = [a for a, g in zip(pos, gaps) if g == period]
+    if pos[-1] + period <= len(seq):  # the last occurrence opens a window too when the trace holds all of it
+        starts.append(pos[-1])
     shapes = Counter(tuple(seq[s:s + period]) for s in starts)
     shape, alike = shapes.most_common(1)[0]
     if alike < 2 or alike < MIN_ALIKE * len(starts) or alike * period < MIN_COVER * len(seq):
