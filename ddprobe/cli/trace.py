@@ -44,11 +44,14 @@ def _ms(v) -> str:
 
 def print_rank(row: dict, top: list[dict], detail: str) -> None:
     sms = f", {row['sms']} SMs" if row.get("sms") else ""
-    out.print(f"[bold]rank {row['rank']}[/]: {Path(row['file']).name} ({row.get('gpu') or 'GPU not named'}{sms})",
+    where = row.get("gpu") or ("the CPU" if row.get("work") == "CPU operators" else "GPU not named")
+    out.print(f"[bold]rank {row['rank']}[/]: {Path(row['file']).name} ({where}{sms})",
               highlight=False)
     idle = row["idle_ms"] / row["step_ms"] if row["step_ms"] else 0.0
-    out.print(f"  {row['steps']} steps by {row['method']} ({detail}); median GPU span {_ms(row['step_ms'])} ms, "
-              f"kernels busy {_ms(row['busy_ms'])} ms, idle inside the step {_ms(row['idle_ms'])} ms ({idle:.1%})",
+    gpu = row.get("work") != "CPU operators"
+    out.print(f"  {row['steps']} steps by {row['method']} ({detail}); median {'GPU ' if gpu else ''}span "
+              f"{_ms(row['step_ms'])} ms, {'kernels' if gpu else 'CPU operators'} busy {_ms(row['busy_ms'])} ms, "
+              f"idle inside the step {_ms(row['idle_ms'])} ms ({idle:.1%})",
               highlight=False, soft_wrap=True)
     total = sum(row[f"{c}_ms"] for c in CLASSES) or 1.0
     out.print(f"  {'class':<20} {'ms/step':>10} {'share':>7} {'launches':>9}  largest kernels (ms/step x launches)",

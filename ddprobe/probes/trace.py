@@ -49,6 +49,7 @@ class RankResult:
     detail: str
     device: dict
     steps: RankSteps
+    work: str = "GPU kernels"  # or "CPU operators" (--cpu-ops on a trace without kernels)
 
 
 def trace_files(paths: list[str | Path]) -> list[Path]:
@@ -99,16 +100,17 @@ def analyse_rank(path: Path, index: int, *, marker: str, cpu_ops: bool,
                  progress: Callable[[int], None] | None = None) -> RankResult:
     t = read_trace(path, marker=marker, cpu_ops=cpu_ops, progress=progress)
     kernels = sorted((k for k in t.kernels if k.cat == "kernel" or k.dur > 0), key=lambda k: k.ts)
+    work = "GPU kernels"
     if not any(k.cat == "kernel" for k in kernels):
         if not cpu_ops:
             raise DDProbeError(f"{path}: no GPU kernels in this trace ({t.events:,} events; CPU-only activities?): "
                                "profile with activities CPU and GPU (CUDA), or pass --cpu-ops for a CPU engine's trace")
-        kernels = top_level_ops(t)
+        kernels, work = top_level_ops(t), "CPU operators"
         if not kernels:
             raise DDProbeError(f"{path}: neither GPU kernels nor CPU operators in this trace")
     found = find_steps(t, kernels)
     return RankResult(rank_of(path, t.header, index), path, found.method, found.detail, t.device(),
-                      measure(found.steps))
+                      measure(found.steps), work)
 
 
 def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
@@ -135,7 +137,7 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
 
 def rank_row(r: RankResult, tm: TraceModel | None, total_ms_median: float | None = None) -> dict:
     s = r.steps
-    row = {"rank": r.rank, "file": str(r.path), "steps": s.steps, "method": r.method,
+    row = {"rank": r.rank, "file": str(r.path), "steps": s.steps, "method": r.method, "work": r.work,
            "step_ms": s.median_span_ms, "busy_ms": statistics.median(s.busy_ms), "idle_ms": s.median_idle_ms,
            "gpu": r.device.get("name")}
     row.update({f"{c}_ms": v for c, v in s.class_ms.items()})

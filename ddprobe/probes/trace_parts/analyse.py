@@ -133,7 +133,7 @@ def grid_line(k: KernelStat, sms: int | None) -> str:
                                        f"{la['blocks'] / sms:.1f} blocks per SM")
     extra = [f"{la['registers_per_thread']} registers/thread" if la["registers_per_thread"] is not None else "",
              f"{la['shared_memory_B']:,} B shared" if isinstance(la["shared_memory_B"], (int, float)) else "",
-             f"{la['warps_per_SM']:g} warps per SM" if isinstance(la["warps_per_SM"], (int, float)) else "",
+             f"{la['warps_per_SM']:.2f} warps per SM" if isinstance(la["warps_per_SM"], (int, float)) else "",
              f"est. achieved occupancy {la['achieved_occupancy_pct']}%" if la["achieved_occupancy_pct"] is not None
              else ""]
     extra = [e for e in extra if e]
