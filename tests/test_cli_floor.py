@@ -1,5 +1,6 @@
 """`ddprobe floor` through Typer's CliRunner: output, JSON, results file, configs and error paths."""
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -261,3 +262,18 @@ def test_launches_are_a_named_part_and_a_step_below_them_is_refused():
     row = json.loads(r.output)["rows"][0]
     assert (row["kernels"], row["latency_floor_ms"]) == (100, pytest.approx(0.1))
     assert row["step_bound"] == "bandwidth-bound" and row["launch_share"] == pytest.approx(0.1 / 1000)
+
+
+def test_steps_from_a_gpu_util_file_takes_the_engines_counted_kernels(tmp_path):
+    """A gpu-util file whose engine counted its kernels on the GPU: `floor --steps-from` uses that count (the
+    structural bound otherwise) and splits the step into its launch and bytes parts."""
+    src = json.loads(Path("tests/data/gpu-util-h200-split.json").read_text())
+    plain = run("floor", "--steps-from", "tests/data/gpu-util-h200-split.json", "--json")
+    assert plain.exit_code == 0 and json.loads(plain.stdout[plain.stdout.index("{"):])["rows"][0]["kernels"] == 307
+    src["summary"]["request"].update(kernels=1424, launches_source="kernels: counted on the GPU: 1424 per DDTree step")
+    f = tmp_path / "util.json"
+    f.write_text(json.dumps(src))
+    r = run("floor", "--steps-from", str(f), "--json")
+    row = json.loads(r.stdout[r.stdout.index("{"):])["rows"][0]
+    assert row["kernels"] == 1424 and row["latency_floor_ms"] == pytest.approx(1.424)
+    assert row["launch_share"] == pytest.approx(1.424 / row["step_ms"]) and row["step_bound"] == "bandwidth-bound"
