@@ -14,8 +14,8 @@ from .commit import announce
 from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
-from .floor_options import COMM, SHARDING, AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, \
-    WeightDtypeOpt, note_dense
+from .floor_options import COMM, SHARDING, AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, \
+    KernelsOpt, TpOpt, WeightDtypeOpt, note_dense
 from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, typed_flags, warm_up
 
@@ -45,6 +45,7 @@ def diagnose(
     dcp: DcpOpt = 1,
     allreduce_us: AllreduceUsOpt = None,
     allreduce_from: AllreduceFromOpt = None,
+    kernels: KernelsOpt = None,
     source: SourceOpt = "nvml",
     prom_url: PromUrlOpt = None,
     match: MatchOpt = None,
@@ -81,7 +82,8 @@ def diagnose(
                            bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry, tp=tp, ep=ep,
                            weight_dtype=dtype_name(weight_dtype),
                            expert_dtype=dtype_name(expert_dtype or weight_dtype), dcp=dcp,
-                           allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
+                           allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None,
+                           kernels=kernels)
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
     run.estimate = diagnose_estimate(be, run, opts)
@@ -114,7 +116,7 @@ def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], 
     if backend == "engine" and typed_flags(tctx, ("model",)):
         raise DDProbeError("--model: the engine backend's floor uses the engine's own model (--preset); --model is "
                            "for a server backend (sglang, vllm)")
-    sharding = typed_flags(tctx, SHARDING + COMM)
+    sharding = typed_flags(tctx, SHARDING + COMM + ("kernels",))
     if backend == "engine" and sharding:
         raise DDProbeError(f"{', '.join(sharding)}: the engine backend's floor uses the engine's own weights; "
                            "these options are for a server backend (sglang, vllm)")

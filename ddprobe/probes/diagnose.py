@@ -51,6 +51,7 @@ class DiagnoseOptions:
     dcp: int = 1
     allreduce_us: float | None = None
     allreduce_from: str | None = None
+    kernels: int | None = None  # a server's kernels per step (None: the structural lower bound)
     seed: int = 0
     # gpu_util_run's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
     telemetry: dict[str, Any] | None = None
@@ -175,7 +176,7 @@ class Diagnose:
             sh = Sharding(tp=o.tp, ep=o.ep, dcp=o.dcp, weight_dtype=o.weight_dtype, expert_dtype=o.expert_dtype,
                           allreduce_us=o.allreduce_us, allreduce_from=o.allreduce_from)
             model, result, rows = served_floor(get_model(o.model), sh, ctxs, steps, gpu=preset, bw_Bps=o.bw_Bps,
-                                               queries=queries, config=config, meta=self.meta)
+                                               queries=queries, config=config, meta=self.meta, kernels=o.kernels)
         self.step_model = model
         path = self.files["floor"] = self.out / "floor.json"
         result.save(path)
