@@ -89,6 +89,19 @@ def test_ranks_side_by_side_with_skew(engine_trace, tmp_path):
     assert sk["ranks"] == 2 and sk["skew"] == pytest.approx(1.0) and set(sk["communication_ms"]) == {"0", "1"}
 
 
+def test_sglang_stages_and_merged_files(engine_trace, tmp_path):
+    for stage in ("EXTEND", "DECODE"):
+        shutil.copy(engine_trace, tmp_path / f"1733.5-TP-0-{stage}.trace.json.gz")
+    res, _ = run_trace([tmp_path], cpu_ops=True)
+    assert [Path(r["file"]).name for r in res.rows] == ["1733.5-TP-0-DECODE.trace.json.gz"]
+    assert "EXTEND" in res.config["left_out"][0]
+    merged = tmp_path / "m"
+    merged.mkdir()
+    shutil.copy(engine_trace, merged / "merged-1733.5.trace.json.gz")
+    with pytest.raises(DDProbeError, match="merge_profiles false"):
+        run_trace([merged], cpu_ops=True)
+
+
 def test_rank_from_sglang_and_vllm_names():
     assert rank_of(Path("1733.12-TP-3.trace.json.gz"), {}, 0) == 3
     assert rank_of(Path("1733.12-TP-5-DP-0-EXTEND.trace.json.gz"), {}, 0) == 5

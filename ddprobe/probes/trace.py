@@ -68,6 +68,20 @@ def trace_files(paths: list[str | Path]) -> list[Path]:
     return out
 
 
+def by_stage(files: list[Path]) -> tuple[list[Path], list[str]]:
+    """SGLang's ``profile_by_stage`` writes ``-EXTEND`` and ``-DECODE`` files per rank: verify steps run in the
+    decode stage, so the ``-EXTEND`` files are left out where a ``-DECODE`` one is there (said in the result). A merged
+    file of several ranks is refused (one line)."""
+    for f in files:
+        if f.name.startswith("merged-"):
+            raise DDProbeError(f"{f}: a merged trace of several ranks (SGLang's merge_profiles): profile with "
+                               "merge_profiles false, one file per rank")
+    if not any("-DECODE" in f.name for f in files):
+        return files, []
+    keep = [f for f in files if "-EXTEND" not in f.name]
+    return keep, [f"{f.name}: the prefill (EXTEND) stage, left out" for f in files if f not in keep]
+
+
 def rank_of(path: Path, header: dict, index: int) -> int:
     """The rank of a trace: its ``distributedInfo``, else its name (SGLang's ``-TP-3``, vLLM's ``_rank3.`` /
     ``tp3_``), else its place in the list."""
@@ -187,7 +201,7 @@ def run_trace(paths: list[str | Path], *, marker: str = r"^ProfilerStep#\d+$", c
     read, file size)`` is called as each file streams in."""
     from ..results import Result, RunMeta
 
-    files = trace_files(paths)
+    files, stages = by_stage(trace_files(paths))
     ranks: list[RankResult] = []
     for i, f in enumerate(files):
         size = f.stat().st_size
@@ -201,7 +215,7 @@ def run_trace(paths: list[str | Path], *, marker: str = r"^ProfilerStep#\d+$", c
     ranks.sort(key=lambda r: r.rank)
     tm = trace_model(model, ctx, tp, rows, gpu, ranks[0].device.get("name"))
     rows_out = [rank_row(r, tm) for r in ranks]
-    config = {"files": [str(f) for f in files], "marker": marker, "cpu_ops": cpu_ops, "model": model, "ctx": ctx,
+    config = {"files": [str(f) for f in files], "left_out": stages, "marker": marker, "cpu_ops": cpu_ops, "model": model, "ctx": ctx,
               "tp": tp, "rows": rows, "gpu": tm.gpu if tm else gpu}
     summary = {"skew": skew(rows_out) if len(rows_out) > 1 else None,
                "strip": {"rank": ranks[0].rank, "kernels": ranks[0].steps.strip, "names": ranks[0].steps.strip_names},
