@@ -1,7 +1,7 @@
 """Find the decode / verify steps of one rank's trace, three ways, the first that works:
 
-1. step markers: ``ProfilerStep#N`` (``torch.profiler``'s ``step()``; SGLang's and vLLM's profilers step once per
-   scheduler / engine step) or the annotations ``--marker`` names. A GPU-side marker (``gpu_user_annotation``)
+1. step markers: ``ProfilerStep#N`` (``torch.profiler``'s ``step()``: ``ddprobe serve`` steps once per verify step;
+   SGLang 0.5.14's profiler never calls it, so its traces are read by 2 or 3) or the annotations ``--marker`` names. A GPU-side marker (``gpu_user_annotation``)
    bounds the step on the GPU; a CPU-side one takes the kernels whose launch (same correlation id) falls inside it.
 2. graph launches: under CUDA graphs each ``cudaGraphLaunch`` replays many kernels that share its correlation id;
    the launches are the units, and the repeating sequence of units is the step (one graph, or a draft and a verify
