@@ -283,6 +283,8 @@ def test_graph_launches_are_the_units_and_the_grid_is_read(tmp_path):
     assert row["attn_eff_bw_GBps"] == pytest.approx(1152 * 32768 / 5040e-6 / 1e9)
     assert row["attn_kernel_floor_us"] == pytest.approx(1152 * 32768 / 3.35e12 * 1e6)  # the H100's datasheet
     assert row["gap"] == pytest.approx(row["step_ms"] / row["floor_ms"])
+    # every attention kernel together: the step's KV (61 layers) over the attention time per step
+    assert row["attn_class_eff_bw_GBps"] == pytest.approx(61 * 1152 * 32768 / (61 * 5040e-6) / 1e9)
     # 1 us between consecutive kernels (125 per step, the copy last), nothing else idle inside the step
     assert row["idle_ms"] == pytest.approx(125 * 1.0 / 1e3)
     assert row["busy_ms"] == pytest.approx((3 * 30 + 61 * (5040 + 40) + 2) / 1e3)

@@ -133,8 +133,7 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
     attn = [k for k in r.steps.kernels if k.cls == "attention"]
     if not attn:
         return {}
-    k = next((a for a in attn if a.role == "verify"), attn[0]) if attn[0].role not in ("verify", "decode") \
-        else attn[0]
+    k = next((a for a in attn if a.role in ("verify", "decode")), attn[0])  # the largest that attends (not a merge)
     sms = r.device.get("numSms")
     out = {"attn_kernel": k.name, "attn_what": k.what, "attn_us": k.mean_us, "attn_calls": k.per_step,
            "attn_grid": grid_line(k, sms), "attn_blocks": (k.launch or {}).get("blocks"), "sms": sms,
@@ -146,10 +145,12 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
         out["attn_eff_bw_GBps"] = per_call_B / (k.mean_us * 1e-6) / 1e9
         out["attn_kernel_floor_us"] = per_call_B / tm.model.bw_Bps * 1e6
         out["attn_vs_kernel_floor"] = k.mean_us / out["attn_kernel_floor_us"]
+        if r.steps.class_ms["attention"] > 0:  # every attention kernel together (split-K kernels share the KV)
+            out["attn_class_eff_bw_GBps"] = tm.model.kv_bytes(tm.ctx) / (r.steps.class_ms["attention"] * 1e-3) / 1e9
     return out
 
 
-def rank_row(r: RankResult, tm: TraceModel | None, total_ms_median: float | None = None) -> dict:
+def rank_row(r: RankResult, tm: TraceModel | None) -> dict:
     s = r.steps
     row = {"rank": r.rank, "file": str(r.path), "steps": s.steps, "method": r.method, "work": r.work,
            "step_ms": s.median_span_ms, "busy_ms": statistics.median(s.busy_ms), "idle_ms": s.median_idle_ms,
