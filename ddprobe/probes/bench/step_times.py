@@ -232,7 +232,7 @@ def engine_kernels(eng, steps: int = 3, decode_step: bool = True) -> dict | None
         dec = None
         if eng.graphs and decode_step:
             try:
-                ds = runner.decode_for(models, need)[0]
+                ds = runner.decode_for(models, eng.max_ctx)[0]  # the capacity plain_decode_ms replays at
                 ds.synthetic(64)
                 dec = count_kernels(ds.run, steps)[0]
             except Exception:  # noqa: BLE001 - the plain step's count is left out (None), the DDTree one stands
