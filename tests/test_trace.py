@@ -207,6 +207,19 @@ def test_serve_and_trace_url_end_to_end(tmp_path):
         assert res["rows"][0]["method"] == "markers" and res["rows"][0]["steps"] == 4
         stop = requests.post(f"http://127.0.0.1:{port}/stop_profile", json={}, timeout=30)  # already stopped itself
         assert stop.status_code == 400 and "not in progress" in stop.text
+        # --no-request: the user's own request makes the steps
+        own = subprocess.Popen([sys.executable, "-m", "ddprobe", "trace", "--url", f"http://127.0.0.1:{port}",
+                                "--no-request", "--num-steps", "3", "--cpu-ops", "--wait", "60", "--dir",
+                                str(tmp_path / "d2"), "-o", str(tmp_path / "o2.json")], env=ENV, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        t0 = time.time()
+        while own.poll() is None:  # the user's traffic, until trace has its steps
+            assert time.time() - t0 < 90, "trace --no-request did not finish"
+            requests.post(f"http://127.0.0.1:{port}/generate", json={"text": "one two three", "sampling_params":
+                                                                     {"max_new_tokens": 24}}, timeout=60)
+        _, err_text = own.communicate(timeout=90)
+        assert own.returncode == 0, err_text
+        assert json.loads((tmp_path / "o2.json").read_text())["rows"][0]["steps"] == 3
     finally:
         proc.terminate()
         proc.wait(30)

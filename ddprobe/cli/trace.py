@@ -109,6 +109,9 @@ def trace(
                                                                     "torch_profiler_dir). Default: "
                                                                     "ddprobe-results/traces-<time>.")] = None,
     wait: Annotated[float, typer.Option("--wait", help="With --url: seconds to wait for the trace files.")] = 300.0,
+    request: Annotated[bool, typer.Option("--request/--no-request", help="With --url: send one short request to make "
+                                                                          "the steps, or let your own traffic make "
+                                                                          "them (a long-context request).")] = True,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset (kimi-k2.6, kimi-k2, "
                                                                        "deepseek-v3, ...): adds the attention "
                                                                        "kernel's bandwidth and floors.")] = None,
@@ -140,7 +143,7 @@ def trace(
     if url:
         from ..probes.trace_parts.trigger import profile_server
 
-        files = profile_server(url, num_steps, trace_dir, wait, progress=err.print)
+        files = profile_server(url, num_steps, trace_dir, wait, progress=err.print, request=request)
     result, ranks = run_trace(files, marker=marker, cpu_ops=cpu_ops, model=model, tp=tp, rows=queries, gpu=gpu,
                               ctx=parse_tokens(ctx) if ctx else None, progress=ReadProgress(),
                               command=" ".join(sys.argv))

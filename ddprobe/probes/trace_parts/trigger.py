@@ -86,9 +86,10 @@ def _settled(folder: Path, before: set[Path], wait_s: float, say: Callable[[str]
 
 
 def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
-                   progress: Callable[[str], None] = lambda s: None) -> list[Path]:
+                   progress: Callable[[str], None] = lambda s: None, request: bool = True) -> list[Path]:
     """Profile ``num_steps`` decode steps of the server at ``url``; returns the trace files it wrote (only the new
-    ones: files already in ``folder`` are left alone and not read)."""
+    ones: files already in ``folder`` are left alone and not read). ``request`` False: the user's own traffic makes
+    the steps (a long-context request, say); the profile is stopped once ``wait_s`` passes without files."""
     base = url.rstrip("/")
     folder = (folder or Path("ddprobe-results") / f"traces-{dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,11 +99,17 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
     r = _post(f"{base}/start_profile", body, 60)
     if r.status_code != 200:
         raise _refused(r, base, "/start_profile")
-    progress(f"profiling {num_steps} steps of {base} into {folder}")
+    progress(f"profiling {num_steps} steps of {base} into {folder}" + ("" if request else
+             f": send your requests now (stopped after {wait_s:g} s without files)"))
     errors: list[BaseException] = []
-    worker = threading.Thread(target=lambda: _catch(errors, _load, base, num_steps, wait_s), daemon=True)
-    worker.start()
-    worker.join(wait_s)
+    if request:
+        worker = threading.Thread(target=lambda: _catch(errors, _load, base, num_steps, wait_s), daemon=True)
+        worker.start()
+        worker.join(wait_s)
+    else:
+        t0 = time.monotonic()
+        while not _new_files(folder, before) and time.monotonic() - t0 < wait_s:
+            time.sleep(0.5)
     r = _post(f"{base}/stop_profile", {}, wait_s)
     if r.status_code == 404:
         raise _refused(r, base, "/stop_profile")
