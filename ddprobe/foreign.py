@@ -46,12 +46,12 @@ def _log(text: str) -> None:
 
 
 def install(verbose: bool = False) -> None:
-    """Route the foreign warnings to the log file (``verbose``: to stderr as well); every other warning unchanged."""
-    if _installed.get("done"):
-        _installed["verbose"] = verbose
+    """Route the foreign warnings to the log file (``verbose``: to stderr as well); every other warning unchanged.
+    Again after ``warnings.catch_warnings`` put another hook back: the hook is put in front of whatever is there."""
+    _installed["verbose"] = verbose
+    if getattr(warnings.showwarning, "_ddprobe_foreign", False):
         return
     shown = warnings.showwarning
-    _installed.update(done=True, verbose=verbose)
 
     def showwarning(message, category, filename, lineno, file=None, line=None):
         text = str(message)
@@ -60,6 +60,7 @@ def install(verbose: bool = False) -> None:
             if not _installed.get("verbose"):
                 return
         shown(message, category, filename, lineno, file, line)
+    showwarning._ddprobe_foreign = True
     warnings.showwarning = showwarning
     for pattern, _ in FOREIGN_WARNINGS:  # "always": a warning torch raised once elsewhere is still logged
         warnings.filterwarnings("always", message=pattern)

@@ -87,10 +87,9 @@ def test_a_foreign_warning_goes_to_the_log_by_its_exact_text(tmp_path):
     assert foreign.is_foreign(TF32) and not foreign.is_foreign("TensorFloat32 is great")
     os.environ["DDPROBE_FOREIGN_LOG"] = str(tmp_path / "in-process.log")
     try:
-        foreign.install(verbose=False)
         with warnings.catch_warnings():
             warnings.simplefilter("always")
-            foreign.install(verbose=False)  # catch_warnings restores showwarning: install inside it
+            foreign.install(verbose=False)  # catch_warnings restores the hook it found when it ends
             warnings.warn(TF32)
             warnings.warn("a warning of ddprobe's own")
         assert TF32 in (tmp_path / "in-process.log").read_text()
