@@ -20,10 +20,12 @@ import sys
 import tempfile
 import warnings
 
-# (exact message as a regular expression anchored at both ends, the library that says it)
+# (exact message as a regular expression anchored at both ends, the library that says it). Inductor's online-softmax
+# message starts with a newline and wraps its lines (torch 2.8-2.12's lowering.py): whitespace is matched as such.
 FOREIGN_WARNINGS: tuple[tuple[str, str], ...] = (
-    (r"TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled\..*", "torch"),
-    (r"Online softmax is disabled on the fly since Inductor decides to\s+split the reduction\..*", "torch._inductor"),
+    (r"\s*TensorFloat32 tensor cores for float32 matrix multiplication available but not enabled\..*", "torch"),
+    (r"\s*Online softmax is disabled on the fly since Inductor decides to\s+split the reduction\..*",
+     "torch._inductor"),
 )
 _installed: dict = {}
 
