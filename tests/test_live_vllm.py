@@ -50,13 +50,26 @@ def _vllm_missing() -> str | None:
 
 
 MISSING = _vllm_missing()
-pytestmark = [pytest.mark.live, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
+if MISSING:
+    pytest.skip(MISSING, allow_module_level=True)  # one line for the whole group
+pytestmark = pytest.mark.live
+
+
+_REPORTER = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reporter(pytestconfig):
+    pm = pytestconfig.pluginmanager
+    _REPORTER[:] = [pm.get_plugin("capturemanager"), pm.get_plugin("terminalreporter")]
 
 
 def say(line: str) -> None:
-    """A measured time, in the test log whatever pytest captures."""
-    sys.__stderr__.write(f"\nlive vLLM: {line}\n")
-    sys.__stderr__.flush()
+    """A measured time, in the test log whatever pytest captures (its terminal reporter, capture paused)."""
+    if len(_REPORTER) == 2 and all(_REPORTER):
+        capman, tr = _REPORTER
+        with capman.global_and_fixture_disabled():
+            tr.write_line(f"live vLLM: {line}")
 
 
 def free_port() -> int:
@@ -413,3 +426,72 @@ def test_server_without_speculative_decoding_and_advise_against_it(measured, tin
                 "--gpu", "b200", "--weight-dtype", "fp4")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "With vllm, speculation" in r.stdout and "on predictable text" in r.stdout, r.stdout
+
+
+def families(text: str) -> dict[str, set[str]]:
+    """{sample name: label keys} of the ``vllm:`` counters (their ``_total`` samples) and gauges of a /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, set[str]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("vllm:") and not s.name.endswith(("_created", "_bucket", "_sum", "_count")):
+                out.setdefault(s.name, set()).update(s.labels)
+    return out
+
+
+def label_values(text: str, name: str, key: str) -> set[str]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {s.labels[key] for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == name and key in s.labels}
+
+
+def test_ddprobe_serve_speaks_the_real_servers_protocol(spec_server):
+    """What ``ddprobe serve`` emits in vLLM's protocol, read against what the real server emitted just now: every
+    vllm: metric ddprobe serve exposes exists there with the same label keys, every spec-decode counter there is
+    exposed here, finish reasons are the real server's, and the per-request speculative_decoding fields match."""
+    uvicorn = pytest.importorskip("uvicorn")
+    from ddprobe.probes.backends.engine import EngineBackend
+    from ddprobe.server import build_app
+
+    ids = prompt_ids(VLLMBackend(spec_server.url), "predictable", 256, 0, NEW)
+    real_answer = requests.post(spec_server.url + "/v1/completions", json={
+        "model": NAME, "prompt": ids, "max_tokens": NEW, "temperature": 0.0, "ignore_eos": True}, timeout=300).json()
+    real_text = requests.get(spec_server.url + "/metrics", timeout=30).text
+    real = families(real_text)
+
+    backend = EngineBackend(preset="tiny", seed=0)
+    app = build_app(backend, per_request_spec_metrics=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        t0 = time.time()
+        while not server.started:
+            assert time.time() - t0 < 60, "ddprobe serve did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+        mine_answer = requests.post(url + "/v1/completions", json={
+            "prompt": prompt_ids(backend, "predictable", 64, 0, 16), "max_tokens": 16, "temperature": 0.0},
+            timeout=300).json()
+        mine_text = requests.get(url + "/metrics", timeout=30).text
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        app.state.worker.close()
+    mine = families(mine_text)
+    assert mine, mine_text[:300]
+    for name, keys in mine.items():
+        assert name in real, f"ddprobe serve exposes {name}, which vLLM {real_answer['system_fingerprint']} has not"
+        assert keys == real[name], (name, keys, real[name])
+    spec_real = {n for n in real if n.startswith("vllm:spec_decode_") and n.endswith("_total")}
+    assert spec_real and spec_real <= set(mine), spec_real - set(mine)
+    success = "vllm:request_success_total"
+    assert label_values(mine_text, success, "finished_reason") <= label_values(real_text, success, "finished_reason")
+    theirs, ours = real_answer["metrics"]["speculative_decoding"], mine_answer["metrics"]["speculative_decoding"]
+    assert set(ours) == set(theirs), set(ours) ^ set(theirs)
+    for key, v in theirs.items():  # the same kind of value wherever both say one
+        if v is not None and ours[key] is not None:
+            assert isinstance(ours[key], list) == isinstance(v, list), key
+    assert len(ours["per_step_accepted"]) == ours["num_spec_steps"]

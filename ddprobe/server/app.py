@@ -18,18 +18,20 @@ from .worker import EngineWorker
 
 
 def build_app(backend, spec: bool = True, model_name: str | None = None, max_body: int = MAX_BODY_BYTES,
-              body_read_s: float = BODY_READ_S) -> FastAPI:
+              body_read_s: float = BODY_READ_S, per_request_spec_metrics: bool = False) -> FastAPI:
     """FastAPI app around an ``EngineBackend``; ``app.state.served`` holds what the routes share,
     ``app.state.worker`` the engine's thread (``worker.close()`` ends it). Bodies pass ``limits.BodyLimits``
     (``max_body`` bytes, whole within ``body_read_s``, JSON, uncompressed) before any route reads them."""
     name = model_name or f"ddprobe-{backend.preset}"
-    metrics = Metrics(name, spec)
+    metrics = Metrics(name, spec, positions=backend.max_commit() - 1 if spec else 0)
     worker = EngineWorker(backend, spec, on_done=lambda job, st: metrics.finished(st))
     worker.profiler = profile.EngineProfiler()
     metrics.gauges(lambda: worker.running, lambda: worker.waiting)
     app = FastAPI(title="ddprobe serve", version="1")
     app.state.served = Served(backend, spec, name, worker, metrics, backend.max_commit())
     app.state.worker = worker
+    # /v1/completions answers carry metrics.speculative_decoding, as vLLM's --per-request-spec-decode-metrics detailed
+    app.state.per_request_spec_metrics = spec and per_request_spec_metrics
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(StarletteHTTPException, http_error)

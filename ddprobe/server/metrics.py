@@ -6,11 +6,14 @@ abort), and with speculative decoding ``vllm:spec_decode_num_drafts`` (verify st
 ``vllm:spec_decode_num_draft_tokens`` (tree nodes proposed) and
 ``vllm:spec_decode_num_accepted_tokens`` (draft tokens accepted per step, a last step cut by the token limit
 counted uncut, as vLLM counts it: so 1 + accepted / drafts is vLLM's mean acceptance length, at or above
-ddprobe's commit length). Gauges
+ddprobe's commit length) and ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position``, 0 to the most
+a step can accept - 1: steps that accepted a token there; a tree's position is its depth). Gauges
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``. prometheus-client is the
 ``server`` extra. ``spec_meta``: the SGLang-style speculative fields of one request's ``meta_info``, each
 what SGLang reports under that name (``spec_accept_length`` = completion_tokens / spec_verify_ct), ddprobe's own
-commit length under its own name (``commit_len``).
+commit length under its own name (``commit_len``). ``vllm_spec_metrics``: one request's
+``metrics.speculative_decoding`` as vLLM 0.32 returns it with ``--per-request-spec-decode-metrics detailed``
+(names, label keys and fields checked against a real vLLM by tests/test_live_vllm.py).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ FINISH_REASONS = ("length", "stop", "abort")
 
 
 class Metrics:
-    def __init__(self, model_name: str, spec: bool):
+    def __init__(self, model_name: str, spec: bool, positions: int = 0):
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.registry = CollectorRegistry()
@@ -42,6 +45,9 @@ class Metrics:
             self.drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts (verify steps).")
             self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
             self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                              names + ["position"], registry=self.registry)
+            self.per_pos = [per_pos.labels(**labels, position=str(p)) for p in range(positions)]
         self._running = Gauge("vllm:num_requests_running", "Requests being decoded.", names, registry=self.registry)
         self._waiting = Gauge("vllm:num_requests_waiting", "Requests queued.", names, registry=self.registry)
         self._labels = labels
@@ -59,6 +65,9 @@ class Metrics:
                 self.drafts.inc(st.verify_steps)
                 self.draft_tokens.inc(st.extra.get("tree_nodes", 0))
                 self.accepted.inc(st.extra.get("accepted_uncut", sum(c - 1 for c in st.commit_lens)))
+                for a in per_step_accepted(st):
+                    for c in self.per_pos[:a]:
+                        c.inc()
             self.success[st.extra.get("finish_reason", "length")].inc()
 
     def text(self) -> str:
@@ -80,3 +89,27 @@ def spec_meta(st, max_commit: int) -> dict[str, Any]:
             "commit_len": st.commit_len if steps else 0.0, "spec_accept_length": st.sglang_accept_length if steps else 0.0,
             "spec_num_correct_drafts": sum(c - 1 for c in st.commit_lens), "spec_num_proposed_drafts": drafts,
             "spec_accept_rate": sum(c - 1 for c in st.commit_lens) / drafts if drafts else 0.0}
+
+
+def per_step_accepted(st) -> list[int]:
+    """Draft tokens accepted in each verify step, a last step cut by the token limit counted uncut (as vLLM counts):
+    the committed lengths less their bonus, the last one topped up to the request's uncut total."""
+    acc = [c - 1 for c in st.commit_lens]
+    if acc:
+        acc[-1] += max(0, st.extra.get("accepted_uncut", sum(acc)) - sum(acc))
+    return acc
+
+
+def vllm_spec_metrics(st, positions: int) -> dict[str, Any]:
+    """One request's ``metrics.speculative_decoding`` in vLLM's fields: the mean acceptance length (1 + accepted /
+    steps) and rate, the histogram (index = tokens accepted in a step), the counts, per step what was accepted
+    (``per_step_drafted`` null: the engine keeps only the request's total of tree nodes)."""
+    acc, steps = per_step_accepted(st), st.verify_steps
+    drafted = st.extra.get("tree_nodes", 0)
+    hist = [0] * (positions + 1)
+    for a in acc:
+        hist[min(a, positions)] += 1
+    return {"mean_acceptance_length": 1 + sum(acc) / steps if steps else 1.0,
+            "draft_acceptance_rate": sum(acc) / drafted if drafted else 0.0, "acceptance_histogram": hist,
+            "num_spec_steps": steps, "num_accepted_draft_tokens": sum(acc), "num_draft_tokens": drafted,
+            "num_spec_tokens": positions, "per_step_accepted": acc, "per_step_drafted": None}

@@ -7,6 +7,7 @@ import uuid
 from fastapi import Request
 
 from . import models as m
+from .metrics import vllm_spec_metrics
 from .served import ApiError, Served, finish_reason, result, served, started, stream
 from .worker import Job, held_tail
 
@@ -44,8 +45,8 @@ def generate_chunks(s: Served, job: Job, rid: str, t0: float):
 class Completion:
     """The bodies of one ``/v1/completions`` answer (OpenAI's shapes)."""
 
-    def __init__(self, s: Served, job: Job, include_usage: bool):
-        self.s, self.job, self.include_usage = s, job, include_usage
+    def __init__(self, s: Served, job: Job, include_usage: bool, spec_metrics: bool = False):
+        self.s, self.job, self.include_usage, self.spec_metrics = s, job, include_usage, spec_metrics
         self.id, self.created = "cmpl-" + uuid.uuid4().hex, int(time.time())
         self.sent = ""  # the text a stream has sent
 
@@ -58,8 +59,11 @@ class Completion:
         return {"prompt_tokens": n, "completion_tokens": st.completion_tokens, "total_tokens": n + st.completion_tokens}
 
     def whole(self, st) -> dict:
-        return self.body({"index": 0, "text": self.s.text(self.job, st.tokens), "finish_reason": finish_reason(st),
-                          "logprobs": None}, self.usage(st))
+        out = self.body({"index": 0, "text": self.s.text(self.job, st.tokens), "finish_reason": finish_reason(st),
+                         "logprobs": None}, self.usage(st))
+        if self.spec_metrics:  # as vLLM with --per-request-spec-decode-metrics detailed
+            out["metrics"] = {"speculative_decoding": vllm_spec_metrics(st, self.s.max_commit - 1)}
+        return out
 
     def on_tokens(self, toks: list[int], new: list[int]) -> list[dict]:
         toks.extend(new)
@@ -84,7 +88,8 @@ async def completions(req: m.CompletionRequest, request: Request):
         raise ApiError(404, f"model {req.model!r} does not exist; this server has {s.name!r}", "model")
     ids = await asyncio.to_thread(s.backend.tokenize, req.prompt) if isinstance(req.prompt, str) else req.prompt
     job = s.submit(ids, req.max_tokens, req.temperature, req.stop, seed=req.seed)
-    c = Completion(s, job, bool(req.stream_options and req.stream_options.include_usage))
+    c = Completion(s, job, bool(req.stream_options and req.stream_options.include_usage),
+                   getattr(request.app.state, "per_request_spec_metrics", False))
     if req.stream:
         toks: list[int] = []
         return stream(job, await started(request, job), lambda new: c.on_tokens(toks, new), c.on_done)

@@ -50,6 +50,8 @@ class VLLMBackend(HttpClient):
         self._models: dict | None = None
         self._per_request = False  # the server returns metrics.speculative_decoding: /metrics is not read
         self._last: dict[str, float] | None = None  # the counters after the previous cell (a restart shows below)
+        self._budget: int | None = None  # draft tokens per step, from describe() (0: unknown)
+        self._scrape: dict[str, float] | None = None  # describe()'s read of /metrics, not yet used as a "before"
 
     def _model_card(self) -> dict:
         if self._models is None:
@@ -75,12 +77,14 @@ class VLLMBackend(HttpClient):
         """What the results file's config says of the server; ``budget``: the draft tokens per step (k), counted
         from the per-position series vLLM's /metrics keeps for each speculative position (absent: unknown)."""
         out = {"backend": self.name, "url": self.url, "model": self._model_card().get("id")}
-        try:
-            text = self.call("GET", "/metrics", expect_json=False)
-        except BackendError:
-            return out
-        positions = [n for n in parse_metrics(text, f"{self.url}/metrics", by_label=(self.PER_POS, "position"))]
-        return {**out, "budget": len(positions)} if positions else out
+        if self._budget is None:
+            self._budget = 0
+            try:  # read once; the first request's "before" (its traffic check covers the time in between)
+                self._scrape = self.spec_counters()
+            except BackendError:
+                return out
+            self._budget = sum(n.startswith(self.PER_POS + "[") for n in self._scrape)
+        return {**out, "budget": self._budget} if self._budget else out
 
     def spec_counters(self) -> dict[str, float]:
         """Sum of each counter (``_total`` samples) and gauge we read, over all label sets."""
@@ -126,7 +130,7 @@ class VLLMBackend(HttpClient):
         before, no_counters = None, None
         if not self._per_request:
             try:
-                before = self.spec_counters()
+                before, self._scrape = self._scrape or self.spec_counters(), None
             except BackendError as e:  # per-request metrics may still come with the answer
                 no_counters = e
         body = {"model": self._model, "prompt": input_ids, "max_tokens": max_new_tokens, "temperature": 0.0,
@@ -154,10 +158,9 @@ class VLLMBackend(HttpClient):
         after = self.spec_counters()
         back = [n for n in self.COUNTERS if n in before and n in after and after[n] < before[n]]
         if back or before.get(self.STARTED) != after.get(self.STARTED):
-            what = (f"{back[0]}_total went backwards ({before[back[0]]:g} -> {after[back[0]]:g})" if back
-                    else f"{self.STARTED} changed")
-            raise BackendError(f"{self.url}/metrics: {what} during the request: the server restarted, the "
-                               "request's counts are lost")
+            what = (f"{back[0]}_total went backwards ({before[back[0]]:g} -> {after[back[0]]:g}; the server "
+                    "restarted?)" if back else f"{self.STARTED} changed during the request (the server restarted)")
+            raise BackendError(f"{self.url}/metrics: {what}: the request's counts are lost")
         traffic = self.other_traffic(before, after, completion)
         if traffic:
             return None, traffic
