@@ -165,8 +165,8 @@ DEFAULT_L2_BYTES = 60 * _MiB
 @dataclass(frozen=True)
 class KernelTime:
     """The least time one kernel of a decode step costs on a GPU, in us: back to back in a replayed CUDA graph
-    (``graph_us``: the larger of an empty kernel's and a one-block small kernel's), launched eagerly one after another
-    from Python (``eager_us``), and one host synchronisation (``sync_us``: a one-value device-to-host copy's round
+    (``graph_us``: a small kernel that touches memory, ``bench launch``'s graph-small row), launched eagerly one after
+    another from Python (``eager_us``), and one host synchronisation (``sync_us``: a one-value device-to-host copy's round
     trip). ``measured`` False: no measurement of this GPU; the figures are a class bound (lower than any GPU of the
     class measured), said wherever they are used."""
 

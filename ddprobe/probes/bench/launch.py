@@ -4,8 +4,8 @@ Four rows, each the median over ``samples`` timed samples (CUDA events) of ``ker
 
 - ``graph-empty``: an empty Triton kernel (one program, no memory touched), captured ``kernels`` times in one CUDA
   graph and replayed: what a replayed kernel node costs with nothing in it;
-- ``graph-small``: a one-block kernel that reads and writes 1,024 fp32 values (``x.add_(1)``), likewise replayed:
-  the least a kernel that touches memory costs. The step model's ``graph_us`` is this one: every kernel of a decode
+- ``graph-small``: a small kernel that reads and writes 1,024 fp32 values (``x.add_(1)``, torch's elementwise add:
+  a block or two), likewise replayed: the least a kernel that touches memory costs. The step model's ``graph_us`` is this one: every kernel of a decode
   step reads and writes memory;
 - ``eager-small``: the same small kernel launched eagerly from Python one after another (the host's launch rate
   bounds it: what an eager step's kernels cost at least);
@@ -24,7 +24,7 @@ from ...units import DDProbeError
 
 DEFAULT_KERNELS = 1000  # launches per timed sample
 DEFAULT_SAMPLES = 20
-SMALL_VALUES = 1024  # the small kernel's fp32 values (one block)
+SMALL_VALUES = 1024  # the small kernel's fp32 values (a block or two of an elementwise kernel)
 
 
 @dataclass(frozen=True)
