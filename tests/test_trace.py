@@ -301,3 +301,24 @@ def test_graph_launches_are_the_units_and_the_grid_is_read(tmp_path):
     # 1 us between consecutive kernels (125 per step, the copy last), nothing else idle inside the step
     assert row["idle_ms"] == pytest.approx(125 * 1.0 / 1e3)
     assert row["busy_ms"] == pytest.approx((3 * 30 + 61 * (5040 + 40) + 2) / 1e3)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--marker", "("], "--marker: not a regular expression"),
+    (["--model", "nope"], "--model: unknown model 'nope'"),
+    (["--gpu", "zz"], "--gpu: unknown GPU 'zz'"),
+    (["--ctx", "12q"], "--ctx: bad token count"),
+    (["--wait", "-3"], "--wait: must be in"),
+    (["--ctx", "64k"], "--ctx needs --model"),
+    (["--model", "kimi-k2"], "--model needs --ctx"),
+])
+def test_bad_options_one_line_before_anything_is_read(args, words, tmp_path):
+    from typer.testing import CliRunner
+
+    from ddprobe.cli import app
+
+    out = tmp_path / "o.json"
+    r = CliRunner().invoke(app, ["trace", str(ROOT / "tests/data/traces/serve-tiny-cpu-TP-0.trace.json.gz"),
+                                 "--cpu-ops", "-o", str(out), *args])
+    assert r.exit_code == 1 and words in r.output and "Traceback" not in r.output, r.output
+    assert not out.exists()

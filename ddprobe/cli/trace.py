@@ -11,7 +11,7 @@ from ..kernel_classes import CLASSES, LABELS
 from ..units import DDProbeError, parse_rows, parse_tokens
 from .app import app
 from .floor_options import TpOpt
-from .options import ForceOpt, checked, err, errors_exit_1, out, results_path
+from .options import MAX_TIMEOUT_S, ForceOpt, checked, err, errors_exit_1, out, results_path, within
 
 BIG_FILE = 16 << 20  # files this large get a progress line with an ETA
 
@@ -91,6 +91,33 @@ def print_ranks(rows: list[dict], skew: dict) -> None:
               f"the median rank's {_ms(skew['median_step_ms'])} ms", highlight=False)
 
 
+def _model(name: str) -> None:
+    from ..models import get_model
+
+    try:
+        get_model(name)
+    except DDProbeError as e:
+        raise DDProbeError(str(e).split(" (or pass")[0]) from None
+
+
+def _gpu(name: str) -> None:
+    from ..shapes import get_gpu
+
+    try:
+        get_gpu(name)
+    except DDProbeError as e:
+        raise DDProbeError(str(e).split(" (or pass")[0]) from None
+
+
+def _regex(text: str) -> None:
+    import re
+
+    try:
+        re.compile(text)
+    except re.error as e:
+        raise DDProbeError(f"not a regular expression ({e})") from None
+
+
 FilesArg = Annotated[Optional[list[Path]], typer.Argument(help="Trace files (.json or .json.gz, one per rank) or "
                                                                "folders of them.", show_default=False)]
 
@@ -108,21 +135,26 @@ def trace(
                                                                     "traces into (SGLang's output_dir; vLLM's "
                                                                     "torch_profiler_dir). Default: "
                                                                     "ddprobe-results/traces-<time>.")] = None,
-    wait: Annotated[float, typer.Option("--wait", help="With --url: seconds to wait for the trace files.")] = 300.0,
+    wait: Annotated[float, typer.Option("--wait", help="With --url: seconds to wait for the trace files.",
+                                        callback=checked(within(1.0, MAX_TIMEOUT_S, " s")))] = 300.0,
     request: Annotated[bool, typer.Option("--request/--no-request", help="With --url: send one short request to make "
                                                                           "the steps, or let your own traffic make "
                                                                           "them (a long-context request).")] = True,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset (kimi-k2.6, kimi-k2, "
                                                                        "deepseek-v3, ...): adds the attention "
-                                                                       "kernel's bandwidth and floors.")] = None,
+                                                                       "kernel's bandwidth and floors.",
+                                                    callback=checked(_model))] = None,
     ctx: Annotated[Optional[str], typer.Option("--ctx", help="Context the traced steps attended over, k = 1024 "
-                                                             "(with --model).")] = None,
+                                                             "(with --model).",
+                                                callback=checked(parse_tokens))] = None,
     tp: TpOpt = 1,
     queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1), for the floor.",
                                          callback=checked(parse_rows))] = 9,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for the floors (default: the trace's "
-                                                             "GPU when known, else h200).")] = None,
-    marker: Annotated[str, typer.Option("--marker", help="Regular expression of the step annotations.")]
+                                                             "GPU when known, else h200).",
+                                                callback=checked(_gpu))] = None,
+    marker: Annotated[str, typer.Option("--marker", help="Regular expression of the step annotations.",
+                                        callback=checked(_regex))]
     = r"^ProfilerStep#\d+$",
     cpu_ops: Annotated[bool, typer.Option("--cpu-ops", help="Analyse the CPU operators of a trace without GPU "
                                                             "kernels (a CPU engine's).")] = False,
