@@ -5,8 +5,8 @@ Four rows, each the median over ``samples`` timed samples (CUDA events) of ``ker
 - ``graph-empty``: an empty Triton kernel (one program, no memory touched), captured ``kernels`` times in one CUDA
   graph and replayed: what a replayed kernel node costs with nothing in it;
 - ``graph-small``: a small kernel that reads and writes 1,024 fp32 values (``x.add_(1)``, torch's elementwise add:
-  a block or two), likewise replayed: the least a kernel that touches memory costs. The step model's ``graph_us`` is this one: every kernel of a decode
-  step reads and writes memory;
+  a block or two), likewise replayed: the least a kernel that touches memory costs. The step model's ``graph_us``
+  is this one: every kernel of a decode step reads and writes memory;
 - ``eager-small``: the same small kernel launched eagerly from Python one after another (the host's launch rate
   bounds it: what an eager step's kernels cost at least);
 - ``sync``: one value copied to the host and waited on (``x.item()``), one after another: a host synchronisation's
