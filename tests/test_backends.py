@@ -152,6 +152,26 @@ def test_sglang_older_aliases_and_missing_spec_fields(serve):
         SGLangBackend(url).generate([1, 2], 128)
 
 
+def test_sglang_correct_drafts_under_todays_name_and_its_aliases(serve):
+    """sglang PR 24081 renamed the meta_info keys (``spec_num_correct_drafts``, ``spec_num_proposed_drafts``,
+    ``spec_correct_drafts_histogram``) and kept the older ones as aliases; PR 13754's answer has the oldest
+    (``spec_accept_token_num``). Each is read, and a count that contradicts the histogram is not believed."""
+    for renames in ({}, {"spec_num_correct_drafts": "spec_accepted_drafts"}):
+        url = serve({"/generate": [{"text": "", "meta_info": meta_33518(**renames)}]})
+        st = SGLangBackend(url).generate([1, 2, 3], 106)
+        assert st.extra["reported_spec_num_correct_drafts"] == 63 and "server_note" not in st.extra
+        # SGLang's accept length is 1 + correct / steps: 43 steps + 63 correct drafts = its 106 tokens
+        assert 1 + 63 / 43 == pytest.approx(st.sglang_accept_length)
+    url = serve({"/generate": [SGLANG_13754]})
+    assert SGLangBackend(url).generate(list(range(171)), 200).extra["reported_spec_num_correct_drafts"] == 11
+    meta = meta_33518()
+    meta["spec_num_correct_drafts"] = 64  # the histogram says 63
+    url = serve({"/generate": [{"text": "", "meta_info": meta}]})
+    st = SGLangBackend(url).generate([1, 2, 3], 106)
+    assert "64 correct drafts do not fit the histogram's 63" in st.extra["server_note"]
+    assert "reported_spec_num_correct_drafts" not in st.extra and st.commit_len == pytest.approx(105 / 43)
+
+
 def doc_example() -> str:
     """vLLM's docs example with its `$ curl` line and `...` elisions dropped (not Prometheus text)."""
     return "".join(ln for ln in VLLM_DOC.splitlines(keepends=True) if not ln.startswith(("$", "...")))

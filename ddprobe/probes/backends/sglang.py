@@ -1,9 +1,14 @@
-"""SGLang's native ``/generate``: per-request ``meta_info`` (``spec_verify_ct``, ``completion_tokens``,
-``spec_correct_drafts_histogram`` / its older alias ``spec_accept_histogram``, index = draft tokens
+"""SGLang's native ``/generate``: per-request ``meta_info`` (``spec_verify_ct``, ``completion_tokens``, and
+under today's names, sglang PR 24081, each with the older ones it still sends as aliases: ``spec_num_correct_drafts``
+(``spec_accepted_drafts``; ``spec_accept_token_num`` before PR 23530), ``spec_num_proposed_drafts``
+(``spec_proposed_drafts``), ``spec_correct_drafts_histogram`` (``spec_accept_histogram``), index = draft tokens
 accepted in a step). commit_len = (completion_tokens - 1) / spec_verify_ct; SGLang's own
-``spec_accept_length`` (= completion_tokens / spec_verify_ct) is kept as ``sglang_accept_length``.
-``cached_tokens`` (prompt tokens from its prefix cache) is ``reused_tokens``; ``output_ids``, when the answer
-has them, are the generated tokens.
+``spec_accept_length`` (= completion_tokens / spec_verify_ct) is kept as ``sglang_accept_length``, its correct-draft
+count as ``reported_spec_num_correct_drafts`` (checked against the histogram). The older ``spec_draft_token_num``
+counted each step's root slot too (PR 23530): it is not read as drafts. ``/generate`` returns these fields with no
+flag; SGLang's OpenAI routes return the same ones under ``sglext.spec_tokens_details`` when the request sets
+``return_spec_tokens_details`` (PR 33518). ``cached_tokens`` (prompt tokens from its prefix cache) is
+``reused_tokens``; ``output_ids``, when the answer has them, are the generated tokens.
 """
 from __future__ import annotations
 
@@ -12,6 +17,21 @@ from typing import Any
 
 from .base import BackendError, GenStats, checked_stats, histogram_note
 from .http import HttpClient, field_of, number_of
+
+
+# today's name first, then the older ones SGLang sent (and still sends as aliases)
+CORRECT = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
+PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts")
+HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
+
+
+def first_of(meta: dict, names: tuple[str, ...]):
+    """The value under the first of ``names`` that ``meta`` has (None: none)."""
+    return next((meta[n] for n in names if n in meta), None)
+
+
+def _count(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
 
 
 class SGLangBackend(HttpClient):
@@ -65,18 +85,25 @@ class SGLangBackend(HttpClient):
         out_ids = d.get("output_ids")  # the generated ids (output_repeats); absent on some versions
         if isinstance(out_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in out_ids):
             stats.tokens = list(out_ids)
-        hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
-        if isinstance(hist, list) and hist and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                   for h in hist):
+        hist = first_of(meta, HISTOGRAM)
+        if isinstance(hist, list) and hist and all(_count(h) is not None for h in hist):
             note = histogram_note(hist, stats)
             if note:  # the mean stands (from the counts); the spread is not shown
                 stats.extra["server_note"] = note
             else:  # SGLang: histogram[i] = verify steps that accepted i draft tokens (committed i + 1)
                 stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
-        proposed = number_of(meta, "spec_num_proposed_drafts")
-        proposed = proposed if proposed is not None else number_of(meta, "spec_proposed_drafts")
-        if proposed is not None and proposed >= 0:
+        proposed = _count(first_of(meta, PROPOSED))
+        if proposed is not None:
             stats.drafts_per_step = proposed / verify
+        correct = _count(first_of(meta, CORRECT))
+        if correct is not None:
+            stats.extra["reported_spec_num_correct_drafts"] = correct
+            said = sum(i * n for i, n in enumerate(hist)) if stats.commit_lens else None
+            if (said is not None and said != correct) or (proposed is not None and correct > proposed):
+                stats.extra["server_note"] = (f"{correct} correct drafts do not fit "
+                                              + (f"the histogram's {said}" if said is not None and said != correct
+                                                 else f"{proposed} proposed") + ": not believed")
+                stats.extra.pop("reported_spec_num_correct_drafts")
         for key in ("spec_accept_length", "spec_accept_rate"):
             if number_of(meta, key) is not None:
                 stats.extra["reported_" + key] = meta[key]
