@@ -125,8 +125,8 @@ def by_repetition(units: list[tuple[str, list[Kernel]]], what: str) -> Steps | N
 def _regular(seq: list[int], pos: list[int]) -> tuple[int, list[int]] | None:
     gaps = [b - a for a, b in zip(pos, pos[1:])]
     period, n = Counter(gaps).most_common(1)[0]
-    if n < 2 or n < 0.6 * len(gaps):
-        return None
+    if n < 2 or n < 0.6 * len(gaps) or (n + 1) * period < MIN_COVER * len(seq):
+        return None  # irregular, or windows too short to be the step: no need to compare them
     starts = [a for a, g in zip(pos, gaps) if g == period]
     if pos[-1] + period <= len(seq):  # the last occurrence opens a window too when the trace holds all of it
         starts.append(pos[-1])
