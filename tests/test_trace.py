@@ -291,6 +291,7 @@ def test_graph_launches_are_the_units_and_the_grid_is_read(tmp_path):
     assert row["attn_kernel"] == "_fwd_kernel" and row["attn_calls"] == 61 and row["sms"] == 132
     assert row["attn_grid"].startswith("grid 1 x 8 x 1 = 8 blocks on 132 SMs: at most 6% of the GPU can work on it")
     assert row["attention_ms"] == pytest.approx(61 * 5.040)
+    assert [(a["name"], a["role"]) for a in row["attn_kernels"]] == [("_fwd_kernel", "verify")]
     # the KV one call reads: MLA's 576-value bf16 latent row (1152 B) per token per layer, all of it on each GPU
     assert row["attn_kv_B_per_call"] == 1152 * 32768
     assert row["attn_eff_bw_GBps"] == pytest.approx(1152 * 32768 / 5040e-6 / 1e9)

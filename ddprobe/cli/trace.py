@@ -73,6 +73,10 @@ def print_attention(row: dict) -> None:
     ex = row  # the keys the schema does not name (attn_what, attn_grid, ...) are kept in the row as they are
     out.print(f"  attention kernel {row['attn_kernel'][:80]} ({ex.get('attn_what', '')}): {row['attn_us']:,.1f} us "
               f"x {row['attn_calls']:.0f} per step; {ex.get('attn_grid', '')}", highlight=False, soft_wrap=True)
+    for a in ex.get("attn_kernels", [])[1:]:
+        if a["name"] != row["attn_kernel"]:
+            out.print(f"    also {a['name'][:60]} ({a['role'] or a['what']}): {a['us']:,.1f} us x {a['per_step']:.0f}; "
+                      f"{a['grid']}", highlight=False, soft_wrap=True)
     if row.get("attn_eff_bw_GBps") is not None:
         out.print(f"  with the model: {ex['attn_kv_B_per_call'] / 1e6:,.1f} MB of KV per call, effective "
                   f"{row['attn_eff_bw_GBps']:,.1f} GB/s; kernel floor {row['attn_kernel_floor_us']:,.1f} us "

@@ -137,7 +137,9 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
     sms = r.device.get("numSms")
     out = {"attn_kernel": k.name, "attn_what": k.what, "attn_us": k.mean_us, "attn_calls": k.per_step,
            "attn_grid": grid_line(k, sms), "attn_blocks": (k.launch or {}).get("blocks"), "sms": sms,
-           "attn_launch": k.launch}
+           "attn_launch": k.launch,
+           "attn_kernels": [{"name": a.name, "what": a.what, "role": a.role, "us": a.mean_us, "per_step": a.per_step,
+                             "grid": grid_line(a, sms)} for a in attn[:6]]}
     if tm is not None:
         layers = tm.model.attn.num_layers
         per_call_B = tm.model.kv_bytes(tm.ctx) / layers
