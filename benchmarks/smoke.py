@@ -64,6 +64,9 @@ def cases() -> list[Case]:
         Case("gate", ("gate", str(ROOT / "tests" / "data" / "bench-verify-h200-raw.json"), "--baseline", str(base),
                       "--paths", "split", "--ctx", "128k")),
         Case("bench verify", ("bench", "verify", "--quick")),
+        Case("bench launch", ("bench", "launch")),  # the least time per kernel the step model's latency term reads
+        Case("trace", ("trace", str(ROOT / "tests" / "data" / "traces" / "serve-tiny-cpu-TP-0.trace.json.gz"),
+                       "--cpu-ops")),  # docs/trace.md's example on the shipped trace
         Case("serve", ("serve",)),
     ]
 
