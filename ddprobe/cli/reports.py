@@ -44,7 +44,8 @@ def report(
 @errors_exit_1
 def gate(
     current: Annotated[Path, typer.Argument(help="Benchmark results of this run (JSON).")],
-    baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Committed benchmark results to compare with.")],
+    baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Committed benchmark results to compare with, "
+                                           "or a folder of them, one per GPU (the run's GPU picks).")],
     max_drop: Annotated[str, typer.Option("--max-drop", help="Largest allowed loss of effective bandwidth (speed) "
                                                              "per entry: 10% or 0.1.")] = "10%",
     min_bw: Annotated[Optional[str], typer.Option("--min-bw", help="Absolute floor on each entry's effective "
