@@ -686,12 +686,10 @@ def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
     assert err < TOL[dtype], f"fused vs own launch: rel err {err:.2e}"
 
 
-PORTABLE_CASES = [  # ctx, budget, shape, heads, dtype (R <= 16: the sm_120 tiling's rows limit)
-    (0, 8, "lopsided", 8, torch.bfloat16),
+PORTABLE_CASES = [  # ctx, budget, shape, heads, dtype (R <= 16: the sm_120 tiling's rows limit); few: each compiles
     (63, 8, "fork", 8, torch.float16),
     (1000, 8, "lopsided", 8, torch.bfloat16),
     (4097, 15, "chain", 64, torch.bfloat16),
-    (33000, 8, "lopsided", 8, torch.bfloat16),
 ]
 
 
