@@ -28,6 +28,12 @@ SGLANG_33518 = json.loads((DATA / "sglang-pr33518-spec-fields.json").read_text()
 VLLM_DOC = (DATA / "vllm-design-doc-metrics-example.txt").read_text()
 VLLM_24049 = (DATA / "vllm-pr24049-prometheus-query.txt").read_text()
 METRICS = {k: (DATA / f"constructed-vllm-metrics-{k}.txt").read_text() for k in ("before", "after", "after-busy")}
+# vLLM 0.32.0's CPU build, captured here from the live test's server (SOURCES.md): one request's /metrics before and
+# after, its answer, a request that drafted nothing, /v1/models
+LIVE = {k: (DATA / f"vllm-0.32-cpu-metrics-{k}.txt").read_text() for k in ("before", "after")}
+LIVE_NOVEL = json.loads((DATA / "vllm-0.32-cpu-completion-novel-1k.json").read_text())
+LIVE_NO_DRAFT = json.loads((DATA / "vllm-0.32-cpu-completion-no-draft.json").read_text())
+LIVE_MODELS = json.loads((DATA / "vllm-0.32-cpu-models.json").read_text())
 
 
 def replay(routes: dict):
@@ -170,6 +176,49 @@ def test_sglang_correct_drafts_under_todays_name_and_its_aliases(serve):
     st = SGLangBackend(url).generate([1, 2, 3], 106)
     assert "64 correct drafts do not fit the histogram's 63" in st.extra["server_note"]
     assert "reported_spec_num_correct_drafts" not in st.extra and st.commit_len == pytest.approx(105 / 43)
+
+
+def live_vllm(answer: dict) -> dict:
+    return {"/v1/models": [LIVE_MODELS], "/metrics": [LIVE["before"], LIVE["after"]], "/v1/completions": [answer]}
+
+
+def test_vllm_live_answer_per_request_and_from_its_counters(serve):
+    """vLLM 0.32.0: 32 tokens of novel text at 1k, 7 drafted steps accepting [0, 4, 0, 0, 0, 2, 0] of 4 drafts:
+    vLLM's mean acceptance length 13 / 7; the counters across the request say the same, and so does each path."""
+    own = LIVE_NOVEL["metrics"]["speculative_decoding"]
+    st = VLLMBackend(serve(live_vllm(LIVE_NOVEL))).generate(list(range(1024)), 32)
+    assert st.commit_len == pytest.approx(1 + 6 / 7, abs=1e-12) == own["mean_acceptance_length"]
+    assert st.verify_steps == 7 and st.extra["spec_counts"].startswith("per request")
+    assert st.extra["accepted_per_pos"] == [2, 2, 1, 1]  # steps accepting 4 and 2 drafts
+    assert st.extra["cond_accept_per_pos"] == pytest.approx([2 / 7, 1.0, 0.5, 1.0])
+    assert sorted(st.commit_lens) == [1] * 5 + [3, 5]  # the histogram [5, 0, 1, 0, 1]
+    # 31 tokens after the prefill's: 7 drafted steps commit 13, so 18 more steps drafted nothing
+    assert st.extra["decode_steps"] == 25 and st.decode_s == pytest.approx(0.10691004799991788)
+    without = {k: v for k, v in LIVE_NOVEL.items() if k != "metrics"}  # a server without the per-request flag
+    st2 = VLLMBackend(serve(live_vllm(without))).generate(list(range(1024)), 32)
+    assert st2.extra["spec_counts"].startswith("server-wide") and st2.commit_len == pytest.approx(st.commit_len)
+    assert st2.extra["accepted_per_pos"] == st.extra["accepted_per_pos"] and st2.drafts_per_step == 4.0
+
+
+def test_vllm_live_request_that_drafted_nothing(serve):
+    """ngram speculation found nothing to draft: vLLM says 0 spec steps and mean acceptance length 1.0; so does
+    ddprobe, with a note, and the row is a valid results row."""
+    from ddprobe.probes.commit import cell_row
+    from ddprobe.schema import parse_row
+
+    st = VLLMBackend(serve(live_vllm(LIVE_NO_DRAFT))).generate(list(range(32)), 16)
+    assert st.commit_len == 1.0 == LIVE_NO_DRAFT["metrics"]["speculative_decoding"]["mean_acceptance_length"]
+    assert st.verify_steps == 0 and "no step proposed a draft" in st.extra["server_note"]
+    row = cell_row("novel", 32, 16, st, "vllm")
+    assert row["sglang_accept_length"] is None and parse_row("commit", row, "row").commit_len == 1.0
+
+
+def test_vllm_per_position_counts_that_cannot_be_true_are_ignored(serve):
+    answer = json.loads(json.dumps(LIVE_NOVEL))
+    answer["metrics"]["speculative_decoding"]["per_step_accepted"] = [0, 4, 0, 0, 0, 3, 0]  # 7 accepted, not 6
+    st = VLLMBackend(serve(live_vllm(answer))).generate(list(range(1024)), 32)
+    assert "accepted_per_pos" not in st.extra and "do not fit" in st.extra["server_note"]
+    assert st.commit_len == pytest.approx(1 + 6 / 7)  # the counts stand
 
 
 def doc_example() -> str:
