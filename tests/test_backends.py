@@ -9,6 +9,8 @@ plain loopback HTTP server. tests/data/recorded/SOURCES.md says where each file 
   generation_tokens, num_requests_running; no spec-decode counters);
 - constructed (values invented, names from vLLM's source): the before/after scrapes ``constructed-vllm-metrics-*``
   that drive ``VLLMBackend.generate`` end to end, because no public before/after pair of one server exists.
+- live, captured here (issue 53) from vLLM 0.32.0's CPU build serving the live tests' tiny Llama: /metrics before
+  and after one request, its answer with ``metrics.speculative_decoding``, one request that drafted nothing.
 
 Expected numbers are worked out here by hand from the values visible in those files."""
 import http.server
