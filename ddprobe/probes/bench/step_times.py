@@ -155,20 +155,27 @@ def _decode_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
     return StepTime(eng.attn, ctx, 0, 1, ms, ms, steps, eng.graphs)
 
 
+def _ddtree_caches(eng, cap: int):
+    """The caches a DDTree step of ``eng`` runs on, for ``cap`` tokens: the held static step's under graphs (what its
+    captured step reads), fresh ones otherwise."""
+    from ...engine.runner import Caches
+
+    runner, models = eng.runner, eng.models
+    if eng.graphs:
+        st = runner.static_for(models, cap)[0]
+        return Caches(st.kv, st.dctx, st)
+    return Caches(runner.new_cache(cap), models.drafter.new_context(cap))
+
+
 def _ddtree_cell(eng, ctx: int, steps: int, cap: int) -> StepTime:
     import torch
 
     from ...engine.graphs import fill_synthetic
     from ...engine.loop import decode
-    from ...engine.runner import Caches
 
     runner, models = eng.runner, eng.models
     with torch.no_grad():
-        if eng.graphs:
-            st = runner.static_for(models, cap)[0]
-            c = Caches(st.kv, st.dctx, st)
-        else:
-            c = Caches(runner.new_cache(cap), models.drafter.new_context(cap))
+        c = _ddtree_caches(eng, cap)
         recs = []
         for _ in range(2):  # untimed, then timed
             fill_synthetic(c.kv, ctx, c.dctx)
@@ -212,18 +219,13 @@ def engine_kernels(eng, steps: int = 3, decode_step: bool = True) -> dict | None
 
     from ...engine.graphs import fill_synthetic
     from ...engine.loop import decode
-    from ...engine.runner import Caches
 
     if eng.device.type != "cuda":
         return None
     runner, models, r = eng.runner, eng.models, eng.budget + 1
     need = 64 + (steps + 3) * r + 1
     with torch.no_grad():
-        if eng.graphs:
-            st = runner.static_for(models, need)[0]
-            c = Caches(st.kv, st.dctx, st)
-        else:
-            c = Caches(runner.new_cache(need), models.drafter.new_context(need))
+        c = _ddtree_caches(eng, need)
 
         def ddtree():
             fill_synthetic(c.kv, 64, c.dctx)
