@@ -195,13 +195,14 @@ class VLLMBackend(HttpClient):
         else:
             stats = GenStats(prompt_tokens=prompt, completion_tokens=completion, verify_steps=int(round(drafts)),
                              accepted_tokens=accepted, e2e_s=e2e)
-            k = None
-            if self.DRAFT_TOKENS in delta:
-                stats.drafts_per_step = delta[self.DRAFT_TOKENS] / drafts
-                k = max(1, round(stats.drafts_per_step))
-            checked_stats(stats, max_new_tokens, where, budget=k)
             at = [delta[n] for n in sorted((n for n in delta if n.startswith(self.PER_POS + "[")),
                                            key=lambda n: int(n[len(self.PER_POS) + 1:-1]))]
+            k = len(at) or None  # vLLM keeps one per-position series per speculative token
+            if self.DRAFT_TOKENS in delta:
+                stats.drafts_per_step = delta[self.DRAFT_TOKENS] / drafts
+                # a step may draft fewer (ngram near a match's end): the most is at least the mean
+                k = k or max(1, math.ceil(stats.drafts_per_step - 1e-9))
+            checked_stats(stats, max_new_tokens, where, budget=k)
             keep_positions(stats, at, drafts, accepted, f"{where} {self.PER_POS}_total")
         stats.extra["spec_counts"] = "server-wide counters of /metrics, this request alone"
         if restarted:
