@@ -151,7 +151,7 @@ def test_bench_verify_checks_each_row_it_keeps():
 
     b = Bench.__new__(Bench)
     b.results, seen = [], []
-    b.on_row = seen.append
+    b.on_row, b.progress = seen.append, None
     b._keep({"kind": "step61", "ctx": 131072, "heads": 8, "path": "split", "step_ms": 2.9, "floor_us": 1900.0,
              "rel_err": float("nan")})  # NaN is written as null
     with pytest.raises(DDProbeError, match=r"^bench verify: row 2 of this bench-verify file: 'us' is -3.0 us "
