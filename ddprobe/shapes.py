@@ -177,11 +177,17 @@ class KernelTime:
     measured: bool
 
 
-# A class bound for GPUs ddprobe has not measured: below the H100's measured figures (``bench launch``), so a floor
-# built on it stays a floor; a GPU measured gets its own row.
-KERNEL_CLASS_BOUND = KernelTime(1.0, 2.0, 5.0, "class bound for a data-center GPU (not measured here): 1 us per "
-                                               "graph-replayed kernel, 2 us eager, 5 us per host sync", False)
-KERNEL_TIMES: dict[str, KernelTime] = {}
+# A class bound for GPUs ddprobe has not measured: below the H100's measured figures (``bench launch``: 0.78 us for
+# an empty graph-replayed kernel, 0.98 us for a small one), so a floor built on it stays a floor; a GPU measured gets
+# its own row.
+KERNEL_CLASS_BOUND = KernelTime(0.75, 2.0, 5.0, "class bound for a data-center GPU (not measured here): 0.75 us per "
+                                                "graph-replayed kernel, 2 us eager, 5 us per host sync", False)
+KERNEL_TIMES: dict[str, KernelTime] = {
+    # `ddprobe bench launch` on the lent NVIDIA H100 80GB HBM3 (driver 580.159.04, torch 2.11, 2026-12-06):
+    # graph-small 0.982 us (graph-empty 0.779), eager-small 5.92 us, sync 9.65 us; docs/perf.md
+    "h100": KernelTime(0.982, 5.92, 9.65, "measured by ddprobe bench launch on an NVIDIA H100 80GB HBM3, 2026-12-06",
+                       True),
+}
 
 
 def kernel_time(gpu: str | None) -> KernelTime:

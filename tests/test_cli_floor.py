@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from ddprobe.cli import app
 from ddprobe.results import Result
+from ddprobe.shapes import KERNEL_CLASS_BOUND
 
 runner = CliRunner()
 
@@ -251,17 +252,18 @@ def test_dtype_help_lists_what_is_accepted_and_ep_on_dense():
 
 def test_launches_are_a_named_part_and_a_step_below_them_is_refused():
     """kimi-k2.6 (61 layers) on an L40S (no measured kernel time: the class bound, said): at least 5 x 61 + 2 = 307
-    kernels x 1 us = 307 us of launches; a 0.2 ms step is refused naming both numbers; --kernels 100 lets it be."""
+    kernels x 0.75 us = 230 us of launches; a 0.2 ms step is refused naming both numbers; --kernels 100 lets it be."""
     r = run("floor", "--ctx", "1k", "--gpu", "l40s", "--step-ms", "0.2")
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
-    assert "--step-ms 200 us at 1k is below the latency floor 307 us (307 kernels x 1 us)" in r.output
+    assert "--step-ms 200 us at 1k is below the latency floor 230 us (307 kernels x 0.75 us)" in r.output
     r = run("floor", "--ctx", "1k", "--gpu", "l40s")
-    assert r.exit_code == 0 and "launches: 307 kernels x 1 us = 307 us" in r.output
+    assert r.exit_code == 0 and "launches: 307 kernels x 0.75 us = 230 us" in r.output
     assert "no measurement, class bound" in " ".join(r.output.split())
     r = run("floor", "--ctx", "1k", "--gpu", "l40s", "--json", "--kernels", "100", "--step-ms", "1000")
     row = json.loads(r.output)["rows"][0]
-    assert (row["kernels"], row["latency_floor_ms"]) == (100, pytest.approx(0.1))
-    assert row["step_bound"] == "bandwidth-bound" and row["launch_share"] == pytest.approx(0.1 / 1000)
+    bound_ms = KERNEL_CLASS_BOUND.graph_us / 1e3  # one kernel at the class bound
+    assert (row["kernels"], row["latency_floor_ms"]) == (100, pytest.approx(100 * bound_ms))
+    assert row["step_bound"] == "bandwidth-bound" and row["launch_share"] == pytest.approx(100 * bound_ms / 1000)
 
 
 def test_steps_from_a_gpu_util_file_takes_the_engines_counted_kernels(tmp_path):
@@ -275,5 +277,6 @@ def test_steps_from_a_gpu_util_file_takes_the_engines_counted_kernels(tmp_path):
     f.write_text(json.dumps(src))
     r = run("floor", "--steps-from", str(f), "--json")
     row = json.loads(r.stdout[r.stdout.index("{"):])["rows"][0]
-    assert row["kernels"] == 1424 and row["latency_floor_ms"] == pytest.approx(1.424)
-    assert row["launch_share"] == pytest.approx(1.424 / row["step_ms"]) and row["step_bound"] == "bandwidth-bound"
+    launches_ms = 1424 * KERNEL_CLASS_BOUND.graph_us / 1e3  # an H200: no measurement, the class bound
+    assert row["kernels"] == 1424 and row["latency_floor_ms"] == pytest.approx(launches_ms)
+    assert row["launch_share"] == pytest.approx(launches_ms / row["step_ms"]) and row["step_bound"] == "bandwidth-bound"

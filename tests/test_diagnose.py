@@ -304,11 +304,13 @@ def test_sharding_options_on_the_engine_are_refused(tmp_path):
 
 
 def test_a_launch_bound_tiny_step_is_said_with_what_would_help():
-    """The tiny engine on an H100 (bf16): its step's bytes are about 1.4 us, so 400 kernels at the class bound of
-    1 us (0.4 ms) set its floor; a 0.697 ms step is 1.74x that floor, launch-bound, and what helps says so."""
+    """The tiny engine on an H100 (bf16): its step's bytes are about 0.7 us, so 400 kernels at the H100's measured
+    0.982 us each (``bench launch``, shapes.KERNEL_TIMES: 0.39 ms) set its floor; a 0.697 ms step is 1.77x that floor,
+    launch-bound, and what helps says so."""
     from ddprobe.probes.backends.engine import preset_step_model
     from ddprobe.probes.floor import floor_result
     from ddprobe.reports.diagnosis import floor_claim, help_claim
+    from ddprobe.shapes import kernel_time
     from ddprobe.step_model import with_launches
 
     model = with_launches(preset_step_model("tiny", None, "bf16", 3.35e12, 989e12), "h100", 400,
@@ -316,10 +318,12 @@ def test_a_launch_bound_tiny_step_is_said_with_what_would_help():
     result, rows = floor_result(model, [1024], [0.697], queries=9,
                                 config={"launches": model.kernel_source, "bw_Bps": 3.35e12})
     fl = Result.from_dict(json.loads(result.to_json()))  # as the report reads it back
-    r = rows[0]
-    assert r.binds == "launches" and r.floor_ms == pytest.approx(0.4) and r.gap == pytest.approx(0.697 / 0.4)
+    r, kt = rows[0], kernel_time("h100")
+    assert kt.measured and r.binds == "launches" and r.floor_ms == pytest.approx(400 * kt.graph_us / 1e3)
+    assert r.gap == pytest.approx(0.697 / r.floor_ms)
     text = floor_claim(fl, None).text
-    assert "400 kernels x 1 us = 400 us, 57% of the measured step" in text and "the step is launch-bound" in text
+    assert "400 kernels x 0.982 us = 393 us, 56% of the measured step" in text and "the step is launch-bound" in text
+    assert "measured by ddprobe bench launch on an NVIDIA H100" in text
     help_text = help_claim(None, fl, None, None).text
-    assert "The step is launch-bound: 400 kernels at least 1 us each are 400 us of its 697 us" in help_text
+    assert "The step is launch-bound: 400 kernels at least 0.982 us each are 393 us of its 697 us" in help_text
     assert "fewer kernels per step" in help_text and "CUDA graphs" in help_text and "batching" in help_text
