@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..shapes import gpu_spec_for
 from ..units import DDProbeError
-from .trace_parts.analyse import RankSteps, grid_line, measure
+from .trace_parts.analyse import RankSteps, grid_line, measure, occupancy_pct
 from .trace_parts.read import Kernel, Trace, read_trace
 from .trace_parts.steps import find_steps
 
@@ -134,12 +134,13 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
     if not attn:
         return {}
     k = next((a for a in attn if a.role in ("verify", "decode")), attn[0])  # the largest that attends (not a merge)
-    sms = r.device.get("numSms")
+    sms, smem = r.device.get("numSms"), r.device.get("sharedMemPerBlock")
+    launch = dict(k.launch, achieved_occupancy_pct=occupancy_pct(k.launch, smem)) if k.launch else None
     out = {"attn_kernel": k.name, "attn_what": k.what, "attn_us": k.mean_us, "attn_calls": k.per_step,
-           "attn_grid": grid_line(k, sms), "attn_blocks": (k.launch or {}).get("blocks"), "sms": sms,
-           "attn_launch": k.launch,
+           "attn_grid": grid_line(k, sms, smem), "attn_blocks": (k.launch or {}).get("blocks"), "sms": sms,
+           "attn_launch": launch,
            "attn_kernels": [{"name": a.name, "what": a.what, "role": a.role, "us": a.mean_us, "per_step": a.per_step,
-                             "grid": grid_line(a, sms)} for a in attn[:6]]}
+                             "grid": grid_line(a, sms, smem)} for a in attn[:6]]}
     if tm is not None:
         layers = tm.model.attn.num_layers
         per_call_B = tm.model.kv_bytes(tm.ctx) / layers

@@ -120,8 +120,24 @@ def top_by_class(r: RankSteps) -> dict[str, list[KernelStat]]:
     return out
 
 
-def grid_line(k: KernelStat, sms: int | None) -> str:
-    """"grid 1 x 8 x 1 = 8 blocks on 132 SMs: at most 6% of the GPU can work on it" (and the occupancy figures)."""
+SMEM_DEFAULT_B = 49152  # CUDA's shared memory per block without the opt-in (every GPU since Volta)
+
+
+def occupancy_pct(la: dict, smem_limit: int | None = None) -> float | None:
+    """The trace's "est. achieved occupancy %", or None where it is no estimate: Kineto's occupancy calculator
+    gives 0 for every block over the default shared memory per block (``sharedMemPerBlock``, 48 KB; the opt-in
+    limit is ignored), so a 0 there says nothing (seen on the H100 traces in tests/data/traces: all 1,815 such
+    launches per trace read 0, SGLang's ``_fwd_kernel`` at 106,496 B among them)."""
+    occ = la.get("achieved_occupancy_pct")
+    smem = la.get("shared_memory_B")
+    if occ == 0 and isinstance(smem, (int, float)) and smem > (smem_limit or SMEM_DEFAULT_B):
+        return None
+    return occ
+
+
+def grid_line(k: KernelStat, sms: int | None, smem_limit: int | None = None) -> str:
+    """"grid 1 x 8 x 1 = 8 blocks on 132 SMs: at most 6% of the GPU can work on it" (and the occupancy figures;
+    ``smem_limit``: the trace's ``sharedMemPerBlock``, for ``occupancy_pct``)."""
     la = k.launch
     if not la:
         return f"{k.name}: no launch configuration in the trace"
@@ -134,7 +150,8 @@ def grid_line(k: KernelStat, sms: int | None) -> str:
     extra = [f"{la['registers_per_thread']} registers/thread" if la["registers_per_thread"] is not None else "",
              f"{la['shared_memory_B']:,} B shared" if isinstance(la["shared_memory_B"], (int, float)) else "",
              f"{la['warps_per_SM']:.2f} warps per SM" if isinstance(la["warps_per_SM"], (int, float)) else "",
-             f"est. achieved occupancy {la['achieved_occupancy_pct']}%" if la["achieved_occupancy_pct"] is not None
-             else ""]
+             (f"est. achieved occupancy {occ}%" if (occ := occupancy_pct(la, smem_limit)) is not None else
+              "no occupancy estimate: the profiler's reads 0 above 48 KB of shared memory per block"
+              if la["achieved_occupancy_pct"] is not None else "")]
     extra = [e for e in extra if e]
     return line + (f" ({', '.join(extra)})" if extra else "")
