@@ -40,7 +40,7 @@ def rows() -> dict[str, dict]:
     for name in NOTES["shipped"]:
         result, _ = run_trace([DATA / name], **MODEL)
         assert len(result.rows) == 1
-        out[name] = result.rows[0]
+        out[name] = dict(result.rows[0], detail=result.summary["detail"]["0"])
     return out
 
 
@@ -54,6 +54,8 @@ def test_sglang_fwd_kernel_takes_most_of_the_step(rows):
     r = rows["h100-sglang-graphs-32k.trace.json.gz"]
     assert r["gpu"] == "NVIDIA H100 80GB HBM3"
     assert r["method"] == "graph launches" and r["steps"] == 3
+    # each cudaGraphLaunch is one unit (its replayed kernels share its correlation id): 6 graphs per step
+    assert r["detail"].startswith("a sequence of 6 graph launches repeats 3 times"), r["detail"]
     assert r["attn_kernel"] == "_fwd_kernel" and "SGLang" in r["attn_what"]
     assert r["attn_calls"] == LAYERS
     share = r["attention_ms"] / r["step_ms"]
