@@ -348,6 +348,8 @@ def test_a_folder_of_baselines_gates_against_the_card_the_run_used(tmp_path):
     for f in SHIPPED.parent.glob("*.json"):  # the shipped baselines, one per card
         shutil.copy(f, folder / f.name)
     (folder / "notes.json").write_text("{}")
+    # another benchmark kind of the same card, sorted first (the H100's real `bench launch` file): never a verify baseline
+    shutil.copy(Path(__file__).parent / "data" / "bench-launch-h100.json", folder / "a-launch-h100.json")
     d = json.loads(SHIPPED.read_text())
     d["meta"]["gpu"] = "NVIDIA Made-Up 1"
     (tmp_path / "other.json").write_text(json.dumps(d))
@@ -361,4 +363,5 @@ def test_a_folder_of_baselines_gates_against_the_card_the_run_used(tmp_path):
     assert len(cards) == len(list(SHIPPED.parent.glob("bench-verify-*.json")))  # one file per card
     r = gate_cli(tmp_path / "other.json", "--baseline", folder)
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
-    assert "no baseline in" in r.output and "NVIDIA Made-Up 1" in r.output and "NVIDIA H200" in r.output
+    assert "no bench-verify baseline in" in r.output and "NVIDIA Made-Up 1" in r.output and "NVIDIA H200" in r.output
+    assert "NVIDIA H100 80GB HBM3 (bench-verify-h100.json)" in r.output and "a-launch" not in r.output

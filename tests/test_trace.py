@@ -232,6 +232,18 @@ def test_read_trace_refuses_what_it_cannot_read(tmp_path):
     p.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, }')
     with pytest.raises(DDProbeError, match="not valid JSON|truncated"):
         read_trace(p)
+    # numbers a file carries are checked before they are believed: each damaged field is one line naming the event
+    good = {"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "args": {"grid": [1, 8, 1], "stream": 7}}
+    bad = [{"ts": "x"}, {"dur": None}, {"dur": -3}, {"dur": "nan"}, {"args": {"grid": "bad"}},
+           {"args": {"grid": [1, 8, 1], "stream": "s7"}}]
+    for change in bad:
+        p.write_text(json.dumps({"traceEvents": [good, {**good, **change}]}))
+        with pytest.raises(DDProbeError) as e:
+            read_trace(p)
+        assert str(e.value).startswith(f"{p}: event 2 ('k') has a field that is not a number it can be: ")
+        assert "\n" not in str(e.value)
+    p.write_text(json.dumps({"traceEvents": [good]}))
+    assert [k.dur for k in read_trace(p).kernels] == [2.0]
 
 
 def test_report_draws_the_step_anatomy(engine_trace, tmp_path):

@@ -32,7 +32,7 @@ AllreduceUsOpt = Annotated[Optional[float], typer.Option("--allreduce-us", help=
 AllreduceFromOpt = Annotated[Optional[Path], typer.Option("--allreduce-from", help="A `ddprobe bench allreduce` "
                                                           "results file measured at --tp ranks.")]
 COMM = ("dcp", "allreduce_us", "allreduce_from")  # the parameter names of the communication options
-KernelsOpt = Annotated[Optional[int], typer.Option("--kernels", callback=checked(within(0, 10_000_000)),
+KernelsOpt = Annotated[Optional[int], typer.Option("--kernels", callback=checked(within(1, 10_000_000)),
                                                    help="Kernels per step of the server (default: a structural "
                                                         "lower bound, 5 per layer + 2; ddprobe.step_model).")]
 

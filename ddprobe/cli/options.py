@@ -361,7 +361,14 @@ def warm_up(be, capacity: Optional[int]) -> Optional[dict]:
 
 
 def results_path(given: Optional[Path], kind: str) -> Path:
-    """The results file: the one given, else ddprobe-results/<kind>-<time>.json."""
+    """The results file: the one given, else ddprobe-results/<kind>-<time>.json (-2, -3, ... after the time when a run
+    of the same second wrote that name already: measured results are never overwritten nor refused)."""
     import datetime as dt
 
-    return given or Path("ddprobe-results") / f"{kind}-{dt.datetime.now():%Y%m%d-%H%M%S}.json"
+    if given:
+        return given
+    stem = Path("ddprobe-results") / f"{kind}-{dt.datetime.now():%Y%m%d-%H%M%S}"
+    path, n = stem.with_suffix(".json"), 2
+    while path.exists():
+        path, n = Path(f"{stem}-{n}.json"), n + 1
+    return path

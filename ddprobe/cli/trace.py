@@ -134,7 +134,7 @@ def trace(
                                                              "/start_profile, a request, /stop_profile, then read "
                                                              "the traces it writes into --dir.")] = None,
     num_steps: Annotated[int, typer.Option("--num-steps", help="With --url: decode steps to profile.",
-                                           callback=checked(parse_rows))] = 8,
+                                           callback=checked(within(1, 10_000, " steps")))] = 8,
     trace_dir: Annotated[Optional[Path], typer.Option("--dir", help="With --url: the folder the server writes its "
                                                                     "traces into (SGLang's output_dir; vLLM's "
                                                                     "torch_profiler_dir). Default: "

@@ -140,20 +140,22 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
 
 
 def baseline_for(current: Result, folder: Path) -> Path:
-    """The baseline in ``folder`` (its ``*.json`` benchmark results, one per card) whose GPU is the current run's
-    (the GPU name in each file's meta); a one-line DDProbeError naming the GPUs the folder has when none is."""
+    """The baseline in ``folder`` (its ``*.json`` benchmark results, one per card and kind) of the current run's kind
+    whose GPU is the current run's (the GPU name in each file's meta); a one-line DDProbeError naming the GPUs the
+    folder has for that kind when none is."""
     cards: dict[str, Path] = {}
     for f in sorted(folder.glob("*.json")):
         try:
             r = load_one(f)
         except DDProbeError:
             continue  # not a results file: not a baseline
-        if r.kind in bench.BENCH_KINDS and bench.gpu_name(r):
+        if r.kind in bench.BENCH_KINDS and r.kind == current.kind and bench.gpu_name(r):
             cards.setdefault(bench.gpu_name(r), f)
     gpu = bench.gpu_name(current)
     if gpu not in cards:
         have = ", ".join(f"{g} ({p.name})" for g, p in cards.items()) or "none"
-        raise DDProbeError(f"no baseline in {folder} ran on {gpu or 'no GPU'} (the current run's GPU); it has: {have}")
+        raise DDProbeError(f"no {current.kind} baseline in {folder} ran on {gpu or 'no GPU'} (the current run's GPU); "
+                          f"it has: {have}")
     return cards[gpu]
 
 

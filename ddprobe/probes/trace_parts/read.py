@@ -63,10 +63,27 @@ def _open_text(path: Path):
     return open(path, encoding="utf-8", errors="replace")
 
 
+def _dims(v) -> tuple:
+    """A launch's grid or block: a list of non-negative integers (ValueError otherwise: the event is damaged)."""
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+        raise ValueError(f"grid/block {v!r} is not a list of counts")
+    return tuple(v)
+
+
+def _time(v) -> float:
+    """A timestamp or duration in us: a finite number, a duration never negative (ValueError otherwise)."""
+    x = float(v)
+    if x != x or x in (float("inf"), float("-inf")):
+        raise ValueError(f"{v!r} is not a finite time")
+    return x
+
+
 def _launch_args(args: dict) -> tuple | None:
     if "grid" not in args:
         return None
-    return (tuple(args.get("grid") or ()), tuple(args.get("block") or ()), args.get("registers per thread"),
+    return (_dims(args.get("grid")), _dims(args.get("block")), args.get("registers per thread"),
             args.get("shared memory"), args.get("blocks per SM"), args.get("warps per SM"),
             args.get("est. achieved occupancy %"))
 
@@ -162,7 +179,10 @@ def _take(t: Trace, ev: dict, marker: re.Pattern, cpu_ops: bool) -> None:
         return
     args = ev.get("args") or {}
     if cat in DEVICE_CATS:
-        t.kernels.append(Kernel(str(ev.get("name", "")), float(ev.get("ts", 0)), float(ev.get("dur", 0)),
+        dur = _time(ev.get("dur", 0))
+        if dur < 0:
+            raise ValueError(f"duration {dur} us is negative")
+        t.kernels.append(Kernel(str(ev.get("name", "")), _time(ev.get("ts", 0)), dur,
                                 int(args.get("stream", 0) or 0), int(args.get("correlation", -1) or -1), cat,
                                 _launch_args(args) if cat == "kernel" else None))
     elif cat in LAUNCH_CATS:
@@ -188,7 +208,11 @@ def read_trace(path: str | Path, marker: str = r"^ProfilerStep#\d+$", cpu_ops: b
             t.header = _header(s, path)
             for ev in _events(s, path, tail):
                 t.events += 1
-                _take(t, ev, rx, cpu_ops)
+                try:
+                    _take(t, ev, rx, cpu_ops)
+                except (TypeError, ValueError) as e:
+                    raise DDProbeError(f"{path}: event {t.events} ({str(ev.get('name', ''))[:60]!r}) has a field that "
+                                       f"is not a number it can be: {e}") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise DDProbeError(f"{path}: a damaged or truncated gzip file ({e})") from None
     except OSError as e:

@@ -21,45 +21,46 @@ from pathlib import Path
 from typing import Callable
 
 from ...units import DDProbeError
+from ..backends.base import BackendError
+from ..backends.http import HttpClient
 
 SUFFIXES = (".trace.json.gz", ".trace.json", ".pt.trace.json.gz", ".pt.trace.json")
 PROMPT = "Count on, one number per line: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16"
 
 
-def _post(url: str, body: dict | None, timeout_s: float):
-    import requests
-
+def _call(client, path: str, body: dict | None = None, method: str = "POST", what: str = ""):
+    """``method path`` through the backends' one HTTP client (every failure one line: refused, slow, an error
+    status); a 404 says this server has no such endpoint (``None`` back), anything else is raised."""
     try:
-        return requests.post(url, json=body, timeout=timeout_s)
-    except requests.RequestException as e:
-        raise DDProbeError(f"{url}: {type(e).__name__}: {str(e)[:200]}") from None
+        return client.call(method, path, body, expect_json=method == "GET")
+    except BackendError as e:
+        if "HTTP 404" in str(e):
+            return None
+        if what:
+            raise BackendError(f"{e} ({what})") from None
+        raise
 
 
-def _refused(r, url: str, what: str) -> DDProbeError:
-    if r.status_code == 404:
-        return DDProbeError(f"{url} answered 404 to {what}: this server has no profiler enabled (vLLM: start it with "
-                            "--profiler-config '{\"profiler\": \"torch\", \"torch_profiler_dir\": DIR}'; SGLang "
-                            "always has it)")
-    return DDProbeError(f"{url} answered {r.status_code} to {what}: {r.text.strip()[:200]}")
+def _no_profiler(base: str, what: str) -> DDProbeError:
+    return DDProbeError(f"{base} answered 404 to {what}: this server has no profiler enabled (vLLM: start it with "
+                        "--profiler-config '{\"profiler\": \"torch\", \"torch_profiler_dir\": DIR}'; SGLang "
+                        "always has it)")
 
 
-def _load(base: str, steps: int, timeout_s: float) -> None:
+def _load(client, steps: int) -> None:
     """One request decoding about ``steps`` x 8 tokens, whichever protocol the server speaks."""
-    n = max(16, steps * 8)
-    r = _post(f"{base}/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
-              timeout_s)
-    if r.status_code == 404:  # vLLM: OpenAI's completions with the served model's name
-        import requests
-
-        try:
-            model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
-        except Exception as e:  # noqa: BLE001  (any answer that is not a model list)
-            raise DDProbeError(f"{base}: neither /generate nor /v1/models answered usably ({e})") from None
-        r = _post(f"{base}/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": n, "temperature": 0},
-                  timeout_s)
-    if r.status_code != 200:
-        raise DDProbeError(f"{base}: the request made to profile decode steps failed ({r.status_code}: "
-                           f"{r.text.strip()[:200]})")
+    n, why = max(16, steps * 8), "the request made to profile decode steps"
+    sglang = {"text": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0}}
+    if _call(client, "/generate", sglang, what=why) is not None:
+        return
+    models = _call(client, "/v1/models", method="GET", what="neither /generate nor /v1/models answered")
+    try:
+        model = models["data"][0]["id"]
+    except (TypeError, KeyError, IndexError):
+        raise DDProbeError(f"{client.url}: neither /generate nor /v1/models answered usably") from None
+    body = {"model": model, "prompt": PROMPT, "max_tokens": n, "temperature": 0}
+    if _call(client, "/v1/completions", body, what=why) is None:
+        raise DDProbeError(f"{client.url}: neither /generate nor /v1/completions exists: not SGLang, vLLM or serve")
 
 
 def _new_files(folder: Path, before: set[Path]) -> list[Path]:
@@ -90,29 +91,37 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
     """Profile ``num_steps`` decode steps of the server at ``url``; returns the trace files it wrote (only the new
     ones: files already in ``folder`` are left alone and not read). ``request`` False: the user's own traffic makes
     the steps (a long-context request, say); the profile is stopped once ``wait_s`` passes without files."""
-    base = url.rstrip("/")
+    client = HttpClient(url, wait_s)
+    base = client.url
     folder = (folder or Path("ddprobe-results") / f"traces-{dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    made = not folder.exists()
     before = set(_new_files(folder, set()))
     body = {"output_dir": str(folder), "num_steps": num_steps, "activities": ["CPU", "GPU"],
             "profile_by_stage": False, "merge_profiles": False}
-    r = _post(f"{base}/start_profile", body, 60)
-    if r.status_code != 200:
-        raise _refused(r, base, "/start_profile")
+    folder.mkdir(parents=True, exist_ok=True)  # SGLang writes into it; made before asking, removed if refused
+    try:
+        if _call(client, "/start_profile", body) is None:
+            raise _no_profiler(base, "/start_profile")
+    except DDProbeError:
+        if made and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
     progress(f"profiling {num_steps} steps of {base} into {folder}" + ("" if request else
              f": send your requests now (stopped after {wait_s:g} s without files)"))
     errors: list[BaseException] = []
     if request:
-        worker = threading.Thread(target=lambda: _catch(errors, _load, base, num_steps, wait_s), daemon=True)
+        worker = threading.Thread(target=lambda: _catch(errors, _load, client, num_steps), daemon=True)
         worker.start()
         worker.join(wait_s)
     else:
         t0 = time.monotonic()
         while not _new_files(folder, before) and time.monotonic() - t0 < wait_s:
             time.sleep(0.5)
-    r = _post(f"{base}/stop_profile", {}, wait_s)
-    if r.status_code == 404:
-        raise _refused(r, base, "/stop_profile")
+    try:  # SGLang (and serve) stop by themselves after num_steps: a stop then answers 400 "not in progress"
+        if _call(HttpClient(url, wait_s), "/stop_profile", {}) is None:
+            raise _no_profiler(base, "/stop_profile")
+    except BackendError:
+        pass
     if errors:
         raise errors[0]
     return _settled(folder, before, wait_s, progress)
