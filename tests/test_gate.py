@@ -349,7 +349,7 @@ def test_a_folder_of_baselines_gates_against_the_card_the_run_used(tmp_path):
         shutil.copy(f, folder / f.name)
     (folder / "notes.json").write_text("{}")
     # another benchmark kind of the same card, sorted first (the H100's real `bench launch` file): never a verify baseline
-    shutil.copy(Path(__file__).parent / "data" / "bench-launch-h100.json", folder / "a-launch-h100.json")
+    shutil.copy(Path(__file__).parent / "data" / "launch" / "bench-launch-h100.json", folder / "a-launch-h100.json")
     d = json.loads(SHIPPED.read_text())
     d["meta"]["gpu"] = "NVIDIA Made-Up 1"
     (tmp_path / "other.json").write_text(json.dumps(d))
