@@ -210,3 +210,17 @@ def test_where_the_step_goes_flags_steps_below_the_whole_step_floor(tmp_path):
     lines = [ln for ln in table.splitlines() if ln.startswith("| 32k") or ln.startswith("| 128k")]
     assert len(lines) == 2 and "below the floor" in lines[0] and "below the floor" not in lines[1]
     assert "A row below the floor: step below the floor: check --tp/--ep" in table
+
+
+def test_a_bench_launch_file_is_read_into_what_it_means():
+    """The H100's real `bench launch` file (tests/data/launch/): the report says the least time per kernel, eager and
+    per sync, read from the file's rows, and what the step model makes of them."""
+    f = DATA / "launch" / "bench-launch-h100.json"
+    rows = {x["kind"]: x["us"] for x in json.loads(f.read_text())["rows"]}
+    report = render.build([f])
+    (s,) = report.sections
+    assert s.kind == "bench-launch" and s.title.startswith("The least time per kernel")
+    assert s.findings[0].startswith(f"On NVIDIA H100 80GB HBM3 a small kernel replayed in a CUDA graph takes at least "
+                                    f"{rows['graph-small']:.3g} us (an empty one {rows['graph-empty']:.3g} us)")
+    assert f"{rows['eager-small']:.3g} us" in s.findings[1] and f"{rows['sync']:.3g} us" in s.findings[1]
+    assert "no analysis" not in " ".join(s.findings)

@@ -162,8 +162,24 @@ def trace(result: Result) -> list[str]:
     return trace_findings(result)
 
 
+def bench_launch(r: Result) -> list[str]:
+    """The least time per kernel a GPU measured (``ddprobe bench launch``) and what the step model makes of it."""
+    us = {x.get("kind"): x.get("us") for x in r.rows}
+    gpu = (r.meta.gpus[0].get("name") if r.meta.gpus else None) or "this GPU"
+    out = []
+    if us.get("graph-small") is not None:
+        out.append(f"On {gpu} a small kernel replayed in a CUDA graph takes at least {us['graph-small']:.3g} us "
+                   f"(an empty one {us.get('graph-empty') or float('nan'):.3g} us): a step of N kernels cannot be faster "
+                   f"than N x {us['graph-small']:.3g} us, whatever it reads (the step model's latency term, "
+                   "shapes.KERNEL_TIMES).")
+    if us.get("eager-small") is not None:
+        out.append(f"Launched eagerly from Python each kernel costs {us['eager-small']:.3g} us, and a host "
+                   f"synchronisation {us.get('sync') or float('nan'):.3g} us: what a step without CUDA graphs pays.")
+    return out or [f"{len(r.rows)} row(s) of kind 'bench-launch' without the graph-small or eager-small row."]
+
+
 BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util, "advise": advise,
-           "trace": trace}
+           "trace": trace, "bench-launch": bench_launch}
 
 
 def findings(result: Result) -> list[str]:

@@ -19,7 +19,8 @@ from .findings import findings
 from .plots import Figure
 
 TITLES = {"commit": "Commit length", "floor": "Bandwidth floor", "bench-verify": "Verify-attention benchmark",
-          "gpu-util": "GPU utilization", "advise": "Speculation on or off", "trace": "Where the step goes (trace)"}
+          "gpu-util": "GPU utilization", "advise": "Speculation on or off", "trace": "Where the step goes (trace)",
+          "bench-launch": "The least time per kernel"}
 GENERIC_ROWS, GENERIC_COLS = 50, 12
 
 
