@@ -68,6 +68,7 @@ def _root(
     from .. import foreign
 
     foreign.install(verbose)
+    atexit.unregister(_say_kept)  # once per process, however many commands ran in it (tests run many)
     atexit.register(_say_kept)
 
 

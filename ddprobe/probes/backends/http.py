@@ -44,14 +44,21 @@ class HttpClient:
 
         url = self.url + path
         rq = self._requests
+        progress: dict = {"stage": "connecting"}
+
+        def fetch(_deadline_progress: dict):  # our own dict: a socket timeout can name the stage too
+            return self._fetch(method, url, json_body, progress)
+
+        def late(stage: str) -> BackendError:  # one wording, whichever of the two clocks ran out first
+            return BackendError(f"{method} {url}: no complete answer within {self.timeout_s:g} s (--timeout; "
+                                f"{stage})")
         try:
-            r = within(lambda progress: self._fetch(method, url, json_body, progress), self.timeout_s)
-        except Late as e:
+            r = within(fetch, self.timeout_s)
+        except Late:
             self._session = rq.Session()  # the late answer's thread still holds the old one
-            raise BackendError(f"{method} {url}: no complete answer within {self.timeout_s:g} s (--timeout; "
-                               f"{e.stage})") from None
+            raise late(progress["stage"]) from None
         except rq.exceptions.Timeout:
-            raise BackendError(f"{method} {url}: no answer within {self.timeout_s:g} s (timeout)") from None
+            raise late(progress["stage"]) from None
         except rq.exceptions.ConnectionError as e:
             reason = "connection refused" if "refused" in str(e).lower() else "cannot connect"
             raise BackendError(f"{method} {url}: {reason} (is the server running?)") from None

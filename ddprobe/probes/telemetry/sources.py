@@ -105,10 +105,12 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
 
     check_url(url, what)
 
+    stage = {"stage": "connecting"}
+
     def fetch(progress: dict) -> str:
-        progress["stage"] = "waiting for the answer's headers"
+        progress["stage"] = stage["stage"] = "waiting for the answer's headers"
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            progress["stage"] = "headers came, the body was still arriving"
+            progress["stage"] = stage["stage"] = "headers came, the body was still arriving"
             return r.read().decode("utf-8", "replace")
 
     try:
@@ -124,8 +126,8 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
         reason = str(getattr(e, "reason", e))
         why = "connection refused" if "refused" in reason.lower() else reason
         raise SourceUnavailable(f"{what} {url}: cannot connect ({why}); is it running?") from None
-    except TimeoutError:
-        raise SourceUnavailable(f"{what} {url}: no answer within {timeout_s:g} s") from None
+    except TimeoutError:  # the socket's clock ran out just before the deadline's: the same words
+        raise SourceUnavailable(f"{what} {url}: no complete answer within {timeout_s:g} s ({stage['stage']})") from None
     except OSError as e:  # reset or closed mid-answer
         raise SourceUnavailable(f"{what} {url}: cannot connect ({type(e).__name__}: {e}); is it running?") from None
 
