@@ -377,9 +377,10 @@ class TraceRow(Row):
     file: str
     steps: Count
     method: str  # "markers", "graph launches" or "repeating kernel sequence"
-    step_ms: Ms  # median GPU span of a step: first kernel's start to last kernel's end
-    busy_ms: Ms | None = None  # the union of the step's kernels
-    idle_ms: Ms | None = None  # span - busy: the GPU idle inside the step
+    step_ms: Ms  # the median step's GPU span: first kernel's start to last kernel's end
+    busy_ms: Ms | None = None  # the union of that step's kernels
+    idle_ms: Ms | None = None  # span - busy of that step: the GPU idle inside it
+    overlap_ms: Ms | None = None  # mean per step: summed kernel time beyond the busy time (several streams)
     gpu: str | None = None
     attention_ms: Ms | None = None
     moe_ms: Ms | None = None

@@ -112,6 +112,15 @@ def parse_token_list(text: str) -> list[int]:
     return _parse_list(text, parse_tokens, "token count")
 
 
+def parse_count_list(text: str, what: str) -> list[int]:
+    """'8,64' -> [8, 64]: whole numbers >= 1 (head counts, ranks), no unit."""
+    def one(p: str) -> int:
+        if not p.isdigit() or int(p) < 1:
+            raise UnitError(f"bad {what} {p!r}: expected a whole number >= 1")
+        return int(p)
+    return _parse_list(text, one, what)
+
+
 def parse_bytes(text: str | float) -> float:
     """'9.2GB' -> 9.2e9, '1GiB' -> 1073741824, '1152' -> 1152 (bytes)."""
     value, unit = _split(str(text), "size")

@@ -20,6 +20,8 @@ from ddprobe.cli import app
 DATA = Path(__file__).parent / "data"
 REPLAY = str(DATA / "gpu-util-synthetic.json")
 RESULTS = str(DATA / "commit-tiny-cpu.json")
+RAW = str(DATA / "bench-verify-h200-raw.json")
+BASE = str(Path(__file__).parent.parent / "examples" / "baselines" / "bench-verify-h200.json")
 
 
 def _cases(tmp: Path):
@@ -132,6 +134,22 @@ def _cases(tmp: Path):
         ("report negative step time", ["report", str(tmp / "negtime.json"), "-o", d + "/r.html"], 1,
          r"negtime\.json: row 1 of this commit file: 'decode_ms_per_step' is -0\.5 ms \(must be >= 0\)$"),
         ("gate commit length -3", ["gate", str(tmp / "neg.json"), "-b", RESULTS], 1, r"neg\.json: row 1 of this commit file: 'commit_len' is -3\.0 tokens/step \(must be >= 1\)$"),
+        # the review of 2026-12-06: refused before anything is measured or written
+        ("advise unknown path", ["advise", "--device", "cpu", "--paths", "foo", "--ctx", "1k"], 1,
+         r"--paths: unknown attention path 'foo'; known: reference, paged"),
+        ("advise steps 0", ["advise", "--device", "cpu", "--steps", "0", "--ctx", "1k,4k"], 1,
+         r"steps must be at least 1, got 0$"),
+        ("advise preset foo", ["advise", "--device", "cpu", "--preset", "foo", "--ctx", "1k"], 1,
+         r"unknown preset 'foo'"),
+        ("advise heads 0", ["advise", "--device", "cpu", "--heads", "0", "--ctx", "1k"], 1, r"heads must be >= 1, got 0"),
+        ("floor out earlier results", ["floor", "--ctx", "1k", "-o", str(tmp / "s.json")], 1,
+         r"--out .*s\.json: already holds results written earlier \(give another path, or --force"),
+        ("report out an earlier report", ["report", RESULTS, "-o", str(tmp / "r.html")], 1,
+         r"--out .*r\.html: already holds a report or a file written earlier \(give another path, or --force"),
+        ("floor ctx twice", ["floor", "--ctx", "32k,32k"], 1, r"--ctx: a context is given twice"),
+        ("floor ctx twice with steps", ["floor", "--ctx", "32k,32k", "--step-ms", "100,110"], 1,
+         r"--ctx: a context is given twice"),
+        ("gate heads 0", ["gate", RAW, "-b", BASE, "--heads", "0"], 1, r"--heads: bad head count '0': expected a whole"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -142,7 +160,8 @@ def _cases(tmp: Path):
 
 @pytest.fixture
 def tmp(tmp_path):
-    """Also, all inside ``tmp_path`` (never the machine's /dev): a character device ``null`` (1:3, as /dev/null),
+    """Also, all inside ``tmp_path`` (never the machine's /dev): an earlier report ``r.html``, a character device
+    ``null`` (1:3, as /dev/null),
     a FIFO, a symlink to ``file``, a symlink loop, a results file ``s.json``, a gpu-util file ``g.json``, JSON
     nested 100 deep and a diagnose folder ``earlier`` holding a ``commit.json``."""
     import os
@@ -152,6 +171,7 @@ def tmp(tmp_path):
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir.html").mkdir()
     (tmp_path / "file").write_text("not a folder\n")
+    (tmp_path / "r.html").write_text("<html>an earlier report</html>\n")
     os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     os.mkfifo(tmp_path / "fifo")
     os.symlink(tmp_path / "file", tmp_path / "link")

@@ -60,8 +60,8 @@ def test_planted_20_percent_drop_fails(tmp_path):
     cur = _write(tmp_path, "cur.json", _slow(1.25))  # 1.25x the time = 20% less bandwidth
     r = gate_cli(cur, "--baseline", BASE)
     assert r.exit_code == 1
-    assert "REGRESSED: split heads=8 ctx=128k on NVIDIA H200: 20.0% slower than the baseline (limit 10%)" \
-        in r.output
+    assert ("REGRESSED: split heads=8 ctx=128k on NVIDIA H200: 20.0% less throughput than the baseline (time +25.0%; "
+            "limit 10%)") in r.output
     assert "gate FAILED: 1 of" in r.output and "-20.0%" in r.output and "+25.0%" in r.output
     assert gate_cli(cur, "--baseline", BASE, "--max-drop", "25%").exit_code == 0
     assert gate_cli(cur, "--baseline", BASE, "--paths", "paged").exit_code == 0  # filter leaves it out
@@ -265,7 +265,7 @@ def test_a_baseline_with_split_ws_rows_gates_them_and_records_the_peers_beside(t
         x.update(us=x["us"] * 1.25, GBps=x["GBps"] / 1.25)
     r = gate_cli(_with_split_ws_and_peers(tmp_path, "slow.json", slower), "--baseline", base)
     assert r.exit_code == 1
-    assert "REGRESSED: split_ws heads=8 ctx=128k on NVIDIA H200: 20.0% slower than the baseline" in r.output
+    assert "REGRESSED: split_ws heads=8 ctx=128k on NVIDIA H200: 20.0% less throughput than the baseline" in r.output
     assert f"gate FAILED: 1 of {gated} entries" in r.output
     r = gate_cli(OLD, "--baseline", base)  # a run without split_ws (the old arguments) misses its rows
     assert r.exit_code == 1 and "MISSING: split_ws heads=64 ctx=16k" in r.output
@@ -365,3 +365,17 @@ def test_a_folder_of_baselines_gates_against_the_card_the_run_used(tmp_path):
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
     assert "no bench-verify baseline in" in r.output and "NVIDIA Made-Up 1" in r.output and "NVIDIA H200" in r.output
     assert "NVIDIA H100 80GB HBM3 (bench-verify-h100.json)" in r.output and "a-launch" not in r.output
+
+
+def test_variant_names_are_printed_as_they_are(tmp_path):
+    """A variant's name (split[build=sm_120]) is text, not terminal markup: every line names it whole, and the
+    verdict counts the failures by kind."""
+    root = Path(__file__).parent.parent
+    r = runner.invoke(app, ["gate", str(root / "tests/data/bench-verify-h200-raw.json"), "--baseline",
+                            str(root / "examples/baselines/bench-verify-h200.json"), "--heads", "8", "--ctx", "1k"],
+                      env={"COLUMNS": "400"})
+    assert r.exit_code == 1, r.output
+    assert "MISSING: split[build=sm_120] heads=8 ctx=1k on NVIDIA H200" in r.stderr, r.stderr
+    assert "MISSING: split[build=sm_80] heads=8 ctx=1k on NVIDIA H200" in r.stderr
+    assert "\\[" not in r.output  # no markup escapes shown
+    assert "gate FAILED: 4 of 5 entries (1 REGRESSED, 3 MISSING)" in r.stdout

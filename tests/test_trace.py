@@ -57,6 +57,8 @@ def test_engine_trace_steps_by_markers(engine_trace):
     row = res.rows[0]
     assert row["method"] == "markers" and row["steps"] >= STEPS - 1
     assert 0 < row["busy_ms"] <= row["step_ms"] and row["idle_ms"] >= 0
+    assert row["busy_ms"] + row["idle_ms"] == pytest.approx(row["step_ms"], rel=1e-12)  # all three of one step
+    assert row["overlap_ms"] == pytest.approx(0.0, abs=1e-9)  # one thread: nothing counted twice
     summed = sum(row[f"{c}_ms"] for c in ("attention", "moe", "gemm", "communication", "norm_elementwise",
                                           "sampling_tree", "other"))
     busy = sum(ranks[0].steps.busy_ms) / row["steps"]  # the class times are means per step
@@ -108,6 +110,9 @@ def test_rank_from_sglang_and_vllm_names():
     assert rank_of(Path("dp0_pp0_tp2_dcp0_ep0_rank2.1733000000123.pt.trace.json.gz"), {}, 0) == 2
     assert rank_of(Path("whatever.json"), {"distributedInfo": {"rank": 7}}, 0) == 7
     assert rank_of(Path("whatever.json"), {}, 4) == 4
+    for bad in (-1, "3", 2.0, True, None):  # not a rank: not believed, the name or the place is used
+        assert rank_of(Path("x-TP-6.trace.json.gz"), {"distributedInfo": {"rank": bad}}, 0) == 6
+        assert rank_of(Path("whatever.json"), {"distributedInfo": {"rank": bad}}, 4) == 4
 
 
 def test_the_command_in_a_fresh_process(engine_trace, tmp_path):
@@ -151,6 +156,11 @@ def test_bad_input_one_line_each_and_nothing_written(engine_trace, tmp_path):
     one_line_error(cli(tmp_path / "missing.json.gz", "-o", out), "no such file")
     one_line_error(cli("-o", out), "--url")
     assert not out.exists()
+    # a refused --url leaves nothing behind, not even the default folder it would have written the traces in
+    r = subprocess.run([sys.executable, "-m", "ddprobe", "trace", "--url", f"http://127.0.0.1:{free_port()}",
+                        "--num-steps", "2"], env=ENV, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    one_line_error(r, "refused")
+    assert not (tmp_path / "ddprobe-results").exists()
 
 
 def free_port() -> int:
@@ -242,6 +252,15 @@ def test_read_trace_refuses_what_it_cannot_read(tmp_path):
             read_trace(p)
         assert str(e.value).startswith(f"{p}: event 2 ('k') has a field that is not a number it can be: ")
         assert "\n" not in str(e.value)
+    missing = [{k: v for k, v in good.items() if k != key} for key in ("ts", "dur")]
+    op = {"ph": "X", "cat": "cpu_op", "name": "k", "ts": 1, "dur": 2}  # read with --cpu-ops, checked the same way
+    for ev, cpu in [(m, False) for m in missing] + [({**op, **c}, True) for c in
+                                                     ({"dur": float("nan")}, {"dur": -1}, {"ts": "x"})] + \
+            [({k: v for k, v in op.items() if k != "ts"}, True)]:
+        p.write_text(json.dumps({"traceEvents": [good, ev]}))
+        with pytest.raises(DDProbeError) as e:
+            read_trace(p, cpu_ops=cpu)
+        assert str(e.value).startswith(f"{p}: event 2 ('k') has a field that is not a number it can be: "), e.value
     p.write_text(json.dumps({"traceEvents": [good]}))
     assert [k.dur for k in read_trace(p).kernels] == [2.0]
 

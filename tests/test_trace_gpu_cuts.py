@@ -125,3 +125,17 @@ def test_the_command_on_the_h100_trace(tmp_path):
     assert "NVIDIA H100 80GB HBM3, 132 SMs" in p.stdout
     assert "attention kernel _fwd_kernel" in p.stdout and "8 blocks on 132 SMs" in p.stdout
     assert json.loads(out.read_text())["kind"] == "trace"
+    assert "step below the floor" not in p.stdout  # the right model, context and sharding: 325.9 ms over 16.7 ms
+
+
+def test_a_step_below_its_floor_says_the_model_is_not_the_traces(tmp_path):
+    """The same H100 step read as the whole Kimi K2.6 on one GPU (no --tp): its floor (111 ms) is above the traced
+    17.3 ms, which physics does not allow: the model, context or sharding is not the trace's, and the line says so."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "trace", str(DATA / "h100-split_ws-graphs-32k.trace.json.gz"),
+                        "--model", "kimi-k2.6", "--ctx", "32k", "-o", str(tmp_path / "t.json")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    row = json.loads((tmp_path / "t.json").read_text())["rows"][0]
+    assert row["gap"] < 1 and row["floor_ms"] > row["step_ms"]
+    assert "step below the floor: check --tp" in p.stdout

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -231,7 +232,14 @@ def allreduce(
     writer = ResultWriter(Result(kind="allreduce", meta=RunMeta.collect(), config=config), out_path)
     err.print(f"all-reduce on {n} ranks ({opts.backend}{', CUDA graphs' if opts.graphs else ''}), {spec.name} "
               f"hidden {spec.hidden_size} {dtype}", highlight=False)
-    rows = run_allreduce(opts, writer, on_row=lambda r: err.print(allreduce_line(r), highlight=False, markup=False))
+    t0, done = time.perf_counter(), [0]
+
+    def progress(_row: dict) -> None:  # the rows themselves are the table below (stdout): here only how far
+        done[0] += 1
+        spent = time.perf_counter() - t0
+        err.print(f"  {done[0]}/{len(messages)} messages ({spent:.0f} s, about "
+                  f"{spent / done[0] * (len(messages) - done[0]):.0f} s left)", highlight=False)
+    rows = run_allreduce(opts, writer, on_row=progress)
     for r in rows:
         out.print(allreduce_line(r), highlight=False, markup=False)
     out.print(f"results written to {out_path}", highlight=False)

@@ -59,7 +59,7 @@ def announce(eng: EngineOptions, be) -> None:
     if be.name == "engine" and eng.attn_reason():
         err.print(eng.attn_reason(), highlight=False, markup=False, soft_wrap=True)
     if getattr(be, "note", None):
-        err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False)
+        err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False, markup=True)
 
 
 @app.command()
@@ -111,13 +111,13 @@ def commit(
             n = len(writer.result.rows)
             live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
     for line in [*loop_notes(rows), *filter(None, [timing_note(rows)])]:
-        err.print(f"[yellow]note:[/] {escape(line)}", highlight=False)
+        err.print(f"[yellow]note:[/] {escape(line)}", highlight=False, markup=True)
     for r in rows:  # a server's figures that contradict each other (probes.backends.base.histogram_note)
         if r.get("server_note"):
             err.print(f"[yellow]note:[/] {escape(r['text'])} @ {fmt_tokens(r['ctx'])}: {escape(r['server_note'])}",
-                      highlight=False, soft_wrap=True)
+                      highlight=False, soft_wrap=True, markup=True)
     for line in suspect_notes(rows):
-        err.print(f"[bold red]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        err.print(f"[bold red]warning:[/] {escape(line)}", highlight=False, soft_wrap=True, markup=True)
 
 
 def say_estimate(be, order, max_new_tokens: int, seed: int):

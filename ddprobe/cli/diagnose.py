@@ -97,7 +97,7 @@ def diagnose(
 def _print_claims(claims: list, report_path: Path) -> None:
     for c in claims:
         out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
-                  + escape(c.text), highlight=False)
+                  + escape(c.text), highlight=False, markup=True)
     out.print(f"report: {report_path}", highlight=False)
 
 

@@ -70,7 +70,8 @@ def floor(
     if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
         from .outputs import check_file
 
-        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)])
+        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)],
+                   keep_existing=True, holds="results written earlier")
     spec = model_from_config(config) if config else get_model(model)
     ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from)
     if kernels is None and steps_from is not None:  # the engine's own count, where the file holds one
@@ -101,8 +102,10 @@ def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps
     from ..probes.floor import steps_from_file
 
     if steps_from is None:
-        return parse_token_list(ctx), [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms \
-            else None
+        ctxs = parse_token_list(ctx)
+        if len(set(ctxs)) != len(ctxs):
+            raise DDProbeError("--ctx: a context is given twice: give each context once")
+        return ctxs, [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
     if step_ms:
         raise DDProbeError("give --step-ms or --steps-from, not both")
     if typed_flags(tctx, ("ctx",)):

@@ -88,7 +88,7 @@ def gpu_util(
         deep_run = DeepRun(period, backend, timeout, url, tuple(eng.args()), eng.resolved().attn) if deep else None
         with CellDisplay(err, 1, label="request") as display:
             res = gpu_util_run(be, n_prompt, decode_tokens, period_s, writer, text=kind, seed=eng.seed,
-                               telemetry=telemetry, on_event=lambda m: err.print(f"[dim]{m}[/]"), warmup=warmup,
+                               telemetry=telemetry, on_event=lambda m: err.print(m, style="dim"), warmup=warmup,
                                progress=display, on_estimate=_said(display), deep=deep_run)
     print_summary(res)
     written = [str(p) for p in (path, csv_path) if p]

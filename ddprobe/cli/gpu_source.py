@@ -130,4 +130,4 @@ def print_fleet(s: dict[str, Any]) -> None:
             vals = ", ".join(f"{k} {v:,.4g}" for k, v in eng.items() if isinstance(v, (int, float)))
             out.print(f"engine over the window: {vals}", highlight=False, soft_wrap=True)
     for note in s.get("notes") or []:
-        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True)
+        err.print(f"[yellow]note:[/] {escape(note)}", highlight=False, soft_wrap=True, markup=True)

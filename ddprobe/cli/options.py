@@ -24,8 +24,10 @@ from ..probes.backends.engine import MAX_BUDGET
 from ..units import DDProbeError
 
 # Piped output (CI logs, files) gets a wide page instead of rich's default 80 columns, unless COLUMNS says.
-out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 132)
-err = Console(stderr=True, width=None if sys.stderr.isatty() or os.environ.get("COLUMNS") else 200)
+# markup off by default: names from files and servers (split[build=sm_120], a kernel's [lambda] ...) are text; the few
+# lines that style themselves say markup=True and escape what they interpolate
+out = Console(markup=False, width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 132)
+err = Console(stderr=True, markup=False, width=None if sys.stderr.isatty() or os.environ.get("COLUMNS") else 200)
 
 def columns() -> int:
     """Width of the terminal we print to, now (COLUMNS wins, as rich and the shells agree)."""
@@ -52,12 +54,12 @@ def errors_exit_1(fn):
         try:
             return fn(*args, **kwargs)
         except DDProbeError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
+            err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True, markup=True)
             raise typer.Exit(1) from None
         except OSError as e:  # a results file or folder that cannot be written
             where = f" {e.filename}" if e.filename else ""
             err.print(f"[bold red]error:[/] cannot write{escape(where)}: {escape(e.strerror or str(e))}",
-                      highlight=False, soft_wrap=True)
+                      highlight=False, soft_wrap=True, markup=True)
             raise typer.Exit(1) from None
 
     return wrapper
@@ -76,7 +78,7 @@ def text_kinds(text: str) -> list[str]:
 
 def fail(message: str, code: int = 1):
     """One line on stderr and exit ``code`` (for checks that run while the options are parsed)."""
-    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, markup=True)
     raise typer.Exit(code)
 
 

@@ -42,10 +42,10 @@ def _writable_folder(p: Path, flag: str, shown: Path) -> None:
 
 
 def check_file(flag: str, path: Path, *, force: bool = False, inputs: Iterable[tuple[str, Path]] = (),
-               keep_existing: bool = False) -> Path:
+               keep_existing: bool = False, holds: str = "results measured earlier") -> Path:
     """One output file: not a directory, its folder writable (or creatable), the file writable if present; never
     a special file (``special_target``); unless ``force``, not one of ``inputs`` ((flag, path) pairs) and, with
-    ``keep_existing`` (a measuring command's results), not a file that is already there."""
+    ``keep_existing`` (results, a report), not a file that is already there (``holds``: what it is said to hold)."""
     p = Path(path).expanduser()
     if str(path) == "":
         raise DDProbeError(f"{flag}: empty path (give a file name)")
@@ -59,7 +59,7 @@ def check_file(flag: str, path: Path, *, force: bool = False, inputs: Iterable[t
             raise DDProbeError(f"{flag} {path} is also the input {in_flag}: writing it would replace what is "
                                f"read ({FORCE_HINT})")
     if keep_existing and not force and p.exists() and p.stat().st_size > 0:
-        raise DDProbeError(f"{flag} {path}: already holds results measured earlier ({FORCE_HINT})")
+        raise DDProbeError(f"{flag} {path}: already holds {holds} ({FORCE_HINT})")
     if p.exists():
         if not os.access(p, os.W_OK):
             raise DDProbeError(f"{flag} {path}: cannot write it (permission denied)")

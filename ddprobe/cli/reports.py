@@ -6,11 +6,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
-from ..units import DDProbeError, parse_bandwidth, parse_token_list
+from ..units import DDProbeError, parse_bandwidth, parse_count_list, parse_token_list
 from .app import app
-from .options import ForceOpt, err, errors_exit_1, out, output_file
+from .options import ForceOpt, checked, err, errors_exit_1, out, output_file
 from .tables import Col, print_fitted
 
 # what a narrow terminal keeps longest (tables.Col priorities; 0 always): which entry, and how it moved
@@ -33,7 +32,8 @@ def report(
     from ..reports.render import write_report
     from .outputs import check_file
 
-    check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)])
+    check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)], keep_existing=True,
+               holds="a report or a file written earlier")
 
     written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
     extra = f" and {len(written) - 1} image(s) in {written[1].parent}" if len(written) > 1 else ""
@@ -55,10 +55,12 @@ def gate(
                                                                         "time per entry, e.g. 0.8.")] = None,
     paths: Annotated[Optional[str], typer.Option("--paths", help="Gate only these attention paths, e.g. "
                                                                  "split,paged (default: all).")] = None,
-    ctx: Annotated[Optional[str], typer.Option("--ctx", help="Gate only these contexts, k = 1024 (default: all).")]
-    = None,
+    ctx: Annotated[Optional[str], typer.Option("--ctx", help="Gate only these contexts, k = 1024 (default: all).",
+                                               callback=checked(parse_token_list))] = None,
     heads: Annotated[Optional[str], typer.Option("--heads", help="Gate only these head counts, e.g. 8 "
-                                                                 "(default: all).")] = None,
+                                                                 "(default: all).",
+                                                 callback=checked(lambda v: parse_count_list(v, "head count")))]
+    = None,
 ):
     """Fail (exit 1) when a benchmark entry regressed against the baseline or is missing from the run."""
     from ..reports.gate import COLUMNS, compare_files, summary_lines, table_rows
@@ -71,11 +73,11 @@ def gate(
                             min_fraction_of_floor=min_fraction_of_floor,
                             paths=[p.strip() for p in paths.split(",") if p.strip()] if paths else None,
                             ctxs=parse_token_list(ctx) if ctx else None,
-                            heads=[int(h) for h in parse_token_list(heads)] if heads else None)
+                            heads=parse_count_list(heads, "head count") if heads else None)
     cols = [Col(c, GATE_PRIORITY.get(c, 0), "left" if c in ("status", "path", "GPU", "why") else "right",
                 wrap=c == "why") for c in COLUMNS]
     styles = {"ok": "", "new": "cyan", "ref": "dim"}  # ref: a peer's entry, shown for reference, not gated
-    rows = [list(map(escape, cells)) for cells in table_rows(outcome)]  # path names like split_ws[fold_tree=0]
+    rows = table_rows(outcome)  # text: the consoles print no markup (path names like split_ws[fold_tree=0])
     print_fitted(f"gate: {current} vs baseline {baseline}", cols, rows,  # are text, not rich markup
                  styles=[styles.get(r[0], "bold red") for r in rows])
     *lines, verdict = summary_lines(outcome)

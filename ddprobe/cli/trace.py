@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from ..kernel_classes import CLASSES, LABELS
 from ..units import DDProbeError, parse_rows, parse_tokens
@@ -45,8 +46,8 @@ def _ms(v) -> str:
 def print_rank(row: dict, top: list[dict], detail: str) -> None:
     sms = f", {row['sms']} SMs" if row.get("sms") else ""
     where = row.get("gpu") or ("the CPU" if row.get("work") == "CPU operators" else "GPU not named")
-    out.print(f"[bold]rank {row['rank']}[/]: {Path(row['file']).name} ({where}{sms})",
-              highlight=False)
+    out.print(f"[bold]rank {row['rank']}[/]: {escape(Path(row['file']).name)} ({escape(where)}{sms})",
+              highlight=False, markup=True)
     idle = row["idle_ms"] / row["step_ms"] if row["step_ms"] else 0.0
     gpu = row.get("work") != "CPU operators"
     out.print(f"  {row['steps']} steps by {row['method']} ({detail}); median {'GPU ' if gpu else ''}span "
@@ -54,7 +55,8 @@ def print_rank(row: dict, top: list[dict], detail: str) -> None:
               f"idle inside the step {_ms(row['idle_ms'])} ms ({idle:.1%})",
               highlight=False, soft_wrap=True)
     total = sum(row[f"{c}_ms"] for c in CLASSES) or 1.0
-    out.print(f"  {'class':<20} {'ms/step':>10} {'share':>7} {'launches':>9}  largest kernels (ms/step x launches)",
+    out.print(f"  {'class':<20} {'ms/step':>10} {'share':>7} {'launches':>9}  largest kernels (ms/step x launches; "
+              f"summed time, mean over the steps)",
               highlight=False)
     for c in CLASSES:
         if not row[f"{c}_per_step"]:
@@ -63,6 +65,10 @@ def print_rank(row: dict, top: list[dict], detail: str) -> None:
         names = "; ".join(f"{k['name'][:48]} {k['us_per_step'] / 1e3:.3f} x {k['per_step']:.0f}" for k in big)
         out.print(f"  {LABELS[c]:<20} {_ms(row[f'{c}_ms']):>10} {row[f'{c}_ms'] / total:>7.1%} "
                   f"{row[f'{c}_per_step']:>9.0f}  {names}", highlight=False, soft_wrap=True)
+    if row.get("overlap_ms", 0.0) > 0.01 * row["busy_ms"]:  # summed times count overlapping work twice
+        on = "kernels ran on several streams at once" if gpu else "operators ran on several threads at once"
+        out.print(f"  {_ms(row['overlap_ms'])} ms per step (mean) of the classes' summed time overlaps other work: "
+                  f"{on}", highlight=False, soft_wrap=True)
     print_attention(row)
 
 
@@ -84,10 +90,16 @@ def print_attention(row: dict) -> None:
                   f"{row.get('attn_class_eff_bw_GBps') or 0:,.1f} GB/s of the step's KV; the step {_ms(row['step_ms'])} ms against the floor "
                   f"{_ms(row['floor_ms'])} ms (gap {row['gap']:,.1f}x, {ex.get('binds', '')}-bound)", highlight=False,
                   soft_wrap=True)
+        if row["gap"] < 1:  # physics cannot be beaten: the model, context or sharding is not the trace's
+            from ..step_shape import BELOW_FLOOR
+
+            out.print(f"  {BELOW_FLOOR} (and --model, --ctx: the trace's step is not this model's)", highlight=False,
+                      soft_wrap=True)
 
 
 def print_ranks(rows: list[dict], skew: dict) -> None:
-    out.print(f"[bold]{len(rows)} ranks[/]: rank, step ms, attention ms, communication ms, idle ms", highlight=False)
+    out.print(f"[bold]{len(rows)} ranks[/]: rank, step ms, attention ms, communication ms, idle ms", highlight=False,
+              markup=True)
     for r in rows:
         out.print(f"  {r['rank']:>4} {_ms(r['step_ms']):>10} {_ms(r['attention_ms']):>10} "
                   f"{_ms(r['communication_ms']):>10} {_ms(r['idle_ms']):>10}", highlight=False)

@@ -25,7 +25,7 @@ from typing import Callable
 from ..schema import parse_rows
 from ..units import DDProbeError, fmt_tokens
 from .backends.engine import MAX_BUDGET
-from .bench.step_times import StepTimeOptions, measure_step_times
+from .bench.step_times import StepTimeOptions, check as check_cells, measure_step_times
 
 
 @dataclass
@@ -296,6 +296,11 @@ class MeasureOptions:
     threads: int | None = None
 
 
+def _step_options(o: MeasureOptions, path: str) -> StepTimeOptions:
+    return StepTimeOptions(preset=o.preset, attn=path, device=o.device, dtype=o.dtype, heads=o.heads, steps=o.steps,
+                           threads=o.threads)
+
+
 def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point]:
     """Commit lengths (tiny pair) and step times (``o.preset``) measured here; one Point per path, text, context and
     budget. ``say`` hears of each stage and of each step-time cell (with the time left at the pace so far);
@@ -304,6 +309,8 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
 
     for b in o.budgets:
         check_budget(b)
+    for path in o.paths:  # steps, preset, heads and the cache rows checked before any cell is measured
+        check_cells(_step_options(o, path), list(o.ctxs), list(o.budgets))
     n = len(o.budgets) * len(o.texts) * len(o.ctxs)
     with (progress(n) if progress is not None else nullcontext()) as display:
         commit = _commit_lengths(o, say, display)
@@ -318,9 +325,7 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
     for path in o.paths:
         say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, budgets "
             f"{', '.join(map(str, o.budgets))} and plain decode")
-        rows = measure_step_times(StepTimeOptions(preset=o.preset, attn=path, device=o.device, dtype=o.dtype,
-                                                  heads=o.heads, steps=o.steps, threads=o.threads),
-                                  list(o.ctxs), list(o.budgets), on_row=on_row)
+        rows = measure_step_times(_step_options(o, path), list(o.ctxs), list(o.budgets), on_row=on_row)
         decode = {r.ctx: r.step_ms for r in rows if r.plain}
         where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
         points += [Point(path, text, r.ctx, r.budget, commit[(text, r.ctx, r.budget)], r.step_ms, decode[r.ctx],
@@ -467,7 +472,10 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     preset = preset or ("k2" if gpu else "tiny")
     chosen = [p.strip() for p in paths.split(",")] if paths else _default_paths(preset, note) if gpu else ["reference"]
     for p in chosen:
-        verify_paths.get(p)
+        try:
+            verify_paths.get(p)
+        except ValueError as e:  # an unknown path: one line
+            raise DDProbeError(f"--paths: {e}") from None
     o = MeasureOptions(paths=tuple(dict.fromkeys(chosen)),
                        ctxs=tuple(parse_token_list(ctx or ("8k,32k,128k" if gpu else "1k,4k"))),
                        budgets=tuple(int(b) for b in floats(budgets, "budget")), texts=tuple(texts.split(",")),

@@ -84,10 +84,12 @@ def by_stage(files: list[Path]) -> tuple[list[Path], list[str]]:
 
 def rank_of(path: Path, header: dict, index: int) -> int:
     """The rank of a trace: its ``distributedInfo``, else its name (SGLang's ``-TP-3``, vLLM's ``_rank3.`` /
-    ``tp3_``), else its place in the list."""
+    ``tp3_``), else its place in the list. A ``distributedInfo`` rank that is no rank (negative, not an integer) is
+    not believed: the name or the place is used."""
     info = header.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return info["rank"]
+    r = info.get("rank") if isinstance(info, dict) else None
+    if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
+        return r
     for rx in _RANK_PATTERNS:
         m = rx.search(path.name)
         if m:
@@ -156,7 +158,8 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
 def rank_row(r: RankResult, tm: TraceModel | None) -> dict:
     s = r.steps
     row = {"rank": r.rank, "file": str(r.path), "steps": s.steps, "method": r.method, "work": r.work,
-           "step_ms": s.median_span_ms, "busy_ms": statistics.median(s.busy_ms), "idle_ms": s.median_idle_ms,
+           "step_ms": s.median_span_ms, "busy_ms": s.median_busy_ms, "idle_ms": s.median_idle_ms,
+           "overlap_ms": s.overlap_ms,
            "gpu": r.device.get("name")}
     row.update({f"{c}_ms": v for c, v in s.class_ms.items()})
     row.update({f"{c}_per_step": v for c, v in s.class_count.items()})

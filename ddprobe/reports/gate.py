@@ -121,7 +121,8 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
         elif b is not None and b.time_us:
             row.drop = _drop(b, c)
             if row.drop > max_drop:
-                row.fail("REGRESSED", f"{row.drop:.1%} slower than the baseline (limit {max_drop:.0%})")
+                row.fail("REGRESSED", f"{row.drop:.1%} less throughput than the baseline (time "
+                                      f"{c.time_us / b.time_us - 1:+.1%}; limit {max_drop:.0%})")
         if c is not None and c.time_us:
             if min_bw_Bps and c.GBps is not None and c.GBps * 1e9 < min_bw_Bps:
                 row.fail("BELOW", f"{fmt_bandwidth(c.GBps * 1e9)} under --min-bw {fmt_bandwidth(min_bw_Bps)}")
@@ -189,11 +190,19 @@ def table_rows(outcome: GateOutcome) -> list[list[str]]:
     return out
 
 
+def _counts(rows: list[GateRow]) -> str:
+    """"4 REGRESSED, 5 MISSING": the failures by status, in the order first seen."""
+    n: dict[str, int] = {}
+    for r in rows:
+        n[r.status] = n.get(r.status, 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in n.items())
+
+
 def summary_lines(outcome: GateOutcome) -> list[str]:
     """One line per failing entry, naming it, then the verdict."""
     lines = [f"{r.status}: {r.label}: {'; '.join(r.why)}" for r in outcome.failures] + outcome.notes
     n, bad, peers = len(outcome.gated), len(outcome.failures), len(outcome.rows) - len(outcome.gated)
     ref = f" ({peers} peer entr{'y' if peers == 1 else 'ies'} for reference, not gated)" if peers else ""
     lines.append(f"gate passed: {n} entr{'y' if n == 1 else 'ies'} within {outcome.max_drop:.0%}{ref}" if not bad else
-                 f"gate FAILED: {bad} of {n} entr{'y' if n == 1 else 'ies'} regressed or missing{ref}")
+                 f"gate FAILED: {bad} of {n} entr{'y' if n == 1 else 'ies'} ({_counts(outcome.failures)}){ref}")
     return lines

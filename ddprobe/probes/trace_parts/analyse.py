@@ -2,7 +2,6 @@
 (``ddprobe.kernel_classes``), the largest kernels per class, and each attention kernel's launch against the GPU."""
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -33,16 +32,32 @@ class RankSteps:
     class_ms: dict[str, float]  # mean per step, summed kernel time
     class_count: dict[str, float]  # launches per step
     kernels: list[KernelStat]
+    overlap_ms: float = 0.0  # mean per step: summed kernel time beyond the busy time (work on several streams)
     strip: list[list] = field(default_factory=list)  # the median step: [class, start us, duration us, name index]
     strip_names: list[str] = field(default_factory=list)
 
     @property
+    def median_step(self) -> int:
+        """The step whose span is the median (the upper one of an even count): its span, busy and idle time are
+        the headline, so that span = busy + idle, and it is the step the strip draws."""
+        return median_index(self.span_ms)
+
+    @property
     def median_span_ms(self) -> float:
-        return statistics.median(self.span_ms)
+        return self.span_ms[self.median_step]
+
+    @property
+    def median_busy_ms(self) -> float:
+        return self.busy_ms[self.median_step]
 
     @property
     def median_idle_ms(self) -> float:
-        return statistics.median(s - b for s, b in zip(self.span_ms, self.busy_ms))
+        return self.span_ms[self.median_step] - self.busy_ms[self.median_step]
+
+
+def median_index(values: list[float]) -> int:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    return order[len(order) // 2]
 
 
 def _busy(ks: list[Kernel]) -> float:
@@ -71,13 +86,14 @@ def _launch(args: tuple | None) -> dict | None:
 
 def measure(steps: list[list[Kernel]]) -> RankSteps:
     n = len(steps)
-    spans, busy = [], []
+    spans, busy, summed = [], [], 0.0
     cls_us: dict[str, float] = defaultdict(float)
     cls_n: dict[str, int] = defaultdict(int)
     by_name: dict[str, list] = {}
     for ks in steps:
         spans.append((max(k.ts + k.dur for k in ks) - min(k.ts for k in ks)) / 1e3)
         busy.append(_busy(ks) / 1e3)
+        summed += sum(k.dur for k in ks) / 1e3 - busy[-1]
         for k in ks:
             m = classify(k.name)
             cls_us[m.cls] += k.dur
@@ -93,15 +109,14 @@ def measure(steps: list[list[Kernel]]) -> RankSteps:
         kernels.append(KernelStat(name, m.cls, m.what, m.role, us / n, cnt / n, us / cnt, _launch(top)))
     kernels.sort(key=lambda s: -s.us_per_step)
     r = RankSteps(n, spans, busy, {c: cls_us[c] / n / 1e3 for c in CLASSES},
-                  {c: cls_n[c] / n for c in CLASSES}, kernels)
+                  {c: cls_n[c] / n for c in CLASSES}, kernels, overlap_ms=summed / n)
     r.strip, r.strip_names = _strip(steps, spans)
     return r
 
 
 def _strip(steps: list[list[Kernel]], spans: list[float]) -> tuple[list[list], list[str]]:
     """The step whose span is the median, as [class, start us from the step's start, duration us, name index]."""
-    order = sorted(range(len(spans)), key=lambda i: spans[i])
-    ks = sorted(steps[order[len(order) // 2]], key=lambda k: k.ts)[:STRIP_MAX]
+    ks = sorted(steps[median_index(spans)], key=lambda k: k.ts)[:STRIP_MAX]
     t0, names, ix = ks[0].ts, [], {}
     out = []
     for k in ks:

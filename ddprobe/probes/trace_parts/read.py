@@ -173,26 +173,33 @@ def _tail(rest: str) -> dict:
         return {}
 
 
+def _at(ev: dict, key: str) -> float:
+    """The event's ``ts`` or ``dur`` in us (ValueError where it is missing, not finite, or a negative duration)."""
+    if key not in ev:
+        raise ValueError(f"no {key!r}")
+    x = _time(ev[key])
+    if key == "dur" and x < 0:
+        raise ValueError(f"duration {x:g} us is negative")
+    return x
+
+
 def _take(t: Trace, ev: dict, marker: re.Pattern, cpu_ops: bool) -> None:
     cat, ph = ev.get("cat"), ev.get("ph")
     if ph != "X":
         return
     args = ev.get("args") or {}
     if cat in DEVICE_CATS:
-        dur = _time(ev.get("dur", 0))
-        if dur < 0:
-            raise ValueError(f"duration {dur} us is negative")
-        t.kernels.append(Kernel(str(ev.get("name", "")), _time(ev.get("ts", 0)), dur,
+        t.kernels.append(Kernel(str(ev.get("name", "")), _at(ev, "ts"), _at(ev, "dur"),
                                 int(args.get("stream", 0) or 0), int(args.get("correlation", -1) or -1), cat,
                                 _launch_args(args) if cat == "kernel" else None))
     elif cat in LAUNCH_CATS:
         corr = args.get("correlation")
         if corr is not None:
-            t.launches[int(corr)] = (float(ev.get("ts", 0)), sys.intern(str(ev.get("name", ""))))
+            t.launches[int(corr)] = (_at(ev, "ts"), sys.intern(str(ev.get("name", ""))))
     elif cat in MARKER_CATS and marker.search(str(ev.get("name", ""))):
-        t.markers.append((str(ev["name"]), float(ev.get("ts", 0)), float(ev.get("dur", 0)), cat))
+        t.markers.append((str(ev["name"]), _at(ev, "ts"), _at(ev, "dur"), cat))
     elif cpu_ops and cat == "cpu_op":
-        t.cpu_ops.append((sys.intern(str(ev.get("name", ""))), float(ev.get("ts", 0)), float(ev.get("dur", 0)),
+        t.cpu_ops.append((sys.intern(str(ev.get("name", ""))), _at(ev, "ts"), _at(ev, "dur"),
                           int(ev.get("tid", 0) or 0)))
 
 

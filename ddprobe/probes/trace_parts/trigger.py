@@ -94,7 +94,7 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
     client = HttpClient(url, wait_s)
     base = client.url
     folder = (folder or Path("ddprobe-results") / f"traces-{dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
-    made = not folder.exists()
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first: the folders this call makes
     before = set(_new_files(folder, set()))
     body = {"output_dir": str(folder), "num_steps": num_steps, "activities": ["CPU", "GPU"],
             "profile_by_stage": False, "merge_profiles": False}
@@ -103,8 +103,11 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
         if _call(client, "/start_profile", body) is None:
             raise _no_profiler(base, "/start_profile")
     except DDProbeError:
-        if made and not any(folder.iterdir()):
-            folder.rmdir()
+        for p in made:  # only the empty ones this call made, nothing else
+            try:
+                p.rmdir()
+            except OSError:
+                break
         raise
     progress(f"profiling {num_steps} steps of {base} into {folder}" + ("" if request else
              f": send your requests now (stopped after {wait_s:g} s without files)"))
