@@ -118,6 +118,9 @@ def test_server_url_normalization():
 # ---- graceful stop: a real `ddprobe serve` process ------------------------------------------------------------
 
 LONG = {"text": "the cat sat on the mat and", "sampling_params": {"max_new_tokens": 8000}}
+# signal to exit: the server's GRACE_S for open connections, then the interpreter's own exit, which a loaded 2-core
+# machine slows to seconds; the hang these tests guard against lasted over 60 s
+EXIT_BOUND_S = 12.0
 
 
 class ServeProcess:
@@ -195,7 +198,7 @@ def in_thread(fn, *args):
 def test_sigint_with_a_stream_running_and_a_request_queued(served_process):
     """Ctrl-C with a long stream decoding and a plain request queued behind it: "shutting down" is printed, the
     stream gets its end event (finish reason abort) and [DONE], the queued request a 503 error body, and the
-    process exits 0 within 5 s; a second Ctrl-C changes nothing (it once hung over 60 s, and a second Ctrl-C
+    process exits 0 within EXIT_BOUND_S; a second Ctrl-C changes nothing (it once hung over 60 s, and a second Ctrl-C
     printed tracebacks)."""
     p = served_process
     stream = requests.post(p.url + G, json={**LONG, "stream": True}, stream=True, timeout=60)
@@ -208,7 +211,7 @@ def test_sigint_with_a_stream_running_and_a_request_queued(served_process):
     events = [ln[6:] for ln in lines if ln.startswith(b"data: ")]
     queued_t.join(timeout=30)
     output = "".join(p.lines)
-    assert code == 0 and took < 5.0, (code, took, output)
+    assert code == 0 and took < EXIT_BOUND_S, (code, took, output)
     assert "shutting down" in output and "Traceback" not in output, output
     assert events[-1] == b"[DONE]" and json.loads(events[-2])["meta_info"]["finish_reason"]["type"] == "abort"
     r = queued["r"]
@@ -217,7 +220,7 @@ def test_sigint_with_a_stream_running_and_a_request_queued(served_process):
 
 def test_sigterm_with_a_plain_request_running(served_process):
     """SIGTERM with a plain (not streamed) request decoding: the client gets a 503 JSON error body at the
-    engine's next step, the process exits 0 within 5 s."""
+    engine's next step, the process exits 0 within EXIT_BOUND_S."""
     p = served_process
     running_t, running = in_thread(lambda: requests.post(p.url + C, json={"prompt": LONG["text"],
                                                                          "max_tokens": 8000}, timeout=60))
@@ -225,7 +228,7 @@ def test_sigterm_with_a_plain_request_running(served_process):
     code, took = p.stop(signal.SIGTERM)
     running_t.join(timeout=30)
     output = "".join(p.lines)
-    assert code == 0 and took < 5.0, (code, took, output)
+    assert code == 0 and took < EXIT_BOUND_S, (code, took, output)
     assert "shutting down" in output and "Traceback" not in output, output
     r = running["r"]
     assert r.status_code == 503 and r.json()["error"]["type"] == "server_error", r.text
@@ -242,7 +245,7 @@ def test_second_sigint_during_shutdown_is_absorbed(served_process, again_after_s
     code, took = p.stop(signal.SIGINT, twice=True, again_after_s=again_after_s)
     running_t.join(timeout=30)
     output = "".join(p.lines)
-    assert code == 0 and took < 6.0, (code, took, output)
+    assert code == 0 and took < EXIT_BOUND_S, (code, took, output)
     assert "shutting down" in output and "Traceback" not in output and "KeyboardInterrupt" not in output, output
 
 
@@ -313,9 +316,11 @@ def test_health_answers_while_a_20_mb_prompt_is_tokenized():
         t.join(timeout=300)
         assert len(waits) >= 10, "the tokenize request ended too soon: the check proves too little"
         assert out["r"].status_code == 200 and out["r"].json()["count"] > 5_000_000
-        # every answer while the 20 MB request was read, tokenized and answered: the median under 100 ms, none over
-        # 500 ms (on a CPU shared with other work one request may wait for a core)
-        assert sorted(waits)[len(waits) // 2] < 0.1 and max(waits) < 0.5, waits
+        # every answer while the 20 MB request was read, tokenized and answered: the median under 100 ms, 95% under
+        # 500 ms and none over 2 s (on a CPU shared with other work one request may wait for a core; the bug this
+        # guards against held /health for 12-16.8 s)
+        w = sorted(waits)
+        assert w[len(w) // 2] < 0.1 and w[int(0.95 * len(w))] < 0.5 and w[-1] < 2.0, waits
     finally:
         sp.stop(signal.SIGTERM)
 
@@ -514,7 +519,7 @@ def test_timeout_bounds_the_whole_answer(tmp_path, slow_headers):
     finally:
         took = time.perf_counter() - t0
         fake.close()
-    assert r.exit_code == 1 and took < 4, (took, r.output)
+    assert r.exit_code == 1 and took < 6, (took, r.output)  # the 1 s deadline, not the 42.5 s it once ran
     last = [ln for ln in r.stderr.splitlines() if ln.strip()][-1]
     late = "waiting for the answer's headers" if slow_headers else "headers came, the body was still arriving"
     assert re.search(rf"GET {fake.url}/get_model_info: no complete answer within 1 s \(--timeout; .*{late}", last), last

@@ -303,3 +303,33 @@ def test_output_repeats_tells_a_loop_from_prose():
             {"text": "novel", "ctx": 4096, "commit_len": 1.51, "output_repeats": 0.85}]
     notes = loop_notes(rows)
     assert len(notes) == 1 and notes[0].startswith("novel @ 1k: ") and "3.74" in notes[0] and "looping" in notes[0]
+
+
+@pytest.mark.parametrize("stall_after_headers", [False, True])
+def test_the_socket_clock_says_what_the_deadline_says(monkeypatch, stall_after_headers):
+    """Two clocks bound an answer (requests' socket timeout, ddprobe.deadline's whole-answer deadline) and either
+    may run out first on a loaded machine: the socket's alone (the deadline taken away here) gives the same line,
+    headers late or body late (requests calls a late body a ConnectionError)."""
+    import socket as sk
+
+    import ddprobe.deadline
+    from ddprobe.probes.backends.http import HttpClient
+
+    srv = sk.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve():
+        c, _ = srv.accept()
+        c.recv(65536)
+        if stall_after_headers:
+            c.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\ncontent-type: application/json\r\n\r\n{")
+        time.sleep(3)
+        c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    monkeypatch.setattr(ddprobe.deadline, "within", lambda fn, _s: fn({}))
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stage = "the body was still arriving" if stall_after_headers else "waiting for the answer's headers"
+    with pytest.raises(BackendError, match=f"GET {url}/x: no complete answer within 0.5 s \\(--timeout; .*{stage}"):
+        HttpClient(url, 0.5).call("GET", "/x")
+    srv.close()

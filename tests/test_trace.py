@@ -176,13 +176,15 @@ def test_a_server_without_a_profiler_is_one_line(tmp_path):
 
     app = FastAPI()
     app.add_api_route("/v1/models", lambda: {"data": [{"id": "m"}]}, methods=["GET"])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))  # the OS's port
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
+    t0 = time.time()
     while not server.started:
+        assert th.is_alive() and time.time() - t0 < 60, "the test server did not start"
         time.sleep(0.02)
     try:
-        url = f"http://127.0.0.1:{server.config.port}"
+        url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
         r = cli("--url", url, "--dir", tmp_path / "d", "-o", tmp_path / "o.json", "--wait", "5")
         one_line_error(r, "404", "--profiler-config")
         assert not (tmp_path / "o.json").exists()

@@ -60,6 +60,10 @@ class HttpClient:
         except rq.exceptions.Timeout:
             raise late(progress["stage"]) from None
         except rq.exceptions.ConnectionError as e:
+            from urllib3.exceptions import ReadTimeoutError
+
+            if isinstance(e.args[0] if e.args else None, ReadTimeoutError):  # requests' name for a body read late
+                raise late(progress["stage"]) from None
             reason = "connection refused" if "refused" in str(e).lower() else "cannot connect"
             raise BackendError(f"{method} {url}: {reason} (is the server running?)") from None
         except rq.exceptions.RequestException as e:
