@@ -119,7 +119,7 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
             return "compute-bound", f"FP32/FP16 pipes {_fmt(simt)} busy, tensor {_fmt(tensor)}, DRAM {_fmt(dram)}: " \
                                     "compute-bound on CUDA cores", src
         if all_low and util is not None and util < BUSY_UTIL_PCT:
-            return "idle", f"nvidia-smi says {_fmt(util)} busy (a kernel ran {_fmt(util)} of the time); SM " \
+            return "host-bound", f"nvidia-smi says {_fmt(util)} busy (a kernel ran {_fmt(util)} of the time); SM " \
                            f"{_fmt(sm)}, tensor pipes {_fmt(tensor)}, DRAM {_fmt(dram)}, {pw}: mostly idle, waiting " \
                            "on the host (launch overhead or CPU work between kernels)", src
         if all_low:
@@ -146,7 +146,7 @@ def verdict(s: dict[str, dict[str, float | None]], sources: dict[str, str] | Non
             (util is None or util >= BUSY_UTIL_PCT):
         return "latency-bound", f"{ev}: probably latency-bound", fb
     if power is not None and power < LOW_POWER_PCT and util is not None and util < BUSY_UTIL_PCT:
-        return "idle", f"{ev}: mostly idle, probably waiting on the host", fb
+        return "host-bound", f"{ev}: mostly idle, probably waiting on the host", fb
     return "mixed", f"{ev}: busy, no clear limit (mixed)", fb
 
 

@@ -35,6 +35,14 @@ window.addEventListener('load', function () {
 </script>"""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _foreign_log(tmp_path_factory):
+    """The third-party messages the suite's commands keep go to a log in the suite's own temp folder, not the
+    machine's shared one (``ddprobe.foreign.log_path``): child processes inherit it."""
+    os.environ["DDPROBE_FOREIGN_LOG"] = str(tmp_path_factory.mktemp("foreign") / "ddprobe-foreign.log")
+    yield
+
+
 @pytest.fixture(scope="session")
 def browser() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):

@@ -150,6 +150,12 @@ def _cases(tmp: Path):
         ("floor ctx twice with steps", ["floor", "--ctx", "32k,32k", "--step-ms", "100,110"], 1,
          r"--ctx: a context is given twice"),
         ("gate heads 0", ["gate", RAW, "-b", BASE, "--heads", "0"], 1, r"--heads: bad head count '0': expected a whole"),
+        ("advise from at another budget", ["advise", "--from", RESULTS, "--budget", "4", "--decode-ms", "5"], 1,
+         r"--budget 4: .*commit-tiny-cpu\.json was measured at tree budget 8 \(config\.budget\): drop --budget$"),
+        ("floor config and model", ["floor", "--config", str(tmp / "s.json"), "--model", "nope"], 1,
+         r"give --model or --config, not both"),
+        ("report a file twice", ["report", RESULTS, RESULTS, "-o", d + "/r.html"], 1,
+         r"commit-tiny-cpu\.json: given twice \(as .*commit-tiny-cpu\.json too\): give each results file once$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),

@@ -562,6 +562,9 @@ def test_diagnose_exits_1_when_no_step_succeeds(tmp_path):
     assert r.exit_code == 1, r.output
     assert "no step of the diagnosis succeeded (commit: failed" in r.stderr and "Traceback" not in r.output
     assert (tmp_path / "d" / "report.html").is_file()
+    steps = json.loads((tmp_path / "d" / "diagnose.json").read_text())["rows"]
+    assert all((tmp_path / "d" / s["file"]).is_file() for s in steps if s["file"]), steps  # none names a missing file
+    assert next(s for s in steps if s["step"] == "commit")["file"] is None
 
 
 def test_telemetry_numbers_out_of_range_and_malformed_prometheus_answers():

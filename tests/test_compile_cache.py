@@ -59,3 +59,19 @@ def test_a_second_process_reuses_the_compiled_graph(tmp_path):
     assert runs[0].stdout.split() == ["hit", "0", "miss", "1"]
     assert runs[1].stdout.split() == ["hit", "1", "miss", "0"]  # compiled by the first process, found by the second
     assert any((tmp_path / "ddprobe" / "inductor").rglob("*"))
+
+
+def test_a_refused_cuda_run_makes_no_cache_folder(tmp_path):
+    """`--device cuda` where torch sees no GPU is refused before anything is written: the cache folders too."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the run would not be refused")
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    for var in compile_cache.DIRS:
+        env.pop(var, None)
+    for cmd in (["commit", "--device", "cuda", "--ctx", "1k"], ["serve", "--device", "cuda", "--port", "39219"]):
+        r = subprocess.run([sys.executable, "-m", "ddprobe", *cmd], env=env, capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+        assert r.returncode == 1 and "no CUDA GPU is visible to torch" in r.stderr, r.stderr
+        assert not (tmp_path / "cache").exists()

@@ -89,6 +89,7 @@ def test_a_foreign_warning_goes_to_the_log_by_its_exact_text(tmp_path):
 
     assert foreign.is_foreign(TF32) and not foreign.is_foreign("TensorFloat32 is great")
     assert foreign.is_foreign(ONLINE_SOFTMAX)
+    was = os.environ.get("DDPROBE_FOREIGN_LOG")
     os.environ["DDPROBE_FOREIGN_LOG"] = str(tmp_path / "in-process.log")
     try:
         with warnings.catch_warnings():
@@ -102,7 +103,7 @@ def test_a_foreign_warning_goes_to_the_log_by_its_exact_text(tmp_path):
         assert "own" not in (tmp_path / "in-process.log").read_text()
         assert "kept in " + str(tmp_path / "in-process.log") in foreign.kept()
     finally:
-        del os.environ["DDPROBE_FOREIGN_LOG"]
+        os.environ["DDPROBE_FOREIGN_LOG"] = was or ""  # the session's log (conftest), never the machine's /tmp one
 
 
 def test_quiet_stderr_keeps_cpp_noise_in_the_log(tmp_path):

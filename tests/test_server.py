@@ -97,6 +97,10 @@ def test_non_finite_numbers_are_a_400_not_a_500(srv, path, raw, words):
     ("/generate", {"input_ids": [True, False]}, ["input_ids", "valid integer"]),
     ("/v1/completions", {"prompt": [5, True]}, ["prompt", "valid integer"]),
     ("/generate", {"input_ids": [5, 6], "sampling_params": {"stop_token_ids": [True]}}, ["stop_token_ids"]),
+    # the profiler's start is as strict as every other route (it took all three and answered 200)
+    ("/start_profile", {"foo": 1}, ["foo", "unknown field"]),
+    ("/start_profile", {"num_steps": "5"}, ["num_steps"]),
+    ("/start_profile", {"num_steps": 2.0}, ["num_steps"]),
 ])
 def test_unsupported_or_bad_fields_are_refused_never_ignored(srv, path, body, words):
     assert_error(post(srv.url, path, body), 400, *words)
@@ -182,6 +186,11 @@ def test_stop_strings_and_stop_tokens_end_the_output(srv):
     assert s["meta_info"]["finish_reason"]["type"] == "stop"
     m = s["meta_info"]
     assert m["commit_len"] == pytest.approx((m["completion_tokens"] - 1) / m["spec_verify_ct"])
+    # vLLM's completions take stop_token_ids too
+    c = post(srv.url, "/v1/completions", {"prompt": ids, "max_tokens": 40, "temperature": 0,
+                                          "stop_token_ids": [tok]}).json()
+    assert c["usage"]["completion_tokens"] == g["output_ids"].index(tok) + 1, c
+    assert c["choices"][0]["finish_reason"] == "stop"
 
 
 def test_commit_length_one_definition_and_bounded(srv):
@@ -399,3 +408,26 @@ def test_the_worker_is_idle_before_a_job_s_last_event(srv):
     finally:
         worker.close()
     assert seen[0] == ("tokens", 1) and [s for s in seen if s[0] != "tokens"] == [("done", 0), ("error", 0)]
+
+
+def _accepted_total(url: str) -> float:
+    text = requests.get(url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+
+
+def test_metrics_count_a_step_cut_by_the_token_limit_uncut(srv):
+    """vLLM counts a verify step's accepted drafts before the token limit cuts the output: /metrics does too, while
+    the answer's own figures (SGLang's) count what was kept. Uncut, the two agree; cut, /metrics counts more."""
+    ids = predictable(srv.backend)
+    seen = {}
+    for n in range(20, 40):
+        before = _accepted_total(srv.url)
+        meta = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": n}}).json()[
+            "meta_info"]
+        seen[n] = (_accepted_total(srv.url) - before, meta["spec_num_correct_drafts"], meta["spec_verify_ct"])
+    cut = [n for n, (metrics, kept, _) in seen.items() if metrics > kept]
+    whole = [n for n, (metrics, kept, _) in seen.items() if metrics == kept]
+    assert cut and whole, seen  # a predictable text commits several tokens a step: some limits cut a step
+    assert all(seen[n][0] >= seen[n][1] for n in seen), seen
+    assert all(seen[n][0] <= seen[n][2] * srv.backend.budget for n in seen), seen  # at most a budget a step

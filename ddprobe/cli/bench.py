@@ -232,17 +232,22 @@ def allreduce(
     writer = ResultWriter(Result(kind="allreduce", meta=RunMeta.collect(), config=config), out_path)
     err.print(f"all-reduce on {n} ranks ({opts.backend}{', CUDA graphs' if opts.graphs else ''}), {spec.name} "
               f"hidden {spec.hidden_size} {dtype}", highlight=False)
-    t0, done = time.perf_counter(), [0]
-
-    def progress(_row: dict) -> None:  # the rows themselves are the table below (stdout): here only how far
-        done[0] += 1
-        spent = time.perf_counter() - t0
-        err.print(f"  {done[0]}/{len(messages)} messages ({spent:.0f} s, about "
-                  f"{spent / done[0] * (len(messages) - done[0]):.0f} s left)", highlight=False)
-    rows = run_allreduce(opts, writer, on_row=progress)
+    rows = run_allreduce(opts, writer, on_row=_progress(len(messages)))
     for r in rows:
         out.print(allreduce_line(r), highlight=False, markup=False)
     out.print(f"results written to {out_path}", highlight=False)
+
+
+def _progress(total: int):
+    """on_row for the rows as they come: how far, on stderr (the rows themselves are the table on stdout)."""
+    t0, done = time.perf_counter(), [0]
+
+    def say(_row: dict) -> None:
+        done[0] += 1
+        spent = time.perf_counter() - t0
+        err.print(f"  {done[0]}/{total} messages ({spent:.0f} s, about {spent / done[0] * (total - done[0]):.0f} s "
+                  "left)", highlight=False)
+    return say
 
 
 def allreduce_line(r: dict) -> str:

@@ -109,7 +109,8 @@ def commit(
         finally:
             record_timing(writer, est, display)
             n = len(writer.result.rows)
-            live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else ""))
+            live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else "") if n
+                               else "no cell measured: nothing written")
     for line in [*loop_notes(rows), *filter(None, [timing_note(rows)])]:
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False, markup=True)
     for r in rows:  # a server's figures that contradict each other (probes.backends.base.histogram_note)

@@ -72,6 +72,8 @@ def floor(
 
         check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)],
                    keep_existing=True, holds="results written earlier")
+    if config is not None and typed_flags(tctx, ("model",)):
+        raise DDProbeError("give --model or --config, not both (--config describes the model)")
     spec = model_from_config(config) if config else get_model(model)
     ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from)
     if kernels is None and steps_from is not None:  # the engine's own count, where the file holds one
@@ -189,7 +191,8 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
               "weights) / bandwidth, compute, launches) + all-reduces + host syncs (the whole step: kernels serialize, "
               "each moves its bytes inside its own duration, so launches and bytes bound the step together, not "
               "added); decode fl: the plain one-row decode "
-              "step's floor; gap = step / floor; attn gap = step / KV fl (the attention alone); re-read: the "
+              "step's floor; gap = step / floor; attn gap = step / the attention's own floor (KV fl, or its FLOPs' "
+              "time where those take longer: short contexts); re-read: the "
               "attention gap if every row re-read the cache", highlight=False, style="dim")
     if an is not None:
         _print_anatomy(an)

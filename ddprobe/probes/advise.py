@@ -381,6 +381,9 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
         say(f"warning: {path}'s steps cannot be {spec.name}'s ({why}): they are compared with {spec.name}'s plain "
             "decoding, two different models")
     if isinstance(r.config.get("budget"), int):
+        if budget is not None and budget != r.config["budget"]:  # the file's steps ran at its own budget
+            raise DDProbeError(f"--budget {budget}: {path} was measured at tree budget {r.config['budget']} "
+                               "(config.budget): drop --budget")
         budget = r.config["budget"]
     elif budget is None:
         raise DDProbeError(f"{path} does not say its tree budget (config.budget): give --budget")

@@ -96,8 +96,9 @@ class Diagnose:
         except Exception as e:  # a bug or a GPU error in one step must not lose the others
             status, reason = "failed", f"{type(e).__name__}: {e}".splitlines()[0]
             (self.out / f"{name}.error.txt").write_text(traceback.format_exc())
+        f = self.files.get(name)
         self.record.add({"step": name, "status": status, "reason": reason,
-                         "file": self.files[name].name if name in self.files else None,
+                         "file": f.name if f is not None and f.exists() else None,  # none written: none named
                          "seconds": time.perf_counter() - t0})
         self.say(f"{name}: {status}" + (f": {reason}" if reason else ""))
 

@@ -162,7 +162,7 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
                f"{fmt_ratio(r.attn_gap)} above the attention's floor")
         head = f"Throughput: batch more requests. A single request commits {tok} per step while the step runs {far}"
         verdicts = [str(p.get("verdict", "")) for p in _decode_phases(util)]
-        if any(v.startswith(("latency", "idle")) for v in verdicts):
+        if any(v.startswith(("latency", "idle", "host")) for v in verdicts):
             parts.append(f"{head}, and telemetry says the GPU is {verdicts[0]} during decode: it waits rather than "
                          f"moves bytes, so more requests can share each step at little extra time.")
         elif verdicts:

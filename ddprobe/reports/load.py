@@ -60,6 +60,12 @@ def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
             out.append(p)
     if not out:
         raise DDProbeError("no results files given")
+    seen: dict[str, Path] = {}
+    for p in out:  # one file twice (named twice, or named and in a folder given) would be reported twice
+        real = os.path.realpath(p)
+        if real in seen:
+            raise DDProbeError(f"{p}: given twice (as {seen[real]} too): give each results file once")
+        seen[real] = p
     return out
 
 

@@ -127,6 +127,7 @@ class CompletionRequest(_Sampled):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Union[str, list[str], None] = None
+    stop_token_ids: Optional[list[int]] = None  # vLLM's extension, as /generate's sampling_params take it
     seed: Optional[int] = Field(None, ge=0, le=MAX_SEED)
     user: Optional[str] = None  # metadata: accepted, unused
     ignore_eos: bool = True

@@ -2,7 +2,7 @@
 
 ``/start_profile`` takes SGLang's body (``output_dir``, ``num_steps``, ``activities``: "CPU", "GPU"; ``start_step``,
 ``profile_by_stage``, ``with_stack``, ``record_shapes``, ``merge_profiles`` and ``profile_prefix`` accepted as SGLang
-does). The engine's worker thread starts a real ``torch.profiler`` at its next verify step, steps it once per verify
+does; strict as every route: an unknown field or a value of another type is a 400). The engine's worker thread starts a real ``torch.profiler`` at its next verify step, steps it once per verify
 step (``ProfilerStep#N`` markers), and after ``num_steps`` steps, or at ``/stop_profile``, writes
 ``{output_dir}/{profile_prefix}{id}-TP-0.trace.json.gz`` (SGLang's name for one rank). "GPU" records CUDA kernels
 where the engine runs on a GPU; on the CPU only the operators exist. A second start while one runs: 400; a stop with
@@ -18,13 +18,12 @@ from typing import Optional
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel
-
 from ..jsonfile import SYSTEM_TREES
+from .models import Strict
 from .served import ApiError, served
 
 
-class ProfileRequest(BaseModel):
+class ProfileRequest(Strict):  # strict as every route: unknown fields and "5" for 5 are a 400
     output_dir: Optional[str] = None
     start_step: Optional[int] = None
     num_steps: Optional[int] = None

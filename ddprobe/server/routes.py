@@ -87,7 +87,7 @@ async def completions(req: m.CompletionRequest, request: Request):
     if req.model is not None and req.model != s.name:
         raise ApiError(404, f"model {req.model!r} does not exist; this server has {s.name!r}", "model")
     ids = await asyncio.to_thread(s.backend.tokenize, req.prompt) if isinstance(req.prompt, str) else req.prompt
-    job = s.submit(ids, req.max_tokens, req.temperature, req.stop, seed=req.seed)
+    job = s.submit(ids, req.max_tokens, req.temperature, req.stop, req.stop_token_ids, seed=req.seed)
     c = Completion(s, job, bool(req.stream_options and req.stream_options.include_usage),
                    getattr(request.app.state, "per_request_spec_metrics", False))
     if req.stream:

@@ -50,11 +50,15 @@ class EngineBackend:
             raise BackendError("--graphs replays CUDA graphs: it needs --device cuda")
         if compile and (not device.startswith("cuda") or graphs is False):
             raise BackendError("--compile fuses the CUDA-graph step: it needs --device cuda and graphs on")
-        if device.startswith("cuda"):  # compiled kernels and graphs from the last run, before torch reads the vars
+        import torch
+
+        if device.startswith("cuda"):
+            if not torch.cuda.is_available():  # before anything is written (the caches' folders included)
+                raise BackendError(f"--device {device}: no CUDA GPU is visible to torch")
             from ...engine.compile_cache import enable
 
-            enable()
-        import torch
+            enable()  # compiled kernels and graphs from the last run: the compilers read the folders when they
+            # first compile, and enable() switches Inductor's loaded configs
 
         from .threads import choose_threads
 
@@ -80,8 +84,6 @@ class EngineBackend:
             torch.set_num_threads(self.threads.threads)
         if attn not in verify_paths.verify_names():
             raise BackendError(f"unknown attention path {attn!r}; known: {', '.join(verify_paths.verify_names())}")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise BackendError(f"--device {device}: no CUDA GPU is visible to torch")
         if attn != "reference" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET", "0") in ("",
                                                                                                           "0"):
             raise BackendError(f"--attn {attn} runs Triton kernels: use --device cuda (or TRITON_INTERPRET=1 to "
@@ -196,6 +198,7 @@ class EngineBackend:
 
         toks: list[int] = []
         steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
+        uncut: list[int] = []  # per verify step: the tokens it committed before the token limit cut them
         t0, t_first = time.perf_counter(), []
 
         def hook(new: list[int], tree_size: int) -> None:
@@ -203,6 +206,7 @@ class EngineBackend:
                 t_first.append(time.perf_counter())
             else:
                 steps.append((0, tree_size))
+                uncut.append(len(new))
             new = new[:max_new_tokens - len(toks)]
             toks.extend(new)
             if steps:
@@ -240,7 +244,7 @@ class EngineBackend:
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
                    "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish,
-                   "accepted_uncut": sum(n - 1 for n, _ in steps[:len(kept)])})  # vLLM's count (a cut step whole)
+                   "accepted_uncut": sum(n - 1 for n in uncut[:len(kept)])})  # vLLM's count (a cut step whole)
 
     def logits_problem(self, ids: list[int]) -> str | None:
         """The target's logits after the last ``LOGITS_CHECK_TOKENS`` of ``ids`` (a prompt and its output),
