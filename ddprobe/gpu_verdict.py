@@ -229,6 +229,17 @@ def analyze(rows: list[dict[str, Any]], request: dict[str, Any] | None = None,
     return out
 
 
+def reanalyzed(summary: Any, rows: list[dict[str, Any]], sources: Any) -> dict[str, Any]:
+    """A saved gpu-util summary with its analysis made again from its samples by today's rules (a file keeps what
+    its run concluded; ``gpu-util --replay`` and ``report`` show the current verdicts): the request's numbers, the
+    phase markers and a telemetry failure as recorded."""
+    old = summary if isinstance(summary, dict) else {}
+    req = old.get("request") if isinstance(old.get("request"), dict) else {}
+    src = sources if isinstance(sources, dict) else {}
+    kept = {k: old[k] for k in ("telemetry_error",) if old.get(k)}
+    return {**analyze(rows, req, src), "request": req, "markers": old.get("markers", []), **kept}
+
+
 def _request_numbers(req: dict[str, Any], decode_J: float | None, request_J: float | None = None) -> dict[str, Any]:
     """decode_step_ms, effective bandwidth, energy per token and the floor from what the request measured.
     ``energy_J_per_token`` is the decode phase's energy only; where the backend gave no first-token time (a

@@ -453,7 +453,7 @@ def test_busy_less_than_half_the_time_with_low_units_is_idle_waiting_on_the_host
     assert gv.analyze(rows)["verdict"] == "host-bound"
 
 
-@pytest.mark.parametrize("path, want", [("paged", "latency-bound"), ("split", "idle")])
+@pytest.mark.parametrize("path, want", [("paged", "latency-bound"), ("split", "host-bound")])
 def test_h200_timelines_replay(path, want):
     f = DATA / f"gpu-util-h200-{path}.json"
     res = replay(Result.load(f))

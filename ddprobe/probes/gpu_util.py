@@ -29,7 +29,7 @@ from ..shapes import gpu_spec_for
 from ..units import DDProbeError
 from .backends.base import Backend
 from .commit import CellProgress, generate_hooked, prompt_ids
-from ..gpu_verdict import analyze
+from ..gpu_verdict import analyze, reanalyzed
 from .telemetry.sampler import Sampler, assign_phases
 from .telemetry.sources import SourceUnavailable, http_get, undo_resets
 from .telemetry.nvml import NvmlReader, NvmlUnavailable
@@ -300,10 +300,7 @@ def replay(result: Result) -> Result:
         raise DDProbeError(f"--replay needs a gpu-util results file, got kind {result.kind!r}")
     if not result.rows:
         raise DDProbeError("--replay: the file holds no telemetry samples")
-    old = result.summary if isinstance(result.summary, dict) else {}
-    req = old.get("request") if isinstance(old.get("request"), dict) else {}
-    sources = result.config.get("sources") if isinstance(result.config.get("sources"), dict) else {}
-    summary = {**analyze(result.rows, req, sources), "request": req, "markers": old.get("markers", [])}
+    summary = reanalyzed(result.summary, result.rows, result.config.get("sources"))
     return Result(kind="gpu-util", meta=result.meta, config=dict(result.config), rows=list(result.rows),
                   summary=summary)
 

@@ -33,11 +33,20 @@ class Report:
 
 def build(paths: Iterable[str | os.PathLike], command: str = "", title: str = "ddprobe report",
           with_diagnosis: bool = False) -> Report:
-    loaded = load.load_all(paths)
+    loaded = [(p, _current(r)) for p, r in load.load_all(paths)]
     built = [sections.build(p, r, i) for i, (p, r) in enumerate(loaded)]
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     claims = diagnosis.diagnose([r for _, r in loaded]) if with_diagnosis else []
     return Report(title=title, generated_utc=now, command=command, sections=built, diagnosis=claims)
+
+
+def _current(r):
+    """A gpu-util file's verdicts by today's rules, from its samples (``gpu_verdict.reanalyzed``), as replay gives."""
+    if r.kind == "gpu-util" and r.rows:
+        from ..gpu_verdict import reanalyzed  # plain Python, no torch
+
+        r.summary = reanalyzed(r.summary, r.rows, r.config.get("sources"))
+    return r
 
 
 def _env(fmt: str) -> Environment:
