@@ -1,7 +1,8 @@
 """Analysis of a telemetry timeline: per GPU and phase, median and p90 of each signal, and a verdict.
 
 Verdicts: compute-bound, bandwidth-bound, latency-bound (busy by nvidia-smi yet low SM activity,
-tensor, DRAM and power), idle, or mixed (busy, no unit near its limit). Thresholds come from what
+tensor, DRAM and power), host-bound (a kernel runs less than half the time and every unit is low: the GPU
+waits on the host), idle, or mixed (busy, no unit near its limit). Thresholds come from what
 the lent H200 returned (docs/gpu-util.md, docs/perf.md): bf16 matmul tensor 94% / DRAM 17% / power
 ~100% of the limit; streaming read DRAM 62% / tensor 0%; paged verify SM 5%, tensor 0.8%, DRAM 0.5%,
 power 20% of the limit while nvidia-smi said 100%. A missing signal stays None: it is never read as 0,

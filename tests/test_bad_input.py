@@ -144,8 +144,8 @@ def _cases(tmp: Path):
         ("advise heads 0", ["advise", "--device", "cpu", "--heads", "0", "--ctx", "1k"], 1, r"heads must be >= 1, got 0"),
         ("floor out earlier results", ["floor", "--ctx", "1k", "-o", str(tmp / "s.json")], 1,
          r"--out .*s\.json: already holds results written earlier \(give another path, or --force"),
-        ("report out an earlier report", ["report", RESULTS, "-o", str(tmp / "r.html")], 1,
-         r"--out .*r\.html: already holds a report or a file written earlier \(give another path, or --force"),
+        ("report out another file", ["report", RESULTS, "-o", str(tmp / "r.html")], 1,
+         r"--out .*r\.html: already holds a file that is not a ddprobe report \(give another path, or --force"),
         ("floor ctx twice", ["floor", "--ctx", "32k,32k"], 1, r"--ctx: a context is given twice"),
         ("floor ctx twice with steps", ["floor", "--ctx", "32k,32k", "--step-ms", "100,110"], 1,
          r"--ctx: a context is given twice"),
@@ -166,7 +166,7 @@ def _cases(tmp: Path):
 
 @pytest.fixture
 def tmp(tmp_path):
-    """Also, all inside ``tmp_path`` (never the machine's /dev): an earlier report ``r.html``, a character device
+    """Also, all inside ``tmp_path`` (never the machine's /dev): a page ``r.html`` (not a report), a character device
     ``null`` (1:3, as /dev/null),
     a FIFO, a symlink to ``file``, a symlink loop, a results file ``s.json``, a gpu-util file ``g.json``, JSON
     nested 100 deep and a diagnose folder ``earlier`` holding a ``commit.json``."""
@@ -177,7 +177,7 @@ def tmp(tmp_path):
     (tmp_path / "dir").mkdir()
     (tmp_path / "dir.html").mkdir()
     (tmp_path / "file").write_text("not a folder\n")
-    (tmp_path / "r.html").write_text("<html>an earlier report</html>\n")
+    (tmp_path / "r.html").write_text("<html>a page of the user's, not a report</html>\n")
     os.mknod(tmp_path / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     os.mkfifo(tmp_path / "fifo")
     os.symlink(tmp_path / "file", tmp_path / "link")
@@ -405,3 +405,18 @@ def test_force_replaces_an_input_on_purpose(tmp):
                                  "--force"], env={"COLUMNS": "400"})
     assert r.exit_code == 0, r.output
     assert json.loads((tmp / "s.json").read_text())["kind"] == "floor"
+
+
+def test_report_renders_again_over_its_own_report_only(tmp_path):
+    """`report -o` writes over a report ddprobe wrote (re-rendering after more results is the normal loop), html and
+    md alike; a file that is no report needs --force (results files are refused as inputs or by their kind)."""
+    for name in ("r.html", "r.md"):
+        out = tmp_path / name
+        for _ in range(2):
+            r = CliRunner().invoke(app, ["report", RESULTS, "-o", str(out)], env={"COLUMNS": "200"})
+            assert r.exit_code == 0, r.output
+    page = tmp_path / "page.html"
+    page.write_text("<html>mine</html>\n")
+    r = CliRunner().invoke(app, ["report", RESULTS, "-o", str(page)])
+    assert r.exit_code == 1 and page.read_text() == "<html>mine</html>\n"
+    assert CliRunner().invoke(app, ["report", RESULTS, "-o", str(page), "--force"]).exit_code == 0

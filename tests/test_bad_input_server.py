@@ -553,18 +553,21 @@ def test_diagnose_exits_1_when_no_step_succeeds(tmp_path):
     from ddprobe.cli import app
 
     fake = Fake(sglang({**OK_META, "completion_tokens": 100000, "spec_verify_ct": 1}))
-    try:
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "commit.json").write_text((Path(__file__).parent / "data" / "commit-tiny-cpu.json").read_text())
+    try:  # --force over an earlier run's folder: its commit.json is not this run's
         r = CliRunner().invoke(app, ["diagnose", "--backend", "sglang", "--url", fake.url, "--ctx", "128",
                                      "--max-new-tokens", "8", "--decode-tokens", "8", "--bw", "1TB/s",
-                                     "--out-dir", str(tmp_path / "d")], env={"COLUMNS": "300"})
+                                     "--out-dir", str(d), "--force"], env={"COLUMNS": "300"})
     finally:
         fake.close()
     assert r.exit_code == 1, r.output
     assert "no step of the diagnosis succeeded (commit: failed" in r.stderr and "Traceback" not in r.output
-    assert (tmp_path / "d" / "report.html").is_file()
-    steps = json.loads((tmp_path / "d" / "diagnose.json").read_text())["rows"]
-    assert all((tmp_path / "d" / s["file"]).is_file() for s in steps if s["file"]), steps  # none names a missing file
-    assert next(s for s in steps if s["step"] == "commit")["file"] is None
+    assert (d / "report.html").is_file()
+    steps = json.loads((d / "diagnose.json").read_text())["rows"]
+    assert all((d / s["file"]).is_file() for s in steps if s["file"]), steps  # none names a missing file
+    assert next(s for s in steps if s["step"] == "commit")["file"] is None  # nor the earlier run's
 
 
 def test_telemetry_numbers_out_of_range_and_malformed_prometheus_answers():

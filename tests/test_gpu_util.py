@@ -448,9 +448,13 @@ def test_busy_less_than_half_the_time_with_low_units_is_idle_waiting_on_the_host
     assert d["verdict"] == "host-bound" and "waiting on the host" in d["evidence"]
     d = gv.analyze(_rows(**{**NO_GPM, "util_gpu_pct": 25.0}))["per_phase"][0]
     assert d["verdict"] == "host-bound" and d["basis"] == "power+nvml"
-    # several GPUs: a host-bound one is working (the headline may be its verdict), an idle one is not
-    rows = _rows(util_gpu_pct=25.0, dram_active_pct=1.8, sm_active_pct=6.6)
-    assert gv.analyze(rows)["verdict"] == "host-bound"
+    # several GPUs: a host-bound one is working (the headline is its verdict), an idle one is not
+    idle = [dict(r, gpu=0) for r in _rows(util_gpu_pct=0, sm_active_pct=0, tensor_active_pct=0, dram_active_pct=0,
+                                          power_W=124)]
+    host = [dict(r, gpu=1) for r in _rows(util_gpu_pct=25.0, dram_active_pct=1.8, sm_active_pct=6.6)]
+    a = gv.analyze(idle + host)
+    assert sorted(d["verdict"] for d in a["per_phase"]) == ["host-bound", "idle"]
+    assert a["verdict"] == "host-bound"
 
 
 @pytest.mark.parametrize("path, want", [("paged", "latency-bound"), ("split", "host-bound")])

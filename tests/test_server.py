@@ -97,10 +97,12 @@ def test_non_finite_numbers_are_a_400_not_a_500(srv, path, raw, words):
     ("/generate", {"input_ids": [True, False]}, ["input_ids", "valid integer"]),
     ("/v1/completions", {"prompt": [5, True]}, ["prompt", "valid integer"]),
     ("/generate", {"input_ids": [5, 6], "sampling_params": {"stop_token_ids": [True]}}, ["stop_token_ids"]),
-    # the profiler's start is as strict as every other route (it took all three and answered 200)
+    # the profiler's start is as strict as every other route (it took all three and answered 200); SGLang's own
+    # clients' "5" for num_steps is taken (test_trace: test_sglang_clients_start_the_profiler)
     ("/start_profile", {"foo": 1}, ["foo", "unknown field"]),
-    ("/start_profile", {"num_steps": "5"}, ["num_steps"]),
+    ("/start_profile", {"num_steps": "five"}, ["num_steps"]),
     ("/start_profile", {"num_steps": 2.0}, ["num_steps"]),
+    ("/start_profile", {"num_steps": "-3"}, ["num_steps"]),
 ])
 def test_unsupported_or_bad_fields_are_refused_never_ignored(srv, path, body, words):
     assert_error(post(srv.url, path, body), 400, *words)
@@ -313,7 +315,7 @@ def test_vllm_backend_sees_another_clients_traffic(srv):
     # vLLM counts a last step cut by the token limit whole, SGLang's answer what was kept: the same engine in this
     # process (seed 0, greedy: the same tokens) gives both
     g = EngineBackend(preset="tiny", seed=0).generate(ids, 12)
-    assert alone.commit_len == pytest.approx(1 + g.extra["accepted_uncut"] / g.verify_steps)
+    assert alone.commit_len == pytest.approx(1 + sum(a for a, _ in g.ran_steps) / len(g.ran_steps))
     assert one.commit_len == pytest.approx(g.commit_len) and alone.commit_len >= one.commit_len - 1e-9
     stop, done = threading.Event(), []
 
@@ -416,10 +418,9 @@ def test_the_worker_is_idle_before_a_job_s_last_event(srv):
     assert seen[0] == ("tokens", 1) and [s for s in seen if s[0] != "tokens"] == [("done", 0), ("error", 0)]
 
 
-def _accepted_total(url: str) -> float:
+def _accepted_total(url: str, name: str = "vllm:spec_decode_num_accepted_tokens_total") -> float:
     text = requests.get(url + "/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:spec_decode_num_accepted_tokens_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 def test_metrics_count_a_step_cut_by_the_token_limit_uncut(srv):
@@ -437,3 +438,31 @@ def test_metrics_count_a_step_cut_by_the_token_limit_uncut(srv):
     assert cut and whole, seen  # a predictable text commits several tokens a step: some limits cut a step
     assert all(seen[n][0] >= seen[n][1] for n in seen), seen
     assert all(seen[n][0] <= seen[n][2] * srv.backend.budget for n in seen), seen  # at most a budget a step
+    # a stop token cuts the step that made it: vLLM counts that step whole too, and every step that ran
+    g = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 40}}).json()
+    tok = g["output_ids"][12]
+    before = _accepted_total(srv.url), _accepted_total(srv.url, "vllm:spec_decode_num_drafts_total")
+    meta = post(srv.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 40,
+                                                                           "stop_token_ids": [tok]}}).json()["meta_info"]
+    after = _accepted_total(srv.url), _accepted_total(srv.url, "vllm:spec_decode_num_drafts_total")
+    assert meta["finish_reason"]["type"] == "stop"
+    assert after[1] - before[1] == meta["spec_verify_ct"]  # no step was cut away whole here
+    assert after[0] - before[0] >= meta["spec_num_correct_drafts"]
+
+
+def test_sglang_clients_start_the_profiler_body():
+    """The bodies SGLang's own clients post to /start_profile (sglang 0.5.14's profiler.py and bench_serving
+    --profile send the step counts as strings, bench_serving adds profile_stages) are taken; other strings and
+    floats stay refused."""
+    from pydantic import ValidationError
+
+    from ddprobe.server.profile import ProfileRequest
+
+    body = {"output_dir": "/tmp/x", "num_steps": "5", "activities": ["CPU", "GPU"], "profile_by_stage": False,
+            "merge_profiles": False, "profile_prefix": None, "start_step": "2"}
+    r = ProfileRequest.model_validate(body)
+    assert (r.num_steps, r.start_step) == (5, 2)
+    assert ProfileRequest.model_validate({"num_steps": 3, "profile_stages": ["decode"]}).profile_stages == ["decode"]
+    for bad in ("five", "٣", 2.0, "2.0", True):
+        with pytest.raises(ValidationError):
+            ProfileRequest.model_validate({"num_steps": bad})

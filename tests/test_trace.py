@@ -356,3 +356,20 @@ def test_bad_options_one_line_before_anything_is_read(args, words, tmp_path):
                                  "--cpu-ops", "-o", str(out), *args])
     assert r.exit_code == 1 and words in r.output and "Traceback" not in r.output, r.output
     assert not out.exists()
+
+
+def test_no_overlap_is_zero_not_a_rounding_below_it():
+    """Kernels that never overlap, listed out of time order: their summed time and their union differ only by
+    float rounding (Python 3.12's sum is compensated), which must not make a negative overlap or idle time (a
+    results file refuses a negative ms)."""
+    from ddprobe.probes.trace_parts.analyse import _busy, measure
+    from ddprobe.probes.trace_parts.read import Kernel
+
+    ks, t = [], 0.0
+    for d in (0.2, 4.2, 2.8, 3.2, 1.0):
+        ks.append(Kernel("k", t, d, 7, -1, "kernel", None))
+        t += d + 0.5
+    step = list(reversed(ks))
+    assert sum(k.dur for k in step) - _busy(step) < 0  # the rounding is there: -1.8e-15 us
+    r = measure([step] * 3)
+    assert r.overlap_ms == 0.0 and r.median_idle_ms >= 0.0

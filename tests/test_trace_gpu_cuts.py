@@ -138,4 +138,4 @@ def test_a_step_below_its_floor_says_the_model_is_not_the_traces(tmp_path):
     assert p.returncode == 0, p.stderr
     row = json.loads((tmp_path / "t.json").read_text())["rows"][0]
     assert row["gap"] < 1 and row["floor_ms"] > row["step_ms"]
-    assert "step below the floor: check --tp" in p.stdout
+    assert "step below the floor: check --model, --ctx and --tp" in p.stdout

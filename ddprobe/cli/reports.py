@@ -32,8 +32,11 @@ def report(
     from ..reports.render import write_report
     from .outputs import check_file
 
-    check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)], keep_existing=True,
-               holds="a report or a file written earlier")
+    from ..reports.render import is_report
+
+    # a report ddprobe wrote is rendered again in place (a derived file); any other file there is kept unless --force
+    check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)],
+               keep_existing=not is_report(out_path), holds="a file that is not a ddprobe report")
 
     written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
     extra = f" and {len(written) - 1} image(s) in {written[1].parent}" if len(written) > 1 else ""

@@ -91,10 +91,8 @@ def print_attention(row: dict) -> None:
                   f"{_ms(row['floor_ms'])} ms (gap {row['gap']:,.1f}x, {ex.get('binds', '')}-bound)", highlight=False,
                   soft_wrap=True)
         if row["gap"] < 1:  # physics cannot be beaten: the model, context or sharding is not the trace's
-            from ..step_shape import BELOW_FLOOR
-
-            out.print(f"  {BELOW_FLOOR} (and --model, --ctx: the trace's step is not this model's)", highlight=False,
-                      soft_wrap=True)
+            out.print("  step below the floor: check --model, --ctx and --tp (the trace's step is not this model's)",
+                      highlight=False, soft_wrap=True)
 
 
 def print_ranks(rows: list[dict], skew: dict) -> None:

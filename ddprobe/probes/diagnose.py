@@ -81,8 +81,17 @@ class Diagnose:
         self.commit_rows: list[dict] = []
         self.util: Result | None = None
 
+    def _written(self, name: str, before: dict[str, int]) -> str | None:
+        """The step's file when this run wrote it (new, or changed since the step began: ``--force`` leaves an
+        earlier run's files in place until they are written over)."""
+        f = self.files.get(name)
+        if f is None or not f.exists():
+            return None
+        return f.name if before.get(f.name) != f.stat().st_mtime_ns else None
+
     def _step(self, name: str, fn: Callable[[], tuple[str, str] | None]) -> None:
         t0 = time.perf_counter()
+        before = {p.name: p.stat().st_mtime_ns for p in self.out.iterdir() if p.is_file()}
         self.say(f"{name}: running...")
         try:
             out = fn()
@@ -91,14 +100,12 @@ class Diagnose:
             status, reason = "failed", str(e)
         except KeyboardInterrupt:
             self.record.add({"step": name, "status": "interrupted", "reason": "interrupted by the user",
-                             "file": None, "seconds": time.perf_counter() - t0})
+                             "file": self._written(name, before), "seconds": time.perf_counter() - t0})
             raise
         except Exception as e:  # a bug or a GPU error in one step must not lose the others
             status, reason = "failed", f"{type(e).__name__}: {e}".splitlines()[0]
             (self.out / f"{name}.error.txt").write_text(traceback.format_exc())
-        f = self.files.get(name)
-        self.record.add({"step": name, "status": status, "reason": reason,
-                         "file": f.name if f is not None and f.exists() else None,  # none written: none named
+        self.record.add({"step": name, "status": status, "reason": reason, "file": self._written(name, before),
                          "seconds": time.perf_counter() - t0})
         self.say(f"{name}: {status}" + (f": {reason}" if reason else ""))
 

@@ -40,6 +40,18 @@ def build(paths: Iterable[str | os.PathLike], command: str = "", title: str = "d
     return Report(title=title, generated_utc=now, command=command, sections=built, diagnosis=claims)
 
 
+def is_report(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a report ddprobe wrote (its HTML generator tag or its Markdown header line): one that
+    ``report -o`` may write again without ``--force``, a derived file, unlike results or anything else."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2048).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return '<meta name="generator" content="ddprobe ' in head or \
+        any(line.startswith("Generated ") and " by ddprobe " in line for line in head.splitlines()[:4])
+
+
 def _current(r):
     """A gpu-util file's verdicts by today's rules, from its samples (``gpu_verdict.reanalyzed``), as replay gives."""
     if r.kind == "gpu-util" and r.rows:

@@ -4,9 +4,9 @@ Counters (vLLM's names, labels ``model_name`` and ``engine``): ``vllm:prompt_tok
 ``vllm:generation_tokens``, ``vllm:request_success`` (label ``finished_reason``: length, stop,
 abort), and with speculative decoding ``vllm:spec_decode_num_drafts`` (verify steps),
 ``vllm:spec_decode_num_draft_tokens`` (tree nodes proposed) and
-``vllm:spec_decode_num_accepted_tokens`` (draft tokens accepted per step, a last step cut by the token limit
-counted uncut, as vLLM counts it: so 1 + accepted / drafts is vLLM's mean acceptance length, at or above
-ddprobe's commit length) and ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position``, 0 to the most
+``vllm:spec_decode_num_accepted_tokens`` (draft tokens accepted per step, every step that ran counted whole
+though a token limit or a stop cut the output, as vLLM counts: ``vllm_steps``; so 1 + accepted / drafts is vLLM's
+mean acceptance length, at or above ddprobe's commit length) and ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position``, 0 to the most
 a step can accept - 1: steps that accepted a token there; a tree's position is its depth). Gauges
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``. prometheus-client is the
 ``server`` extra. ``spec_meta``: the SGLang-style speculative fields of one request's ``meta_info``, each
@@ -62,10 +62,11 @@ class Metrics:
             self.prompt_tokens.inc(st.prompt_tokens)
             self.generation_tokens.inc(st.completion_tokens)
             if self.spec:
-                self.drafts.inc(st.verify_steps)
-                self.draft_tokens.inc(st.extra.get("tree_nodes", 0))
-                self.accepted.inc(st.extra.get("accepted_uncut", sum(c - 1 for c in st.commit_lens)))
-                for a in per_step_accepted(st):
+                ran = vllm_steps(st)
+                self.drafts.inc(len(ran))
+                self.draft_tokens.inc(sum(d for _, d in ran))
+                self.accepted.inc(sum(a for a, _ in ran))
+                for a, _ in ran:
                     for c in self.per_pos[:a]:
                         c.inc()
             self.success[st.extra.get("finish_reason", "length")].inc()
@@ -91,21 +92,20 @@ def spec_meta(st, max_commit: int) -> dict[str, Any]:
             "spec_accept_rate": sum(c - 1 for c in st.commit_lens) / drafts if drafts else 0.0}
 
 
-def per_step_accepted(st) -> list[int]:
-    """Draft tokens accepted in each verify step, a last step cut by the token limit counted uncut (as vLLM counts):
-    the committed lengths less their bonus, the last one topped up to the request's uncut total."""
-    acc = [c - 1 for c in st.commit_lens]
-    if acc:
-        acc[-1] += max(0, st.extra.get("accepted_uncut", sum(acc)) - sum(acc))
-    return acc
+def vllm_steps(st) -> list[tuple[int, int]]:
+    """(draft tokens accepted, draft nodes) of every verify step that ran, as vLLM counts them: before a token limit
+    or a stop cut the output (vLLM's scheduler counts a step's acceptance, then checks the limit and the stops), so
+    a cut step counts whole and a step a stop cut away entirely counts too (``GenStats.ran_steps``, which the
+    engine served fills)."""
+    return list(st.ran_steps)
 
 
 def vllm_spec_metrics(st, positions: int) -> dict[str, Any]:
     """One request's ``metrics.speculative_decoding`` in vLLM's fields: the mean acceptance length (1 + accepted /
     steps) and rate, the histogram (index = tokens accepted in a step), the counts, per step what was accepted
     (``per_step_drafted`` null: the engine keeps only the request's total of tree nodes)."""
-    acc, steps = per_step_accepted(st), st.verify_steps
-    drafted = st.extra.get("tree_nodes", 0)
+    ran = vllm_steps(st)
+    acc, steps, drafted = [a for a, _ in ran], len(ran), sum(d for _, d in ran)
     hist = [0] * (positions + 1)
     for a in acc:
         hist[min(a, positions)] += 1

@@ -18,21 +18,32 @@ from typing import Optional
 
 from fastapi import Request
 from fastapi.responses import Response
+from pydantic import field_validator
+
 from ..jsonfile import SYSTEM_TREES
 from .models import Strict
 from .served import ApiError, served
 
 
-class ProfileRequest(Strict):  # strict as every route: unknown fields and "5" for 5 are a 400
+class ProfileRequest(Strict):
+    """SGLang's ``ProfileReqInput`` (0.5.14): strict as every route (an unknown field, a float step count: 400),
+    except that the step counts take the decimal strings SGLang's own clients send (``python -m sglang.profiler``
+    and ``bench_serving --profile`` post ``"num_steps": "5"``)."""
     output_dir: Optional[str] = None
     start_step: Optional[int] = None
     num_steps: Optional[int] = None
+    profile_stages: Optional[list[str]] = None
     activities: Optional[list[str]] = None
     profile_by_stage: bool = False
     with_stack: Optional[bool] = None
     record_shapes: Optional[bool] = None
     merge_profiles: bool = False
     profile_prefix: Optional[str] = None
+
+    @field_validator("start_step", "num_steps", mode="before")
+    @classmethod
+    def _decimal_string(cls, v):
+        return int(v) if isinstance(v, str) and v.isdecimal() and v.isascii() else v
 
 
 class EngineProfiler:

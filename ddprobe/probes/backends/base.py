@@ -58,6 +58,9 @@ class GenStats:
     e2e_s: float | None = None
     tokens: list[int] = field(default_factory=list)
     step_times_s: list[float] = field(default_factory=list)
+    # every verify step that ran, as (draft tokens accepted, draft nodes) before a token limit or a stop cut the
+    # output: what vLLM's spec-decode counters count (the engine's; ``ddprobe serve``'s vLLM imitation reads it)
+    ran_steps: list[tuple[int, int]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -198,7 +198,7 @@ class EngineBackend:
 
         toks: list[int] = []
         steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
-        uncut: list[int] = []  # per verify step: the tokens it committed before the token limit cut them
+        uncut: list[int] = []  # per verify step: the tokens it committed before a limit or a stop cut them
         t0, t_first = time.perf_counter(), []
 
         def hook(new: list[int], tree_size: int) -> None:
@@ -243,8 +243,8 @@ class EngineBackend:
             e2e_s=time.perf_counter() - t0, tokens=list(toks), step_times_s=[r.step_ms / 1e3 for r in records],
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
-                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish,
-                   "accepted_uncut": sum(n - 1 for n in uncut[:len(kept)])})  # vLLM's count (a cut step whole)
+                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish},
+            ran_steps=[(n - 1, t) for n, (_, t) in zip(uncut, steps)])
 
     def logits_problem(self, ids: list[int]) -> str | None:
         """The target's logits after the last ``LOGITS_CHECK_TOKENS`` of ``ids`` (a prompt and its output),

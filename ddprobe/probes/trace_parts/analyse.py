@@ -52,7 +52,7 @@ class RankSteps:
 
     @property
     def median_idle_ms(self) -> float:
-        return self.span_ms[self.median_step] - self.busy_ms[self.median_step]
+        return max(0.0, self.span_ms[self.median_step] - self.busy_ms[self.median_step])
 
 
 def median_index(values: list[float]) -> int:
@@ -92,8 +92,9 @@ def measure(steps: list[list[Kernel]]) -> RankSteps:
     by_name: dict[str, list] = {}
     for ks in steps:
         spans.append((max(k.ts + k.dur for k in ks) - min(k.ts for k in ks)) / 1e3)
-        busy.append(_busy(ks) / 1e3)
-        summed += sum(k.dur for k in ks) / 1e3 - busy[-1]
+        b = _busy(ks)
+        busy.append(b / 1e3)
+        summed += max(0.0, sum(k.dur for k in ks) - b) / 1e3  # never below 0 by rounding (3.12's sum is exact)
         for k in ks:
             m = classify(k.name)
             cls_us[m.cls] += k.dur
