@@ -495,4 +495,5 @@ def test_ddprobe_serve_speaks_the_real_servers_protocol(spec_server):
     for key, v in theirs.items():  # the same kind of value wherever both say one
         if v is not None and ours[key] is not None:
             assert isinstance(ours[key], list) == isinstance(v, list), key
-    assert len(ours["per_step_accepted"]) == ours["num_spec_steps"]
+    assert len(ours["per_step_accepted"]) == ours["num_spec_steps"] == len(ours["per_step_drafted"])
+    assert sum(ours["per_step_drafted"]) == ours["num_draft_tokens"]

@@ -6,8 +6,9 @@ abort), and with speculative decoding ``vllm:spec_decode_num_drafts`` (verify st
 ``vllm:spec_decode_num_draft_tokens`` (tree nodes proposed) and
 ``vllm:spec_decode_num_accepted_tokens`` (draft tokens accepted per step, every step that ran counted whole
 though a token limit or a stop cut the output, as vLLM counts: ``vllm_steps``; so 1 + accepted / drafts is vLLM's
-mean acceptance length, at or above ddprobe's commit length) and ``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position``, 0 to the most
-a step can accept - 1: steps that accepted a token there; a tree's position is its depth). Gauges
+mean acceptance length, at or above ddprobe's commit length) and
+``vllm:spec_decode_num_accepted_tokens_per_pos`` (label ``position``, 0 to the most a step can accept - 1: steps
+that accepted a token there; a tree's position is its depth). Gauges
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``. prometheus-client is the
 ``server`` extra. ``spec_meta``: the SGLang-style speculative fields of one request's ``meta_info``, each
 what SGLang reports under that name (``spec_accept_length`` = completion_tokens / spec_verify_ct), ddprobe's own
@@ -102,8 +103,8 @@ def vllm_steps(st) -> list[tuple[int, int]]:
 
 def vllm_spec_metrics(st, positions: int) -> dict[str, Any]:
     """One request's ``metrics.speculative_decoding`` in vLLM's fields: the mean acceptance length (1 + accepted /
-    steps) and rate, the histogram (index = tokens accepted in a step), the counts, per step what was accepted
-    (``per_step_drafted`` null: the engine keeps only the request's total of tree nodes)."""
+    steps) and rate, the histogram (index = tokens accepted in a step), the counts, per step what was accepted and
+    what was drafted (the tree's nodes)."""
     ran = vllm_steps(st)
     acc, steps, drafted = [a for a, _ in ran], len(ran), sum(d for _, d in ran)
     hist = [0] * (positions + 1)
@@ -112,4 +113,5 @@ def vllm_spec_metrics(st, positions: int) -> dict[str, Any]:
     return {"mean_acceptance_length": 1 + sum(acc) / steps if steps else 1.0,
             "draft_acceptance_rate": sum(acc) / drafted if drafted else 0.0, "acceptance_histogram": hist,
             "num_spec_steps": steps, "num_accepted_draft_tokens": sum(acc), "num_draft_tokens": drafted,
-            "num_spec_tokens": positions, "per_step_accepted": acc, "per_step_drafted": None}
+            "num_spec_tokens": positions, "per_step_accepted": acc if ran else None,  # null without a step, as
+            "per_step_drafted": [d for _, d in ran] if ran else None}  # vLLM 0.32 answers it
