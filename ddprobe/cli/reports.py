@@ -9,7 +9,7 @@ import typer
 
 from ..units import DDProbeError, parse_bandwidth, parse_count_list, parse_token_list
 from .app import app
-from .options import ForceOpt, checked, err, errors_exit_1, out, output_file
+from .options import checked, err, errors_exit_1, out, output_file
 from .tables import Col, print_fitted
 
 # what a narrow terminal keeps longest (tables.Col priorities; 0 always): which entry, and how it moved
@@ -25,7 +25,9 @@ def report(
                                                                "(images in <name>_files/ beside it).",
                                                    callback=output_file)]
     = Path("report.html"),
-    force: ForceOpt = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace a file at --out that is not a report ddprobe wrote "
+                                                        "(an earlier report is rendered again in place), or one that "
+                                                        "is also an input.")] = False,
 ):
     """Write one report (summary, tables, plots) from results files."""
     from ..reports.load import expand
