@@ -191,7 +191,7 @@ class FloorRow(Row):
     below_floor: bool | None = None
     launch_share: Ratio | None = None  # latency floor / step
     bytes_share: Ratio | None = None  # max(bytes, compute) floor / step
-    step_bound: str | None = None  # "launch-bound" or "bandwidth-bound"
+    step_bound: str | None = None  # "launch-bound", "bandwidth-bound" or "compute-bound" (step_model.parts_bound)
     extra: dict = field(default_factory=dict)
 
 

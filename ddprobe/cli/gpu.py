@@ -138,8 +138,9 @@ def _print_parts(p) -> None:
         return
     syncs = f" + {p['syncs']} syncs" if p.get("syncs") else ""
     out.print(f"where the step goes: launches >= {p['launch_ms']:.3g} ms ({p['kernels']} kernels x "
-              f"{p['kernel_us']:.3g} us{syncs}, {p['launch_share']:.0%} of the step), bytes >= {p['bytes_ms']:.3g} ms "
-              f"at the GPU's bandwidth ({p['bytes_share']:.0%}): {p['bound']}; {p.get('source') or ''}",
+              f"{p['kernel_us']:.3g} us{syncs}, {p['launch_share']:.0%} of the step), "
+              f"{p.get('work') or 'bytes at the bandwidth'} >= {p['bytes_ms']:.3g} ms ({p['bytes_share']:.0%}): "
+              f"{p['bound']}; {p.get('source') or ''}",
               highlight=False, soft_wrap=True)
 
 

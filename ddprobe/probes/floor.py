@@ -68,7 +68,7 @@ class FloorRow:
     below_floor: bool | None = None
     launch_share: float | None = None  # latency floor / step: the share of the step its launches explain
     bytes_share: float | None = None  # max(bytes, compute) floor / step
-    step_bound: str | None = None  # "launch-bound" or "bandwidth-bound": the larger of the two parts
+    step_bound: str | None = None  # launch-, bandwidth- or compute-bound: the larger part (step_model.parts_bound)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -30,6 +30,7 @@ from ..units import DDProbeError
 from .backends.base import Backend
 from .commit import CellProgress, generate_hooked, prompt_ids
 from ..gpu_verdict import analyze, reanalyzed
+from ..step_model import parts_bound
 from .telemetry.sampler import Sampler, assign_phases
 from .telemetry.sources import SourceUnavailable, http_get, undo_resets
 from .telemetry.nvml import NvmlReader, NvmlUnavailable
@@ -75,7 +76,8 @@ def _step_floor(backend: Backend, spec, st) -> dict[str, Any]:
     return {"floor_ms": c.floor_ms, "kv_floor_ms": c.kv_floor_ms, "floor_binds": c.binds,
             "floor_source": "ddprobe.step_model, the engine's own weights", "kernels": c.kernels,
             "kernel_us": c.kernel_us, "launch_ms": c.launch_ms, "sync_ms": c.sync_ms, "syncs": c.syncs,
-            "latency_floor_ms": c.latency_floor_ms, "bytes_floor_ms": max(c.bytes_floor_ms, c.compute_floor_ms or 0),
+            "latency_floor_ms": c.latency_floor_ms, "bytes_floor_ms": c.bytes_floor_ms,
+            "compute_floor_ms": c.compute_floor_ms,
             "launches_source": m.kernel_source}
 
 
@@ -85,10 +87,11 @@ def step_parts(summary: dict) -> dict[str, Any]:
     req, step = summary.get("request") or {}, summary.get("decode_step_ms")
     if not step or req.get("latency_floor_ms") is None or not req.get("bytes_floor_ms"):
         return {}
-    lat, byt = req["latency_floor_ms"], req["bytes_floor_ms"]
-    return {"step_parts": {"step_ms": step, "launch_ms": lat, "bytes_ms": byt, "launch_share": lat / step,
-                           "bytes_share": byt / step, "kernels": req.get("kernels"), "kernel_us": req.get("kernel_us"),
-                           "syncs": req.get("syncs"), "bound": "launch-bound" if lat > byt else "bandwidth-bound",
+    lat = req["latency_floor_ms"]
+    work, what, bound = parts_bound(lat, req["bytes_floor_ms"], req.get("compute_floor_ms"))
+    return {"step_parts": {"step_ms": step, "launch_ms": lat, "bytes_ms": work, "work": what,
+                           "launch_share": lat / step, "bytes_share": work / step, "kernels": req.get("kernels"),
+                           "kernel_us": req.get("kernel_us"), "syncs": req.get("syncs"), "bound": bound,
                            "source": req.get("launches_source")}}
 
 
