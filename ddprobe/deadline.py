@@ -16,10 +16,11 @@ class Late(Exception):
         self.stage = stage
 
 
-def within(fn: Callable[[dict], Any], seconds: float) -> Any:
+def within(fn: Callable[[dict], Any], seconds: float, progress: dict | None = None) -> Any:
     """``fn(progress)`` within ``seconds``, else ``Late``; ``fn`` may set ``progress["stage"]`` to say how far it
-    got (for the message). What ``fn`` raises is raised here."""
-    progress: dict[str, Any] = {"stage": "connecting"}
+    got (for the message; a caller that passes its own dict can read the stage when ``fn`` raises its own timeout).
+    What ``fn`` raises is raised here."""
+    progress = {"stage": "connecting"} if progress is None else progress
     box: dict[str, Any] = {}
 
     def run() -> None:

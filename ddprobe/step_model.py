@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .shapes import AttnShape, dtype_bytes, dtype_name, floor_s, kernel_time
 from .step_shape import StepWeights
@@ -281,24 +281,31 @@ def with_launches(m: StepModel, gpu: str | None, kernels: Callable[[int], int] |
                    kernel_source=f"kernels: {counted or 'given'}; {us:g} us each ({mode}; {where})")
 
 
-def parts_bound(latency_ms: float, bytes_ms: float | None, compute_ms: float | None = None) -> tuple[float, str, str]:
-    """A step's work part (its bytes at the GPU's bandwidth or its FLOPs at the tensor rate, the larger), what that
-    part is, and which bound the step is nearer: "launch-bound" where kernels x least time is larger than the work,
-    else "compute-bound" or "bandwidth-bound" as the work is FLOPs or bytes. The one rule (floor, gpu-util, the
-    report)."""
+class WorkPart(NamedTuple):
+    ms: float  # the work's floor: bytes over bandwidth or FLOPs over the tensor rate, the larger
+    what: str  # "bytes" or "FLOPs"
+    rate: str  # what it is over: "the GPU's bandwidth" or "the tensor rate"
+    bound: str  # "launch-bound", "compute-bound" or "bandwidth-bound"
+
+
+def parts_bound(latency_ms: float, bytes_ms: float | None, compute_ms: float | None = None) -> WorkPart:
+    """A step's work part (its bytes at the GPU's bandwidth or its FLOPs at the tensor rate, the larger) and which
+    bound the step is nearer: "launch-bound" where kernels x least time is larger than the work, else
+    "compute-bound" or "bandwidth-bound" as the work is FLOPs or bytes. The one rule (floor, gpu-util, the report)."""
     flops = (compute_ms or 0.0) > (bytes_ms or 0.0)
-    work = (compute_ms if flops else bytes_ms) or 0.0
-    bound = "launch-bound" if latency_ms > work else "compute-bound" if flops else "bandwidth-bound"
-    return work, "FLOPs at the tensor rate" if flops else "bytes at the GPU's bandwidth", bound
+    ms = (compute_ms if flops else bytes_ms) or 0.0
+    bound = "launch-bound" if latency_ms > ms else "compute-bound" if flops else "bandwidth-bound"
+    return WorkPart(ms, "FLOPs" if flops else "bytes", "the tensor rate" if flops else "the GPU's bandwidth", bound)
 
 
 def gap_split(c: StepCost, step_ms: float) -> dict:
     """How much of a measured step its launches and its work (bytes or FLOPs, ``parts_bound``) explain: each part's
     floor and its share of the step, and which bound the step is nearer."""
-    work, what, bound = parts_bound(c.latency_floor_ms, c.bytes_floor_ms, c.compute_floor_ms)
-    return {"step_ms": step_ms, "launch_ms": c.launch_ms, "sync_ms": c.sync_ms, "bytes_ms": work, "work": what,
-            "kernels": c.kernels, "kernel_us": c.kernel_us, "launch_share": c.latency_floor_ms / step_ms,
-            "bytes_share": work / step_ms, "bound": bound, "rest_ms": max(0.0, step_ms - c.floor_ms)}
+    w = parts_bound(c.latency_floor_ms, c.bytes_floor_ms, c.compute_floor_ms)
+    return {"step_ms": step_ms, "launch_ms": c.launch_ms, "sync_ms": c.sync_ms, "bytes_ms": w.ms,
+            "work": f"{w.what} at {w.rate}", "kernels": c.kernels, "kernel_us": c.kernel_us,
+            "launch_share": c.latency_floor_ms / step_ms, "bytes_share": w.ms / step_ms, "bound": w.bound,
+            "rest_ms": max(0.0, step_ms - c.floor_ms)}
 
 
 def check_dcp(dcp: int, tp: int) -> None:

@@ -333,7 +333,7 @@ def test_the_socket_clock_says_what_the_deadline_says(monkeypatch, stall_after_h
         time.sleep(3)
         c.close()
     threading.Thread(target=serve, daemon=True).start()
-    monkeypatch.setattr(ddprobe.deadline, "within", lambda fn, _s: fn({}))
+    monkeypatch.setattr(ddprobe.deadline, "within", lambda fn, _s, progress: fn(progress))
     url = f"http://127.0.0.1:{srv.getsockname()[1]}"
     stage = "the body was still arriving" if stall_after_headers else "waiting for the answer's headers"
     with pytest.raises(BackendError, match=f"GET {url}/x: no complete answer within 0.5 s \\(--timeout; .*{stage}"):

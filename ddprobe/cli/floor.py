@@ -186,9 +186,9 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
     for r in (r for r in rows if r.step_ms is not None):
         from ..step_model import parts_bound
 
-        work, what, _ = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms)
+        w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms)
         out.print(f"at {fmt_tokens(r.ctx)} the {r.step_ms:.4g} ms step: launches >= {_ms(r.latency_floor_ms)} "
-                  f"({r.launch_share:.0%}), {what.split(' at ')[0]} >= {_ms(work)} ({r.bytes_share:.0%}): "
+                  f"({r.launch_share:.0%}), {w.what} >= {_ms(w.ms)} ({r.bytes_share:.0%}): "
                   f"{r.step_bound}", highlight=False)
     out.print("KV fl / wt fl: KV / weight bytes over bandwidth; compute: all FLOPs / tensor rate; floor = max((KV + "
               "weights) / bandwidth, compute, launches) + all-reduces + host syncs (the whole step: kernels serialize, "

@@ -309,8 +309,8 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
 
     for b in o.budgets:
         check_budget(b)
-    for path in o.paths:  # steps, preset, heads and the cache rows checked before any cell is measured
-        check_cells(_step_options(o, path), list(o.ctxs), list(o.budgets))
+    # steps, preset, heads and the cache rows (the same for every path) checked before any cell is measured
+    check_cells(_step_options(o, o.paths[0]), list(o.ctxs), list(o.budgets))
     n = len(o.budgets) * len(o.texts) * len(o.ctxs)
     with (progress(n) if progress is not None else nullcontext()) as display:
         commit = _commit_lengths(o, say, display)

@@ -10,6 +10,7 @@ beside the paths for reference: shown with their change (status "ref"), never ga
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -192,10 +193,7 @@ def table_rows(outcome: GateOutcome) -> list[list[str]]:
 
 def _counts(rows: list[GateRow]) -> str:
     """"4 REGRESSED, 5 MISSING": the failures by status, in the order first seen."""
-    n: dict[str, int] = {}
-    for r in rows:
-        n[r.status] = n.get(r.status, 0) + 1
-    return ", ".join(f"{v} {k}" for k, v in n.items())
+    return ", ".join(f"{v} {k}" for k, v in Counter(r.status for r in rows).items())
 
 
 def summary_lines(outcome: GateOutcome) -> list[str]:

@@ -44,20 +44,15 @@ class HttpClient:
 
         url = self.url + path
         rq = self._requests
-        progress: dict = {"stage": "connecting"}
-
-        def fetch(_deadline_progress: dict):  # our own dict: a socket timeout can name the stage too
-            return self._fetch(method, url, json_body, progress)
+        progress: dict = {"stage": "connecting"}  # the deadline's and the socket's: either names the stage
 
         def late(stage: str) -> BackendError:  # one wording, whichever of the two clocks ran out first
             return BackendError(f"{method} {url}: no complete answer within {self.timeout_s:g} s (--timeout; "
                                 f"{stage})")
         try:
-            r = within(fetch, self.timeout_s)
-        except Late:
-            self._session = rq.Session()  # the late answer's thread still holds the old one
-            raise late(progress["stage"]) from None
-        except rq.exceptions.Timeout:
+            r = within(lambda p: self._fetch(method, url, json_body, p), self.timeout_s, progress)
+        except (Late, rq.exceptions.Timeout):  # the deadline's clock or the socket's, whichever ran out first
+            self._session = rq.Session()  # a late answer's thread may still hold the old one
             raise late(progress["stage"]) from None
         except rq.exceptions.ConnectionError as e:
             from urllib3.exceptions import ReadTimeoutError

@@ -261,8 +261,8 @@ def _ints(v) -> list[int] | None:
 def per_request_stats(sd: dict, prompt: int, completion: int, e2e: float, max_new_tokens: int,
                       where: str) -> GenStats:
     """GenStats from vLLM's per-request ``metrics.speculative_decoding`` (PR #48915): ``num_spec_steps`` verify
-    steps (steps that drafted), ``num_accepted_draft_tokens`` (a step cut by the limit or a stop counted whole, as vLLM counts),
-    ``num_draft_tokens`` and ``num_spec_tokens`` (k); ``acceptance_histogram`` (index = draft tokens accepted in a
+    steps (steps that drafted), ``num_accepted_draft_tokens`` (a step cut by the limit or a stop counted whole, as
+    vLLM counts), ``num_draft_tokens`` and ``num_spec_tokens`` (k); ``acceptance_histogram`` (index = draft tokens accepted in a
     step) gives the spread and ``per_step_accepted`` the per-position counts when they agree with the totals;
     ``mean_acceptance_length``, vLLM's own figure, is kept beside ddprobe's as ``reported_mean_acceptance_length``."""
     where = f"{where} metrics.speculative_decoding"

@@ -105,18 +105,19 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
 
     check_url(url, what)
 
-    stage = {"stage": "connecting"}
+    progress: dict = {"stage": "connecting"}  # the deadline's and the socket's: either names the stage
 
     def fetch(progress: dict) -> str:
-        progress["stage"] = stage["stage"] = "waiting for the answer's headers"
+        progress["stage"] = "waiting for the answer's headers"
         with urllib.request.urlopen(url, timeout=timeout_s) as r:
-            progress["stage"] = stage["stage"] = "headers came, the body was still arriving"
+            progress["stage"] = "headers came, the body was still arriving"
             return r.read().decode("utf-8", "replace")
 
     try:
-        return within(fetch, timeout_s)  # the whole answer, not each read
-    except Late as e:
-        raise SourceUnavailable(f"{what} {url}: no complete answer within {timeout_s:g} s ({e.stage})") from None
+        return within(fetch, timeout_s, progress)  # the whole answer, not each read
+    except (Late, TimeoutError):  # the deadline's clock or the socket's, whichever ran out first: the same words
+        raise SourceUnavailable(f"{what} {url}: no complete answer within {timeout_s:g} s ({progress['stage']})") \
+            from None
     except http.client.HTTPException as e:  # cut mid-answer (IncompleteRead), a malformed status line
         raise SourceUnavailable(f"{what} {url}: broken answer ({type(e).__name__})") from None
     except urllib.error.HTTPError as e:
@@ -126,8 +127,6 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
         reason = str(getattr(e, "reason", e))
         why = "connection refused" if "refused" in reason.lower() else reason
         raise SourceUnavailable(f"{what} {url}: cannot connect ({why}); is it running?") from None
-    except TimeoutError:  # the socket's clock ran out just before the deadline's: the same words
-        raise SourceUnavailable(f"{what} {url}: no complete answer within {timeout_s:g} s ({stage['stage']})") from None
     except OSError as e:  # reset or closed mid-answer
         raise SourceUnavailable(f"{what} {url}: cannot connect ({type(e).__name__}: {e}); is it running?") from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ...kernel_classes import CLASSES, classify
 from .read import Kernel
@@ -36,7 +37,7 @@ class RankSteps:
     strip: list[list] = field(default_factory=list)  # the median step: [class, start us, duration us, name index]
     strip_names: list[str] = field(default_factory=list)
 
-    @property
+    @cached_property
     def median_step(self) -> int:
         """The step whose span is the median (the upper one of an even count): its span, busy and idle time are
         the headline, so that span = busy + idle, and it is the step the strip draws."""

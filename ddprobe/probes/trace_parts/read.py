@@ -73,7 +73,7 @@ def _dims(v) -> tuple:
 
 
 def _time(v) -> float:
-    """A timestamp or duration in us: a finite number, a duration never negative (ValueError otherwise)."""
+    """A timestamp or duration in us: a finite number (ValueError otherwise; ``_at`` refuses a negative duration)."""
     x = float(v)
     if x != x or x in (float("inf"), float("-inf")):
         raise ValueError(f"{v!r} is not a finite time")
