@@ -9,7 +9,6 @@ from functools import cached_property
 from ...kernel_classes import CLASSES, classify
 from .read import Kernel
 
-TOP = 5  # largest kernels kept per class
 STRIP_MAX = 4000  # kernels kept in the timeline strip of one step
 
 
@@ -127,14 +126,6 @@ def _strip(steps: list[list[Kernel]], spans: list[float]) -> tuple[list[list], l
             names.append(k.name)
         out.append([classify(k.name).cls, round(k.ts - t0, 3), round(k.dur, 3), ix[k.name]])
     return out, names
-
-
-def top_by_class(r: RankSteps) -> dict[str, list[KernelStat]]:
-    out: dict[str, list[KernelStat]] = {c: [] for c in CLASSES}
-    for k in r.kernels:
-        if len(out[k.cls]) < TOP:
-            out[k.cls].append(k)
-    return out
 
 
 SMEM_DEFAULT_B = 49152  # CUDA's shared memory per block without the opt-in (every GPU since Volta)
