@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddprobe.engine import weights as shipped  # noqa: E402
-from ddprobe.engine.config import ModelConfig  # noqa: E402
+from ddprobe.physics.presets import ModelConfig  # noqa: E402
 from ddprobe.engine.generate import Engine  # noqa: E402
 from ddprobe import verify_paths  # noqa: E402
 import re  # noqa: E402
@@ -307,22 +307,22 @@ def logits_check(eng: Engine, st, ctx: int) -> dict:
 
 
 def engine_weight_floor(eng: Engine, bw_Bps: float) -> dict:
-    """The weights one k2 verify step reads besides the KV, as the step model counts them (``ddprobe.step_model``,
+    """The weights one k2 verify step reads besides the KV, as the step model counts them (``ddprobe.physics.step_model``,
     through ``engine_backend.target_step_weights``: the target's weights, routed experts as 9 rows touch them; the
     drafter is not counted), and their floor at ``bw_Bps``."""
     from ddprobe.probes.backends.engine import target_step_weights
-    from ddprobe.shapes import dtype_name
+    from ddprobe.physics.shapes import dtype_name
 
     w = target_step_weights(eng.config.target, eng.budget + 1, dtype_name(eng.dtype))
     return {"dense_B": w.dense_B, "routed_B": w.routed_B, "experts_per_layer": w.experts_per_layer,
             "moe_layers": w.moe_layers, "weight_floor_ms": w.total_B / bw_Bps * 1e3, "bw_Bps": bw_Bps,
-            "counts": "the target's verify step (ddprobe.step_model); the drafter is not counted"}
+            "counts": "the target's verify step (ddprobe.physics.step_model); the drafter is not counted"}
 
 
 def run_anatomy(a, out: dict, save) -> None:
     """k2 (MoE), split, graphs, one capture at the longest context; per context: step, kernel classes."""
     from ddprobe.probes.bench.anatomy import fit_anatomy
-    from ddprobe.shapes import gpu_spec_for
+    from ddprobe.physics.gpus import gpu_spec_for
 
     ctxs = sorted(parse_tokens(c) for c in a.ctxs.split(","))
     cap = max(ctxs) + (a.steps + 2) * 9 + 64

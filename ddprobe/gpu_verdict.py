@@ -265,7 +265,7 @@ def _request_numbers(req: dict[str, Any], decode_J: float | None, request_J: flo
             out["eff_bw_GBps"] = nbytes / (step_ms / 1e3) / 1e9
         if out["verify_ms_mean"]:
             out["verify_eff_bw_GBps"] = nbytes / (out["verify_ms_mean"] / 1e3) / 1e9
-        # the floor is the step model's whole step (the probe computes it: ddprobe.step_model); the KV alone
+        # the floor is the step model's whole step (the probe computes it: ddprobe.physics.step_model); the KV alone
         # gives the attention gap
         bw = _num(req.get("gpu_bw_Bps"))
         out["floor_ms"] = _num(req.get("floor_ms"))

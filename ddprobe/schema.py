@@ -172,7 +172,7 @@ class FloorRow(Row):
     comm_ms: Ms | None = None  # all the all-reduces of a step
     launch_ms: Ms | None = None  # kernels x the least time per kernel: the launches' floor
     kernels: Count | None = None  # kernels per step (0: not counted)
-    kernel_us: Us | None = None  # the least time of one (ddprobe.shapes.KERNEL_TIMES)
+    kernel_us: Us | None = None  # the least time of one (ddprobe.physics.gpus.KERNEL_TIMES)
     syncs: Count | None = None  # host synchronisations per step
     sync_ms: Ms | None = None
     latency_floor_ms: Ms | None = None  # launches + syncs

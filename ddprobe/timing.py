@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-from .shapes import DEFAULT_L2_BYTES
+from .physics.gpus import DEFAULT_L2_BYTES
 
 
 def copy_bandwidth_Bps(torch, nbytes: int = 1 << 30) -> float:

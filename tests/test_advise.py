@@ -8,7 +8,7 @@ import pytest
 
 from ddprobe.probes.advise import Point, advise, crossover_below, deployable, points_typed, rfc_table
 from ddprobe.probes.floor import Sharding, served_model
-from ddprobe.models import get_model
+from ddprobe.physics.models import get_model
 from ddprobe.units import DDProbeError
 
 

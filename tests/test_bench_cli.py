@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 from ddprobe.cli import app
 from ddprobe.engine.kernels import get_path
 from ddprobe.probes.bench import verify as verify_bench
-from ddprobe.shapes import KIMI_K2
+from ddprobe.physics.shapes import KIMI_K2
 from ddprobe.units import DDProbeError
 
 runner = CliRunner()

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from ddprobe.cli import app
 from ddprobe.results import Result
-from ddprobe.shapes import KERNEL_CLASS_BOUND
+from ddprobe.physics.gpus import KERNEL_CLASS_BOUND
 
 runner = CliRunner()
 
@@ -111,7 +111,7 @@ def test_config_files_match_presets(tmp_path):
 
 
 @pytest.mark.parametrize("args,fragment", [
-    (["--model", "gpt-5"], "unknown model 'gpt-5'; known: kimi-k2.6"),
+    (["--model", "gpt-5"], "unknown model 'gpt-5'; served models: kimi-k2.6"),
     (["--gpu", "tpu-v9"], "unknown GPU 'tpu-v9'; known: rtx-pro-6000"),
     (["--ctx", "12x"], "bad token count '12x'"),
     (["--ctx", "0"], "greater than zero"),
@@ -236,7 +236,7 @@ def test_a_step_below_the_floor_is_flagged_and_said_once():
 
 
 def test_dtype_help_lists_what_is_accepted_and_ep_on_dense():
-    from ddprobe.shapes import DTYPE_BYTES
+    from ddprobe.physics.shapes import DTYPE_BYTES
 
     help_text = " ".join(run("floor", "--help").stdout.replace("│", " ").split())  # the panel's borders out
     assert f"KV cache dtype: {', '.join(DTYPE_BYTES)}." in help_text

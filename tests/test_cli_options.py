@@ -157,7 +157,7 @@ def test_duplicate_contexts_run_once(tmp_path):
 def test_context_beyond_the_weights_names_the_value_typed(tmp_path):
     # a context beyond the tiny preset's reach is refused naming the value typed, not an internal total with the
     # verify rows and slack added
-    from ddprobe.engine.config import ModelConfig
+    from ddprobe.physics.presets import ModelConfig
 
     limit = ModelConfig.from_name("tiny").position_limit
     assert limit < 512 * 1024

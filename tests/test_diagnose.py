@@ -310,8 +310,8 @@ def test_a_launch_bound_tiny_step_is_said_with_what_would_help():
     from ddprobe.probes.backends.engine import preset_step_model
     from ddprobe.probes.floor import floor_result
     from ddprobe.reports.diagnosis import floor_claim, help_claim
-    from ddprobe.shapes import kernel_time
-    from ddprobe.step_model import with_launches
+    from ddprobe.physics.gpus import kernel_time
+    from ddprobe.physics.step_model import with_launches
 
     model = with_launches(preset_step_model("tiny", None, "bf16", 3.35e12, 989e12), "h100", 400,
                           counted="counted on the GPU")

@@ -9,7 +9,7 @@ import torch
 
 from ddprobe.engine import Engine, KVCache, ModelConfig
 from ddprobe.engine.kernels import get_path
-from ddprobe.engine.config import YarnConfig
+from ddprobe.physics.presets import YarnConfig
 from ddprobe.engine.layers import init_random
 from ddprobe.engine.mla import MLAttention, make_rope
 from ddprobe.engine.rope import Rope, apply_rope, inv_freq

@@ -11,7 +11,7 @@ from ddprobe.engine import Engine, ModelConfig
 from ddprobe.engine import weights as shipped
 from ddprobe.engine.layers import init_random
 from ddprobe.engine.moe import MoE, Experts, experts_batched, experts_grouped, grouped_mm_works, route
-from ddprobe.step_shape import KIMI_K2_MOE
+from ddprobe.physics.step_shape import KIMI_K2_MOE
 
 
 def make_moe(n=5, dim=32, inter=48, k=3, shared=16, seed=0, dtype=torch.float64) -> MoE:

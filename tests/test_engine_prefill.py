@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddprobe.engine import kernels
-from ddprobe.engine.config import ModelConfig, YarnConfig
+from ddprobe.physics.presets import ModelConfig, YarnConfig
 from ddprobe.engine.generate import Engine
 from ddprobe.engine.kernels import prefill as prefill_path
 from ddprobe.engine.kv_cache import KVCache

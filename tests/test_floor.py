@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from ddprobe.probes.floor import FloorInput, Sharding, floor_row, floor_table, served_model
-from ddprobe.step_model import StepModel
-from ddprobe.models import get_model, model_from_config
-from ddprobe.shapes import KIMI_K2, AttnShape, dtype_bytes, floor_s, get_gpu
+from ddprobe.physics.step_model import StepModel
+from ddprobe.physics.models import get_model, model_from_config
+from ddprobe.physics.shapes import KIMI_K2, AttnShape, dtype_bytes, floor_s
+from ddprobe.physics.gpus import get_gpu
 from ddprobe.units import DDProbeError
 
 K26 = get_model("kimi-k2.6")
@@ -138,7 +139,7 @@ def test_whole_step_floor_row():
 def test_engine_k2_weights_by_hand():
     """The k2 engine is one GPU's share of K2 (tp 8 / ep 8) at hidden 1024: its 48 local experts routed top-8
     among themselves, a 256-wide shared expert, the first layer dense at 2304, the whole 163840-row lm_head."""
-    from ddprobe.engine.config import ModelConfig
+    from ddprobe.physics.presets import ModelConfig
     from ddprobe.probes.backends.engine import target_step_weights
 
     w = target_step_weights(ModelConfig.from_name("k2").target, 9, "bf16")
@@ -211,7 +212,7 @@ def test_bad_input(kwargs, msg):
 
 
 def test_unknown_names_list_known_ones():
-    with pytest.raises(DDProbeError, match="known: kimi-k2.6, kimi-k2, deepseek-v3"):
+    with pytest.raises(DDProbeError, match="served models: kimi-k2.6, kimi-k2, deepseek-v3.*engine presets: tiny, k2"):
         get_model("gpt-5")
     with pytest.raises(DDProbeError, match="known: rtx-pro-6000, h100, h200, b200"):
         get_gpu("tpu")

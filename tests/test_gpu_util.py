@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from ddprobe.cli import app
 from ddprobe import gpu_verdict as gv
 from ddprobe.probes.gpu_util import parse_ncu_csv, replay, run_gpu_util
-from ddprobe.shapes import gpu_spec_for
+from ddprobe.physics.gpus import gpu_spec_for
 from ddprobe.probes.telemetry.sampler import Sampler, assign_phases, phase_at
 from ddprobe.probes.telemetry.nvml import GPM_METRICS, NvmlReader, NvmlUnavailable
 from ddprobe.results import Result, ResultWriter, RunMeta

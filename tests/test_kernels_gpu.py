@@ -499,7 +499,7 @@ def test_engine_captured_split_ws_step_equals_its_eager_run(heads):
     plans generate without reading outside the plan, and at three prefix lengths on one captured step the verify
     graph's replay gives the logits of the same step function called eagerly (same compiled layers, same plan:
     what the capture must not change), to the bit or within 1e-3 relative; greedy picks equal."""
-    from ddprobe.engine.config import ModelConfig
+    from ddprobe.physics.presets import ModelConfig
     from ddprobe.engine.generate import Engine
 
     cfg = ModelConfig.from_name("k2", heads=heads, num_layers=2, feature_layers=(0, 1), max_ctx=8192)
@@ -525,7 +525,7 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
     `bench verify` timed for the same heads: the row's plan kind is the engine's and its kernel the engine plan's
     WsPlan.kernel; and at every context of the grid (1k-128k) the plan bench verify builds picks the kernel of a
     plan built as engine/graphs.py builds it (a [1] int32 prefix tensor, max_prefix = the context)."""
-    from ddprobe.engine.config import ModelConfig
+    from ddprobe.physics.presets import ModelConfig
     from ddprobe.engine.generate import Engine
     from ddprobe.probes.bench import verify as verify_bench
 

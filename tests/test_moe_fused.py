@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddprobe.engine.config import ModelConfig
+from ddprobe.physics.presets import ModelConfig
 from ddprobe.engine.moe import MoE, Experts, experts_fused, experts_reference, fused_moe_agrees, fused_moe_works
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

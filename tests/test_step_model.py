@@ -1,4 +1,4 @@
-"""The step model (ddprobe/step_model.py) against numbers worked out by hand from its inputs and sources."""
+"""The step model (ddprobe/physics/step_model.py) against numbers worked out by hand from its inputs and sources."""
 import json
 import math
 import subprocess
@@ -7,14 +7,14 @@ import sys
 import pytest
 
 from ddprobe.probes.floor import Sharding, floor_row, FloorInput, served_model
-from ddprobe.models import get_model
+from ddprobe.physics.models import get_model
 from ddprobe.results import Result
 from ddprobe.schema import upgrade_row
 from dataclasses import replace
 
-from ddprobe.shapes import GPUS, KERNEL_CLASS_BOUND, KERNEL_TIMES, kernel_time
-from ddprobe.step_model import INTERCONNECTS, StepModel, comm_fixed, comm_interconnect, interconnect_for, \
-    interpolate, structural_kernels, with_launches
+from ddprobe.physics.gpus import GPUS, KERNEL_CLASS_BOUND, KERNEL_TIMES, kernel_time
+from ddprobe.physics.interconnect import INTERCONNECTS, comm_fixed, comm_interconnect, interconnect_for, interpolate
+from ddprobe.physics.step_model import StepModel, structural_kernels, with_launches
 from ddprobe.units import DDProbeError
 
 K26 = get_model("kimi-k2.6")
@@ -108,8 +108,8 @@ def test_unmeasured_gpus_use_the_class_bound_and_say_so():
 def test_latency_term_for_every_preset_and_gpu(gpu):
     """Every served preset (the structural least count) and engine preset (tiny, k2) on every GPU of the table:
     launches = kernels x the GPU's least kernel time, and the floor is the largest of its parts plus the rest."""
-    from ddprobe.engine.config import PRESETS as ENGINE
-    from ddprobe.models import PRESETS as SERVED
+    from ddprobe.physics.presets import PRESETS as ENGINE
+    from ddprobe.physics.models import PRESETS as SERVED
     from ddprobe.probes.backends.engine import preset_step_model
 
     g, kt = GPUS[gpu], kernel_time(gpu)

@@ -78,7 +78,7 @@ def test_plain_decode_on_a_built_engine_and_the_engines_launches_off_cuda():
     off CUDA no kernels are counted, so the launches are the structural lower bound, said as such."""
     from ddprobe.probes.backends.engine import EngineBackend
     from ddprobe.probes.bench.step_times import engine_kernels, engine_step_model, plain_decode_ms
-    from ddprobe.step_model import structural_kernels
+    from ddprobe.physics.step_model import structural_kernels
 
     be = EngineBackend("tiny", "reference", budget=4, device="cpu", dtype="fp32", max_ctx=256)
     ms = plain_decode_ms(be.engine, [24, 80, 252], steps=STEPS)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ddprobe.engine import weights
-from ddprobe.engine.config import ModelConfig
+from ddprobe.physics.presets import ModelConfig
 from ddprobe.engine.generate import Engine
 from ddprobe.training.train import drafter_forward_train, target_forward_train, train_drafter, train_target
 from ddprobe.training.traindata import TensorStream, make_dataset

@@ -72,7 +72,7 @@ def advise(
     crossover, the best budget per context, and a vLLM RFC #48627 table (context bucket -> speculative tokens)."""
     from ..probes.advise import advise_result, floats, measure_here, points_from_file, points_typed
     from ..probes.floor import Sharding, served_model
-    from ..models import get_model
+    from ..physics.models import get_model
 
     if save is not None:  # never over its own input or results measured earlier, unless --force
         from .outputs import check_file

@@ -128,7 +128,7 @@ def verify(
 
 def _counts(text: str, what: str) -> list[int]:
     """Comma-separated head counts: whole numbers from 1 to the model's heads (K2's 64)."""
-    from ..shapes import KIMI_K2
+    from ..physics.shapes import KIMI_K2
 
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names or any(not t.isdigit() or not 1 <= int(t) <= KIMI_K2.num_heads for t in names):
@@ -204,9 +204,9 @@ def allreduce(
 ):
     """All-reduce latency at the verify and plain decode message sizes on N local ranks (NCCL or gloo)."""
     from ..probes.bench.allreduce import AllreduceOptions, check, default_ranks, run_allreduce, step_messages
-    from ..models import get_model
+    from ..physics.models import get_model
     from ..results import Result, ResultWriter, RunMeta
-    from ..shapes import dtype_name
+    from ..physics.shapes import dtype_name
     from ..units import parse_bytes
 
     spec = get_model(model)

@@ -59,7 +59,7 @@ def diagnose(
     from ..probes.backends import make_backend
     from ..probes.commit import check_contexts
     from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
-    from ..shapes import dtype_name
+    from ..physics.shapes import dtype_name
     from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
@@ -106,8 +106,8 @@ def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], 
     """Refuse, before anything runs, what the steps would refuse later; returns the floor's bandwidth (--bw)."""
     from ..probes.floor import Sharding
     from ..probes.gpu_util import check_decode_tokens
-    from ..models import get_model
-    from ..shapes import get_gpu
+    from ..physics.models import get_model
+    from ..physics.gpus import get_gpu
 
     if gpu is not None:
         get_gpu(gpu)  # unknown names ('' included) fail before anything runs

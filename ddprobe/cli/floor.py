@@ -65,7 +65,7 @@ def floor(
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces) and the
     step's anatomy."""
     from ..probes.floor import Sharding, served_floor
-    from ..models import get_model, model_from_config
+    from ..physics.models import get_model, model_from_config
 
     if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
         from .outputs import check_file
@@ -121,7 +121,7 @@ def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps
 
 def _show(spec, result, rows, as_json: bool, save: Optional[Path]) -> None:
     """The floor as JSON on stdout, or as the table with its lines; a step below its floor said either way."""
-    from ..step_shape import BELOW_FLOOR
+    from ..physics.step_shape import BELOW_FLOOR
 
     below = any(r.below_floor for r in rows)
     if as_json:
@@ -137,7 +137,7 @@ def _show(spec, result, rows, as_json: bool, save: Optional[Path]) -> None:
 
 
 def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
-    from ..shapes import GPUS
+    from ..physics.gpus import GPUS
 
     g = GPUS.get(config.get("gpu") or "")
     where = g.label if g else "given bandwidth"
@@ -184,7 +184,7 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
               else "") + f" = {_ms(r0.latency_floor_ms)} (the latency floor; {config.get('launches')})",
               highlight=False, soft_wrap=True)
     for r in (r for r in rows if r.step_ms is not None):
-        from ..step_model import parts_bound
+        from ..physics.step_model import parts_bound
 
         w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms)
         out.print(f"at {fmt_tokens(r.ctx)} the {r.step_ms:.4g} ms step: launches >= {_ms(r.latency_floor_ms)} "

@@ -6,10 +6,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..shapes import DTYPE_BYTES, dtype_name
+from ..physics.shapes import DTYPE_BYTES, dtype_name
 from .options import checked, err, within
 
-DTYPES = ", ".join(DTYPE_BYTES)  # the one dtype table (ddprobe.shapes)
+DTYPES = ", ".join(DTYPE_BYTES)  # the one dtype table (ddprobe.physics.shapes)
 INT4_NOTE = ("int4 counts 0.5 B per weight, without its scales (K2's group-32 bf16 scales add 1/16): a lower "
              "bound")
 
@@ -28,13 +28,13 @@ DcpOpt = Annotated[int, typer.Option("--dcp", help="Decode context parallelism: 
                                                    "the --tp ranks (must divide --tp); 1: MLA's latent is replicated.")]
 AllreduceUsOpt = Annotated[Optional[float], typer.Option("--allreduce-us", help="Latency of one tensor-parallel "
                                                          "all-reduce in us (default: the GPU's interconnect, "
-                                                         "ddprobe.step_model).")]
+                                                         "ddprobe.physics.step_model).")]
 AllreduceFromOpt = Annotated[Optional[Path], typer.Option("--allreduce-from", help="A `ddprobe bench allreduce` "
                                                           "results file measured at --tp ranks.")]
 COMM = ("dcp", "allreduce_us", "allreduce_from")  # the parameter names of the communication options
 KernelsOpt = Annotated[Optional[int], typer.Option("--kernels", callback=checked(within(1, 10_000_000)),
                                                    help="Kernels per step of the server (default: a structural "
-                                                        "lower bound, 5 per layer + 2; ddprobe.step_model).")]
+                                                        "lower bound, 5 per layer + 2; ddprobe.physics.step_model).")]
 
 
 def check_latency(rows) -> None:

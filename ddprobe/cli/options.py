@@ -205,7 +205,7 @@ class EngineOptions:
         return t.kv_lora_rank, t.qk_rope_head_dim
 
     def _config(self):
-        from ..engine.config import ModelConfig
+        from ..physics.presets import ModelConfig
 
         try:
             return ModelConfig.from_name(self.preset, heads=self.heads)
@@ -295,7 +295,7 @@ def _capability(device: str) -> tuple[int, int] | None:
 
 def _dtype_key(dtype: str) -> str:
     """A dtype as the path table names it (fp32, bf16, fp16...); unknown spellings kept for the engine to refuse."""
-    from ..shapes import dtype_name
+    from ..physics.shapes import dtype_name
 
     try:
         return dtype_name(dtype)

@@ -106,7 +106,7 @@ def print_ranks(rows: list[dict], skew: dict) -> None:
 
 
 def _model(name: str) -> None:
-    from ..models import get_model
+    from ..physics.models import get_model
 
     try:
         get_model(name)
@@ -115,7 +115,7 @@ def _model(name: str) -> None:
 
 
 def _gpu(name: str) -> None:
-    from ..shapes import get_gpu
+    from ..physics.gpus import get_gpu
 
     try:
         get_gpu(name)

@@ -10,7 +10,7 @@ Public API:
     Engine.release()   # free the held static step, its CUDA graphs and the kept prompt cache
     build_tree(logp [L, V], budget, bonus, shape) -> DraftTree; walk(tree, picks) -> (path, bonus)
 """
-from .config import DrafterConfig, ModelConfig, TargetConfig, YarnConfig
+from ..physics.presets import DrafterConfig, ModelConfig, TargetConfig, YarnConfig
 from .generate import Engine
 from .kv_cache import KVCache
 from .records import GenerateResult, StepRecord

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from .config import DrafterConfig, TargetConfig
+from ..physics.presets import DrafterConfig, TargetConfig
 from .layers import RMSNorm, SwiGLU, init_random
 from .rope import Rope, apply_rope, attn_scale
 

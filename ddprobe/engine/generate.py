@@ -33,7 +33,7 @@ from torch import nn
 
 from .. import verify_paths
 from . import kernels
-from .config import ModelConfig
+from ..physics.presets import ModelConfig
 from .drafter import Drafter, DrafterContext
 from .kv_cache import LAYOUTS, KVCache
 from .loop import decode, greedy, plain_step, prefill

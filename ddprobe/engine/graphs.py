@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from .config import ModelConfig
+from ..physics.presets import ModelConfig
 from .drafter import DrafterContext
 from .fuse import Fused, verify_head
 from .kv_cache import KVCache

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .config import TargetConfig
+from ..physics.presets import TargetConfig
 from .layers import RMSNorm, frozen, join_linears
 from .rope import Rope, apply_rope
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .config import YarnConfig, get_mscale
+from ..physics.presets import YarnConfig, get_mscale
 
 
 def _correction_dim(num_rotations: float, dim: int, base: float, max_pos: int) -> float:

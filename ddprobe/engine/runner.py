@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .config import ModelConfig
+from ..physics.presets import ModelConfig
 from .drafter import DrafterContext
 from .fuse import Fused
 from .graphs import DecodeStep, StaticStep

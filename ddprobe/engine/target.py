@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import TargetConfig
+from ..physics.presets import TargetConfig
 from .layers import RMSNorm, SwiGLU, init_random
 from .mla import MLAttention, make_rope
 from .moe import MoE, Experts
@@ -80,7 +80,7 @@ class TargetModel(nn.Module):
 
     def _experts(self, cfg: TargetConfig, i: int) -> Experts | None:
         """Layer i's routed experts: None for a dense layer; one bank for every MoE layer when
-        ``cfg.moe_shared_bank`` (see engine/config.py), else a bank per layer."""
+        ``cfg.moe_shared_bank`` (see ddprobe/physics/presets.py), else a bank per layer."""
         if not cfg.n_experts or i < cfg.first_dense_layers:
             return None
         if cfg.moe_shared_bank:

@@ -9,7 +9,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .config import DrafterConfig, TargetConfig
+from ..physics.presets import DrafterConfig, TargetConfig
 from .tokenizer import WordTokenizer
 
 ROOT = Path(__file__).resolve().parent / "weights"

@@ -464,7 +464,7 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     import torch
 
     from .. import verify_paths
-    from ..shapes import get_gpu, gpu_spec_for
+    from ..physics.gpus import get_gpu, gpu_spec_for
     from ..units import parse_token_list
     from .backends.engine import preset_step_model
 
@@ -489,7 +489,7 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     spec = get_gpu(gpu_name) if gpu_name else (gpu_spec_for(torch.cuda.get_device_name()) if gpu else None)
     model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
     if model is not None:  # its launches: the structural least count at this GPU's least kernel time
-        from ..step_model import with_launches
+        from ..physics.step_model import with_launches
 
         model = with_launches(model, spec.name, None)
     return points, model, {"measured": dataclasses.asdict(o), "gpu": spec.name if spec else None}
@@ -501,7 +501,7 @@ def _default_paths(preset: str, note: Callable[[str], None]) -> list[str]:
     import torch
 
     from .. import verify_paths
-    from ..engine.config import ModelConfig
+    from ..physics.presets import ModelConfig
     from ..engine.kernels.plan import PathUnavailable
     from ..engine.kernels.sglang import check_available
 

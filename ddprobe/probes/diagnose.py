@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..results import Result, ResultWriter, RunMeta
-from ..shapes import get_gpu, gpu_spec_for
-from ..step_shape import BELOW_FLOOR
+from ..physics.gpus import get_gpu, gpu_spec_for
+from ..physics.step_shape import BELOW_FLOOR
 from ..units import DDProbeError
 from .backends.base import Backend
 from .commit import CellProgress, cell_order, run_commit_probe
 from .bench.estimate import timing_block
 from .floor import Sharding, floor_result, served_floor
-from ..models import get_model
+from ..physics.models import get_model
 
 # Every file a diagnosis writes in its folder (the report last): an earlier run's are never replaced unasked.
 FILES = ("diagnose.json", "commit.json", "gpu-util.json", "floor.json", "advise.json", "verify.json", "report.html")

@@ -1,4 +1,4 @@
-"""The floor table: one row per context, read from the step model (``ddprobe.step_model``, the one place a floor is
+"""The floor table: one row per context, read from the step model (``ddprobe.physics.step_model``, the one place a floor is
 computed). A row carries the whole step's floor (``floor_ms``, ``binds``: "KV", "weights", "compute" or
 "communication") with its terms, the plain one-row decode step's floor beside it (``decode_floor_ms``), and the
 attention alone under its own names (``attn_floor_ms``, ``attn_bound``). With a measured step time: ``gap`` = step /
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..shapes import floor_s
-from ..step_model import StepModel, check_dcp, gap_split, with_launches
+from ..physics.shapes import floor_s
+from ..physics.step_model import StepModel, check_dcp, gap_split
 from ..units import DDProbeError
 
 MAX_CTX = 1 << 30  # 1G tokens: far beyond any model; larger is a typo, not a context
@@ -140,7 +140,7 @@ class Sharding:
 
 def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
     """The all-reduce latency source for ``sh`` on GPU preset ``gpu``, and a line saying where it comes from."""
-    from ..step_model import comm_fixed, comm_interconnect, comm_table, interconnect_for
+    from ..physics.interconnect import comm_fixed, comm_interconnect, comm_table, interconnect_for
 
     if sh.tp <= 1:
         return None, "tp 1: no tensor-parallel communication"
@@ -162,43 +162,32 @@ def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
     return c, f"all-reduce latency: {c.source}"
 
 
-def model_for(spec, sh: Sharding, *, bw_Bps: float, flops_per_s: float | None, gpu: str | None,
+def model_for(spec, sh: Sharding, *, bw_Bps: float | None, flops_per_s: float | None, gpu: str | None,
               kernels: int | None = None) -> tuple[StepModel, str]:
-    """The step model of a served model (``ddprobe.models.ModelSpec``) under sharding ``sh`` on one GPU, with its
-    launches (``kernels`` per step, None: the structural least count; ``step_model.with_launches``), and the line
-    saying where its all-reduce latency comes from."""
-    from ..shapes import dtype_name
+    """The step model of a model (``ddprobe.physics.models.ModelSpec``) under sharding ``sh`` on one GPU, with its
+    launches (``kernels`` per step, None: the structural least count), from the one planner
+    (``physics.plan.plan``), and the line saying where its all-reduce latency comes from."""
+    from ..physics.plan import StepInput, plan
 
-    wd = dtype_name(sh.weight_dtype)
-    ed = dtype_name(sh.expert_dtype) if sh.expert_dtype else wd
-    spec.moe.check(sh.tp, sh.ep)
-    comm, said = comm_for(sh, gpu)
-    m = StepModel(attn=spec.attn, weights=lambda r: spec.step_weights(rows=r, tp=sh.tp, ep=sh.ep, dense_dtype=wd,
-                                                                      expert_dtype=ed),
-                  bw_Bps=bw_Bps, flops_per_s=flops_per_s, hidden=spec.hidden_size, tp=sh.tp, dcp=sh.dcp,
-                  kv_dtype=dtype_name(sh.kv_dtype), comm=comm)
-    return with_launches(m, gpu, kernels, counted="--kernels" if kernels is not None else ""), said
-
-
-def gpu_rates(gpu: str | None, bw_Bps: float | None = None, flops_per_s: float | None = None) \
-        -> tuple[str | None, float, float | None]:
-    """(GPU preset name, bandwidth, tensor rate): a preset's datasheet unless the user gave numbers; h200 when
-    neither a preset nor a bandwidth is given."""
-    from ..shapes import get_gpu
-
-    g = get_gpu(gpu) if gpu is not None else (None if bw_Bps else get_gpu("h200"))  # '' is refused, not h200
-    return (g.name if g else None), bw_Bps or g.bw_Bps, flops_per_s or (g.bf16_flops if g else None)
+    name = StepInput(spec, gpu=gpu, bw_Bps=bw_Bps).rates()[0]
+    comm, said = comm_for(sh, name)
+    return plan(StepInput(spec, tp=sh.tp, ep=sh.ep, dcp=sh.dcp, weight_dtype=sh.weight_dtype,
+                          expert_dtype=sh.expert_dtype, kv_dtype=sh.kv_dtype, gpu=gpu, bw_Bps=bw_Bps,
+                          flops_per_s=flops_per_s, kernels=kernels,
+                          kernels_source="--kernels" if kernels is not None else "", comm=comm)), said
 
 
 def served_model(spec, sh: Sharding, gpu: str | None, bw_Bps: float | None = None,
                  flops_per_s: float | None = None, kernels: int | None = None) -> tuple[StepModel, dict]:
-    """The step model of a served model (``ddprobe.models.ModelSpec``) under ``sh`` on one GPU, and the config a
+    """The step model of a served model (``ddprobe.physics.models.ModelSpec``) under ``sh`` on one GPU, and the config a
     floor result records of it (model, sharding, GPU, bandwidth, MoE, where the all-reduce latency comes from)."""
-    name, bw, rate = gpu_rates(gpu, bw_Bps, flops_per_s)
-    model, said = model_for(spec, sh, bw_Bps=bw, flops_per_s=rate, gpu=name, kernels=kernels)
+    from ..physics.plan import StepInput
+
+    name = StepInput(spec, gpu=gpu, bw_Bps=bw_Bps).rates()[0]
+    model, said = model_for(spec, sh, bw_Bps=bw_Bps, flops_per_s=flops_per_s, gpu=gpu, kernels=kernels)
     w = model.weights(9)
     config = {"model": spec.name, **sh.to_dict(), "expert_dtype": sh.expert_dtype or sh.weight_dtype, "gpu": name,
-              "bw_Bps": bw, "flops_per_s": rate, "moe": spec.n_routed_experts > 0,
+              "bw_Bps": model.bw_Bps, "flops_per_s": model.flops_per_s, "moe": spec.n_routed_experts > 0,
               "n_routed_experts": spec.n_routed_experts, "num_experts_per_tok": spec.num_experts_per_tok,
               "moe_layers": w.moe_layers, "comm": said, "launches": model.kernel_source}
     return model, config

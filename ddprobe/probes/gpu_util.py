@@ -25,12 +25,12 @@ from typing import Any, Callable
 from .. import verify_paths
 from ..results import Result, ResultWriter
 from .. import schema, signals
-from ..shapes import gpu_spec_for
+from ..physics.gpus import gpu_spec_for
 from ..units import DDProbeError
 from .backends.base import Backend
 from .commit import CellProgress, generate_hooked, prompt_ids
 from ..gpu_verdict import analyze, reanalyzed
-from ..step_model import parts_bound
+from ..physics.step_model import parts_bound
 from .telemetry.sampler import Sampler, assign_phases
 from .telemetry.sources import SourceUnavailable, http_get, undo_resets
 from .telemetry.nvml import NvmlReader, NvmlUnavailable
@@ -74,7 +74,7 @@ def _step_floor(backend: Backend, spec, st) -> dict[str, Any]:
     m = engine_step_model(backend, spec.name, spec.bw_Bps, spec.bf16_flops)
     c = m.cost(max(1, ctx), rows)
     return {"floor_ms": c.floor_ms, "kv_floor_ms": c.kv_floor_ms, "floor_binds": c.binds,
-            "floor_source": "ddprobe.step_model, the engine's own weights", "kernels": c.kernels,
+            "floor_source": "ddprobe.physics.step_model, the engine's own weights", "kernels": c.kernels,
             "kernel_us": c.kernel_us, "launch_ms": c.launch_ms, "sync_ms": c.sync_ms, "syncs": c.syncs,
             "latency_floor_ms": c.latency_floor_ms, "bytes_floor_ms": c.bytes_floor_ms,
             "compute_floor_ms": c.compute_floor_ms,

@@ -5,7 +5,7 @@ Per rank: the steps (``trace_parts.steps``: markers, graph launches or the repea
 their median GPU span, busy and idle time inside the step, the split by kernel class (``ddprobe.kernel_classes``),
 the largest kernels per class, and each attention kernel's grid against the GPU's SMs with the trace's occupancy
 figures. With a model (``--model --ctx --tp``): the largest attention kernel's effective KV bandwidth and its kernel
-floor, and the whole step against the step model's floor (``ddprobe.step_model``, via ``probes.floor``). Several
+floor, and the whole step against the step model's floor (``ddprobe.physics.step_model``, via ``probes.floor``). Several
 ranks: side by side, the skew (slowest rank's step over the median rank's) and each rank's communication time.
 
 Reading streams (``trace_parts.read``): a 200 MB trace keeps only tuples of what is used (docs/trace.md gives the
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..shapes import gpu_spec_for
+from ..physics.gpus import gpu_spec_for
 from ..units import DDProbeError
 from .trace_parts.analyse import RankSteps, grid_line, measure, occupancy_pct
 from .trace_parts.read import Kernel, Trace, read_trace
@@ -33,7 +33,7 @@ _RANK_PATTERNS = (re.compile(r"-TP-(\d+)"), re.compile(r"_rank(\d+)\."), re.comp
 @dataclass
 class TraceModel:
     """What ``--model --ctx --tp`` give: the step model and the shape of the step traced."""
-    model: object  # ddprobe.step_model.StepModel
+    model: object  # ddprobe.physics.step_model.StepModel
     name: str
     ctx: int
     rows: int
@@ -190,7 +190,7 @@ def trace_model(model: str | None, ctx: int | None, tp: int, rows: int, gpu: str
         return None
     if ctx is None:
         raise DDProbeError("--model needs --ctx (the context the traced steps attended over)")
-    from ..models import get_model
+    from ..physics.models import get_model
     from .floor import Sharding, served_model
 
     spec = get_model(model)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results import Result
-from ..shapes import floor_s
+from ..physics.shapes import floor_s
 
 BENCH_KINDS = ("bench-verify",)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .. import verify_paths
 from ..results import Result
 from ..schema import CommitRow, FloorRow
-from ..step_model import parts_bound
+from ..physics.step_model import parts_bound
 from ..units import fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..results import Result
 from ..schema import FloorRow
-from ..step_shape import BELOW_FLOOR
+from ..physics.step_shape import BELOW_FLOOR
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from ..signals import LABELS
 from . import bench, plots, plots_gpu, trace

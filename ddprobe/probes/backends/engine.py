@@ -13,11 +13,11 @@ import time
 from typing import Any, Callable
 
 from ... import verify_paths
-from ...shapes import dtype_name
+from ...physics.shapes import dtype_name
 from ...units import DDProbeError
 from .base import BackendError, GenStats, StopGeneration
 
-ENGINE_DTYPES = ("fp32", "bf16", "fp16", "fp64")  # what the engine runs in (sizes: ddprobe.shapes)
+ENGINE_DTYPES = ("fp32", "bf16", "fp16", "fp64")  # what the engine runs in (sizes: ddprobe.physics.shapes)
 DEFAULT_MAX_CTX = 8192
 WEIGHTS = ("auto", "trained", "random")  # auto: the preset's shipped weights when it has them
 # Draft-tree nodes: verify rows = budget + 1, and the tree's masks and buffers grow with budget squared (100000
@@ -62,7 +62,7 @@ class EngineBackend:
 
         from .threads import choose_threads
 
-        from ...engine.config import ModelConfig
+        from ...physics.presets import ModelConfig
         from ...engine.generate import Engine
         from ...engine import weights as shipped
         from ...engine.tokenizer import WordTokenizer
@@ -147,7 +147,7 @@ class EngineBackend:
         return target_step_weights(self.engine.config.target, rows or self.budget + 1, self.dtype)
 
     def step_model(self, bw_Bps: float, flops_per_s: float | None = None):
-        """The step model (``ddprobe.step_model``) of this engine on one GPU: its target's attention and weights
+        """The step model (``ddprobe.physics.step_model``) of this engine on one GPU: its target's attention and weights
         in its dtype, no tensor parallelism (the engine is one GPU's share), graph-replayed or not as it runs."""
         return target_step_model(self.engine.config.target, self.dtype, bw_Bps, flops_per_s, bool(self.engine.graphs))
 
@@ -269,37 +269,31 @@ class EngineBackend:
             raise BackendError(str(e)) from None
 
 
-def target_step_model(t, dtype: str, bw_Bps: float, flops_per_s: float | None = None, graphs: bool = True):
-    """The step model (``ddprobe.step_model``) of an engine target (``engine.config.TargetConfig``, one GPU's share:
-    no tensor parallelism) in ``dtype``."""
-    from ...step_model import StepModel
+def target_step_model(t, dtype: str, bw_Bps: float, flops_per_s: float | None = None, graphs: bool = True,
+                      name: str = "engine"):
+    """The step model of an engine target (``physics.presets.TargetConfig``, one GPU's share: no tensor
+    parallelism) in ``dtype``, from the one planner (launches at the structural least count until counted)."""
+    from ...physics.models import ModelSpec
+    from ...physics.plan import StepInput, plan
 
-    return StepModel(attn=t.attn_shape, weights=lambda r: target_step_weights(t, r, dtype), bw_Bps=bw_Bps,
-                     flops_per_s=flops_per_s, hidden=t.hidden_size, kv_dtype=dtype, graphs=graphs)
+    return plan(StepInput(ModelSpec.from_target(t, name), weight_dtype=dtype, kv_dtype=dtype, bw_Bps=bw_Bps,
+                          flops_per_s=flops_per_s, graphs=graphs))
 
 
 def preset_step_model(preset: str, heads: int | None, dtype: str, bw_Bps: float, flops_per_s: float | None = None):
     """The step model of an engine preset (its config alone: no engine is built, no torch needed)."""
-    from ...engine.config import ModelConfig
+    from ...physics.presets import ModelConfig
 
-    return target_step_model(ModelConfig.from_name(preset, heads=heads).target, dtype, bw_Bps, flops_per_s)
+    return target_step_model(ModelConfig.from_name(preset, heads=heads).target, dtype, bw_Bps, flops_per_s,
+                             name=preset)
 
 
 def target_step_weights(t, rows: int, dtype: str):
-    """``step_shape.StepWeights`` of an engine target (``engine.config.TargetConfig``) for one verify step of
-    ``rows`` rows. The config is already one GPU's share (the k2 preset: tp 8 / ep 8), so tp = ep = 1 here:
-    its local experts routed top-k among themselves, its shared expert at its own width, its whole lm_head,
-    every weight in the engine's ``dtype``. A bank of routed experts shared by the MoE layers
-    (``moe_shared_bank``) is read by each of them, so it counts per layer. The drafter's weights are not
-    counted, as in ``ddprobe floor``."""
-    from ...step_shape import MoeShape, step_weights
+    """``step_shape.StepWeights`` of an engine target for one verify step of ``rows`` rows
+    (``ModelSpec.from_target``: one GPU's share, every weight in the engine's ``dtype``)."""
+    from ...physics.models import ModelSpec
 
-    moe = MoeShape(t.n_experts, t.experts_per_tok, t.moe_intermediate_size,
-                   n_shared_experts=1 if t.shared_intermediate_size else 0,
-                   first_k_dense_replace=t.first_dense_layers if t.n_experts else 0)
-    return step_weights(t.attn_shape, moe, hidden=t.hidden_size, vocab=t.vocab_size, q_lora_rank=t.q_lora_rank,
-                        intermediate=t.intermediate_size, rows=rows, dense_dtype=dtype, expert_dtype=dtype,
-                        shared_intermediate=t.shared_intermediate_size)
+    return ModelSpec.from_target(t, "engine").step_weights(rows=rows, dense_dtype=dtype, expert_dtype=dtype)
 
 
 def _oom(what: str) -> str:

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...shapes import dtype_bytes
+from ...physics.shapes import dtype_bytes
 from ...units import DDProbeError, fmt_bytes
 
 KIND = "allreduce"

@@ -68,7 +68,7 @@ def capacity(ctxs: list[int], budgets: list[int], steps: int) -> int:
 
 def check(opts: StepTimeOptions, ctxs: list[int], budgets: list[int]) -> int:
     """One line for anything that does not fit (before an engine is built) -> the cache capacity."""
-    from ...engine.config import ModelConfig
+    from ...physics.presets import ModelConfig
 
     if not ctxs:
         raise DDProbeError("step times need at least one context")
@@ -250,7 +250,7 @@ def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: floa
     off CUDA or where not counted), at ``gpu``'s least kernel time."""
     from dataclasses import replace
 
-    from ...step_model import structural_kernels, with_launches
+    from ...physics.step_model import structural_kernels, with_launches
 
     m = backend.step_model(bw_Bps, flops_per_s)
     counts = getattr(backend, "kernel_counts", "unset")

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ... import verify_paths
-from ...shapes import DEFAULT_L2_BYTES, KIMI_K2, AttnShape, dtype_bytes, floor_s, gpu_spec_for
+from ...physics.gpus import DEFAULT_L2_BYTES, gpu_spec_for
+from ...physics.shapes import KIMI_K2, AttnShape, dtype_bytes, floor_s
 from ...timing import copy_bandwidth_Bps, n_cache_sets, timed_eager, timed_graph
 from ...units import DDProbeError, UnitError, parse_tokens
 from . import peers

@@ -133,7 +133,7 @@ def http_get(url: str, timeout_s: float, what: str) -> str:
 
 def power_limit(model: str | None) -> float | None:
     """The datasheet board power of a GPU model name ("NVIDIA H200" -> 700), else None."""
-    from ...shapes import gpu_spec_for
+    from ...physics.gpus import gpu_spec_for
 
     spec = gpu_spec_for(model)
     return signals.DATASHEET_POWER_W.get(spec.name) if spec else None

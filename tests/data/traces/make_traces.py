@@ -71,7 +71,7 @@ def record(be, eng, st, ctx: int, steps: int, eager: bool, tmp: Path) -> dict:
 def engine(a):
     import torch
 
-    from ddprobe.engine.config import ModelConfig
+    from ddprobe.physics.presets import ModelConfig
     from ddprobe.engine.generate import Engine
 
     cfg = ModelConfig.from_name(a.preset, **({"heads": a.heads} if a.heads else {}))

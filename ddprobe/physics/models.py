@@ -12,12 +12,12 @@ from typing import Any
 
 from .shapes import KIMI_K2, AttnShape
 from .step_shape import MoeShape, StepWeights, step_weights
-from .units import DDProbeError
+from ..units import DDProbeError
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A whole model for the floor: its attention shape (``ddprobe.shapes.AttnShape``, the one place
+    """A whole model for the floor: its attention shape (``ddprobe.physics.shapes.AttnShape``, the one place
     bytes and FLOPs per token are defined) plus what parameter counts need."""
 
     name: str
@@ -33,6 +33,10 @@ class ModelSpec:
     n_shared_experts: int = 0
     first_k_dense_replace: int = 0
     tie_word_embeddings: bool = False
+    # an engine preset's shared expert is sized by the engine (its width on this GPU), not n_shared x moe width / tp
+    shared_intermediate_size: int | None = None
+    # "served": a whole model, sharded by --tp/--ep; "engine": a ddprobe engine preset, already one GPU's share
+    kind: str = "served"
 
     @property
     def num_layers(self) -> int:
@@ -80,10 +84,24 @@ class ModelSpec:
 
     def step_weights(self, rows: int = 9, tp: int = 1, ep: int = 1, dense_dtype: str = "bf16",
                      expert_dtype: str = "bf16") -> StepWeights:
-        """Weights one GPU reads in one verify step of ``rows`` rows (``ddprobe.step_shape``)."""
+        """Weights one GPU reads in one verify step of ``rows`` rows (``ddprobe.physics.step_shape``)."""
         return step_weights(self.attn, self.moe, hidden=self.hidden_size, vocab=self.vocab_size,
                             q_lora_rank=self.q_lora_rank, intermediate=self.intermediate_size, rows=rows, tp=tp,
-                            ep=ep, dense_dtype=dense_dtype, expert_dtype=expert_dtype)
+                            ep=ep, dense_dtype=dense_dtype, expert_dtype=expert_dtype,
+                            shared_intermediate=self.shared_intermediate_size)
+
+    @classmethod
+    def from_target(cls, t, name: str) -> "ModelSpec":
+        """The spec of an engine target (``physics.presets.TargetConfig``): one GPU's share already (the k2
+        preset: tp 8 / ep 8), so it is planned at tp = ep = 1: its local experts routed top-k among themselves,
+        its shared expert at its own width, its whole lm_head. A bank of routed experts shared by the MoE layers
+        (``moe_shared_bank``) is read by each of them, so it counts per layer. The drafter is not counted."""
+        return cls(name=name, attn=t.attn_shape, hidden_size=t.hidden_size, vocab_size=t.vocab_size,
+                   q_lora_rank=t.q_lora_rank, intermediate_size=t.intermediate_size,
+                   moe_intermediate_size=t.moe_intermediate_size, n_routed_experts=t.n_experts,
+                   num_experts_per_tok=t.experts_per_tok, n_shared_experts=1 if t.shared_intermediate_size else 0,
+                   first_k_dense_replace=t.first_dense_layers if t.n_experts else 0,
+                   shared_intermediate_size=t.shared_intermediate_size if t.n_experts else None, kind="engine")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,10 +138,23 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
-def get_model(name: str) -> ModelSpec:
+def get_model(name: str, heads: int | None = None) -> ModelSpec:
+    """The one registry of models: a served model (``PRESETS``: a whole model, sharded by --tp/--ep) or a ddprobe
+    engine preset (``physics.presets.PRESETS``: ``k2``, ``tiny``; one GPU's share already, ``heads`` its attention
+    heads). The names cannot be confused: served models are named as their makers name them (``kimi-k2.6``), engine
+    presets are short (``k2``) and their spec says ``kind`` "engine"."""
+    from .presets import PRESETS as ENGINE, ModelConfig
+
     key = name.strip().lower()
+    if key in ENGINE:
+        if heads is not None and heads < 1:
+            raise DDProbeError(f"--heads must be at least 1, got {heads}")
+        return ModelSpec.from_target(ModelConfig.from_name(key, heads=heads).target, key)
     if key not in PRESETS:
-        raise DDProbeError(f"unknown model {name!r}; known: {', '.join(PRESETS)} (or pass --config config.json)")
+        raise DDProbeError(f"unknown model {name!r}; served models: {', '.join(PRESETS)}; ddprobe engine presets: "
+                           f"{', '.join(ENGINE)} (or pass --config config.json)")
+    if heads is not None:
+        raise DDProbeError(f"--heads sets an engine preset's heads; {key} has {PRESETS[key].num_heads} (use --tp)")
     return PRESETS[key]
 
 
@@ -176,7 +207,7 @@ def model_from_config(path: str | Path) -> ModelSpec:
 
     Multimodal configs that nest the language model under ``text_config`` are unwrapped. Every size
     must be a positive integer; a bad value is one error naming the file and the key."""
-    from .jsonfile import read_json
+    from ..jsonfile import read_json
 
     path = Path(path)
     cfg = read_json(path, what="config")

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from ..shapes import AttnShape
-from ..step_shape import KIMI_K2_INTERMEDIATE, KIMI_K2_MOE, KIMI_K2_ROUTED_SCALING
+from .shapes import AttnShape
+from .step_shape import KIMI_K2_INTERMEDIATE, KIMI_K2_MOE, KIMI_K2_ROUTED_SCALING
 
 
 @dataclass(frozen=True)

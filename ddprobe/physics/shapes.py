@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .units import DDProbeError
+from ..units import DDProbeError
 
 DTYPE_BYTES: dict[str, float] = {"fp64": 8.0, "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
                                  "int4": 0.5, "fp4": 0.5}
@@ -123,97 +123,6 @@ class AttnShape:
 # Kimi K2.6 / K2 (DeepSeek-V3 architecture with 64 heads).
 KIMI_K2 = AttnShape("mla", num_layers=61, num_heads=64, kv_lora_rank=512, qk_rope_head_dim=64,
                     qk_nope_head_dim=128, v_head_dim=128)
-
-
-@dataclass(frozen=True)
-class GpuSpec:
-    name: str
-    label: str
-    bw_Bps: float  # peak memory bandwidth, bytes/s (datasheet)
-    bf16_flops: float  # dense bf16 tensor rate, FLOP/s (datasheet, no sparsity)
-    l2_bytes: int  # last-level on-chip cache (L2; MI300X: Infinity Cache)
-    device_names: tuple[str, ...] = ()  # the names NVML / dcgm-exporter's modelName report, matched exactly
-
-
-_MiB = 1 << 20
-# Datasheet values per board; a board's variants with another memory (H100 PCIe's HBM2e, GH200's HBM3e, A100 40 GB)
-# are rows of their own, named exactly as NVML names them.
-GPUS: dict[str, GpuSpec] = {g.name: g for g in [
-    GpuSpec("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell", 1.792e12, 503.8e12, 128 * _MiB,
-            ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "NVIDIA RTX PRO 6000 Blackwell Server Edition")),
-    GpuSpec("h100", "NVIDIA H100 SXM", 3.35e12, 989e12, 50 * _MiB, ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM5 80GB")),
-    GpuSpec("h200", "NVIDIA H200 SXM", 4.8e12, 989e12, 50 * _MiB, ("NVIDIA H200",)),
-    GpuSpec("b200", "NVIDIA B200", 8.0e12, 2250e12, 126 * _MiB, ("NVIDIA B200",)),
-    GpuSpec("a100", "NVIDIA A100 80GB SXM", 2.039e12, 312e12, 40 * _MiB, ("NVIDIA A100-SXM4-80GB",)),
-    GpuSpec("h20", "NVIDIA H20", 4.0e12, 148e12, 60 * _MiB, ("NVIDIA H20",)),
-    GpuSpec("l40s", "NVIDIA L40S", 0.864e12, 362e12, 96 * _MiB, ("NVIDIA L40S",)),
-    GpuSpec("mi300x", "AMD Instinct MI300X", 5.3e12, 1307e12, 256 * _MiB, ("AMD Instinct MI300X",)),
-    GpuSpec("h100-pcie", "NVIDIA H100 PCIe", 2.0e12, 756e12, 50 * _MiB, ("NVIDIA H100 PCIe",)),
-    GpuSpec("h100-nvl", "NVIDIA H100 NVL", 3.9e12, 835e12, 50 * _MiB, ("NVIDIA H100 NVL",)),
-    GpuSpec("gh200", "NVIDIA GH200 (96 GB HBM3)", 4.0e12, 989e12, 50 * _MiB, ("NVIDIA GH200 480GB",)),
-    GpuSpec("gh200-hbm3e", "NVIDIA GH200 (144 GB HBM3e)", 4.9e12, 989e12, 50 * _MiB, ("NVIDIA GH200 144G HBM3e",)),
-    GpuSpec("h200-nvl", "NVIDIA H200 NVL", 4.8e12, 835e12, 50 * _MiB, ("NVIDIA H200 NVL",)),
-    GpuSpec("a100-80gb-pcie", "NVIDIA A100 80GB PCIe", 1.935e12, 312e12, 40 * _MiB, ("NVIDIA A100 80GB PCIe",)),
-    GpuSpec("a100-40gb", "NVIDIA A100 40GB", 1.555e12, 312e12, 40 * _MiB,
-            ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB")),
-]}
-# What the timers assume when they do not know the GPU: the largest L2 of the Hopper parts ddprobe is
-# measured on, so "3x the L2" errs towards more caches.
-DEFAULT_L2_BYTES = 60 * _MiB
-
-
-@dataclass(frozen=True)
-class KernelTime:
-    """The least time one kernel of a decode step costs on a GPU, in us: back to back in a replayed CUDA graph
-    (``graph_us``: a small kernel that touches memory, ``bench launch``'s graph-small row), launched eagerly one after
-    another from Python (``eager_us``), and one host synchronisation (``sync_us``: a one-value device-to-host copy's round
-    trip). ``measured`` False: no measurement of this GPU; the figures are a class bound (lower than any GPU of the
-    class measured), said wherever they are used."""
-
-    graph_us: float
-    eager_us: float
-    sync_us: float
-    source: str
-    measured: bool
-
-
-# A class bound for GPUs ddprobe has not measured: below the H100's measured figures (``bench launch``: 0.78 us for
-# an empty graph-replayed kernel, 0.98 us for a small one), so a floor built on it stays a floor; a GPU measured gets
-# its own row.
-KERNEL_CLASS_BOUND = KernelTime(0.75, 2.0, 5.0, "class bound for a data-center GPU (not measured here): 0.75 us per "
-                                                "graph-replayed kernel, 2 us eager, 5 us per host sync", False)
-KERNEL_TIMES: dict[str, KernelTime] = {
-    # `ddprobe bench launch` on the lent NVIDIA H100 80GB HBM3 (driver 580.159.04, torch 2.11, 2026-12-06):
-    # graph-small 0.982 us (graph-empty 0.779), eager-small 5.92 us, sync 9.65 us; docs/perf.md
-    "h100": KernelTime(0.982, 5.92, 9.65, "measured by ddprobe bench launch on an NVIDIA H100 80GB HBM3, 2026-12-06",
-                       True),
-}
-
-
-def kernel_time(gpu: str | None) -> KernelTime:
-    """The least time per kernel of a GPU preset: its measurement, else the class bound (``measured`` False)."""
-    return KERNEL_TIMES.get((gpu or "").strip().lower(), KERNEL_CLASS_BOUND)
-
-
-def get_gpu(name: str) -> GpuSpec:
-    key = name.strip().lower()
-    if key not in GPUS:
-        raise DDProbeError(f"unknown GPU {name!r}; known: {', '.join(GPUS)} (or pass --bw)")
-    return GPUS[key]
-
-
-def _norm(name: str) -> str:
-    return " ".join(name.lower().split())
-
-
-_BY_DEVICE_NAME = {_norm(n): g for g in GPUS.values() for n in (g.name, g.label, *g.device_names)}
-
-
-def gpu_spec_for(name: str | None) -> GpuSpec | None:
-    """The preset of a device name as NVML or dcgm-exporter report it ("NVIDIA H200" -> h200, "NVIDIA H100 PCIe"
-    -> h100-pcie), matched exactly (case and spacing aside), never by substring: a board this table does not
-    name gets None (no datasheet floor) rather than a sibling's bandwidth."""
-    return _BY_DEVICE_NAME.get(_norm(name or ""))
 
 
 def floor_s(nbytes: float, flops: float = 0.0, *, bw_Bps: float, flops_per_s: float | None = None) -> tuple[float, str]:

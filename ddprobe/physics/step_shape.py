@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .shapes import AttnShape, dtype_bytes
-from .units import DDProbeError
+from ..units import DDProbeError
 
 # what a measured step below its whole-step floor means (the CLI prints it, the reports' "Where the step goes" says it)
 BELOW_FLOOR = "step below the floor: check --tp/--ep/--weight-dtype/--expert-dtype"
