@@ -62,7 +62,7 @@ def test_anatomy_json_and_failed_anatomy_keeps_the_floor(tmp_path):
 def test_whole_step_columns_and_dense_note(tmp_path):
     r = run("floor", "--ctx", "128k", "--tp", "8", "--ep", "8", "--expert-dtype", "int4", "--json")
     row = json.loads(r.stdout)["rows"][0]
-    assert row["experts_worst"] == 48 and 8.2 < row["experts_per_layer"] < 8.4 and row["binds"] in ("KV", "weights")
+    assert row["experts_worst"] == 48 and 8.2 < row["experts_per_layer"] < 8.4 and row["binds"] == "bandwidth"
     assert row["floor_ms"] > max(row["kv_floor_ms"], row["weight_floor_ms"])
     r = run("floor", "--model", "llama-3.1-8b", "--ctx", "1k")
     assert r.output.count("dense model (no MoE fields): the routed-expert terms are zero") == 1

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth, \
-    parse_rows, parse_step_times, parse_tflops, parse_time_list, parse_token_list
+from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_rows, \
+    parse_step_times, parse_time_list, parse_token_list
 from .app import app
-from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, KernelsOpt, KvDtypeOpt, \
-    TpOpt, WeightDtypeOpt, check_latency, note_dense
+from .floor_options import FloorOptions, check_latency, floor_options
 from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 from .tables import Col, print_fitted
 
@@ -22,6 +21,7 @@ def _ms(v: Optional[float]) -> str:
 
 @app.command()
 @errors_exit_1
+@floor_options()
 def floor(
     tctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Model preset: kimi-k2.6, kimi-k2, deepseek-v3, "
@@ -29,18 +29,8 @@ def floor(
     config: Annotated[Optional[Path], typer.Option("--config", help="Hugging Face config.json instead of a preset "
                                                                     "(MLA or GQA, MoE or dense).")] = None,
     ctx: Annotated[str, typer.Option("--ctx", help="Context length(s), k = 1024: 128k or 1k,16k,64k,128k.")] = "128k",
-    queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1).",
-                                         callback=checked(parse_rows))] = 9,
-    tp: TpOpt = 1,
-    ep: EpOpt = 1,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for bandwidth and tensor rate "
-                                                             "(default h200 unless --bw).")] = None,
-    bw: Annotated[Optional[str], typer.Option("--bw", help="Memory bandwidth instead of a preset, e.g. 1.8TB/s "
-                                                           "(a measured ceiling beats a datasheet).",
-                                                      callback=checked(parse_bandwidth))] = None,
-    tflops: Annotated[Optional[float], typer.Option("--tflops", help="Dense bf16 tensor rate in TFLOP/s "
-                                                                     "(default: the GPU preset's).",
-                                                            callback=checked(parse_tflops))] = None,
+    queries: Annotated[Optional[int], typer.Option("--queries", help="Verify rows per step (budget + 1; default 9): "
+                                                   "--budget's other spelling.", callback=checked(parse_rows))] = None,
     step_ms: Annotated[Optional[str], typer.Option("--step-ms", help="Measured step time(s): one for all "
                                                                      "contexts or one per context; bare numbers "
                                                                      "are ms (714 or 714ms,1.43s).",
@@ -50,44 +40,34 @@ def floor(
                                                        )] = None,
     anatomy: Annotated[Optional[bool], typer.Option("--anatomy/--no-anatomy", help="Fit step = fixed + marginal x "
                                                     "ctx (default: when two or more contexts have step times).")] = None,
-    weight_dtype: WeightDtypeOpt = "bf16",
-    expert_dtype: ExpertDtypeOpt = None,
-    kv_dtype: KvDtypeOpt = "bf16",
-    dcp: DcpOpt = 1,
-    allreduce_us: AllreduceUsOpt = None,
-    allreduce_from: AllreduceFromOpt = None,
-    kernels: KernelsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON instead of a table.")] = False,
     save: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                  callback=output_file)] = None,
     force: ForceOpt = False,
+    fo: FloorOptions = FloorOptions(),
 ):
-    """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces) and the
-    step's anatomy."""
-    from ..probes.floor import Sharding, served_floor
+    """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces, launches) and
+    the step's anatomy."""
+    from ..probes.floor import floor_result
     from ..physics.models import get_model, model_from_config
 
     if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
         from .outputs import check_file
 
-        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config)],
+        check_file("--out", save, force=force, inputs=[("--steps-from", steps_from), ("--config", config),
+                                                       ("--launch-from", fo.launch_from)],
                    keep_existing=True, holds="results written earlier")
     if config is not None and typed_flags(tctx, ("model",)):
         raise DDProbeError("give --model or --config, not both (--config describes the model)")
+    if queries is not None and fo.budget is not None:
+        raise DDProbeError("give --budget or --queries, not both (--queries is budget + 1)")
     spec = model_from_config(config) if config else get_model(model)
     ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from)
-    if kernels is None and steps_from is not None:  # the engine's own count, where the file holds one
-        from ..probes.floor import kernels_from_file
-
-        kernels = kernels_from_file(steps_from)
-    if tflops is not None and not tflops > 0:
-        raise DDProbeError(f"--tflops must be greater than zero, got {tflops}")
-    note_dense(spec, ep)
-    sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype, kv_dtype=kv_dtype,
-                  allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
-    _, result, rows = served_floor(spec, sh, ctxs, steps, gpu=gpu, bw_Bps=parse_bandwidth(bw) if bw else None,
-                                   flops_per_s=tflops * 1e12 if tflops else None, queries=queries, anatomy=anatomy,
-                                   kernels=kernels)
+    counted = _counted(steps_from, fo.kernels)
+    step_model, served = fo.floor_model(spec, kernels=counted, kernels_source=f"counted on the GPU ({steps_from})"
+                                        if counted else "")
+    rows_ = queries or fo.rows()
+    result, rows = floor_result(step_model, ctxs, steps, queries=rows_, config=served, anatomy=anatomy)
     if step_ms:  # a typed step below the latency floor is a typo or another model: refused, not compared
         check_latency(rows)
     if save:  # the floor rows are kept, with or without an anatomy
@@ -96,6 +76,18 @@ def floor(
         raise DDProbeError(result.summary["anatomy_error"] + (f" (the floor rows were written to {save})" if save
                                                                else ""))
     _show(spec, result, rows, as_json, save)
+
+
+def _counted(steps_from: Optional[Path], kernels: Optional[int]) -> Optional[int]:
+    """The kernels per step a --steps-from file counted on the GPU (None: none); --kernels saying otherwise is
+    refused in one line."""
+    from ..probes.floor import kernels_from_file
+
+    counted = kernels_from_file(steps_from) if steps_from is not None else None
+    if counted is not None and kernels is not None and kernels != counted:
+        raise DDProbeError(f"--kernels {kernels} contradicts {steps_from}, whose engine counted {counted} kernels per "
+                           "step on the GPU: give one of them")
+    return counted
 
 
 def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps_from: Optional[Path]) \
@@ -147,14 +139,14 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
     timed = any(r.step_ms is not None for r in rows)
     comm = any(r.comm_ms for r in rows)
     cols = [Col("ctx"), Col("KV", 3), Col("weights", 3), Col("KV fl", 2), Col("wt fl", 2), Col("compute", 4)] + \
-        ([Col("comm", 2)] if comm else []) + [Col("launches", 2), Col("floor"), Col("binds", 2), Col("decode fl", 3)]
+        ([Col("comm", 2)] if comm else []) + [Col("launches", 2), Col("floor"), Col("bound", 2), Col("decode fl", 3)]
     if timed:
         cols += [Col("step"), Col("eff bw", 1), Col("gap"), Col("attn gap", 1), Col("re-read", 5)]
     cells = []
     for r in rows:
         c = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
              _ms(r.weight_floor_ms), _ms(r.compute_floor_ms)] + ([_ms(r.comm_ms)] if comm else []) + \
-            [_ms(r.latency_floor_ms), _ms(r.floor_ms), r.binds, _ms(r.decode_floor_ms)]
+            [_ms(r.latency_floor_ms), _ms(r.floor_ms), f"{r.binds}-bound", _ms(r.decode_floor_ms)]
         if timed:
             below = "!" if r.below_floor else ""  # below the whole-step floor (BELOW_FLOOR is printed)
             c += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.gap),

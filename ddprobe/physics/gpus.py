@@ -2,12 +2,15 @@
 kernel of a step takes on each (graph-replayed, eager, a host synchronisation), stdlib only.
 
 - ``GPUS``: datasheet peak bandwidth, dense bf16 tensor rate and last-level cache (L2) size.
-- ``KERNEL_TIMES``: the least time one kernel of a step takes per GPU: measured by ``ddprobe bench launch`` where a
-  source says so, else a class bound.
+- ``KERNEL_TIMES``: the least time one kernel of a step takes per GPU, read from the ``ddprobe bench launch`` files
+  shipped in ``data/launch/`` (``launch_time``: the one reader, also of ``--launch-from``), else a class bound.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ..units import DDProbeError
 
@@ -51,16 +54,20 @@ DEFAULT_L2_BYTES = 60 * _MiB
 @dataclass(frozen=True)
 class KernelTime:
     """The least time one kernel of a decode step costs on a GPU, in us: back to back in a replayed CUDA graph
-    (``graph_us``: a small kernel that touches memory, ``bench launch``'s graph-small row), launched eagerly one after
-    another from Python (``eager_us``), and one host synchronisation (``sync_us``: a one-value device-to-host copy's round
-    trip). ``measured`` False: no measurement of this GPU; the figures are a class bound (lower than any GPU of the
-    class measured), said wherever they are used."""
+    (``graph_us``: the smaller of ``bench launch``'s graph-empty and graph-small rows), launched eagerly one after
+    another from Python (``eager_us``: its eager-small row), and one host synchronisation (``sync_us``: a one-value
+    device-to-host copy's round trip). ``measured`` False: no measurement of this GPU; the figures are a class bound
+    (lower than any GPU of the class measured), said wherever they are used. ``device``: the GPU's name as NVML gives
+    it (a measurement's), ``gpu``: its preset (``GPUS``) where the table names it."""
 
     graph_us: float
     eager_us: float
     sync_us: float
     source: str
     measured: bool
+    device: str = ""
+    gpu: str | None = None
+    file: str = ""  # the `bench launch` results file it was read from
 
 
 # A class bound for GPUs ddprobe has not measured: below the H100's measured figures (``bench launch``: 0.78 us for
@@ -68,17 +75,64 @@ class KernelTime:
 # its own row.
 KERNEL_CLASS_BOUND = KernelTime(0.75, 2.0, 5.0, "class bound for a data-center GPU (not measured here): 0.75 us per "
                                                 "graph-replayed kernel, 2 us eager, 5 us per host sync", False)
-KERNEL_TIMES: dict[str, KernelTime] = {
-    # `ddprobe bench launch` on the lent NVIDIA H100 80GB HBM3 (driver 580.159.04, torch 2.11, 2026-12-06):
-    # graph-small 0.982 us (graph-empty 0.779), eager-small 5.92 us, sync 9.65 us; docs/perf.md
-    "h100": KernelTime(0.982, 5.92, 9.65, "measured by ddprobe bench launch on an NVIDIA H100 80GB HBM3, 2026-12-06",
-                       True),
-}
+LEAST_US = 0.1  # below this a kernel time is impossible on any GPU (a launch file saying less is broken)
+LAUNCH_ROWS = ("graph-empty", "graph-small", "eager-small", "sync")  # the rows of a `bench launch` results file
+LAUNCH_DIR = Path(__file__).parent / "data" / "launch"  # the shipped `bench launch` files, one per measured GPU
 
 
-def kernel_time(gpu: str | None) -> KernelTime:
-    """The least time per kernel of a GPU preset: its measurement, else the class bound (``measured`` False)."""
-    return KERNEL_TIMES.get((gpu or "").strip().lower(), KERNEL_CLASS_BOUND)
+def launch_time(data: dict, where: str) -> KernelTime:
+    """The least kernel times a ``bench launch`` results file holds (``data``: the file's JSON object; ``where``: its
+    name, for the messages): graph_us the smaller of the graph-empty and graph-small rows (either may be absent, not
+    both), eager_us the eager-small row, sync_us the sync row. The one reader (the floor's ``--launch-from``, the
+    shipped per-GPU defaults, the report). A file of another kind, a missing row or a time below ``LEAST_US`` is
+    refused in one line."""
+    if not isinstance(data, dict) or data.get("kind") != "bench-launch":
+        kind = data.get("kind") if isinstance(data, dict) else None
+        raise DDProbeError(f"{where}: not a `ddprobe bench launch` results file (kind {kind!r})")
+    us: dict[str, float] = {}
+    for r in data.get("rows") or []:
+        if isinstance(r, dict) and r.get("kind") in LAUNCH_ROWS:
+            v = r.get("us")
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < LEAST_US:
+                raise DDProbeError(f"{where}: {r['kind']} takes {v!r} us per kernel, below {LEAST_US} us: no GPU "
+                                   "launches that fast (a broken measurement)")
+            us[r["kind"]] = float(v)
+    graph = [us[k] for k in ("graph-empty", "graph-small") if k in us]
+    missing = [k for k in ("eager-small", "sync") if k not in us] + ([] if graph else ["graph-small"])
+    if missing:
+        raise DDProbeError(f"{where}: a launch results file without the {', '.join(missing)} row(s)")
+    gpus = (data.get("meta") or {}).get("gpus") or [{}]
+    device = str((gpus[0] or {}).get("name") or "")
+    date = str((data.get("meta") or {}).get("date_utc") or "")[:10]
+    spec = gpu_spec_for(device)
+    return KernelTime(min(graph), us["eager-small"], us["sync"],
+                      f"measured by ddprobe bench launch on {device or 'an unnamed GPU'}"
+                      + (f", {date}" if date else "") + f" ({where})", True, device, spec.name if spec else None,
+                      where)
+
+
+def load_launch(path: str | Path) -> KernelTime:
+    """``launch_time`` of the ``bench launch`` results file at ``path``; a missing or unreadable file in one line."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DDProbeError(f"{path}: no such file (a `ddprobe bench launch` results file)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DDProbeError(f"{path}: not a readable results file ({e})") from None
+    return launch_time(data, str(path))
+
+
+def _shipped() -> dict[str, KernelTime]:
+    """The shipped measurements (``LAUNCH_DIR``: one ``bench launch`` file per GPU, named ``<preset>.json``), by
+    preset: each file's GPU must be the preset its name says."""
+    out = {}
+    for f in sorted(LAUNCH_DIR.glob("*.json")):
+        kt = load_launch(f)
+        kt = replace(kt, source=kt.source.replace(f" ({f})", f" (shipped: {f.name})"))
+        if kt.gpu != f.stem:
+            raise DDProbeError(f"{f}: measured on {kt.device!r}, not the {f.stem} its name says")
+        out[f.stem] = kt
+    return out
 
 
 def get_gpu(name: str) -> GpuSpec:
@@ -100,3 +154,14 @@ def gpu_spec_for(name: str | None) -> GpuSpec | None:
     -> h100-pcie), matched exactly (case and spacing aside), never by substring: a board this table does not
     name gets None (no datasheet floor) rather than a sibling's bandwidth."""
     return _BY_DEVICE_NAME.get(_norm(name or ""))
+
+
+# The least kernel time per GPU preset, read from the shipped `bench launch` files (H100: graph-empty 0.779 us,
+# eager-small 5.92 us, sync 9.65 us on an NVIDIA H100 80GB HBM3, driver 580.159.04, torch 2.11, 2026-12-06);
+# a GPU without one gets the class bound.
+KERNEL_TIMES: dict[str, KernelTime] = _shipped()
+
+
+def kernel_time(gpu: str | None) -> KernelTime:
+    """The least time per kernel of a GPU preset: its measurement, else the class bound (``measured`` False)."""
+    return KERNEL_TIMES.get((gpu or "").strip().lower(), KERNEL_CLASS_BOUND)

@@ -9,7 +9,7 @@ it from their options (or from what they measured) and call ``plan``; nothing el
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..units import DDProbeError
@@ -42,6 +42,7 @@ class StepInput:
     syncs: int = 0  # host synchronisations per step
     comm: Comm | None = None  # None with tp > 1: communication not counted (the caller says why)
     launch: KernelTime | None = None  # a measured least kernel time (``bench launch`` file); None: the GPU's table
+    launch_any_gpu: bool = False  # use ``launch`` though it was measured on another GPU than ``gpu`` (said)
 
     def rates(self) -> tuple[str | None, float, float | None]:
         """(GPU preset name, bandwidth, tensor rate): the preset's datasheet unless numbers are given; h200 when
@@ -60,8 +61,22 @@ def plan(inp: StepInput) -> StepModel:
     ed = dtype_name(inp.expert_dtype) if inp.expert_dtype else wd
     spec.moe.check(inp.tp, inp.ep)
     gpu, bw, rate = inp.rates()
+    launch = launch_for(inp.launch, gpu, inp.launch_any_gpu)
     m = StepModel(attn=spec.attn, weights=lambda r: spec.step_weights(rows=r, tp=inp.tp, ep=inp.ep, dense_dtype=wd,
                                                                       expert_dtype=ed),
                   bw_Bps=bw, flops_per_s=rate, hidden=spec.hidden_size, tp=inp.tp, dcp=inp.dcp,
                   kv_dtype=dtype_name(inp.kv_dtype), comm=inp.comm, graphs=inp.graphs)
-    return with_launches(m, gpu, inp.kernels, syncs=inp.syncs, counted=inp.kernels_source, launch=inp.launch)
+    return with_launches(m, gpu, inp.kernels, syncs=inp.syncs, counted=inp.kernels_source, launch=launch)
+
+
+def launch_for(kt: KernelTime | None, gpu: str | None, any_gpu: bool) -> KernelTime | None:
+    """A measured least kernel time for a floor of GPU preset ``gpu``: refused in one line when it was measured on
+    another GPU (a GPU given by its numbers, ``gpu`` None, takes any), unless ``any_gpu``, where its source says so."""
+    if kt is None or gpu is None or kt.gpu == gpu:
+        return kt
+    on = kt.device or "an unnamed GPU"
+    if not any_gpu:
+        raise DDProbeError(f"{kt.file or 'the launch file'} was measured on {on}, not "
+                           f"on the {gpu} this floor is for: its launch times are not this GPU's (give "
+                           f"--gpu {kt.gpu or '<that GPU>'}, or --launch-any-gpu to use them anyway)")
+    return replace(kt, source=f"{kt.source}; used for the {gpu} as asked (--launch-any-gpu)")

@@ -14,7 +14,7 @@ reports and the gate). A step of R rows (R = budget + 1 for a verify step, 1 for
   comes from the interconnect table below (or ``--allreduce-us``, or a ``bench allreduce`` file); collectives are
   latency-bound at these sizes and do not overlap a decode step's kernels, so they add;
 - launches: a step is a sequence of kernels on one stream, and kernels on a stream serialize: each takes at least
-  the GPU's least time per kernel (``shapes.KERNEL_TIMES``: a graph-replayed kernel, or an eager launch where the
+  the GPU's least time per kernel (``gpus.KERNEL_TIMES``: a graph-replayed kernel, or an eager launch where the
   step is not a CUDA graph; measured by ``ddprobe bench launch``, else a class bound said as such). A kernel's bytes
   move inside its own duration, so the launches are not added to the bytes: each kernel costs at least
   max(its bytes / bandwidth, the least kernel time), and summed over the step that is at least
@@ -26,6 +26,8 @@ reports and the gate). A step of R rows (R = budget + 1 for a verify step, 1 for
   and submits again, so nothing overlaps them: they add (syncs x ``sync_us``).
 
 floor = max((KV + weights) / bandwidth, FLOPs / tensor rate, kernels x least kernel time) + communication + syncs.
+The step is bandwidth-, compute-, launch-, communication- or host-bound by its largest term (``step_bound``, the one
+rule every command prints).
 The **latency floor** is kernels x least kernel time + syncs: no step of those kernels is faster, whatever it reads.
 The attention alone (KV / bandwidth) is the **KV floor**, and step / KV floor the **attention gap**; one kernel's
 floor (``bench verify``) is a **kernel floor**. None of them is called "the floor".
@@ -80,7 +82,7 @@ class StepCost:
     bytes_floor_ms: float  # (KV + weights) / bandwidth
     floor_ms: float
     floor_worst_ms: float
-    binds: str  # "KV", "weights", "compute", "launches" or "communication"
+    binds: str  # the floor is <binds>-bound: "launch", "bandwidth", "compute", "communication" or "host" (step_bound)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,7 +105,7 @@ class StepModel:
     comm: Comm | None = None  # None with tp > 1: communication not counted (said by the caller)
     graphs: bool = True  # the step is a replayed CUDA graph (else its kernels are launched eagerly)
     kernels: Callable[[int], int] | None = None  # rows -> kernels per step (None: launches not counted)
-    kernel_us: float = 0.0  # the least time per kernel (``shapes.KernelTime``: graph_us or eager_us)
+    kernel_us: float = 0.0  # the least time per kernel (``gpus.KernelTime``: graph_us or eager_us)
     syncs: int = 0  # host synchronisations per step
     sync_us: float = 0.0
     kernel_source: str = ""  # where kernels and kernel_us come from (said with the floor)
@@ -149,34 +151,33 @@ class StepModel:
         w = self.weights(rows)
         kv, ms = self.kv_bytes(ctx), 1e3 / self.bw_Bps
         flops = self.attn_flops(ctx, rows) + w.flops
-        mem, bound = floor_s(kv + w.total_B, flops, bw_Bps=self.bw_Bps, flops_per_s=self.flops_per_s)
+        mem, _ = floor_s(kv + w.total_B, flops, bw_Bps=self.bw_Bps, flops_per_s=self.flops_per_s)
         worst, _ = floor_s(kv + w.total_worst_B, flops, bw_Bps=self.bw_Bps, flops_per_s=self.flops_per_s)
         n, nbytes, comm_us = self.collectives(rows)
         k = int(self.kernels(rows)) if self.kernels else 0
         launch, sync = k * self.kernel_us / 1e3, self.syncs * self.sync_us / 1e3
         comm = comm_us / 1e3
-        binds = "compute" if bound == "compute" else ("KV" if kv >= w.total_B else "weights")
-        if launch > mem * 1e3:
-            binds = "launches"
         top, top_worst = max(mem * 1e3, launch), max(worst * 1e3, launch)
-        if comm > top:
-            binds = "communication"
+        cflops = flops / self.flops_per_s * 1e3 if self.flops_per_s else None
+        b = step_bound(bytes_ms=(kv + w.total_B) * ms, compute_ms=cflops, launch_ms=launch, comm_ms=comm,
+                       sync_ms=sync)
         return StepCost(ctx=ctx, rows=rows, kv_GB=kv / 1e9, weights_GB=w.total_B / 1e9,
                         weights_worst_GB=w.total_worst_B / 1e9, GFLOP=flops / 1e9, kv_floor_ms=kv * ms,
                         weight_floor_ms=w.total_B * ms, weight_floor_worst_ms=w.total_worst_B * ms,
-                        compute_floor_ms=flops / self.flops_per_s * 1e3 if self.flops_per_s else None,
+                        compute_floor_ms=cflops,
                         allreduces=n, allreduce_bytes=nbytes,
                         allreduce_us=self.comm.us_at(nbytes) if n else 0.0, comm_ms=comm, kernels=k,
                         kernel_us=self.kernel_us, launch_ms=launch, syncs=self.syncs, sync_ms=sync,
                         latency_floor_ms=launch + sync, bytes_floor_ms=(kv + w.total_B) * ms,
-                        floor_ms=top + comm + sync, floor_worst_ms=top_worst + comm + sync, binds=binds)
+                        floor_ms=top + comm + sync, floor_worst_ms=top_worst + comm + sync,
+                        binds=b.removesuffix("-bound"))
 
 
 def with_launches(m: StepModel, gpu: str | None, kernels: Callable[[int], int] | int | None, *, syncs: int = 0,
                   counted: str = "", launch: KernelTime | None = None) -> StepModel:
     """``m`` with its launches counted: ``kernels`` per step (rows -> count, or one count for every row count;
     None: the structural least count of the model's layers), at GPU preset ``gpu``'s least kernel time (graph or
-    eager as ``m.graphs``; ``shapes.kernel_time``: its measurement or the class bound), ``syncs`` host
+    eager as ``m.graphs``; ``gpus.kernel_time``: its measurement or the class bound), ``syncs`` host
     synchronisations per step. ``counted`` says where the count comes from; ``launch``: a measured least kernel
     time (a ``bench launch`` file) in place of the GPU's table."""
     kt = launch or kernel_time(gpu)
@@ -194,27 +195,46 @@ def with_launches(m: StepModel, gpu: str | None, kernels: Callable[[int], int] |
                    kernel_source=f"kernels: {counted or 'given'}; {us:g} us each ({mode}; {where})")
 
 
+BOUNDS = ("bandwidth-bound", "compute-bound", "launch-bound", "communication-bound", "host-bound")
+
+
+def step_bound(*, bytes_ms: float | None, compute_ms: float | None = None, launch_ms: float = 0.0,
+               comm_ms: float = 0.0, sync_ms: float = 0.0) -> str:
+    """THE rule: which of a step's floor terms is the largest, in ``BOUNDS``' words. The terms are those of the
+    floor (max(bytes, FLOPs, launches) + communication + host syncs): the work (bytes at the bandwidth:
+    "bandwidth-bound", or FLOPs at the tensor rate where those take longer: "compute-bound"), the launches (kernels
+    x least kernel time: "launch-bound"), the collectives ("communication-bound") and the host synchronisations
+    ("host-bound"). Ties go to the earlier in that order. Every command's "X-bound" about a step's floor comes from
+    here (``StepCost.binds``, the floor table, gpu-util's step parts, the reports); gpu-util's telemetry verdicts
+    (``gpu_verdict``: latency-bound, host-bound (idle)...) describe counters, not this."""
+    flops = (compute_ms or 0.0) > (bytes_ms or 0.0)
+    parts = [((compute_ms if flops else bytes_ms) or 0.0, "compute-bound" if flops else "bandwidth-bound"),
+             (launch_ms or 0.0, "launch-bound"), (comm_ms or 0.0, "communication-bound"), (sync_ms or 0.0, "host-bound")]
+    return max(parts, key=lambda p: p[0])[1]  # max keeps the first of equals
+
+
 class WorkPart(NamedTuple):
     ms: float  # the work's floor: bytes over bandwidth or FLOPs over the tensor rate, the larger
     what: str  # "bytes" or "FLOPs"
     rate: str  # what it is over: "the GPU's bandwidth" or "the tensor rate"
-    bound: str  # "launch-bound", "compute-bound" or "bandwidth-bound"
+    bound: str  # ``step_bound`` of the parts given
 
 
-def parts_bound(latency_ms: float, bytes_ms: float | None, compute_ms: float | None = None) -> WorkPart:
-    """A step's work part (its bytes at the GPU's bandwidth or its FLOPs at the tensor rate, the larger) and which
-    bound the step is nearer: "launch-bound" where kernels x least time is larger than the work, else
-    "compute-bound" or "bandwidth-bound" as the work is FLOPs or bytes. The one rule (floor, gpu-util, the report)."""
+def parts_bound(latency_ms: float, bytes_ms: float | None, compute_ms: float | None = None, *, sync_ms: float = 0.0,
+                comm_ms: float = 0.0) -> WorkPart:
+    """A step's work part (its bytes at the GPU's bandwidth or its FLOPs at the tensor rate, the larger) and its
+    bound by the one rule (``step_bound``); ``latency_ms`` is the latency floor (launches + ``sync_ms``)."""
     flops = (compute_ms or 0.0) > (bytes_ms or 0.0)
     ms = (compute_ms if flops else bytes_ms) or 0.0
-    bound = "launch-bound" if latency_ms > ms else "compute-bound" if flops else "bandwidth-bound"
+    bound = step_bound(bytes_ms=bytes_ms, compute_ms=compute_ms, launch_ms=latency_ms - sync_ms, comm_ms=comm_ms,
+                       sync_ms=sync_ms)
     return WorkPart(ms, "FLOPs" if flops else "bytes", "the tensor rate" if flops else "the GPU's bandwidth", bound)
 
 
 def gap_split(c: StepCost, step_ms: float) -> dict:
     """How much of a measured step its launches and its work (bytes or FLOPs, ``parts_bound``) explain: each part's
     floor and its share of the step, and which bound the step is nearer."""
-    w = parts_bound(c.latency_floor_ms, c.bytes_floor_ms, c.compute_floor_ms)
+    w = parts_bound(c.latency_floor_ms, c.bytes_floor_ms, c.compute_floor_ms, sync_ms=c.sync_ms, comm_ms=c.comm_ms)
     return {"step_ms": step_ms, "launch_ms": c.launch_ms, "sync_ms": c.sync_ms, "bytes_ms": w.ms,
             "work": f"{w.what} at {w.rate}", "kernels": c.kernels, "kernel_us": c.kernel_us,
             "launch_share": c.latency_floor_ms / step_ms, "bytes_share": w.ms / step_ms, "bound": w.bound,

@@ -1,6 +1,6 @@
 """The floor table: one row per context, read from the step model (``ddprobe.physics.step_model``, the one place a floor is
-computed). A row carries the whole step's floor (``floor_ms``, ``binds``: "KV", "weights", "compute" or
-"communication") with its terms, the plain one-row decode step's floor beside it (``decode_floor_ms``), and the
+computed). A row carries the whole step's floor (``floor_ms``; ``binds``: the floor is "<binds>-bound", launch,
+bandwidth, compute, communication or host, by the one rule ``step_model.step_bound``) with its terms, the plain one-row decode step's floor beside it (``decode_floor_ms``), and the
 attention alone under its own names (``attn_floor_ms``, ``attn_bound``). With a measured step time: ``gap`` = step /
 floor, the effective KV bandwidth, ``attn_gap`` = step / attention floor and the attention gap if every one of the
 R rows re-read the whole cache. A step below its floor (``below_floor``) means the floor's sharding or dtypes are
@@ -47,7 +47,7 @@ class FloorRow:
     allreduce_us: float
     comm_ms: float
     kernels: int  # kernels per step (0: not counted)
-    kernel_us: float  # the least time of one (``shapes.KERNEL_TIMES``)
+    kernel_us: float  # the least time of one (``gpus.KERNEL_TIMES`` or ``--launch-from``)
     launch_ms: float  # kernels x kernel_us
     syncs: int  # host synchronisations per step
     sync_ms: float
@@ -68,7 +68,7 @@ class FloorRow:
     below_floor: bool | None = None
     launch_share: float | None = None  # latency floor / step: the share of the step its launches explain
     bytes_share: float | None = None  # max(bytes, compute) floor / step
-    step_bound: str | None = None  # launch-, bandwidth- or compute-bound: the larger part (step_model.parts_bound)
+    step_bound: str | None = None  # with a measured step: binds + "-bound" (step_model.step_bound)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,9 +163,11 @@ def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
 
 
 def model_for(spec, sh: Sharding, *, bw_Bps: float | None, flops_per_s: float | None, gpu: str | None,
-              kernels: int | None = None) -> tuple[StepModel, str]:
+              kernels: int | None = None, launch=None, launch_any_gpu: bool = False,
+              kernels_source: str = "") -> tuple[StepModel, str]:
     """The step model of a model (``ddprobe.physics.models.ModelSpec``) under sharding ``sh`` on one GPU, with its
-    launches (``kernels`` per step, None: the structural least count), from the one planner
+    launches (``kernels`` per step, None: the structural least count; ``launch``: measured least kernel times, a
+    ``physics.gpus.KernelTime`` of another GPU only with ``launch_any_gpu``), from the one planner
     (``physics.plan.plan``), and the line saying where its all-reduce latency comes from."""
     from ..physics.plan import StepInput, plan
 
@@ -174,17 +176,21 @@ def model_for(spec, sh: Sharding, *, bw_Bps: float | None, flops_per_s: float | 
     return plan(StepInput(spec, tp=sh.tp, ep=sh.ep, dcp=sh.dcp, weight_dtype=sh.weight_dtype,
                           expert_dtype=sh.expert_dtype, kv_dtype=sh.kv_dtype, gpu=gpu, bw_Bps=bw_Bps,
                           flops_per_s=flops_per_s, kernels=kernels,
-                          kernels_source="--kernels" if kernels is not None else "", comm=comm)), said
+                          kernels_source=kernels_source or ("--kernels" if kernels is not None else ""), comm=comm,
+                          launch=launch,
+                          launch_any_gpu=launch_any_gpu)), said
 
 
 def served_model(spec, sh: Sharding, gpu: str | None, bw_Bps: float | None = None,
-                 flops_per_s: float | None = None, kernels: int | None = None) -> tuple[StepModel, dict]:
+                 flops_per_s: float | None = None, kernels: int | None = None, *, launch=None,
+                 launch_any_gpu: bool = False, kernels_source: str = "") -> tuple[StepModel, dict]:
     """The step model of a served model (``ddprobe.physics.models.ModelSpec``) under ``sh`` on one GPU, and the config a
     floor result records of it (model, sharding, GPU, bandwidth, MoE, where the all-reduce latency comes from)."""
     from ..physics.plan import StepInput
 
     name = StepInput(spec, gpu=gpu, bw_Bps=bw_Bps).rates()[0]
-    model, said = model_for(spec, sh, bw_Bps=bw_Bps, flops_per_s=flops_per_s, gpu=gpu, kernels=kernels)
+    model, said = model_for(spec, sh, bw_Bps=bw_Bps, flops_per_s=flops_per_s, gpu=gpu, kernels=kernels,
+                            launch=launch, launch_any_gpu=launch_any_gpu, kernels_source=kernels_source)
     w = model.weights(9)
     config = {"model": spec.name, **sh.to_dict(), "expert_dtype": sh.expert_dtype or sh.weight_dtype, "gpu": name,
               "bw_Bps": model.bw_Bps, "flops_per_s": model.flops_per_s, "moe": spec.n_routed_experts > 0,

@@ -1,4 +1,4 @@
-"""`ddprobe bench launch`: the least time one kernel of a step costs on this GPU (``shapes.KERNEL_TIMES``).
+"""`ddprobe bench launch`: the least time one kernel of a step costs on this GPU (``physics.gpus.KERNEL_TIMES``).
 
 Four rows, each the median over ``samples`` timed samples (CUDA events) of ``kernels`` back-to-back launches:
 
@@ -6,7 +6,7 @@ Four rows, each the median over ``samples`` timed samples (CUDA events) of ``ker
   graph and replayed: what a replayed kernel node costs with nothing in it;
 - ``graph-small``: a small kernel that reads and writes 1,024 fp32 values (``x.add_(1)``, torch's elementwise add:
   a block or two), likewise replayed: the least a kernel that touches memory costs. The step model's ``graph_us``
-  is this one: every kernel of a decode step reads and writes memory;
+  is the smaller of the two graph rows (``physics.gpus.launch_time``: a floor takes the least);
 - ``eager-small``: the same small kernel launched eagerly from Python one after another (the host's launch rate
   bounds it: what an eager step's kernels cost at least);
 - ``sync``: one value copied to the host and waited on (``x.item()``), one after another: a host synchronisation's
@@ -153,10 +153,14 @@ def _wall_samples(run, samples: int) -> list[float]:
 
 
 def kernel_time_of(rows: list[dict]) -> dict:
-    """The ``shapes.KernelTime`` figures a launch results file's rows give (graph_us: the small kernel's)."""
-    by = {r["kind"]: r["us"] for r in rows}
-    missing = [k for k in ("graph-small", "eager-small", "sync") if k not in by]
-    if missing:
-        raise DDProbeError(f"a launch results file without the {', '.join(missing)} row(s)")
+    """A launch results file's rows by name (graph_us: the graph-small row's, graph_empty_us: the graph-empty row's),
+    checked by the one reader (``physics.gpus.launch_time``, whose least graph time is the smaller of the two and is
+    what a floor uses)."""
+    from ...physics.gpus import launch_time
+
+    launch_time({"kind": "bench-launch", "rows": rows}, "a launch results file")
+    by = {r["kind"]: r["us"] for r in rows if isinstance(r, dict) and "kind" in r}
+    if "graph-small" not in by:
+        raise DDProbeError("a launch results file without the graph-small row(s)")
     return {"graph_us": by["graph-small"], "eager_us": by["eager-small"], "sync_us": by["sync"],
             "graph_empty_us": by.get("graph-empty")}
