@@ -68,7 +68,7 @@ def gate(
     = None,
 ):
     """Fail (exit 1) when a benchmark entry regressed against the baseline or is missing from the run."""
-    from ..reports.gate import COLUMNS, compare_files, summary_lines, table_rows
+    from ..reports.gate import COLUMNS, compare_files, paths_option, summary_lines, table_rows
     from ..units import parse_fraction
 
     if min_fraction_of_floor is not None and not 0 < min_fraction_of_floor <= 1:
@@ -76,7 +76,7 @@ def gate(
     outcome = compare_files(current, baseline, max_drop=parse_fraction(max_drop, "--max-drop"),
                             min_bw_Bps=parse_bandwidth(min_bw) if min_bw else None,
                             min_fraction_of_floor=min_fraction_of_floor,
-                            paths=[p.strip() for p in paths.split(",") if p.strip()] if paths else None,
+                            paths=paths_option(paths),
                             ctxs=parse_token_list(ctx) if ctx else None,
                             heads=parse_count_list(heads, "head count") if heads else None)
     cols = [Col(c, GATE_PRIORITY.get(c, 0), "left" if c in ("status", "path", "GPU", "why") else "right",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import verify_paths
 from ..results import Result
-from ..units import DDProbeError, fmt_bandwidth, fmt_time, fmt_tokens
+from ..units import RANGES, DDProbeError, fmt_bandwidth, fmt_time, fmt_tokens
 from . import bench
 from .load import load_one
 
@@ -30,7 +30,7 @@ class GateRow:
     base: bench.Entry | None
     cur: bench.Entry | None
     drop: float | None = None  # fraction of speed lost vs the baseline (negative: faster)
-    status: str = "ok"  # ok, new, ref (a peer's entry: not gated), REGRESSED, MISSING, FAILED, BELOW
+    status: str = "ok"  # ok, new, ref (a peer's entry: not gated), REGRESSED, MISSING, FAILED, BELOW, REFUSED
     why: list[str] = field(default_factory=list)
 
     @property
@@ -83,6 +83,37 @@ def _by_key(entries: list[bench.Entry], name: str) -> dict[tuple, bench.Entry]:
     return out
 
 
+def _believable(entries: list[bench.Entry], name: str) -> None:
+    """Every number of a benchmark file checked as a typed one: a time (a layer's ``us``, a step's ``step_ms``) from
+    1 us to 1 h, a bandwidth from 1 MB/s to 1 PB/s, a head count of at least 1; a DDProbeError naming the entry, the
+    field and the range otherwise (a 1e-9 us baseline would pass any current run)."""
+    lo_s, hi_s, said = RANGES["step time"]
+    lo_b, hi_b, said_b = RANGES["bandwidth"]
+    for e in entries:
+        field_ = "step_ms" if e.kind == "step" else "us"
+        if e.time_us is not None and not lo_s * 1e6 <= e.time_us <= hi_s * 1e6:
+            shown = f"{e.time_us / 1e3:g} ms" if e.kind == "step" else f"{e.time_us:g} us"
+            raise DDProbeError(f"{name} results: {_label(e.key)}: {field_!r} is {shown}, not a measured time "
+                               f"(must be between {said})")
+        if e.GBps is not None and not lo_b <= e.GBps * 1e9 <= hi_b:
+            raise DDProbeError(f"{name} results: {_label(e.key)}: 'GBps' is {e.GBps:g} GB/s (must be between "
+                               f"{said_b})")
+        if e.heads is not None and e.heads < 1:
+            raise DDProbeError(f"{name} results: {_label(e.key)}: 'heads' is {e.heads} (must be a whole number >= 1)")
+
+
+def paths_option(text: str | None) -> list[str] | None:
+    """``--paths`` as names: None (all) when not given; an empty or blank value is refused (it would gate
+    everything, unlike what it says)."""
+    if text is None:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise DDProbeError(f"--paths {text!r}: no path names; give some, e.g. split,paged (or leave --paths out to "
+                           "gate every path)")
+    return names
+
+
 def _drop(base: bench.Entry, cur: bench.Entry) -> float:
     if base.GBps and cur.GBps:
         return 1.0 - cur.GBps / base.GBps
@@ -102,6 +133,8 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
 
     base = _by_key([e for e in bench.entries(baseline) if keep(e)], "baseline")
     cur = _by_key([e for e in bench.entries(current) if keep(e)], "current")
+    _believable(list(base.values()), "baseline")
+    _believable(list(cur.values()), "current")
     if not base:
         raise DDProbeError("the baseline has no benchmark entries" + (" matching --paths/--ctx/--heads"
                                                                         if paths or ctxs or heads else ""))
@@ -112,6 +145,9 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
     for key in sorted(set(base) | set(cur), key=lambda k: (k[0], k[1], k[3] or 0, k[2], k[4])):
         b, c = base.get(key), cur.get(key)
         row = GateRow(key, b, c, status="ok" if b else "new")
+        if b is not None and not b.time_us:  # nothing to compare with: never "within 10%"
+            row.fail("REFUSED", f"the baseline entry has no time ({b.error or 'none recorded'}): nothing to compare "
+                                "with; refresh the baseline, or leave the entry out with --paths/--ctx/--heads")
         if c is None:
             row.fail("MISSING", "baseline entry missing in the current run")
         elif not c.time_us:
@@ -144,21 +180,25 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
 def baseline_for(current: Result, folder: Path) -> Path:
     """The baseline in ``folder`` (its ``*.json`` benchmark results, one per card and kind) of the current run's kind
     whose GPU is the current run's (the GPU name in each file's meta); a one-line DDProbeError naming the GPUs the
-    folder has for that kind when none is."""
-    cards: dict[str, Path] = {}
+    folder has for that kind when none is, and naming the files when two are (which one gates is not guessed)."""
+    cards: dict[str, list[Path]] = {}
     for f in sorted(folder.glob("*.json")):
         try:
             r = load_one(f)
         except DDProbeError:
             continue  # not a results file: not a baseline
         if r.kind in bench.BENCH_KINDS and r.kind == current.kind and bench.gpu_name(r):
-            cards.setdefault(bench.gpu_name(r), f)
+            cards.setdefault(bench.gpu_name(r), []).append(f)
     gpu = bench.gpu_name(current)
     if gpu not in cards:
-        have = ", ".join(f"{g} ({p.name})" for g, p in cards.items()) or "none"
+        have = ", ".join(f"{g} ({', '.join(p.name for p in ps)})" for g, ps in cards.items()) or "none"
         raise DDProbeError(f"no {current.kind} baseline in {folder} ran on {gpu or 'no GPU'} (the current run's GPU); "
                           f"it has: {have}")
-    return cards[gpu]
+    if len(cards[gpu]) > 1:
+        raise DDProbeError(f"{folder} holds {len(cards[gpu])} {current.kind} baselines for {gpu}: "
+                           f"{', '.join(p.name for p in cards[gpu])}; keep one per card there, or give the file "
+                           "with --baseline")
+    return cards[gpu][0]
 
 
 def compare_files(current: str | Path, baseline: str | Path, **kw) -> GateOutcome:
