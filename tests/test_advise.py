@@ -79,8 +79,35 @@ def test_the_investigation_typed_in_gives_a_crossover():
     assert 7.0 / verify == pytest.approx(1 / model.cost(int(c), 1).floor_ms, rel=1e-3)
     assert 8 * 1024 < c < 16 * 1024 and v["sglang"]["crossover_extrapolated"]
     assert v["floor"]["pays_everywhere"]
+    # but plain decoding is modelled (its floor, the fastest it can be): the loss is a bound, not a verdict. The
+    # table keeps speculation on and says why; the sentence gives the break-even plain step, verify / commit length
+    assert not v["sglang"]["plain_measured"] and "unproven" in v["sglang"]["sentence"]
+    assert "break-even plain step: 22.71 ms at 32k, 90.61 ms at 128k, 181.5 ms at 185k" in v["sglang"]["sentence"]
+    assert [b["break_even_ms"] for b in v["sglang"]["best"]] == pytest.approx([159 / 7, 714 / 7.88, 1430 / 7.88])
+    assert d["summary"]["vllm_rfc_48627"]["sglang"]["typed"]["num_speculative_tokens_per_seq_len"] == {"0": 8}
+    assert "no loss is proven" in d["summary"]["rfc_note"] and d["summary"]["batch"] == 1
+
+
+def test_measured_plain_decides_the_table():
+    """The same verify steps against a typed plain step (measured against measured): off beyond the crossover, as
+    before; no note, no 'unproven'."""
+    p = _advise("--ctx", "32k,128k", "--step-ms", "159,714", "--commit-len", "7", "--decode-ms", "20", "--path",
+                "sglang", "--json")
+    d = json.loads(p.stdout)
+    v = next(x for x in d["summary"]["verdicts"] if x["path"] == "sglang")
+    assert v["plain_measured"] and "unproven" not in v["sentence"] and "rfc_note" not in d["summary"]
     assert d["summary"]["vllm_rfc_48627"]["sglang"]["typed"]["num_speculative_tokens_per_seq_len"] == \
-        {"0": 8, str(round(c)): 0}
+        {"0": 8, str(round(v["crossover_ctx"])): 0}
+
+
+def test_the_readme_example_keeps_speculation_on_and_prints_the_break_even():
+    p = _advise("--ctx", "32k,128k,185k", "--step-ms", "159,714,1430", "--commit-len", "7.0,7.88,7.88", "--gpu",
+                "rtx-pro-6000", "--tp", "8", "--expert-dtype", "int4", "--path", "sglang", "--text", "predictable")
+    assert '{"sglang": {"predictable": {"num_speculative_tokens_per_seq_len": {"0": 8}}}}' in p.stdout
+    assert "break-even" in p.stdout and "22.71 ms" in p.stdout and "batch 1" in p.stdout
+    rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith("sglang")]
+    assert "no loss is proven" in p.stdout and len(rows) == 3
+    assert all(ln.rstrip().endswith("bound") for ln in rows)  # a loss against a bound is marked so, not "off"
 
 
 @pytest.mark.parametrize("args, msg", [

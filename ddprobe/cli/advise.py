@@ -137,18 +137,24 @@ def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float
 
 
 def _print(points, verdicts, summary: dict) -> None:
+    bound = {(v.path, v.text) for v in verdicts if not v.plain_measured}  # a loss there is a bound, not a verdict
     cols = [Col("path", 1), Col("text", 1), Col("ctx"), Col("budget", 2), Col("commit", 2), Col("verify", 3),
-            Col("decode", 3), Col("spec tok/s"), Col("plain tok/s"), Col("x")]
+            Col("decode", 3), Col("break-even", 3), Col("spec tok/s"), Col("plain tok/s"), Col("x")]
     rows = [[p.path, p.text, fmt_tokens(p.ctx), str(p.budget), f"{p.commit_len:.3g}", f"{p.verify_ms:.4g} ms",
-             f"{p.decode_ms:.4g} ms", f"{p.spec_tok_s:.3g}", f"{p.plain_tok_s:.3g}",
-             f"{p.speedup:.2f}" + ("" if p.speedup >= 1 else " off")] for p in points]
-    print_fitted("speculation on or off: tokens/s with speculation (commit length / verify step) against without "
-                 "(1 / decode step)", cols, rows)
+             f"{p.decode_ms:.4g} ms", f"{p.verify_ms / p.commit_len:.4g} ms", f"{p.spec_tok_s:.3g}",
+             f"{p.plain_tok_s:.3g}", f"{p.speedup:.2f}" + ("" if p.speedup >= 1 else " bound" if (p.path, p.text)
+                                                          in bound else " off")] for p in points]
+    print_fitted(f"speculation on or off, batch {summary.get('batch', 1)}: tokens/s with speculation (commit length / "
+                 "verify step) against without (1 / decode step); break-even: the plain step below which it loses",
+                 cols, rows)
     for v in verdicts:
         what = " (the verify step at its floor: what a kernel at physics would give)" if v.path == _FLOOR else ""
         out.print(f"- {v.sentence[0].upper()}{v.sentence[1:]}{what}.", highlight=False, soft_wrap=True)
     for note in dict.fromkeys(p.note for p in points if p.note):
         err.print(f"note: {note}", highlight=False, soft_wrap=True)
     out.print(f"plain decode: {summary['decode_source']}", highlight=False, style="dim")
-    out.print("vLLM RFC #48627 (context bucket from -> speculative tokens, 0 = off):", highlight=False)
+    out.print(f"vLLM RFC #48627 (context bucket from -> speculative tokens, 0 = off; batch {summary.get('batch', 1)}):",
+              highlight=False)
+    if summary.get("rfc_note"):
+        out.print(f"({summary['rfc_note']})", highlight=False, soft_wrap=True)
     out.print(json.dumps(summary["vllm_rfc_48627"]), highlight=False, soft_wrap=True)

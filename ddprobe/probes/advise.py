@@ -85,16 +85,27 @@ class Verdict:
     loses_everywhere: bool = False
     pays_everywhere: bool = False
     sentence: str = ""
+    # plain decoding measured (the engine here, typed --decode-ms): a loss decides. False: plain decoding is the step
+    # model's floor, the fastest it can be, so a loss against it is unproven and the RFC table keeps speculation on
+    plain_measured: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def _best(points: list[Point]) -> dict:
+    """The point of most tokens/s at one context; ``budget`` 0 where it loses to plain decoding. ``break_even_ms``:
+    the plain decode step below which it loses (verify step / commit length)."""
     p = max(points, key=lambda p: p.spec_tok_s)
     return {"ctx": p.ctx, "budget": p.budget if p.speedup >= 1 else 0, "best_budget_if_on": p.budget,
             "commit_len": p.commit_len, "verify_ms": p.verify_ms, "decode_ms": p.decode_ms,
-            "spec_tok_s": p.spec_tok_s, "plain_tok_s": p.plain_tok_s, "speedup": p.speedup}
+            "spec_tok_s": p.spec_tok_s, "plain_tok_s": p.plain_tok_s, "speedup": p.speedup,
+            "break_even_ms": p.verify_ms / p.commit_len}
+
+
+def break_even_line(v: "Verdict") -> str:
+    """The break-even plain step per context of a verdict: '22.7 ms at 32k, 90.6 ms at 128k'."""
+    return ", ".join(f"{b['break_even_ms']:.4g} ms at {fmt_tokens(b['ctx'])}" for b in v.best)
 
 
 MIN_CTX = 1024  # extrapolation stops here
@@ -151,7 +162,9 @@ def crossover_below(a: dict, b: dict | None, decode_at=None) -> float | None:
     return _bisect(line, lo, hi)
 
 
-def verdict(path: str, text: str, points: list[Point], decode_at=None) -> Verdict:
+def verdict(path: str, text: str, points: list[Point], decode_at=None, plain_measured: bool = True) -> Verdict:
+    """One path and text over its points. ``plain_measured`` False: the plain step is the step model's floor, so a
+    loss is a bound (the sentence says it is unproven and gives the break-even plain step); a win stands."""
     by_ctx: dict[int, list[Point]] = {}
     for p in points:
         by_ctx.setdefault(p.ctx, []).append(p)
@@ -183,26 +196,38 @@ def verdict(path: str, text: str, points: list[Point], decode_at=None) -> Verdic
     else:  # loses at short context, pays at long: said as measured
         pays = [fmt_tokens(b["ctx"]) for b in best if b["speedup"] >= 1]
         v.sentence = f"with {path}, speculation pays{on} at {', '.join(pays)} only"
+    if not plain_measured and not v.pays_everywhere:
+        v.plain_measured = False
+        said = v.sentence.replace("speculation loses", "speculation would lose to plain decoding at its floor", 1)
+        v.sentence = (f"{said}: unproven, plain decoding is modelled (its floor, the fastest it can be), not measured; "
+                      f"speculation loses only where your plain decode step is below the break-even plain step: "
+                      f"{break_even_line(v)}")
+    v.plain_measured = plain_measured
     v.sentence = " ".join(v.sentence.split())
     return v
 
 
-def advise(points: list[Point], decode_at=None) -> list[Verdict]:
+def advise(points: list[Point], decode_at=None, plain_measured: bool = True) -> list[Verdict]:
     """One verdict per (path, text), in the order the points first name them; ``decode_at(ctx)``: the plain decode
-    step at any context (ms), for a crossover below the smallest context measured."""
+    step at any context (ms), for a crossover below the smallest context measured. ``plain_measured`` False: the
+    plain steps are modelled (the floor rows, floor against floor, are like with like and decide)."""
     groups: dict[tuple[str, str], list[Point]] = {}
     for p in points:
         groups.setdefault((p.path, p.text), []).append(p)
-    return [verdict(path, text, ps, decode_at) for (path, text), ps in groups.items()]
+    return [verdict(path, text, ps, decode_at, plain_measured or path == FLOOR_PATH)
+            for (path, text), ps in groups.items()]
 
 
 def rfc_table(v: Verdict) -> dict[str, int]:
     """vLLM RFC #48627's form: context bucket (lower bound, tokens) -> number of speculative tokens (0: off). The
     buckets start at 0 and change where the best budget changes; the first measured context's budget holds below
     it, and each bucket starts halfway (geometric mean) between the two contexts measured around the change, or at
-    the crossover where speculation switches off."""
+    the crossover where speculation switches off. Plain decoding modelled (``plain_measured`` False): no loss is
+    proven, so speculation stays on at every context, at its best budget there."""
     table: dict[str, int] = {}
-    if v.crossover_extrapolated:  # on below the crossover (at the first context's best budget), off beyond
+    if not v.plain_measured:
+        v = Verdict(v.path, v.text, [{**b, "budget": b["best_budget_if_on"]} for b in v.best])
+    elif v.crossover_extrapolated:  # on below the crossover (at the first context's best budget), off beyond
         return {"0": v.best[0]["best_budget_if_on"], str(int(round(v.crossover_ctx))): 0}
     for i, b in enumerate(v.best):
         last = v.best[i - 1] if i else None  # the context measured just before this one
@@ -232,12 +257,20 @@ FLOOR_PATH = "floor"  # the path label of a verify step at its floor (left out o
 MODEL_DECODE = "the step model's floor of the one-row step (plain decoding at its best)"
 
 
+RFC_KEPT_ON = ("speculation kept on at every context in the table: plain decoding was modelled at its floor, not "
+               "measured, so no loss is proven; give --decode-ms (your server's plain decode step) to decide, or "
+               "compare it with the break-even plain step")
+BATCH = 1  # every figure: one request (the steps are single-request steps)
+
+
 def summary(verdicts: list[Verdict], decode_source: str) -> dict:
-    """An advise results file's summary: the verdicts, the paste-able RFC #48627 table, where plain decode's time came
-    from."""
-    return {"verdicts": [v.to_dict() for v in verdicts],
-            "vllm_rfc_48627": deployable([v for v in verdicts if v.path != FLOOR_PATH]),
-            "decode_source": decode_source}
+    """An advise results file's summary: the verdicts, the paste-able RFC #48627 table (and ``rfc_note``: why it
+    keeps speculation on where a loss is only a bound), where plain decode's time came from, the batch size."""
+    deploy = [v for v in verdicts if v.path != FLOOR_PATH]
+    kept_on = [v for v in deploy if not v.plain_measured and any(b["budget"] == 0 for b in v.best)]
+    return {"verdicts": [v.to_dict() for v in verdicts], "vllm_rfc_48627": deployable(deploy),
+            "decode_source": decode_source, "batch": BATCH,
+            **({"rfc_note": RFC_KEPT_ON} if kept_on else {})}
 
 
 def points_typed(ctxs: list[int], verify_ms: list[float], commit_len: list[float], decode_ms: list[float],
@@ -399,8 +432,8 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     return pts
 
 
-# said in every sentence whose decode step is the model's floor: a bound on plain decoding, not a measurement
-MODELLED = " (against plain decoding at its floor, not measured: a bound, not a verdict)"
+# said in every winning sentence whose decode step is the model's floor: beating plain decoding at its best holds
+MODELLED = " (against plain decoding at its floor, the fastest it can be: this holds for any real plain step)"
 
 
 def floor_points(points: list[Point], step_model) -> list[Point]:
@@ -443,10 +476,11 @@ def advise_result(points: list[Point], config: dict, meta=None, *, step_model=No
         check_physics(points, step_model)
     pts = points + (floor_points(points, step_model) if step_model is not None and at_floor else [])
     decode_at = (lambda c: step_model.cost(max(1, c), 1).floor_ms) if decode_source is None else None
-    verdicts = advise(pts, decode_at)
+    verdicts = advise(pts, decode_at, plain_measured=decode_source is not None)
     if decode_source is None and say_modelled:
         for v in verdicts:
-            v.sentence += MODELLED
+            if v.pays_everywhere and v.path != FLOOR_PATH:
+                v.sentence += MODELLED
     result = Result(kind="advise", meta=meta or RunMeta.collect(probe_gpu="measured" in config), config=config,
                     rows=[p.to_dict() for p in pts], summary=summary(verdicts, decode_source or MODEL_DECODE))
     return result, pts, verdicts
