@@ -8,11 +8,13 @@ through the same hook token by token. A job cancelled while still queued never s
 and the running gauge are updated before the job's last event, so a client that has its answer
 reads ``/metrics`` that include it (and no longer count it as running). ``shutdown`` (the server's first
 SIGINT/SIGTERM) cancels the running job at its next step and every queued one: each gets a ("shutdown", ...)
-event. Nothing here imports FastAPI.
+event. ``call`` hands the engine thread a command (the profiler's start and stop): it runs between two forward
+steps (or at once when the engine is idle), never on another thread. Nothing here imports FastAPI.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import queue
 import threading
@@ -35,6 +37,7 @@ class Job:
     # (the request's fault: a 400), ("internal", message) (the engine's: a 500) or ("shutdown", GenStats of the
     # tokens so far, None when it never started) (the server is stopping)
     cancel: threading.Event = field(default_factory=threading.Event)
+    prefilled: bool = False  # the engine thread has seen the prefill's token
 
     def post(self, kind: str, value: Any) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
@@ -65,6 +68,9 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
     return text[:min(hits)] if hits else text
 
 
+WAKE = object()  # put on the queue so that an idle engine thread runs the commands waiting
+
+
 class EngineWorker:
     """One thread that owns the engine; ``submit`` from the event loop, await ``job.events``."""
 
@@ -74,7 +80,8 @@ class EngineWorker:
         self.running = 0
         self.current: Job | None = None  # the job the engine is on
         self.closing = False
-        self.profiler = None  # server.profile.EngineProfiler: ticked between verify steps
+        self.profiler = None  # server.profile.EngineProfiler: told of every forward step, on this thread only
+        self.commands: queue.Queue = queue.Queue()  # (fn, Future): run on the engine thread between steps
         self.thread = threading.Thread(target=self.loop, name="ddprobe-engine", daemon=True)
         self.thread.start()
 
@@ -94,6 +101,29 @@ class EngineWorker:
     def close(self) -> None:
         self.queue.put(None)
 
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` on the engine thread between two forward steps (at once when idle); its result or exception
+        comes back through the future. After the thread has ended the command is run where it is asked."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.commands.put((fn, fut))
+        self.queue.put(WAKE)
+        if not self.thread.is_alive():
+            self.run_commands()
+        return fut
+
+    def run_commands(self) -> None:
+        while True:
+            try:
+                fn, fut = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001  (handed back to the caller)
+                fut.set_exception(e)
+
     def shutdown(self) -> None:
         """Stop taking work: the running job ends at its next step, queued ones never start (each gets a
         "shutdown" event); the thread ends after them. Safe to call from a signal handler, and more than once."""
@@ -112,6 +142,9 @@ class EngineWorker:
 
     def loop(self) -> None:
         while (job := self.queue.get()) is not None:
+            self.run_commands()
+            if job is WAKE:
+                continue
             if self.closing:
                 job.post("shutdown", None)
                 continue
@@ -132,13 +165,43 @@ class EngineWorker:
                 self.on_done(job, value)
             cut_short = kind == "done" and self.closing and value.extra.get("finish_reason") == "abort"
             job.post("shutdown" if cut_short else kind, value)
+        self.run_commands()
 
     def run(self, job: Job) -> GenStats:
+        try:
+            return self._run(job)
+        finally:
+            self._tell("idle")
+
+    def _tell(self, what: str, *args) -> None:
+        """The profiler's step hook ``what``: a profiler that fails is the profile's failure (said at the next
+        /stop_profile), never the request's."""
+        if self.profiler is None:
+            return
+        try:
+            getattr(self.profiler, what)(*args)
+        except Exception as e:  # noqa: BLE001
+            self.profiler.broken(e)
+
+    def _step(self, done: str | None, ctx: int) -> None:
+        """Between two forward steps: the commands waiting, then the profiler told that a step of kind ``done``
+        ran ("EXTEND" the prefill, "DECODE" a verify step) and that a verify step at context ``ctx`` comes next."""
+        self.run_commands()
+        if done is not None:
+            self._tell("after", done)
+        if self.profiler is not None:
+            self._tell("before", "DECODE", ctx, self.rows)
+
+    def _run(self, job: Job) -> GenStats:
         sent: list[int] = []
+        if self.profiler is not None:  # the prefill is a forward step, as SGLang counts them
+            self.rows = self.backend.describe().get("budget", 0) + 1 if self.spec else 1
+            self.run_commands()
+            self._tell("before", "EXTEND", len(job.ids), len(job.ids))
 
         def on_tokens(new: list[int]) -> None:
-            if self.profiler is not None:  # /start_profile's torch.profiler steps once per verify step
-                self.profiler.tick()
+            self._step("DECODE" if job.prefilled else "EXTEND", len(job.ids) + len(sent) + len(new))
+            job.prefilled = True
             if job.cancel.is_set():
                 raise StopGeneration("abort")
             checked = len(sent)
@@ -160,6 +223,7 @@ class EngineWorker:
                                      seed=job.seed, **kw)
 
     def stop_if_closing(self, done: int = 0, total: int = 0) -> None:
+        self.run_commands()  # a long prefill takes the profiler's commands between its chunks
         if self.closing:
             raise StopGeneration("abort")
 
