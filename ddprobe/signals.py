@@ -52,7 +52,6 @@ TABLE: list[Signal] = [
     Signal("util_mem_pct", "mem ctl", "time the memory controller was busy, %", dcgm="DCGM_FI_DEV_MEM_COPY_UTIL"),
     Signal("mem_used_GB", "mem GB", "device memory used, GB", dcgm="DCGM_FI_DEV_FB_USED", dcgm_scale=_MIB_GB),
 ]
-BY_KEY = {s.key: s for s in TABLE}
 BY_DCGM = {s.dcgm: s for s in TABLE if s.dcgm}
 # derived from a row, not read: power_W / power_limit_W
 DERIVED = {"power_pct": "power / limit"}

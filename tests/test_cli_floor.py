@@ -280,3 +280,69 @@ def test_steps_from_a_gpu_util_file_takes_the_engines_counted_kernels(tmp_path):
     launches_ms = 1424 * KERNEL_CLASS_BOUND.graph_us / 1e3  # an H200: no measurement, the class bound
     assert row["kernels"] == 1424 and row["latency_floor_ms"] == pytest.approx(launches_ms)
     assert row["launch_share"] == pytest.approx(launches_ms / row["step_ms"]) and row["step_bound"] == "bandwidth-bound"
+
+
+H100_LAUNCH = Path("tests/data/launch/bench-launch-h100.json")  # `bench launch` on the lent H100, 2026-12-06
+
+
+def _launch_file(tmp_path, **us) -> Path:
+    """The H100's launch file with some rows' times replaced (kind -> us)."""
+    d = json.loads(H100_LAUNCH.read_text())
+    for r in d["rows"]:
+        r["us"] = us.get(r["kind"].replace("-", "_"), r["us"])
+    f = tmp_path / "launch.json"
+    f.write_text(json.dumps(d))
+    return f
+
+
+def test_a_bench_launch_file_changes_the_launches_column(tmp_path):
+    """The shipped H100 figure is the file's least graph time: graph-empty 0.779 us (smaller than graph-small 0.982):
+    307 kernels (5 x 61 + 2) x 0.779 us = 239 us. A file whose graph kernels take 2.0 / 2.5 us gives 307 x 2.0 = 614
+    us in the same column, said as measured from that file."""
+    empty = next(r["us"] for r in json.loads(H100_LAUNCH.read_text())["rows"] if r["kind"] == "graph-empty")
+    assert empty == pytest.approx(0.779, abs=5e-4)
+    base = run("floor", "--gpu", "h100", "--ctx", "1k")
+    assert base.exit_code == 0, base.output
+    assert "launches: 307 kernels x 0.779 us = 239 us" in base.output
+    f = _launch_file(tmp_path, graph_empty=2.0, graph_small=2.5)
+    r = run("floor", "--gpu", "h100", "--ctx", "1k", "--launch-from", str(f))
+    assert r.exit_code == 0, r.output
+    assert "launches: 307 kernels x 2 us = 614 us" in r.output and str(f) in " ".join(r.output.split())
+    cells = {o: [line.split() for line in o.splitlines() if line.split()[:1] == ["1k"]][0] for o in (base.output,
+                                                                                                      r.output)}
+    assert "239" in cells[base.output] and "614" in cells[r.output]  # the table's launches column
+    row = json.loads(run("floor", "--gpu", "h100", "--ctx", "1k", "--launch-from", str(f), "--json").output)["rows"][0]
+    assert row["kernel_us"] == 2.0 and row["latency_floor_ms"] == pytest.approx(307 * 2.0 / 1e3)
+
+
+def test_launch_file_of_another_gpu_is_said_and_used_only_if_asked(tmp_path):
+    r = run("floor", "--gpu", "h200", "--ctx", "1k", "--launch-from", str(H100_LAUNCH))
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
+    assert "was measured on NVIDIA H100 80GB HBM3, not on the h200" in r.output and "--launch-any-gpu" in r.output
+    r = run("floor", "--gpu", "h200", "--ctx", "1k", "--launch-from", str(H100_LAUNCH), "--launch-any-gpu")
+    assert r.exit_code == 0 and "used for the h200 as asked" in " ".join(r.output.split())
+    assert "307 kernels x 0.779 us" in r.output
+    r = run("floor", "--gpu", "h200", "--ctx", "1k", "--launch-any-gpu")
+    assert r.exit_code == 1 and "--launch-any-gpu needs --launch-from" in r.output
+
+
+@pytest.mark.parametrize("us, says", [(dict(graph_empty=0.05), "graph-empty takes 0.05 us per kernel, below 0.1 us"),
+                                      (dict(sync=-1.0), "sync takes -1.0 us per kernel, below 0.1 us")])
+def test_an_impossible_launch_time_is_one_line(tmp_path, us, says):
+    r = run("floor", "--gpu", "h100", "--ctx", "1k", "--launch-from", str(_launch_file(tmp_path, **us)))
+    assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and says in r.output
+
+
+def test_kernels_against_a_counted_file_and_budget_against_queries(tmp_path):
+    src = json.loads(Path("tests/data/gpu-util-h200-split.json").read_text())
+    src["summary"]["request"].update(kernels=1424, launches_source="kernels: counted on the GPU: 1424 per DDTree step")
+    f = tmp_path / "util.json"
+    f.write_text(json.dumps(src))
+    r = run("floor", "--steps-from", str(f), "--kernels", "300")
+    assert r.exit_code == 1 and "--kernels 300 contradicts" in r.output and "counted 1424" in r.output
+    assert run("floor", "--steps-from", str(f), "--kernels", "1424").exit_code == 0
+    r = run("floor", "--budget", "8", "--queries", "9")
+    assert r.exit_code == 1 and "give --budget or --queries, not both" in r.output
+    rows = [json.loads(run("floor", "--ctx", "1k", "--json", *a).output)["rows"][0]["rows"]
+            for a in ((), ("--budget", "3"), ("--queries", "4"))]
+    assert rows == [9, 4, 4]

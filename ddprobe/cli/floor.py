@@ -130,6 +130,7 @@ def _show(spec, result, rows, as_json: bool, save: Optional[Path]) -> None:
 
 def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
     from ..physics.gpus import GPUS
+    from ..physics.step_model import bound_word
 
     g = GPUS.get(config.get("gpu") or "")
     where = g.label if g else "given bandwidth"
@@ -146,7 +147,7 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
     for r in rows:
         c = [fmt_tokens(r.ctx), fmt_bytes(r.kv_GB * 1e9), fmt_bytes(r.weights_GB * 1e9), _ms(r.kv_floor_ms),
              _ms(r.weight_floor_ms), _ms(r.compute_floor_ms)] + ([_ms(r.comm_ms)] if comm else []) + \
-            [_ms(r.latency_floor_ms), _ms(r.floor_ms), f"{r.binds}-bound", _ms(r.decode_floor_ms)]
+            [_ms(r.latency_floor_ms), _ms(r.floor_ms), bound_word(r.binds), _ms(r.decode_floor_ms)]
         if timed:
             below = "!" if r.below_floor else ""  # below the whole-step floor (BELOW_FLOOR is printed)
             c += ([f"{r.step_ms:.4g} ms{below}", fmt_bandwidth(r.eff_bw_GBps * 1e9), fmt_ratio(r.gap),

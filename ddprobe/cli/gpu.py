@@ -168,7 +168,9 @@ def print_summary(res) -> None:
         nums.append(f"effective KV bandwidth {fmt_bandwidth(s['eff_bw_GBps'] * 1e9)} "
                     f"({fmt_bytes(s['kv_GB_per_step'] * 1e9)} per step)")
     if s.get("gap"):
-        binds = f", {s['floor_binds']}-bound" if s.get("floor_binds") else ""
+        from ..physics.step_model import bound_word
+
+        binds = f", {bound_word(s['floor_binds'])}" if s.get("floor_binds") else ""
         nums.append(f"{fmt_ratio(s['gap'])} the floor {s['floor_ms']:.3g} ms (the whole step{binds})")
     if s.get("attn_gap"):
         nums.append(f"attention gap {fmt_ratio(s['attn_gap'])} (KV floor {s['kv_floor_ms']:.3g} ms)")

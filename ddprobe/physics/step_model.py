@@ -213,6 +213,19 @@ def step_bound(*, bytes_ms: float | None, compute_ms: float | None = None, launc
     return max(parts, key=lambda p: p[0])[1]  # max keeps the first of equals
 
 
+# the words older results files (and the attention's own ``attn_bound``) used for a bound, in ``BOUNDS``' words
+_OLD_BINDS = {"KV": "bandwidth", "weights": "bandwidth", "memory": "bandwidth", "launches": "launch"}
+
+
+def bound_word(binds: str | None) -> str:
+    """"X-bound" of a results file's ``binds`` (``StepCost.binds``' stem, or an older file's "KV", "weights",
+    "launches"; an ``attn_bound``'s "memory"), "-" for none: how every command and report prints it."""
+    if not binds:
+        return "-"
+    stem = _OLD_BINDS.get(binds, binds)
+    return stem if stem.endswith("-bound") else f"{stem}-bound"
+
+
 class WorkPart(NamedTuple):
     ms: float  # the work's floor: bytes over bandwidth or FLOPs over the tensor rate, the larger
     what: str  # "bytes" or "FLOPs"

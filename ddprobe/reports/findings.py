@@ -11,6 +11,7 @@ import json
 from collections import defaultdict
 
 from .. import verify_paths
+from ..physics.step_model import bound_word
 from ..results import Result
 from ..units import fmt_bandwidth, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
@@ -59,11 +60,11 @@ def floor(result: Result) -> list[str]:
     whole = all(r.floor_ms for r in rows)  # a file of an older ddprobe holds the attention's floor only
     what, binds = ("The verify step's floor", [r.binds for r in rows]) if whole else \
         ("The attention (an older file: no whole-step floor)", [r.attn_bound for r in rows])
+    binds = [bound_word(b) for b in binds]
     if len(set(binds)) == 1:
-        out.append(f"{what} is {binds[0]}-bound at every context ({_span([r.ctx for r in rows])}).")
+        out.append(f"{what} is {binds[0]} at every context ({_span([r.ctx for r in rows])}).")
     else:
-        out.append(f"{what} is " + ", ".join(f"{b}-bound at {fmt_tokens(r.ctx)}" for r, b in zip(rows, binds))
-                   + ".")
+        out.append(f"{what} is " + ", ".join(f"{b} at {fmt_tokens(r.ctx)}" for r, b in zip(rows, binds)) + ".")
     meas = [r for r in rows if r.step_ms]
     if meas:
         r = meas[-1]
@@ -163,19 +164,23 @@ def trace(result: Result) -> list[str]:
 
 
 def bench_launch(r: Result) -> list[str]:
-    """The least time per kernel a GPU measured (``ddprobe bench launch``) and what the step model makes of it."""
+    """The least time per kernel a GPU measured (``ddprobe bench launch``), read by the floor's own reader
+    (``physics.gpus.launch_time``), and what the step model makes of it."""
+    from ..physics.gpus import launch_time
+    from ..units import DDProbeError
+
+    gpus = r.meta.gpus if r.meta else []
+    try:
+        kt = launch_time({"kind": r.kind, "rows": r.rows, "meta": {"gpus": gpus}}, "this file")
+    except DDProbeError as e:
+        return [f"{len(r.rows)} row(s) of kind 'bench-launch' the floor cannot use: {e}."]
     us = {x.get("kind"): x.get("us") for x in r.rows}
-    gpu = (r.meta.gpus[0].get("name") if r.meta.gpus else None) or "this GPU"
-    out = []
-    if us.get("graph-small") is not None:
-        out.append(f"On {gpu} a small kernel replayed in a CUDA graph takes at least {us['graph-small']:.3g} us "
-                   f"(an empty one {us.get('graph-empty') or float('nan'):.3g} us): a step of N kernels cannot be faster "
-                   f"than N x {us['graph-small']:.3g} us, whatever it reads (the step model's latency term, "
-                   "shapes.KERNEL_TIMES).")
-    if us.get("eager-small") is not None:
-        out.append(f"Launched eagerly from Python each kernel costs {us['eager-small']:.3g} us, and a host "
-                   f"synchronisation {us.get('sync') or float('nan'):.3g} us: what a step without CUDA graphs pays.")
-    return out or [f"{len(r.rows)} row(s) of kind 'bench-launch' without the graph-small or eager-small row."]
+    rows = " and ".join(f"{k} {us[k]:.3g} us" for k in ("graph-empty", "graph-small") if us.get(k) is not None)
+    return [f"On {kt.device or 'this GPU'} a kernel replayed in a CUDA graph takes at least {kt.graph_us:.3g} us "
+            f"(the least of {rows}): a step of N kernels cannot be faster than N x {kt.graph_us:.3g} us, whatever it "
+            "reads (the step model's launch term; `ddprobe floor --launch-from` this file).",
+            f"Launched eagerly from Python each kernel costs {kt.eager_us:.3g} us, and a host synchronisation "
+            f"{kt.sync_us:.3g} us: what a step without CUDA graphs pays."]
 
 
 BY_KIND = {"commit": commit, "floor": floor, "bench-verify": bench_verify, "gpu-util": gpu_util, "advise": advise,

@@ -11,25 +11,19 @@ from pathlib import Path
 
 from ..results import Result
 from ..schema import FloorRow
+from ..physics.step_model import bound_word
 from ..physics.step_shape import BELOW_FLOOR
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from ..signals import LABELS
 from . import bench, plots, plots_gpu, trace
 from .findings import findings
 from .plots import Figure
+from .table import Table  # noqa: F401  (Table is also this module's, for callers)
 
 TITLES = {"commit": "Commit length", "floor": "Bandwidth floor", "bench-verify": "Verify-attention benchmark",
           "gpu-util": "GPU utilization", "advise": "Speculation on or off", "trace": "Where the step goes (trace)",
           "bench-launch": "The least time per kernel"}
 GENERIC_ROWS, GENERIC_COLS = 50, 12
-
-
-@dataclass
-class Table:
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    note: str = ""
 
 
 @dataclass
@@ -95,9 +89,9 @@ def _floor(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     rows = sorted(r.records, key=lambda x: x.ctx)
     t = Table(f"Floor per GPU ({r.config.get('model', '?')}, {r.config.get('queries', '?')} rows, tp "
               f"{r.config.get('tp', '?')}, {fmt_bandwidth(r.config['bw_Bps']) if r.config.get('bw_Bps') else '?'})",
-              ["ctx", "KV", "weights", "comm", "floor", "binds", "step", "eff bw", "gap", "attn gap"],
+              ["ctx", "KV", "weights", "comm", "floor", "bound", "step", "eff bw", "gap", "attn gap"],
               [[fmt_tokens(x.ctx), fmt_bytes(x.kv_GB * 1e9), fmt_bytes(x.weights_GB * 1e9) if x.weights_GB else "-",
-                _ms(x.comm_ms), _ms(x.floor_ms), x.binds or "-", _ms(x.step_ms),
+                _ms(x.comm_ms), _ms(x.floor_ms), bound_word(x.binds), _ms(x.step_ms),
                 fmt_bandwidth(x.eff_bw_GBps * 1e9) if x.eff_bw_GBps else "-",
                 fmt_ratio(x.gap) if x.gap else "-", fmt_ratio(x.attn_gap) if x.attn_gap else "-"] for x in rows],
               "floor: the whole step (KV + weights over bandwidth, or compute, plus the all-reduces); gap = step / "
@@ -116,7 +110,7 @@ def _floor(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
 def _where_the_step_goes(rows: list[FloorRow], an: dict | None) -> Table:
     ms = lambda v: fmt_time(v / 1e3) if v is not None else "-"  # noqa: E731
     body = [[fmt_tokens(x.ctx), ms(x.kv_floor_ms), ms(x.weight_floor_ms), ms(x.compute_floor_ms), ms(x.comm_ms),
-             ms(x.floor_ms), str(x.binds), ms(x.step_ms),
+             ms(x.floor_ms), bound_word(x.binds), ms(x.step_ms),
              (fmt_ratio(x.gap) + (" below the floor" if x.below_floor else "")) if x.gap else "-"] for x in rows]
     note = (f"A row below the floor: {BELOW_FLOOR} (the floor's inputs do not describe the measured run). "
             if any(x.below_floor for x in rows) else "")
@@ -127,7 +121,7 @@ def _where_the_step_goes(rows: list[FloorRow], an: dict | None) -> Table:
         note += (f"Fit: fixed {an['fixed_ms']:.3g} ms + {an['ms_per_1k']:.3g} ms per 1k tokens ({ivs}). "
                 + " ".join(an.get("notes", [])) + " " + an["verdict"])
     return Table("Where the step goes (per GPU)", ["ctx", "KV floor", "weight floor", "compute floor",
-                                                   "all-reduces", "floor", "binds", "step", "gap"], body, note.strip())
+                                                   "all-reduces", "floor", "bound", "step", "gap"], body, note.strip())
 
 
 def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
