@@ -50,7 +50,7 @@ def timeline_strip(strip: dict, name: str) -> Figure:
 
 def section(r: Result, sid: str):
     """(tables, figures) of a trace result; the Table type is the sections module's (passed in to avoid a cycle)."""
-    from .sections import Table
+    from .table import Table
 
     rows = r.rows
     cols = ["rank", "steps", "found by", "step ms", "idle ms"] + [LABELS[c] for c in CLASSES]
