@@ -178,7 +178,7 @@ class FloorRow(Row):
     latency_floor_ms: Ms | None = None  # launches + syncs
     bytes_floor_ms: Ms | None = None  # (KV + weights) / bandwidth
     floor_worst_ms: Ms | None = None
-    binds: str | None = None  # the term that sets the floor
+    binds: str | None = None  # the floor is <binds>-bound: launch, bandwidth, compute, communication or host
     decode_floor_ms: Ms | None = None  # the plain one-row decode step's floor
     attn_GFLOP: GFLOP | None = None
     attn_compute_floor_ms: Ms | None = None
@@ -191,7 +191,7 @@ class FloorRow(Row):
     below_floor: bool | None = None
     launch_share: Ratio | None = None  # latency floor / step
     bytes_share: Ratio | None = None  # max(bytes, compute) floor / step
-    step_bound: str | None = None  # "launch-bound", "bandwidth-bound" or "compute-bound" (step_model.parts_bound)
+    step_bound: str | None = None  # with a step: binds + "-bound" (physics.step_model.step_bound, the one rule)
     extra: dict = field(default_factory=dict)
 
 
