@@ -26,19 +26,22 @@ def report(
                                                    callback=output_file)]
     = Path("report.html"),
     force: Annotated[bool, typer.Option("--force", help="Replace a file at --out that is not a report ddprobe wrote "
-                                                        "(an earlier report is rendered again in place), or one that "
-                                                        "is also an input.")] = False,
+                                                        "as it is (an earlier report nobody edited is rendered again "
+                                                        "in place; one with notes added is kept), or one that is also "
+                                                        "an input.")] = False,
 ):
     """Write one report (summary, tables, plots) from results files."""
     from ..reports.load import expand
     from ..reports.render import write_report
     from .outputs import check_file
 
-    from ..reports.render import is_report
+    from ..reports.render import rewritable
 
-    # a report ddprobe wrote is rendered again in place (a derived file); any other file there is kept unless --force
+    # a report ddprobe wrote, unedited (its digest matches), is rendered again in place (a derived file); any other
+    # file there, an edited report included, is kept unless --force
+    holds = rewritable(out_path)
     check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)],
-               keep_existing=not is_report(out_path), holds="a file that is not a ddprobe report")
+               keep_existing=holds is not None, holds=holds or "")
 
     written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
     extra = f" and {len(written) - 1} image(s) in {written[1].parent}" if len(written) > 1 else ""

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import datetime as _dt
+import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -41,8 +43,8 @@ def build(paths: Iterable[str | os.PathLike], command: str = "", title: str = "d
 
 
 def is_report(path: str | os.PathLike) -> bool:
-    """Whether ``path`` holds a report ddprobe wrote (its HTML generator tag or its Markdown header line): one that
-    ``report -o`` may write again without ``--force``, a derived file, unlike results or anything else."""
+    """Whether ``path`` holds a report ddprobe wrote (its HTML generator tag or its Markdown header line), edited
+    since or not (``rewritable`` tells those apart)."""
     try:
         with open(path, "rb") as f:
             head = f.read(2048).decode("utf-8", "replace")
@@ -50,6 +52,46 @@ def is_report(path: str | os.PathLike) -> bool:
         return False
     return '<meta name="generator" content="ddprobe ' in head or \
         any(line.startswith("Generated ") and " by ddprobe " in line for line in head.splitlines()[:4])
+
+
+# The report's last line: the SHA-256 of the whole file as written with this line's digest left blank. A report
+# whose content still hashes to it is ddprobe's own, rendered again in place; one that does not was edited (notes
+# appended, a table fixed by hand) and is the user's: replaced only with --force.
+DIGEST_LINE = "<!-- ddprobe report sha256:{} (ddprobe renders this file again only while this matches it) -->\n"
+_DIGEST_RE = re.compile(r"<!-- ddprobe report sha256:([0-9a-f]{64}) \(")
+MAX_REPORT_BYTES = 256 << 20  # larger than any report ddprobe writes (plots embedded): not hashed, not ours
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sealed(text: str) -> str:
+    """``text`` with its digest line appended (``DIGEST_LINE``)."""
+    text = text if text.endswith("\n") else text + "\n"
+    return text + DIGEST_LINE.format(_digest(text + DIGEST_LINE.format("")))
+
+
+def rewritable(path: str | os.PathLike) -> str | None:
+    """None when ``report -o`` may write ``path`` without --force (no file there, an empty one, or a report ddprobe
+    wrote and nobody edited since: its digest matches its content); else what the file holds, said in a few words."""
+    p = Path(path)
+    try:
+        if not p.exists() or p.stat().st_size == 0:
+            return None
+        if p.stat().st_size > MAX_REPORT_BYTES or not is_report(p):
+            return "a file that is not a ddprobe report"
+        text = p.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return "a file that is not a ddprobe report"
+    found = list(_DIGEST_RE.finditer(text))
+    if not found:
+        return "a ddprobe report without its digest line (an older ddprobe's, or edited since): it may hold notes"
+    m = found[-1]
+    blank = text[:m.start(1)] + text[m.end(1):]
+    if _digest(blank) != m.group(1):
+        return "a ddprobe report edited since ddprobe wrote it (notes added or changed: its digest no longer matches)"
+    return None
 
 
 def _current(r):
@@ -103,7 +145,7 @@ def write(report: Report, out: str | os.PathLike) -> list[Path]:
                 written.append(folder / f"{f.name}.png")
     tmp = out.with_name(f".{out.name}.tmp")
     try:
-        tmp.write_text(render(report, fmt, image_dir), encoding="utf-8")
+        tmp.write_text(sealed(render(report, fmt, image_dir)), encoding="utf-8")
         os.replace(tmp, out)
     except OSError as e:  # the error names the report, never its temporary file
         tmp.unlink(missing_ok=True)
