@@ -75,8 +75,13 @@ def test_joined_projections_are_the_linears_weights():
 
     from ddprobe.engine.target import layer_pre
 
-    eng = Engine(ModelConfig.from_name("k2", heads=2, num_layers=2, feature_layers=(0, 1), max_ctx=256), device="cpu",
-                 dtype=torch.float32, seed=0)
+    # k2's layer shapes (MLA without q_lora, a dense first layer, then routed experts in one shared bank and a
+    # shared expert) at widths no larger than the property needs: 6 experts of 32, a 512-token vocabulary (the full
+    # preset's 48 experts x 2048 in fp32 peaked at 17.7 GB)
+    cfg = ModelConfig.from_name("k2", heads=2, num_layers=2, feature_layers=(0, 1), max_ctx=256, vocab_size=512,
+                                n_experts=6, experts_per_tok=2, moe_intermediate_size=32, intermediate_size=64,
+                                shared_intermediate_size=16)
+    eng = Engine(cfg, device="cpu", dtype=torch.float32, seed=0)
     layer = eng.target.layers[1]
     attn, moe = layer.self_attn, layer.mlp
     first, kv_w = attn._inputs()[0], attn.kv_a_proj_with_mqa.weight
