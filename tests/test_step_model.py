@@ -12,9 +12,9 @@ from ddprobe.results import Result
 from ddprobe.schema import upgrade_row
 from dataclasses import replace
 
-from ddprobe.physics.gpus import GPUS, KERNEL_CLASS_BOUND, KERNEL_TIMES, kernel_time
-from ddprobe.physics.interconnect import INTERCONNECTS, comm_fixed, comm_interconnect, interconnect_for, interpolate
-from ddprobe.physics.step_model import StepModel, structural_kernels, with_launches
+from ddprobe.physics.gpus import GPUS, KERNEL_CLASS_BOUND, kernel_time
+from ddprobe.physics.interconnect import INTERCONNECTS, comm_fixed, interconnect_for, interpolate
+from ddprobe.physics.step_model import BOUNDS, bound_word, gap_split, step_bound, with_launches
 from ddprobe.units import DDProbeError
 
 K26 = get_model("kimi-k2.6")
@@ -33,20 +33,16 @@ def test_nvlink_table_reproduces_its_source_and_interpolates_in_log_log():
 
 
 def test_pcie_all_reduces_of_the_investigations_step_by_hand():
-    """Kimi K2.6, tp 8 on RTX PRO 6000 (PCIe Gen5, NCCL): 2 x 61 = 122 all-reduces of 9 rows x 7168 x 2 B."""
+    """Kimi K2.6, tp 8 on RTX PRO 6000 (PCIe Gen5, NCCL): 2 x 61 = 122 all-reduces of 9 rows x 7168 x 2 B = 129,024 B,
+    each 20 us of latency + 2 x 7/8 of the message at 50 GB/s (ring) = 24.52 us: 2.99 ms a step."""
     model, config = served_model(K26, Sharding(tp=8, expert_dtype="int4"), "rtx-pro-6000")
     n, nbytes, us = model.collectives(9)
-    assert (n, nbytes) == (122, 9 * 7168 * 2)
-    one = 20.0 + 2 * 7 / 8 * 129024 / 50e9 * 1e6  # latency + ring traffic at 50 GB/s: 24.52 us
-    assert us == pytest.approx(122 * one)
+    assert (n, nbytes) == (122, 129_024) and us == pytest.approx(122 * 24.516, rel=1e-4)
     c = model.cost(131072, 9)
-    assert c.comm_ms == pytest.approx(122 * one / 1e3) and 2.9 < c.comm_ms < 3.1
-    mem = (131072 * 70272 + K26.step_weights(rows=9, tp=8, expert_dtype="int4").total_B) / 1.792e12 * 1e3
-    assert c.floor_ms == pytest.approx(mem + c.comm_ms)  # memory-bound, plus the all-reduces
+    assert c.comm_ms == pytest.approx(2.991, rel=1e-3) and c.allreduce_us == pytest.approx(24.516, rel=1e-4)
     assert "PCIe Gen5" in config["comm"]
-    # plain decode: 122 all-reduces of one row each, and fewer experts
-    d = model.cost(131072, 1)
-    assert d.allreduce_bytes == 7168 * 2 and d.floor_ms < c.floor_ms
+    d = model.cost(131072, 1)  # plain decode: 122 all-reduces of one row each (14,336 B), and fewer experts
+    assert d.allreduce_bytes == 14_336 and d.floor_ms < c.floor_ms
 
 
 def test_dcp_shards_the_kv_and_adds_one_combine_per_layer():
@@ -74,59 +70,101 @@ def test_tp1_and_unknown_interconnects():
         served_model(K26, Sharding(tp=8, allreduce_us=5.0, allreduce_from="x.json"), "h200")
 
 
-def test_launches_bound_the_step_by_max_not_sum():
-    """Kernels serialize and each moves its bytes inside its own duration: floor = max(bytes, FLOPs, launches)."""
-    w = lambda r: K26.step_weights(rows=r)  # noqa: E731
-    g = StepModel(attn=K26.attn, weights=w, bw_Bps=4.8e12)
-    few = with_launches(g, "h200", 100, counted="test")
-    many = with_launches(g, "h200", 10_000_000)
-    kt = kernel_time("h200")
-    b, f, m = g.cost(1024, 9), few.cost(1024, 9), many.cost(1024, 9)
-    assert f.launch_ms == pytest.approx(100 * kt.graph_us / 1e3) and f.launch_ms < f.bytes_floor_ms
-    assert f.floor_ms == pytest.approx(b.floor_ms) and f.binds == b.binds  # bytes dominate: launches add nothing
-    assert m.binds == "launches" and m.floor_ms == pytest.approx(10_000_000 * kt.graph_us / 1e3)
-    assert m.latency_floor_ms == pytest.approx(m.launch_ms)
-    # eager: the eager launch rate; host syncs add (the queue drains)
-    e = with_launches(replace(g, graphs=False), "h200", 10_000_000, syncs=4)
-    c = e.cost(1024, 9)
-    assert c.kernel_us == kt.eager_us and c.sync_ms == pytest.approx(4 * kt.sync_us / 1e3)
-    assert c.floor_ms == pytest.approx(10_000_000 * kt.eager_us / 1e3 + c.sync_ms)
-    with pytest.raises(DDProbeError, match="kernels per step"):
-        with_launches(g, "h200", -1)
+def test_published_shapes_by_hand():
+    """Numbers from the models' own papers and configs, not from the code: MLA caches 512 latent + 64 rope values
+    per token per layer (DeepSeek-V2/V3; Kimi K2 has 61 layers): 576 x 2 B x 61 = 70,272 B per token, 9.21 GB at
+    128k; Kimi K2 activates 32B parameters per token (its model card; one row reads about that in weights, the
+    embedding's one looked-up row aside); Llama 3.1 8B has 8.03B parameters of which its 128,256 x 4,096
+    embedding is 0.525B: 7.50B read per token; Qwen3-8B caches 36 layers x 8 KV heads x 128 x (K, V) x 2 B =
+    147,456 B per token."""
+    assert K26.attn.kv_bytes_per_token("bf16", 1) == 70_272
+    m, _ = served_model(K26, Sharding(tp=8), "h200")
+    c = m.cost(131072, 9)
+    assert c.kv_GB == pytest.approx(9.2107, rel=1e-4) and c.kv_floor_ms == pytest.approx(1.9189, rel=1e-4)
+    assert K26.step_weights(rows=1, tp=1).total_B / 2 == pytest.approx(32e9, rel=0.03)
+    assert get_model("llama-3.1-8b").step_weights(rows=1, tp=1).total_B / 2 == pytest.approx(7.505e9, rel=1e-3)
+    assert get_model("qwen3-8b").attn.kv_bytes_per_token("bf16", 1) == 147_456
+    # the attention's FLOPs at 128k, 9 rows, all 64 heads: QK over 576 values + PV over 512 = 2 x 1,088 FLOPs per
+    # (row, head, token, layer): 2,176 x 64 x 9 x 131,072 x 61 = 10.02 TFLOP
+    full, _ = served_model(K26, Sharding(tp=1), "h200")
+    assert full.attn_flops(131072, 9) == pytest.approx(10.0212e12, rel=1e-4)
 
 
-def test_unmeasured_gpus_use_the_class_bound_and_say_so():
-    w = lambda r: K26.step_weights(rows=r)  # noqa: E731
-    m = with_launches(StepModel(attn=K26.attn, weights=w, bw_Bps=4.8e12), "l40s", 1000)
-    assert not kernel_time("l40s").measured and m.kernel_us == KERNEL_CLASS_BOUND.graph_us
-    assert "no measurement" in m.kernel_source and "bound" in m.kernel_source
-    for name, kt in KERNEL_TIMES.items():  # every measurement names its source and stays above the class bound
-        assert name in GPUS and kt.measured and kt.source and kt.graph_us >= KERNEL_CLASS_BOUND.graph_us
+H100_FILE = json.loads(open("tests/data/launch/bench-launch-h100.json").read())
+
+
+def _h100_us(kind: str) -> float:
+    return next(r["us"] for r in H100_FILE["rows"] if r["kind"] == kind)
+
+
+def test_shipped_kernel_times_are_the_shipped_files_least():
+    """The H100's shipped figure is its real `bench launch` file's least graph time: graph-empty 0.779 us, below
+    graph-small 0.982 us; eager 5.92 us; a host sync 9.65 us (2026-12-06)."""
+    kt = kernel_time("h100")
+    assert kt.graph_us == _h100_us("graph-empty") == pytest.approx(0.779, abs=5e-4)
+    assert _h100_us("graph-small") == pytest.approx(0.982, abs=5e-4)
+    assert (kt.eager_us, kt.sync_us) == (pytest.approx(5.918, abs=1e-3), pytest.approx(9.651, abs=1e-3))
+    assert kt.measured and "NVIDIA H100 80GB HBM3" in kt.source and "2026-12-06" in kt.source
+    assert not kernel_time("l40s").measured and KERNEL_CLASS_BOUND.graph_us < kt.graph_us
+
+
+def _tiny_h100(**kw):
+    from ddprobe.physics.plan import StepInput, plan
+
+    return plan(StepInput(get_model("tiny"), gpu="h100", **kw)).cost(1024, 9)
+
+
+def test_each_bound_by_a_hand_computed_step():
+    """One step per word of the one rule, each worked out by hand:
+    - launch-bound: the tiny engine (a few MB of weights) with 1,000 graph-replayed kernels at 0.779 us = 0.779 ms;
+    - host-bound: the same eager, 10 kernels x 5.92 us = 59 us of launches, but 100 host syncs x 9.65 us = 0.965 ms;
+    - communication-bound: Llama 3.1 8B at tp 8 (1.88 GB of weights a GPU: 0.56 ms at 3.35 TB/s) with 2 x 32 = 64
+      all-reduces of 50 us = 3.2 ms;
+    - compute-bound: Kimi K2.6 on one GPU at 100 TFLOP/s: 10 TFLOP of attention alone at 128k take 100 ms;
+    - bandwidth-bound: the same at the H200's datasheet rate (989 TFLOP/s)."""
+    c = _tiny_h100(kernels=1000)
+    assert c.binds == "launch" and c.floor_ms == pytest.approx(0.7791, rel=1e-3) and c.bytes_floor_ms < 0.1
+    c = _tiny_h100(kernels=10, syncs=100, graphs=False)
+    assert c.binds == "host" and c.launch_ms == pytest.approx(0.05918, rel=1e-3)
+    assert c.floor_ms == pytest.approx(max(c.bytes_floor_ms, 0.05918) + 0.9651, rel=1e-3)
+    m, _ = served_model(get_model("llama-3.1-8b"), Sharding(tp=8, allreduce_us=50.0), "h100")
+    c = m.cost(1024, 9)
+    assert c.binds == "communication" and (c.allreduces, c.comm_ms) == (64, pytest.approx(3.2))
+    assert c.weights_GB == pytest.approx(1.877, rel=1e-3) and 0.55 < c.bytes_floor_ms < 0.6
+    slow, _ = served_model(K26, Sharding(tp=1), None, bw_Bps=4.8e12, flops_per_s=100e12)
+    c = slow.cost(131072, 9)
+    assert c.binds == "compute" and c.compute_floor_ms > 100.2 and c.compute_floor_ms > c.bytes_floor_ms
+    fast, _ = served_model(K26, Sharding(tp=1), "h200")
+    assert fast.cost(131072, 9).binds == "bandwidth"
+
+
+@pytest.mark.parametrize("parts, word", [
+    (dict(bytes_ms=5.0, compute_ms=2.0, launch_ms=1.0), "bandwidth-bound"),
+    (dict(bytes_ms=5.0, compute_ms=6.0, launch_ms=1.0), "compute-bound"),
+    (dict(bytes_ms=0.5, launch_ms=1.0, sync_ms=0.9), "launch-bound"),
+    (dict(bytes_ms=0.5, launch_ms=1.0, sync_ms=1.1), "host-bound"),  # syncs are their own part, not the launches'
+    (dict(bytes_ms=0.5, launch_ms=1.0, comm_ms=3.0), "communication-bound"),
+    (dict(bytes_ms=1.0, launch_ms=1.0), "bandwidth-bound"),  # a tie goes to the work
+    (dict(bytes_ms=None, compute_ms=None), "bandwidth-bound"),
+])
+def test_the_one_rule(parts, word):
+    assert step_bound(**parts) == word and word in BOUNDS
 
 
 @pytest.mark.parametrize("gpu", sorted(GPUS))
-def test_latency_term_for_every_preset_and_gpu(gpu):
-    """Every served preset (the structural least count) and engine preset (tiny, k2) on every GPU of the table:
-    launches = kernels x the GPU's least kernel time, and the floor is the largest of its parts plus the rest."""
-    from ddprobe.physics.presets import PRESETS as ENGINE
+def test_no_row_says_two_bounds(gpu):
+    """Every served preset on every GPU, with a step measured, eager with syncs or not: the floor's ``binds``, the
+    row's ``step_bound`` and the gap split are the same word (issue 63: one row said "weights" and "launch-bound")."""
     from ddprobe.physics.models import PRESETS as SERVED
-    from ddprobe.probes.backends.engine import preset_step_model
 
-    g, kt = GPUS[gpu], kernel_time(gpu)
-    models = [(name, served_model(spec, Sharding(), gpu)[0]) for name, spec in SERVED.items()]
-    models += [(name, with_launches(preset_step_model(name, None, "bf16", g.bw_Bps, g.bf16_flops), gpu, 300))
-               for name in ENGINE]
-    for name, m in models:
-        for ctx, rows in ((1, 1), (1024, 9), (131072, 9)):
-            c = m.cost(ctx, rows)
-            n = structural_kernels(m.attn.num_layers) if name in SERVED else 300
-            assert c.kernels == n and c.kernel_us == kt.graph_us, name
-            assert c.launch_ms == pytest.approx(n * kt.graph_us / 1e3)
-            top = max(c.bytes_floor_ms, c.compute_floor_ms or 0, c.launch_ms)
-            assert c.floor_ms == pytest.approx(top + c.comm_ms + c.sync_ms), (name, ctx)
-            assert (c.binds == "launches") == (c.launch_ms > max(c.bytes_floor_ms, c.compute_floor_ms or 0))
-    tiny = dict(models)["tiny"].cost(1, 1)
-    assert tiny.binds == "launches"  # a one-row step of the tiny model is launch-bound on every GPU
+    for name, spec in SERVED.items():
+        m, _ = served_model(spec, Sharding(tp=8 if spec.n_routed_experts else 1, allreduce_us=20.0), gpu)
+        for mm in (m, with_launches(replace(m, graphs=False), gpu, 3000, syncs=40)):
+            for ctx in (1, 4096, 262144):
+                row = floor_row(FloorInput(mm, 9), ctx, step_ms=1e4)
+                assert row.step_bound == bound_word(row.binds) == gap_split(mm.cost(ctx, 9), 1e4)["bound"], \
+                    (name, ctx)
+    assert bound_word("KV") == bound_word("weights") == "bandwidth-bound" and bound_word("launches") == "launch-bound"
 
 
 def test_an_older_floor_file_loads_under_todays_names(tmp_path):

@@ -10,7 +10,6 @@ way). The single ``*Opt`` annotations stay for commands that declare some of the
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
