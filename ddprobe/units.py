@@ -64,6 +64,36 @@ def in_range(value: float, what: str, text) -> float:
     return value
 
 
+# Times a benchmark measured, each in its key's unit: the range a typed step time has (``units.RANGES``, 1 us to
+# 1 h). A kernel floor is a bound, not a measurement (a 1k layer's can be under 1 us): not held to it.
+_MEASURED = {"bench-verify": {"us": 1e-6, "time_us": 1e-6, "step_ms": 1e-3, "eager_us": 1e-6},
+             "allreduce": {"us": 1e-6, "p10_us": 1e-6, "p90_us": 1e-6}}
+
+
+def check_measured(kind: str, rows: list, source: str) -> None:
+    """Nothing when every time the benchmark ``rows`` (dicts, typed by the schema) of a ``kind`` file record is a
+    measured time (1 us to 1 h; in a bench-verify row a zero, or null, is "no time": the path failed), an all-reduce's
+    p10 <= median <= p90 and its size at least 1 B; one DDProbeError naming the file, the row and the field
+    otherwise. Every reader of results files asks it (``reports.load.load_one``, ``load_allreduce``)."""
+    lo, hi, said = RANGES["step time"]
+    for i, row in enumerate(rows if kind in _MEASURED else [], 1):
+        where = f"{source}: row {i}" + (f" ({row.get('path')} ctx={row.get('ctx')})" if kind == "bench-verify"
+                                        else f" ({row.get('bytes')} B)")
+        for key, scale in _MEASURED[kind].items():
+            v = row.get(key)
+            if v is None or (v == 0 and kind == "bench-verify"):
+                continue
+            if not lo <= v * scale <= hi:
+                raise DDProbeError(f"{where}: {key!r} is {v:g} {key.rsplit('_', 1)[-1]}, not a measured time (must be "
+                                   f"between {said})")
+        if kind == "allreduce":
+            if row["bytes"] < 1:
+                raise DDProbeError(f"{where}: 'bytes' is {row['bytes']} (an all-reduce message is at least 1 B)")
+            p10, med, p90 = row.get("p10_us"), row.get("us"), row.get("p90_us")
+            if None not in (p10, med, p90) and not p10 <= med <= p90:
+                raise DDProbeError(f"{where}: p10_us {p10:g} <= us {med:g} <= p90_us {p90:g} does not hold")
+
+
 def parse_tokens(text: str | int) -> int:
     """'512' -> 512, '16k' -> 16384, '1m' -> 1048576, '1.5k' -> 1536 (k = 1024)."""
     if isinstance(text, int) and not isinstance(text, bool):
@@ -121,14 +151,23 @@ def parse_count_list(text: str, what: str) -> list[int]:
     return _parse_list(text, one, what)
 
 
-def parse_bytes(text: str | float) -> float:
-    """'9.2GB' -> 9.2e9, '1GiB' -> 1073741824, '1152' -> 1152 (bytes)."""
-    value, unit = _split(str(text), "size")
+def parse_bytes(text: str | float, what: str = "size") -> float:
+    """'9.2GB' -> 9.2e9, '1GiB' -> 1073741824, '1152' -> 1152 (bytes): a whole number of bytes ('1.5B', '1.0001KB'
+    are refused, never rounded to another size); ``what`` names the option in the error."""
+    value, unit = _split(str(text), what)
     unit = unit or "b"
     if unit not in _BYTE_UNITS:
-        raise UnitError(f"bad size {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    _positive(value, str(text), "size")
-    return value * _BYTE_UNITS[unit]
+        raise UnitError(f"bad {what} {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    _positive(value, str(text), what)
+    n = value * _BYTE_UNITS[unit]
+    if abs(n - round(n)) > 1e-9 * max(1.0, n):  # 1.1KB = 1100.0000000000002 in floats: whole
+        raise UnitError(f"bad {what} {text!r}: {n:g} B is not a whole number of bytes")
+    return float(round(n))
+
+
+def parse_bytes_list(text: str, what: str = "size") -> list[float]:
+    """'4KB,1MiB' -> [4000.0, 1048576.0]: whole numbers of bytes (``parse_bytes``)."""
+    return _parse_list(text, lambda p: parse_bytes(p, what), what)
 
 
 def parse_bandwidth(text: str | float) -> float:

@@ -86,7 +86,7 @@ def test_points_sorted_one_per_size(tmp_path):
     assert load_allreduce(path, 8) == [(1000.0, 10.0), (100000.0, 30.0)]  # the fastest of a size measured twice
     Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 8},
            rows=[{"bytes": 1000, "us": 0.0}]).save(path)
-    with pytest.raises(DDProbeError, match="no positive latency"):
+    with pytest.raises(DDProbeError, match="row 1 \\(1000 B\\): 'us' is 0 us, not a measured time"):
         load_allreduce(path, 8)
     Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config={"ranks": 8}).save(path)
     with pytest.raises(DDProbeError, match="no rows"):
@@ -102,10 +102,14 @@ def test_message_sizes():
     (["--ranks", "0", "--device", "cpu"], "--ranks must be 1..1024"),
     (["--budget", "0"], "--budget must be in 1..1024"),
     (["--model", "nope"], "unknown model 'nope'"),
-    (["--bytes", "0"], "size"),
+    (["--bytes", "0"], "bad --bytes '0': must be greater than zero"),
     (["--device", "tpu"], "unknown device 'tpu'"),
     (["--dtype", "fp8"], "bf16, fp16 or fp32"),
     (["--calls", "0"], "--calls"),
+    (["--bytes", "1.5B"], "bad --bytes '1.5B': 1.5 B is not a whole number of bytes"),  # measured 4 B before
+    (["--bytes", "4KB,1.0001KB"], "1000.1 B is not a whole number of bytes"),
+    (["--bytes", "6", "--device", "cpu"], "6 B is not a whole number of 4-byte elements"),
+    (["--bytes", "4KB,"], "empty item in --bytes list"),
 ])
 def test_bad_input_one_line_nothing_written(tmp_path, args, says):
     out = tmp_path / "ar.json"
@@ -132,3 +136,48 @@ def test_cuda_without_a_gpu_is_refused(tmp_path):
         pytest.skip("this machine has CUDA")
     line = _error_line(runner.invoke(app, ["bench", "allreduce", "--device", "cuda", "--out", str(tmp_path / "a")]))
     assert "no CUDA GPU" in line
+
+
+def test_an_earlier_results_file_is_kept_without_force(measured, tmp_path):
+    """Issue 65: `bench allreduce -o` replaced an earlier results file. Now one line, nothing measured, the file as it
+    was; --force replaces it."""
+    out, _ = measured
+    before = out.read_text()
+    line = _error_line(runner.invoke(app, ["bench", "allreduce", "--device", "cpu", "--out", str(out)]))
+    assert "already holds results measured earlier" in line and "--force" in line
+    assert out.read_text() == before
+    again = tmp_path / "again.json"
+    again.write_text(before)
+    res = runner.invoke(app, ["bench", "allreduce", "--device", "cpu", "--ranks", "2", "--calls", "1", "--samples",
+                              "1", "--force", "--out", str(again)])
+    assert res.exit_code == 0, res.output
+    assert len(json.loads(again.read_text())["rows"]) == 2  # the verify and decode sizes of this run alone
+
+
+def _file(tmp_path, rows, config=None):
+    path = tmp_path / "ar.json"
+    d = Result(kind="allreduce", meta=RunMeta.collect(probe_gpu=False), config=config or {"ranks": 2}).to_dict()
+    path.write_text(json.dumps({**d, "rows": rows}))
+    return path
+
+
+@pytest.mark.parametrize("rows, config, says", [
+    ([{"bytes": 1000, "us": 1e-4}], None, "row 1 (1000 B): 'us' is 0.0001 us, not a measured time (must be between "
+                                          "1 us and 1 h)"),
+    ([{"bytes": 1000, "us": 1e10}], None, "'us' is 1e+10 us, not a measured time"),
+    ([{"bytes": 1000, "us": 10.0, "p10_us": 12.0, "p90_us": 20.0}], None, "p10_us 12 <= us 10 <= p90_us 20 does not"),
+    ([{"bytes": 0, "us": 10.0}], None, "'bytes' is 0 (an all-reduce message is at least 1 B)"),
+    ([{"bytes": 1 << 40, "us": 10.0}], None, "'bytes' is 1099511627776 (must be 1 B..16 GiB)"),
+    ([{"bytes": 1000, "us": 10.0, "samples": 0}], None, "'samples' is 0 (must be at least 1)"),
+    ([{"bytes": 1000, "us": None}], None, "'us' is null (no latency measured)"),
+    ([{"bytes": 1000, "us": 10.0}], {"ranks": 0}, "config 'ranks' is 0 (must be a whole number 1..1024)"),
+    ([{"bytes": 1000, "us": 10.0}], {"ranks": "2"}, "config 'ranks' is '2'"),
+])
+def test_impossible_numbers_in_an_allreduce_file_are_one_line_naming_the_field(tmp_path, rows, config, says):
+    with pytest.raises(DDProbeError) as e:
+        load_allreduce(_file(tmp_path, rows, config), 2)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    # the floor reads it through --allreduce-from: the same line, exit 1, no traceback
+    line = _error_line(runner.invoke(app, ["floor", "--model", "kimi-k2.6", "--ctx", "1k", "--tp", "2",
+                                           "--allreduce-from", str(tmp_path / "ar.json")]))
+    assert says in line

@@ -1,9 +1,11 @@
 import math
+import re
 
 import pytest
 
-from ddprobe.units import (UnitError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_bandwidth,
-                           parse_bytes, parse_time, parse_time_list, parse_token_list, parse_tokens)
+from ddprobe.units import (DDProbeError, UnitError, check_measured, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time,
+                           fmt_tokens, parse_bandwidth, parse_bytes, parse_bytes_list, parse_time, parse_time_list,
+                           parse_token_list, parse_tokens)
 
 
 @pytest.mark.parametrize("text,want", [
@@ -69,6 +71,31 @@ def test_parse_bytes():
     assert parse_bytes("1152") == 1152
     with pytest.raises(UnitError, match="unknown unit"):
         parse_bytes("3 bananas")
+
+
+@pytest.mark.parametrize("text, says", [
+    ("1.5B", "1.5 B is not a whole number of bytes"), ("0.5", "0.5 B is not a whole number of bytes"),
+    ("1.0001KB", "1000.1 B is not a whole number of bytes"), ("0", "must be greater than zero"),
+    ("-4", "expected a number"), ("1e400", "too large"),
+])
+def test_sizes_are_whole_bytes_never_rounded_to_another(text, says):
+    """Issue 65: `bench allreduce --bytes 1.5B` measured 4 bytes. A size is a whole number of bytes; the option's
+    name is in the line."""
+    with pytest.raises(UnitError, match=r"bad --bytes .*" + re.escape(says)):
+        parse_bytes(text, "--bytes")
+    assert parse_bytes("1.1KB") == 1100 and parse_bytes("1.5KiB") == 1536 and parse_bytes("4KB") == 4000
+    assert parse_bytes_list("4KB,1MiB", "--bytes") == [4000, 2**20]
+
+
+@pytest.mark.parametrize("kind, row, says", [
+    ("bench-verify", {"path": "split", "ctx": 1024, "us": 1e-3}, "row 1 (split ctx=1024): 'us' is 0.001 us"),
+    ("bench-verify", {"path": "split", "ctx": 1024, "step_ms": 4e6}, "'step_ms' is 4e+06 ms, not a measured time"),
+    ("allreduce", {"bytes": 8, "us": 5.0, "p90_us": 4.0, "p10_us": 1.0}, "p10_us 1 <= us 5 <= p90_us 4"),
+])
+def test_measured_times_read_from_files_are_held_to_the_typed_range(kind, row, says):
+    with pytest.raises(DDProbeError, match=re.escape(says)):
+        check_measured(kind, [row], "f.json")
+    check_measured("bench-verify", [{"path": "split", "ctx": 1024, "us": 0}], "f.json")  # zero: no time, the path failed
 
 
 def test_formatting():

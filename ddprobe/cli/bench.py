@@ -10,7 +10,7 @@ import typer
 
 from ..units import DDProbeError, parse_token_list
 from .app import app
-from .options import MAX_TIMEOUT_S, checked, err, errors_exit_1, out, output_file, within
+from .options import MAX_TIMEOUT_S, ForceOpt, checked, err, errors_exit_1, out, output_file, within
 
 bench_app = typer.Typer(help="GPU benchmarks (results files that `ddprobe report` and `ddprobe gate` read).",
                         no_args_is_help=True)
@@ -87,12 +87,15 @@ def verify(
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Results file (JSON), rewritten after every "
                                                                "context.", callback=output_file)]
     = Path("bench-verify.json"),
+    force: ForceOpt = False,
 ):
     """Check and time verify attention (every path, FlashMLA, FlashInfer, Flex, SDPA) against each kernel's floor (its bytes over the measured copy bandwidth, or its FLOPs over the measured
     matmul rate: a kernel floor, not the whole step's); needs CUDA."""
     from ..jsonfile import write_json_atomic
     from ..probes.bench.verify import BenchOptions, check_tunings, run
+    from .outputs import check_file
 
+    check_file("--out", out_path, force=force, keep_existing=True)  # an earlier run's results: kept unless --force
     opts = BenchOptions(
         ctxs=parse_token_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
         variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick, slots=slots,
@@ -201,19 +204,22 @@ def allreduce(
                                              callback=checked(within(1.0, MAX_TIMEOUT_S, " s")))] = 300.0,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Results file (JSON), rewritten after every size.",
                                            callback=output_file)] = Path("allreduce.json"),
+    force: ForceOpt = False,
 ):
     """All-reduce latency at the verify and plain decode message sizes on N local ranks (NCCL or gloo)."""
     from ..probes.bench.allreduce import AllreduceOptions, check, default_ranks, run_allreduce, step_messages
     from ..physics.models import get_model
     from ..results import Result, ResultWriter, RunMeta
     from ..physics.shapes import dtype_name
-    from ..units import parse_bytes
+    from ..units import parse_bytes_list
+    from .outputs import check_file
 
+    check_file("--out", out_path, force=force, keep_existing=True)  # an earlier run's results: kept unless --force
     spec = get_model(model)
     if dtype_name(dtype) not in ("bf16", "fp16", "fp32"):
         raise DDProbeError(f"--dtype: all-reduce rows in bf16, fp16 or fp32, got {dtype!r}")
     dtype = dtype_name(dtype)
-    extra = [parse_bytes(b) for b in nbytes.split(",")] if nbytes.strip() else []
+    extra = parse_bytes_list(nbytes, "--bytes") if nbytes.strip() else []
     messages = step_messages(spec.hidden_size, budget, dtype, extra)
     if device == "auto":
         try:

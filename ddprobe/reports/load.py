@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from ..jsonfile import read_json
 from ..results import Result, RunMeta
 from ..schema import OLD_SCHEMAS, SCHEMA
-from ..units import DDProbeError
+from ..units import DDProbeError, check_measured
 
 
 def _from_raw_bench(d: dict[str, Any], source: str) -> Result:
@@ -43,8 +43,11 @@ def load_one(path: str | os.PathLike) -> Result:
         raise DDProbeError(f"results file {path} not found")
     d = read_json(path, "results file")  # regular files only, strict JSON, a depth limit
     if isinstance(d, dict) and d.get("schema") not in (SCHEMA, *OLD_SCHEMAS) and "results" in d and "ceilings" in d:
-        return _from_raw_bench(d, str(path))
-    return Result.from_dict(d, source=str(path))  # every row checked against its kind's schema
+        r = _from_raw_bench(d, str(path))
+    else:
+        r = Result.from_dict(d, source=str(path))  # every row checked against its kind's schema
+    check_measured(r.kind, r.rows, str(path))  # and every measured time against a typed one's range
+    return r
 
 
 def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:

@@ -40,6 +40,7 @@ from ...units import DDProbeError, fmt_bytes
 KIND = "allreduce"
 DEFAULT_CALLS = 20  # all-reduces per sample (captured in one graph on NCCL)
 DEFAULT_SAMPLES = 30
+MAX_MESSAGE = 1 << 34  # 16 GiB: --bytes's largest, and the largest size a file may say was measured
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ def step_messages(hidden: int, budget: int, dtype: str = "bf16", extra: list[flo
     row = int(hidden * dtype_bytes(dtype))
     out = [Message((budget + 1) * row, f"verify ({budget + 1} rows)"), Message(row, "decode (1 row)")]
     for b in extra or []:
-        if not 1 <= b <= 1 << 34:
-            raise DDProbeError(f"--bytes: message sizes must be 1 B..16 GiB, got {b:g}")
+        if not 1 <= b <= MAX_MESSAGE or b != int(b):
+            raise DDProbeError(f"--bytes: message sizes are whole bytes, 1 B..16 GiB, got {b:g} B")
         out.append(Message(int(b), "given"))
     return out
 
@@ -104,6 +105,12 @@ def check(opts: AllreduceOptions) -> None:
         raise DDProbeError(f"--calls and --samples must be at least 1, got {opts.calls} and {opts.samples}")
     if not opts.messages:
         raise DDProbeError("no message sizes to measure")
+    elt = int(dtype_bytes(opts.dtype)) if opts.device == "cuda" else 4  # gloo reduces fp32 elements
+    odd = next((m for m in opts.messages if m.label == "given" and m.bytes % elt), None)
+    if odd is not None:  # it would be rounded up to whole elements: another size than the one asked for
+        raise DDProbeError(f"--bytes: {odd.bytes} B is not a whole number of {elt}-byte elements "
+                           f"({opts.dtype if opts.device == 'cuda' else 'fp32, as gloo reduces'}); give a multiple "
+                           f"of {elt} B")
 
 
 def free_port() -> int:
@@ -288,20 +295,31 @@ def _time(torch, dist, x, calls: int, samples: int, graphs: bool) -> tuple[list[
 
 def load_allreduce(path: str | os.PathLike, ranks: int) -> list[tuple[float, float]]:
     """The (bytes, median us) points of a ``bench allreduce`` file measured on ``ranks`` ranks, sorted by bytes
-    (one line otherwise); ``step_model.comm_table`` interpolates between them."""
+    (one line otherwise); ``step_model.comm_table`` interpolates between them. Every number is checked as the
+    options that measured it are: ranks 1..1024, sizes 1 B..16 GiB, times 1 us..1 h (``units.check_measured``),
+    samples and calls at least 1."""
     from ...results import Result
+    from ...units import check_measured
 
     r = Result.load(path)
+    check_measured(r.kind, r.rows, str(path))
     if r.kind != KIND:
         raise DDProbeError(f"{path}: not an all-reduce file (kind {r.kind!r}; `ddprobe bench allreduce` writes one)")
     have = r.config.get("ranks")
+    if not isinstance(have, int) or isinstance(have, bool) or not 1 <= have <= 1024:
+        raise DDProbeError(f"{path}: config 'ranks' is {have!r} (must be a whole number 1..1024)")
     if have != ranks:
         raise DDProbeError(f"{path}: all-reduce measured on {have} ranks, the model asks for {ranks}: measure with "
                            f"`ddprobe bench allreduce --ranks {ranks}`")
     pts: dict[int, float] = {}
-    for row in r.records:  # typed rows (schema.AllreduceRow): bytes an integer >= 0, us a time >= 0 or null
-        if row.us is None or row.us <= 0 or row.bytes <= 0:
-            raise DDProbeError(f"{path}: a row of {fmt_bytes(row.bytes)} has no positive latency")
+    for i, row in enumerate(r.records, 1):  # typed rows (schema.AllreduceRow), times in range (load_one)
+        if row.us is None:
+            raise DDProbeError(f"{path}: row {i} ({fmt_bytes(row.bytes)}): 'us' is null (no latency measured)")
+        if row.bytes > MAX_MESSAGE:
+            raise DDProbeError(f"{path}: row {i}: 'bytes' is {row.bytes} (must be 1 B..16 GiB)")
+        for key in ("samples", "calls"):
+            if getattr(row, key) == 0:
+                raise DDProbeError(f"{path}: row {i} ({fmt_bytes(row.bytes)}): {key!r} is 0 (must be at least 1)")
         pts[row.bytes] = min(row.us, pts.get(row.bytes, math.inf))
     if not pts:
         raise DDProbeError(f"{path}: the all-reduce file has no rows")
