@@ -93,12 +93,22 @@ def check_folder(flag: str, path: Path, *, names: Iterable[str] = (), force: boo
 
 
 def _same(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same inode where both exist, else the same path once resolved as far as
+    it resolves (``os.path.realpath`` stops at a loop where ``Path.resolve`` raises RuntimeError; an unreadable part
+    leaves the path as given)."""
     try:
         if a.exists() and b.exists():
             return os.path.samefile(a, b)
     except OSError:
         pass
-    return a.resolve() == b.resolve()
+    return _real(a) == _real(b)
+
+
+def _real(p: Path) -> str:
+    try:
+        return os.path.realpath(p)
+    except (OSError, RuntimeError, ValueError):  # ValueError: a NUL byte in the name
+        return os.path.abspath(p)
 
 
 def check_outputs(paths: Mapping[str, Optional[Path]], *, force: bool = False,

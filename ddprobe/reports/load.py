@@ -39,8 +39,12 @@ def _from_raw_bench(d: dict[str, Any], source: str) -> Result:
 def load_one(path: str | os.PathLike) -> Result:
     """One results file; a ``DDProbeError`` naming the file when it is missing, not JSON or not a results file."""
     path = Path(path)
-    if not path.exists():
-        raise DDProbeError(f"results file {path} not found")
+    try:
+        os.stat(path)
+    except (FileNotFoundError, ValueError):  # ValueError: a NUL byte in the name
+        raise DDProbeError(f"results file {path} not found") from None
+    except OSError as e:  # a symbolic link loop, a folder that cannot be searched...
+        raise DDProbeError(f"cannot read results file {path}: {e.strerror or e}") from None
     d = read_json(path, "results file")  # regular files only, strict JSON, a depth limit
     if isinstance(d, dict) and d.get("schema") not in (SCHEMA, *OLD_SCHEMAS) and "results" in d and "ceilings" in d:
         r = _from_raw_bench(d, str(path))
