@@ -235,7 +235,8 @@ class CommitRow(Row):
         """What no measurement can say: a commit length above max_new_tokens or above budget + 1 (a step
         commits at most its accepted nodes and the bonus token), more verify steps than tokens."""
         c, n, b = self.commit_len, self.max_new_tokens, config.get("budget")
-        if c is not None and n is not None and n >= 1 and c > n + 1e-9:
+        cut_whole = self.backend == "vllm" and _is_int(b)  # vLLM counts a cut last step whole: budget + 1 bounds it
+        if c is not None and n is not None and n >= 1 and c > n + 1e-9 and not cut_whole:
             return f"'commit_len' is {c:g} tokens/step (must be <= max_new_tokens, {n})"
         if c is not None and _is_int(b) and b >= 0 and c > b + 1 + 1e-9:
             return f"'commit_len' is {c:g} tokens/step (must be <= budget + 1, {b + 1})"
