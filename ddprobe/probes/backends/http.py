@@ -55,12 +55,17 @@ class HttpClient:
             self._session = rq.Session()  # a late answer's thread may still hold the old one
             raise late(progress["stage"]) from None
         except rq.exceptions.ConnectionError as e:
-            from urllib3.exceptions import ReadTimeoutError
+            from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
-            if isinstance(e.args[0] if e.args else None, ReadTimeoutError):  # requests' name for a body read late
+            cause = e.args[0] if e.args else None
+            if isinstance(cause, ReadTimeoutError):  # requests' name for a body read late
                 raise late(progress["stage"]) from None
+            if isinstance(cause, ProtocolError):  # connected, then closed or reset before a whole answer
+                raise BackendError(dropped(method, url, progress["stage"])) from None
             reason = "connection refused" if "refused" in str(e).lower() else "cannot connect"
             raise BackendError(f"{method} {url}: {reason} (is the server running?)") from None
+        except rq.exceptions.ChunkedEncodingError:  # the body cut off mid-way
+            raise BackendError(dropped(method, url, progress["stage"])) from None
         except rq.exceptions.RequestException as e:
             raise BackendError(f"{method} {url}: {type(e).__name__}") from None
         if r.status_code >= 400:
@@ -84,6 +89,13 @@ class HttpClient:
             if "HTTP 404" in str(e) or "not valid JSON" in str(e):
                 return None
             raise
+
+
+def dropped(method: str, url: str, stage: str) -> str:
+    """The line for a connection the server closed or reset after it was made: the server took the request and
+    went away (it crashed, restarted or was killed), not a server that cannot be reached."""
+    return (f"{method} {url}: the connection dropped: the server closed it before a complete answer ({stage}); "
+            "did it crash, restart or get killed?")
 
 
 def field_of(d: Any, key: str, where: str, kind: type | tuple = (int, float)) -> Any:

@@ -134,7 +134,7 @@ class VLLMBackend(HttpClient):
             except BackendError as e:  # per-request metrics may still come with the answer
                 no_counters = e
         body = {"model": self._model, "prompt": input_ids, "max_tokens": max_new_tokens, "temperature": 0.0,
-                "ignore_eos": True}
+                "ignore_eos": True, "return_token_ids": True}  # the output's ids: the loop check, recall's copy
         t0 = time.perf_counter()
         try:
             d = self.call("POST", "/v1/completions", body)
@@ -151,7 +151,7 @@ class VLLMBackend(HttpClient):
             self._per_request = True
             stats = per_request_stats(own, prompt, completion, e2e, max_new_tokens, where)
             timing(stats, d["metrics"])
-            return stats, ""
+            return answer_extras(stats, d, where), ""
         if before is None:
             raise no_counters or BackendError(f"{where}: the answer has no metrics.speculative_decoding any more "
                                               "(the server restarted without --per-request-spec-decode-metrics?)")
@@ -167,7 +167,13 @@ class VLLMBackend(HttpClient):
         stats = self._counter_stats(before, after, prompt, completion, e2e, max_new_tokens)
         if self.SUCCESS not in after and self.GEN_TOKENS not in after:
             stats.extra["traffic_check"] = "unavailable: /metrics has no request_success or generation_tokens"
-        return stats, ""
+        return answer_extras(stats, d, where), ""
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` in the server's tokenizer (``/detokenize``): recall's copied-words figure reads it."""
+        self._model_card()
+        d = self.call("POST", "/detokenize", {"model": self._model, "tokens": list(ids)})
+        return str(field_of(d, "prompt", f"{self.url}/detokenize", str))
 
     def _restarted(self, before: dict) -> str | None:
         """Why the server restarted since the previous cell (None: it did not, or there was none)."""
@@ -204,6 +210,8 @@ class VLLMBackend(HttpClient):
                 k = k or max(1, math.ceil(stats.drafts_per_step - 1e-9))
             checked_stats(stats, max_new_tokens, where, budget=k)
             keep_positions(stats, at, drafts, accepted, f"{where} {self.PER_POS}_total")
+            if k:
+                stats.extra["budget"] = k  # what bounds vLLM's commit length: a cut last step counts whole
         stats.extra["spec_counts"] = "server-wide counters of /metrics, this request alone"
         if restarted:
             stats.extra["server_note"] = restarted
@@ -225,6 +233,25 @@ def timing(stats: GenStats, metrics: dict) -> None:
     stats.extra["decode_steps"] = stats.verify_steps + plain
 
 
+def answer_extras(stats: GenStats, d: dict, where: str) -> GenStats:
+    """What the answer says beyond the counts: the output's token ids (``return_token_ids``: ``choices[0].token_ids``;
+    the loop check and recall's copied words read them) and the prompt tokens the server's prefix cache served
+    (``usage.prompt_tokens_details.cached_tokens``, where the server reports it: ``--enable-prompt-tokens-details``)."""
+    choices = d.get("choices")
+    ids = _ints(choices[0].get("token_ids")) if isinstance(choices, list) and choices and \
+        isinstance(choices[0], dict) else None
+    if ids is not None and len(ids) == stats.completion_tokens:
+        stats.tokens = list(ids)
+    elif ids is not None:
+        stats.extra["server_note"] = (f"{where}: {len(ids)} token ids for {stats.completion_tokens} completion tokens: "
+                                      "the output's ids not believed (no loop check)")
+    details = (d.get("usage") or {}).get("prompt_tokens_details") if isinstance(d.get("usage"), dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached <= stats.prompt_tokens:
+        stats.reused_tokens = cached  # vLLM's prefix cache: the previous cell's prompt is this one's start
+    return stats
+
+
 def no_draft_stats(prompt: int, completion: int, e2e: float, max_new_tokens: int, where: str) -> GenStats:
     """A request during which the proposer drafted nothing (ngram speculation without a match): every token from a
     plain decode step, no verify step; vLLM's mean acceptance length is 1.0, so is the commit length."""
@@ -238,10 +265,24 @@ def no_draft_stats(prompt: int, completion: int, e2e: float, max_new_tokens: int
     return stats
 
 
-def keep_positions(stats: GenStats, at: list[float], steps: float, accepted: float, where: str) -> None:
-    """``accepted_per_pos`` (steps accepted at each draft position) and ``cond_accept_per_pos`` (at p over at
-    p - 1; at 0 over the steps) into ``stats.extra`` when ``at`` can be true of the counts: non-increasing, at most
-    ``steps``, summing to ``accepted``; else a ``server_note`` says why they are ignored."""
+def reached_per_pos(accepted: list[int], drafted: list[int] | None, k: int) -> list[int] | None:
+    """Per draft position p, the steps whose draft reached p: a token drafted there (``drafted`` > p) with every
+    earlier one accepted (``accepted`` >= p), from vLLM's ``per_step_accepted`` and ``per_step_drafted``; None
+    when the drafted counts are missing or do not fit (a step accepting more than it drafted)."""
+    if drafted is None or len(drafted) != len(accepted) or any(a > d for a, d in zip(accepted, drafted)):
+        return None
+    return [sum(d > p and a >= p for a, d in zip(accepted, drafted)) for p in range(k)]
+
+
+def keep_positions(stats: GenStats, at: list[float], steps: float, accepted: float, where: str,
+                   reached: list[int] | None = None) -> None:
+    """``accepted_per_pos`` (steps accepted at each draft position) and ``cond_accept_per_pos`` (conditional
+    acceptance per position) into ``stats.extra`` when ``at`` can be true of the counts: non-increasing, at most
+    ``steps``, summing to ``accepted``; else a ``server_note`` says why they are ignored. The conditional acceptance
+    at p is at p over the steps whose draft ``reached`` p where the server says how many tokens each step drafted
+    (``reached_per_pos``: a step that drafted 2 of 4 is not a failure at 3 and 4); without them, at p over at p - 1
+    (at 0 over the steps), counting undrafted positions as rejected, as vLLM's counters do
+    (``cond_accept_basis`` says which)."""
     if not at:
         return
     ok = all(0 <= a <= b for a, b in zip(at, [steps] + at[:-1])) and abs(sum(at) - accepted) < 0.5
@@ -250,7 +291,13 @@ def keep_positions(stats: GenStats, at: list[float], steps: float, accepted: flo
                                       f"{steps:g} drafted steps and {accepted:g} accepted tokens: ignored")
         return
     stats.extra["accepted_per_pos"] = [int(round(a)) for a in at]
+    if reached is not None and len(reached) == len(at) and all(a <= r for a, r in zip(at, reached)):
+        stats.extra["reached_per_pos"] = reached
+        stats.extra["cond_accept_per_pos"] = [a / r if r else None for a, r in zip(at, reached)]
+        stats.extra["cond_accept_basis"] = "drafts that reached the position (per_step_drafted)"
+        return
     stats.extra["cond_accept_per_pos"] = [a / b if b else None for a, b in zip(at, [steps] + at[:-1])]
+    stats.extra["cond_accept_basis"] = "accepted at the position before (undrafted positions count as rejected)"
 
 
 def _ints(v) -> list[int] | None:
@@ -290,7 +337,10 @@ def per_request_stats(sd: dict, prompt: int, completion: int, e2e: float, max_ne
         per_step = _ints(sd.get("per_step_accepted"))
         if per_step is not None and len(per_step) == steps:
             at = [sum(a > p for a in per_step) for p in range(k or max(per_step, default=0))]
-            keep_positions(stats, at, steps, accepted, f"{where} per_step_accepted")
+            keep_positions(stats, at, steps, accepted, f"{where} per_step_accepted",
+                           reached=reached_per_pos(per_step, _ints(sd.get("per_step_drafted")), len(at)))
+        if k:
+            stats.extra["budget"] = k  # what bounds vLLM's commit length: a cut last step counts whole
     reported = sd.get("mean_acceptance_length")
     if isinstance(reported, (int, float)) and not isinstance(reported, bool) and math.isfinite(reported):
         stats.extra["reported_mean_acceptance_length"] = float(reported)

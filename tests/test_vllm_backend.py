@@ -1,0 +1,115 @@
+"""The vLLM backend's reading of an answer, without vLLM (the live group, tests/test_live_vllm.py, runs the real
+server): a dropped connection named as such against real sockets on 127.0.0.1; conditional acceptance per position
+from vLLM's per-step drafted counts; the output's token ids and the prefix cache's reuse read from the answer; a cut
+last step counted as vLLM counts it, kept by the results file's schema (issue 65)."""
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from ddprobe.probes.backends.base import BackendError
+from ddprobe.probes.backends.http import HttpClient
+from ddprobe.probes.backends.vllm import answer_extras, per_request_stats, reached_per_pos
+from ddprobe.probes.commit import cell_row
+from ddprobe.results import Result, RunMeta
+
+
+class OneShot:
+    """A real TCP server on 127.0.0.1 that reads one request and answers it with ``reply`` bytes, then closes
+    (``reply`` b"": closes at once, as a server that dies on the request does)."""
+
+    def __init__(self, reply: bytes):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.reply = reply
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            if self.reply:
+                conn.sendall(self.reply)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("reply", [
+    b"",  # closed before any answer: requests says RemoteDisconnected (a ProtocolError)
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n{\"usage\": ",
+], ids=["before the headers", "mid-body"])
+def test_a_dropped_connection_is_named_so_not_cannot_connect(reply):
+    srv = OneShot(reply)
+    with pytest.raises(BackendError) as e:
+        HttpClient(srv.url, timeout_s=10).call("POST", "/v1/completions", {"prompt": [1, 2]})
+    line = str(e.value)
+    assert "the connection dropped: the server closed it before a complete answer" in line, line
+    assert "cannot connect" not in line and "\n" not in line
+    srv.thread.join(5)
+
+
+def test_nothing_listening_is_still_connection_refused():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BackendError, match="connection refused"):
+        HttpClient(f"http://127.0.0.1:{port}", timeout_s=5).call("GET", "/v1/models")
+
+
+def test_conditional_acceptance_divides_by_the_drafts_that_reached_each_position():
+    """Four steps of k = 4, one of which drafted a single token (ngram near a match's end) and accepted it. Read
+    over the steps accepted at the position before, position 1 is 2 of 4 (0.50): that step counts as a rejection at
+    a position it never drafted. Over the drafts that reached position 1 it is 2 of 3 (0.67)."""
+    accepted, drafted = [4, 1, 1, 4], [4, 1, 4, 4]  # step 2 drafted 1 token (ngram near a match's end)
+    assert reached_per_pos(accepted, drafted, 4) == [4, 3, 2, 2]
+    sd = {"num_spec_steps": 4, "num_accepted_draft_tokens": 10, "num_draft_tokens": 13, "num_spec_tokens": 4,
+          "acceptance_histogram": [0, 2, 0, 0, 2], "per_step_accepted": accepted, "per_step_drafted": drafted,
+          "mean_acceptance_length": 3.5}
+    st = per_request_stats(sd, 100, 15, 1.0, 16, "here")
+    assert st.extra["accepted_per_pos"] == [4, 2, 2, 2]
+    assert st.extra["reached_per_pos"] == [4, 3, 2, 2]
+    assert st.extra["cond_accept_per_pos"] == [1.0, pytest.approx(2 / 3), 1.0, 1.0]
+    assert st.extra["cond_accept_basis"].startswith("drafts that reached")
+    sd.pop("per_step_drafted")  # an older server: at p over at p - 1, said so
+    st = per_request_stats(sd, 100, 15, 1.0, 16, "here")
+    assert st.extra["cond_accept_per_pos"] == [1.0, 0.5, 1.0, 1.0] and "undrafted" in st.extra["cond_accept_basis"]
+    sd["per_step_drafted"] = [3, 1, 4, 4]  # a step accepting more than it drafted: not believed, the old basis
+    st = per_request_stats(sd, 100, 15, 1.0, 16, "here")
+    assert "reached_per_pos" not in st.extra and st.extra["cond_accept_per_pos"][1] == 0.5
+
+
+def test_token_ids_and_the_prefix_caches_reuse_are_read_from_the_answer():
+    sd = {"num_spec_steps": 2, "num_accepted_draft_tokens": 2, "num_spec_tokens": 4}
+    st = per_request_stats(sd, 600, 5, 1.0, 5, "here")
+    answer = {"choices": [{"text": "a b c d e", "token_ids": [7, 8, 7, 8, 7]}],
+              "usage": {"prompt_tokens": 600, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 512}}}
+    answer_extras(st, answer, "here")
+    assert st.tokens == [7, 8, 7, 8, 7] and st.reused_tokens == 512
+    st2 = per_request_stats(sd, 600, 5, 1.0, 5, "here")
+    answer_extras(st2, {"choices": [{"token_ids": [1, 2]}], "usage": {"prompt_tokens_details": {"cached_tokens": 601}}},
+                  "here")
+    assert st2.tokens == [] and "2 token ids for 5 completion tokens" in st2.extra["server_note"]
+    assert st2.reused_tokens is None  # more cached than the prompt: not believed
+
+
+@pytest.mark.parametrize("new", [2, 3])
+def test_a_cut_last_step_counted_whole_is_a_row_the_results_file_keeps(tmp_path, new):
+    """--max-new-tokens 2 (or 3) with four drafts: the prefill's token, then one step that accepted all four, cut to
+    the limit. vLLM counts it whole (commit length 5); so does ddprobe, and the file takes it (budget + 1 bounds it)."""
+    sd = {"num_spec_steps": 1, "num_accepted_draft_tokens": 4, "num_draft_tokens": 4, "num_spec_tokens": 4,
+          "acceptance_histogram": [0, 0, 0, 0, 1], "per_step_accepted": [4], "per_step_drafted": [4],
+          "mean_acceptance_length": 5.0}
+    st = per_request_stats(sd, 512, new, 0.5, new, "here")
+    assert st.commit_len == 5.0 and st.extra["budget"] == 4
+    row = cell_row("predictable", 512, new, st, "vllm")
+    r = Result(kind="commit", meta=RunMeta.collect(probe_gpu=False), config={"backend": "vllm", "budget": 4},
+               rows=[row])
+    r.save(tmp_path / "c.json")
+    assert Result.load(tmp_path / "c.json").rows[0]["commit_len"] == 5.0
