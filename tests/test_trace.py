@@ -52,6 +52,16 @@ def rewrite(src: Path, dst: Path, keep) -> Path:
     return dst
 
 
+def as_rank(src: Path, dst: Path, rank: int) -> Path:
+    """``src`` as rank ``rank``'s trace: the same events, its own distributedInfo (two files of the same bytes are
+    one trace, refused as two ranks)."""
+    doc = json.loads(gzip.open(src, "rt").read())
+    doc["distributedInfo"] = {"rank": rank, "world_size": 2}
+    with gzip.open(dst, "wt") as f:
+        json.dump(doc, f)
+    return dst
+
+
 def test_engine_trace_steps_by_markers(engine_trace):
     res, ranks = run_trace([engine_trace], cpu_ops=True)
     row = res.rows[0]
@@ -82,7 +92,7 @@ def test_without_markers_the_repeating_sequence_is_found(engine_trace, tmp_path)
 
 def test_ranks_side_by_side_with_skew(engine_trace, tmp_path):
     for r in (0, 1):
-        shutil.copy(engine_trace, tmp_path / f"1700000000.5-TP-{r}.trace.json.gz")
+        as_rank(engine_trace, tmp_path / f"1700000000.5-TP-{r}.trace.json.gz", r)
     with pytest.raises(DDProbeError, match="no GPU kernels"):
         run_trace([tmp_path])
     res, _ = run_trace([tmp_path], cpu_ops=True)
@@ -210,13 +220,18 @@ def test_serve_and_trace_url_end_to_end(tmp_path):
                 break
             except requests.RequestException:
                 time.sleep(0.3)
-        r = cli("--url", f"http://127.0.0.1:{port}", "--num-steps", 4, "--cpu-ops", "--dir", tmp_path / "d",
-                "-o", tmp_path / "o.json")
+        r = cli("--url", f"http://127.0.0.1:{port}", "--num-steps", 4, "--ctx", "1k", "--cpu-ops", "--dir",
+                tmp_path / "d", "-o", tmp_path / "o.json")
         assert r.returncode == 0, r.stderr
-        files = list((tmp_path / "d").glob("*-TP-0.trace.json.gz"))
-        assert len(files) == 1
+        files = list((tmp_path / "d").glob("*-TP-0*.trace.json.gz"))
+        # only the decode stage: serve counts steps as SGLang does (the prefill is one), so a profile started at the
+        # request would hold the prefill without profile_by_stage; each step's label says its context
+        assert [f.name.split("-TP-0")[1] for f in files] == ["-DECODE.trace.json.gz"]
         res = json.loads((tmp_path / "o.json").read_text())
-        assert res["rows"][0]["method"] == "markers" and res["rows"][0]["steps"] == 4
+        row = res["rows"][0]
+        assert row["method"] == "labels" and row["steps"] == 4 and row["mode"] == "verify", row
+        assert 1024 < row["ctx_labels"] < 1024 + 4 * 9, row  # the asked context, and the tokens decoded since
+        assert "set apart" not in res["summary"]["detail"]["0"]  # no prefill step in it
         stop = requests.post(f"http://127.0.0.1:{port}/stop_profile", json={}, timeout=30)  # already stopped itself
         assert stop.status_code == 400 and "not in progress" in stop.text
         # --no-request: the user's own request makes the steps
@@ -252,7 +267,7 @@ def test_read_trace_refuses_what_it_cannot_read(tmp_path):
         p.write_text(json.dumps({"traceEvents": [good, {**good, **change}]}))
         with pytest.raises(DDProbeError) as e:
             read_trace(p)
-        assert str(e.value).startswith(f"{p}: event 2 ('k') has a field that is not a number it can be: ")
+        assert str(e.value).startswith(f"{p}: event 2 ('k') has a field that is not what a trace holds: ")
         assert "\n" not in str(e.value)
     missing = [{k: v for k, v in good.items() if k != key} for key in ("ts", "dur")]
     op = {"ph": "X", "cat": "cpu_op", "name": "k", "ts": 1, "dur": 2}  # read with --cpu-ops, checked the same way
@@ -262,7 +277,7 @@ def test_read_trace_refuses_what_it_cannot_read(tmp_path):
         p.write_text(json.dumps({"traceEvents": [good, ev]}))
         with pytest.raises(DDProbeError) as e:
             read_trace(p, cpu_ops=cpu)
-        assert str(e.value).startswith(f"{p}: event 2 ('k') has a field that is not a number it can be: "), e.value
+        assert str(e.value).startswith(f"{p}: event 2 ('k') has a field that is not what a trace holds: "), e.value
     p.write_text(json.dumps({"traceEvents": [good]}))
     assert [k.dur for k in read_trace(p).kernels] == [2.0]
 
@@ -272,7 +287,7 @@ def test_report_draws_the_step_anatomy(engine_trace, tmp_path):
     from ddprobe.reports import render
 
     for r in (0, 1):
-        shutil.copy(engine_trace, tmp_path / f"1700000000.5-TP-{r}.trace.json.gz")
+        as_rank(engine_trace, tmp_path / f"1700000000.5-TP-{r}.trace.json.gz", r)
     res, _ = run_trace([tmp_path], cpu_ops=True)
     res.save(tmp_path / "trace.json")
     report = render.build([tmp_path / "trace.json"])
@@ -345,6 +360,12 @@ def test_graph_launches_are_the_units_and_the_grid_is_read(tmp_path):
     (["--wait", "-3"], "--wait: must be in"),
     (["--ctx", "64k"], "--ctx needs --model"),
     (["--model", "kimi-k2"], "--model needs --ctx"),
+    (["--tp", "8"], "--tp needs --model"),
+    (["--gpu", "h100"], "--gpu needs --model"),
+    (["--kv-dtype", "fp8"], "the dtype options need --model"),
+    (["--marker", "^(a+)+$"], "a repetition inside a repetition"),
+    (["--marker", "x" * 300], "characters, at most 200"),
+    (["--prompt-file", "p.txt"], "--prompt-file is the request --url sends"),
 ])
 def test_bad_options_one_line_before_anything_is_read(args, words, tmp_path):
     from typer.testing import CliRunner

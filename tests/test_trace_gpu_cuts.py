@@ -56,9 +56,9 @@ def test_the_shipped_cuts_are_the_notes_files():
 def test_sglang_fwd_kernel_takes_most_of_the_step(rows):
     r = rows["h100-sglang-graphs-32k.trace.json.gz"]
     assert r["gpu"] == "NVIDIA H100 80GB HBM3"
-    assert r["method"] == "graph launches" and r["steps"] == 3
+    assert r["method"] == "graph launches" and r["steps"] == 2  # 3 recorded; windows start after the largest gap (the host tree build before verify), so 2 whole ones
     # each cudaGraphLaunch is one unit (its replayed kernels share its correlation id): 6 graphs per step
-    assert r["detail"].startswith("a sequence of 6 graph launches repeats 3 times"), r["detail"]
+    assert r["detail"].startswith("a sequence of 6 graph launches repeats 2 times"), r["detail"]
     assert r["attn_kernel"] == "_fwd_kernel" and "SGLang" in r["attn_what"]
     assert r["attn_calls"] == LAYERS
     share = r["attention_ms"] / r["step_ms"]
@@ -108,7 +108,7 @@ def test_paged_is_one_block_per_head_too(rows):
 
 def test_eager_steps_by_repeating_sequence_same_kernel_time(rows):
     eager, graphs = rows["h100-sglang-eager-32k.trace.json.gz"], rows["h100-sglang-graphs-32k.trace.json.gz"]
-    assert eager["method"] == "repeating kernel sequence" and eager["steps"] == 3
+    assert eager["method"] == "repeating kernel sequence" and eager["steps"] == 2
     assert eager["attn_kernel"] == "_fwd_kernel" and eager["attn_calls"] == LAYERS
     assert near(eager["attn_us"], graphs["attn_us"])
     assert near(eager["step_ms"], measured_ms("h100-sglang-eager-32k.trace.json.gz"))

@@ -11,7 +11,7 @@ from rich.markup import escape
 from ..kernel_classes import CLASSES, LABELS
 from ..units import DDProbeError, parse_rows, parse_tokens
 from .app import app
-from .floor_options import TpOpt
+from .floor_options import ExpertDtypeOpt, KvDtypeOpt, TpOpt, WeightDtypeOpt
 from .options import MAX_TIMEOUT_S, ForceOpt, checked, err, errors_exit_1, out, results_path, within
 
 BIG_FILE = 16 << 20  # files this large get a progress line with an ETA
@@ -50,9 +50,10 @@ def print_rank(row: dict, top: list[dict], detail: str) -> None:
               highlight=False, markup=True)
     idle = row["idle_ms"] / row["step_ms"] if row["step_ms"] else 0.0
     gpu = row.get("work") != "CPU operators"
+    period = f" (step period {_ms(row['period_ms'])} ms)" if row.get("period_ms") else ""
     out.print(f"  {row['steps']} steps by {row['method']} ({detail}); median {'GPU ' if gpu else ''}span "
-              f"{_ms(row['step_ms'])} ms, {'kernels' if gpu else 'CPU operators'} busy {_ms(row['busy_ms'])} ms, "
-              f"idle inside the step {_ms(row['idle_ms'])} ms ({idle:.1%})",
+              f"{_ms(row['step_ms'])} ms{period}, {'kernels' if gpu else 'CPU operators'} busy {_ms(row['busy_ms'])} "
+              f"ms, idle inside the step {_ms(row['idle_ms'])} ms ({idle:.1%})",
               highlight=False, soft_wrap=True)
     total = sum(row[f"{c}_ms"] for c in CLASSES) or 1.0
     out.print(f"  {'class':<20} {'ms/step':>10} {'share':>7} {'launches':>9}  largest kernels (ms/step x launches; "
@@ -90,6 +91,11 @@ def print_attention(row: dict) -> None:
                   f"{row.get('attn_class_eff_bw_GBps') or 0:,.1f} GB/s of the step's KV; the step {_ms(row['step_ms'])} ms against the floor "
                   f"{_ms(row['floor_ms'])} ms (gap {row['gap']:,.1f}x, {ex.get('binds', '')}-bound)", highlight=False,
                   soft_wrap=True)
+        out.print(f"  the floor at {row['ctx']:,} tokens of context (from {row['ctx_from']}): {row['floor_from']}",
+                  highlight=False, soft_wrap=True)
+        if row.get("attn_calls_vs_layers") not in (None, 1.0):
+            out.print(f"  {row['attn_calls']:.0f} calls of {row['attn_kernel'][:40]} per step for the model's layers: "
+                      "the step's KV is divided over the calls counted", highlight=False, soft_wrap=True)
         if row["gap"] < 1:  # physics cannot be beaten: the model, context or sharding is not the trace's
             out.print("  step below the floor: check --model, --ctx and --tp (the trace's step is not this model's)",
                       highlight=False, soft_wrap=True)
@@ -103,6 +109,33 @@ def print_ranks(rows: list[dict], skew: dict) -> None:
                   f"{_ms(r['communication_ms']):>10} {_ms(r['idle_ms']):>10}", highlight=False)
     out.print(f"  skew: rank {skew['slowest_rank']}'s step {_ms(skew['slowest_step_ms'])} ms is {skew['skew']:.3f}x "
               f"the median rank's {_ms(skew['median_step_ms'])} ms", highlight=False)
+
+
+def print_diff(result) -> None:
+    """Both sides' steps, the classes side by side, the kernels whose time moved most, added and gone."""
+    d = result.summary["diff"]
+    out.print(f"[bold]before[/]: {escape(Path(d['before']).name)}  [bold]after[/]: {escape(Path(d['after']).name)}",
+              highlight=False, markup=True)
+    sp = f" ({d['speedup']:.2f}x)" if d.get("speedup") else ""
+    out.print(f"  step {_ms(d['step_before_ms'])} -> {_ms(d['step_after_ms'])} ms ({d['step_delta_ms']:+,.3f} ms{sp})"
+              + (f"; floor gap {d['gap_before']:,.1f}x -> {d['gap_after']:,.1f}x (floor {_ms(d['floor_before_ms'])}"
+                 f" / {_ms(d['floor_after_ms'])} ms)" if d.get("gap_before") else ""), highlight=False, soft_wrap=True)
+    if d.get("changed"):
+        out.print(f"  what changed most: {d['changed'][:60]}, {_ms(d['changed_before_ms'])} -> "
+                  f"{_ms(d['changed_after_ms'])} ms per step", highlight=False, soft_wrap=True)
+    out.print(f"  {'class':<20} {'before ms':>10} {'share':>7} {'after ms':>10} {'share':>7} {'moved ms':>10}",
+              highlight=False)
+    for c in d["classes"]:
+        if c["before_calls"] or c["after_calls"]:
+            out.print(f"  {LABELS[c['cls']]:<20} {_ms(c['before_ms']):>10} {c['before_share']:>7.1%} "
+                      f"{_ms(c['after_ms']):>10} {c['after_share']:>7.1%} {c['delta_ms']:>+10.3f}", highlight=False)
+    out.print("  kernels whose time moved most (ms per step, before -> after):", highlight=False)
+    for k in d["kernels"][:8]:
+        out.print(f"    {k['name'][:60]:<60} {_ms(k['before_ms']):>9} -> {_ms(k['after_ms']):>9} "
+                  f"({k['delta_ms']:+,.3f})", highlight=False)
+    for what in ("added", "gone"):
+        if d[what]:
+            out.print(f"  {what}: {'; '.join(n[:50] for n in d[what][:6])}", highlight=False, soft_wrap=True)
 
 
 def _model(name: str) -> None:
@@ -124,12 +157,9 @@ def _gpu(name: str) -> None:
 
 
 def _regex(text: str) -> None:
-    import re
+    from ..probes.trace_parts.read import check_marker
 
-    try:
-        re.compile(text)
-    except re.error as e:
-        raise DDProbeError(f"not a regular expression ({e})") from None
+    check_marker(text)
 
 
 FilesArg = Annotated[Optional[list[Path]], typer.Argument(help="Trace files (.json or .json.gz, one per rank) or "
@@ -159,9 +189,16 @@ def trace(
                                                                        "kernel's bandwidth and floors.",
                                                     callback=checked(_model))] = None,
     ctx: Annotated[Optional[str], typer.Option("--ctx", help="Context the traced steps attended over, k = 1024 "
-                                                             "(with --model).",
+                                                             "(needed with --model when the trace has no step "
+                                                             "labels; with --url the request's prompt length).",
                                                 callback=checked(parse_tokens))] = None,
-    tp: TpOpt = 1,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="With --url: the request's prompt, "
+                                                                              "a text file, instead of --ctx "
+                                                                              "tokens.")] = None,
+    tp: TpOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    expert_dtype: ExpertDtypeOpt = None,
+    kv_dtype: KvDtypeOpt = None,
     queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1), for the floor.",
                                          callback=checked(parse_rows))] = 9,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for the floors (default: the trace's "
@@ -176,26 +213,51 @@ def trace(
                                                                          "ddprobe-results/trace-<time>.json.")] = None,
     force: ForceOpt = False,
 ):
-    """Read torch-profiler traces (SGLang, vLLM, any Kineto trace): per verify step, where the GPU time went."""
+    """Read torch-profiler traces (SGLang, vLLM, any Kineto trace): per verify step, where the GPU time went.
+    `ddprobe trace diff A B`: two traces' steps side by side."""
     import sys
 
     from ..probes.trace import run_trace
     from .outputs import check_file
 
+    if files and str(files[0]) == "diff" and not files[0].exists():
+        return trace_diff(files[1:], model, parse_tokens(ctx) if ctx else None, out_path, force)
     if bool(files) == bool(url):
         raise DDProbeError("give trace files or folders, or --url to profile a server (one of the two)")
+    if prompt_file is not None and not url:
+        raise DDProbeError("--prompt-file is the request --url sends: give --url")
     path = check_file("--out", results_path(out_path, "trace"), force=force, keep_existing=True,
                       inputs=[("FILES", f) for f in files or []])
+    n = parse_tokens(ctx) if ctx else None
     if url:
         from ..probes.trace_parts.trigger import profile_server
 
-        files = profile_server(url, num_steps, trace_dir, wait, progress=err.print, request=request)
+        files = profile_server(url, num_steps, trace_dir, wait, progress=err.print, request=request, ctx=n,
+                               prompt_file=prompt_file)
+        n = None if model is None else n  # the labels say the context; --ctx was the request's prompt
+    dtypes = {"weight_dtype": weight_dtype, "expert_dtype": expert_dtype, "kv_dtype": kv_dtype}
     result, ranks = run_trace(files, marker=marker, cpu_ops=cpu_ops, model=model, tp=tp, rows=queries, gpu=gpu,
-                              ctx=parse_tokens(ctx) if ctx else None, progress=ReadProgress(),
-                              command=" ".join(sys.argv))
+                              ctx=n, dtypes=dtypes, progress=ReadProgress(), command=" ".join(sys.argv))
     for row, r in zip(result.rows, ranks):
         print_rank(row, result.summary["top"][str(r.rank)], r.detail)
     if result.summary.get("skew"):
         print_ranks(result.rows, result.summary["skew"])
+    result.save(path)
+    err.print(f"results: {path}", highlight=False)
+
+
+def trace_diff(files: list[Path], model: str | None, ctx: int | None, out_path: Path | None, force: bool) -> None:
+    """``ddprobe trace diff A B``: per step, class and kernel, before and after (``probes.trace_diff``)."""
+    import sys
+
+    from ..probes.trace_parts.diff import run_diff
+    from .outputs import check_file
+
+    if len(files) != 2:
+        raise DDProbeError(f"trace diff takes two traces (before, after), got {len(files)}")
+    path = check_file("--out", results_path(out_path, "trace-diff"), force=force, keep_existing=True,
+                      inputs=[("FILES", f) for f in files])
+    result = run_diff(files[0], files[1], model=model, ctx=ctx, command=" ".join(sys.argv))
+    print_diff(result)
     result.save(path)
     err.print(f"results: {path}", highlight=False)

@@ -32,13 +32,16 @@ _RANK_PATTERNS = (re.compile(r"-TP-(\d+)"), re.compile(r"_rank(\d+)\."), re.comp
 
 @dataclass
 class TraceModel:
-    """What ``--model --ctx --tp`` give: the step model and the shape of the step traced."""
-    model: object  # ddprobe.physics.step_model.StepModel
+    """What ``--model`` (with the context, tp and dtypes) gives: the model and the shape of the step traced; the
+    step model itself is planned per rank from what the rank's trace counted (``rank_floor``)."""
+    spec: object  # ddprobe.physics.models.ModelSpec
     name: str
     ctx: int
     rows: int
     tp: int
     gpu: str | None
+    dtypes: dict  # weight_dtype, expert_dtype, kv_dtype
+    ctx_from: str = "--ctx"  # or "the step labels"
 
 
 @dataclass
@@ -50,6 +53,8 @@ class RankResult:
     device: dict
     steps: RankSteps
     work: str = "GPU kernels"  # or "CPU operators" (--cpu-ops on a trace without kernels)
+    found: object = None  # trace_parts.steps.Steps: graphs, labels' mode and contexts, period
+    world_size: int | None = None  # the trace's distributedInfo.world_size
 
 
 def trace_files(paths: list[str | Path]) -> list[Path]:
@@ -66,6 +71,33 @@ def trace_files(paths: list[str | Path]) -> list[Path]:
         else:
             raise DDProbeError(f"{p}: no such file or folder")
     return out
+
+
+def distinct(files: list[Path]) -> list[Path]:
+    """``files`` once each: a file named twice (or through a link), or two files of the same content, are one
+    trace, never two ranks (one line)."""
+    import hashlib
+
+    seen: dict[str, Path] = {}
+    for f in files:
+        try:
+            real = str(f.resolve())
+        except (OSError, RuntimeError) as e:  # a symlink loop
+            raise DDProbeError(f"{f}: cannot be resolved ({e})") from None
+        if real in seen:
+            raise DDProbeError(f"{f} is given twice ({seen[real]}): one trace per rank")
+        seen[real] = f
+    sums: dict[tuple, Path] = {}
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        key = (f.stat().st_size, h.hexdigest())
+        if key in sums:
+            raise DDProbeError(f"{f} and {sums[key]} hold the same bytes: one trace, not two ranks")
+        sums[key] = f
+    return files
 
 
 def by_stage(files: list[Path]) -> tuple[list[Path], list[str]]:
@@ -112,7 +144,7 @@ def top_level_ops(t: Trace) -> list[Kernel]:
     return sorted(out, key=lambda k: k.ts)
 
 
-def analyse_rank(path: Path, index: int, *, marker: str, cpu_ops: bool,
+def analyse_rank(path: Path, index: int, *, marker: str, cpu_ops: bool, layers: int | None = None,
                  progress: Callable[[int], None] | None = None) -> RankResult:
     t = read_trace(path, marker=marker, cpu_ops=cpu_ops, progress=progress)
     kernels = sorted((k for k in t.kernels if k.cat == "kernel" or k.dur > 0), key=lambda k: k.ts)
@@ -124,9 +156,12 @@ def analyse_rank(path: Path, index: int, *, marker: str, cpu_ops: bool,
         kernels, work = top_level_ops(t), "CPU operators"
         if not kernels:
             raise DDProbeError(f"{path}: neither GPU kernels nor CPU operators in this trace")
-    found = find_steps(t, kernels)
+    found = find_steps(t, kernels, layers)
+    info = t.header.get("distributedInfo")
+    ws = info.get("world_size") if isinstance(info, dict) else None
+    ws = ws if isinstance(ws, int) and not isinstance(ws, bool) and 0 < ws < 1 << 20 else None
     return RankResult(rank_of(path, t.header, index), path, found.method, found.detail, t.device(),
-                      measure(found.steps), work)
+                      measure(found.steps), work, found, ws)
 
 
 def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
@@ -144,15 +179,49 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
            "attn_kernels": [{"name": a.name, "what": a.what, "role": a.role, "us": a.mean_us, "per_step": a.per_step,
                              "grid": grid_line(a, sms, smem)} for a in attn[:6]]}
     if tm is not None:
-        layers = tm.model.attn.num_layers
-        per_call_B = tm.model.kv_bytes(tm.ctx) / layers
+        model = rank_floor(r, tm)[0]
+        kv_B = model.kv_bytes(tm.ctx * _batch(r))
+        per_call_B = kv_B / k.per_step  # the step's KV over the calls counted (one per layer: the layer's KV)
         out["attn_kv_B_per_call"] = per_call_B
+        out["attn_calls_vs_layers"] = k.per_step / tm.spec.attn.num_layers
         out["attn_eff_bw_GBps"] = per_call_B / (k.mean_us * 1e-6) / 1e9
-        out["attn_kernel_floor_us"] = per_call_B / tm.model.bw_Bps * 1e6
+        out["attn_kernel_floor_us"] = per_call_B / model.bw_Bps * 1e6
         out["attn_vs_kernel_floor"] = k.mean_us / out["attn_kernel_floor_us"]
         if r.steps.class_ms["attention"] > 0:  # every attention kernel together (split-K kernels share the KV)
-            out["attn_class_eff_bw_GBps"] = tm.model.kv_bytes(tm.ctx) / (r.steps.class_ms["attention"] * 1e-3) / 1e9
+            out["attn_class_eff_bw_GBps"] = kv_B / (r.steps.class_ms["attention"] * 1e-3) / 1e9
     return out
+
+
+def _batch(r: RankResult) -> int:
+    return getattr(r.found, "batch", None) or 1
+
+
+def rank_floor(r: RankResult, tm: TraceModel):
+    """The step model of the step this rank traced (``physics.plan``): its kernels per step as counted in the trace
+    (collectives left out: they are the communication), graph-replayed or eager as its steps were found, its
+    communication as measured (a tp > 1 trace without a collective kernel: not counted, said); and the line
+    saying so."""
+    from ..physics.interconnect import Comm
+    from ..physics.plan import StepInput, plan
+    from ..physics.step_model import ALLREDUCES_PER_LAYER
+
+    s = r.steps
+    comm_n, comm_ms = s.class_count.get("communication", 0.0), s.class_ms.get("communication", 0.0)
+    kernels = max(1, round(sum(s.class_count.values()) - comm_n))
+    graphs = bool(getattr(r.found, "graphs", False))
+    comm, said = None, "tp 1: no communication"
+    if tm.tp > 1 and comm_n > 0:
+        per = comm_ms * 1e3 / (ALLREDUCES_PER_LAYER * tm.spec.attn.num_layers)
+        comm = Comm(lambda _b, per=per: per, f"measured in the trace: {comm_ms:.3g} ms per step over "
+                                             f"{comm_n:.0f} collective kernels")
+        said = comm.source
+    elif tm.tp > 1:
+        said = f"tp {tm.tp} but no collective kernel in the trace: communication not counted"
+    src = (f"counted in the trace: {kernels:,} kernels per step" +
+           (f" (its {comm_n:.0f} collectives counted once, in communication)" if comm_n else ""))
+    model = plan(StepInput(tm.spec, tp=tm.tp, gpu=tm.gpu, kernels=kernels, kernels_source=src, graphs=graphs,
+                           comm=comm, **tm.dtypes))
+    return model, f"{src}; {'graph-replayed' if graphs else 'eager'}; {said}"
 
 
 def rank_row(r: RankResult, tm: TraceModel | None) -> dict:
@@ -164,9 +233,15 @@ def rank_row(r: RankResult, tm: TraceModel | None) -> dict:
     row.update({f"{c}_ms": v for c, v in s.class_ms.items()})
     row.update({f"{c}_per_step": v for c, v in s.class_count.items()})
     row.update(attention_figures(r, tm))
+    f = r.found
+    if f is not None:
+        row.update(period_ms=f.period_ms, graphs=f.graphs, mode=f.mode, batch=f.batch,
+                   ctx_labels=int(statistics.median(f.contexts)) if f.contexts else None)
     if tm is not None:
-        cost = tm.model.cost(tm.ctx, tm.rows)
-        row.update(floor_ms=cost.floor_ms, gap=s.median_span_ms / cost.floor_ms, binds=cost.binds)
+        model, said = rank_floor(r, tm)
+        cost = model.cost(tm.ctx * _batch(r), tm.rows * _batch(r))
+        row.update(floor_ms=cost.floor_ms, gap=s.median_span_ms / cost.floor_ms, binds=cost.binds,
+                   floor_from=said, kernels_per_step=cost.kernels, ctx=tm.ctx, ctx_from=tm.ctx_from)
     return row
 
 
@@ -180,50 +255,85 @@ def skew(rows: list[dict]) -> dict:
             "communication_ms": {str(r["rank"]): r["communication_ms"] for r in rows}}
 
 
-def trace_model(model: str | None, ctx: int | None, tp: int, rows: int, gpu: str | None,
-                device_name: str | None) -> TraceModel | None:
-    """The step model for ``--model`` (None without one; ``--ctx`` then required). The GPU: ``--gpu``, else the
-    trace's device name when ddprobe knows it, else h200 (said in the result)."""
+def trace_model(model: str | None, ctx: int | None, tp: int | None, rows: int, gpu: str | None,
+                device_name: str | None, dtypes: dict | None = None, labels_ctx: int | None = None,
+                world: int = 1) -> TraceModel | None:
+    """What the floor needs (None without ``--model``). The context: the step labels' when the trace has them
+    (a ``--ctx`` that contradicts them is refused), else ``--ctx``. tp: ``--tp``, else the trace's world size or
+    file count. The GPU: ``--gpu``, else the trace's device when ddprobe knows it, else h200 (said in the result)."""
     if model is None:
         if ctx is not None:
             raise DDProbeError("--ctx needs --model (the model's KV bytes per token)")
+        if tp not in (None, 1) or gpu is not None or any((dtypes or {}).values()):
+            opt = "--tp" if tp not in (None, 1) else "--gpu" if gpu is not None else "the dtype options"
+            verb = "need" if opt.startswith("the") else "needs"
+            raise DDProbeError(f"{opt} {verb} --model: it only shapes the floor, which needs the model")
         return None
-    if ctx is None:
-        raise DDProbeError("--model needs --ctx (the context the traced steps attended over)")
+    if ctx is not None and labels_ctx is not None and abs(ctx - labels_ctx) > 0.1 * labels_ctx:
+        raise DDProbeError(f"--ctx {ctx:,} contradicts the trace's step labels ({labels_ctx:,} tokens of context "
+                           "per request): leave --ctx out, or give the labels' context")
+    if ctx is None and labels_ctx is None:
+        raise DDProbeError("--model needs --ctx (the context the traced steps attended over; the trace has no step "
+                           "labels that say it)")
     from ..physics.models import get_model
-    from .floor import Sharding, served_model
 
     spec = get_model(model)
     if gpu is None:
         known = gpu_spec_for(device_name)
         gpu = known.name if known else None
-    m, _ = served_model(spec, Sharding(tp=tp), gpu)
-    return TraceModel(m, spec.name, ctx, rows, tp, gpu or "h200")
+    dt = {k: v for k, v in (dtypes or {}).items() if v}
+    return TraceModel(spec, spec.name, labels_ctx if labels_ctx is not None else ctx, rows,
+                      tp if tp is not None else world, gpu or "h200", dt,
+                      "the step labels" if labels_ctx is not None else "--ctx")
 
 
-def run_trace(paths: list[str | Path], *, marker: str = r"^ProfilerStep#\d+$", cpu_ops: bool = False,
-              model: str | None = None, ctx: int | None = None, tp: int = 1, rows: int = 9, gpu: str | None = None,
-              progress: Callable[[str, int, int], None] | None = None, command: str | None = None):
-    """Analyse one trace per rank; returns (Result of kind "trace", the ranks' RankResults). ``progress(file, bytes
-    read, file size)`` is called as each file streams in."""
-    from ..results import Result, RunMeta
+def _layers(model: str | None) -> int | None:
+    if model is None:
+        return None
+    from ..physics.models import get_model
 
+    return get_model(model).attn.num_layers
+
+
+def analyse_all(paths: list[str | Path], *, marker: str, cpu_ops: bool, layers: int | None,
+                progress: Callable[[str, int, int], None] | None) -> tuple[list[Path], list[str], list[RankResult]]:
+    """Every rank's steps, measured (one trace per rank: two of one rank refused)."""
     files, stages = by_stage(trace_files(paths))
+    files = distinct(files)
     ranks: list[RankResult] = []
     for i, f in enumerate(files):
         size = f.stat().st_size
         cb = (lambda n, f=f, size=size: progress(str(f), n, size)) if progress else None
-        ranks.append(analyse_rank(f, i, marker=marker, cpu_ops=cpu_ops, progress=cb))
+        ranks.append(analyse_rank(f, i, marker=marker, cpu_ops=cpu_ops, layers=layers, progress=cb))
     seen: dict[int, Path] = {}
     for r in ranks:
         if r.rank in seen:
             raise DDProbeError(f"{seen[r.rank]} and {r.path} are both rank {r.rank}: give one trace per rank")
         seen[r.rank] = r.path
     ranks.sort(key=lambda r: r.rank)
-    tm = trace_model(model, ctx, tp, rows, gpu, ranks[0].device.get("name"))
+    return files, stages, ranks
+
+
+def run_trace(paths: list[str | Path], *, marker: str = r"^ProfilerStep#\d+$", cpu_ops: bool = False,
+              model: str | None = None, ctx: int | None = None, tp: int | None = None, rows: int = 9,
+              gpu: str | None = None, dtypes: dict | None = None,
+              progress: Callable[[str, int, int], None] | None = None, command: str | None = None):
+    """Analyse one trace per rank; returns (Result of kind "trace", the ranks' RankResults). ``progress(file, bytes
+    read, file size)`` is called as each file streams in. ``dtypes``: weight_dtype, expert_dtype, kv_dtype."""
+    from ..results import Result, RunMeta
+
+    if model is None:  # refused before anything is read
+        trace_model(None, ctx, tp, rows, gpu, None, dtypes)
+    files, stages, ranks = analyse_all(paths, marker=marker, cpu_ops=cpu_ops, layers=_layers(model),
+                                       progress=progress)
+    f0 = ranks[0].found
+    labels_ctx = int(statistics.median(f0.contexts)) if f0 is not None and f0.contexts else None
+    world = ranks[0].world_size or len(ranks)
+    tm = trace_model(model, ctx, tp, rows, gpu, ranks[0].device.get("name"), dtypes, labels_ctx, world)
     rows_out = [rank_row(r, tm) for r in ranks]
-    config = {"files": [str(f) for f in files], "left_out": stages, "marker": marker, "cpu_ops": cpu_ops, "model": model, "ctx": ctx,
-              "tp": tp, "rows": rows, "gpu": tm.gpu if tm else gpu}
+    config = {"files": [str(f) for f in files], "left_out": stages, "marker": marker, "cpu_ops": cpu_ops,
+              "model": model, "ctx": tm.ctx if tm else ctx, "ctx_from": tm.ctx_from if tm else None,
+              "tp": tm.tp if tm else tp, "rows": rows, "gpu": tm.gpu if tm else gpu, **(tm.dtypes if tm else {})}
     summary = {"skew": skew(rows_out) if len(rows_out) > 1 else None,
                "strip": {"rank": ranks[0].rank, "kernels": ranks[0].steps.strip, "names": ranks[0].steps.strip_names},
                "top": {str(r.rank): [k.__dict__ for k in r.steps.kernels[:40]] for r in ranks},

@@ -25,6 +25,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 MARKER_CATS = ("user_annotation", "gpu_user_annotation")
 _SKIP = re.compile(r"[\s,]*")
+LABEL = re.compile(r"^step\[|^execute_(?:context|new)_")  # a server's step label (trace_parts.steps parses it)
+MARKER_NAME_MAX = 1000  # characters of an annotation's name the --marker pattern is matched against
 
 
 @dataclass(slots=True)
@@ -46,13 +48,65 @@ class Trace:
     kernels: list[Kernel] = field(default_factory=list)
     launches: dict[int, tuple[float, str]] = field(default_factory=dict)  # correlation -> (CPU ts, runtime call)
     markers: list[tuple[str, float, float, str]] = field(default_factory=list)  # (name, ts, dur, cat)
+    labels: list[tuple[str, float, float, str]] = field(default_factory=list)  # the server's step labels, as markers
     cpu_ops: list[tuple[str, float, float, int]] = field(default_factory=list)  # (name, ts, dur, tid)
     events: int = 0
 
     def device(self) -> dict:
-        """The first GPU's properties as the trace records them ({} when it holds none)."""
+        """The first GPU's properties as the trace records them ({} when it holds none); a ``deviceProperties``
+        that is not a list of objects, a name that is not text, a count that is not a positive integer: one line
+        naming the field."""
         props = self.header.get("deviceProperties") or []
-        return props[0] if props and isinstance(props[0], dict) else {}
+        if not isinstance(props, list) or not all(isinstance(d, dict) for d in props):
+            raise DDProbeError(f"{self.path}: deviceProperties is not a list of objects "
+                               f"({type(props).__name__}): a damaged trace")
+        if not props:
+            return {}
+        d = props[0]
+        if "name" in d and not isinstance(d["name"], str):
+            raise DDProbeError(f"{self.path}: deviceProperties[0].name is {d['name']!r}, not a GPU's name")
+        for key in ("numSms", "sharedMemPerBlock", "sharedMemPerBlockOptin"):
+            v = d.get(key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 40):
+                raise DDProbeError(f"{self.path}: deviceProperties[0].{key} is {v!r}, not a positive count")
+        return d
+
+
+MARKER_MAX = 200  # characters of a --marker pattern
+
+
+def check_marker(text: str) -> re.Pattern:
+    """``--marker``: a regular expression matched against every annotation's name, so bounded in time: at most
+    ``MARKER_MAX`` characters and no repetition inside a repetition (``(a+)+`` and ``(a*)*`` nests backtrack
+    exponentially: ``^(a+)+$`` against 30 a's and a b takes minutes). One line otherwise."""
+    from re import _parser as sre  # the standard library's own parse of the pattern
+
+    if len(text) > MARKER_MAX:
+        raise DDProbeError(f"{len(text)} characters, at most {MARKER_MAX}")
+    try:
+        rx = re.compile(text)
+        tree = sre.parse(text)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise DDProbeError(f"not a regular expression ({e})") from None
+
+    def walk(items, inside: bool) -> None:
+        for op, av in items:
+            if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, getattr(sre, "POSSESSIVE_REPEAT", None)):
+                lo, hi, sub = av
+                many = hi is sre.MAXREPEAT or hi > 1
+                if many and inside:
+                    raise DDProbeError(f"{text!r}: a repetition inside a repetition can take exponential "
+                                       "time on a long name; write it without the nesting (e.g. ^(a+)+$ is ^a+$)")
+                walk(sub, inside or many)
+            elif op == sre.SUBPATTERN:
+                walk(av[-1], inside)
+            elif op == sre.BRANCH:
+                for b in av[1]:
+                    walk(b, inside)
+            elif op in (sre.ASSERT, sre.ASSERT_NOT):
+                walk(av[1], inside)
+    walk(tree, False)
+    return rx
 
 
 def _open_text(path: Path):
@@ -72,8 +126,14 @@ def _dims(v) -> tuple:
     return tuple(v)
 
 
+MAX_DUR_US = 3.6e9  # one event longer than an hour is no kernel or step of a decode (typed step times: 1 us - 1 h)
+MAX_TS_US = 1e17  # microseconds since 1970 until the year 5138: beyond, no clock wrote it
+
+
 def _time(v) -> float:
-    """A timestamp or duration in us: a finite number (ValueError otherwise; ``_at`` refuses a negative duration)."""
+    """A timestamp or duration in us: a finite number (ValueError otherwise; ``_at`` checks its range)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"{v!r} is not a time")
     x = float(v)
     if x != x or x in (float("inf"), float("-inf")):
         raise ValueError(f"{v!r} is not a finite time")
@@ -83,9 +143,13 @@ def _time(v) -> float:
 def _launch_args(args: dict) -> tuple | None:
     if "grid" not in args:
         return None
-    return (_dims(args.get("grid")), _dims(args.get("block")), args.get("registers per thread"),
-            args.get("shared memory"), args.get("blocks per SM"), args.get("warps per SM"),
-            args.get("est. achieved occupancy %"))
+    def num(key):  # a figure the profiler computed: a finite number >= 0, else not known
+        v = args.get(key)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e15
+        return v if ok else None
+
+    return (_dims(args.get("grid")), _dims(args.get("block")), num("registers per thread"), num("shared memory"),
+            num("blocks per SM"), num("warps per SM"), num("est. achieved occupancy %"))
 
 
 def _raw_pos(fh) -> int:
@@ -131,9 +195,10 @@ def _header(s: _Stream, path: Path) -> dict:
     if not head.startswith("{"):
         raise DDProbeError(f"{path}: not a torch-profiler trace (not a JSON object)")
     try:
-        return json.loads(head + "}") if head != "{" else {}
-    except json.JSONDecodeError:
+        doc = json.loads(head + "}") if head != "{" else {}
+    except (json.JSONDecodeError, RecursionError):
         return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 def _events(s: _Stream, path: Path, tail: dict) -> Iterator[dict]:
@@ -169,7 +234,7 @@ def _tail(rest: str) -> dict:
     try:
         doc = json.loads("{" + body)
         return doc if isinstance(doc, dict) else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return {}
 
 
@@ -178,8 +243,12 @@ def _at(ev: dict, key: str) -> float:
     if key not in ev:
         raise ValueError(f"no {key!r}")
     x = _time(ev[key])
-    if key == "dur" and x < 0:
-        raise ValueError(f"duration {x:g} us is negative")
+    if x < 0:
+        raise ValueError(f"{key} {x:g} us is negative")
+    if key == "dur" and x > MAX_DUR_US:
+        raise ValueError(f"dur {x:g} us is longer than an hour")
+    if key == "ts" and x > MAX_TS_US:
+        raise ValueError(f"ts {x:g} us is beyond any clock")
     return x
 
 
@@ -188,6 +257,8 @@ def _take(t: Trace, ev: dict, marker: re.Pattern, cpu_ops: bool) -> None:
     if ph != "X":
         return
     args = ev.get("args") or {}
+    if not isinstance(args, dict):
+        raise ValueError(f"args is a {type(args).__name__}, not an object")
     if cat in DEVICE_CATS:
         t.kernels.append(Kernel(str(ev.get("name", "")), _at(ev, "ts"), _at(ev, "dur"),
                                 int(args.get("stream", 0) or 0), int(args.get("correlation", -1) or -1), cat,
@@ -196,8 +267,10 @@ def _take(t: Trace, ev: dict, marker: re.Pattern, cpu_ops: bool) -> None:
         corr = args.get("correlation")
         if corr is not None:
             t.launches[int(corr)] = (_at(ev, "ts"), sys.intern(str(ev.get("name", ""))))
-    elif cat in MARKER_CATS and marker.search(str(ev.get("name", ""))):
-        t.markers.append((str(ev["name"]), _at(ev, "ts"), _at(ev, "dur"), cat))
+    elif cat in MARKER_CATS and LABEL.match(name := str(ev.get("name", ""))):
+        t.labels.append((name, _at(ev, "ts"), _at(ev, "dur"), cat))
+    elif cat in MARKER_CATS and marker.search(name[:MARKER_NAME_MAX]):
+        t.markers.append((name, _at(ev, "ts"), _at(ev, "dur"), cat))
     elif cpu_ops and cat == "cpu_op":
         t.cpu_ops.append((sys.intern(str(ev.get("name", ""))), _at(ev, "ts"), _at(ev, "dur"),
                           int(ev.get("tid", 0) or 0)))
@@ -208,7 +281,11 @@ def read_trace(path: str | Path, marker: str = r"^ProfilerStep#\d+$", cpu_ops: b
     """The kernels, launches and step markers of the trace at ``path`` (``DDProbeError``, one line, when it is not a
     trace, is truncated or damaged)."""
     path = Path(path)
-    t, rx, tail = Trace(path), re.compile(marker), {}
+    try:
+        rx = check_marker(marker)
+    except DDProbeError as e:
+        raise DDProbeError(f"--marker: {e}") from None
+    t, tail = Trace(path), {}
     try:
         with _open_text(path) as fh:
             s = _Stream(fh, progress)
@@ -217,9 +294,12 @@ def read_trace(path: str | Path, marker: str = r"^ProfilerStep#\d+$", cpu_ops: b
                 t.events += 1
                 try:
                     _take(t, ev, rx, cpu_ops)
-                except (TypeError, ValueError) as e:
+                except (TypeError, ValueError, AttributeError, OverflowError) as e:
                     raise DDProbeError(f"{path}: event {t.events} ({str(ev.get('name', ''))[:60]!r}) has a field that "
-                                       f"is not a number it can be: {e}") from None
+                                       f"is not what a trace holds: {e}") from None
+    except RecursionError:
+        raise DDProbeError(f"{path}: event {t.events + 1} is nested deeper than any trace event (a damaged or "
+                           "hostile file)") from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as e:
         raise DDProbeError(f"{path}: a damaged or truncated gzip file ({e})") from None
     except OSError as e:
