@@ -229,12 +229,26 @@ class CommitRow(Row):
     finish_reason: str | None = None
     recall_copied_words: Count | None = None
     suspect: str | None = None
+    tree: str | None = None  # the draft's shape: ddtree or chain (null: a server's, or a file from before shapes)
+    budget: Count | None = None  # this cell's draft nodes (a chain: its depth); else config.budget
+    ran_commit_len: CommitLen | None = None  # the commit length over the steps that ran, a cut last step whole
+    spine_commit_len: CommitLen | None = None  # the tree's own spine (rank-0 path) on the same steps and picks
+    gain_over_spine: Ratio | None = None  # ran_commit_len / spine_commit_len
+    sibling_share: Share | None = None  # committed draft tokens from siblings of rank >= 1
+    spine_violations: Count | None = None  # steps where the tree accepted fewer than its spine: a bug
+    spine_violation_first: dict | None = None  # the first such step: step, tree_tokens, spine_tokens
+    step_depths: list | None = None  # per step that ran: the accepted depth
+    step_ranks: list | None = None  # per step that ran: the sibling rank of each accepted node (0: the spine)
     extra: dict = field(default_factory=dict)
 
     def problem(self, config: dict) -> str | None:
-        """What no measurement can say: a commit length above max_new_tokens or above budget + 1 (a step
-        commits at most its accepted nodes and the bonus token), more verify steps than tokens."""
-        c, n, b = self.commit_len, self.max_new_tokens, config.get("budget")
+        """What no measurement can say: a commit length above max_new_tokens or above budget + 1 (the row's budget,
+        else the file's; a step commits at most its accepted nodes and the bonus token), more verify steps than
+        tokens, a shape other than ddtree or chain."""
+        c, n = self.commit_len, self.max_new_tokens
+        b = self.budget if self.budget is not None else config.get("budget")
+        if self.tree is not None and self.tree not in ("ddtree", "chain"):
+            return f"'tree' is {self.tree!r} (must be ddtree or chain)"
         cut_whole = self.backend == "vllm" and _is_int(b)  # vLLM counts a cut last step whole: budget + 1 bounds it
         if c is not None and n is not None and n >= 1 and c > n + 1e-9 and not cut_whole:
             return f"'commit_len' is {c:g} tokens/step (must be <= max_new_tokens, {n})"
@@ -337,9 +351,13 @@ class AdviseRow(Row):
     plain_tok_s: TokensPerSec | None = None
     speedup: Ratio | None = None  # spec / plain
     note: str | None = None
+    tree: str | None = None  # the draft's shape: ddtree (budget = nodes) or chain (budget = its depth)
+    kernel: str | None = None  # what the verify step ran on, where it is not the path alone
     extra: dict = field(default_factory=dict)
 
     def problem(self, config: dict) -> str | None:
+        if self.tree is not None and self.tree not in ("ddtree", "chain"):
+            return f"'tree' is {self.tree!r} (must be ddtree or chain)"
         if self.commit_len > self.budget + 1 + 1e-9:
             return f"'commit_len' is {self.commit_len:g} tokens/step (must be <= budget + 1, {self.budget + 1})"
         return None

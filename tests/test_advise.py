@@ -186,8 +186,8 @@ def test_measured_on_this_machine(tmp_path):
     trained pair and the DDTree and plain decode steps, each point's tokens/s from them."""
     f = tmp_path / "a.json"
     p = _advise("--ctx", "1k", "--budgets", "2", "--steps", "2", "--max-new-tokens", "8", "--texts", "predictable",
-                "-o", str(f))
-    assert "step times through reference" in p.stderr and "commit length at budget 2" in p.stderr
+                "--tree", "ddtree", "-o", str(f))
+    assert "step times through reference" in p.stderr and "commit length, ddtree at budget 2" in p.stderr
     d = json.loads(f.read_text())
     (row,) = d["rows"]  # no GPU: no bandwidth, no floor row
     assert (row["path"], row["text"], row["ctx"], row["budget"]) == ("reference", "predictable", 1024, 2)
@@ -231,3 +231,74 @@ def test_extrapolation_keeps_one_budget():
 def test_twice_the_same_context_is_refused():
     with pytest.raises(DDProbeError, match="a context is given twice"):
         points_typed([32768, 32768], [159, 150], [7.0], [20.0], 8, "p", "t", "x")
+
+
+def test_tree_chain_or_off_measured_here(tmp_path):
+    """The default on the engine compares both shapes: the tree at each budget, the chain at min(budget, L) (the
+    chain a budget buys), both measured here (commit lengths of the tiny pair, the engine's own steps), and plain
+    decoding; per context the best of each, the choice and its margin; the RFC table names the shape per bucket."""
+    f = tmp_path / "a.json"
+    p = _advise("--ctx", "1k", "--budgets", "2,8", "--steps", "2", "--max-new-tokens", "12", "--texts", "novel",
+                "-o", str(f))
+    d = json.loads(f.read_text())
+    got = {(r["tree"], r["budget"]) for r in d["rows"]}
+    assert got == {("ddtree", 2), ("ddtree", 8), ("chain", 2), ("chain", 7)}
+    assert all(r["kernel"] for r in d["rows"]) and "chain mask" in next(r for r in d["rows"] if r["tree"] == "chain")[
+        "kernel"]
+    (dec,) = d["summary"]["decisions"]
+    tok = {"ddtree": dec["ddtree_tok_s"], "chain": dec["chain_tok_s"], "off": dec["plain_tok_s"]}
+    best = max(tok, key=tok.get)
+    assert dec["choice"].split("@")[0] == best and dec["batch"] == 1
+    assert dec["margin"] == pytest.approx(sorted(tok.values())[-1] / sorted(tok.values())[-2])
+    cell = d["summary"]["vllm_rfc_48627"]["reference"]["novel"]
+    assert cell["method_per_seq_len"]["0"] in ("ddtree", "chain", "off")
+    assert "tree, chain or off, batch 1" in p.stdout
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--tree", "star"], "--tree: unknown tree shape 'star'"),
+    (["--chain-depths", "9"], "--chain-depths: depth 9 is beyond the drafter's block"),
+])
+def test_bad_shape_input_is_one_line(args, msg):
+    p = _advise("--device", "cpu", "--ctx", "1k", *args, ok=False)
+    assert msg in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("ms", [1e300, 1e-300])
+def test_impossible_step_times_in_a_from_file_are_refused(tmp_path, ms):
+    """issue 65: a step time read from a file is checked like a typed one (it printed 7.94e-297 and 7.94e+303
+    tok/s): one line naming the file, the row and the field."""
+    d = json.loads(open("examples/commit-tiny-cpu-long-2026-12-02.json").read())
+    d["rows"][1]["decode_ms_per_step"] = ms
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(d))
+    p = _advise("--from", str(f), "--decode-ms", "30", ok=False)
+    assert f"c.json: row 2: 'decode_ms_per_step' is {ms:.4g} ms: not a decode step's time" in p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_an_old_from_file_is_treated_as_ddtree():
+    p = _advise("--from", "examples/commit-tiny-cpu-long-2026-12-02.json", "--decode-ms", "30", "--json")
+    assert "says no draft shape (a file from before shapes): its cells are treated as ddtree" in p.stderr
+    assert {r["tree"] for r in json.loads(p.stdout)["rows"]} == {"ddtree"}
+
+
+def test_a_sweep_file_from_commit_keeps_each_cells_shape_and_budget(tmp_path):
+    f = tmp_path / "c.json"
+    subprocess.run([sys.executable, "-m", "ddprobe", "commit", "--tree", "ddtree,chain", "--budgets", "2", "--ctx",
+                    "1k", "--text", "novel", "--max-new-tokens", "8", "--json", str(f)], check=True,
+                   capture_output=True, timeout=300)
+    p = _advise("--from", str(f), "--decode-ms", "30", "--json")
+    rows = json.loads(p.stdout)["rows"]
+    assert {(r["tree"], r["budget"]) for r in rows if r["path"] != "floor"} == {("ddtree", 2), ("chain", 2)}
+    assert "treated as ddtree" not in p.stderr
+
+
+def test_device_cuda_without_a_gpu_is_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    p = _advise("--device", "cuda", ok=False)
+    assert "--device cuda: no CUDA GPU is visible to torch" in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -51,6 +51,10 @@ HeadsOpt = Annotated[Optional[int], _opt("--heads", "Measured here: attention he
 TextsOpt = Annotated[str, _opt("--texts", "Measured here: text kinds for commit length.", True)]
 StepsOpt = Annotated[int, _opt("--steps", "Measured here: timed steps per cell (their median).", True)]
 MaxNewOpt = Annotated[int, _opt("--max-new-tokens", "Measured here: tokens decoded per commit cell.", True)]
+TreeOpt = Annotated[str, _opt("--tree", "Measured here: draft shapes to compare, ddtree (the budget's most probable "
+                              "prefixes) and chain (the drafter's top-1 per depth).", True)]
+ChainDepthsOpt = Annotated[Optional[str], _opt("--chain-depths", "Measured here: the chain's depths (default: "
+                                               "min(budget, block size - 1) per budget).", True)]
 JsonOpt = Annotated[bool, _opt("--json", "Print the result as JSON instead of a table.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the results file (JSON).",
                                                 callback=output_file)]
@@ -66,7 +70,7 @@ def advise(
     allreduce_us: AllreduceUsOpt = None, allreduce_from: AllreduceFromOpt = None, paths: PathsOpt = None,
     budgets: BudgetsOpt = "4,8", preset: PresetOpt = None, device: DeviceOpt = "auto", heads: HeadsOpt = None,
     texts: TextsOpt = "predictable,novel", steps: StepsOpt = 10, max_new_tokens: MaxNewOpt = 64,
-    as_json: JsonOpt = False, save: OutOpt = None, force: ForceOpt = False,
+    tree: TreeOpt = "ddtree,chain", chain_depths: ChainDepthsOpt = None, as_json: JsonOpt = False, save: OutOpt = None, force: ForceOpt = False,
 ):
     """Tokens/s with speculation (commit length / verify step) against without (1 / decode step) per context: the
     crossover, the best budget per context, and a vLLM RFC #48627 table (context bucket -> speculative tokens)."""
@@ -90,7 +94,7 @@ def advise(
             decode_ms, ctxs, step_model), path, say=_note, spec=get_model(model))
     elif not (step_ms or commit_len or decode_ms):  # nothing typed: measure the engine here
         points, step_model, config = measure_here(ctx, paths, budgets, preset, device, heads, texts, steps, gpu,
-                                                  max_new_tokens, say=_say, note=_note, progress=_cells)
+                                                  max_new_tokens, _say, _note, _cells, tree, chain_depths)
         decode_source = "measured: the engine's plain one-row decode step through the same path"
     else:
         if not (ctx and step_ms and commit_len):
@@ -138,15 +142,17 @@ def _decode(decode_ms: Optional[str], ctxs: list[int], step_model) -> list[float
 
 def _print(points, verdicts, summary: dict) -> None:
     bound = {(v.path, v.text) for v in verdicts if not v.plain_measured}  # a loss there is a bound, not a verdict
-    cols = [Col("path", 1), Col("text", 1), Col("ctx"), Col("budget", 2), Col("commit", 2), Col("verify", 3),
+    cols = [Col("path", 1), Col("text", 1), Col("ctx"), Col("tree", 1), Col("budget", 2), Col("commit", 2),
+            Col("verify", 3),
             Col("decode", 3), Col("break-even", 3), Col("spec tok/s"), Col("plain tok/s"), Col("x")]
-    rows = [[p.path, p.text, fmt_tokens(p.ctx), str(p.budget), f"{p.commit_len:.3g}", f"{p.verify_ms:.4g} ms",
+    rows = [[p.path, p.text, fmt_tokens(p.ctx), p.tree, str(p.budget), f"{p.commit_len:.3g}", f"{p.verify_ms:.4g} ms",
              f"{p.decode_ms:.4g} ms", f"{p.verify_ms / p.commit_len:.4g} ms", f"{p.spec_tok_s:.3g}",
              f"{p.plain_tok_s:.3g}", f"{p.speedup:.2f}" + ("" if p.speedup >= 1 else " bound" if (p.path, p.text)
                                                           in bound else " off")] for p in points]
     print_fitted(f"speculation on or off, batch {summary.get('batch', 1)}: tokens/s with speculation (commit length / "
                  "verify step) against without (1 / decode step); break-even: the plain step below which it loses",
                  cols, rows)
+    _print_decisions(summary)
     for v in verdicts:
         what = " (the verify step at its floor: what a kernel at physics would give)" if v.path == _FLOOR else ""
         out.print(f"- {v.sentence[0].upper()}{v.sentence[1:]}{what}.", highlight=False, soft_wrap=True)
@@ -158,3 +164,18 @@ def _print(points, verdicts, summary: dict) -> None:
     if summary.get("rfc_note"):
         out.print(f"({summary['rfc_note']})", highlight=False, soft_wrap=True)
     out.print(json.dumps(summary["vllm_rfc_48627"]), highlight=False, soft_wrap=True)
+
+
+def _print_decisions(summary: dict) -> None:
+    """Tree, chain or off per path, text and context: each one's best tokens/s, the choice and its margin."""
+    ds = summary.get("decisions") or []
+    if not ds or not any(d["chain_tok_s"] is not None for d in ds):
+        return
+    num = lambda v, f=".3g": "-" if v is None else format(v, f)  # noqa: E731
+    cols = [Col("path", 1), Col("text", 1), Col("ctx"), Col("tree@budget", 0), Col("tok/s"), Col("chain@depth", 0),
+            Col("tok/s "), Col("off tok/s"), Col("choice", 0, "left"), Col("margin", 1)]
+    rows = [[d["path"], d["text"], fmt_tokens(d["ctx"]), f"ddtree@{num(d['ddtree_budget'], 'd')}",
+             num(d["ddtree_tok_s"]), f"chain@{num(d['chain_depth'], 'd')}", num(d["chain_tok_s"]),
+             num(d["plain_tok_s"]), d["choice"], num(d["margin"], ".2f") + "x"] for d in ds]
+    print_fitted(f"tree, chain or off, batch {summary.get('batch', 1)}: the best of each (tokens/s), the choice and "
+                 "its margin over the next best", cols, rows)

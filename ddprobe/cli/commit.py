@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -40,13 +41,18 @@ _COLUMNS = [
 WIDE_COLUMNS = 116  # the wide table's width: below it, the narrow one (80 columns)
 
 
-def commit_table(title: str, narrow: bool) -> tuple[Table, callable]:
-    """The commit table and a function adding one row to it; ``narrow`` fits an 80-column terminal."""
-    cols = [(n if not narrow else short, cell) for n, short, cell in _COLUMNS if not (narrow and short is None)]
+_SHAPE_COLUMNS = [("tree", "tree", lambda r: str(r.get("tree"))), ("budget", "B", lambda r: str(r.get("budget")))]
+
+
+def commit_table(title: str, narrow: bool, shapes: bool = False) -> tuple[Table, callable]:
+    """The commit table and a function adding one row to it; ``narrow`` fits an 80-column terminal; ``shapes``: a
+    shape sweep, each row's tree and budget after its context."""
+    spec = _COLUMNS[:2] + (_SHAPE_COLUMNS if shapes else []) + _COLUMNS[2:]
+    cols = [(n if not narrow else short, cell) for n, short, cell in spec if not (narrow and short is None)]
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=narrow,
                   show_edge=False)  # no blank last line
     for name, _ in cols:
-        table.add_column(name, justify="left" if name == "text" else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("text", "tree") else "right", no_wrap=True)
     return table, lambda row: table.add_row(*[cell(row) for _, cell in cols])
 
 
@@ -60,6 +66,15 @@ def announce(eng: EngineOptions, be) -> None:
         err.print(eng.attn_reason(), highlight=False, markup=False, soft_wrap=True)
     if getattr(be, "note", None):
         err.print(f"[yellow]note:[/] {escape(be.note)}", highlight=False, markup=True)
+
+
+TreeOpt = Annotated[Optional[str], typer.Option("--tree", help="Draft shapes to compare: ddtree (the budget's most "
+                                                  "probable prefixes), chain (the drafter's top-1 per depth); "
+                                                  "default ddtree at --budget.")]
+BudgetsOpt = Annotated[Optional[str], typer.Option("--budgets", help="Tree budgets to sweep (default with --tree: "
+                                                   "2,4,8,16; else --budget).")]
+ChainDepthsOpt = Annotated[Optional[str], typer.Option("--chain-depths", help="The chain's depths (default: "
+                                                       "min(budget, block size - 1) per budget).")]
 
 
 @app.command()
@@ -76,49 +91,119 @@ def commit(
                                                                      "(default ddprobe-results/commit-<time>.json).")]
     = None,
     csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the cells as CSV.")] = None,
-    force: ForceOpt = False,
+    force: ForceOpt = False, tree: TreeOpt = None, budgets: BudgetsOpt = None, chain_depths: ChainDepthsOpt = None,
     *, eng: EngineOptions,
 ):
     """Commit length on predictable vs novel text across context lengths: is the drafter still accepting?"""
     from ..probes.backends import make_backend
-    from ..probes.commit import cell_order, check_contexts, loop_notes, run_commit_probe, timing_note
-    from ..probes.backends.sanity import suspect_notes
+    from ..probes.commit import cell_order, check_contexts, run_tree_probe
     from ..results import Result, ResultWriter, RunMeta
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
     kinds = text_kinds(text)
+    sweep = tree_sweep(backend, tree, budgets, chain_depths, eng)
     path = results_path(json_path, "commit")
     # before anything is built or measured; an earlier results file is kept unless --force
     check_outputs({"--json": path, "--csv": csv_path}, force=force, keep_existing=True)
+    big = dataclasses.replace(eng, budget=max(b for _, b in sweep or [("", eng.budget)]))
     be = make_backend(backend, url, timeout,
-                      engine_factory=lambda: eng.backend(eng.capacity(max(ctxs), max_new_tokens)))
+                      engine_factory=lambda: big.backend(big.capacity(max(ctxs), max_new_tokens)))
+    configs = sweep and sweep.resolve(be)
     check_contexts(be, ctxs, max_new_tokens, kinds, eng.seed)  # before any file is written
     announce(eng, be)
     warm = warm_up(be, None)  # outside every measured cell, for the largest request
-    est = say_estimate(be, cell_order(ctxs, kinds), max_new_tokens, eng.seed)  # after the warm-up, before cells
+    est = say_estimate(be, cell_order(ctxs, kinds) * len(configs or [1]), max_new_tokens, eng.seed)
     config = {"ctx": ctxs, "text": kinds, "max_new_tokens": max_new_tokens, "seed": eng.seed, **be.describe(),
-              **({"warmup": warm} if warm else {}), **({"estimate": est.to_dict()} if est else {})}
+              **({"warmup": warm} if warm else {}), **({"estimate": est.to_dict()} if est else {}),
+              **({"tree": list(dict.fromkeys(s for s, _ in configs)), "sweep": [list(c) for c in configs], "batch": 1,
+                  "budget": max(b for _, b in configs)} if configs else {"batch": 1})}
     writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(), config=config), path, csv_path)
-
     where = url if url else f"{config.get('preset')}, {config.get('attn')}, {config.get('weights')} weights"
-    table, add = commit_table(f"commit length ({be.name}: {where})", narrow=columns() < WIDE_COLUMNS)
-    with measured(table, len(ctxs) * len(kinds), est) as (display, live):
+    table, add = commit_table(f"commit length, batch 1 ({be.name}: {where})", narrow=columns() < WIDE_COLUMNS,
+                              shapes=bool(configs))
+    with measured(table, len(ctxs) * len(kinds) * len(configs or [1]), est) as (display, live):
         try:
-            rows = run_commit_probe(be, ctxs, kinds, max_new_tokens, writer, seed=eng.seed, on_cell=add,
-                                    progress=display)
+            rows = run_tree_probe(be, configs or [None], ctxs, kinds, max_new_tokens, writer, seed=eng.seed,
+                                  on_cell=add, progress=display)
         finally:
-            record_timing(writer, est, display)
-            n = len(writer.result.rows)
-            live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else "") if n
-                               else "no cell measured: nothing written")
+            _finish(writer, est, display, live, path, csv_path)
+    say_notes(rows)
+
+
+class _Sweep(list):
+    """(shape, budget) pairs asked for, resolved against the backend's drafter depth (``resolve``)."""
+
+    def __init__(self, shapes, budgets, depths):
+        super().__init__((s, b) for s in shapes for b in budgets)
+        self.shapes, self.budgets, self.depths = shapes, budgets, depths
+
+    def resolve(self, be) -> list[tuple[str, int]]:
+        from ..probes.commit import tree_configs
+
+        return tree_configs(self.shapes, self.budgets, self.depths, be.max_commit() - 1 if self.budgets else 0)
+
+
+def tree_sweep(backend: str, tree, budgets, chain_depths, eng: EngineOptions):
+    """The shape sweep asked for (None: today's one ddtree at --budget); one line for a server asked for a shape
+    (it decides its own) and for bad values."""
+    from ..probes.commit import SWEEP_BUDGETS, int_list, tree_shapes
+    from ..units import DDProbeError
+
+    if tree is None and budgets is None and chain_depths is None:
+        return None
+    if backend != "engine":
+        raise DDProbeError(f"--tree/--budgets/--chain-depths: the {backend} server decides its own draft shape and "
+                           "budget; ddprobe cannot change them (its rows report drafts_per_step, the nodes it drafted "
+                           "per step): drop them")
+    shapes = tree_shapes(tree or "ddtree")
+    sizes = int_list(budgets, "--budgets") if budgets else list(SWEEP_BUDGETS) if tree else [eng.budget]
+    return _Sweep(shapes, sizes, int_list(chain_depths, "--chain-depths") if chain_depths else None)
+
+
+def _finish(writer, est, display, live, path, csv_path) -> None:
+    record_timing(writer, est, display)
+    n = len(writer.result.rows)
+    live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else "") if n
+                       else "no cell measured: nothing written")
+
+
+def say_notes(rows: list[dict]) -> None:
+    """The notes after the table: where the commits come from (a shape sweep), loops, timing, a server's
+    contradictions, suspect cells and spine-check bugs."""
+    from ..probes.commit import loop_notes, spine_bugs, timing_note
+    from ..probes.backends.sanity import suspect_notes
+
+    print_provenance(rows)
     for line in [*loop_notes(rows), *filter(None, [timing_note(rows)])]:
         err.print(f"[yellow]note:[/] {escape(line)}", highlight=False, markup=True)
     for r in rows:  # a server's figures that contradict each other (probes.backends.base.histogram_note)
         if r.get("server_note"):
             err.print(f"[yellow]note:[/] {escape(r['text'])} @ {fmt_tokens(r['ctx'])}: {escape(r['server_note'])}",
                       highlight=False, soft_wrap=True, markup=True)
-    for line in suspect_notes(rows):
+    for line in [*suspect_notes(rows), *spine_bugs(rows)]:
         err.print(f"[bold red]warning:[/] {escape(line)}", highlight=False, soft_wrap=True, markup=True)
+
+
+def print_provenance(rows: list[dict]) -> None:
+    """Where the commits come from, per cell with the engine's per-step ranks: the tree and the chain at the same
+    budget side by side (sorted by text, context, budget), acceptance per depth, the share from siblings of rank
+    >= 1, the tree's own spine on the same steps and the spine check."""
+    from .tables import Col, print_fitted
+
+    known = [r for r in rows if r.get("spine_commit_len") is not None]
+    if not known:
+        return
+    order = {k: i for i, k in enumerate(dict.fromkeys(r["text"] for r in known))}
+    known.sort(key=lambda r: (order[r["text"]], r["ctx"], r.get("budget") or 0, r.get("tree") or ""))
+    cols = [Col("text", 0, "left"), Col("ctx"), Col("tree", 0, "left"), Col("budget"), Col("commit"), Col("spine"),
+            Col("gain"), Col("siblings"), Col("accepted per depth", 1, "left"), Col("spine bugs")]
+    table = [[r["text"], fmt_tokens(r["ctx"]), str(r.get("tree")), str(r.get("budget")), f"{r['ran_commit_len']:.2f}",
+              f"{r['spine_commit_len']:.2f}", f"{r['gain_over_spine']:.2f}x", f"{r['sibling_share']:.0%}",
+              " ".join("-" if c is None else f"{c:.2f}" for c in r.get("cond_accept_per_pos") or []),
+              str(r["spine_violations"])] for r in known]
+    print_fitted("where the commits come from, batch 1, over the steps that ran (a cut last step whole): the tree's "
+                 "own spine (rank-0 path) on the same steps, gain = commit / spine, siblings = committed draft tokens from rank >= 1, acceptance per depth", cols,
+                 table)
 
 
 def say_estimate(be, order, max_new_tokens: int, seed: int):

@@ -84,7 +84,7 @@ def decode(runner: StepRunner, models: Models, c: Caches, bonus: int, max_new_to
         host_ms = (time.perf_counter() - w0 - done.blocked) * 1e3 if step.graphs else None
         out.extend(done.tokens)
         bonus = out[-1]
-        pending.append((ctx_len, done.size, len(done.tokens), done.marks, host_ms))
+        pending.append((ctx_len, done.size, len(done.tokens), done.marks, host_ms, done.ranks, done.spine))
         if on_tokens is not None:
             on_tokens(done.tokens, done.size)
     return out, records(clock, pending, step.graphs, c.captured, c.capture_ms, step.d2h)
@@ -119,12 +119,12 @@ def greedy(runner: StepRunner, st: DecodeStep, first: int, max_new_tokens: int,
 
 def records(clock: StepClock, pending: list, graphs: bool, captured: str, capture_ms: float,
             d2h: int | None) -> list[StepRecord]:
-    """StepRecords of (context_len, tree_size, commit_len, marks, host_ms) tuples (one clock read)."""
+    """StepRecords of (context_len, tree_size, commit_len, marks, host_ms, ranks, spine) tuples (one clock read)."""
     steps = []
-    for i, (ctx_len, size, k, marks, host_ms) in enumerate(pending):
+    for i, (ctx_len, size, k, marks, host_ms, ranks, spine) in enumerate(pending):
         d, t, v, cm = clock.times_ms(marks)
         steps.append(StepRecord(step=i, context_len=ctx_len, tree_size=size, accepted_depth=k - 1, commit_len=k,
                                 draft_ms=d, tree_ms=t, verify_ms=v, commit_ms=cm, graphs=graphs,
                                 captured=captured if i == 0 else "", capture_ms=capture_ms if i == 0 else 0.0,
-                                host_ms=host_ms, d2h=d2h))
+                                host_ms=host_ms, d2h=d2h, ranks=ranks, spine_depth=spine))
     return steps

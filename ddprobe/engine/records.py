@@ -21,6 +21,9 @@ class StepRecord:
     d2h (static steps): device-to-host copies the host waited on in the step: 1 with the tree on
     the device (the committed tokens and their count), 2 with the host tree (the draft's top-k for
     the build, the picks for the walk); None when eager.
+    ranks: where each accepted node came from, its rank among its siblings (0 = the parent's most
+    probable child: the spine); spine_depth: what the tree's own spine (its rank-0 path) accepts on
+    the same target picks. Both None where the tree lives on the device (one copy back per step).
     """
 
     step: int
@@ -37,6 +40,8 @@ class StepRecord:
     capture_ms: float = 0.0
     host_ms: float | None = None
     d2h: int | None = None
+    ranks: tuple[int, ...] | None = None  # sibling rank of each accepted node, depth order (0: the spine)
+    spine_depth: int | None = None  # draft tokens the tree's own spine accepted on the same picks
 
     @property
     def drafts(self) -> int:
@@ -84,3 +89,28 @@ class GenerateResult:
             "reused_tokens": self.reused_tokens, "mean_commit_len": self.mean_commit_len, "decode_ms": self.decode_ms,
             "steps": [s.to_dict() for s in self.steps],
         }
+
+
+def provenance(steps: list[StepRecord], depth_max: int) -> dict:
+    """Where a request's commits came from, over the steps that ran (``depth_max``: L, the drafter's depth):
+    ``accepted_per_pos`` (steps whose draft token at depth p + 1 was accepted) and ``cond_accept_per_pos`` (at p
+    over at p - 1, the first over the steps): acceptance per depth; ``sibling_share``: committed draft tokens from a
+    sibling of rank >= 1 over all committed draft tokens; ``ran_commit_len``: the tree's commit length over the
+    same steps (a step cut by the token limit counted whole); ``spine_commit_len``: the tree's own spine's commit length
+    on the same steps, and ``gain_over_spine`` the tree's over it; ``spine_violations``: steps where the tree
+    accepted fewer than its spine (a bug under greedy decoding), ``spine_violation_first`` the first (step, tree
+    and spine draft tokens). Empty where the steps carry no ranks (the device tree)."""
+    known = [s for s in steps if s.ranks is not None and s.spine_depth is not None]
+    if not known or len(known) != len(steps):
+        return {}
+    at = [sum(1 for s in known if s.accepted_depth > p) for p in range(depth_max)]
+    drafted = sum(s.accepted_depth for s in known)
+    bad = [s for s in known if s.accepted_depth < s.spine_depth]
+    tree = sum(s.accepted_depth + 1 for s in known) / len(known)
+    spine = sum(s.spine_depth + 1 for s in known) / len(known)
+    return {"accepted_per_pos": at, "cond_accept_per_pos": [a / b if b else None for a, b in zip(at, [len(known)] + at)],
+            "sibling_share": sum(1 for s in known for r in s.ranks if r >= 1) / drafted if drafted else 0.0,
+            "ran_commit_len": tree, "spine_commit_len": spine, "gain_over_spine": tree / spine, "spine_violations": len(bad),
+            "spine_violation_first": {"step": bad[0].step, "tree_tokens": bad[0].accepted_depth,
+                                      "spine_tokens": bad[0].spine_depth} if bad else None,
+            "step_depths": [s.accepted_depth for s in known], "step_ranks": [list(s.ranks) for s in known]}

@@ -28,7 +28,7 @@ import torch
 from .clock import StepClock
 from .runner import Caches, StepRunner
 from .spec import Models
-from .tree import build_tree, target_picks, tree_from_topk, walk
+from .tree import build_tree, path_ranks, spine_depth, target_picks, tree_from_topk, walk
 
 
 @dataclass
@@ -37,6 +37,8 @@ class Done:
     size: int  # tree size (drafted nodes)
     marks: list  # draft | tree | verify | commit boundaries (5 marks)
     blocked: float = 0.0  # seconds the host waited for the device
+    ranks: tuple[int, ...] | None = None  # sibling rank of each accepted node (0 = spine); None: not known (device tree)
+    spine: int | None = None  # draft tokens the tree's own spine accepts on the same picks (``tree.spine_depth``)
 
 
 class EagerStep:
@@ -75,7 +77,8 @@ class EagerStep:
         kv.commit(path)
         keep = torch.tensor(path, dtype=torch.int64, device=dev)
         drafter.append_context(self.dctx, feats[keep], positions[keep])
-        return Done([tree.tokens[r] for r in path[1:]] + [nxt], tree.size, [m0, m1, m2, m3, clock.mark()])
+        return Done([tree.tokens[r] for r in path[1:]] + [nxt], tree.size, [m0, m1, m2, m3, clock.mark()],
+                    ranks=path_ranks(tree, path), spine=spine_depth(tree, picks))
 
 
 class HostTreeStep:
@@ -121,7 +124,8 @@ class HostTreeStep:
         path, nxt = walk(tree, picks)
         self.runner.require_finite(spec.path, lambda: bool(torch.isfinite(logits[:n]).all()))
         st.after_walk(path, widx, nxt)
-        return Done([tree.tokens[r] for r in path[1:]] + [nxt], tree.size, [m0, m1, m2, m3, clock.mark()], blocked)
+        return Done([tree.tokens[r] for r in path[1:]] + [nxt], tree.size, [m0, m1, m2, m3, clock.mark()], blocked,
+                    path_ranks(tree, path), spine_depth(tree, picks))
 
 
 class DeviceTreeStep:

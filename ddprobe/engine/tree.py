@@ -113,6 +113,37 @@ def walk(tree: DraftTree, picks: list[int]) -> tuple[list[int], int]:
     return path, picks[row]
 
 
+def sibling_ranks(tree: DraftTree) -> tuple[int, ...]:
+    """[R] each row's rank among its parent's children (0 = the parent's first, most probable child; the root 0).
+    Children are popped in rank order, so a child's rank is its place among its siblings in row order."""
+    seen: dict[int, int] = {}
+    ranks = [0]
+    for p in tree.parents[1:]:
+        ranks.append(seen.get(p, 0))
+        seen[p] = ranks[-1] + 1
+    return tuple(ranks)
+
+
+def spine_depth(tree: DraftTree, picks: list[int]) -> int:
+    """Draft tokens the tree's own spine (the rank-0 path inside it: each node's first child) would accept on the
+    same target picks: follow first children while the child's token is the pick at its parent. Independent of
+    ``walk``: under greedy decoding the walk accepts at least this many (the spine is inside the tree); fewer is a
+    bug (``records.provenance`` counts it)."""
+    first: dict[int, int] = {}
+    for i, p in enumerate(tree.parents[1:], 1):
+        first.setdefault(p, i)
+    row, depth = 0, 0
+    while (child := first.get(row)) is not None and tree.tokens[child] == picks[row]:
+        row, depth = child, depth + 1
+    return depth
+
+
+def path_ranks(tree: DraftTree, path: list[int]) -> tuple[int, ...]:
+    """The sibling rank of every accepted node after the root (``sibling_ranks``), in depth order."""
+    ranks = sibling_ranks(tree)
+    return tuple(ranks[r] for r in path[1:])
+
+
 def target_picks(logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None) -> list[int]:
     """logits [R, V] -> one token per row: argmax at temperature 0, else a sample of
     softmax(logits / T) drawn independently at every row (what makes the walk lossless)."""

@@ -43,6 +43,8 @@ class Point:
     speedup: float = 0.0  # spec / plain
     note: str = ""
     same_model: bool = True  # the steps are the step model's model (False: a file of another; no physics check)
+    tree: str = "ddtree"  # the draft's shape: ddtree (budget = nodes) or chain (budget = its depth)
+    kernel: str = ""  # what the verify step ran on, where it is not ``path`` alone
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -85,6 +87,7 @@ class Verdict:
     loses_everywhere: bool = False
     pays_everywhere: bool = False
     sentence: str = ""
+    shapes: int = 1  # draft shapes among the points (2: the RFC table names the shape per bucket)
     # plain decoding measured (the engine here, typed --decode-ms): a loss decides. False: plain decoding is the step
     # model's floor, the fastest it can be, so a loss against it is unproven and the RFC table keeps speculation on
     plain_measured: bool = True
@@ -100,7 +103,7 @@ def _best(points: list[Point]) -> dict:
     return {"ctx": p.ctx, "budget": p.budget if p.speedup >= 1 else 0, "best_budget_if_on": p.budget,
             "commit_len": p.commit_len, "verify_ms": p.verify_ms, "decode_ms": p.decode_ms,
             "spec_tok_s": p.spec_tok_s, "plain_tok_s": p.plain_tok_s, "speedup": p.speedup,
-            "break_even_ms": p.verify_ms / p.commit_len}
+            "break_even_ms": p.verify_ms / p.commit_len, "tree": p.tree}
 
 
 def break_even_line(v: "Verdict") -> str:
@@ -169,7 +172,7 @@ def verdict(path: str, text: str, points: list[Point], decode_at=None, plain_mea
     for p in points:
         by_ctx.setdefault(p.ctx, []).append(p)
     best = [_best(by_ctx[c]) for c in sorted(by_ctx)]
-    v = Verdict(path, text, best, crossover(best))
+    v = Verdict(path, text, best, crossover(best), shapes=len({p.tree for p in points}))
     if v.crossover_ctx is None and len(best) > 1 and all(b["speedup"] < 1 for b in best):
         # the next context's point at the first context's best budget: the extension keeps one tree size
         same = [p for p in by_ctx[best[1]["ctx"]] if p.budget == best[0]["best_budget_if_on"]]
@@ -181,8 +184,9 @@ def verdict(path: str, text: str, points: list[Point], decode_at=None, plain_mea
     tok = lambda b: f"{b['spec_tok_s']:.3g} tok/s against {b['plain_tok_s']:.3g}"  # noqa: E731
     on = f" on {text} text" if text not in ("typed", "") else ""
     if v.pays_everywhere:
-        v.sentence = (f"with {path}, speculation still pays at {fmt_tokens(last['ctx'])}{on}: {tok(last)} "
-                      f"(budget {last['budget']})")
+        size = f"chain depth {last['budget']}" if last["tree"] == "chain" else (
+            f"ddtree budget {last['budget']}" if v.shapes > 1 else f"budget {last['budget']}")
+        v.sentence = f"with {path}, speculation still pays at {fmt_tokens(last['ctx'])}{on}: {tok(last)} ({size})"
     elif v.crossover_extrapolated:
         v.sentence = (f"with {path}, speculation loses beyond about {fmt_ctx(v.crossover_ctx)}{on} "
                       f"(extrapolated below the smallest context measured; at {fmt_tokens(first['ctx'])}: "
@@ -243,13 +247,54 @@ def rfc_table(v: Verdict) -> dict[str, int]:
     return table
 
 
+def method_table(v: Verdict) -> dict[str, str]:
+    """The RFC table's buckets (``rfc_table``) with the draft shape each runs: ddtree, chain or off."""
+    out = {}
+    for start, n in rfc_table(v).items():  # a bucket begins at or below the first context measured in it
+        out[start] = "off" if n == 0 else next((b for b in v.best if b["ctx"] >= int(start)), v.best[-1])["tree"]
+    return out
+
+
 def deployable(verdicts: list[Verdict], text: str | None = None) -> dict:
-    """The paste-able JSON per path and text (only ``text``'s when given): ``num_speculative_tokens_per_seq_len``.
-    A deployment serving unpredictable text should paste the novel-text table."""
+    """The paste-able JSON per path and text (only ``text``'s when given): ``num_speculative_tokens_per_seq_len``,
+    and where a chain was among the choices, ``method_per_seq_len`` (ddtree, chain or off per bucket). A deployment
+    serving unpredictable text should paste the novel-text table."""
     out = {}
     for v in verdicts:
         if text is None or v.text == text:
-            out.setdefault(v.path, {})[v.text] = {"num_speculative_tokens_per_seq_len": rfc_table(v)}
+            cell = {"num_speculative_tokens_per_seq_len": rfc_table(v)}
+            if any(b["tree"] == "chain" for b in v.best) or v.shapes > 1:
+                cell["method_per_seq_len"] = method_table(v)
+            out.setdefault(v.path, {})[v.text] = cell
+    return out
+
+
+def decisions(points: list[Point], verdicts: list[Verdict]) -> list[dict]:
+    """Tree, chain or off per path, text and context: the best tree (its budget, tokens/s), the best chain (its
+    depth, tokens/s), plain decoding's tokens/s, the choice and its margin (its tokens/s over the next best). Off
+    is chosen only against a measured plain step; against a modelled one the best speculation is kept, marked."""
+    measured = {(v.path, v.text): v.plain_measured for v in verdicts}
+    cells: dict[tuple[str, str, int], list[Point]] = {}
+    for p in points:
+        if p.path != FLOOR_PATH:
+            cells.setdefault((p.path, p.text, p.ctx), []).append(p)
+    out = []
+    for (path, text, ctx), ps in cells.items():
+        best = {t: max((p for p in ps if p.tree == t), key=lambda p: p.spec_tok_s, default=None)
+                for t in ("ddtree", "chain")}
+        opts = {f"{t}@{p.budget}": p.spec_tok_s for t, p in best.items() if p is not None}
+        opts["off"] = ps[0].plain_tok_s
+        ranked = sorted(opts.items(), key=lambda kv: -kv[1])
+        choice = ranked[0][0]
+        if choice == "off" and not measured.get((path, text), True):
+            choice = f"{ranked[1][0]} (off unproven)"
+        out.append({"path": path, "text": text, "ctx": ctx, "batch": BATCH, "choice": choice,
+                    "margin": ranked[0][1] / ranked[1][1] if len(ranked) > 1 and ranked[1][1] else None,
+                    **{f"{t}_{'budget' if t == 'ddtree' else 'depth'}": p.budget if p else None
+                       for t, p in best.items()},
+                    **{f"{t}_tok_s": p.spec_tok_s if p else None for t, p in best.items()},
+                    "plain_tok_s": ps[0].plain_tok_s,
+                    "chain_kernel": best["chain"].kernel if best["chain"] is not None else None})
     return out
 
 
@@ -263,12 +308,13 @@ RFC_KEPT_ON = ("speculation kept on at every context in the table: plain decodin
 BATCH = 1  # every figure: one request (the steps are single-request steps)
 
 
-def summary(verdicts: list[Verdict], decode_source: str) -> dict:
+def summary(verdicts: list[Verdict], decode_source: str, points: list[Point] | None = None) -> dict:
     """An advise results file's summary: the verdicts, the paste-able RFC #48627 table (and ``rfc_note``: why it
     keeps speculation on where a loss is only a bound), where plain decode's time came from, the batch size."""
     deploy = [v for v in verdicts if v.path != FLOOR_PATH]
     kept_on = [v for v in deploy if not v.plain_measured and any(b["budget"] == 0 for b in v.best)]
     return {"verdicts": [v.to_dict() for v in verdicts], "vllm_rfc_48627": deployable(deploy),
+            "decisions": decisions(points, verdicts) if points else [],
             "decode_source": decode_source, "batch": BATCH,
             **({"rfc_note": RFC_KEPT_ON} if kept_on else {})}
 
@@ -302,12 +348,21 @@ def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, floa
     budget = config.get("budget")
     if not isinstance(budget, int):
         raise DDProbeError("the commit file does not say its budget (config.budget): give --budget")
-    usable = [r for r in parse_rows("commit", rows, "commit file", config) if r.commit_len and r.decode_ms_per_step]
+    usable = [(i, r) for i, r in enumerate(parse_rows("commit", rows, source, config), 1)
+              if r.commit_len and r.decode_ms_per_step]
     if not usable:
         raise DDProbeError("no cell of the commit file has both a commit length and a step time (a server that "
                            "reports no step time): type them instead with --ctx, --step-ms and --commit-len")
-    return [Point(path, r.text, r.ctx, budget, r.commit_len, r.decode_ms_per_step, decode_ms[r.ctx], source)
-            for r in usable]
+    for i, r in usable:
+        lo, hi = STEP_MS_RANGE
+        if not lo <= r.decode_ms_per_step <= hi:
+            raise DDProbeError(f"{source}: row {i}: 'decode_ms_per_step' is {r.decode_ms_per_step:.4g} ms: not a decode "
+                               f"step's time (a step takes {lo:g} ms to {hi:g} ms): not believed")
+    return [Point(path, r.text, r.ctx, r.budget or budget, r.commit_len, r.decode_ms_per_step, decode_ms[r.ctx],
+                  source, tree=r.tree or "ddtree") for _, r in usable]
+
+
+STEP_MS_RANGE = (1e-3, 1e7)  # a step time read from a file outside it (1 us to about 3 hours) is not believed
 
 
 @dataclass(frozen=True)
@@ -327,6 +382,18 @@ class MeasureOptions:
     steps: int = 10
     max_new_tokens: int = 64
     threads: int | None = None
+    trees: tuple[str, ...] = ("ddtree",)  # draft shapes to compare (ddtree at ``budgets``, chain at ``depths``)
+    chain_depths: tuple[int, ...] | None = None  # None: min(budget, L) per budget
+
+    def configs(self, depth_max: int) -> list[tuple[str, int]]:
+        """(shape, budget) pairs measured: ``probes.commit.tree_configs``."""
+        from .commit import tree_configs
+
+        return tree_configs(list(self.trees), list(self.budgets),
+                            list(self.chain_depths) if self.chain_depths else None, depth_max)
+
+
+TINY_DEPTH = 7  # the shipped tiny pair's drafter depth L (block size 8): the chain's deepest
 
 
 def _step_options(o: MeasureOptions, path: str) -> StepTimeOptions:
@@ -335,20 +402,20 @@ def _step_options(o: MeasureOptions, path: str) -> StepTimeOptions:
 
 
 def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point]:
-    """Commit lengths (tiny pair) and step times (``o.preset``) measured here; one Point per path, text, context and
-    budget. ``say`` hears of each stage and of each step-time cell (with the time left at the pace so far);
-    ``progress(n_cells)``: a context manager giving the commit cells' ``CellProgress`` (the CLI's display)."""
+    """Commit lengths (tiny pair) and step times (``o.preset``) measured here; one Point per path, shape, text,
+    context and budget (a chain's: its depth). ``say`` hears of each stage and of each step-time cell (with the time
+    left at the pace so far); ``progress(n_cells)``: a context manager giving the commit cells' ``CellProgress``."""
     from contextlib import nullcontext
 
     for b in o.budgets:
         check_budget(b)
+    configs = o.configs(TINY_DEPTH)
     # steps, preset, heads and the cache rows (the same for every path) checked before any cell is measured
-    check_cells(_step_options(o, o.paths[0]), list(o.ctxs), list(o.budgets))
-    n = len(o.budgets) * len(o.texts) * len(o.ctxs)
-    with (progress(n) if progress is not None else nullcontext()) as display:
-        commit = _commit_lengths(o, say, display)
-    points, cells, t0 = [], len(o.paths) * len(o.ctxs) * (len(o.budgets) + 1), time.perf_counter()
-    done = [0]
+    check_cells(_step_options(o, o.paths[0]), list(o.ctxs), [b for _, b in configs])
+    with (progress(len(configs) * len(o.texts) * len(o.ctxs)) if progress is not None else nullcontext()) as display:
+        commit = _commit_lengths(o, configs, say, display)
+    points, t0, done = [], time.perf_counter(), [0]
+    cells = len(o.paths) * len(o.ctxs) * (len(configs) + 1)
 
     def on_row(r) -> None:
         done[0] += 1
@@ -356,33 +423,67 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
         say(f"  {r.path} {fmt_tokens(r.ctx)} {'plain decode' if r.plain else f'budget {r.budget}'}: {r.step_ms:.4g} "
             f"ms ({done[0]}/{cells} cells, {spent:.0f} s, about {spent / done[0] * (cells - done[0]):.0f} s left)")
     for path in o.paths:
-        say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, budgets "
-            f"{', '.join(map(str, o.budgets))} and plain decode")
-        rows = measure_step_times(_step_options(o, path), list(o.ctxs), list(o.budgets), on_row=on_row)
-        decode = {r.ctx: r.step_ms for r in rows if r.plain}
         where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
-        points += [Point(path, text, r.ctx, r.budget, commit[(text, r.ctx, r.budget)], r.step_ms, decode[r.ctx],
-                         where) for text in o.texts for r in rows if not r.plain]
+        tree = [b for s, b in configs if s == "ddtree"]
+        say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, tree budgets "
+            f"{', '.join(map(str, tree)) or 'none'} and plain decode")
+        rows = measure_step_times(_step_options(o, path), list(o.ctxs), tree or [1], on_row=on_row)
+        decode = {r.ctx: r.step_ms for r in rows if r.plain}
+        points += [Point(path, text, r.ctx, r.budget, commit[("ddtree", text, r.ctx, r.budget)], r.step_ms,
+                         decode[r.ctx], where, tree="ddtree", kernel=path)
+                   for text in o.texts for r in rows if not r.plain and r.budget in tree]
+        depths = [b for s, b in configs if s == "chain"]
+        if depths:
+            say(f"chain step times through {path}: depths {', '.join(map(str, depths))} (a chain's causal mask on "
+                f"the same kernel: the engine has no FlashMLA/FlashInfer path)")
+            points += [Point(path, text, r.ctx, r.budget, commit[("chain", text, r.ctx, r.budget)], r.step_ms,
+                             decode[r.ctx], where, tree="chain", kernel=f"{path} (chain mask)")
+                       for r in chain_step_times(_step_options(o, path), list(o.ctxs), depths, on_row)
+                       for text in o.texts]
     return points
 
 
-def _commit_lengths(o: MeasureOptions, say, display) -> dict[tuple[str, int, int], float]:
-    """The shipped tiny pair's commit length per (text, ctx, budget), each cell heard by ``display``."""
+def chain_step_times(opts: StepTimeOptions, ctxs: list[int], depths: list[int], on_row=None) -> list:
+    """The engine's whole chain step (draft, chain build, verify of depth + 1 rows under the chain's causal mask,
+    walk) per (depth, ctx) through ``opts.attn``: ``step_times``' DDTree cell with the engine's shape set to chain."""
+    from .backends.engine import EngineBackend
+    from .bench import step_times as st
+
+    cap = st.check(opts, list(ctxs), list(depths))
+    be = EngineBackend(opts.preset, opts.attn, budget=max(depths), device=opts.device, dtype=opts.dtype,
+                       seed=opts.seed, heads=opts.heads, max_ctx=cap, weights="random",
+                       graphs=opts.graphs if opts.device.startswith("cuda") else None, threads=opts.threads)
+    rows = []
+    for d in depths:
+        be.set_tree("chain", d)  # a new runner (with graphs, a new captured step) for this depth
+        for ctx in ctxs:
+            rows.append(st._ddtree_cell(be.engine, ctx, opts.steps, cap))
+            if on_row is not None:
+                on_row(rows[-1])
+        be.engine.release()
+    return rows
+
+
+def _commit_lengths(o: MeasureOptions, configs: list[tuple[str, int]], say,
+                    display) -> dict[tuple[str, str, int, int], float]:
+    """The shipped tiny pair's commit length per (shape, text, ctx, budget), each cell heard by ``display``."""
     from ..results import Result, ResultWriter, RunMeta
     from .commit import run_commit_probe
     from .backends.engine import EngineBackend
 
-    commit: dict[tuple[str, int, int], float] = {}
-    for b in o.budgets:
-        say(f"commit length at budget {b}: the shipped tiny pair, {', '.join(o.texts)} at "
-            f"{', '.join(fmt_tokens(c) for c in o.ctxs)}")
-        be = EngineBackend("tiny", "reference" if o.device == "cpu" else "split", budget=b, device=o.device,
-                           dtype="fp32" if o.device == "cpu" else "bf16", weights="trained", threads=o.threads,
-                           max_ctx=max(o.ctxs) + o.max_new_tokens + 4 * (b + 1) + 64)
+    commit: dict[tuple[str, str, int, int], float] = {}
+    top = max(b for _, b in configs)
+    be = EngineBackend("tiny", "reference" if o.device == "cpu" else "split", budget=top, device=o.device,
+                       dtype="fp32" if o.device == "cpu" else "bf16", weights="trained", threads=o.threads,
+                       max_ctx=max(o.ctxs) + o.max_new_tokens + 4 * (top + 1) + 64)
+    for shape, b in configs:
+        say(f"commit length, {shape} at {'budget' if shape == 'ddtree' else 'depth'} {b}: the shipped tiny pair, "
+            f"{', '.join(o.texts)} at {', '.join(fmt_tokens(c) for c in o.ctxs)}")
+        be.set_tree(shape, b)
         writer = ResultWriter(Result(kind="commit", meta=RunMeta.collect(probe_gpu=False)), None)
         for r in run_commit_probe(be, list(o.ctxs), list(o.texts), o.max_new_tokens, writer, progress=display):
-            commit[(r["text"], int(r["ctx"]), b)] = float(r["commit_len"])
-        be.engine.release()
+            commit[(shape, r["text"], int(r["ctx"]), b)] = float(r["commit_len"])
+    be.engine.release()
     return commit
 
 
@@ -425,6 +526,8 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     left = sum(1 for x in cells if not (x.commit_len and x.decode_ms_per_step))
     if left:
         say(f"note: {left} of {len(cells)} cells have no commit length or step time: left out")
+    if any(x.tree is None for x in cells) and r.config.get("backend", "engine") == "engine":
+        say(f"note: {path} says no draft shape (a file from before shapes): its cells are treated as ddtree")
     pts = points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
                              str(r.config.get("attn") or r.config.get("backend") or label), str(path))
     for p in pts:
@@ -482,14 +585,14 @@ def advise_result(points: list[Point], config: dict, meta=None, *, step_model=No
             if v.pays_everywhere and v.path != FLOOR_PATH:
                 v.sentence += MODELLED
     result = Result(kind="advise", meta=meta or RunMeta.collect(probe_gpu="measured" in config), config=config,
-                    rows=[p.to_dict() for p in pts], summary=summary(verdicts, decode_source or MODEL_DECODE))
+                    rows=[p.to_dict() for p in pts], summary=summary(verdicts, decode_source or MODEL_DECODE, pts))
     return result, pts, verdicts
 
 
 def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str | None, device: str,
                  heads: int | None, texts: str, steps: int, gpu_name: str | None, max_new_tokens: int,
                  say: Callable[[str], None] = lambda _m: None, note: Callable[[str], None] = lambda _m: None,
-                 progress=None):
+                 progress=None, trees: str = "ddtree,chain", chain_depths: str | None = None):
     """`advise` with no numbers given: the engine measured on this device (``measure``), with the defaults for it
     (``ctx``, ``paths``, ``preset``, ``heads`` None: this device's); the step model of the timed preset on this GPU
     (None without a GPU preset to take bandwidth from) and the config to record. Returns (points, model, config)."""
@@ -502,8 +605,13 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     from ..units import parse_token_list
     from .backends.engine import preset_step_model
 
+    from .commit import int_list, tree_shapes
+
     if device not in ("auto", "cpu", "cuda"):
         raise DDProbeError(f"--device must be auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DDProbeError("--device cuda: no CUDA GPU is visible to torch (a CPU build of torch, or no GPU): use "
+                           "--device cpu")
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     gpu = dev.startswith("cuda")
     preset = preset or ("k2" if gpu else "tiny")
@@ -518,7 +626,9 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
                        budgets=tuple(int(b) for b in floats(budgets, "budget")), texts=tuple(texts.split(",")),
                        preset=preset, device=dev, dtype="bf16" if gpu else "fp32",
                        heads=heads if heads is not None else (8 if preset == "k2" else None), steps=steps,
-                       max_new_tokens=max_new_tokens)
+                       max_new_tokens=max_new_tokens, trees=tuple(tree_shapes(trees)),
+                       chain_depths=tuple(int_list(chain_depths, "--chain-depths")) if chain_depths else None)
+    o.configs(TINY_DEPTH)  # a chain deeper than the drafter's block: one line before anything runs
     points = measure(o, say=say, progress=progress)
     spec = get_gpu(gpu_name) if gpu_name else (gpu_spec_for(torch.cuda.get_device_name()) if gpu else None)
     model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None

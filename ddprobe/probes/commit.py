@@ -44,6 +44,14 @@ DEFINITIONS = {
                       "target is likely looping and commit length measures the loop",
     "suspect": "why the cell's numbers cannot be trusted (its output is one token repeated, or the target's logits "
                "are not finite or all equal), else null",
+    "tree": "the draft's shape: ddtree (the budget's most probable prefixes) or chain (the drafter's top-1 at each "
+            "depth, budget = its depth)",
+    "cond_accept_per_pos": "acceptance per depth: steps that accepted depth p + 1 over those that accepted depth p",
+    "sibling_share": "committed draft tokens that came from a sibling of rank >= 1 (not the parent's most probable "
+                     "child) over all committed draft tokens, over the steps that ran",
+    "spine_commit_len": "the commit length the tree's own spine (its rank-0 path) gives on the same steps and picks",
+    "gain_over_spine": "the tree's commit length over its own spine's, on the same steps",
+    "spine_violations": "steps where the tree accepted fewer tokens than its own spine: a bug under greedy decoding",
     "recall_copied_words": "recall text: how many words the output begins with that equal the passage after its cue (the "
                            "target itself recalling it); a high commit length with few copied words is a drafter "
                            "agreeing with something else the target wrote",
@@ -295,3 +303,69 @@ def run_commit_probe(backend: Backend, ctxs: list[int], kinds: list[str], max_ne
         if forget is not None:
             forget()
     return rows
+
+
+# ---- the tree shape as an axis (issue 61) ---------------------------------------------------------------------
+TREE_SHAPES = ("ddtree", "chain")  # the engine's (``engine.tree.TREE_SHAPES``; no torch here)
+SWEEP_BUDGETS = (2, 4, 8, 16)  # the budgets a shape sweep (--tree typed) runs unless --budgets says otherwise
+
+
+def tree_shapes(text: str) -> list[str]:
+    """``--tree ddtree,chain``: the shapes, checked (one line naming an unknown one)."""
+    shapes = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in shapes if s not in TREE_SHAPES]
+    if bad or not shapes:
+        raise DDProbeError(f"--tree: unknown tree shape {(bad or [text])[0]!r}; known: {', '.join(TREE_SHAPES)}")
+    return list(dict.fromkeys(shapes))
+
+
+def int_list(text: str, what: str) -> list[int]:
+    """Comma-separated positive integers (``--budgets``, ``--chain-depths``); one line naming a bad one."""
+    out = []
+    for part in text.split(","):
+        try:
+            v = int(part)
+        except ValueError:
+            raise DDProbeError(f"{what}: bad value {part.strip()!r}: expected a whole number") from None
+        if v < 1:
+            raise DDProbeError(f"{what}: {v} must be at least 1")
+        out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def tree_configs(shapes: list[str], budgets: list[int], chain_depths: list[int] | None,
+                 depth_max: int) -> list[tuple[str, int]]:
+    """(shape, budget) pairs to measure, in run order: the tree at each budget, the chain at each of
+    ``chain_depths`` (a depth beyond the drafter's ``depth_max`` = L refused in one line) or, by default, at
+    min(budget, L) for each budget (the chain a budget buys: one node per depth)."""
+    if chain_depths is not None:
+        over = [d for d in chain_depths if d > depth_max]
+        if over:
+            raise DDProbeError(f"--chain-depths: depth {over[0]} is beyond the drafter's block: it drafts {depth_max} "
+                               f"tokens per step (block size {depth_max + 1})")
+        if "chain" not in shapes:
+            raise DDProbeError("--chain-depths: give --tree with chain (e.g. --tree ddtree,chain)")
+    depths = chain_depths if chain_depths is not None else list(dict.fromkeys(min(b, depth_max) for b in budgets))
+    return [(s, b) for s in shapes for b in (budgets if s == "ddtree" else depths)]
+
+
+def run_tree_probe(backend: Backend, configs: list[tuple[str, int]], ctxs: list[int], kinds: list[str],
+                   max_new_tokens: int, writer: ResultWriter, **kw) -> list[dict]:
+    """``run_commit_probe`` once per (shape, budget) of ``configs`` on one backend (``set_tree`` between them; a
+    None config: the backend as it is), the rows of all in one results file, each row saying its ``tree`` and
+    ``budget`` where the backend knows them."""
+    rows: list[dict] = []
+    for c in configs:  # None: the backend as it is
+        if c is not None:
+            backend.set_tree(*c)
+        rows += run_commit_probe(backend, ctxs, kinds, max_new_tokens, writer, **kw)
+    return rows
+
+
+def spine_bugs(rows: Sequence[dict]) -> list[str]:
+    """One line per cell whose tree accepted fewer tokens than its own spine on some step (a bug: under greedy
+    decoding the spine is inside the tree)."""
+    return [f"{r['text']} @ {fmt_tokens(r['ctx'])}, {r.get('tree')} budget {r.get('budget')}: the tree accepted fewer "
+            f"tokens than its own spine on {r['spine_violations']} step(s), first at step {f['step']} ({f['tree_tokens']} "
+            f"against {f['spine_tokens']}): an engine or server bug (state drift, a broken walk)"
+            for r in rows if r.get("spine_violations") and (f := r.get("spine_violation_first"))]

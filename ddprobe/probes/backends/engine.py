@@ -118,6 +118,24 @@ class EngineBackend:
         self.preset, self.attn, self.budget, self.device, self.dtype, self.seed = preset, attn, budget, device, \
             dtype, seed
 
+    @property
+    def tree_shape(self) -> str:
+        return self.engine.tree_shape
+
+    def set_tree(self, shape: str, budget: int) -> None:
+        """Decode with a ``shape`` tree ("ddtree": the best ``budget`` prefixes; "chain": the drafter's top-1 at each
+        depth, ``budget`` = its depth, at most L) from the next request on; one line for what cannot be."""
+        from ...engine.tree import TREE_SHAPES
+
+        if shape not in TREE_SHAPES:
+            raise BackendError(f"unknown tree shape {shape!r}; known: {', '.join(TREE_SHAPES)}")
+        if not 1 <= budget <= MAX_BUDGET:
+            raise BackendError(f"budget must be in 1..{MAX_BUDGET}, got {budget}")
+        if shape == "chain" and budget > self.engine.num_draft:
+            raise BackendError(f"chain depth {budget} is beyond the drafter's block: it drafts "
+                               f"{self.engine.num_draft} tokens (block size {self.engine.num_draft + 1})")
+        self.engine.tree_shape, self.engine.budget, self.budget = shape, budget, budget
+
     @classmethod
     def around(cls, engine, tokenizer) -> "EngineBackend":
         """A backend over an engine built elsewhere (training scripts: the probe's prompts and generate on the
@@ -154,7 +172,7 @@ class EngineBackend:
     def describe(self) -> dict[str, Any]:
         t = self.engine.config.target
         return {"backend": self.name, "preset": self.preset, "attn": self.attn, "kv_layout": self.engine.kv_layout,
-                "budget": self.budget, "block_size": self.engine.config.drafter.block_size, "device": self.device,
+                "budget": self.budget, "tree": self.engine.tree_shape, "block_size": self.engine.config.drafter.block_size, "device": self.device,
                 "dtype": self.dtype, "seed": self.seed, "weights": self.weights, "layers": t.num_layers, "heads": t.num_heads,
                 "kv_row": t.kv_dim, "vocab": t.vocab_size, "graphs": self.engine.graphs,
                 "compile": self.engine.compiled,
@@ -195,6 +213,8 @@ class EngineBackend:
         False drops anything kept. ``on_prefill(done, total)``: first with the tokens reused, then after every
         prefill chunk."""
         import torch
+
+        from ...engine.records import provenance
 
         toks: list[int] = []
         steps: list[tuple[int, int]] = []  # per verify step: (tokens it put into the output, tree nodes)
@@ -243,7 +263,9 @@ class EngineBackend:
             e2e_s=time.perf_counter() - t0, tokens=list(toks), step_times_s=[r.step_ms / 1e3 for r in records],
             extra={"verify_ms_mean": sum(r.verify_ms for r in records) / len(records) if records else None,
                    "draft_ms_mean": sum(r.draft_ms for r in records) / len(records) if records else None,
-                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish},
+                   "tree_nodes": sum(t for _, t in steps[:len(kept)]), "finish_reason": finish,
+                   "tree": self.tree_shape, "budget": self.budget,
+                   **(provenance(res.steps, self.max_commit() - 1) if res is not None else {})},
             ran_steps=[(n - 1, t) for n, (_, t) in zip(uncut, steps)])
 
     def logits_problem(self, ids: list[int]) -> str | None:
