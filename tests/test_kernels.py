@@ -115,6 +115,30 @@ def test_split_row_tilings(block_q, tiling):
     check("split", 200, 8, "fork", 8, torch.float16, tuning=t)
 
 
+@pytest.mark.parametrize("ksplit,block_q,block_n,stages", [(2, 32, 32, 2), (4, 16, 16, 4), (4, 0, 32, 3)])
+@needs_kernels
+def test_split_latent_chunks(ksplit, block_q, block_n, stages):
+    """Pointer-load tiles with the latent in ksplit column chunks (independent S products and P V accumulators, the
+    portable builds' tuning): a prefix ending mid-tile, the 64 + 16-row tiling, bf16, the k2 width in fp32, and a
+    grid sized for two programs per SM."""
+    t = tune(tma=0, ksplit=ksplit, block_q=block_q, block_n=block_n, num_stages=stages, programs_per_sm=2)
+    check("split", 201, 8, "lopsided", 8, torch.float16, tuning=t)
+    check("split", 77, 8, "fork", 8, torch.bfloat16, tuning=t)
+    check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
+
+
+def test_split_ksplit_and_programs_per_sm_config():
+    """ksplit outside 1, 2, 4 is one line; programs_per_sm sizes the split count for that many programs per SM."""
+    from ddprobe.engine.kernels import split
+
+    t = split.DEFAULT_TUNING
+    with pytest.raises(ValueError, match="ksplit"):
+        split.choose_config(4096, 72, 132, dataclasses.replace(t, ksplit=3))
+    one = split.choose_config(1 << 17, 72, 132, dataclasses.replace(t, block_q=32, block_n=32))
+    two = split.choose_config(1 << 17, 72, 132, dataclasses.replace(t, block_q=32, block_n=32, programs_per_sm=2))
+    assert one["n_qb"] == two["n_qb"] == 3 and (one["num_splits"], two["num_splits"]) == (44, 88)
+
+
 @pytest.mark.parametrize("tma", [0, 1])
 @pytest.mark.parametrize("block_n", [64, 32])
 @needs_kernels

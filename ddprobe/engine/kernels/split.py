@@ -79,6 +79,9 @@ class SplitTuning:
     merge_stages: int = 0     # software-pipeline depth of that loop (0: preset)
     merge_warps: int = 4
     merge_bv: int = 0         # value columns per merge program (0: halve v_dim until the grid fills the SMs)
+    ksplit: int = 1           # pointer-load tiles (tma=0): the latent cut into 1, 2 or 4 column chunks, each its own
+                              # S product and P V accumulator: independent MMA chains instead of one 36-step chain
+    programs_per_sm: int = 1  # prefix programs per SM the split count is sized for (what the GPU's SM holds)
 
 
 DEFAULT_TUNING = SplitTuning()
@@ -190,11 +193,132 @@ def _prefetch_l2(KV, n0, end, stride_kv, BLOCK_N: tl.constexpr, WIDTH: tl.conste
 
 
 @triton.jit
+def _ks_load(KV, n0, end, stride_kv, V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+             KSPLIT: tl.constexpr, UPCAST: tl.constexpr):
+    """Rows n0 .. n0 + BLOCK_N as KSPLIT latent chunks [BLOCK_N, V_DIM / KSPLIT] and the rope part (masked pointer
+    loads; rows >= end read as zeros); unused chunks are the rope tile (never read)."""
+    VC: tl.constexpr = V_DIM // KSPLIT
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < end
+    k_ptr = KV + offs_n.to(tl.int64)[:, None] * stride_kv
+    offs_c = tl.arange(0, VC)
+    k0 = tl.load(k_ptr + offs_c[None, :], mask=n_ok[:, None], other=0.0)
+    k1 = k0
+    k2 = k0
+    k3 = k0
+    if KSPLIT >= 2:
+        k1 = tl.load(k_ptr + (VC + offs_c)[None, :], mask=n_ok[:, None], other=0.0)
+    if KSPLIT == 4:
+        k2 = tl.load(k_ptr + (2 * VC + offs_c)[None, :], mask=n_ok[:, None], other=0.0)
+        k3 = tl.load(k_ptr + (3 * VC + offs_c)[None, :], mask=n_ok[:, None], other=0.0)
+    k_pe = tl.load(k_ptr + (V_DIM + tl.arange(0, PE_DIM))[None, :], mask=n_ok[:, None], other=0.0)
+    if UPCAST:
+        k0 = k0.to(tl.float32)
+        k1 = k1.to(tl.float32)
+        k2 = k2.to(tl.float32)
+        k3 = k3.to(tl.float32)
+        k_pe = k_pe.to(tl.float32)
+    return k0, k1, k2, k3, k_pe, n_ok
+
+
+@triton.jit
+def _ks_attend(q0, q1, q2, q3, q_pe, k0, k1, k2, k3, k_pe, n_ok, m_i, l_i, a0, a1, a2, a3, qk_scale,
+               KSPLIT: tl.constexpr, PREC: tl.constexpr):
+    """_attend_block with the latent in KSPLIT chunks: the S products of the chunks and of the rope part are
+    independent MMA chains (summed after), and each chunk keeps its own P V accumulator."""
+    s = tl.dot(q_pe, tl.trans(k_pe), input_precision=PREC)
+    s0 = tl.dot(q0, tl.trans(k0), input_precision=PREC)
+    if KSPLIT >= 2:
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC)
+        s0 = s0 + s1
+    if KSPLIT == 4:
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC)
+        s3 = tl.dot(q3, tl.trans(k3), input_precision=PREC)
+        s0 = s0 + (s2 + s3)
+    s = tl.where(n_ok[None, :], (s + s0) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    pk = p.to(k0.dtype)
+    a0 = tl.dot(pk, k0, a0 * alpha[:, None], input_precision=PREC)
+    if KSPLIT >= 2:
+        a1 = tl.dot(pk, k1, a1 * alpha[:, None], input_precision=PREC)
+    if KSPLIT == 4:
+        a2 = tl.dot(pk, k2, a2 * alpha[:, None], input_precision=PREC)
+        a3 = tl.dot(pk, k3, a3 * alpha[:, None], input_precision=PREC)
+    return m_new, l_i, a0, a1, a2, a3
+
+
+@triton.jit
+def _ks_rows(Q, KV, O_part, LSE_part, q0, start, end, stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
+             Hq, H, qk_scale, pid_s, V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+             BLOCK_N: tl.constexpr, KSPLIT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """_prefix_rows over pointer-load tiles with the latent in KSPLIT (2 or 4) column chunks (_ks_attend)."""
+    VC: tl.constexpr = V_DIM // KSPLIT
+    offs_q = q0 + tl.arange(0, BLOCK_Q)
+    ok = offs_q < Hq
+    base = Q + (offs_q // H) * stride_qr + (offs_q % H) * stride_qh
+    offs_c = tl.arange(0, VC)
+    qc0 = tl.load(base[:, None] + offs_c[None, :], mask=ok[:, None], other=0.0)
+    qc1 = qc0
+    qc2 = qc0
+    qc3 = qc0
+    if KSPLIT >= 2:
+        qc1 = tl.load(base[:, None] + (VC + offs_c)[None, :], mask=ok[:, None], other=0.0)
+    if KSPLIT == 4:
+        qc2 = tl.load(base[:, None] + (2 * VC + offs_c)[None, :], mask=ok[:, None], other=0.0)
+        qc3 = tl.load(base[:, None] + (3 * VC + offs_c)[None, :], mask=ok[:, None], other=0.0)
+    q_pe = tl.load(base[:, None] + (V_DIM + tl.arange(0, PE_DIM))[None, :], mask=ok[:, None], other=0.0)
+    if UPCAST:
+        qc0 = qc0.to(tl.float32)
+        qc1 = qc1.to(tl.float32)
+        qc2 = qc2.to(tl.float32)
+        qc3 = qc3.to(tl.float32)
+        q_pe = q_pe.to(tl.float32)
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    a0 = tl.zeros([BLOCK_Q, VC], tl.float32)
+    a1 = tl.zeros([BLOCK_Q, VC], tl.float32)
+    a2 = tl.zeros([BLOCK_Q, VC], tl.float32)
+    a3 = tl.zeros([BLOCK_Q, VC], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        k0, k1, k2, k3, k_pe, n_ok = _ks_load(KV, n0, end, stride_kv, V_DIM, PE_DIM, BLOCK_N, KSPLIT, UPCAST)
+        m_i, l_i, a0, a1, a2, a3 = _ks_attend(qc0, qc1, qc2, qc3, q_pe, k0, k1, k2, k3, k_pe, n_ok, m_i, l_i,
+                                              a0, a1, a2, a3, qk_scale, KSPLIT, PREC)
+    o_ptr = O_part + pid_s * stride_ps + offs_q[:, None] * stride_pq + offs_c[None, :]
+    tl.store(o_ptr, a0 / l_i[:, None], mask=ok[:, None])
+    if KSPLIT >= 2:
+        tl.store(o_ptr + VC, a1 / l_i[:, None], mask=ok[:, None])
+    if KSPLIT == 4:
+        tl.store(o_ptr + 2 * VC, a2 / l_i[:, None], mask=ok[:, None])
+        tl.store(o_ptr + 3 * VC, a3 / l_i[:, None], mask=ok[:, None])
+    tl.store(LSE_part + pid_s * Hq + offs_q, m_i + tl.log2(l_i), mask=ok)
+
+
+@triton.jit
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+                 PREFETCH: tl.constexpr, KSPLIT: tl.constexpr):
+    """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q): _plain_rows, or over pointer-load tiles with
+    the latent in KSPLIT > 1 chunks _ks_rows."""
+    if not TMA and KSPLIT > 1:
+        _ks_rows(Q, KV, O_part, LSE_part, q0, start, end, stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
+                 Hq, H, qk_scale, pid_s, V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, KSPLIT, UPCAST, PREC)
+    else:
+        _plain_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
+                    stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                    V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
+
+
+@triton.jit
+def _plain_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
+                stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
+                V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+                BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
+                PREFETCH: tl.constexpr):
     """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q).
     TMA: full tiles come through host tensor descriptors (bulk copies), the last partial tile
     through masked pointer loads; otherwise every tile through pointer loads."""
@@ -267,6 +391,7 @@ def _split_prefix_kernel(
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
+    KSPLIT: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
@@ -302,7 +427,7 @@ def _split_prefix_kernel(
             if pid_s < used_splits:
                 _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT)
             else:
                 offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
@@ -310,11 +435,11 @@ def _split_prefix_kernel(
         else:
             _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
+                         V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT)
     else:
         _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH)
+                     V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT)
 
 
 def bit_weights(r: int, device) -> torch.Tensor:
@@ -426,13 +551,17 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     if prefix_len == 0:
         num_splits, chunk = 0, block_n
     else:
-        target = max(1, sms // n_qb)  # one program per SM (a tail program counts as one of the n_qb)
+        target = max(1, sms * max(1, t.programs_per_sm) // n_qb)  # programs_per_sm per SM (a tail program counts
+        # as one of the n_qb)
         num_splits = max(1, min(target, triton.cdiv(prefix_len, t.min_chunk)))
         chunk = triton.cdiv(triton.cdiv(prefix_len, num_splits), block_n) * block_n
         num_splits = triton.cdiv(prefix_len, chunk)
     prefetch = (2 if block_q == 64 and n_qb >= 3 else 0) if t.prefetch < 0 else int(t.prefetch)
+    if t.ksplit not in (1, 2, 4):
+        raise ValueError(f"SplitTuning.ksplit must be 1, 2 or 4, got {t.ksplit}")
     return dict(block_q=block_q, tail_program=tail_prog, n_qb=n_qb, block_n=block_n, num_splits=num_splits,
-                chunk=chunk, num_warps=t.num_warps, num_stages=num_stages, tma=int(t.tma), prefetch=prefetch)
+                chunk=chunk, num_warps=t.num_warps, num_stages=num_stages, tma=int(t.tma), prefetch=prefetch,
+                ksplit=int(t.ksplit))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -535,7 +664,7 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     kw = dict(V_DIM=p.v_dim, PE_DIM=pe, BLOCK_Q=cfg["block_q"], TAIL_PROGRAM=cfg["tail_program"],
               BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
               UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv,
-              PREFETCH=0 if interpreting() and not compiled else cfg["prefetch"],
+              PREFETCH=0 if interpreting() and not compiled else cfg["prefetch"], KSPLIT=cfg["ksplit"],
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _split_prefix_kernel, (cfg["n_qb"], ns + 1), args, kw
 
