@@ -51,6 +51,8 @@ def diagnose(
     match: MatchOpt = None,
     exporter_url: ExporterUrlOpt = None,
     force: ForceOpt = False,
+    tree: Annotated[Optional[str], typer.Option("--tree", help="Draft shapes the decision compares on the engine: "
+                                                "ddtree, chain (default both).")] = None,
     *, eng: EngineOptions,
 ):
     """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
@@ -63,7 +65,7 @@ def diagnose(
     from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
-    bw_Bps = _checked(tctx, backend, model, gpu, bw, max_new_tokens, decode_tokens, tp, ep, dcp)
+    bw_Bps, trees = _checked(tctx, backend, model, gpu, bw, max_new_tokens, decode_tokens, tp, ep, dcp, tree)
     folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     if out_dir == "":
         raise DDProbeError("--out-dir: empty path (give a folder name)")
@@ -83,7 +85,7 @@ def diagnose(
                            weight_dtype=dtype_name(weight_dtype),
                            expert_dtype=dtype_name(expert_dtype or weight_dtype), dcp=dcp,
                            allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None,
-                           kernels=kernels)
+                           kernels=kernels, trees=trees)
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
     run.estimate = diagnose_estimate(be, run, opts)
@@ -102,8 +104,10 @@ def _print_claims(claims: list, report_path: Path) -> None:
 
 
 def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], bw: Optional[str],
-             max_new_tokens: int, decode_tokens: int, tp: int, ep: int, dcp: int) -> Optional[float]:
-    """Refuse, before anything runs, what the steps would refuse later; returns the floor's bandwidth (--bw)."""
+             max_new_tokens: int, decode_tokens: int, tp: int, ep: int, dcp: int, tree: Optional[str]):
+    """Refuse, before anything runs, what the steps would refuse later; returns the floor's bandwidth (--bw) and
+    the draft shapes to compare (a server decides its own: --tree refused there)."""
+    from ..probes.commit import tree_shapes
     from ..probes.floor import Sharding
     from ..probes.gpu_util import check_decode_tokens
     from ..physics.models import get_model
@@ -128,7 +132,10 @@ def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], 
         note_dense(spec, ep)
     bw_Bps = parse_bandwidth(bw) if bw else None
     check_decode_tokens(decode_tokens)
-    return bw_Bps
+    if backend != "engine" and tree is not None:
+        raise DDProbeError(f"--tree: the {backend} server decides its own draft shape; ddprobe cannot change it (its "
+                           "commit rows report drafts_per_step, the nodes it drafted per step): drop --tree")
+    return bw_Bps, tuple(tree_shapes(tree or "ddtree,chain")) if backend == "engine" else ("ddtree",)
 
 
 def _run_shown(run, report_path: Path) -> list:

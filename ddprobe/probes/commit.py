@@ -353,12 +353,17 @@ def run_tree_probe(backend: Backend, configs: list[tuple[str, int]], ctxs: list[
                    max_new_tokens: int, writer: ResultWriter, **kw) -> list[dict]:
     """``run_commit_probe`` once per (shape, budget) of ``configs`` on one backend (``set_tree`` between them; a
     None config: the backend as it is), the rows of all in one results file, each row saying its ``tree`` and
-    ``budget`` where the backend knows them."""
+    ``budget`` where the backend knows them; the backend's own shape and budget come back at the end."""
     rows: list[dict] = []
-    for c in configs:  # None: the backend as it is
-        if c is not None:
-            backend.set_tree(*c)
-        rows += run_commit_probe(backend, ctxs, kinds, max_new_tokens, writer, **kw)
+    was = (backend.tree_shape, backend.budget) if any(configs) else None
+    try:
+        for c in configs:  # None: the backend as it is
+            if c is not None:
+                backend.set_tree(*c)
+            rows += run_commit_probe(backend, ctxs, kinds, max_new_tokens, writer, **kw)
+    finally:
+        if was is not None:  # the backend as it was (a later step measures its own tree)
+            backend.set_tree(*was)
     return rows
 
 

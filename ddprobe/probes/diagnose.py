@@ -23,7 +23,7 @@ from ..physics.gpus import get_gpu, gpu_spec_for
 from ..physics.step_shape import BELOW_FLOOR
 from ..units import DDProbeError
 from .backends.base import Backend
-from .commit import CellProgress, cell_order, run_commit_probe
+from .commit import CellProgress, cell_order, run_tree_probe
 from .bench.estimate import timing_block
 from .floor import Sharding, floor_result, served_floor
 from ..physics.models import get_model
@@ -55,6 +55,26 @@ class DiagnoseOptions:
     seed: int = 0
     # gpu_util_run's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
     telemetry: dict[str, Any] | None = None
+    trees: tuple[str, ...] = ("ddtree",)  # draft shapes the decision compares (the engine: the chain too)
+
+
+COPY_BYTES = 256 * 2**20  # the copy that measures this machine's memory bandwidth when no GPU gives one
+
+
+def copy_bandwidth(nbytes: int = COPY_BYTES, repeats: int = 5) -> float:
+    """This machine's memory bandwidth in bytes/s, measured: the fastest of ``repeats`` copies of ``nbytes`` (torch,
+    one tensor into another: ``nbytes`` read and ``nbytes`` written, counted both). What the embedded engine on the
+    CPU streams its weights and KV through, so its floor can be stated without a GPU preset."""
+    import torch
+
+    a = torch.ones(nbytes // 4, dtype=torch.float32)
+    b = torch.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
 
 
 def detect_gpu_preset(meta: RunMeta) -> str | None:
@@ -115,8 +135,17 @@ class Diagnose:
         w = ResultWriter(Result(kind="commit", meta=self.meta, config={
             "ctx": self.opts.ctxs, "text": list(COMMIT_KINDS), "max_new_tokens": self.opts.max_new_tokens,
             **self.backend.describe()}), path)
-        self.commit_rows = run_commit_probe(self.backend, self.opts.ctxs, list(COMMIT_KINDS),
-                                            self.opts.max_new_tokens, w, seed=self.opts.seed, progress=self.progress)
+        self.commit_rows = run_tree_probe(self.backend, self._configs(), self.opts.ctxs, list(COMMIT_KINDS),
+                                          self.opts.max_new_tokens, w, seed=self.opts.seed, progress=self.progress)
+
+    def _configs(self) -> list:
+        """The (shape, budget) pairs the commit step measures: the backend's tree, and on the engine the chain a
+        budget buys (min(budget, L)) when asked for; [None]: the backend as it is (a server)."""
+        if not hasattr(self.backend, "set_tree"):
+            return [None]
+        b = int(self.backend.budget)
+        return [("ddtree", b)] + ([("chain", min(b, self.backend.max_commit() - 1))] if "chain" in self.opts.trees
+                                  else [])
 
     def gpu_util(self):
         if not self._samples_gpus():
@@ -140,7 +169,8 @@ class Diagnose:
     def _measured_step(self) -> tuple[int, float, str] | None:
         if self.util is not None and self.util.summary.get("decode_step_ms"):
             return max(self.opts.ctxs), float(self.util.summary["decode_step_ms"]), "gpu-util decode"
-        novel = [r for r in self.commit_rows if r["text"] == "novel" and r.get("decode_ms_per_step")]
+        novel = [r for r in self.commit_rows if r["text"] == "novel" and r.get("decode_ms_per_step")
+                 and r.get("tree") != "chain"]
         if novel:
             r = max(novel, key=lambda r: r["ctx"])
             return r["ctx"], float(r["decode_ms_per_step"]), "commit probe, novel text"
@@ -155,8 +185,13 @@ class Diagnose:
 
     def floor(self):
         preset = self.opts.gpu or (None if self.opts.bw_Bps else detect_gpu_preset(self.meta) or self._sampled_preset())
+        bw_said = None
         if preset is None and self.opts.bw_Bps is None:
-            return "skipped", "no GPU detected and no --gpu or --bw given: no bandwidth to compare with"
+            if not (getattr(self.backend, "step_model", None) and self.backend.describe().get("device") == "cpu"):
+                return "skipped", "no GPU detected and no --gpu or --bw given: no bandwidth to compare with"
+            self.opts.bw_Bps = copy_bandwidth()  # the engine on the CPU: this machine's memory, measured
+            bw_said = (f"measured: this machine's copy bandwidth ({COPY_BYTES >> 20} MiB copied, read + write), the "
+                       "CPU's memory the engine streams through; no GPU preset")
         gpu = get_gpu(preset) if preset else None
         bw = self.opts.bw_Bps or gpu.bw_Bps
         step = self._measured_step()
@@ -169,9 +204,11 @@ class Diagnose:
         queries = int(self.backend.describe().get("budget", 8)) + 1
         # where the step goes: every context whose novel-text step was measured (else the one step)
         timed = sorted({r["ctx"]: float(r["decode_ms_per_step"]) for r in self.commit_rows
-                        if r["text"] == "novel" and r.get("decode_ms_per_step")}.items()) or [(ctx, step_ms)]
+                        if r["text"] == "novel" and r.get("decode_ms_per_step") and r.get("tree") != "chain"}.items()) \
+            or [(ctx, step_ms)]
         ctxs, steps = [c for c, _ in timed], [t for _, t in timed]
-        config = {"step_source": "commit probe, novel text" if len(timed) > 1 else source}
+        config = {"step_source": "commit probe, novel text" if len(timed) > 1 else source,
+                  **({"bw_source": bw_said} if bw_said else {})}
         o = self.opts
         if getattr(self.backend, "step_model", None) is not None:  # the embedded engine: its own weights, one GPU
             from .bench.step_times import engine_step_model
@@ -200,13 +237,14 @@ class Diagnose:
 
         model = getattr(self, "step_model", None)
         cells = [r for r in self.commit_rows if r.get("commit_len") and r.get("decode_ms_per_step")]
-        if model is None or not cells:
-            return "skipped", ("no floor to model plain decoding with" if model is None else
-                               "no commit cell has a commit length and a step time")
-        budget = int(self.backend.describe().get("budget", 8))
+        if not cells:
+            return "skipped", "no commit cell has a commit length and a step time"
+        budget = max(int(r.get("budget") or self.backend.describe().get("budget", 8)) for r in cells)
         path = str(self.backend.describe().get("attn") or self.backend.name)
         ctxs = sorted({int(r["ctx"]) for r in cells})
         decode, source = self._plain_decode(ctxs)
+        if decode is None and model is None:
+            return "skipped", "no plain decode step measured and no floor to model plain decoding with"
         if decode is None:
             decode = {c: model.cost(c, 1).floor_ms for c in ctxs}
         cells = [r for r in cells if int(r["ctx"]) in decode]
@@ -248,7 +286,7 @@ class Diagnose:
     def requests(self) -> dict[str, list[tuple[str, int]]]:
         """The requests the run will measure, in order, per step: {"commit": [(kind, ctx)...], "gpu-util": [...]}
         (gpu-util only where there is telemetry: a fleet source, or a GPU NVML sees here)."""
-        out = {"commit": cell_order(self.opts.ctxs, COMMIT_KINDS)}
+        out = {"commit": cell_order(self.opts.ctxs, COMMIT_KINDS) * len(self._configs())}
         if self._samples_gpus():
             out["gpu-util"] = [("novel", max(self.opts.ctxs))]
         return out

@@ -40,7 +40,10 @@ def _step_reason(record: Result | None, step: str) -> tuple[str, str]:
 
 
 def _series(rows: list[CommitRow], text: str) -> list[CommitRow]:
-    return sorted((r for r in rows if r.text == text and r.commit_len is not None), key=lambda r: r.ctx)
+    """The tree's cells of one text, by context (a shape sweep's chain cells are the decision's, not the drafter
+    claim's)."""
+    return sorted((r for r in rows if r.text == text and r.commit_len is not None and r.tree in (None, "ddtree")),
+                  key=lambda r: r.ctx)
 
 
 def _list(rs: list[CommitRow]) -> str:
@@ -114,7 +117,7 @@ def floor_claim(floor: Result | None, record: Result | None) -> Claim:
     comm = (f", {fmt_time(r.comm_ms / 1e3)} of {r.allreduces} all-reduces" if r.comm_ms else "")
     text = (f"At {fmt_tokens(r.ctx)} each verify step must read {fmt_bytes(r.kv_GB * 1e9)} of KV "
             f"({r.kv_B_per_token:,.0f} B per token) and {fmt_bytes(r.weights_GB * 1e9)} of weights; at "
-            f"{fmt_bandwidth(bw)} the floor of the whole step is {fmt_time(r.floor_ms / 1e3)} "
+            f"{fmt_bandwidth(bw)}{_bw_source(floor)} the floor of the whole step is {fmt_time(r.floor_ms / 1e3)} "
             f"({r.binds}-bound{comm}). The measured step takes {fmt_time(r.step_ms / 1e3)}: "
             f"{fmt_ratio(r.gap)} the floor; the attention alone would take {fmt_time(r.attn_floor_ms / 1e3)} "
             f"(attention gap {fmt_ratio(r.attn_gap)}, an effective KV bandwidth of "
@@ -122,6 +125,25 @@ def floor_claim(floor: Result | None, record: Result | None) -> Claim:
     if r.attn_gap_if_rows_reread:
         text += f"; still {fmt_ratio(r.attn_gap_if_rows_reread)} if every verify row re-read the cache"
     return Claim("floor", title, text + ")." + _launch_sentence(r, floor.config.get("launches")), "ok")
+
+
+def _shape_sentence(advise: Result) -> list[str]:
+    """Tree, chain or off per text and context (``summary.decisions``, where a chain was measured): each one's best
+    tokens/s and the choice, batch 1."""
+    ds = [d for d in (advise.summary.get("decisions") or []) if isinstance(d, dict) and d.get("chain_tok_s")]
+    if not ds:
+        return []
+    tok = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
+    cells = [f"{d['text']} at {fmt_tokens(d['ctx'])}: {d['choice']} (ddtree@{d['ddtree_budget']} "
+             f"{tok(d['ddtree_tok_s'])}, chain@{d['chain_depth']} {tok(d['chain_tok_s'])}, off "
+             f"{tok(d['plain_tok_s'])} tok/s)" for d in ds]
+    return [f"Tree, chain or off (batch 1): {'; '.join(cells)}."]
+
+
+def _bw_source(floor: Result) -> str:
+    """Where the floor's bandwidth came from when it is not a GPU's (the engine on a CPU: a measured copy)."""
+    said = floor.config.get("bw_source")
+    return " (this machine's memory bandwidth, measured by a copy: no GPU here)" if said else ""
 
 
 def _launch_sentence(r: FloorRow, source: str | None) -> str:
@@ -151,6 +173,7 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
         src = str(advise.summary.get("decode_source") or "")
         plain = "measured plain decoding" if src.startswith("measured") else "plain decoding at its floor"
         parts.append(f"Speculation on or off (against {plain}): " + "; ".join(said) + ".")
+        parts += _shape_sentence(advise)
     novel = _series(commit.records, "novel") if commit else []
     r = _step_row(floor) if floor else None
     if r is not None and r.kernels and r.latency_floor_ms and r.step_ms and \
