@@ -436,10 +436,10 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
         if depths:
             say(f"chain step times through {path}: depths {', '.join(map(str, depths))} (a chain's causal mask on "
                 f"the same kernel: the engine has no FlashMLA/FlashInfer path)")
+            chain = chain_step_times(_step_options(o, path), list(o.ctxs), depths, on_row)
             points += [Point(path, text, r.ctx, r.budget, commit[("chain", text, r.ctx, r.budget)], r.step_ms,
                              decode[r.ctx], where, tree="chain", kernel=f"{path} (chain mask)")
-                       for r in chain_step_times(_step_options(o, path), list(o.ctxs), depths, on_row)
-                       for text in o.texts]
+                       for text in o.texts for r in chain]
     return points
 
 
