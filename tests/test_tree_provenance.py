@@ -84,3 +84,20 @@ def test_provenance_of_device_tree_steps_is_not_made_up():
 
     s = StepRecord(0, 10, 8, 3, 4, 0.0, 0.0, 0.0, 0.0)
     assert provenance([s], 7) == {}
+
+
+def test_the_static_host_tree_step_records_the_same_provenance(tiny):
+    """The static step with the host tree (what a GPU runs when sampling, here eagerly on the CPU) records the same
+    ranks and spine depths as the eager oracle, step for step; the device tree records none."""
+    from ddprobe.engine import weights
+    from ddprobe.engine.generate import Engine
+
+    ids = prompt_ids(tiny, "novel", 256)
+    got = {}
+    for graphs, device_tree in ((False, True), (True, False), (True, True)):
+        eng = Engine("tiny", budget=8, graphs=graphs, device_tree=device_tree, max_ctx=512)
+        weights.load_into(eng, "tiny")
+        res = eng.generate(ids, 24)
+        got[(graphs, device_tree)] = [(s.ranks, s.spine_depth) for s in res.steps]
+    assert got[(True, False)] == got[(False, True)] and any(r and max(r) > 0 for r, _ in got[(False, True)])
+    assert all(r is None and d is None for r, d in got[(True, True)])
