@@ -32,7 +32,7 @@ from .read import Kernel, Trace
 
 GRAPH_LAUNCH = re.compile(r"^cu(?:da)?GraphLaunch")  # cudaGraphLaunch, cudaGraphLaunch_v10000, cuGraphLaunch_v2
 MIN_ALIKE = 0.5  # of the windows at the period, at least this share must hold the same sequence
-MIN_COVER = 0.5  # and the windows alike must cover at least this share of the trace's units
+MIN_COVER = 0.5  # and the windows alike must hold at least this share of the trace's kernel time
 SGLANG = re.compile(r"^step\[(?P<mode>[A-Z_]+)\s+bs=(?P<bs>\d+)(?P<rest>[^\]]*)\]$")
 VLLM = re.compile(r"^execute_context_(?P<c>\d+)\((?P<cin>[^)]*)\)_generation_(?P<g>\d+)\((?P<gin>[^)]*)\)")
 VLLM_OLD = re.compile(r"^execute_new_(?P<new>\d+)_cached_(?P<cached>\d+)$")
@@ -185,17 +185,18 @@ def by_repetition(units: list[tuple[str, list[Kernel]]], what: str, layers: int 
         where[u].append(i)
     names = {v: k for k, v in ids.items()}
     gaps = _gaps(units)
-    tried: set[int] = set()
+    tried: set[tuple] = set()
     for u, pos in sorted(where.items(), key=lambda kv: (len(kv[1]), kv[1][0])):
         if len(pos) < 2:
             continue
         period = _period(pos)
-        if period is None or period in tried or 2 * period > len(seq):
+        spacing = (period, tuple(b - a for a, b in zip(pos, pos[1:])))  # anchors spaced alike give the same windows
+        if period is None or spacing in tried or 2 * period > len(seq):
             continue
-        tried.add(period)
-        starts = _phase(seq, gaps, period)
-        if starts is None:
-            continue
+        tried.add(spacing)
+        starts = _phase(seq, gaps, period, pos)
+        if starts is None or _time_cover(units, starts, period) < MIN_COVER:
+            continue  # windows of a layer's kernels (a graph cut by the profile's start): not the step
         steps = [[k for _, ks in units[s:s + period] for k in ks] for s in starts]
         unit = "graph launches" if "graph" in what else "kernels"
         detail = (f"a sequence of {period} {unit} repeats {len(starts)} times (period from {names[u][:60]}; each "
@@ -203,6 +204,12 @@ def by_repetition(units: list[tuple[str, list[Kernel]]], what: str, layers: int 
         steps, split = _split_by_layers(steps, layers)
         return Steps(what, detail + split, steps)
     return None
+
+
+def _time_cover(units: list[tuple[str, list[Kernel]]], starts: list[int], period: int) -> float:
+    """The share of the trace's kernel time the windows hold."""
+    total = sum(k.dur for _, ks in units for k in ks) or 1.0
+    return sum(k.dur for s in starts for _, ks in units[s:s + period] for k in ks) / total
 
 
 def _gaps(units: list[tuple[str, list[Kernel]]]) -> list[float]:
@@ -224,24 +231,34 @@ def _period(pos: list[int]) -> int | None:
     return period
 
 
-def _phase(seq: list[int], gaps: list[float], period: int) -> list[int] | None:
-    """The window starts at ``period``: the phase whose units wait longest before them (summed over the whole
-    windows), then the windows of the most common shape, if they are alike and cover enough of the trace."""
-    sums, counts = [0.0] * period, [0] * period
-    for i in range(1, len(seq)):
-        sums[i % period] += gaps[i]
-        counts[i % period] += 1
-    order = sorted(range(period), key=lambda o: -sums[o] / max(1, counts[o]))
-    for o in order[:3]:
-        starts = list(range(o, len(seq) - period + 1, period))
+def _phase(seq: list[int], gaps: list[float], period: int, pos: list[int]) -> list[int] | None:
+    """The window starts: at each occurrence of the anchor (``pos``) plus the offset whose unit waits longest before
+    it (the mean over the occurrences), then the windows alike one of the first three, if they cover enough of the
+    trace."""
+    n = len(seq)
+    mean = []
+    for o in range(period):  # the unit o after the anchor, or o - period before it: one place in the step
+        g = [gaps[p + d] for p in pos for d in (o, o - period) if 0 < p + d < n]
+        mean.append(sum(g) / len(g) if g else -1.0)
+
+    def windows(o: int) -> list[int]:
+        starts: list[int] = []
+        for p in pos:
+            s = p + o
+            if s >= 0 and s + period <= n and (not starts or s >= starts[-1] + period):
+                starts.append(s)
+        return starts
+
+    for o in sorted(range(period), key=lambda o: -mean[o])[:3]:
+        starts = max(windows(o), windows(o - period), key=len)
         if len(starts) < 2:
             continue
         best: list[int] = []
         for ref in starts[:3]:  # the windows alike one of the first three (a step may differ in a few kernels)
             alike = [s for s in starts if _alike(seq, ref, s, period)]
             best = alike if len(alike) > len(best) else best
-        if len(best) >= 2 and len(best) >= MIN_ALIKE * len(starts) and len(best) * period >= MIN_COVER * len(seq):
-            return best
+        if len(best) >= 2 and len(best) >= MIN_ALIKE * len(starts):
+            return best  # (their cover of the trace's time is checked by the caller)
     return None
 
 

@@ -1,0 +1,271 @@
+"""Issue 62 on the shipped real traces: steps found wherever the profile starts (rotated mid-step), a trace grown by
+repetition read back into its steps with --model, the server's step labels first (SGLang's and vLLM's names, other
+modes set apart, the context from the labels), the floor of the traced step equal to `ddprobe floor`'s, and
+`trace diff` naming what changed. Issue 65's reader cases: every malformed structure or impossible number one
+line naming the event or field, nothing written."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ddprobe.probes.trace import run_trace
+from ddprobe.probes.trace_parts.steps import parse_label
+from ddprobe.units import DDProbeError
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "tests/data/traces"
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+H100 = sorted(TRACES.glob("h100-*-32k.trace.json.gz"))
+SPLIT = TRACES / "h100-split_ws-graphs-32k.trace.json.gz"
+SGL = TRACES / "h100-sglang-graphs-32k.trace.json.gz"
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "ddprobe", *map(str, args)], env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def load(path: Path) -> dict:
+    return json.loads(gzip.open(path, "rt").read())
+
+
+def save(doc: dict, path: Path) -> Path:
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+DEVICE = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def rotated(src: Path, dst: Path, at: float) -> Path:
+    """``src`` cut on the GPU's clock at ``at`` of its first third (inside its first step) and the head moved past
+    its end: the same events, a profile that starts mid-step. A launch moves with its kernels; a graph cut in two
+    leaves its head without a launch record, as a profile started inside it would."""
+    doc = load(src)
+    timed = [e for e in doc["traceEvents"] if "ts" in e]
+    dev = [e for e in timed if e.get("cat") in DEVICE]
+    t0 = min(float(e["ts"]) for e in dev)
+    t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in timed)
+    cut, shift = t0 + at * (t1 - t0) / 3, (t1 - t0) + 5000.0
+    corr = lambda e: (e.get("args") or {}).get("correlation")  # noqa: E731
+    moved = {corr(e) for e in dev if float(e["ts"]) < cut}
+    kept = {corr(e) for e in dev if float(e["ts"]) >= cut}
+    for e in timed:
+        c = corr(e)
+        if e.get("cat") in DEVICE:
+            move = float(e["ts"]) < cut
+        elif c is not None and (c in moved or c in kept):
+            move = c in moved and c not in kept
+        else:
+            move = float(e["ts"]) < cut
+        if move:
+            e["ts"] = float(e["ts"]) + shift
+            if c is not None:
+                e["args"]["correlation"] = int(c) + 10 ** 7
+    return save(doc, dst)
+
+
+@pytest.mark.parametrize("src", H100, ids=lambda p: p.name.split("-32k")[0])
+@pytest.mark.parametrize("at", [0.3, 0.55, 0.8])
+def test_rotated_mid_step_same_median_step(src, at, tmp_path):
+    base = run_trace([src])[0].rows[0]
+    rot = run_trace([rotated(src, tmp_path / "r.trace.json.gz", at)])[0].rows[0]
+    assert rot["step_ms"] == pytest.approx(base["step_ms"], rel=0.02), (base["step_ms"], rot["step_ms"])
+    assert rot["attention_per_step"] == base["attention_per_step"] == 61
+
+
+def grown(src: Path, dst: Path, copies: int) -> Path:
+    """``src`` repeated ``copies`` times, each copy after the last with other kernels between copies, correlation ids
+    offset: a real step sequence whose repeating unit is the whole copy (three steps)."""
+    doc = load(src)
+    events = doc.pop("traceEvents")
+    timed = [e for e in events if "ts" in e]
+    t0 = min(float(e["ts"]) for e in timed)
+    span = max(float(e["ts"]) + float(e.get("dur", 0)) for e in timed) - t0 + 2000.0
+    corr = max(int((e.get("args") or {}).get("correlation", 0) or 0) for e in events) + 1
+    out = [e for e in events if "ts" not in e]
+    for c in range(copies):
+        for e in timed:
+            e2 = dict(e, ts=float(e["ts"]) + c * span, args=dict(e.get("args") or {}))
+            if "correlation" in e2["args"]:
+                e2["args"]["correlation"] = int(e2["args"]["correlation"]) + c * corr
+            out.append(e2)
+        for j in range(3):  # other work between the copies
+            out.append({"ph": "X", "cat": "kernel", "name": f"between_copies_{j}", "ts": t0 + (c + 1) * span - 900
+                        + j * 10, "dur": 5.0, "args": {"stream": 7, "correlation": 10 ** 9 + c * 100 + j}})
+    doc["traceEvents"] = out
+    return save(doc, dst)
+
+
+def test_a_unit_of_three_steps_is_split_with_the_model(tmp_path):
+    real = run_trace([SPLIT], model="k2", ctx=32768)[0].rows[0]
+    big = grown(SPLIT, tmp_path / "g.trace.json.gz", 4)
+    plain = run_trace([big])[0].rows[0]
+    assert plain["attention_per_step"] == 183  # three steps read as one unit without the model
+    res, _ = run_trace([big], model="k2", ctx=32768)
+    row = res.rows[0]
+    assert row["attention_per_step"] == 61 and "split into 3 steps" in res.summary["detail"]["0"]
+    for key in ("attention_ms", "moe_ms", "gemm_ms"):
+        assert row[key] == pytest.approx(real[key], rel=0.02), key
+    assert row["step_ms"] == pytest.approx(real["step_ms"], rel=0.02)
+
+
+def labelled(src: Path, dst: Path, name_of) -> Path:
+    """``src`` with a server's step label around each step's launches (CPU side), as SGLang's detailed
+    annotations or vLLM's detailed trace annotation write them; ``name_of(i)`` names step i."""
+    _, ranks = run_trace([src])
+    doc = load(src)
+    launch = {int(e["args"]["correlation"]): float(e["ts"]) for e in doc["traceEvents"]
+              if e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})}
+    for i, step in enumerate(ranks[0].found.steps):
+        ts = [launch[k.corr] for k in step if k.corr in launch]
+        doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": name_of(i), "ts": min(ts) - 1.0,
+                                   "dur": max(ts) - min(ts) + 2.0, "pid": 1, "tid": 1})
+    return save(doc, dst)
+
+
+def test_sglang_labels_come_first_context_from_them_other_modes_apart(tmp_path):
+    def name(i):
+        if i == 0:
+            return "step[EXTEND bs=1 toks=32768 c_sq=32768 c_sqsq=1 c_sqsk=1 c_sk=32768]"
+        return f"step[TARGET_VERIFY bs=1 g_sq=9 g_sqsq=81 g_sqsk=1 g_sk={32768 + i}]"
+    f = labelled(grown(SPLIT, tmp_path / "g.json.gz", 2), tmp_path / "l.trace.json.gz", name)
+    res, _ = run_trace([f], model="k2")  # no --ctx: the labels say it
+    row = res.rows[0]
+    assert row["method"] == "labels" and row["mode"] == "verify" and row["steps"] == 1
+    assert "set apart: 1 extend steps" in res.summary["detail"]["0"]
+    assert row["ctx"] == 32769 and row["ctx_from"] == "the step labels"
+    with pytest.raises(DDProbeError, match="contradicts the trace's step labels"):
+        run_trace([f], model="k2", ctx=65536)
+
+
+def test_vllm_labels_and_the_label_formats():
+    assert parse_label("step[TARGET_VERIFY bs=2 g_sq=18 g_sqsq=162 g_sqsk=1 g_sk=65540]") == ("verify", 2, 32770)
+    assert parse_label("step[DECODE bs=1 g_sq=1 g_sqsq=1 g_sqsk=1 g_sk=4096]") == ("decode", 1, 4096)
+    assert parse_label("step[EXTEND bs=1 toks=512]") == ("extend", 1, None)
+    assert parse_label("execute_context_0(0)_generation_1(1)") == ("decode", 1, None)
+    assert parse_label("execute_context_0(sq0sk0)_generation_2(sq18sk65536)") == ("decode", 2, 32768)
+    assert parse_label("execute_context_1(sq512sk512)_generation_0(sq0sk0)") == ("extend", 1, 512)
+    assert parse_label("execute_new_0_cached_1") == ("decode", 1, None)
+    for bad in ("step[VERIFY]", "step[TARGET_VERIFY bs=1 g_sk=lots]", "execute_context_x"):
+        with pytest.raises(DDProbeError, match="does not parse|not a token count"):
+            parse_label(bad)
+
+
+def test_the_floor_is_the_engines_own_k2_floor(tmp_path):
+    res, _ = run_trace([SPLIT], model="k2", ctx=32768)
+    row = res.rows[0]
+    r = cli("floor", "--model", "k2", "--ctx", "32k", "--gpu", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    floor = json.loads(r.stdout)
+    floor_ms = (floor.get("rows") or floor)[0]["floor_ms"]
+    assert row["floor_ms"] == pytest.approx(floor_ms, rel=1e-9)
+    assert row["gap"] == pytest.approx(row["step_ms"] / floor_ms)
+    assert "1,479 kernels per step" in row["floor_from"] and "graph-replayed" in row["floor_from"]
+    eager = run_trace([TRACES / "h100-sglang-eager-32k.trace.json.gz"], model="k2", ctx=32768)[0].rows[0]
+    assert "eager" in eager["floor_from"] and eager["floor_ms"] > row["floor_ms"]  # 3,522 kernels at the eager time
+
+
+def test_diff_names_sglangs_fwd_kernel(tmp_path):
+    out = tmp_path / "d.json"
+    r = cli("trace", "diff", SGL, SPLIT, "--model", "k2", "--ctx", "32k", "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "what changed most: _fwd_kernel, 310.1 -> 0.000 ms per step" in r.stdout
+    d = json.loads(out.read_text())["summary"]["diff"]
+    assert d["changed"] == "_fwd_kernel" and d["changed_before_ms"] == pytest.approx(310.1, abs=0.1)
+    assert "ddp_seesaw_bf16" in d["added"] and "_fwd_kernel" in d["gone"]
+    assert d["gap_before"] > 30 and 1 < d["gap_after"] < 2
+    again = cli("trace", "diff", SGL, SGL, "-o", tmp_path / "e.json")
+    assert again.returncode == 1 and "given twice" in again.stderr and not (tmp_path / "e.json").exists()
+    other = cli("trace", "diff", SGL, TRACES / "serve-tiny-cpu-TP-0.trace.json.gz", "-o", tmp_path / "f.json")
+    assert other.returncode == 1 and len(other.stderr.strip().splitlines()) == 1
+
+
+def damaged(tmp_path, change) -> Path:
+    doc = load(SPLIT)
+    if change != "deep":
+        change(doc)
+        return save(doc, tmp_path / "bad.trace.json.gz")
+    text = json.dumps(doc).replace('"traceEvents": [', '"traceEvents": [{"ph": "X", "cat": "kernel", "name": "deep", '
+                                   '"args": {"x": ' + "[" * 100000 + "]" * 100000 + "}}, ", 1)
+    with gzip.open(tmp_path / "bad.trace.json.gz", "wt") as f:
+        f.write(text)
+    return tmp_path / "bad.trace.json.gz"
+
+
+def _first_kernel(doc):
+    return next(e for e in doc["traceEvents"] if e.get("cat") == "kernel")
+
+
+@pytest.mark.parametrize("change,words", [
+    (lambda d: _first_kernel(d).update(args=[1, 2]), "args is a list"),
+    (lambda d: _first_kernel(d).update(args="grid"), "args is a str"),
+    (lambda d: _first_kernel(d).update(dur=1e12), "longer than an hour"),
+    (lambda d: _first_kernel(d).update(ts=-5), "ts -5 us is negative"),
+    (lambda d: d.update(deviceProperties={"name": "H100"}), "deviceProperties is not a list"),
+    (lambda d: d["deviceProperties"][0].update(name=7), "deviceProperties[0].name is 7"),
+    (lambda d: d["deviceProperties"][0].update(numSms="many"), "deviceProperties[0].numSms is 'many'"),
+    ("deep", "nested deeper"),
+])
+def test_malformed_structure_and_impossible_numbers_one_line(change, words, tmp_path):
+    out = tmp_path / "o.json"
+    r = cli("trace", damaged(tmp_path, change), "-o", out)
+    assert r.returncode == 1 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()
+
+
+def test_a_file_twice_or_its_copy_is_not_two_ranks(tmp_path):
+    copy = tmp_path / "x-TP-1.trace.json.gz"
+    copy.write_bytes(SPLIT.read_bytes())
+    for args, words in (([SPLIT, SPLIT], "given twice"), ([SPLIT, copy], "hold the same bytes")):
+        r = cli("trace", *args, "-o", tmp_path / "o.json")
+        assert r.returncode == 1 and words in r.stderr, r.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_catastrophic_marker_is_refused_at_once(tmp_path):
+    t0 = time.perf_counter()
+    r = cli("trace", SPLIT, "--marker", "^(a+)+$", "-o", tmp_path / "o.json")
+    assert r.returncode == 1 and "repetition inside a repetition" in r.stderr
+    assert time.perf_counter() - t0 < 30
+
+
+class Trickle(BaseHTTPRequestHandler):
+    def do_POST(self):  # headers at once, then a byte a second: never a whole answer
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        try:
+            for _ in range(60):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(1)
+        except OSError:
+            pass
+
+    def log_message(self, *a):
+        pass
+
+
+def test_url_against_a_trickling_server_is_bounded_and_names_wait(tmp_path):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        t0 = time.perf_counter()
+        r = cli("trace", "--url", f"http://127.0.0.1:{srv.server_address[1]}", "--wait", "3", "--dir",
+                tmp_path / "d", "-o", tmp_path / "o.json", timeout=60)
+        took = time.perf_counter() - t0
+    finally:
+        srv.shutdown()
+    assert r.returncode == 1 and "--wait" in r.stderr and "--timeout" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and took < 30
+    assert not (tmp_path / "o.json").exists()
