@@ -28,7 +28,7 @@ import requests
 
 from ddprobe.probes.backends.base import BackendError
 from ddprobe.probes.backends.vllm import VLLMBackend, parse_metrics
-from ddprobe.probes.commit import prompt_ids, run_commit_probe
+from ddprobe.probes.commit import loop_notes, output_repeats, prompt_ids, run_commit_probe
 from ddprobe.results import Result, ResultWriter, RunMeta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +95,7 @@ class VLLMServer:
             self.cmd += ["--per-request-spec-decode-metrics", "detailed"]
         if per_request:
             self.cmd += ["--enable-per-request-metrics"]  # prefill and decode time per request
+            self.cmd += ["--enable-prompt-tokens-details"]  # usage.prompt_tokens_details.cached_tokens: the reuse
 
     def start(self) -> "VLLMServer":
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -211,13 +212,20 @@ def replay(server: VLLMServer, row: dict) -> dict:
     ids = prompt_ids(be, row["text"], row["ctx"], 0, NEW)
     before = server.counters()
     d = requests.post(server.url + "/v1/completions", json={"model": NAME, "prompt": ids, "max_tokens": NEW,
-                                                            "temperature": 0.0, "ignore_eos": True}, timeout=300).json()
+                                                            "temperature": 0.0, "ignore_eos": True,
+                                                            "return_token_ids": True}, timeout=300).json()
     after = server.counters()
     delta = {n: after[n] - before.get(n, 0.0) for n in after}
     drafts = delta[VLLMBackend.DRAFTS]
     return {"own": ((d.get("metrics") or {}).get("speculative_decoding")),
             "counters": 1 + delta[VLLMBackend.ACCEPTED] / drafts if drafts else None,
-            "per_pos": [round(delta[f"{VLLMBackend.PER_POS}[{p}]"]) for p in range(K)]}
+            "per_pos": [round(delta[f"{VLLMBackend.PER_POS}[{p}]"]) for p in range(K)],
+            "ids": d["choices"][0].get("token_ids")}
+
+
+def running(server: VLLMServer) -> float:
+    text = requests.get(server.url + "/metrics", timeout=30).text
+    return parse_metrics(text, server.url, gauges=VLLMBackend.GAUGES).get("vllm:num_requests_running", 0.0)
 
 
 def test_commit_length_equals_vllms_own_figures_in_every_cell(measured, spec_server):
@@ -235,6 +243,11 @@ def test_commit_length_equals_vllms_own_figures_in_every_cell(measured, spec_ser
         assert sum(row["accepted_per_pos"]) == own["num_accepted_draft_tokens"]
         cond = row["cond_accept_per_pos"]
         assert len(cond) == K and all(c is None or 0 <= c <= 1 for c in cond)
+        # conditional acceptance over the drafts that reached each position, from vLLM's own per-step counts
+        a, d = own["per_step_accepted"], own["per_step_drafted"]
+        reached = [sum(dd > p and aa >= p for aa, dd in zip(a, d)) for p in range(K)]
+        assert row["reached_per_pos"] == reached and row["cond_accept_basis"].startswith("drafts that reached")
+        assert cond == [x / r if r else None for x, r in zip(row["accepted_per_pos"], reached)]
         assert row["decode_ms_per_step"] > 0 and row["prefill_s"] >= 0  # --enable-per-request-metrics
     pred = [r["commit_len"] for r in rows if r["text"] == "predictable"]
     novel = [r["commit_len"] for r in rows if r["text"] == "novel"]
@@ -301,7 +314,49 @@ def test_counter_path_gives_the_same_numbers(measured, counter_server, tmp_path)
         assert abs(mine["commit_len"] - theirs["commit_len"]) < 1e-9, (mine, theirs)
         assert mine["verify_steps"] == theirs["verify_steps"]
         assert mine["accepted_per_pos"] == theirs["accepted_per_pos"]
-        assert mine["cond_accept_per_pos"] == pytest.approx(theirs["cond_accept_per_pos"], abs=1e-12)
+        # /metrics has no drafted count per position: at p over at p - 1, said so (the per-request server's figure
+        # divides by the drafts that reached p instead)
+        at, steps = mine["accepted_per_pos"], mine["verify_steps"]
+        assert mine["cond_accept_per_pos"] == pytest.approx([x / b if b else None for x, b in
+                                                             zip(at, [steps] + at[:-1])], abs=1e-12)
+        assert "undrafted positions count as rejected" in mine["cond_accept_basis"]
+
+
+def test_output_ids_loop_check_and_prefix_cache_reuse(measured, spec_server):
+    """vLLM rows carry the loop check: the output's ids come with the answer (``return_token_ids``), so
+    ``output_repeats`` is the share of the output repeating its own 5-token spans, as on the engine's rows (the tiny
+    model's predictable text is "The cat sat on the mat." forever: near 1); the lines a novel cell would get come
+    from the same rows. The prefix cache's reuse is vLLM's own ``cached_tokens``: a 1k prompt starts with the 512."""
+    path, rows = measured
+    for row in rows:
+        again = replay(spec_server, row)
+        assert len(again["ids"]) == NEW and row["output_repeats"] == output_repeats(again["ids"])
+    pred = [r for r in rows if r["text"] == "predictable"]
+    assert all(r["output_repeats"] > 0.8 for r in pred), [r["output_repeats"] for r in pred]
+    assert all(isinstance(r["output_repeats"], float) for r in rows)
+    notes = loop_notes(rows)  # novel cells with a looping target and a high commit length, if any
+    r = ddprobe("commit", "--backend", "vllm", "--url", spec_server.url, "--ctx", CTX, "--max-new-tokens", str(NEW))
+    assert r.returncode == 0 and all(n in r.stdout + r.stderr for n in notes), r.stdout + r.stderr
+    by = {(x["text"], x["ctx"]): x for x in rows}
+    for text in ("predictable", "novel"):
+        assert 0 < by[(text, 1024)]["reused_tokens"] <= 512, by[(text, 1024)]
+
+
+@pytest.mark.parametrize("new", [2, 3])
+def test_max_new_tokens_below_the_drafts_counts_the_cut_step_as_vllm_does(spec_server, tmp_path, new):
+    """--max-new-tokens 2 (or 3) with four drafts: the prefill's token and one step whose accepted drafts pass the
+    limit. vLLM counts that step whole (1 + 4 / 1 = 5 on predictable text); so does the row, and the run passes."""
+    path = tmp_path / "c.json"
+    r = ddprobe("commit", "--backend", "vllm", "--url", spec_server.url, "--ctx", "512", "--max-new-tokens", str(new),
+                "--json", str(path))
+    assert r.returncode == 0 and "this commit file" not in r.stdout + r.stderr, r.stdout + r.stderr
+    rows = Result.load(path).rows
+    for row in rows:
+        assert row["completion_tokens"] == new and row["budget"] == K
+        assert row["commit_len"] == pytest.approx(row["reported_mean_acceptance_length"], abs=1e-9)
+        assert 1 <= row["commit_len"] <= K + 1
+    pred = next(x for x in rows if x["text"] == "predictable")
+    assert pred["commit_len"] > new, pred  # the cut step counted whole
 
 
 def test_report_and_gate_read_the_file(measured, tmp_path):
@@ -406,6 +461,26 @@ def test_server_killed_mid_run(counter_server, tmp_path):
     line = error_line(ddprobe("commit", "--backend", "vllm", "--url", counter_server.url, "--json",
                               str(tmp_path / "x.json")))
     assert "connection refused" in line and counter_server.url in line
+    # killed while a request is in flight: the connection dropped, not a server that cannot be reached
+    counter_server.start()
+    be, failed = VLLMBackend(counter_server.url), []
+    ids = prompt_ids(be, "novel", 512, 0, NEW)
+    t = threading.Thread(target=lambda: failed.append(_error_of(lambda: be.generate(ids, MAX_LEN - 600))))
+    t.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not running(counter_server):
+        time.sleep(0.05)
+    counter_server.kill()
+    t.join(120)
+    assert failed and "the connection dropped" in failed[0] and "cannot connect" not in failed[0], failed
+
+
+def _error_of(fn) -> str:
+    try:
+        fn()
+    except BackendError as e:
+        return str(e)
+    return "no error"
 
 
 def test_server_without_speculative_decoding_and_advise_against_it(measured, tiny_model, tmp_path_factory,

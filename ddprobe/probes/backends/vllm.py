@@ -11,8 +11,16 @@ vLLM's mean acceptance length 1.0 (kept so, with a note). Commit length is vLLM'
 Per draft position (``accepted_per_pos``): the steps whose draft token at position p was accepted, from the change
 in ``vllm:spec_decode_num_accepted_tokens_per_pos{position=p}`` or from the request's ``per_step_accepted`` (a step
 accepting a tokens counts at positions 0..a-1); ``cond_accept_per_pos``: conditional acceptance per draft position,
-accepted at p over accepted at p - 1 (at 0: over the drafted steps). A step that drafted fewer tokens than
-positions counts as not accepted at the missing ones, as vLLM's counters count it.
+over the drafts that reached p (a token drafted there, every earlier one accepted) where the answer has vLLM's
+``per_step_drafted``; from the counters alone (no drafted count per position), accepted at p over accepted at p - 1
+(at 0: over the drafted steps), a step that drafted fewer tokens than positions counting as not accepted at the
+missing ones, as vLLM's counters count it. ``cond_accept_basis`` says which.
+
+A step cut by ``max_tokens`` counts whole, as vLLM counts it (``--max-new-tokens 2`` with four drafts: commit
+length 5); the row carries the budget k that bounds it. Each request asks for the output's token ids
+(``return_token_ids``: the loop check, the repeated-token check, recall's copied words through ``/detokenize``)
+and reads the prompt tokens the server's prefix cache served (``usage.prompt_tokens_details.cached_tokens``, a
+server started with ``--enable-prompt-tokens-details``) as the cell's ``reused_tokens``.
 
 Every count is checked before it is believed (``backends.checked_stats``): counters that go backwards (a
 restart during the request) or jump past what one request can move, and per-request figures that contradict each
