@@ -113,3 +113,19 @@ def test_a_cut_last_step_counted_whole_is_a_row_the_results_file_keeps(tmp_path,
                rows=[row])
     r.save(tmp_path / "c.json")
     assert Result.load(tmp_path / "c.json").rows[0]["commit_len"] == 5.0
+
+
+@pytest.mark.parametrize("metrics, believed", [
+    ({"time_to_first_token_ms": 12.0, "generation_time_ms": 40.0}, True),
+    ({"time_to_first_token_ms": 12.0, "generation_time_ms": 1e-6}, False),  # 0.25 ns a step
+    ({"time_to_first_token_ms": 5e9, "generation_time_ms": 40.0}, False),  # a 58-day prefill
+    ({"time_to_first_token_ms": 12.0, "generation_time_ms": 4e10}, False),  # 10^7 s a step
+])
+def test_the_servers_timing_is_held_to_the_range_of_a_typed_step_time(metrics, believed):
+    from ddprobe.probes.backends.vllm import timing
+
+    st = per_request_stats({"num_spec_steps": 4, "num_accepted_draft_tokens": 4, "num_spec_tokens": 4}, 100, 9, 1.0,
+                           9, "here")
+    timing(st, metrics)
+    assert (st.decode_s is not None) == believed
+    assert believed or "not believed (a step is between 1 us and 1 h)" in st.extra["server_note"]

@@ -32,6 +32,7 @@ import math
 import time
 from typing import Any
 
+from ...units import RANGES
 from .base import BackendError, GenStats, checked_stats
 from .http import HttpClient, field_of
 
@@ -236,9 +237,15 @@ def timing(stats: GenStats, metrics: dict) -> None:
     if not (isinstance(ttft, num) and isinstance(gen, num) and math.isfinite(ttft) and math.isfinite(gen)
             and ttft >= 0 and gen > 0):
         return
-    stats.prefill_s, stats.decode_s = ttft / 1e3, gen / 1e3
     plain = max(0, stats.completion_tokens - 1 - stats.verify_steps - round(stats.accepted_tokens or 0))
-    stats.extra["decode_steps"] = stats.verify_steps + plain
+    steps = stats.verify_steps + plain
+    lo, hi, said = RANGES["step time"]  # what a typed --step-ms may be, for the time per step the server implies
+    if ttft > hi * 1e3 or (steps and not lo <= gen / 1e3 / steps <= hi):
+        stats.extra["server_note"] = (f"vLLM's time_to_first_token_ms {ttft:g} and generation_time_ms {gen:g} over "
+                                      f"{steps} decode steps are not believed (a step is between {said}): no timing")
+        return
+    stats.prefill_s, stats.decode_s = ttft / 1e3, gen / 1e3
+    stats.extra["decode_steps"] = steps
 
 
 def answer_extras(stats: GenStats, d: dict, where: str) -> GenStats:
