@@ -16,6 +16,16 @@ Markers (an HTML comment on the line just before the opening fence; text after t
   takes minutes. These are not run: each command must parse (the command exists, every option exists, an integer or
   number option's value is one, none is given twice).
 - ``<!-- exit N -->``: run, and expect exit status N (a gate that fails on purpose).
+
+Printed output (issue 63): in a ``console`` block, the lines after a ``$ `` command up to the next one are what it
+prints, and the run must print them (stdout, with stderr before or after it): compared word by word, whitespace
+aside (a table's alignment and a terminal's wrapping do not count; a rule of ``─`` is as wide as its table);
+``...`` stands for any text (a line of its own: any lines; inside a line: any words), ``<name>`` for one word that
+varies (``<time>``). Numbers must be within ``REL_TOL`` (2%) or one unit of their last printed digit, whichever is
+larger. Pages in ``DRIFTED`` are not compared yet. More words in the same comment:
+
+- ``measured``: the output holds this machine's timings: the words are compared, not the numbers;
+- ``columns N``: the block was printed on an N-column terminal (tables drop columns to fit; default 200).
 """
 from __future__ import annotations
 
@@ -44,6 +54,13 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
 PENDING: set[str] = set()  # commands whose page is still being written (none today)
 
 MARKER = re.compile(r"^\s*<!--\s*(gpu|live|long|exit\s+(\d+))\b.*-->\s*$")
+COMMENT = re.compile(r"^\s*<!--(.*)-->\s*$")
+REL_TOL = 0.02
+COLUMNS = 200
+# Pages whose console blocks' printed output had drifted from the code when the comparison came in (2026-12-07), each
+# owned by another change: their commands run, their output is not compared yet. The lead regenerates each page's
+# blocks from a real run (`...` for what they leave out) and takes the page out of this set.
+DRIFTED: set[str] = {"docs/advise.md", "docs/bench.md", "docs/commit.md", "docs/gate.md"}
 FENCE = re.compile(r"^```(\w*)\s*$")
 SHIPPED = ("tests/", "examples/")
 ROOT_CMD = typer.main.get_command(app)
@@ -118,6 +135,22 @@ def blocks(md: Path):
             mk = MARKER.match(prev)
             yield start + 1, lang, (mk.group(1) if mk else None), lines[start + 1:j]
         i = j + 1
+
+
+def block_words(md: Path) -> dict[int, str]:
+    """The comment before each block's fence (line number -> its text, "" for none)."""
+    lines, out, i = md.read_text().split("\n"), {}, 0
+    while i < len(lines):
+        if FENCE.match(lines[i]):
+            prev = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
+            c = COMMENT.match(prev)
+            out[i + 1] = c.group(1) if c else ""
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            i = j
+        i += 1
+    return out
 
 
 def commands_of(lang: str, body: list[str]) -> list[list[str]]:
@@ -243,20 +276,114 @@ def test_the_examples_were_found():
 
 @pytest.mark.parametrize("ex", EXAMPLES, ids=example_id)
 def test_example(ex, tmp_path):
-    md, line, _, marker, commands = ex
+    md, line, lang, marker, commands = ex
     for args in commands:
         check_parses(args)
     if marker in ("gpu", "live", "long"):
         return
     expect = int(marker.split()[1]) if marker and marker.startswith("exit") else 0
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200", "XDG_CACHE_HOME": str(tmp_path / ".cache")}
+    words = block_words(md).get(line, "")
+    cols = re.search(r"\bcolumns\s+(\d+)", words)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": cols.group(1) if cols else str(COLUMNS),
+           "XDG_CACHE_HOME": str(tmp_path / ".cache")}
     env.pop("TRITON_INTERPRET", None)
-    for args in commands:
+    printed = printed_outputs(md, line) if lang == "console" else [None] * len(commands)
+    for args, want in zip(commands, printed):
         stage_shipped(args, tmp_path)
         r = subprocess.run([*ddprobe_exe(), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300, stdin=subprocess.DEVNULL)
         assert r.returncode == expect, (f"{example_id(ex)}: `ddprobe {shlex.join(args)}` exited {r.returncode}, "
                                         f"not {expect}:\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
+        if want is not None and str(md.relative_to(ROOT)) not in DRIFTED:
+            why = differs(want, [r.stdout, r.stderr + "\n" + r.stdout, r.stdout + "\n" + r.stderr],
+                          numbers=not re.search(r"\bmeasured\b", words))
+            assert not why, (f"{example_id(ex)}: `ddprobe {shlex.join(args)}` no longer prints what the page shows: "
+                             f"{why}\n--- printed:\n{r.stdout}\n{r.stderr}")
+
+
+# --- printed output against the page ----------------------------------------------------------------------------
+
+NUMBER = r"\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?"
+
+
+def printed_outputs(md: Path, line: int) -> list[str]:
+    """The output lines under each ``$ ddprobe ...`` command of the console block at ``line`` (one text per ddprobe
+    command, in order; a command's continuation lines are not output)."""
+    body = next(b for ln, lang, _, b in blocks(md) if ln == line)
+    outs, cur, cont = [], None, False
+    for text in body:
+        if text.startswith("$ "):
+            if cur is not None:
+                outs.append(cur)
+            cur = [] if commands_of("console", [text.rstrip("\\")]) else None
+            cont = text.rstrip().endswith("\\")
+        elif cont:
+            cont = text.rstrip().endswith("\\")
+        elif cur is not None:
+            cur.append(text)
+    if cur is not None:
+        outs.append(cur)
+    return ["\n".join(o) for o in outs]
+
+
+def pattern(want: str) -> tuple[re.Pattern, list[str]]:
+    """A regex for the printed text ``want`` (whitespace-insensitive, ``...`` any text, ``<name>`` one word, each
+    number a group) and its numbers as printed."""
+    parts, nums = [], []
+    for i, tok in enumerate(want.split()):
+        if tok == "...":
+            parts.append("(?:\\s.*?)?" if i else ".*?")
+            continue
+        if set(tok) == {"─"}:  # a table's rule: as wide as the table
+            tok = "─"
+        piece = ""
+        for m in re.finditer(rf"(\.\.\.)|(<[a-z][a-z-]*>)|({NUMBER})|(.)", tok, flags=re.S):
+            if m.group(1):
+                piece += ".*?"
+            elif m.group(2):
+                piece += r"\S+?"
+            elif m.group(3):
+                piece += f"({NUMBER})"
+                nums.append(m.group(3))
+            else:
+                piece += "─+" if m.group(4) == "─" else re.escape(m.group(4))
+        parts.append(("\\s+" if i and not parts[-1].startswith("(?:") else "\\s*" if i else "") + piece)
+    return re.compile("\\s*" + "".join(parts) + "\\s*", flags=re.S), nums
+
+
+def close(want: str, got: str) -> bool:
+    """``got`` is ``want`` within REL_TOL or one unit of ``want``'s last printed digit."""
+    w, g = float(want.replace(",", "")), float(got.replace(",", ""))
+    unit = 10.0 ** -len(want.split(".")[1]) if "." in want and "e" not in want else 1.0
+    return abs(g - w) <= max(REL_TOL * abs(w), unit) + 1e-12
+
+
+def differs(want: str, printed: list[str], numbers: bool = True) -> str:
+    """Why none of ``printed`` is the page's ``want`` ("" when one is)."""
+    rx, nums = pattern(want)
+    why = "its words differ (a line changed, or one is missing)"
+    for text in printed:
+        m = rx.fullmatch(text)
+        if m is None:
+            continue
+        if not numbers:
+            return ""
+        off = [f"{w} -> {g}" for w, g in zip(nums, m.groups()) if not close(w, g)]
+        if not off:
+            return ""
+        why = f"numbers moved beyond {REL_TOL:.0%} (or one unit of the last digit): {', '.join(off[:8])}"
+    return why
+
+
+def test_the_comparison_itself():
+    """Alignment and wrapping do not count, ``...`` elides, a number may move within the tolerance, not beyond."""
+    want = "  ctx   floor   gap\n 32k   12.9 ms   12.3x\n...\nreport: ddprobe-<time>/r.html"
+    assert not differs(want, ["ctx floor gap\n32k 12.95 ms\n  12.3x\nmore\nlines\nreport: ddprobe-0612/r.html"])
+    assert "12.9 -> 13.9" in differs(want, ["ctx floor gap 32k 13.9 ms 12.3x report: ddprobe-1/r.html"])
+    assert not differs(want, ["ctx floor gap 32k 13.9 ms 12.3x report: ddprobe-1/r.html"], numbers=False)
+    assert "words differ" in differs(want, ["ctx floor gap 32k 12.9 ms 12.3x bound report: ddprobe-1/x.html"])
+    assert not differs("a (...) b ...", ["a (x y z) b"]) and not differs("1,536 B", ["1,540 B"])
+    assert differs("0.46", ["0.48"])  # 4%: beyond both 2% and one unit of the second decimal
 
 
 # --- the links ---------------------------------------------------------------------------------------------------
@@ -287,3 +414,13 @@ def test_links_resolve(md):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(target)
     assert not broken, f"{md.relative_to(ROOT)}: links that lead nowhere: {broken}"
+
+
+def test_every_cpu_console_block_is_compared():
+    """Every console block the suite runs shows what its commands print (a block of commands alone compares
+    nothing), and every such block outside ``DRIFTED`` is compared by ``test_example``."""
+    run = [ex for ex in EXAMPLES if ex[2] == "console" and ex[3] not in ("gpu", "live", "long")]
+    assert len([ex for ex in run if ex[0].name == "README.md"]) >= 7
+    empty = [example_id(ex) for ex in run if not all(o.strip() for o in printed_outputs(ex[0], ex[1]))]
+    assert not empty, f"console blocks that show no output to compare: {empty}"
+    assert all((ROOT / p).is_file() for p in DRIFTED)
