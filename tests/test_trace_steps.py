@@ -269,3 +269,19 @@ def test_url_against_a_trickling_server_is_bounded_and_names_wait(tmp_path):
     assert r.returncode == 1 and "--wait" in r.stderr and "--timeout" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and took < 30
     assert not (tmp_path / "o.json").exists()
+
+
+def test_the_report_draws_both_sides_of_a_diff(tmp_path):
+    from ddprobe.probes.trace_parts.diff import run_diff
+    from ddprobe.reports import render
+
+    res = run_diff(SGL, SPLIT, model="k2", ctx=32768)
+    res.save(tmp_path / "d.json")
+    report = render.build([tmp_path / "d.json"])
+    (s,) = report.sections
+    assert [f.name.split("-", 1)[-1] for f in s.figures] == ["anatomy", "strip", "strip-after"] or \
+        [f.name.rsplit("-", 1)[-1] for f in s.figures] == ["anatomy", "strip", "after"]
+    assert [x["side"] for x in res.rows] == ["before", "after"]
+    assert any(f.startswith("trace diff:") and "_fwd_kernel" in f for f in s.findings)
+    html = render.write(report, tmp_path / "r.html")[0].read_text()
+    assert "Step anatomy, before and after" in html and "What moved, per kernel" in html
