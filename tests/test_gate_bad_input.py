@@ -54,6 +54,15 @@ def test_a_baseline_entry_without_a_time_is_refused_not_within_10_percent(tmp_pa
     assert r.output.count(" ok ") >= 3  # the other split entries still gated and shown
 
 
+def test_a_baseline_entry_that_failed_its_output_check_is_refused(tmp_path):
+    def wrong(d):
+        _split_128k(d)["ok"] = False
+
+    r = gate_cli(BASE, "--baseline", _write(tmp_path, "base.json", wrong), "--paths", "split")
+    assert r.exit_code == 1 and "REFUSED: split heads=8 ctx=128k" in r.output, r.output
+    assert "failed its output check against the reference: not a baseline" in r.output
+
+
 def test_a_peers_untimed_baseline_entry_stays_a_reference(tmp_path):
     """The shipped H200 baseline has untimed peers (sglang's own kernel, FlashInfer FA3 on a runner without it):
     they are recorded beside the paths, never gated, so the baseline gates against itself."""

@@ -148,6 +148,9 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
         if b is not None and not b.time_us:  # nothing to compare with: never "within 10%"
             row.fail("REFUSED", f"the baseline entry has no time ({b.error or 'none recorded'}): nothing to compare "
                                 "with; refresh the baseline, or leave the entry out with --paths/--ctx/--heads")
+        elif b is not None and b.ok is False:  # a wrong kernel's time is no standard to hold a run to
+            row.fail("REFUSED", "the baseline entry failed its output check against the reference: not a baseline; "
+                                "refresh it, or leave the entry out with --paths/--ctx/--heads")
         if c is None:
             row.fail("MISSING", "baseline entry missing in the current run")
         elif not c.time_us:
