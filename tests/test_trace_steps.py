@@ -285,3 +285,30 @@ def test_the_report_draws_both_sides_of_a_diff(tmp_path):
     assert any(f.startswith("trace diff:") and "_fwd_kernel" in f for f in s.findings)
     html = render.write(report, tmp_path / "r.html")[0].read_text()
     assert "Step anatomy, before and after" in html and "What moved, per kernel" in html
+
+
+def test_a_trace_shorter_than_two_steps_is_one_line(tmp_path):
+    doc = load(SPLIT)
+    dev = [e for e in doc["traceEvents"] if e.get("cat") in DEVICE]
+    t0 = min(float(e["ts"]) for e in dev)
+    t1 = max(float(e["ts"]) + float(e.get("dur", 0)) for e in dev)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if "ts" not in e or float(e["ts"]) < t0 + 0.45 * (t1 - t0)]
+    r = cli("trace", save(doc, tmp_path / "short.trace.json.gz"), "-o", tmp_path / "o.json")
+    assert r.returncode == 1 and "profile at least two whole decode steps" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o.json").exists()
+
+
+def test_tp_from_the_ranks_but_never_for_an_engine_preset(tmp_path):
+    """Two ranks' files: a served model's floor is at tp 2 (said: no collective kernel in them); the engine's k2
+    is one GPU's share whatever the file count."""
+    a, b = (as_rank(SPLIT, tmp_path / f"x-TP-{r}.trace.json.gz", r) for r in (0, 1))
+    served = run_trace([a, b], model="kimi-k2", ctx=32768)[0]
+    assert served.config["tp"] == 2 and "tp 2 but no collective kernel" in served.rows[0]["floor_from"]
+    engine = run_trace([a, b], model="k2", ctx=32768)[0]
+    assert engine.config["tp"] == 1
+
+
+def as_rank(src: Path, dst: Path, rank: int) -> Path:
+    doc = load(src)
+    doc["distributedInfo"] = {"rank": rank, "world_size": 2}
+    return save(doc, dst)

@@ -282,8 +282,9 @@ def trace_model(model: str | None, ctx: int | None, tp: int | None, rows: int, g
         known = gpu_spec_for(device_name)
         gpu = known.name if known else None
     dt = {k: v for k, v in (dtypes or {}).items() if v}
-    return TraceModel(spec, spec.name, labels_ctx if labels_ctx is not None else ctx, rows,
-                      tp if tp is not None else world, gpu or "h200", dt,
+    if tp is None:  # an engine preset is one GPU's share already; a served model's tp: the trace's ranks
+        tp = 1 if getattr(spec, "kind", "") == "engine" else world
+    return TraceModel(spec, spec.name, labels_ctx if labels_ctx is not None else ctx, rows, tp, gpu or "h200", dt,
                       "the step labels" if labels_ctx is not None else "--ctx")
 
 
