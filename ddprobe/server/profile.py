@@ -215,8 +215,9 @@ class EngineProfiler:
 
         if stage == "EXTEND":
             name = f"step[EXTEND bs=1 toks={rows} c_sq={rows} c_sqsq={rows * rows} c_sqsk={rows * ctx} c_sk={ctx}]"
-        else:
-            name = f"step[TARGET_VERIFY bs=1 g_sq={rows} g_sqsq={rows * rows} g_sqsk={rows * ctx} g_sk={ctx}]"
+        else:  # a verify step (the tree's rows), or a plain decode step (--no-spec: one row)
+            mode = "TARGET_VERIFY" if rows > 1 else "DECODE"
+            name = f"step[{mode} bs=1 g_sq={rows} g_sqsq={rows * rows} g_sqsk={rows * ctx} g_sk={ctx}]"
         self.label = record_function(name)
         self.label.__enter__()
 

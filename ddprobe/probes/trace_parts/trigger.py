@@ -158,7 +158,8 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
             except OSError:
                 break
         raise
-    at = f" at {ctx:,} tokens of context" if ctx and not prompt_file else ""
+    at = (f" at {ctx:,} tokens of context" if ctx and not prompt_file else " after the prompt file" if prompt_file
+          else " (no --ctx: a short prompt, so steps at a few dozen tokens of context)" if request else "")
     progress(f"profiling {num_steps} decode steps{at} of {base} into {folder}" + ("" if request else
              f": send your requests now (stopped after {wait_s:g} s without files)"))
     errors: list[BaseException] = []
