@@ -129,3 +129,25 @@ def test_the_servers_timing_is_held_to_the_range_of_a_typed_step_time(metrics, b
     timing(st, metrics)
     assert (st.decode_s is not None) == believed
     assert believed or "not believed (a step is between 1 us and 1 h)" in st.extra["server_note"]
+
+
+def test_a_server_that_refuses_return_token_ids_is_asked_again_without_it():
+    """ddprobe serve's imitation of vLLM (a real uvicorn server on 127.0.0.1, the tiny engine) refuses fields it does
+    not know, as a vLLM before return_token_ids might: the backend asks once more without the field, never again,
+    and the row says it has no ids."""
+    pytest.importorskip("uvicorn")
+    from test_server import Served
+
+    from ddprobe.probes.backends.engine import EngineBackend
+    from ddprobe.probes.backends.vllm import VLLMBackend
+    from ddprobe.probes.commit import prompt_ids
+
+    srv = Served(EngineBackend(preset="tiny", seed=0))
+    try:
+        be = VLLMBackend(srv.url)
+        ids = prompt_ids(srv.backend, "novel", 64)
+        st = be.generate(ids, 8)
+        assert st.completion_tokens == 8 and st.tokens == [] and "no loop check" in st.extra["token_ids"]
+        assert be._ids_asked is False and be.generate(ids, 8).commit_len == st.commit_len
+    finally:
+        srv.close()

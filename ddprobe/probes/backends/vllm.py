@@ -61,6 +61,7 @@ class VLLMBackend(HttpClient):
         self._last: dict[str, float] | None = None  # the counters after the previous cell (a restart shows below)
         self._budget: int | None = None  # draft tokens per step, from describe() (0: unknown)
         self._scrape: dict[str, float] | None = None  # describe()'s read of /metrics, not yet used as a "before"
+        self._ids_asked = True  # return_token_ids, until the server refuses the field
 
     def _model_card(self) -> dict:
         if self._models is None:
@@ -143,10 +144,12 @@ class VLLMBackend(HttpClient):
             except BackendError as e:  # per-request metrics may still come with the answer
                 no_counters = e
         body = {"model": self._model, "prompt": input_ids, "max_tokens": max_new_tokens, "temperature": 0.0,
-                "ignore_eos": True, "return_token_ids": True}  # the output's ids: the loop check, recall's copy
+                "ignore_eos": True}
+        if self._ids_asked:
+            body["return_token_ids"] = True  # the output's ids: the loop check, recall's copied words
         t0 = time.perf_counter()
         try:
-            d = self.call("POST", "/v1/completions", body)
+            d = self._complete(body)
         except BackendError:
             if no_counters is not None and NO_SPEC in str(no_counters):  # no spec decoding: the first thing to say
                 raise no_counters from None
@@ -177,6 +180,19 @@ class VLLMBackend(HttpClient):
         if self.SUCCESS not in after and self.GEN_TOKENS not in after:
             stats.extra["traffic_check"] = "unavailable: /metrics has no request_success or generation_tokens"
         return answer_extras(stats, d, where), ""
+
+    def _complete(self, body: dict) -> dict:
+        """POST /v1/completions; a server that refuses ``return_token_ids`` by name (HTTP 400/422: a vLLM before
+        it, ``ddprobe serve``'s imitation) is asked again without it, and never again: its rows then say that the
+        loop check had no ids."""
+        try:
+            return self.call("POST", "/v1/completions", body)
+        except BackendError as e:
+            if "return_token_ids" not in body or not any(f"HTTP {c}" in str(e) for c in (400, 422)) \
+                    or "return_token_ids" not in str(e):
+                raise
+        self._ids_asked = False
+        return self.call("POST", "/v1/completions", {k: v for k, v in body.items() if k != "return_token_ids"})
 
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids`` in the server's tokenizer (``/detokenize``): recall's copied-words figure reads it."""
@@ -255,7 +271,9 @@ def answer_extras(stats: GenStats, d: dict, where: str) -> GenStats:
     choices = d.get("choices")
     ids = _ints(choices[0].get("token_ids")) if isinstance(choices, list) and choices and \
         isinstance(choices[0], dict) else None
-    if ids is not None and len(ids) == stats.completion_tokens:
+    if ids is None:
+        stats.extra["token_ids"] = "not returned by the server (return_token_ids): no loop check on this row"
+    elif len(ids) == stats.completion_tokens:
         stats.tokens = list(ids)
     elif ids is not None:
         stats.extra["server_note"] = (f"{where}: {len(ids)} token ids for {stats.completion_tokens} completion tokens: "
