@@ -213,6 +213,31 @@ def step_bound(*, bytes_ms: float | None, compute_ms: float | None = None, launc
     return max(parts, key=lambda p: p[0])[1]  # max keeps the first of equals
 
 
+class KernelFloor(NamedTuple):
+    us: float  # the least time one kernel (one call) can take
+    bound: str  # "bandwidth-bound" or "compute-bound" (``step_bound`` of its two terms)
+    basis: str  # what it is over: "measured ceilings (...)" or "the datasheet (...)", said with it
+
+
+def kernel_floor(nbytes: float, flops: float | None = None, *, copy_Bps: float | None = None,
+                 matmul_flops: float | None = None, bw_Bps: float | None = None, flops_per_s: float | None = None,
+                 gpu: str = "") -> KernelFloor:
+    """THE kernel floor (one kernel's own floor, never "the floor"): its bytes over the memory bandwidth, or its FLOPs
+    over the tensor rate where those take longer, over the ceilings measured on the GPU (``copy_Bps``,
+    ``matmul_flops``: a ``bench verify`` file's copy and matmul rows) where given, else over the datasheet's
+    (``bw_Bps``, ``flops_per_s``: a ``gpus.GPUS`` preset or ``--bw``); ``basis`` says which (``bench verify``,
+    ``trace``, the report)."""
+    measured = copy_Bps is not None
+    bw, rate = (copy_Bps, matmul_flops) if measured else (bw_Bps, flops_per_s)
+    if not bw or not bw > 0:
+        raise DDProbeError("a kernel floor needs a bandwidth: a measured copy ceiling or the GPU's datasheet")
+    mem_us = nbytes / bw * 1e6
+    cmp_us = flops / rate * 1e6 if flops and rate else None
+    said = f"{bw / 1e12:.3g} TB/s" + (f", {rate / 1e12:.3g} TFLOP/s" if rate else "")
+    basis = f"measured ceilings ({said})" if measured else f"the datasheet ({gpu + ': ' if gpu else ''}{said})"
+    return KernelFloor(max(mem_us, cmp_us or 0.0), step_bound(bytes_ms=mem_us, compute_ms=cmp_us), basis)
+
+
 # the words older results files (and the attention's own ``attn_bound``) used for a bound, in ``BOUNDS``' words
 _OLD_BINDS = {"KV": "bandwidth", "weights": "bandwidth", "memory": "bandwidth", "launches": "launch"}
 

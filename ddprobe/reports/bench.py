@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..results import Result
-from ..physics.shapes import floor_s
+from ..physics.step_model import kernel_floor
 
 BENCH_KINDS = ("bench-verify",)
 
@@ -78,10 +78,19 @@ def ceilings(result: Result) -> tuple[float | None, float | None]:
 
 
 def bound(e: Entry, copy_GBps: float | None, matmul_TFLOPs: float | None) -> str | None:
-    """"memory" or "compute": which floor term is larger for this entry's bytes and FLOPs."""
+    """"bandwidth-bound" or "compute-bound": which term of this entry's kernel floor is larger, over the measured
+    ceilings (``physics.step_model.kernel_floor``); None without them or without its bytes and FLOPs."""
     if not (e.bytes and e.flops and copy_GBps and matmul_TFLOPs):
         return None
-    return floor_s(e.bytes, e.flops, bw_Bps=copy_GBps * 1e9, flops_per_s=matmul_TFLOPs * 1e12)[1]
+    return kernel_floor(e.bytes, e.flops, copy_Bps=copy_GBps * 1e9, matmul_flops=matmul_TFLOPs * 1e12).bound
+
+
+def floor_basis(copy_GBps: float | None, matmul_TFLOPs: float | None) -> str:
+    """What a bench file's kernel floors are over, said beside them: its measured ceilings, else the datasheet."""
+    if copy_GBps:
+        return f"measured ceilings (copy {copy_GBps:,.0f} GB/s" + (f", matmul {matmul_TFLOPs:,.0f} TFLOP/s)"
+                                                                   if matmul_TFLOPs else ")")
+    return "the datasheet (no ceilings measured in this file)"
 
 
 def gpu_name(result: Result) -> str | None:

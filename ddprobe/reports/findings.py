@@ -94,17 +94,17 @@ def bench_verify(result: Result) -> list[str]:
     for heads in sorted({e.heads for e in es if e.kind == "layer"}, key=lambda h: h or 0):
         layer = [e for e in es if e.kind == "layer" and e.heads == heads]
         bounds = {e.ctx: bench.bound(e, copy, mm) for e in layer}
-        comp = sorted(c for c, b in bounds.items() if b == "compute")
+        comp = sorted(c for c, b in bounds.items() if b == "compute-bound")
         kind = ("compute-bound at every context" if comp and len(comp) == len(bounds) else
-                f"memory-bound below {fmt_tokens(comp[0])}, compute-bound from there" if comp else
-                "memory-bound at every context" if any(bounds.values()) else "bound unknown (no ceilings)")
+                f"bandwidth-bound below {fmt_tokens(comp[0])}, compute-bound from there" if comp else
+                "bandwidth-bound at every context" if any(bounds.values()) else "bound unknown (no ceilings)")
         top = max(e.ctx for e in layer)
         at = {e.path: e for e in layer if e.ctx == top}
         best = min(at.values(), key=lambda e: e.time_us)
         line = (f"{heads} heads: {kind}; at {fmt_tokens(top)} the fastest path is {best.path}, "
                 f"{fmt_time(best.time_us * 1e-6)} per layer")
         if best.gap:
-            line += f", {fmt_ratio(best.gap)} its kernel floor"
+            line += f", {fmt_ratio(best.gap)} its kernel floor (over the {bench.floor_basis(copy, mm)})"
         if best.GBps:
             line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
                                                              else ")")

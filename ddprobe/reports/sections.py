@@ -139,9 +139,9 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
 
     cols = ["path", "heads", "ctx", "time", "kernel floor", "x kernel floor", "eff bw", "of ceiling", "TFLOP/s",
             "rel err"]
-    note = (f"Measured ceilings: copy {fmt_bandwidth(copy * 1e9) if copy else '?'}, bf16 matmul "
-            f"{_f(mm, '.0f')} TFLOP/s. Kernel floor: the attention kernels' bytes over the copy ceiling or FLOPs over "
-            "the matmul rate (not the whole step's floor: `ddprobe floor`).")
+    note = (f"Kernel floor (physics.step_model.kernel_floor): the attention kernels' bytes over the memory bandwidth "
+            f"or FLOPs over the tensor rate, here over the {bench.floor_basis(copy, mm)}; not the whole step's floor "
+            "(`ddprobe floor`).")
     tables = [Table("Per layer call", cols, [cells(e) for e in layer], note)] if layer else []
     figs = []
     if layer:
