@@ -61,3 +61,28 @@ def test_engine_preset_and_served_model_are_one_registry():
         plan(StepInput(k2, tp=8))
     with pytest.raises(DDProbeError, match="--heads sets an engine preset's heads"):
         get_model("kimi-k2.6", heads=8)
+
+
+def test_reports_import_no_circle():
+    """The reports' modules import one another without a circle (issue 63: findings -> trace -> sections ->
+    findings): the graph of their relative imports, at any depth of the module, has no cycle."""
+    import ast as _ast
+
+    mods = {p.stem: p for p in (PKG / "reports").glob("*.py")}
+    edges = {m: {(n.module or "").split(".")[0] for n in _ast.walk(_ast.parse(p.read_text()))
+                 if isinstance(n, _ast.ImportFrom) and n.level == 1} |
+             {a.name for n in _ast.walk(_ast.parse(p.read_text()))
+              if isinstance(n, _ast.ImportFrom) and n.level == 1 and not n.module for a in n.names}
+             for m, p in mods.items()}
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt in mods and nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    circles = sorted(m for m in mods if m in reach(m))
+    assert not circles, f"reports modules in an import circle: {circles}"

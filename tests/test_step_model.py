@@ -195,3 +195,20 @@ def test_floor_command_shows_the_all_reduce_term_and_dcp():
     assert a["config"]["dcp"] == 1 and b["config"]["dcp"] == 8
     c = _floor("--model", "kimi-k2.6", "--gpu", "rtx-pro-6000", "--tp", "8", "--ctx", "128k", "--allreduce-us", "7")
     assert c["rows"][0]["comm_ms"] == pytest.approx(122 * 7e-3)
+
+
+def test_the_kernel_floor_by_hand():
+    """One definition: SGLang's k2 verify attention at 32k reads 37.7 MB of KV per call; over the H100's datasheet
+    (3.35 TB/s) that is 11.25 us, over a measured 3.0 TB/s copy ceiling 12.57 us, and the basis says which. 1 GFLOP
+    against 1 MB at the H100's 989 TFLOP/s: 1.01 us of FLOPs beside 0.30 us of bytes, compute-bound."""
+    from ddprobe.physics.step_model import kernel_floor
+
+    d = kernel_floor(37.7e6, bw_Bps=3.35e12, flops_per_s=989e12, gpu="h100")
+    assert d.us == pytest.approx(11.254, rel=1e-3) and d.bound == "bandwidth-bound"
+    assert d.basis.startswith("the datasheet (h100: 3.35 TB/s")
+    m = kernel_floor(37.7e6, copy_Bps=3.0e12, matmul_flops=700e12, bw_Bps=3.35e12)
+    assert m.us == pytest.approx(12.567, rel=1e-3) and m.basis.startswith("measured ceilings (3 TB/s, 700 TFLOP/s")
+    c = kernel_floor(1e6, 1e9, bw_Bps=3.35e12, flops_per_s=989e12)
+    assert c.us == pytest.approx(1.0111, rel=1e-3) and c.bound == "compute-bound"
+    with pytest.raises(DDProbeError, match="needs a bandwidth"):
+        kernel_floor(1e6)
