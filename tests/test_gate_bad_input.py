@@ -75,6 +75,7 @@ def test_a_peers_untimed_baseline_entry_stays_a_reference(tmp_path):
     ("time_us", 4e9, "'us' is 4e+09 us, not a measured time (must be between 1 us and 1 h)"),
     ("GBps", 1e9, "'GBps' is 1e+09 GB/s (must be between 1 MB/s and 1 PB/s (1000 TB/s))"),
     ("heads", 0, "'heads' is 0 (must be a whole number >= 1)"),
+    ("floor_us", 1e12, "'floor_us' is 1e+12 us (a kernel floor is above 0 and at most 1 h)"),
 ])
 @pytest.mark.parametrize("which", ["baseline", "current"])
 def test_impossible_numbers_in_either_file_are_one_line_naming_the_field(tmp_path, field, value, said, which):

@@ -85,8 +85,9 @@ def _by_key(entries: list[bench.Entry], name: str) -> dict[tuple, bench.Entry]:
 
 def _believable(entries: list[bench.Entry], name: str) -> None:
     """Every number of a benchmark file checked as a typed one: a time (a layer's ``us``, a step's ``step_ms``) from
-    1 us to 1 h, a bandwidth from 1 MB/s to 1 PB/s, a head count of at least 1; a DDProbeError naming the entry, the
-    field and the range otherwise (a 1e-9 us baseline would pass any current run)."""
+    1 us to 1 h, a kernel floor above 0 and at most 1 h, a bandwidth from 1 MB/s to 1 PB/s, a head count of at least
+    1; a DDProbeError naming the entry, the field and the range otherwise (a 1e-9 us baseline would pass any current
+    run, a 1e9 us floor any --min-fraction-of-floor)."""
     lo_s, hi_s, said = RANGES["step time"]
     lo_b, hi_b, said_b = RANGES["bandwidth"]
     for e in entries:
@@ -98,6 +99,9 @@ def _believable(entries: list[bench.Entry], name: str) -> None:
         if e.GBps is not None and not lo_b <= e.GBps * 1e9 <= hi_b:
             raise DDProbeError(f"{name} results: {_label(e.key)}: 'GBps' is {e.GBps:g} GB/s (must be between "
                                f"{said_b})")
+        if e.floor_us is not None and not 0 < e.floor_us <= hi_s * 1e6:  # a bound, may be under 1 us, never 0
+            raise DDProbeError(f"{name} results: {_label(e.key)}: 'floor_us' is {e.floor_us:g} us (a kernel floor is "
+                               "above 0 and at most 1 h)")
         if e.heads is not None and e.heads < 1:
             raise DDProbeError(f"{name} results: {_label(e.key)}: 'heads' is {e.heads} (must be a whole number >= 1)")
 
