@@ -151,3 +151,19 @@ def test_a_server_that_refuses_return_token_ids_is_asked_again_without_it():
         assert be._ids_asked is False and be.generate(ids, 8).commit_len == st.commit_len
     finally:
         srv.close()
+
+
+def test_a_late_answer_names_the_option_that_set_the_time():
+    """A server that takes the request and says nothing: the line names the caller's option (trace --url's is --wait,
+    which it passes), not one the command lacks."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    try:
+        for flag in ("--timeout", "--wait"):
+            with pytest.raises(BackendError) as e:
+                HttpClient(url, timeout_s=0.5, timeout_flag=flag).call("GET", "/v1/models")
+            assert f"no complete answer within 0.5 s ({flag}; " in str(e.value)
+    finally:
+        srv.close()

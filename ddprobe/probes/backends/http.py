@@ -17,13 +17,14 @@ def server_root(url: str) -> str:
 
 
 class HttpClient:
-    def __init__(self, url: str, timeout_s: float = 600.0):
+    def __init__(self, url: str, timeout_s: float = 600.0, timeout_flag: str = "--timeout"):
         if not url.startswith(("http://", "https://")):
             raise BackendError(f"bad URL {url!r}: expected http://host:port")
         if timeout_s <= 0:
             raise BackendError(f"timeout must be greater than zero, got {timeout_s}")
         self.url = server_root(url)
         self.timeout_s = timeout_s
+        self.timeout_flag = timeout_flag  # the option that set timeout_s, named when an answer is late
         import requests  # lazy: only HTTP backends need it
 
         self._requests = requests
@@ -47,8 +48,8 @@ class HttpClient:
         progress: dict = {"stage": "connecting"}  # the deadline's and the socket's: either names the stage
 
         def late(stage: str) -> BackendError:  # one wording, whichever of the two clocks ran out first
-            return BackendError(f"{method} {url}: no complete answer within {self.timeout_s:g} s (--timeout; "
-                                f"{stage})")
+            return BackendError(f"{method} {url}: no complete answer within {self.timeout_s:g} s "
+                                f"({self.timeout_flag}; {stage})")
         try:
             r = within(lambda p: self._fetch(method, url, json_body, p), self.timeout_s, progress)
         except (Late, rq.exceptions.Timeout):  # the deadline's clock or the socket's, whichever ran out first
