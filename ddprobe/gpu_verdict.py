@@ -8,6 +8,12 @@ the lent H200 returned (docs/gpu-util.md, docs/perf.md): bf16 matmul tensor 94% 
 power 20% of the limit while nvidia-smi said 100%. A missing signal stays None: it is never read as 0,
 and without GPM the verdict falls back to power and NVML memory utilization, saying what was missing.
 Nothing here imports torch or pynvml.
+
+These verdicts describe what the counters saw; they are not a step's bound. A step's floor is bandwidth-, compute-,
+launch-, communication- or host-bound by the one rule (``physics.step_model.step_bound``, over the floor's terms);
+"latency-bound" exists only here (no unit near a limit, so no floor term explains the step), and the two meet where
+both say compute- or bandwidth-bound (the step at its floor's limit) or host-bound (docs/gpu-util.md, "How to read
+it").
 """
 from __future__ import annotations
 
