@@ -81,8 +81,10 @@ def check_measured(kind: str, rows: list, source: str) -> None:
                                         else f" ({row.get('bytes')} B)")
         for key, scale in _MEASURED[kind].items():
             v = row.get(key)
-            if v is None or (v == 0 and kind == "bench-verify"):
+            if v is None or (v == 0 and kind == "bench-verify" and not isinstance(v, bool)):
                 continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)):  # a key the schema leaves to the writer
+                raise DDProbeError(f"{where}: {key!r} is {type(v).__name__} {str(v)[:40]!r} (must be a number)")
             if not lo <= v * scale <= hi:
                 raise DDProbeError(f"{where}: {key!r} is {v:g} {key.rsplit('_', 1)[-1]}, not a measured time (must be "
                                    f"between {said})")

@@ -91,6 +91,8 @@ def test_sizes_are_whole_bytes_never_rounded_to_another(text, says):
     ("bench-verify", {"path": "split", "ctx": 1024, "us": 1e-3}, "row 1 (split ctx=1024): 'us' is 0.001 us"),
     ("bench-verify", {"path": "split", "ctx": 1024, "step_ms": 4e6}, "'step_ms' is 4e+06 ms, not a measured time"),
     ("allreduce", {"bytes": 8, "us": 5.0, "p90_us": 4.0, "p10_us": 1.0}, "p10_us 1 <= us 5 <= p90_us 4"),
+    ("bench-verify", {"path": "split", "ctx": 1024, "us": 20.0, "eager_us": "fast"}, "'eager_us' is str 'fast'"),
+    ("bench-verify", {"path": "split", "ctx": 1024, "us": 20.0, "eager_us": float("nan")}, "'eager_us' is nan us"),
 ])
 def test_measured_times_read_from_files_are_held_to_the_typed_range(kind, row, says):
     with pytest.raises(DDProbeError, match=re.escape(says)):
