@@ -371,3 +371,29 @@ def test_floor_commands_take_the_same_floor_options(command):
     assert len(FLOOR_FLAGS) == len(FLOOR_OPTION_NAMES)
     missing = [f for f in FLOOR_FLAGS if f not in flags]
     assert not missing, f"`ddprobe {command}` lacks the floor options {missing}"
+
+
+def test_the_floor_options_bundle_on_another_command():
+    """How the lead applies it: a command with its own --budget (the engine's) excludes the bundle's; the rest arrive
+    as one FloorOptions; a command that declares a floor option itself is refused when decorated."""
+    import typer
+
+    from ddprobe.cli.floor_options import FloorOptions, floor_options
+    from ddprobe.physics.models import get_model
+
+    demo = typer.Typer()
+    seen = {}
+
+    @demo.command()
+    @floor_options(exclude=("budget",))
+    def cmd(budget: int = 8, fo: FloorOptions = FloorOptions()):
+        seen.update(budget=budget, fo=fo, rows=fo.rows(budget))
+
+    r = runner.invoke(demo, ["--tp", "8", "--budget", "3", "--gpu", "h100", "--launch-from", str(H100_LAUNCH)])
+    assert r.exit_code == 0, r.output
+    assert (seen["budget"], seen["rows"], seen["fo"].tp, seen["fo"].gpu) == (3, 4, 8, "h100")
+    assert seen["fo"].launch().graph_us == pytest.approx(0.779, abs=5e-4)
+    model, config = seen["fo"].floor_model(get_model("kimi-k2.6"))
+    assert model.tp == 8 and "bench launch on NVIDIA H100 80GB HBM3" in config["launches"]
+    with pytest.raises(TypeError, match="declares floor options itself"):
+        floor_options()(lambda tp=1, fo=None: None)
