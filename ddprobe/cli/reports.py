@@ -57,7 +57,8 @@ def gate(
     max_drop: Annotated[str, typer.Option("--max-drop", help="Largest allowed loss of effective bandwidth (speed) "
                                                              "per entry: 10% or 0.1.")] = "10%",
     min_bw: Annotated[Optional[str], typer.Option("--min-bw", help="Absolute floor on each entry's effective "
-                                                                   "bandwidth, e.g. 3.5TB/s.")] = None,
+                                                                   "bandwidth, e.g. 3.5TB/s.",
+                                                  callback=checked(parse_bandwidth))] = None,
     min_fraction_of_floor: Annotated[Optional[float], typer.Option("--min-fraction-of-floor",
                                                                    help="Absolute floor on floor time / measured "
                                                                         "time per entry, e.g. 0.8.")] = None,
