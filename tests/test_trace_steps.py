@@ -312,3 +312,10 @@ def as_rank(src: Path, dst: Path, rank: int) -> Path:
     doc = load(src)
     doc["distributedInfo"] = {"rank": rank, "world_size": 2}
     return save(doc, dst)
+
+
+@pytest.mark.parametrize("extra,name", [(["--tp", "2"], "--tp"), (["--cpu-ops"], "--cpu-ops"),
+                                        (["--marker", "x"], "--marker"), (["--kv-dtype", "fp8"], "--kv-dtype")])
+def test_diff_refuses_the_options_it_does_not_take(extra, name, tmp_path):
+    r = cli("trace", "diff", SGL, SPLIT, *extra, "-o", tmp_path / "o.json")
+    assert r.returncode == 1 and f"not {name}" in r.stderr and not (tmp_path / "o.json").exists()

@@ -221,7 +221,10 @@ def trace(
     from .outputs import check_file
 
     if files and str(files[0]) == "diff" and not files[0].exists():
-        return trace_diff(files[1:], model, parse_tokens(ctx) if ctx else None, out_path, force)
+        return trace_diff(files[1:], model, ctx, out_path, force, {
+            "--url": url, "--prompt-file": prompt_file, "--tp": tp, "--gpu": gpu, "--cpu-ops": cpu_ops,
+            "--weight-dtype": weight_dtype, "--expert-dtype": expert_dtype, "--kv-dtype": kv_dtype,
+            "--marker": marker != r"^ProfilerStep#\d+$"})
     if bool(files) == bool(url):
         raise DDProbeError("give trace files or folders, or --url to profile a server (one of the two)")
     if prompt_file is not None and not url:
@@ -246,18 +249,24 @@ def trace(
     err.print(f"results: {path}", highlight=False)
 
 
-def trace_diff(files: list[Path], model: str | None, ctx: int | None, out_path: Path | None, force: bool) -> None:
-    """``ddprobe trace diff A B``: per step, class and kernel, before and after (``probes.trace_diff``)."""
+def trace_diff(files: list[Path], model: str | None, ctx: str | None, out_path: Path | None, force: bool,
+               unused: dict) -> None:
+    """``ddprobe trace diff A B``: per step, class and kernel, before and after (``trace_parts.diff``); ``unused``:
+    the options a diff does not take, refused by name when given."""
     import sys
 
     from ..probes.trace_parts.diff import run_diff
     from .outputs import check_file
 
+    given = [k for k, v in unused.items() if v]
+    if given:
+        raise DDProbeError(f"trace diff takes --model, --ctx, --out and --force, not {given[0]}")
     if len(files) != 2:
         raise DDProbeError(f"trace diff takes two traces (before, after), got {len(files)}")
     path = check_file("--out", results_path(out_path, "trace-diff"), force=force, keep_existing=True,
                       inputs=[("FILES", f) for f in files])
-    result = run_diff(files[0], files[1], model=model, ctx=ctx, command=" ".join(sys.argv))
+    result = run_diff(files[0], files[1], model=model, ctx=parse_tokens(ctx) if ctx else None,
+                      command=" ".join(sys.argv))
     print_diff(result)
     result.save(path)
     err.print(f"results: {path}", highlight=False)
