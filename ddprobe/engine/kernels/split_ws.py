@@ -65,7 +65,9 @@ class WsTuning:
     ``bench verify --variant`` select. Kernels and knobs nothing chooses are on the lab branch (the plain Gluon
     prefix kernel, cuda=0; the balanced grid, balance=1: docs/kernels.md says where)."""
 
-    min_chunk: int = 64  # fewest prefix tokens per split (the tests select 128 and 256 for multi-tile chunks)
+    min_chunk: int = 128  # fewest prefix tokens per split: 128 (two tiles) sizes fewer, fuller splits below 8k
+                          # (8 heads on an H100: 13.5 / 15.0 us at 1k / 4k against 14.2 / 16.6 with 64; 64 heads
+                          # alike; from 8k the split count, not this floor, sets the chunk; 2026-12-07)
     fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
                          # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
                          # 8 heads on the CUDA kernel 1-14% slower folded); both placements are tested
