@@ -51,6 +51,7 @@ class Trace:
     labels: list[tuple[str, float, float, str]] = field(default_factory=list)  # the server's step labels, as markers
     cpu_ops: list[tuple[str, float, float, int]] = field(default_factory=list)  # (name, ts, dur, tid)
     events: int = 0
+    launch_configs: dict = field(default_factory=dict)  # each distinct launch tuple once (``_shared``)
 
     def device(self) -> dict:
         """The first GPU's properties as the trace records them ({} when it holds none); a ``deviceProperties``
@@ -252,6 +253,14 @@ def _at(ev: dict, key: str) -> float:
     return x
 
 
+def _shared(t: Trace, launch: tuple | None) -> tuple | None:
+    """One tuple object per distinct launch configuration: a kernel launched alike thousands of times keeps a
+    reference, not a copy (the largest part of a kernel's memory otherwise)."""
+    if launch is None:
+        return None
+    return t.launch_configs.setdefault(launch, launch)
+
+
 def _take(t: Trace, ev: dict, marker: re.Pattern, cpu_ops: bool) -> None:
     cat, ph = ev.get("cat"), ev.get("ph")
     if ph != "X":
@@ -262,7 +271,7 @@ def _take(t: Trace, ev: dict, marker: re.Pattern, cpu_ops: bool) -> None:
     if cat in DEVICE_CATS:
         t.kernels.append(Kernel(str(ev.get("name", "")), _at(ev, "ts"), _at(ev, "dur"),
                                 int(args.get("stream", 0) or 0), int(args.get("correlation", -1) or -1), cat,
-                                _launch_args(args) if cat == "kernel" else None))
+                                _shared(t, _launch_args(args)) if cat == "kernel" else None))
     elif cat in LAUNCH_CATS:
         corr = args.get("correlation")
         if corr is not None:
