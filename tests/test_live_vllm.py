@@ -342,6 +342,19 @@ def test_output_ids_loop_check_and_prefix_cache_reuse(measured, spec_server):
         assert 0 < by[(text, 1024)]["reused_tokens"] <= 512, by[(text, 1024)]
 
 
+def test_recall_copied_words_on_vllm_rows(spec_server, tmp_path):
+    """Recall's figure (the words of the output that copy the passage after its cue) reads the output's ids through
+    vLLM's /detokenize: a number on vLLM rows, as on the engine's (the tiny Llama recalls nothing: 0 words)."""
+    path = tmp_path / "r.json"
+    r = ddprobe("commit", "--backend", "vllm", "--url", spec_server.url, "--ctx", "1k", "--text", "recall",
+                "--max-new-tokens", str(NEW), "--json", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (row,) = Result.load(path).rows
+    ids = replay(spec_server, row)["ids"]
+    text = requests.post(spec_server.url + "/detokenize", json={"model": NAME, "tokens": ids}, timeout=60).json()
+    assert isinstance(row["recall_copied_words"], int) and text["prompt"], row
+
+
 @pytest.mark.parametrize("new", [2, 3])
 def test_max_new_tokens_below_the_drafts_counts_the_cut_step_as_vllm_does(spec_server, tmp_path, new):
     """--max-new-tokens 2 (or 3) with four drafts: the prefill's token and one step whose accepted drafts pass the
