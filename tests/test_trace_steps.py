@@ -137,14 +137,26 @@ def test_sglang_labels_come_first_context_from_them_other_modes_apart(tmp_path):
         if i == 0:
             return "step[EXTEND bs=1 toks=32768 c_sq=32768 c_sqsq=1 c_sqsk=1 c_sk=32768]"
         return f"step[TARGET_VERIFY bs=1 g_sq=9 g_sqsq=81 g_sqsk=1 g_sk={32768 + i}]"
-    f = labelled(grown(SPLIT, tmp_path / "g.json.gz", 2), tmp_path / "l.trace.json.gz", name)
+    f = labelled(SPLIT, tmp_path / "l.trace.json.gz", name)
     res, _ = run_trace([f], model="k2")  # no --ctx: the labels say it
     row = res.rows[0]
     assert row["method"] == "labels" and row["mode"] == "verify" and row["steps"] == 1
     assert "set apart: 1 extend steps" in res.summary["detail"]["0"]
     assert row["ctx"] == 32769 and row["ctx_from"] == "the step labels"
+    assert row["step_ms"] == pytest.approx(run_trace([SPLIT])[0].rows[0]["step_ms"], rel=0.05)  # the same step
     with pytest.raises(DDProbeError, match="contradicts the trace's step labels"):
         run_trace([f], model="k2", ctx=65536)
+
+
+def test_vllm_labels_on_a_real_trace(tmp_path):
+    def name(i):
+        return ("execute_context_1(sq32768sk32768)_generation_0(sq0sk0)" if i == 0 else
+                f"execute_context_0(sq0sk0)_generation_1(sq9sk{32768 + 9 * i})")
+    f = labelled(SPLIT, tmp_path / "v.trace.json.gz", name)
+    res, _ = run_trace([f], model="k2")
+    row = res.rows[0]
+    assert row["method"] == "labels" and row["mode"] == "decode" and row["ctx"] == 32777
+    assert "set apart: 1 extend steps" in res.summary["detail"]["0"]
 
 
 def test_vllm_labels_and_the_label_formats():
