@@ -167,3 +167,42 @@ def test_a_late_answer_names_the_option_that_set_the_time():
             assert f"no complete answer within 0.5 s ({flag}; " in str(e.value)
     finally:
         srv.close()
+
+
+def test_a_prompt_count_other_than_the_prompt_sent_is_not_believed():
+    """A real HTTP server on 127.0.0.1 answering as vLLM does, but counting 10 prompt tokens for the 64 sent."""
+    import json as _json
+
+    from ddprobe.probes.backends.vllm import VLLMBackend
+
+    answers = {"/v1/models": {"data": [{"id": "m", "max_model_len": 4096}]},
+               "/v1/completions": {"choices": [{"text": "x", "token_ids": [1, 2, 3]}],
+                                   "usage": {"prompt_tokens": 10, "completion_tokens": 3},
+                                   "metrics": {"speculative_decoding": {"num_spec_steps": 1,
+                                                                        "num_accepted_draft_tokens": 1}}}}
+
+    import http.server
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _answer(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(n)
+            body = _json.dumps(answers[self.path.split("?")[0]]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(BackendError, match="usage.prompt_tokens 10 for a prompt of 64 token ids: not believed"):
+            VLLMBackend(f"http://127.0.0.1:{srv.server_address[1]}").generate(list(range(64)), 3)
+    finally:
+        srv.shutdown()

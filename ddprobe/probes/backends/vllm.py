@@ -158,6 +158,9 @@ class VLLMBackend(HttpClient):
         usage = field_of(d, "usage", where, dict)
         completion = field_of(usage, "completion_tokens", where, int)
         prompt = field_of(usage, "prompt_tokens", where, int)
+        if prompt != len(input_ids):  # the cell's context is the prompt sent: another count is another request
+            raise BackendError(f"{where}: usage.prompt_tokens {prompt} for a prompt of {len(input_ids)} token ids: "
+                               "not believed")
         own = (d.get("metrics") or {}).get("speculative_decoding") if isinstance(d.get("metrics"), dict) else None
         if isinstance(own, dict):
             self._per_request = True
