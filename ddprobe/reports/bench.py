@@ -88,9 +88,9 @@ def bound(e: Entry, copy_GBps: float | None, matmul_TFLOPs: float | None) -> str
 def floor_basis(copy_GBps: float | None, matmul_TFLOPs: float | None) -> str:
     """What a bench file's kernel floors are over, said beside them: its measured ceilings, else the datasheet."""
     if copy_GBps:
-        return f"measured ceilings (copy {copy_GBps:,.0f} GB/s" + (f", matmul {matmul_TFLOPs:,.0f} TFLOP/s)"
-                                                                   if matmul_TFLOPs else ")")
-    return "the datasheet (no ceilings measured in this file)"
+        return f"measured ceilings, copy {copy_GBps:,.0f} GB/s" + (f" and matmul {matmul_TFLOPs:,.0f} TFLOP/s"
+                                                                   if matmul_TFLOPs else "")
+    return "datasheet: no ceilings measured in this file"
 
 
 def gpu_name(result: Result) -> str | None:
