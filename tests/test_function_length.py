@@ -1,6 +1,6 @@
 """Short functions, read from the code itself (an AST scan): every function of the package under 80 lines, and every
 command's body (the statements after its signature and docstring) under 40: a command parses, calls one library
-function and prints (DESIGN.md's architecture: no logic in ddprobe/cli)."""
+function and prints (the architecture in docs/develop.md: no logic in ddprobe/cli)."""
 import ast
 from pathlib import Path
 

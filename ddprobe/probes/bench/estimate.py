@@ -47,8 +47,9 @@ COMMIT_GUESS = {"novel": 1.5, "recall": 4.0}
 CALIBRATION_SEED_OFFSET = 104_729  # calibration text differs from every measured prompt (no shared prefix)
 
 # What a GPU took for the same work, where ddprobe has a recorded run (so a CPU run can say what it would
-# cost there): the tiny preset on one H200, bf16, graphs, the prefill path, `benchmarks/bench_tiny_long.py`
-# (benchmarks/results/tiny_long_h200_2026-12-01/; both at the tag lab-2026-12-03): prefill s per prompt, step s.
+# cost there): the tiny preset on one H200, bf16, graphs, the prefill path (the script and its results,
+# benchmarks/results/tiny_long_h200_2026-12-01/, are on the lab branch at the tag lab-2026-12-03, not on main):
+# prefill s per prompt, step s.
 GPU_RECORDED = {
     "tiny": {"gpu": "an H200", "prefill": [(1024, 0.01), (16384, 0.06), (65536, 0.07), (131072, 0.21),
                                           (262144, 0.73)], "step_s": 3.0e-3},

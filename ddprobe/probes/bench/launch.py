@@ -150,17 +150,3 @@ def _wall_samples(run, samples: int) -> list[float]:
         run()
         out.append((time.perf_counter() - t0) * 1e3)
     return out
-
-
-def kernel_time_of(rows: list[dict]) -> dict:
-    """A launch results file's rows by name (graph_us: the graph-small row's, graph_empty_us: the graph-empty row's),
-    checked by the one reader (``physics.gpus.launch_time``, whose least graph time is the smaller of the two and is
-    what a floor uses)."""
-    from ...physics.gpus import launch_time
-
-    launch_time({"kind": "bench-launch", "rows": rows}, "a launch results file")
-    by = {r["kind"]: r["us"] for r in rows if isinstance(r, dict) and "kind" in r}
-    if "graph-small" not in by:
-        raise DDProbeError("a launch results file without the graph-small row(s)")
-    return {"graph_us": by["graph-small"], "eager_us": by["eager-small"], "sync_us": by["sync"],
-            "graph_empty_us": by.get("graph-empty")}
