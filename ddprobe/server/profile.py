@@ -165,9 +165,7 @@ class EngineProfiler:
             return
         if p["by_stage"]:
             if stage not in p["stages"] or self.done.get(stage, 0) >= (p["steps"] or 1 << 62):
-                if self.prof is not None and self.stage != stage:
-                    self._finished_by_itself()
-                return
+                return  # a step this profile does not record (a prefill between decode steps): it goes on
             if self.prof is not None and self.stage != stage:
                 self._finished_by_itself()  # SGLang flushes the prefill's profile when decoding starts
             if self.prof is None:

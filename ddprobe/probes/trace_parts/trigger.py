@@ -101,10 +101,6 @@ def _start(client, body: dict) -> bool:
         raise
 
 
-def _wait_named(e: BackendError) -> BackendError:
-    return BackendError(str(e).replace("(--timeout;", "(--wait;"))
-
-
 def _new_files(folder: Path, before: set[Path]) -> list[Path]:
     if not folder.is_dir():
         return []
@@ -135,7 +131,7 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
     ones: files already in ``folder`` are left alone and not read). ``request`` False: the user's own traffic makes
     the steps (a long-context request, say); the profile is stopped once ``wait_s`` passes without files.
     ``ctx`` / ``prompt_file``: the request's prompt (``prompt_of``)."""
-    client = HttpClient(url, wait_s)
+    client = HttpClient(url, wait_s, timeout_flag="--wait")  # a late answer names --wait, trace's own option
     base = client.url
     prompt = prompt_of(ctx, prompt_file)
     folder = (folder or Path("ddprobe-results") / f"traces-{dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
@@ -146,11 +142,8 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
             "detailed_annotations": True, "merge_profiles": False}
     folder.mkdir(parents=True, exist_ok=True)  # SGLang writes into it; made before asking, removed if refused
     try:
-        try:
-            if not _start(client, body):
-                raise _no_profiler(base, "/start_profile")
-        except BackendError as e:
-            raise _wait_named(e) from None
+        if not _start(client, body):
+            raise _no_profiler(base, "/start_profile")
     except DDProbeError:
         for p in made:  # only the empty ones this call made, nothing else
             try:
@@ -175,13 +168,12 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
         while not _new_files(folder, before) and time.monotonic() - t0 < wait_s:
             time.sleep(0.5)
     try:  # SGLang (and serve) stop by themselves after num_steps: a stop then answers 400 "not in progress"
-        if _call(HttpClient(url, wait_s), "/stop_profile", {}) is None:
+        if _call(HttpClient(url, wait_s, timeout_flag="--wait"), "/stop_profile", {}) is None:
             raise _no_profiler(base, "/stop_profile")
     except BackendError:
         pass
     if errors:
-        e = errors[0]
-        raise _wait_named(e) if isinstance(e, BackendError) else e
+        raise errors[0]
     return _settled(folder, before, wait_s, progress)
 
 
