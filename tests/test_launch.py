@@ -130,3 +130,12 @@ def test_smoke_fails_on_a_third_party_warning_line():
     assert smoke.foreign_line("diagnose: ok\n" + warned).startswith("/x/torch/_inductor/compile_fx.py:321")
     assert smoke.foreign_line("USDT:2026-12-06 03:46:17 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start")
     assert smoke.foreign_line("warm-up 1.2 s: kernels + capture\nfloor: ok\n") == ""
+
+
+def test_bench_launch_keeps_an_earlier_results_file(tmp_path):
+    """An earlier run's measurements are never replaced without --force (checked before torch or a GPU is asked)."""
+    earlier = tmp_path / "launch.json"
+    earlier.write_text('{"kind": "bench-launch", "rows": []}')
+    p = _ddprobe("bench", "launch", "-o", str(earlier))
+    assert p.returncode == 1 and "--force" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert earlier.read_text() == '{"kind": "bench-launch", "rows": []}'

@@ -273,11 +273,14 @@ def launch(
                                          callback=checked(within(1, 10000)))] = 20,
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Results file (JSON), rewritten after every row.",
                                            callback=output_file)] = Path("launch.json"),
+    force: ForceOpt = False,
 ):
     """The least time one kernel costs on this GPU: graph-replayed (empty and small), eager, and a host sync."""
     from ..probes.bench.launch import check, measure_launch
     from ..results import Result, ResultWriter, RunMeta
+    from .outputs import check_file
 
+    check_file("--out", out_path, force=force, keep_existing=True)  # an earlier run's results: kept unless --force
     check(kernels, samples)
     try:
         import torch  # noqa: F401
