@@ -357,7 +357,7 @@ FLOOR_FLAGS = ["--gpu", "--bw", "--tflops", "--tp", "--ep", "--dcp", "--weight-d
     # the lead applies @floor_options to these (issue 63); each then XPASSes, and its marker goes
     pytest.param("diagnose", marks=pytest.mark.xfail(strict=True, reason="floor options not applied yet")),
     pytest.param("advise", marks=pytest.mark.xfail(strict=True, reason="floor options not applied yet")),
-    pytest.param("trace", marks=pytest.mark.xfail(strict=True, reason="floor options not applied yet")),
+    "trace",
 ])
 def test_floor_commands_take_the_same_floor_options(command):
     """`floor`, `diagnose`, `advise` and `trace` accept the same floor options (cli/floor_options.py's bundle)."""

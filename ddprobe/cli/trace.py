@@ -11,7 +11,7 @@ from rich.markup import escape
 from ..kernel_classes import CLASSES, LABELS
 from ..units import DDProbeError, parse_rows, parse_tokens
 from .app import app
-from .floor_options import ExpertDtypeOpt, KvDtypeOpt, TpOpt, WeightDtypeOpt
+from .floor_options import FloorOptions, floor_options
 from .options import MAX_TIMEOUT_S, ForceOpt, checked, err, errors_exit_1, out, results_path, within
 
 BIG_FILE = 16 << 20  # files this large get a progress line with an ETA
@@ -168,6 +168,7 @@ FilesArg = Annotated[Optional[list[Path]], typer.Argument(help="Trace files (.js
 
 @app.command()
 @errors_exit_1
+@floor_options(tp=None, weight_dtype=None, kv_dtype=None)  # None: the trace's ranks; a dtype not given
 def trace(
     files: FilesArg = None,
     url: Annotated[Optional[str], typer.Option("--url", help="Profile this SGLang / vLLM / ddprobe serve server: "
@@ -195,15 +196,8 @@ def trace(
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="With --url: the request's prompt, "
                                                                               "a text file, instead of --ctx "
                                                                               "tokens.")] = None,
-    tp: TpOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
-    expert_dtype: ExpertDtypeOpt = None,
-    kv_dtype: KvDtypeOpt = None,
-    queries: Annotated[int, typer.Option("--queries", help="Verify rows per step (budget + 1), for the floor.",
-                                         callback=checked(parse_rows))] = 9,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset for the floors (default: the trace's "
-                                                             "GPU when known, else h200).",
-                                                callback=checked(_gpu))] = None,
+    queries: Annotated[Optional[int], typer.Option("--queries", help="Verify rows per step (budget + 1), for the "
+                                                   "floor; or --budget.", callback=checked(parse_rows))] = None,
     marker: Annotated[str, typer.Option("--marker", help="Regular expression of the step annotations.",
                                         callback=checked(_regex))]
     = r"^ProfilerStep#\d+$",
@@ -212,9 +206,12 @@ def trace(
     out_path: Annotated[Optional[Path], typer.Option("--out", "-o", help="Results file (JSON). Default: "
                                                                          "ddprobe-results/trace-<time>.json.")] = None,
     force: ForceOpt = False,
+    fo: FloorOptions = FloorOptions(),
 ):
     """Read torch-profiler traces (SGLang, vLLM, any Kineto trace): per verify step, where the GPU time went.
-    `ddprobe trace diff A B`: two traces' steps side by side."""
+    `ddprobe trace diff A B`: two traces' steps side by side. The floor options: the GPU defaults to the trace's
+    when known (else h200), tp to the trace's ranks, the kernels to those the trace counted, the communication to
+    what it measured."""
     import sys
 
     from ..probes.trace import run_trace
@@ -222,9 +219,8 @@ def trace(
 
     if files and str(files[0]) == "diff" and not files[0].exists():
         return trace_diff(files[1:], model, ctx, out_path, force, {
-            "--url": url, "--prompt-file": prompt_file, "--tp": tp, "--gpu": gpu, "--cpu-ops": cpu_ops,
-            "--weight-dtype": weight_dtype, "--expert-dtype": expert_dtype, "--kv-dtype": kv_dtype,
-            "--marker": marker != r"^ProfilerStep#\d+$"})
+            "--url": url, "--prompt-file": prompt_file, "--cpu-ops": cpu_ops, "--queries": queries,
+            "--marker": marker != r"^ProfilerStep#\d+$", **floor_given(fo)})
     if bool(files) == bool(url):
         raise DDProbeError("give trace files or folders, or --url to profile a server (one of the two)")
     if prompt_file is not None and not url:
@@ -238,15 +234,45 @@ def trace(
         files = profile_server(url, num_steps, trace_dir, wait, progress=err.print, request=request, ctx=n,
                                prompt_file=prompt_file)
         n = None if model is None else n  # the labels say the context; --ctx was the request's prompt
-    dtypes = {"weight_dtype": weight_dtype, "expert_dtype": expert_dtype, "kv_dtype": kv_dtype}
-    result, ranks = run_trace(files, marker=marker, cpu_ops=cpu_ops, model=model, tp=tp, rows=queries, gpu=gpu,
-                              ctx=n, dtypes=dtypes, progress=ReadProgress(), command=" ".join(sys.argv))
+    result, ranks = run_trace(files, marker=marker, cpu_ops=cpu_ops, model=model, tp=fo.tp, rows=trace_rows(queries, fo),
+                              gpu=fo.gpu, ctx=n, dtypes=trace_dtypes(fo), floor=trace_floor(fo),
+                              progress=ReadProgress(), command=" ".join(sys.argv))
     for row, r in zip(result.rows, ranks):
         print_rank(row, result.summary["top"][str(r.rank)], r.detail)
     if result.summary.get("skew"):
         print_ranks(result.rows, result.summary["skew"])
     result.save(path)
     err.print(f"results: {path}", highlight=False)
+
+
+def floor_given(fo: FloorOptions) -> dict:
+    """The floor options given (not at trace's defaults), by flag: what `trace diff` refuses by name."""
+    from dataclasses import asdict
+
+    return {"--" + k.replace("_", "-"): v for k, v in asdict(fo).items() if v not in (None, False) and
+            not (k in ("ep", "dcp") and v == 1)}
+
+
+def trace_rows(queries: int | None, fo: FloorOptions) -> int:
+    if queries is not None and fo.budget is not None:
+        raise DDProbeError("give --budget or --queries (budget + 1 rows), not both")
+    return queries if queries is not None else fo.rows()
+
+
+def trace_dtypes(fo: FloorOptions) -> dict:
+    if fo.gpu is not None:
+        try:
+            _gpu(fo.gpu)
+        except DDProbeError as e:
+            raise DDProbeError(f"--gpu: {e}") from None
+    return {"weight_dtype": fo.weight_dtype, "expert_dtype": fo.expert_dtype, "kv_dtype": fo.kv_dtype}
+
+
+def trace_floor(fo: FloorOptions) -> dict:
+    """The floor options besides tp, GPU and dtypes, as ``probes.trace.trace_model`` takes them."""
+    return {"ep": fo.ep, "dcp": fo.dcp, "bw_Bps": fo.bw_Bps(), "flops_per_s": fo.flops_per_s(), "launch": fo.launch(),
+            "launch_any_gpu": fo.launch_any_gpu, "kernels": fo.kernels, "allreduce_us": fo.allreduce_us,
+            "allreduce_from": str(fo.allreduce_from) if fo.allreduce_from else None}
 
 
 def trace_diff(files: list[Path], model: str | None, ctx: str | None, out_path: Path | None, force: bool,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +42,7 @@ class TraceModel:
     gpu: str | None
     dtypes: dict  # weight_dtype, expert_dtype, kv_dtype
     ctx_from: str = "--ctx"  # or "the step labels"
+    floor: dict = field(default_factory=dict)  # the other floor options given (``FLOOR_INPUTS``)
 
 
 @dataclass
@@ -205,12 +206,18 @@ def rank_floor(r: RankResult, tm: TraceModel):
     from ..physics.plan import StepInput, plan
     from ..physics.step_model import ALLREDUCES_PER_LAYER
 
-    s = r.steps
+    s, fl = r.steps, tm.floor
     comm_n, comm_ms = s.class_count.get("communication", 0.0), s.class_ms.get("communication", 0.0)
     kernels = max(1, round(sum(s.class_count.values()) - comm_n))
     graphs = bool(getattr(r.found, "graphs", False))
     comm, said = None, "tp 1: no communication"
-    if tm.tp > 1 and comm_n > 0:
+    if fl.get("allreduce_us") is not None or fl.get("allreduce_from"):
+        from .floor import Sharding, comm_for
+
+        comm, said = comm_for(Sharding(tp=tm.tp, dcp=fl.get("dcp", 1), allreduce_us=fl.get("allreduce_us"),
+                                       allreduce_from=fl.get("allreduce_from")), tm.gpu)
+        said += f" (given; the trace measured {comm_ms:.3g} ms per step)"
+    elif tm.tp > 1 and comm_n > 0:
         per = comm_ms * 1e3 / (ALLREDUCES_PER_LAYER * tm.spec.attn.num_layers)
         comm = Comm(lambda _b, per=per: per, f"measured in the trace: {comm_ms:.3g} ms per step over "
                                              f"{comm_n:.0f} collective kernels")
@@ -219,8 +226,12 @@ def rank_floor(r: RankResult, tm: TraceModel):
         said = f"tp {tm.tp} but no collective kernel in the trace: communication not counted"
     src = (f"counted in the trace: {kernels:,} kernels per step" +
            (f" (its {comm_n:.0f} collectives counted once, in communication)" if comm_n else ""))
+    if fl.get("kernels") is not None:
+        kernels, src = fl["kernels"], f"--kernels {fl['kernels']:,} (the trace counted {kernels:,})"
     model = plan(StepInput(tm.spec, tp=tm.tp, gpu=tm.gpu, kernels=kernels, kernels_source=src, graphs=graphs,
-                           comm=comm, **tm.dtypes))
+                           comm=comm, ep=fl.get("ep", 1), dcp=fl.get("dcp", 1), bw_Bps=fl.get("bw_Bps"),
+                           flops_per_s=fl.get("flops_per_s"), launch=fl.get("launch"),
+                           launch_any_gpu=fl.get("launch_any_gpu", False), **tm.dtypes))
     return model, f"{src}; {'graph-replayed' if graphs else 'eager'}; {said}"
 
 
@@ -255,17 +266,23 @@ def skew(rows: list[dict]) -> dict:
             "communication_ms": {str(r["rank"]): r["communication_ms"] for r in rows}}
 
 
+FLOOR_INPUTS = ("ep", "dcp", "bw_Bps", "flops_per_s", "launch", "launch_any_gpu", "kernels", "allreduce_us",
+                "allreduce_from")  # the floor options besides tp, GPU and dtypes that shape a trace's floor
+
+
 def trace_model(model: str | None, ctx: int | None, tp: int | None, rows: int, gpu: str | None,
                 device_name: str | None, dtypes: dict | None = None, labels_ctx: int | None = None,
-                world: int = 1) -> TraceModel | None:
+                world: int = 1, floor: dict | None = None) -> TraceModel | None:
     """What the floor needs (None without ``--model``). The context: the step labels' when the trace has them
     (a ``--ctx`` that contradicts them is refused), else ``--ctx``. tp: ``--tp``, else the trace's world size or
     file count. The GPU: ``--gpu``, else the trace's device when ddprobe knows it, else h200 (said in the result)."""
     if model is None:
         if ctx is not None:
             raise DDProbeError("--ctx needs --model (the model's KV bytes per token)")
-        if tp not in (None, 1) or gpu is not None or any((dtypes or {}).values()):
-            opt = "--tp" if tp not in (None, 1) else "--gpu" if gpu is not None else "the dtype options"
+        given = [k for k, v in (floor or {}).items() if v not in (None, False, 1)]
+        if tp not in (None, 1) or gpu is not None or any((dtypes or {}).values()) or given:
+            opt = "--tp" if tp not in (None, 1) else "--gpu" if gpu is not None else \
+                "the dtype options" if any((dtypes or {}).values()) else _flag(given[0])
             verb = "need" if opt.startswith("the") else "needs"
             raise DDProbeError(f"{opt} {verb} --model: it only shapes the floor, which needs the model")
         return None
@@ -285,7 +302,13 @@ def trace_model(model: str | None, ctx: int | None, tp: int | None, rows: int, g
     if tp is None:  # an engine preset is one GPU's share already; a served model's tp: the trace's ranks
         tp = 1 if getattr(spec, "kind", "") == "engine" else world
     return TraceModel(spec, spec.name, labels_ctx if labels_ctx is not None else ctx, rows, tp, gpu or "h200", dt,
-                      "the step labels" if labels_ctx is not None else "--ctx")
+                      "the step labels" if labels_ctx is not None else "--ctx",
+                      {k: v for k, v in (floor or {}).items() if v is not None})
+
+
+def _flag(key: str) -> str:
+    """The option a ``FLOOR_INPUTS`` key comes from."""
+    return {"bw_Bps": "--bw", "flops_per_s": "--tflops"}.get(key, "--" + key.replace("_", "-"))
 
 
 def _layers(model: str | None) -> int | None:
@@ -317,20 +340,20 @@ def analyse_all(paths: list[str | Path], *, marker: str, cpu_ops: bool, layers: 
 
 def run_trace(paths: list[str | Path], *, marker: str = r"^ProfilerStep#\d+$", cpu_ops: bool = False,
               model: str | None = None, ctx: int | None = None, tp: int | None = None, rows: int = 9,
-              gpu: str | None = None, dtypes: dict | None = None,
+              gpu: str | None = None, dtypes: dict | None = None, floor: dict | None = None,
               progress: Callable[[str, int, int], None] | None = None, command: str | None = None):
     """Analyse one trace per rank; returns (Result of kind "trace", the ranks' RankResults). ``progress(file, bytes
     read, file size)`` is called as each file streams in. ``dtypes``: weight_dtype, expert_dtype, kv_dtype."""
     from ..results import Result, RunMeta
 
     if model is None:  # refused before anything is read
-        trace_model(None, ctx, tp, rows, gpu, None, dtypes)
+        trace_model(None, ctx, tp, rows, gpu, None, dtypes, floor=floor)
     files, stages, ranks = analyse_all(paths, marker=marker, cpu_ops=cpu_ops, layers=_layers(model),
                                        progress=progress)
     f0 = ranks[0].found
     labels_ctx = int(statistics.median(f0.contexts)) if f0 is not None and f0.contexts else None
     world = ranks[0].world_size or len(ranks)
-    tm = trace_model(model, ctx, tp, rows, gpu, ranks[0].device.get("name"), dtypes, labels_ctx, world)
+    tm = trace_model(model, ctx, tp, rows, gpu, ranks[0].device.get("name"), dtypes, labels_ctx, world, floor)
     rows_out = [rank_row(r, tm) for r in ranks]
     config = {"files": [str(f) for f in files], "left_out": stages, "marker": marker, "cpu_ops": cpu_ops,
               "model": model, "ctx": tm.ctx if tm else ctx, "ctx_from": tm.ctx_from if tm else None,
