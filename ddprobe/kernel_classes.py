@@ -113,7 +113,3 @@ def classify(name: str) -> Match:
         if rx.search(name):
             return Match(r.cls, r.what, r.role)
     return OTHER
-
-
-def kernel_class(name: str) -> str:
-    return classify(name).cls

@@ -86,8 +86,8 @@ def print_attention(row: dict) -> None:
                       f"{a['grid']}", highlight=False, soft_wrap=True)
     if row.get("attn_eff_bw_GBps") is not None:
         out.print(f"  with the model: {ex['attn_kv_B_per_call'] / 1e6:,.1f} MB of KV per call, effective "
-                  f"{row['attn_eff_bw_GBps']:,.1f} GB/s; kernel floor {row['attn_kernel_floor_us']:,.1f} us "
-                  f"({row['attn_vs_kernel_floor']:,.1f}x it); all attention kernels together "
+                  f"{row['attn_eff_bw_GBps']:,.1f} GB/s; kernel floor {row['attn_kernel_floor_us']:,.1f} us over "
+                  f"{ex.get('attn_kernel_floor_basis', 'the datasheet')} ({row['attn_vs_kernel_floor']:,.1f}x it); all attention kernels together "
                   f"{row.get('attn_class_eff_bw_GBps') or 0:,.1f} GB/s of the step's KV; the step {_ms(row['step_ms'])} ms against the floor "
                   f"{_ms(row['floor_ms'])} ms (gap {row['gap']:,.1f}x, {ex.get('binds', '')}-bound)", highlight=False,
                   soft_wrap=True)

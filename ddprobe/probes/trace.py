@@ -180,13 +180,16 @@ def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
            "attn_kernels": [{"name": a.name, "what": a.what, "role": a.role, "us": a.mean_us, "per_step": a.per_step,
                              "grid": grid_line(a, sms, smem)} for a in attn[:6]]}
     if tm is not None:
+        from ..physics.step_model import kernel_floor
+
         model = rank_floor(r, tm)[0]
         kv_B = model.kv_bytes(tm.ctx * _batch(r))
         per_call_B = kv_B / k.per_step  # the step's KV over the calls counted (one per layer: the layer's KV)
         out["attn_kv_B_per_call"] = per_call_B
         out["attn_calls_vs_layers"] = k.per_step / tm.spec.attn.num_layers
         out["attn_eff_bw_GBps"] = per_call_B / (k.mean_us * 1e-6) / 1e9
-        out["attn_kernel_floor_us"] = per_call_B / model.bw_Bps * 1e6
+        kf = kernel_floor(per_call_B, bw_Bps=model.bw_Bps, gpu=tm.gpu or "")  # THE kernel floor: datasheet here
+        out["attn_kernel_floor_us"], out["attn_kernel_floor_basis"] = kf.us, kf.basis
         out["attn_vs_kernel_floor"] = k.mean_us / out["attn_kernel_floor_us"]
         if r.steps.class_ms["attention"] > 0:  # every attention kernel together (split-K kernels share the KV)
             out["attn_class_eff_bw_GBps"] = kv_B / (r.steps.class_ms["attention"] * 1e-3) / 1e9

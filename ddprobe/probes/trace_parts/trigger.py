@@ -23,6 +23,7 @@ verify steps at that context. The files are taken once their sizes stop changing
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from pathlib import Path
@@ -134,7 +135,9 @@ def profile_server(url: str, num_steps: int, folder: Path | None, wait_s: float,
     client = HttpClient(url, wait_s, timeout_flag="--wait")  # a late answer names --wait, trace's own option
     base = client.url
     prompt = prompt_of(ctx, prompt_file)
-    folder = (folder or Path("ddprobe-results") / f"traces-{dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
+    folder = Path(os.path.realpath(folder or Path("ddprobe-results") / f"traces-{dt.datetime.now():%Y%m%d-%H%M%S}"))
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):  # realpath stops at a loop, never raises
+        raise DDProbeError(f"--dir {folder}: not a folder (a symbolic link loop, or a file)")
     made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first: the folders this call makes
     before = set(_new_files(folder, set()))
     body = {"output_dir": str(folder), "num_steps": num_steps, "activities": ["CPU", "GPU"],
