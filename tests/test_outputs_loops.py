@@ -38,6 +38,7 @@ CASES = [  # (args, what the line says); L = the loop, D = the test's folder
     (["gate", str(DATA / "bench-verify-h200-raw.json"), "--baseline", "L"], "cannot read results file"),
     (["bench", "allreduce", "--device", "cpu", "-o", "L/x.json"], "--out"),
     (["diagnose", "--out-dir", "L"], "--out-dir"),
+    (["trace", "--url", "http://127.0.0.1:9", "--dir", "L", "-o", "D/t.json"], "--dir"),  # before any request
 ]
 
 
