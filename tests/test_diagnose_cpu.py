@@ -1,6 +1,5 @@
 """`ddprobe diagnose` with its defaults on a CPU answers all it can (issue 61): the floor from this machine's
 measured copy bandwidth (said so), and tree, chain or off from the engine's measured plain and verify steps."""
-import json
 import subprocess
 import sys
 

@@ -1,10 +1,6 @@
 """Where a tree's commits come from (issue 61): per step the sibling rank of every accepted node (0 = the spine),
 the tree's own spine on the same picks, and the spine check (under greedy decoding a tree never accepts fewer tokens
 than its own spine: fewer is a bug). The real engine on the CPU with the shipped tiny pair."""
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -52,7 +48,8 @@ def test_the_spine_check_holds_and_greedy_is_plain_greedy(tiny, shape, budget):
         assert all(len(r) == d for r, d in zip(e["step_ranks"], e["step_depths"]))
         assert e["ran_commit_len"] == pytest.approx(1 + sum(e["step_depths"]) / len(e["step_depths"]))
         assert e["ran_commit_len"] >= e["spine_commit_len"]
-        assert e["cond_accept_per_pos"][0] == pytest.approx(sum(d > 0 for d in e["step_depths"]) / len(e["step_depths"]))
+        depths = e["step_depths"]
+        assert e["cond_accept_per_pos"][0] == pytest.approx(sum(d > 0 for d in depths) / len(depths))
         if shape == "chain":
             assert e["sibling_share"] == 0 and e["gain_over_spine"] == 1.0
 

@@ -70,7 +70,8 @@ def advise(
     allreduce_us: AllreduceUsOpt = None, allreduce_from: AllreduceFromOpt = None, paths: PathsOpt = None,
     budgets: BudgetsOpt = "4,8", preset: PresetOpt = None, device: DeviceOpt = "auto", heads: HeadsOpt = None,
     texts: TextsOpt = "predictable,novel", steps: StepsOpt = 10, max_new_tokens: MaxNewOpt = 64,
-    tree: TreeOpt = "ddtree,chain", chain_depths: ChainDepthsOpt = None, as_json: JsonOpt = False, save: OutOpt = None, force: ForceOpt = False,
+    tree: TreeOpt = "ddtree,chain", chain_depths: ChainDepthsOpt = None,
+    as_json: JsonOpt = False, save: OutOpt = None, force: ForceOpt = False,
 ):
     """Tokens/s with speculation (commit length / verify step) against without (1 / decode step) per context: the
     crossover, the best budget per context, and a vLLM RFC #48627 table (context bucket -> speculative tokens)."""

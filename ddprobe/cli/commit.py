@@ -202,8 +202,8 @@ def print_provenance(rows: list[dict]) -> None:
               " ".join("-" if c is None else f"{c:.2f}" for c in r.get("cond_accept_per_pos") or []),
               str(r["spine_violations"])] for r in known]
     print_fitted("where the commits come from, batch 1, over the steps that ran (a cut last step whole): the tree's "
-                 "own spine (rank-0 path) on the same steps, gain = commit / spine, siblings = committed draft tokens from rank >= 1, acceptance per depth", cols,
-                 table)
+                 "own spine (rank-0 path) on the same steps, gain = commit / spine, siblings = committed draft "
+                 "tokens from rank >= 1, acceptance per depth", cols, table)
 
 
 def say_estimate(be, order, max_new_tokens: int, seed: int):

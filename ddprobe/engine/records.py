@@ -108,9 +108,11 @@ def provenance(steps: list[StepRecord], depth_max: int) -> dict:
     bad = [s for s in known if s.accepted_depth < s.spine_depth]
     tree = sum(s.accepted_depth + 1 for s in known) / len(known)
     spine = sum(s.spine_depth + 1 for s in known) / len(known)
-    return {"accepted_per_pos": at, "cond_accept_per_pos": [a / b if b else None for a, b in zip(at, [len(known)] + at)],
+    cond = [a / b if b else None for a, b in zip(at, [len(known)] + at)]
+    return {"accepted_per_pos": at, "cond_accept_per_pos": cond,
             "sibling_share": sum(1 for s in known for r in s.ranks if r >= 1) / drafted if drafted else 0.0,
-            "ran_commit_len": tree, "spine_commit_len": spine, "gain_over_spine": tree / spine, "spine_violations": len(bad),
+            "ran_commit_len": tree, "spine_commit_len": spine, "gain_over_spine": tree / spine,
+            "spine_violations": len(bad),
             "spine_violation_first": {"step": bad[0].step, "tree_tokens": bad[0].accepted_depth,
                                       "spine_tokens": bad[0].spine_depth} if bad else None,
             "step_depths": [s.accepted_depth for s in known], "step_ranks": [list(s.ranks) for s in known]}

@@ -37,7 +37,7 @@ class Done:
     size: int  # tree size (drafted nodes)
     marks: list  # draft | tree | verify | commit boundaries (5 marks)
     blocked: float = 0.0  # seconds the host waited for the device
-    ranks: tuple[int, ...] | None = None  # sibling rank of each accepted node (0 = spine); None: not known (device tree)
+    ranks: tuple[int, ...] | None = None  # sibling rank of each accepted node (0 = spine); None: device tree
     spine: int | None = None  # draft tokens the tree's own spine accepts on the same picks (``tree.spine_depth``)
 
 

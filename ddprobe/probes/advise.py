@@ -356,8 +356,8 @@ def points_from_commit(rows: list[dict], config: dict, decode_ms: dict[int, floa
     for i, r in usable:
         lo, hi = STEP_MS_RANGE
         if not lo <= r.decode_ms_per_step <= hi:
-            raise DDProbeError(f"{source}: row {i}: 'decode_ms_per_step' is {r.decode_ms_per_step:.4g} ms: not a decode "
-                               f"step's time (a step takes {lo:g} ms to {hi:g} ms): not believed")
+            raise DDProbeError(f"{source}: row {i}: 'decode_ms_per_step' is {r.decode_ms_per_step:.4g} ms: not a "
+                               f"decode step's time (a step takes {lo:g} ms to {hi:g} ms): not believed")
     return [Point(path, r.text, r.ctx, r.budget or budget, r.commit_len, r.decode_ms_per_step, decode_ms[r.ctx],
                   source, tree=r.tree or "ddtree") for _, r in usable]
 
@@ -438,9 +438,16 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
                 f"the same kernel: the engine has no FlashMLA/FlashInfer path)")
             chain = chain_step_times(_step_options(o, path), list(o.ctxs), depths, on_row)
             points += [Point(path, text, r.ctx, r.budget, commit[("chain", text, r.ctx, r.budget)], r.step_ms,
-                             decode[r.ctx], where, tree="chain", kernel=f"{path} (chain mask)")
+                             decode[r.ctx], where, tree="chain", kernel=chain_kernel(path))
                        for text in o.texts for r in chain]
     return points
+
+
+def chain_kernel(path: str) -> str:
+    """What a chain's verify step ran on: ``path``'s kernel under the chain's causal mask (SGLang's: its extend
+    kernel). The engine has no FlashMLA or FlashInfer verify path, so a production causal kernel is not timed."""
+    what = "SGLang's extend kernel" if path == "sglang" else f"the {path} kernel"
+    return f"{path}: {what} with the chain's causal mask (no FlashMLA/FlashInfer path in the engine)"
 
 
 def chain_step_times(opts: StepTimeOptions, ctxs: list[int], depths: list[int], on_row=None) -> list:

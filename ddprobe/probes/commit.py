@@ -371,6 +371,6 @@ def spine_bugs(rows: Sequence[dict]) -> list[str]:
     """One line per cell whose tree accepted fewer tokens than its own spine on some step (a bug: under greedy
     decoding the spine is inside the tree)."""
     return [f"{r['text']} @ {fmt_tokens(r['ctx'])}, {r.get('tree')} budget {r.get('budget')}: the tree accepted fewer "
-            f"tokens than its own spine on {r['spine_violations']} step(s), first at step {f['step']} ({f['tree_tokens']} "
-            f"against {f['spine_tokens']}): an engine or server bug (state drift, a broken walk)"
+            f"tokens than its own spine on {r['spine_violations']} step(s), first at step {f['step']} "
+            f"({f['tree_tokens']} against {f['spine_tokens']}): an engine or server bug (state drift, a broken walk)"
             for r in rows if r.get("spine_violations") and (f := r.get("spine_violation_first"))]
