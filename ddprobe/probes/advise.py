@@ -533,8 +533,10 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     left = sum(1 for x in cells if not (x.commit_len and x.decode_ms_per_step))
     if left:
         say(f"note: {left} of {len(cells)} cells have no commit length or step time: left out")
-    if any(x.tree is None for x in cells) and r.config.get("backend", "engine") == "engine":
-        say(f"note: {path} says no draft shape (a file from before shapes): its cells are treated as ddtree")
+    if any(x.tree is None for x in cells):
+        why = "a file from before shapes" if r.config.get("backend", "engine") == "engine" else \
+            f"the {r.config.get('backend')} server decides its own shape"
+        say(f"note: {path} says no draft shape ({why}): its cells are treated as ddtree")
     pts = points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
                              str(r.config.get("attn") or r.config.get("backend") or label), str(path))
     for p in pts:
