@@ -1,5 +1,7 @@
 """`ddprobe floor` through Typer's CliRunner: output, JSON, results file, configs and error paths."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -218,9 +220,30 @@ def test_steps_from_refuses_ctx_and_warns_on_another_model():
     assert r.exit_code == 1 and "give --ctx or --steps-from, not both" in r.output and "Traceback" not in r.output
     r = run("floor", "--model", "kimi-k2.6", "--steps-from", "tests/data/commit-tiny-cpu.json", "--json")
     assert r.exit_code == 0 and "cannot be kimi-k2.6's steps (the tiny engine preset; measured on the CPU" in r.stderr
-    # the k2 engine preset on an H200: K2.6's layers, latent row and vocabulary, heads a tp-8 share of 64
+    # the k2 engine preset on an H200: K2.6's layers, latent row and vocabulary, heads a tp-8 share of 64, but
+    # 48 experts and hidden 1024: not kimi-k2.6's steps, said
     r = run("floor", "--model", "kimi-k2.6", "--tp", "8", "--steps-from", "tests/data/gpu-util-h200-paged.json")
+    assert r.exit_code == 0 and "cannot be kimi-k2.6's steps (the k2 engine preset; experts 48, not 384)" in r.output
+    r = run("floor", "--model", "k2", "--steps-from", "tests/data/gpu-util-h200-paged.json")
     assert r.exit_code == 0 and "cannot be" not in r.output, r.output
+
+
+def test_steps_from_an_engine_file_takes_its_preset_and_says_its_gpu():
+    """A k2 engine file without --model is k2's floor (said), not kimi-k2.6's 371 GB of weights; with --gpu h100 on
+    this H200 file the warning names the file's GPU. In a fresh process, as typed."""
+    f = "tests/data/gpu-util-h200-deep-paged.json"
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "floor", "--steps-from", f, "--json"], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["config"]["model"] == "k2" and res["config"]["n_routed_experts"] == 48
+    assert res["rows"][0]["weights_GB"] < 40 and not res["rows"][0]["below_floor"]
+    assert "ran ddprobe's k2 engine preset (one GPU's share of Kimi K2 at tp 8 / ep 8, 48 experts" in p.stderr
+    assert "cannot be" not in p.stderr
+    r = run("floor", "--steps-from", f, "--gpu", "h100")
+    assert r.exit_code == 0 and "measured on NVIDIA H200, not the h100 the floor is of" in " ".join(r.output.split())
+    r = run("floor", "--steps-from", f, "--gpu", "h200", "--model", "k2")
+    assert r.exit_code == 0 and "cannot be" not in r.output and "ran ddprobe's" not in r.output
 
 
 def test_a_step_below_the_floor_is_flagged_and_said_once():

@@ -49,7 +49,6 @@ def floor(
     """Floor of a verify step per GPU (KV, weights incl. MoE experts touched, compute, all-reduces, launches) and
     the step's anatomy."""
     from ..probes.floor import floor_result
-    from ..physics.models import get_model, model_from_config
 
     if save is not None:  # never over its own input (floor --steps-from s.json --out s.json)
         from .outputs import check_file
@@ -61,8 +60,8 @@ def floor(
         raise DDProbeError("give --model or --config, not both (--config describes the model)")
     if queries is not None and fo.budget is not None:
         raise DDProbeError("give --budget or --queries, not both (--queries is budget + 1)")
-    spec = model_from_config(config) if config else get_model(model)
-    ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from)
+    spec = _spec(tctx, model, config, steps_from)
+    ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from, fo)
     counted = _counted(steps_from, fo.kernels)
     step_model, served = fo.floor_model(spec, kernels=counted, kernels_source=f"counted on the GPU ({steps_from})"
                                         if counted else "")
@@ -90,9 +89,40 @@ def _counted(steps_from: Optional[Path], kernels: Optional[int]) -> Optional[int
     return counted
 
 
-def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps_from: Optional[Path]) \
-        -> tuple[list[int], Optional[list[float]]]:
-    """The contexts and step times (ms) of the options: typed (--ctx, --step-ms), or read --steps-from a file."""
+def _spec(tctx: typer.Context, model: str, config: Optional[Path], steps_from: Optional[Path]):
+    """The model: --config, --model, or (neither typed) the ddprobe engine preset a --steps-from file ran (said)."""
+    from ..physics.models import get_model, model_from_config
+    from ..probes.floor import file_preset
+
+    if config is not None:
+        return model_from_config(config)
+    if steps_from is not None and not typed_flags(tctx, ("model",)):
+        preset, heads = file_preset(steps_from)
+        if preset:
+            spec = get_model(preset, heads=heads)
+            err.print(f"note: {steps_from} ran ddprobe's {engine_label(spec)}: its floor is that preset's (give "
+                      "--model for another)", highlight=False, markup=False, soft_wrap=True)
+            return spec
+    return get_model(model)
+
+
+def engine_label(spec) -> str:
+    """A ddprobe engine preset named as one (``ModelSpec.kind`` "engine": one GPU's share of a served model, not the
+    model), with its experts and hidden size; a served model's name alone."""
+    if spec.kind != "engine":
+        return spec.name
+    from ..physics.presets import K2_EP, K2_TP
+
+    share = f"one GPU's share of Kimi K2 at tp {K2_TP} / ep {K2_EP}, " if spec.name == "k2" else ""
+    return (f"{spec.name} engine preset ({share}{spec.n_routed_experts} experts, hidden {spec.hidden_size}, "
+            f"{spec.num_heads} heads)")
+
+
+def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps_from: Optional[Path],
+              fo: FloorOptions) -> tuple[list[int], Optional[list[float]]]:
+    """The contexts and step times (ms) of the options: typed (--ctx, --step-ms), or read --steps-from a file (one
+    that cannot be ``spec``'s steps on the floor's GPU is warned about)."""
+    from ..physics.plan import StepInput
     from ..probes.floor import steps_from_file
 
     if steps_from is None:
@@ -104,7 +134,8 @@ def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps
         raise DDProbeError("give --step-ms or --steps-from, not both")
     if typed_flags(tctx, ("ctx",)):
         raise DDProbeError("give --ctx or --steps-from, not both (the file's contexts are used)")
-    ctxs, steps, why = steps_from_file(steps_from, spec)
+    gpu = StepInput(spec, gpu=fo.gpu, bw_Bps=fo.bw_Bps()).rates()[0]
+    ctxs, steps, why = steps_from_file(steps_from, spec, gpu=gpu)
     if why:
         err.print(f"warning: {steps_from} cannot be {spec.name}'s steps ({why}): its floor is not these steps' floor",
                   highlight=False, markup=False, soft_wrap=True)

@@ -236,9 +236,9 @@ def served_floor(spec, sh: Sharding, ctxs: list[int], steps: list[float] | None,
     return model, result, rows
 
 
-def steps_from_file(path, spec) -> tuple[list[int], list[float], str]:
+def steps_from_file(path, spec, gpu: str | None = None) -> tuple[list[int], list[float], str]:
     """The contexts and step times a results file holds (``anatomy.steps_from_result``: commit cells, a gpu-util
-    run), and why they cannot be ``spec``'s steps ("" where they can be: ``not_the_model``)."""
+    run), and why they cannot be ``spec``'s steps on GPU preset ``gpu`` ("" where they can be: ``not_the_model``)."""
     from ..results import Result
     from .bench.anatomy import steps_from_result
 
@@ -246,7 +246,24 @@ def steps_from_file(path, spec) -> tuple[list[int], list[float], str]:
     pts = steps_from_result(r.kind, r.rows, r.summary, r.config)
     if not pts:
         raise DDProbeError(f"{path}: no step times per context in this {r.kind!r} results file")
-    return [c for c, _ in pts], [t for _, t in pts], not_the_model(r.config, spec)
+    return [c for c, _ in pts], [t for _, t in pts], not_the_model(r.config, spec, gpu=gpu, meta=r.meta)
+
+
+def file_preset(path) -> tuple[str | None, int | None]:
+    """The ddprobe engine preset (``physics.presets.PRESETS``: k2, tiny) a results file's config names, and its
+    heads; (None, None) where it names none."""
+    from ..results import Result
+
+    config = Result.load(path).config or {}
+    name, heads = _engine_preset(config), config.get("heads")
+    return name, (heads if name and isinstance(heads, int) and not isinstance(heads, bool) and heads > 0 else None)
+
+
+def _engine_preset(config: dict) -> str | None:
+    from ..physics.presets import PRESETS
+
+    p = config.get("preset")
+    return p if isinstance(p, str) and p in PRESETS else None
 
 
 def kernels_from_file(path) -> int | None:
@@ -261,18 +278,33 @@ def kernels_from_file(path) -> int | None:
     return int(n) if isinstance(n, (int, float)) and n > 0 and "counted on the GPU" in src else None
 
 
-def not_the_model(config: dict, spec) -> str:
-    """Why a results file's steps cannot be ``spec``'s (its config's preset, device and shape; heads may be a
-    tensor-parallel share of the model's), or "" where they can be."""
+def not_the_model(config: dict, spec, *, gpu: str | None = None, meta=None) -> str:
+    """Why a results file's steps cannot be ``spec``'s (its config's engine preset, device and shape, the expert
+    count included; heads may be a tensor-parallel share of the model's), nor on GPU preset ``gpu`` (its meta's GPU,
+    where ``meta`` is given), or "" where they can be."""
+    from ..physics.models import get_model
+
     why = []
-    if config.get("preset") == "tiny":
-        why.append("the tiny engine preset")
+    preset = _engine_preset(config)
+    if preset and spec.name != preset:
+        why.append(f"the {preset} engine preset")
     if config.get("device") == "cpu":
         why.append("measured on the CPU")
-    for key, want in (("layers", spec.num_layers), ("kv_row", spec.attn.kv_row), ("vocab", spec.vocab_size)):
-        if isinstance(config.get(key), int) and config[key] != want:
-            why.append(f"{key} {config[key]}, not {want}")
+    experts = get_model(preset).n_routed_experts if preset else config.get("experts")
+    for key, want, have in (("layers", spec.num_layers, config.get("layers")),
+                            ("kv_row", spec.attn.kv_row, config.get("kv_row")),
+                            ("vocab", spec.vocab_size, config.get("vocab")),
+                            ("experts", spec.n_routed_experts, experts)):
+        if isinstance(have, int) and not isinstance(have, bool) and have != want:
+            why.append(f"{key} {have}, not {want}")
     heads = config.get("heads")
     if isinstance(heads, int) and (heads <= 0 or spec.num_heads % heads):
         why.append(f"heads {heads}, not {spec.num_heads} or a tensor-parallel share of them")
+    device = getattr(meta, "gpu_name", None) if meta is not None else None
+    if gpu and device and config.get("device") != "cpu":
+        from ..physics.gpus import gpu_spec_for
+
+        g = gpu_spec_for(device)
+        if g is None or g.name != gpu:
+            why.append(f"measured on {device}, not the {gpu} the floor is of")
     return "; ".join(why)
