@@ -312,7 +312,9 @@ def _launch_file(tmp_path, **us) -> Path:
     """The H100's launch file with some rows' times replaced (kind -> us)."""
     d = json.loads(H100_LAUNCH.read_text())
     for r in d["rows"]:
-        r["us"] = us.get(r["kind"].replace("-", "_"), r["us"])
+        k = r["kind"].replace("-", "_")
+        if k in us:
+            r["us"] = r["p10_us"] = r["p90_us"] = us[k]
     f = tmp_path / "launch.json"
     f.write_text(json.dumps(d))
     return f
@@ -354,6 +356,51 @@ def test_launch_file_of_another_gpu_is_said_and_used_only_if_asked(tmp_path):
 def test_an_impossible_launch_time_is_one_line(tmp_path, us, says):
     r = run("floor", "--gpu", "h100", "--ctx", "1k", "--launch-from", str(_launch_file(tmp_path, **us)))
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1 and says in r.output
+
+
+def _broken(d: dict, how: str) -> None:
+    """Break a launch file's JSON object ``d`` in place the way ``how`` names."""
+    rows = {r["kind"]: r for r in d["rows"]}
+    if how.startswith("meta="):
+        d["meta"] = json.loads(how[5:])
+    elif how.startswith("gpus="):
+        d["meta"]["gpus"] = json.loads(how[5:])
+    elif how == "date":
+        d["meta"]["date_utc"] = 20261206
+    elif how == "two gpus":
+        d["meta"]["gpus"].append({"index": 1, "name": "NVIDIA H200"})
+    elif how == "twice":
+        d["rows"].append(dict(rows["sync"]))
+    elif how == "p90":
+        rows["sync"]["p90_us"] = rows["sync"]["us"] / 2
+    else:  # graph-small's us: a literal JSON value (3e9, "fast", NaN)
+        rows["graph-small"]["us"] = rows["graph-small"]["p90_us"] = json.loads(how)
+
+
+@pytest.mark.parametrize("how, says", [
+    ('meta=[1]', "'meta' is list, not an object"), ('meta="x"', "'meta' is str, not an object"),
+    ('gpus="NVIDIA H100"', "'meta.gpus' is 'NVIDIA H100', not a list of GPUs"), ("gpus=3", "'meta.gpus' is '3'"),
+    ("gpus=[[1]]", "'meta.gpus' is '[[1]]', not a list of GPUs"), ('gpus=[{"name": 7}]', "names a GPU by '[7]'"),
+    ("date", "'meta.date_utc' is int 20261206, not a date"),
+    ("two gpus", "'meta.gpus' names 2 different GPUs (NVIDIA H100 80GB HBM3, NVIDIA H200)"),
+    ("twice", "two sync rows"), ("p90", "sync: p10_us"),
+    ("4e9", "graph-small takes 4e+09 us per kernel, over 1 h"),
+    ('"fast"', "graph-small takes 'fast' us per kernel: not a number"),
+    ("NaN", "graph-small takes nan us per kernel: not a number"),
+    ("Infinity", "graph-small takes inf us per kernel: not a number")])
+def test_a_malformed_launch_file_is_one_line_naming_the_field(tmp_path, how, says):
+    """``bench launch`` files broken in their meta (``meta``/``gpus``/``date_utc`` of the wrong type, two GPUs) or
+    their rows (a row twice, p10 <= us <= p90 not holding, 4e9 us (over 1 h), a string, NaN, inf): one line, exit 1, no
+    traceback, in a fresh process."""
+    d = json.loads(H100_LAUNCH.read_text())
+    _broken(d, how)
+    f = tmp_path / "launch.json"
+    f.write_text(json.dumps(d))
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "floor", "--gpu", "h100", "--ctx", "1k", "--launch-from",
+                        str(f)], capture_output=True, text=True, timeout=120)
+    said = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1 and "Traceback" not in said and len((p.stdout + p.stderr).strip().splitlines()) == 1
+    assert says in said, said
 
 
 def test_kernels_against_a_counted_file_and_budget_against_queries(tmp_path):

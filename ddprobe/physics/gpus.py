@@ -80,35 +80,87 @@ LAUNCH_ROWS = ("graph-empty", "graph-small", "eager-small", "sync")  # the rows 
 LAUNCH_DIR = Path(__file__).parent / "data" / "launch"  # the shipped `bench launch` files, one per measured GPU
 
 
+MOST_US = 3600e6  # 1 h: no kernel of a step takes longer (a launch file saying more is broken)
+
+
 def launch_time(data: dict, where: str) -> KernelTime:
     """The least kernel times a ``bench launch`` results file holds (``data``: the file's JSON object; ``where``: its
     name, for the messages): graph_us the smaller of the graph-empty and graph-small rows (either may be absent, not
     both), eager_us the eager-small row, sync_us the sync row. The one reader (the floor's ``--launch-from``, the
-    shipped per-GPU defaults, the report). A file of another kind, a missing row or a time below ``LEAST_US`` is
-    refused in one line."""
+    shipped per-GPU defaults, the report). A file of another kind, a missing or repeated row, a time that is not a
+    number or outside ``LEAST_US`` .. ``MOST_US``, p10 <= us <= p90 not holding, or a malformed meta is refused in
+    one line naming the field."""
     if not isinstance(data, dict) or data.get("kind") != "bench-launch":
         kind = data.get("kind") if isinstance(data, dict) else None
         raise DDProbeError(f"{where}: not a `ddprobe bench launch` results file (kind {kind!r})")
+    rows = data.get("rows")
+    if not isinstance(rows, list):
+        raise DDProbeError(f"{where}: 'rows' is {type(rows).__name__}, not a list of rows")
     us: dict[str, float] = {}
-    for r in data.get("rows") or []:
+    for r in rows:
         if isinstance(r, dict) and r.get("kind") in LAUNCH_ROWS:
-            v = r.get("us")
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < LEAST_US:
-                raise DDProbeError(f"{where}: {r['kind']} takes {v!r} us per kernel, below {LEAST_US} us: no GPU "
-                                   "launches that fast (a broken measurement)")
-            us[r["kind"]] = float(v)
+            if r["kind"] in us:
+                raise DDProbeError(f"{where}: two {r['kind']} rows (a launch results file has one of each)")
+            us[r["kind"]] = _launch_us(r, where)
     graph = [us[k] for k in ("graph-empty", "graph-small") if k in us]
     missing = [k for k in ("eager-small", "sync") if k not in us] + ([] if graph else ["graph-small"])
     if missing:
         raise DDProbeError(f"{where}: a launch results file without the {', '.join(missing)} row(s)")
-    gpus = (data.get("meta") or {}).get("gpus") or [{}]
-    device = str((gpus[0] or {}).get("name") or "")
-    date = str((data.get("meta") or {}).get("date_utc") or "")[:10]
+    device, date = _launch_meta(data.get("meta"), where)
     spec = gpu_spec_for(device)
     return KernelTime(min(graph), us["eager-small"], us["sync"],
                       f"measured by ddprobe bench launch on {device or 'an unnamed GPU'}"
                       + (f", {date}" if date else "") + f" ({where})", True, device, spec.name if spec else None,
                       where)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _launch_us(r: dict, where: str) -> float:
+    """One launch row's time in us, held to ``LEAST_US`` .. ``MOST_US`` and to its p10 <= us <= p90 where given."""
+    for key in ("us", "p10_us", "p90_us"):
+        v, k = r.get(key), r["kind"] + ("" if key == "us" else f" ({key})")
+        if key != "us" and v is None:
+            continue
+        if not _number(v):
+            raise DDProbeError(f"{where}: {k} takes {v!r} us per kernel: not a number (a broken measurement)")
+        if v < LEAST_US:
+            raise DDProbeError(f"{where}: {k} takes {v!r} us per kernel, below {LEAST_US} us: no GPU launches that "
+                               "fast (a broken measurement)")
+        if v > MOST_US:
+            raise DDProbeError(f"{where}: {k} takes {v:g} us per kernel, over 1 h: not a measured launch time (a "
+                               "broken measurement)")
+    k = r["kind"]
+    p10, p90 = r.get("p10_us"), r.get("p90_us")
+    if p10 is not None and p90 is not None and not p10 <= r["us"] <= p90:
+        raise DDProbeError(f"{where}: {k}: p10_us {p10:g} <= us {r['us']:g} <= p90_us {p90:g} does not hold")
+    return float(r["us"])
+
+
+def _launch_meta(meta, where: str) -> tuple[str, str]:
+    """(the GPU's name, the date) of a launch file's meta; a meta, gpus or name of the wrong type, or gpus naming two
+    different GPUs, refused in one line naming the field."""
+    if meta is None:
+        return "", ""
+    if not isinstance(meta, dict):
+        raise DDProbeError(f"{where}: 'meta' is {type(meta).__name__}, not an object")
+    gpus = meta.get("gpus")
+    if gpus is None:
+        gpus = []
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+        raise DDProbeError(f"{where}: 'meta.gpus' is {str(gpus)[:40]!r}, not a list of GPUs (objects with a name)")
+    names = [g.get("name") for g in gpus if g.get("name") is not None]
+    if not all(isinstance(n, str) for n in names):
+        raise DDProbeError(f"{where}: 'meta.gpus' names a GPU by {str(names)[:40]!r}, not a string")
+    if len(set(names)) > 1:
+        raise DDProbeError(f"{where}: 'meta.gpus' names {len(set(names))} different GPUs "
+                           f"({', '.join(sorted(set(names)))}): which one the launch times are of is not recorded")
+    date = meta.get("date_utc")
+    if date is not None and not isinstance(date, str):
+        raise DDProbeError(f"{where}: 'meta.date_utc' is {type(date).__name__} {date!r}, not a date")
+    return (names[0] if names else ""), (date or "")[:10]
 
 
 def load_launch(path: str | Path) -> KernelTime:
