@@ -206,3 +206,23 @@ def test_a_prompt_count_other_than_the_prompt_sent_is_not_believed():
             VLLMBackend(f"http://127.0.0.1:{srv.server_address[1]}").generate(list(range(64)), 3)
     finally:
         srv.shutdown()
+
+
+def test_every_checks_note_is_kept_not_the_last_alone():
+    """An answer whose histogram does not fit, whose mean acceptance length is not its counts', whose timing is not
+    believed and whose token ids are too few: the row's server_note keeps all four, "; "-joined in the order found
+    (each check used to overwrite the one before: the timing note was lost to the token-id note)."""
+    from ddprobe.probes.backends.vllm import timing
+
+    sd = {"num_spec_steps": 2, "num_accepted_draft_tokens": 2, "num_spec_tokens": 4,
+          "acceptance_histogram": [0, 0, 5], "mean_acceptance_length": 3.0}
+    st = per_request_stats(sd, 600, 5, 1.0, 5, "here")
+    timing(st, {"time_to_first_token_ms": 12.0, "generation_time_ms": 1e-6})
+    answer_extras(st, {"choices": [{"token_ids": [1, 2]}]}, "here")
+    notes = st.extra["server_note"].split("; ")
+    assert len(notes) == 4, notes
+    assert notes[0].startswith("acceptance_histogram [0, 0, 5] does not fit 2 steps")
+    assert notes[1].startswith("vLLM's mean_acceptance_length 3 differs from 1 + accepted / steps = 2")
+    assert "not believed (a step is between 1 us and 1 h): no timing" in notes[2]
+    assert notes[3] == "here: 2 token ids for 5 completion tokens: the output's ids not believed (no loop check)"
+    assert st.decode_s is None and st.tokens == []

@@ -242,8 +242,17 @@ class VLLMBackend(HttpClient):
                 stats.extra["budget"] = k  # what bounds vLLM's commit length: a cut last step counts whole
         stats.extra["spec_counts"] = "server-wide counters of /metrics, this request alone"
         if restarted:
-            stats.extra["server_note"] = restarted
+            add_note(stats, restarted)
         return stats
+
+
+def add_note(stats: GenStats, note: str) -> None:
+    """Add ``note`` to the row's ``server_note``: every check's note is kept, "; "-joined in the order they were
+    found (a later check never hides an earlier one)."""
+    if not note:
+        return
+    before = stats.extra.get("server_note")
+    stats.extra["server_note"] = f"{before}; {note}" if before else note
 
 
 def timing(stats: GenStats, metrics: dict) -> None:
@@ -260,8 +269,8 @@ def timing(stats: GenStats, metrics: dict) -> None:
     steps = stats.verify_steps + plain
     lo, hi, said = RANGES["step time"]  # what a typed --step-ms may be, for the time per step the server implies
     if ttft > hi * 1e3 or (steps and not lo <= gen / 1e3 / steps <= hi):
-        stats.extra["server_note"] = (f"vLLM's time_to_first_token_ms {ttft:g} and generation_time_ms {gen:g} over "
-                                      f"{steps} decode steps are not believed (a step is between {said}): no timing")
+        add_note(stats, (f"vLLM's time_to_first_token_ms {ttft:g} and generation_time_ms {gen:g} over "
+                         f"{steps} decode steps are not believed (a step is between {said}): no timing"))
         return
     stats.prefill_s, stats.decode_s = ttft / 1e3, gen / 1e3
     stats.extra["decode_steps"] = steps
@@ -279,8 +288,8 @@ def answer_extras(stats: GenStats, d: dict, where: str) -> GenStats:
     elif len(ids) == stats.completion_tokens:
         stats.tokens = list(ids)
     elif ids is not None:
-        stats.extra["server_note"] = (f"{where}: {len(ids)} token ids for {stats.completion_tokens} completion tokens: "
-                                      "the output's ids not believed (no loop check)")
+        add_note(stats, (f"{where}: {len(ids)} token ids for {stats.completion_tokens} completion tokens: "
+                         "the output's ids not believed (no loop check)"))
     details = (d.get("usage") or {}).get("prompt_tokens_details") if isinstance(d.get("usage"), dict) else None
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached <= stats.prompt_tokens:
@@ -296,8 +305,8 @@ def no_draft_stats(prompt: int, completion: int, e2e: float, max_new_tokens: int
                            "impossible, not believed")
     stats = GenStats(prompt_tokens=prompt, completion_tokens=completion, verify_steps=0, commit_mean=1.0,
                      accepted_tokens=0.0, e2e_s=e2e)
-    stats.extra["server_note"] = ("no step proposed a draft (the proposer found nothing to draft): commit length "
-                                  "1.0, as vLLM counts it")
+    add_note(stats, ("no step proposed a draft (the proposer found nothing to draft): commit length "
+                     "1.0, as vLLM counts it"))
     return stats
 
 
@@ -323,8 +332,8 @@ def keep_positions(stats: GenStats, at: list[float], steps: float, accepted: flo
         return
     ok = all(0 <= a <= b for a, b in zip(at, [steps] + at[:-1])) and abs(sum(at) - accepted) < 0.5
     if not ok:
-        stats.extra["server_note"] = (f"{where}: per-position counts {[round(a) for a in at]} do not fit "
-                                      f"{steps:g} drafted steps and {accepted:g} accepted tokens: ignored")
+        add_note(stats, (f"{where}: per-position counts {[round(a) for a in at]} do not fit "
+                         f"{steps:g} drafted steps and {accepted:g} accepted tokens: ignored"))
         return
     stats.extra["accepted_per_pos"] = [int(round(a)) for a in at]
     if reached is not None and len(reached) == len(at) and all(a <= r for a, r in zip(at, reached)):
@@ -368,8 +377,8 @@ def per_request_stats(sd: dict, prompt: int, completion: int, e2e: float, max_ne
         if hist and sum(hist) == steps and sum(i * n for i, n in enumerate(hist)) == accepted:
             stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
         elif hist:
-            stats.extra["server_note"] = (f"acceptance_histogram {hist} does not fit {steps} steps and {accepted} "
-                                          "accepted tokens: spread ignored")
+            add_note(stats, (f"acceptance_histogram {hist} does not fit {steps} steps and {accepted} "
+                             "accepted tokens: spread ignored"))
         per_step = _ints(sd.get("per_step_accepted"))
         if per_step is not None and len(per_step) == steps:
             at = [sum(a > p for a in per_step) for p in range(k or max(per_step, default=0))]
@@ -381,8 +390,8 @@ def per_request_stats(sd: dict, prompt: int, completion: int, e2e: float, max_ne
     if isinstance(reported, (int, float)) and not isinstance(reported, bool) and math.isfinite(reported):
         stats.extra["reported_mean_acceptance_length"] = float(reported)
         if abs(reported - stats.commit_len) > 1e-6:
-            stats.extra["server_note"] = (f"vLLM's mean_acceptance_length {reported:g} differs from 1 + accepted / "
-                                          f"steps = {stats.commit_len:g} of its own counts")
+            add_note(stats, (f"vLLM's mean_acceptance_length {reported:g} differs from 1 + accepted / "
+                             f"steps = {stats.commit_len:g} of its own counts"))
     stats.extra["spec_counts"] = "per request (metrics.speculative_decoding)"
     return stats
 
