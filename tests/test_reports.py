@@ -226,3 +226,35 @@ def test_a_bench_launch_file_is_read_into_what_it_means():
                                     f"graph-small {rows['graph-small']:.3g} us)")
     assert f"{rows['eager-small']:.3g} us" in s.findings[1] and f"{rows['sync']:.3g} us" in s.findings[1]
     assert "no analysis" not in " ".join(s.findings)
+
+
+def _no_ceilings(tmp_path, gpu: str) -> Path:
+    """The synthetic bench-verify file (H200) with its measured ceilings taken out and its GPU named ``gpu``."""
+    d = json.loads((DATA / "bench-verify-synthetic.json").read_text())
+    for where in (d["summary"], d["config"]):
+        where.pop("copy_GBps"), where.pop("matmul_TFLOPs")
+    d["meta"]["gpus"][0]["name"] = gpu
+    f = tmp_path / f"bench-{len(gpu)}.json"
+    f.write_text(json.dumps(d))
+    return f
+
+
+def test_a_bench_file_without_ceilings_is_over_its_gpus_datasheet_or_says_its_basis_is_unknown(tmp_path):
+    """Without measured ceilings the file's floor_us was not over any datasheet: on an H200 each kernel floor is
+    recomputed over the H200's 4.8 TB/s (the 8-head split path at 256k: 1.56x it, not the file's 1.38x) and said
+    so; on a GPU ddprobe has no datasheet for, the file's own floor_us is shown as such and no bound is named."""
+    h200 = _no_ceilings(tmp_path, "NVIDIA H200")
+    r = CliRunner().invoke(app, ["report", str(h200), "-o", str(tmp_path / "h200.md")])
+    assert r.exit_code == 0, r.output
+    md = " ".join((tmp_path / "h200.md").read_text().split())
+    assert "over the datasheet: no ceilings measured" not in md
+    assert ("split, 98.1 us per layer, 1.56x its kernel floor (over the datasheet (h200: 4.8 TB/s, 989 TFLOP/s; no "
+            "ceilings measured in this file: recomputed from its bytes and FLOPs))") in md
+    assert "8 heads: bandwidth-bound at every context" in md and "64 heads: compute-bound at every context" in md
+    odd = _no_ceilings(tmp_path, "Some Unlisted GPU")
+    r = CliRunner().invoke(app, ["report", str(odd), "-o", str(tmp_path / "odd.md")])
+    assert r.exit_code == 0, r.output
+    md = " ".join((tmp_path / "odd.md").read_text().split())
+    assert "over the datasheet" not in md and "bound unknown (no ceilings and no datasheet for its GPU)" in md
+    assert ("1.38x its kernel floor (the file's own floor_us, its basis not recorded (no ceilings measured in this "
+            "file))") in md

@@ -8,10 +8,11 @@ heads, GPU, time, kernel floor (``floor_us``), effective bandwidth. Older files'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..results import Result
+from ..physics.gpus import GpuSpec, gpu_spec_for
 from ..physics.step_model import kernel_floor
 
 BENCH_KINDS = ("bench-verify",)
@@ -86,11 +87,52 @@ def bound(e: Entry, copy_GBps: float | None, matmul_TFLOPs: float | None) -> str
 
 
 def floor_basis(copy_GBps: float | None, matmul_TFLOPs: float | None) -> str:
-    """What a bench file's kernel floors are over, said beside them: its measured ceilings, else the datasheet."""
+    """What a bench file's kernel floors are over, said beside them: its measured ceilings, else (no datasheet to
+    recompute them over: ``Floors``) the file's own floor_us, its basis not recorded."""
     if copy_GBps:
-        return f"measured ceilings, copy {copy_GBps:,.0f} GB/s" + (f" and matmul {matmul_TFLOPs:,.0f} TFLOP/s"
+        return f"over the measured ceilings, copy {copy_GBps:,.0f} GB/s" + (f" and matmul {matmul_TFLOPs:,.0f} TFLOP/s"
                                                                    if matmul_TFLOPs else "")
-    return "datasheet: no ceilings measured in this file"
+    return "the file's own floor_us, its basis not recorded (no ceilings measured in this file)"
+
+
+@dataclass(frozen=True)
+class Floors:
+    """Over what a bench file's kernel floors are, said with them (``said``): its measured ceilings (the file's own
+    floor_us); without them, the datasheet of the file's GPU (``gpu``), each entry's floor recomputed from its bytes
+    and FLOPs by ``physics.step_model.kernel_floor``; without a known GPU, the file's own floor_us, its basis not
+    recorded (and no bound named)."""
+
+    copy_GBps: float | None
+    matmul_TFLOPs: float | None
+    gpu: GpuSpec | None
+    said: str
+
+    def entry(self, e: Entry) -> Entry:
+        """``e`` with its kernel floor over this basis."""
+        if self.copy_GBps or self.gpu is None or not e.bytes:
+            return e
+        return replace(e, floor_us=kernel_floor(e.bytes, e.flops, bw_Bps=self.gpu.bw_Bps,
+                                                flops_per_s=self.gpu.bf16_flops).us)
+
+    def bound(self, e: Entry) -> str | None:
+        if self.copy_GBps or self.gpu is None:
+            return bound(e, self.copy_GBps, self.matmul_TFLOPs)
+        if not (e.bytes and e.flops):
+            return None
+        return kernel_floor(e.bytes, e.flops, bw_Bps=self.gpu.bw_Bps, flops_per_s=self.gpu.bf16_flops).bound
+
+
+def floors(result: Result) -> Floors:
+    """The kernel floors' basis of a bench file (``Floors``): its ceilings, else its GPU's datasheet, else none."""
+    copy, mm = ceilings(result)
+    if copy:
+        return Floors(copy, mm, None, floor_basis(copy, mm))
+    g = gpu_spec_for(gpu_name(result))
+    es = entries(result)
+    if g is None or not es or not all(e.bytes for e in es if e.time_us):
+        return Floors(None, None, None, floor_basis(None, None))
+    return Floors(None, None, g, f"over the datasheet ({g.name}: {g.bw_Bps / 1e12:.3g} TB/s, {g.bf16_flops / 1e12:.0f} "
+                                 "TFLOP/s; no ceilings measured in this file: recomputed from its bytes and FLOPs)")
 
 
 def gpu_name(result: Result) -> str | None:

@@ -86,25 +86,27 @@ def floor(result: Result) -> list[str]:
 
 
 def bench_verify(result: Result) -> list[str]:
-    es = [e for e in bench.entries(result) if e.time_us]
+    fl = bench.floors(result)
+    es = [fl.entry(e) for e in bench.entries(result) if e.time_us]
     if not es:
         return ["No timed benchmark entries (every path failed or none ran)."]
-    copy, mm = bench.ceilings(result)
+    copy = fl.copy_GBps
     out = []
     for heads in sorted({e.heads for e in es if e.kind == "layer"}, key=lambda h: h or 0):
         layer = [e for e in es if e.kind == "layer" and e.heads == heads]
-        bounds = {e.ctx: bench.bound(e, copy, mm) for e in layer}
+        bounds = {e.ctx: fl.bound(e) for e in layer}
         comp = sorted(c for c, b in bounds.items() if b == "compute-bound")
         kind = ("compute-bound at every context" if comp and len(comp) == len(bounds) else
                 f"bandwidth-bound below {fmt_tokens(comp[0])}, compute-bound from there" if comp else
-                "bandwidth-bound at every context" if any(bounds.values()) else "bound unknown (no ceilings)")
+                "bandwidth-bound at every context" if any(bounds.values()) else
+                "bound unknown (no ceilings and no datasheet for its GPU)")
         top = max(e.ctx for e in layer)
         at = {e.path: e for e in layer if e.ctx == top}
         best = min(at.values(), key=lambda e: e.time_us)
         line = (f"{heads} heads: {kind}; at {fmt_tokens(top)} the fastest path is {best.path}, "
                 f"{fmt_time(best.time_us * 1e-6)} per layer")
         if best.gap:
-            line += f", {fmt_ratio(best.gap)} its kernel floor (over the {bench.floor_basis(copy, mm)})"
+            line += f", {fmt_ratio(best.gap)} its kernel floor ({fl.said})"
         if best.GBps:
             line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
                                                              else ")")
@@ -118,7 +120,9 @@ def bench_verify(result: Result) -> list[str]:
     for e in sorted((e for e in es if e.kind == "step"), key=lambda e: (e.ctx, e.path)):
         line = (f"Verify attention of all layers at {fmt_tokens(e.ctx)}, {e.heads} heads, {e.path}: "
                 f"{fmt_time(e.time_us * 1e-6)}")
-        out.append(line + (f", {fmt_ratio(e.gap)} its kernel floor {fmt_time(e.floor_us * 1e-6)}." if e.gap else "."))
+        basis = "" if copy else f" ({fl.said})"
+        out.append(line + (f", {fmt_ratio(e.gap)} its kernel floor {fmt_time(e.floor_us * 1e-6)}{basis}." if e.gap
+                           else "."))
     bad = [e for e in bench.entries(result) if e.error]
     if bad:
         out.append(f"{len(bad)} entr{'y' if len(bad) == 1 else 'ies'} failed: "

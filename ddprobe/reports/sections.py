@@ -125,8 +125,9 @@ def _where_the_step_goes(rows: list[FloorRow], an: dict | None) -> Table:
 
 
 def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
-    es = bench.entries(r)
-    copy, mm = bench.ceilings(r)
+    fl = bench.floors(r)
+    es = [fl.entry(e) for e in bench.entries(r)]
+    copy = fl.copy_GBps
     layer = sorted((e for e in es if e.kind == "layer"), key=lambda e: (e.heads or 0, e.path, e.ctx))
     step = sorted((e for e in es if e.kind == "step"), key=lambda e: (e.heads or 0, e.path, e.ctx))
 
@@ -140,7 +141,7 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     cols = ["path", "heads", "ctx", "time", "kernel floor", "x kernel floor", "eff bw", "of ceiling", "TFLOP/s",
             "rel err"]
     note = (f"Kernel floor (physics.step_model.kernel_floor): the attention kernels' bytes over the memory bandwidth "
-            f"or FLOPs over the tensor rate, here over the {bench.floor_basis(copy, mm)}; not the whole step's floor "
+            f"or FLOPs over the tensor rate, here {fl.said}; not the whole step's floor "
             "(`ddprobe floor`).")
     tables = [Table("Per layer call", cols, [cells(e) for e in layer], note)] if layer else []
     figs = []
