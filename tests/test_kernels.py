@@ -115,7 +115,7 @@ def test_split_row_tilings(block_q, tiling):
     check("split", 200, 8, "fork", 8, torch.float16, tuning=t)
 
 
-@pytest.mark.parametrize("ksplit,block_q,block_n,stages", [(2, 32, 32, 2), (4, 16, 16, 4), (4, 0, 32, 3)])
+@pytest.mark.parametrize("ksplit,block_q,block_n,stages", [(2, 32, 32, 2), (4, 16, 16, 4), (4, 0, 32, 3), (4, 16, 32, 3)])
 @needs_kernels
 def test_split_latent_chunks(ksplit, block_q, block_n, stages):
     """Pointer-load tiles with the latent in ksplit column chunks (independent S products and P V accumulators, the

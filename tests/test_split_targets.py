@@ -173,7 +173,8 @@ def test_portable_build_compiles_to_ptx_a_hopper_driver_can_jit(build, heads):
     q, kv = torch.randn(9, heads, 576).bfloat16(), torch.randn(32768 + 9, 576).bfloat16()
     p = split.plan(32768, shape_mask("lopsided", 8), None, 512, heads=heads, arch=b.tiling)
     cfg = p.extra["config"]
-    assert (cfg["block_n"], cfg["num_stages"]) == (split.ARCHS[b.tiling].tuning.block_n, 2)
+    t = split.ARCHS[b.tiling].tuning
+    assert (cfg["block_n"], cfg["num_stages"], cfg["ksplit"]) == (t.block_n, t.num_stages, t.ksplit)
     fn, _, args, kw = split.prefix_launch(q, kv, p, 0.1, cfg, p.extra["partials"], tma_ok=False, compiled=True)
     out = torch.empty(9, heads, 512, dtype=torch.bfloat16)
     mfn, _, margs, mkw = merge_launch(p.extra["partials"], cfg["num_splits"], out, p.extra["merge"])

@@ -108,13 +108,16 @@ class Arch:
 # loads (no bulk tensor copies), 2 stages (1 stage takes more shared memory there, not less). A GPU not listed keeps
 # DEFAULT_TUNING fitted to its own limit by the sm_90 estimate.
 SMEM_99K, SMEM_163K = 101376, 166912
-_SMALL = dataclasses.replace(DEFAULT_TUNING, tma=0, block_q=32, block_n=32, num_stages=2)
+# the 99 KB GPUs: 16-row blocks (all 4 warps along the tile: the latent tile read once from shared memory per
+# product), 32-token tiles in 3 stages (two tiles resident: Triton keeps num_stages - 1 pointer-load buffers), the
+# latent in 4 chunks; 1.58x the 32 x 32 x 2-stage, 8-warp tiling on an H100 as the proxy (2026-12-07, docs/perf.md)
+_SMALL = dataclasses.replace(DEFAULT_TUNING, tma=0, block_q=16, block_n=32, num_stages=3, num_warps=4, ksplit=4)
 ARCHS = {
     (9, 0): Arch("sm_90", SMEM_SM90, DEFAULT_TUNING),  # H100 / H200
     (8, 0): Arch("sm_80", SMEM_163K, dataclasses.replace(DEFAULT_TUNING, tma=0), shared=155648, max_rows=32, sms=108),
-    (8, 6): Arch("sm_86", SMEM_99K, _SMALL, shared=75776, max_rows=16, sms=84),  # A40
-    (8, 9): Arch("sm_89", SMEM_99K, _SMALL, shared=75776, max_rows=16, sms=128),  # RTX 4090
-    (12, 0): Arch("sm_120", SMEM_99K, _SMALL, shared=75776, max_rows=16, sms=188),  # RTX PRO 6000 Blackwell
+    (8, 6): Arch("sm_86", SMEM_99K, _SMALL, shared=93184, max_rows=16, sms=84),  # A40
+    (8, 9): Arch("sm_89", SMEM_99K, _SMALL, shared=93184, max_rows=16, sms=128),  # RTX 4090
+    (12, 0): Arch("sm_120", SMEM_99K, _SMALL, shared=93184, max_rows=16, sms=188),  # RTX PRO 6000 Blackwell
 }
 
 
