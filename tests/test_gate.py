@@ -2,6 +2,7 @@
 the entry; absolute floors; filters; bad inputs."""
 import copy
 import json
+import os
 import re
 from pathlib import Path
 
@@ -379,3 +380,22 @@ def test_variant_names_are_printed_as_they_are(tmp_path):
     assert "MISSING: split[build=sm_80] heads=8 ctx=1k on NVIDIA H200" in r.stderr
     assert "\\[" not in r.output  # no markup escapes shown
     assert "gate FAILED: 4 of 5 entries (1 REGRESSED, 3 MISSING)" in r.stdout
+
+
+def test_entries_never_compared_are_counted_apart_not_as_within(tmp_path):
+    """A baseline of one entry against the shipped H200 baseline: one entry is within 10%, the other 52 gated
+    entries are new (nothing to compare them with), said so, not counted as within 10%. In a fresh process."""
+    import subprocess
+    import sys
+
+    d = json.loads(SHIPPED.read_text())
+    one = next(r for r in d["results"] if r["path"] == "split" and "us" in r)
+    d["results"] = [one]
+    base = tmp_path / "one.json"
+    base.write_text(json.dumps(d))
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "gate", str(SHIPPED), "--baseline", str(base)],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 0, p.stdout + p.stderr
+    last = p.stdout.strip().splitlines()[-1]
+    assert last == ("gate passed: 1 entry within 10%, 52 new (not compared) (43 peer entries for reference, not "
+                    "gated)"), last

@@ -247,7 +247,11 @@ def summary_lines(outcome: GateOutcome) -> list[str]:
     """One line per failing entry, naming it, then the verdict."""
     lines = [f"{r.status}: {r.label}: {'; '.join(r.why)}" for r in outcome.failures] + outcome.notes
     n, bad, peers = len(outcome.gated), len(outcome.failures), len(outcome.rows) - len(outcome.gated)
+    within = sum(1 for r in outcome.gated if r.status == "ok")  # compared with the baseline and within the limit
+    fresh = sum(1 for r in outcome.gated if r.status == "new")  # not in the baseline: never compared
+    new = f", {fresh} new (not compared)" if fresh else ""
     ref = f" ({peers} peer entr{'y' if peers == 1 else 'ies'} for reference, not gated)" if peers else ""
-    lines.append(f"gate passed: {n} entr{'y' if n == 1 else 'ies'} within {outcome.max_drop:.0%}{ref}" if not bad else
-                 f"gate FAILED: {bad} of {n} entr{'y' if n == 1 else 'ies'} ({_counts(outcome.failures)}){ref}")
+    lines.append(f"gate passed: {within} entr{'y' if within == 1 else 'ies'} within {outcome.max_drop:.0%}{new}{ref}"
+                 if not bad else
+                 f"gate FAILED: {bad} of {n} entr{'y' if n == 1 else 'ies'} ({_counts(outcome.failures)}){new}{ref}")
     return lines
