@@ -54,6 +54,8 @@ def test_the_measured_file_feeds_the_floor(measured):
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("communication:"))
     assert f"{us:.3g} us each" in line and f"measured: {out}" in line
+    # a gloo file measured on the CPU feeding an H200's floor: said on the communication line
+    assert f"measured: {out} (gloo on the CPU: a CPU measurement, not the h200's interconnect" in line
     refused = _error_line(runner.invoke(app, ["floor", "--model", "kimi-k2.6", "--tp", "4", "--ctx", "32k",
                                               "--allreduce-from", str(out)]))
     assert "measured on 2 ranks, the model asks for 4" in refused

@@ -467,3 +467,24 @@ def test_the_floor_options_bundle_on_another_command():
     assert model.tp == 8 and "bench launch on NVIDIA H100 80GB HBM3" in config["launches"]
     with pytest.raises(TypeError, match="declares floor options itself"):
         floor_options()(lambda tp=1, fo=None: None)
+
+
+@pytest.mark.parametrize("args, says", [
+    (("--model", "k2", "--ctx", "32k", "--allreduce-from", "/nonexist"),
+     "--allreduce-from times tensor-parallel all-reduces, and at tp 1 there are none"),
+    (("--ctx", "1k", "--allreduce-us", "5"), "--allreduce-us times tensor-parallel all-reduces, and at tp 1"),
+    (("--ctx", "1k", "--allreduce-us", "5", "--allreduce-from", "/nonexist"),
+     "give --allreduce-us or --allreduce-from, not both"),
+    (("--ctx", "1k", "--tp", "8", "--allreduce-us", "5", "--allreduce-from", "/nonexist"),
+     "give --allreduce-us or --allreduce-from, not both"),
+    (("--ctx", "1k", "--tp", "8", "--allreduce-us", "0"), "--allreduce-us must be a finite number above 0 and at most 1 h"),
+    (("--ctx", "1k", "--tp", "8", "--allreduce-us", "4e9"), "at most 1 h (3.6e9 us), got 4e+09"),
+    (("--ctx", "1k", "--tp", "8", "--allreduce-us", "-3"), "--allreduce-us must be a finite number above 0"),
+])
+def test_allreduce_options_are_refused_where_they_would_be_ignored_or_impossible(args, says):
+    """At tp 1 there is no all-reduce to time: --allreduce-us/--allreduce-from are refused, not silently dropped (the
+    "not both" check first, at any tp); --allreduce-us is held to 0 < us <= 1 h. In a fresh process."""
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "floor", *args], capture_output=True, text=True, timeout=120)
+    said = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1 and len((p.stdout + p.stderr).strip().splitlines()) == 1 and "Traceback" not in said
+    assert says in said, said

@@ -160,7 +160,8 @@ def test_no_row_says_two_bounds(gpu):
     from ddprobe.physics.models import PRESETS as SERVED
 
     for name, spec in SERVED.items():
-        m, _ = served_model(spec, Sharding(tp=8 if spec.n_routed_experts else 1, allreduce_us=20.0), gpu)
+        tp = 8 if spec.n_routed_experts else 1  # an all-reduce time only where there are all-reduces (tp > 1)
+        m, _ = served_model(spec, Sharding(tp=tp, allreduce_us=20.0 if tp > 1 else None), gpu)
         for mm in (m, with_launches(replace(m, graphs=False), gpu, 3000, syncs=40)):
             for ctx in (1, 4096, 262144):
                 row = floor_row(FloorInput(mm, 9), ctx, step_ms=1e4)

@@ -81,9 +81,13 @@ class Comm:
     source: str
 
 
+MOST_ALLREDUCE_US = 3600e6  # 1 h: no all-reduce of a step takes longer (more is a typo)
+
+
 def comm_fixed(us: float) -> Comm:
-    if not (math.isfinite(us) and us >= 0):
-        raise DDProbeError(f"--allreduce-us must be a finite number >= 0, got {us}")
+    """One all-reduce of ``us`` microseconds whatever its size (``--allreduce-us``): above 0 and at most 1 h."""
+    if not (math.isfinite(us) and 0 < us <= MOST_ALLREDUCE_US):
+        raise DDProbeError(f"--allreduce-us must be a finite number above 0 and at most 1 h (3.6e9 us), got {us:g}")
     return Comm(lambda _b: us, f"--allreduce-us {us:g}")
 
 

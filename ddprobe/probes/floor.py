@@ -142,17 +142,21 @@ def comm_for(sh: Sharding, gpu: str | None) -> tuple[object | None, str]:
     """The all-reduce latency source for ``sh`` on GPU preset ``gpu``, and a line saying where it comes from."""
     from ..physics.interconnect import comm_fixed, comm_interconnect, comm_table, interconnect_for
 
-    if sh.tp <= 1:
-        return None, "tp 1: no tensor-parallel communication"
     if sh.allreduce_us is not None and sh.allreduce_from:
         raise DDProbeError("give --allreduce-us or --allreduce-from, not both")
+    if sh.tp <= 1:
+        given = "--allreduce-us" if sh.allreduce_us is not None else "--allreduce-from" if sh.allreduce_from else ""
+        if given:
+            raise DDProbeError(f"{given} times tensor-parallel all-reduces, and at tp 1 there are none: give --tp "
+                               "N (N > 1), or leave it out")
+        return None, "tp 1: no tensor-parallel communication"
     if sh.allreduce_us is not None:
         c = comm_fixed(sh.allreduce_us)
     elif sh.allreduce_from:
-        from .bench.allreduce import load_allreduce
+        from .bench.allreduce import allreduce_origin, load_allreduce
 
         points = load_allreduce(sh.allreduce_from, sh.tp)
-        c = comm_table(points, f"measured: {sh.allreduce_from}")
+        c = comm_table(points, f"measured: {sh.allreduce_from} ({allreduce_origin(sh.allreduce_from, gpu)})")
     else:
         ic = interconnect_for(gpu)
         if ic is None:

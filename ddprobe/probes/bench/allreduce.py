@@ -324,3 +324,19 @@ def load_allreduce(path: str | os.PathLike, ranks: int) -> list[tuple[float, flo
     if not pts:
         raise DDProbeError(f"{path}: the all-reduce file has no rows")
     return [(float(b), u) for b, u in sorted(pts.items())]
+
+
+def allreduce_origin(path: str | os.PathLike, gpu: str | None = None) -> str:
+    """Where a ``bench allreduce`` file was measured, said on the floor's communication line: its backend and device
+    (config ``backend``, ``device``; the GPU meta names), and, for a file measured on the CPU (gloo) feeding the floor
+    of GPU preset ``gpu``, that its latencies are not that GPU's interconnect's (said, not refused)."""
+    from ...results import Result
+
+    r = Result.load(path)
+    backend, device = r.config.get("backend"), r.config.get("device")
+    name = r.meta.gpu_name if device != "cpu" else None
+    where = f"{backend or 'backend not recorded'} on " + (
+        "the CPU" if device == "cpu" else str(name or device or "a device not recorded"))
+    if device == "cpu" and gpu:
+        where += f": a CPU measurement, not the {gpu}'s interconnect (measure on the GPUs for their floor)"
+    return where
