@@ -39,6 +39,8 @@ CASES = [  # (args, what the line says); L = the loop, D = the test's folder
     (["bench", "allreduce", "--device", "cpu", "-o", "L/x.json"], "--out"),
     (["diagnose", "--out-dir", "L"], "--out-dir"),
     (["trace", "--url", "http://127.0.0.1:9", "--dir", "L", "-o", "D/t.json"], "--dir"),  # before any request
+    (["trace", "L"], "cannot read trace file L: Too many levels of symbolic links"),  # not "no such file"
+    (["trace", "L", "-o", "D/t.json"], "cannot read trace file L: Too many levels of symbolic links"),
 ]
 
 

@@ -70,8 +70,22 @@ def trace_files(paths: list[str | Path]) -> list[Path]:
         elif p.is_file():
             out.append(p)
         else:
-            raise DDProbeError(f"{p}: no such file or folder")
+            _unreadable(p)
     return out
+
+
+def _unreadable(p: Path) -> None:
+    """Why ``p`` is neither a file nor a folder, in one line: the system's words where it is there but cannot be read
+    (a symbolic link loop: "Too many levels of symbolic links", as ``reports.load.load_one`` says), else not there."""
+    try:
+        p.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        raise DDProbeError(f"cannot read trace file {p}: {e.strerror or e}") from None
+    else:
+        raise DDProbeError(f"{p}: neither a file nor a folder (a trace is a .json or .json.gz file)")
+    raise DDProbeError(f"{p}: no such file or folder")
 
 
 def distinct(files: list[Path]) -> list[Path]:
