@@ -8,6 +8,7 @@ test of what a write may replace: the output checks (``cli/outputs.py``) and the
 from __future__ import annotations
 
 import json
+import errno
 import os
 import stat
 import threading
@@ -113,6 +114,11 @@ def special_target(path: str | os.PathLike) -> str | None:
     except OSError as e:  # a loop in a folder of the path, a name too long...
         return f"cannot be looked up ({e.strerror or e})"
     if st is not None and stat.S_ISLNK(st.st_mode):
+        try:
+            os.stat(p)
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # it points, through links, back to itself: there is no file to give
+                return "is a symbolic link loop (give another name)"
         return "is a symbolic link (give the file it points to, or another name)"
     if st is not None and not stat.S_ISREG(st.st_mode):
         return f"is {_kind(st.st_mode)}, not a regular file"

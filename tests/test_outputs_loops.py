@@ -39,6 +39,9 @@ CASES = [  # (args, what the line says); L = the loop, D = the test's folder
     (["bench", "allreduce", "--device", "cpu", "-o", "L/x.json"], "--out"),
     (["diagnose", "--out-dir", "L"], "--out-dir"),
     (["trace", "--url", "http://127.0.0.1:9", "--dir", "L", "-o", "D/t.json"], "--dir"),  # before any request
+    (["floor", "--ctx", "1k", "--out", "L"], "--out L: is a symbolic link loop (give another name)"),
+    (["gpu-util", "--replay", str(DATA / "gpu-util-h200-paged.json"), "--json", "L"],
+     "--json L: is a symbolic link loop (give another name)"),  # never "give the file it points to": there is none
     (["trace", "L"], "cannot read trace file L: Too many levels of symbolic links"),  # not "no such file"
     (["trace", "L", "-o", "D/t.json"], "cannot read trace file L: Too many levels of symbolic links"),
 ]
@@ -60,3 +63,24 @@ def test_same_file_resolves_a_loop_without_raising(loop):
     assert _same(a, a) and not _same(a / "x", loop / "y") and not _same(a, loop / "b")
     with pytest.raises(Exception, match="is also the input --steps-from"):
         check_file("--out", loop / "new.json", inputs=[("--steps-from", loop / "new.json")])
+
+
+@pytest.mark.parametrize("content, says", [
+    ("hello\n", "holds a file that is not a ddprobe results file"),
+    ('{"rows": []}', "holds a file that is not a ddprobe results file"),
+    ((DATA / "commit-tiny-cpu.json").read_text(), "already holds results written earlier"),
+])
+def test_an_output_file_already_there_is_said_for_what_it_holds(tmp_path, content, says):
+    """`floor -o F` keeps F unless --force, and says what F holds: earlier results only where it is a ddprobe
+    results file. In a fresh process; F is left as it was."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "f.json"
+    f.write_text(content)
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "floor", "--ctx", "1k", "-o", str(f)], capture_output=True,
+                       text=True, timeout=120)
+    said = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1 and len((p.stdout + p.stderr).strip().splitlines()) == 1, said
+    assert f"--out {f}: {says} (give another path, or --force to replace it)" in said, said
+    assert f.read_text() == content

@@ -59,12 +59,36 @@ def check_file(flag: str, path: Path, *, force: bool = False, inputs: Iterable[t
             raise DDProbeError(f"{flag} {path} is also the input {in_flag}: writing it would replace what is "
                                f"read ({FORCE_HINT})")
     if keep_existing and not force and p.exists() and p.stat().st_size > 0:
-        raise DDProbeError(f"{flag} {path}: already holds {holds} ({FORCE_HINT})")
+        raise DDProbeError(f"{flag} {path}: {_holds(p, holds)} ({FORCE_HINT})")
     if p.exists():
         if not os.access(p, os.W_OK):
             raise DDProbeError(f"{flag} {path}: cannot write it (permission denied)")
     _writable_folder(p.parent if str(p.parent) else Path("."), flag, path)
     return p
+
+
+RESULTS_READ_LIMIT = 256 << 20  # a larger file is not read to say what it holds
+
+
+def _holds(p: Path, holds: str) -> str:
+    """What the file at ``p`` is said to hold when it is kept: ``holds`` where that is not about results (a report)
+    or the file is a ddprobe results file (a JSON object with a ``ddprobe.result`` schema, or a kind or raw results
+    beside its meta); otherwise that it holds something else (a table, another program's file)."""
+    import json
+
+    if "results" not in holds:
+        return f"already holds {holds}"
+    if p.suffix.lower() == ".csv":
+        return "already holds a file (a table written earlier, or another program's)"
+    try:
+        if p.stat().st_size > RESULTS_READ_LIMIT:
+            return "already holds a file too large to tell whether it is a ddprobe results file"
+        d = json.loads(p.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        d = None
+    ours = isinstance(d, dict) and (str(d.get("schema") or "").startswith("ddprobe.result")
+                                    or ("meta" in d and ("kind" in d or "results" in d)))
+    return f"already holds {holds}" if ours else "holds a file that is not a ddprobe results file"
 
 
 def check_folder(flag: str, path: Path, *, names: Iterable[str] = (), force: bool = False) -> Path:
