@@ -1,5 +1,6 @@
 """`ddprobe floor` through Typer's CliRunner: output, JSON, results file, configs and error paths."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -281,7 +282,9 @@ def test_launches_are_a_named_part_and_a_step_below_them_is_refused():
     assert "--step-ms 200 us at 1k is below the latency floor 230 us (307 kernels x 0.75 us)" in r.output
     r = run("floor", "--ctx", "1k", "--gpu", "l40s")
     assert r.exit_code == 0 and "launches: 307 kernels x 0.75 us = 230 us" in r.output
-    assert "no measurement, class bound" in " ".join(r.output.split())
+    said = " ".join(r.output.split())
+    assert "(graph-replayed; l40s not measured by ddprobe: a class bound of 0.75 us per graph-replayed kernel" in said
+    assert "no measurement" not in said and "not measured here" not in said and "data-center" not in said
     r = run("floor", "--ctx", "1k", "--gpu", "l40s", "--json", "--kernels", "100", "--step-ms", "1000")
     row = json.loads(r.output)["rows"][0]
     bound_ms = KERNEL_CLASS_BOUND.graph_us / 1e3  # one kernel at the class bound
@@ -488,3 +491,16 @@ def test_allreduce_options_are_refused_where_they_would_be_ignored_or_impossible
     said = " ".join((p.stdout + p.stderr).split())
     assert p.returncode == 1 and len((p.stdout + p.stderr).strip().splitlines()) == 1 and "Traceback" not in said
     assert says in said, said
+
+
+def test_an_engine_preset_is_headed_as_one_never_as_the_served_model():
+    """`floor --model k2` is ddprobe's engine preset (one GPU's share of Kimi K2 at tp 8 / ep 8), not kimi-k2: its
+    table's header says so; a served model's header is its name alone. In a fresh process."""
+    p = subprocess.run([sys.executable, "-m", "ddprobe", "floor", "--model", "k2", "--ctx", "32k"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+    assert p.returncode == 0, p.stderr
+    head = " ".join(p.stdout.split())  # the title wraps at the table's width
+    assert head.startswith("ddprobe's k2 engine preset (one GPU's share of Kimi K2 at tp 8 / ep 8, 48 experts, hidden "
+                           "1024, 8 heads): verify step floor per GPU (9 rows"), head
+    served = " ".join(run("floor", "--model", "kimi-k2", "--ctx", "32k").output.split())
+    assert served.startswith("kimi-k2: verify step floor per GPU") and "engine preset" not in served

@@ -24,8 +24,9 @@ def _ms(v: Optional[float]) -> str:
 @floor_options()
 def floor(
     tctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", "-m", help="Model preset: kimi-k2.6, kimi-k2, deepseek-v3, "
-                                                             "qwen3-8b, llama-3.1-8b.")] = "kimi-k2.6",
+    model: Annotated[str, typer.Option("--model", "-m", help="Model: a served model (kimi-k2.6, kimi-k2, "
+                                       "deepseek-v3, qwen3-8b, llama-3.1-8b) or a ddprobe engine preset (k2: one "
+                                       "GPU's share of Kimi K2 at tp 8 / ep 8; tiny).")] = "kimi-k2.6",
     config: Annotated[Optional[Path], typer.Option("--config", help="Hugging Face config.json instead of a preset "
                                                                     "(MLA or GQA, MoE or dense).")] = None,
     ctx: Annotated[str, typer.Option("--ctx", help="Context length(s), k = 1024: 128k or 1k,16k,64k,128k.")] = "128k",
@@ -165,7 +166,8 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
 
     g = GPUS.get(config.get("gpu") or "")
     where = g.label if g else "given bandwidth"
-    title = (f"{spec.name}: verify step floor per GPU ({config['queries']} rows, tp {config['tp']}, ep "
+    name = f"ddprobe's {engine_label(spec)}" if spec.kind == "engine" else spec.name
+    title = (f"{name}: verify step floor per GPU ({config['queries']} rows, tp {config['tp']}, ep "
              f"{config['ep']}, dcp {config['dcp']}, {where}, {fmt_bandwidth(config['bw_Bps'])}; KV "
              f"{rows[0].kv_B_per_token / config['dcp']:,.0f} B/token)")
     timed = any(r.step_ms is not None for r in rows)
@@ -210,7 +212,8 @@ def _print(spec, rows, config: dict, an: dict | None, said: str) -> None:
     for r in (r for r in rows if r.step_ms is not None):
         from ..physics.step_model import parts_bound
 
-        w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms)
+        w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms, sync_ms=r.sync_ms or 0.0,
+                    comm_ms=r.comm_ms or 0.0)
         out.print(f"at {fmt_tokens(r.ctx)} the {r.step_ms:.4g} ms step: launches >= {_ms(r.latency_floor_ms)} "
                   f"({r.launch_share:.0%}), {w.what} >= {_ms(w.ms)} ({r.bytes_share:.0%}): "
                   f"{r.step_bound}", highlight=False)

@@ -73,8 +73,9 @@ class KernelTime:
 # A class bound for GPUs ddprobe has not measured: below the H100's measured figures (``bench launch``: 0.78 us for
 # an empty graph-replayed kernel, 0.98 us for a small one), so a floor built on it stays a floor; a GPU measured gets
 # its own row.
-KERNEL_CLASS_BOUND = KernelTime(0.75, 2.0, 5.0, "class bound for a data-center GPU (not measured here): 0.75 us per "
-                                                "graph-replayed kernel, 2 us eager, 5 us per host sync", False)
+KERNEL_CLASS_BOUND = KernelTime(0.75, 2.0, 5.0, "not measured by ddprobe: a class bound of 0.75 us per graph-replayed "
+                                                "kernel, 2 us eager, 5 us per host sync (below the H100's measured "
+                                                "figures)", False)
 LEAST_US = 0.1  # below this a kernel time is impossible on any GPU (a launch file saying less is broken)
 LAUNCH_ROWS = ("graph-empty", "graph-small", "eager-small", "sync")  # the rows of a `bench launch` results file
 LAUNCH_DIR = Path(__file__).parent / "data" / "launch"  # the shipped `bench launch` files, one per measured GPU

@@ -189,7 +189,7 @@ def with_launches(m: StepModel, gpu: str | None, kernels: Callable[[int], int] |
             raise DDProbeError(f"kernels per step must be >= 0, got {kernels}")
         kernels = (lambda _r, k=kernels: k)
     us = kt.graph_us if m.graphs else kt.eager_us
-    where = f"{gpu or 'this GPU'}: {kt.source}" if kt.measured else f"{gpu or 'this GPU'}: no measurement, {kt.source}"
+    where = f"{gpu or 'this GPU'}{':' if kt.measured else ''} {kt.source}"  # unmeasured: "<gpu> not measured..."
     mode = "graph-replayed" if m.graphs else "eager"
     return replace(m, kernels=kernels, kernel_us=us, syncs=syncs, sync_us=kt.sync_us,
                    kernel_source=f"kernels: {counted or 'given'}; {us:.3g} us each ({mode}; {where})")
