@@ -21,6 +21,30 @@ def parse_bytes(text: str, flag: str) -> int:
     return int(digits) * scale
 
 
+def served_shape(tree: str | None, spec: bool) -> str | None:
+    """``--tree``: the one draft shape this server decodes with (None: the engine's default, ddtree); one line for
+    two shapes (a server decodes with one: run a second serve for the other) or a shape without speculation."""
+    if tree is None:
+        return None
+    from ..probes.commit import tree_shapes
+
+    shapes = tree_shapes(tree)
+    if len(shapes) > 1:
+        raise DDProbeError(f"--tree: ddprobe serve decodes with one draft shape, not {', '.join(shapes)}: give "
+                           "--tree ddtree or --tree chain (a second serve on another --port for the other)")
+    if not spec:
+        raise DDProbeError(f"--tree {shapes[0]}: --no-spec drafts nothing; drop one of them")
+    return shapes[0]
+
+
+def set_shape(be, shape: str | None, budget: int, spec: bool) -> str:
+    """Give the backend ``shape`` (a chain: min(budget, L) nodes, one per depth) and say it for the start line."""
+    if shape == "chain":
+        be.set_tree("chain", be.max_commit() - 1)  # max_commit = min(budget, L) + 1
+        return f"chain of {be.budget} nodes: min(budget {budget}, block size - 1)"
+    return f"budget {budget}, {'DDTree' if spec else 'greedy'}"
+
+
 @app.command()
 @errors_exit_1
 @engine_options()
@@ -36,6 +60,10 @@ def serve(
     body_timeout: Annotated[float, typer.Option("--body-timeout", help="Seconds a request's body may take to "
                                                                        "arrive (slower: 408).",
                                                 callback=checked(within(1e-3, MAX_TIMEOUT_S, " s")))] = 30.0,
+    tree: Annotated[Optional[str], typer.Option("--tree", help="The draft shape served: ddtree (the budget's most "
+                                                               "probable prefixes) or chain (the drafter's top-1 per "
+                                                               "depth, min(budget, block size - 1) nodes); one "
+                                                               "shape per server (default ddtree).")] = None,
     *, eng: EngineOptions,
 ):
     """Serve the reference engine over HTTP: SGLang /generate, OpenAI /v1/completions, /tokenize, /metrics."""
@@ -55,11 +83,13 @@ def serve(
     except OSError as e:
         raise DDProbeError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     body_bytes = parse_bytes(max_body, "--max-body")
+    shape = served_shape(tree, spec)
     be = eng.backend(parse_tokens(max_ctx) if max_ctx is not None else None)  # --max-ctx '' is refused, not default
     announce(eng, be)
+    said = set_shape(be, shape, eng.budget, spec)
     # the first request is then served at speed (--no-spec: the plain decode step is the one warmed up)
     warm_up(be if spec else SimpleNamespace(warmup=functools.partial(be.warmup, plain=True)), None)
-    err.print(f"ddprobe serve: {eng.preset} ({be.attn}, budget {eng.budget}, {'DDTree' if spec else 'greedy'}) on "
+    err.print(f"ddprobe serve: {eng.preset} ({be.attn}, {said}) on "
               f"http://{host}:{port}")
     run_server(be, host=host, port=port, spec=spec, max_body=body_bytes, body_read_s=body_timeout)
     import signal

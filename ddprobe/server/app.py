@@ -71,7 +71,9 @@ async def model_info(request: Request):
     s = served(request)
     return {"model_path": s.name, "tokenizer_path": "word-level", "is_generation": True,
             "max_context_length": s.backend.max_context(), "speculative_algorithm": "DDTREE" if s.spec else None,
-            "engine": s.backend.describe()}
+            # the draft shape served (serve --tree): ddtree or chain, and its nodes per step (a chain's: its depth)
+            "speculative_tree": getattr(s.backend, "tree_shape", None) if s.spec else None,
+            "speculative_budget": s.backend.budget if s.spec else None, "engine": s.backend.describe()}
 
 
 async def models(request: Request):
