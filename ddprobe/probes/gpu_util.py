@@ -88,7 +88,8 @@ def step_parts(summary: dict) -> dict[str, Any]:
     if not step or req.get("latency_floor_ms") is None or not req.get("bytes_floor_ms"):
         return {}
     lat = req["latency_floor_ms"]
-    w = parts_bound(lat, req["bytes_floor_ms"], req.get("compute_floor_ms"), sync_ms=req.get("sync_ms") or 0.0)
+    w = parts_bound(lat, req["bytes_floor_ms"], req.get("compute_floor_ms"), sync_ms=req.get("sync_ms") or 0.0,
+                    comm_ms=req.get("comm_ms") or 0.0)
     return {"step_parts": {"step_ms": step, "launch_ms": lat, "bytes_ms": w.ms, "work": f"{w.what} at {w.rate}",
                            "launch_share": lat / step, "bytes_share": w.ms / step, "kernels": req.get("kernels"),
                            "kernel_us": req.get("kernel_us"), "syncs": req.get("syncs"), "bound": w.bound,

@@ -150,7 +150,8 @@ def _launch_sentence(r: FloorRow, source: str | None) -> str:
     """The step's launch part against its bandwidth part (``step_model.gap_split``), or "" for an older file."""
     if r.latency_floor_ms is None or not r.kernels or not r.step_ms:
         return ""
-    w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms)
+    w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms, sync_ms=r.sync_ms or 0.0,
+                    comm_ms=r.comm_ms or 0.0)
     syncs = f" + {r.syncs} host syncs" if r.syncs else ""
     return (f" The floor counts the launches: {r.kernels:,} kernels x {r.kernel_us:.3g} us{syncs} = "
             f"{fmt_time(r.latency_floor_ms / 1e3)}, {r.latency_floor_ms / r.step_ms:.0%} of the measured step, "
@@ -177,7 +178,8 @@ def help_claim(commit: Result | None, floor: Result | None, verify: Result | Non
     novel = _series(commit.records, "novel") if commit else []
     r = _step_row(floor) if floor else None
     if r is not None and r.kernels and r.latency_floor_ms and r.step_ms and \
-            parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms).bound == "launch-bound":
+            parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms, sync_ms=r.sync_ms or 0.0,
+                    comm_ms=r.comm_ms or 0.0).bound == "launch-bound":
         parts.append(_launch_help(r, novel[-1].commit_len if novel else None))
     if r is not None and (r.gap or r.attn_gap or 0) > 2:
         tok = f"{novel[-1].commit_len:.2f} tokens" if novel else "few tokens"
@@ -217,7 +219,8 @@ def _launch_help(r: FloorRow, commit_len: float | None) -> str:
     """What would help a launch-bound step, with its numbers."""
     per = r.kernel_us or 0.0
     tok = f"{commit_len:.2f}" if commit_len else "its"
-    w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms)
+    w = parts_bound(r.latency_floor_ms, r.bytes_floor_ms, r.compute_floor_ms, sync_ms=r.sync_ms or 0.0,
+                    comm_ms=r.comm_ms or 0.0)
     return (f"The step is launch-bound: {r.kernels:,} kernels at least {per:.3g} us each are "
             f"{fmt_time(r.latency_floor_ms / 1e3)} of its {fmt_time(r.step_ms / 1e3)}, while its "
             f"{w.what} need {fmt_time(w.ms / 1e3)}. What helps: fewer kernels "
