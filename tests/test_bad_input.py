@@ -252,7 +252,7 @@ def test_piped_output_ends_in_a_newline_without_a_blank_line(tmp_path):
                         "--max-new-tokens", "2", "--json", str(tmp_path / "c.json")], capture_output=True, text=True,
                        env=env, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.endswith("\n") and p.stdout.count("commit length (") == 1
+    assert p.stdout.endswith("\n") and p.stdout.count("commit length, batch 1 (") == 1
     last_lines = p.stdout.rstrip("\n").split("\n")[-3:]
     assert all(line.strip() for line in last_lines), repr(last_lines)
     assert last_lines[-1].endswith("written to " + str(tmp_path / "c.json"))

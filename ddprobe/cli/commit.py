@@ -125,9 +125,12 @@ def commit(
         try:
             rows = run_tree_probe(be, configs or [None], ctxs, kinds, max_new_tokens, writer, seed=eng.seed,
                                   on_cell=add, progress=display)
-        finally:
-            _finish(writer, est, display, live, path, csv_path)
+        except BaseException:
+            _finish(writer, est, display, live, path, csv_path)  # what was measured is said even so
+            raise
+        _finish(writer, est, display, live, path, csv_path, say=False)
     say_notes(rows)
+    out.print(_written(writer, path, csv_path), highlight=False)  # the last line: where the results are
 
 
 class _Sweep(list):
@@ -160,11 +163,16 @@ def tree_sweep(backend: str, tree, budgets, chain_depths, eng: EngineOptions):
     return _Sweep(shapes, sizes, int_list(chain_depths, "--chain-depths") if chain_depths else None)
 
 
-def _finish(writer, est, display, live, path, csv_path) -> None:
+def _finish(writer, est, display, live, path, csv_path, say: bool = True) -> None:
     record_timing(writer, est, display)
+    if say:
+        live.console.print(_written(writer, path, csv_path))
+
+
+def _written(writer, path, csv_path) -> str:
     n = len(writer.result.rows)
-    live.console.print(f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else "") if n
-                       else "no cell measured: nothing written")
+    return (f"{n} cell(s) written to {path}" + (f" and {csv_path}" if csv_path else "") if n
+            else "no cell measured: nothing written")
 
 
 def say_notes(rows: list[dict]) -> None:

@@ -81,9 +81,13 @@ def print_fitted(title: str, cols: list[Col], rows: list[list[str]], styles: lis
         page = out.width
         out.width = max(page, natural_width(cols, rows))  # print clips to the console's width: widen it for this
         try:
-            out.print(table)
+            with out.capture() as cap:
+                out.print(table)
         finally:
             out.width = page
+        # a pipe or a file gets the lines without the padding rich adds (no trailing spaces, no blank last line)
+        text = "\n".join(line.rstrip() for line in cap.get().rstrip().splitlines())
+        out.print(text, highlight=False, markup=False, soft_wrap=True)
     line = left_out_line(gone)
     if line:
         out.print(line, highlight=False, style="dim")
