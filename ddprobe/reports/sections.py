@@ -15,7 +15,7 @@ from ..physics.step_model import bound_word
 from ..physics.step_shape import BELOW_FLOOR
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from ..signals import LABELS
-from . import bench, plots, plots_gpu, trace
+from . import bench, plots, plots_gpu, shapes, trace
 from .findings import findings
 from .plots import Figure
 from .table import Table  # noqa: F401  (Table is also this module's, for callers)
@@ -56,19 +56,30 @@ def meta_rows(path: Path, r: Result) -> list[tuple[str, str]]:
 
 
 def _commit(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
-    rows = sorted((x for x in r.records if x.commit_len is not None), key=lambda x: (x.text, x.ctx))
+    rows = sorted((x for x in r.records if x.commit_len is not None),
+                  key=lambda x: (x.text, x.ctx, x.tree or "", x.budget or 0))
     # SGLang's completion / verify (prefill token counted) beside commit_len, when the results carry it
     sgl = any(x.sglang_accept_length is not None for x in rows)
+    # a shape sweep (commit --tree): each row's shape and budget after its context, the plot one shape's line
+    sweep = len({(x.tree, x.budget) for x in rows}) > 1 and any(x.tree for x in rows)
     t = Table("Commit length per text kind and context",
-              ["text", "ctx", "prompt", "commit len"] + (["SGLang accept len"] if sgl else [])
+              ["text", "ctx"] + (["tree", "budget"] if sweep else []) + ["prompt", "commit len"]
+              + (["SGLang accept len"] if sgl else [])
               + ["p10-p90", "accepted", "drafts", "steps", "ms/step", "tok/s"],
-              [[x.text, fmt_tokens(x.ctx), _f(x.prompt_tokens, "d"), _f(x.commit_len, ".2f")]
+              [[x.text, fmt_tokens(x.ctx)] + ([str(x.tree or "-"), _f(x.budget, "d")] if sweep else [])
+               + [_f(x.prompt_tokens, "d"), _f(x.commit_len, ".2f")]
                + ([_f(x.sglang_accept_length, ".2f")] if sgl else [])
                + [f"{_f(x.commit_len_p10, '.0f')}-{_f(x.commit_len_p90, '.0f')}",
                   _f(x.accepted_depth, ".2f"), _f(x.drafts_per_step, ".1f"),
                   _f(x.verify_steps, "d"), _f(x.decode_ms_per_step, ".1f"),
                   _f(x.tokens_per_s, ".1f")] for x in rows])
-    tables = [t]
+    plotted = rows
+    if sweep:  # one line per text: the tree at its largest budget (the others are in the tables)
+        top = max(((x.tree == "ddtree", x.budget or 0) for x in rows))
+        plotted = [x for x in rows if (x.tree == "ddtree", x.budget or 0) == top]
+        t.note = (f"The plot: {'ddtree' if top[0] else rows[0].tree} at budget {top[1]}; every shape and budget "
+                  "is in the tables.")
+    tables = [t] + shapes.commit_tables(r)  # tree and chain side by side (issue 61)
     pos = [x for x in rows if x.cond_accept_per_pos]
     if pos:  # vLLM's per-position counters (or per_step_accepted): where along the draft acceptance stops
         n = max(len(x.cond_accept_per_pos) for x in pos)
@@ -78,7 +89,7 @@ def _commit(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
                              + [_f(c, ".2f") for c in (list(x.cond_accept_per_pos) + [None] * n)[:n]] for x in pos],
                             "pos p: steps whose draft token at p was accepted / those accepted at p - 1 (pos 0: / "
                             "verify steps), from the server's own per-position counts (accepted_per_pos)."))
-    return tables, [plots.commit_length(rows, f"{sid}-commit-length")] if rows else []
+    return tables, [plots.commit_length(plotted, f"{sid}-commit-length")] if rows else []
 
 
 def _ms(v: float | None) -> str:
@@ -198,14 +209,17 @@ def _generic(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
 
 def _advise(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     rows = r.records
+    shaped = any(x.tree for x in rows)  # advise --tree: each row's shape (a chain's budget is its depth)
     t = Table("Tokens/s with and without speculation",
-              ["path", "text", "ctx", "budget", "commit len", "verify", "decode", "spec tok/s", "plain tok/s", "x"],
-              [[x.path, x.text, fmt_tokens(x.ctx), _f(x.budget, "d"), _f(x.commit_len, ".3g"),
+              ["path", "text", "ctx"] + (["tree"] if shaped else []) + ["budget", "commit len", "verify", "decode",
+                                                                        "spec tok/s", "plain tok/s", "x"],
+              [[x.path, x.text, fmt_tokens(x.ctx)] + ([str(x.tree or "-")] if shaped else [])
+               + [_f(x.budget, "d"), _f(x.commit_len, ".3g"),
                 fmt_time(x.verify_ms / 1e3), fmt_time(x.decode_ms / 1e3), _f(x.spec_tok_s), _f(x.plain_tok_s),
                 _f(x.speedup, ".2f")] for x in rows],
               f"Plain decode: {r.summary.get('decode_source', '?')}. The floor rows put the verify step at the step "
               "model's floor (a verify kernel at physics).")
-    return [t], [plots.advise_tokens(rows, f"{sid}-tokens")] if rows else []
+    return [t] + shapes.advise_tables(r), [plots.advise_tokens(rows, f"{sid}-tokens")] if rows else []
 
 
 BUILDERS = {"commit": _commit, "floor": _floor, "bench-verify": _bench, "gpu-util": _gpu_util, "advise": _advise,
