@@ -427,9 +427,8 @@ FLOOR_FLAGS = ["--gpu", "--bw", "--tflops", "--tp", "--ep", "--dcp", "--weight-d
 
 @pytest.mark.parametrize("command", [
     "floor",
-    # the lead applies @floor_options to these (issue 63); each then XPASSes, and its marker goes
-    pytest.param("diagnose", marks=pytest.mark.xfail(strict=True, reason="floor options not applied yet")),
-    pytest.param("advise", marks=pytest.mark.xfail(strict=True, reason="floor options not applied yet")),
+    "diagnose",
+    "advise",
     "trace",
 ])
 def test_floor_commands_take_the_same_floor_options(command):

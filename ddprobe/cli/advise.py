@@ -9,7 +9,7 @@ import typer
 
 from ..units import DDProbeError, fmt_tokens, parse_step_times, parse_time_list, parse_token_list
 from .app import app
-from .floor_options import AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, TpOpt, WeightDtypeOpt
+from .floor_options import COMM, SHARDING, FloorOptions, floor_options
 from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
 from .tables import Col, print_fitted
 
@@ -37,7 +37,6 @@ FromOpt = Annotated[Optional[Path], _opt("--from", "A commit results file (any b
                                          "verify steps per text and context.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset of the step model (the plain decode step "
                                        "and the floor row).")]
-GpuOpt = Annotated[Optional[str], _opt("--gpu", "GPU preset (default h200).")]
 PathsOpt = Annotated[Optional[str], _opt("--paths", "Measured here (no typed numbers): the verify paths to time "
                                          "(default: sglang, or paged without it, and --attn auto's choice on a GPU, "
                                          "reference on the CPU).", True)]
@@ -62,31 +61,29 @@ OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write 
 
 @app.command()
 @errors_exit_1
+@floor_options(exclude=("budget",))  # advise's own --budget is the typed steps' tree
 def advise(
     tctx: typer.Context, ctx: CtxOpt = None, step_ms: StepMsOpt = None, commit_len: CommitLenOpt = None,
     decode_ms: DecodeMsOpt = None, budget: BudgetOpt = 8, path: PathOpt = "typed", text: TextOpt = "typed",
-    from_file: FromOpt = None, model: ModelOpt = "kimi-k2.6", gpu: GpuOpt = None, tp: TpOpt = 1, ep: EpOpt = 1,
-    dcp: DcpOpt = 1, weight_dtype: WeightDtypeOpt = "bf16", expert_dtype: ExpertDtypeOpt = None,
-    allreduce_us: AllreduceUsOpt = None, allreduce_from: AllreduceFromOpt = None, paths: PathsOpt = None,
+    from_file: FromOpt = None, model: ModelOpt = "kimi-k2.6", paths: PathsOpt = None,
     budgets: BudgetsOpt = "4,8", preset: PresetOpt = None, device: DeviceOpt = "auto", heads: HeadsOpt = None,
     texts: TextsOpt = "predictable,novel", steps: StepsOpt = 10, max_new_tokens: MaxNewOpt = 64,
     tree: TreeOpt = "ddtree,chain", chain_depths: ChainDepthsOpt = None,
-    as_json: JsonOpt = False, save: OutOpt = None, force: ForceOpt = False,
+    as_json: JsonOpt = False, save: OutOpt = None, force: ForceOpt = False, fo: FloorOptions = FloorOptions(),
 ):
     """Tokens/s with speculation (commit length / verify step) against without (1 / decode step) per context: the
-    crossover, the best budget per context, and a vLLM RFC #48627 table (context bucket -> speculative tokens)."""
+    crossover, the best budget per context, and a vLLM RFC #48627 table (context bucket -> speculative tokens).
+    The floor options shape --model's step model (the plain decode step, the floor row); measured here, the engine's
+    own (--gpu, --bw, --tflops, --launch-from)."""
     from ..probes.advise import advise_result, floats, measure_here, points_from_file, points_typed
-    from ..probes.floor import Sharding, served_model
     from ..physics.models import get_model
 
     if save is not None:  # never over its own input or results measured earlier, unless --force
         from .outputs import check_file
 
-        check_file("--out", save, force=force, inputs=[("--from", from_file), ("--allreduce-from", allreduce_from)],
-                   keep_existing=True)
-    sh = Sharding(tp=tp, ep=ep, dcp=dcp, weight_dtype=weight_dtype, expert_dtype=expert_dtype,
-                  allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None)
-    step_model, config = served_model(get_model(model), sh, gpu)
+        check_file("--out", save, force=force, inputs=[("--from", from_file),
+                                                      ("--allreduce-from", fo.allreduce_from)], keep_existing=True)
+    step_model, config = fo.floor_model(get_model(model))
     decode_source = None if decode_ms is None else "typed (--decode-ms)"
     if from_file is not None:
         if typed_flags(tctx, ("ctx", "step_ms", "commit_len")):
@@ -94,8 +91,11 @@ def advise(
         points = points_from_file(from_file, budget if typed_flags(tctx, ("budget",)) else None, lambda ctxs: _decode(
             decode_ms, ctxs, step_model), path, say=_note, spec=get_model(model))
     elif not (step_ms or commit_len or decode_ms):  # nothing typed: measure the engine here
-        points, step_model, config = measure_here(ctx, paths, budgets, preset, device, heads, texts, steps, gpu,
-                                                  max_new_tokens, _say, _note, _cells, tree, chain_depths)
+        _engine_floor_only(tctx)
+        points, step_model, config = measure_here(ctx, paths, budgets, preset, device, heads, texts, steps, fo.gpu,
+                                                  max_new_tokens, _say, _note, _cells, tree, chain_depths,
+                                                  rates={"bw_Bps": fo.bw_Bps(), "flops_per_s": fo.flops_per_s(),
+                                                         "launch": fo.launch(), "launch_any_gpu": fo.launch_any_gpu})
         decode_source = "measured: the engine's plain one-row decode step through the same path"
     else:
         if not (ctx and step_ms and commit_len):
@@ -114,6 +114,15 @@ def advise(
     _print(points, verdicts, result.summary)
     if save:
         out.print(f"results written to {save}")
+
+
+def _engine_floor_only(tctx: typer.Context) -> None:
+    """Measured here, the floor is the timed engine preset's own: the served model's sharding, dtypes, kernels and
+    communication do not apply (one line, before anything is measured)."""
+    given = typed_flags(tctx, SHARDING + COMM + ("kernels", "kv_dtype"))
+    if given:
+        raise DDProbeError(f"{', '.join(given)}: measured here, the floor is the timed engine preset's own (its "
+                           "weights, one GPU); these options shape --model's floor with typed steps or --from")
 
 
 def _say(m: str) -> None:  # what a measurement is doing, as it goes

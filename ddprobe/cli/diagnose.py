@@ -7,15 +7,14 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from ..units import DDProbeError, parse_bandwidth, parse_token_list
+from ..units import DDProbeError, parse_token_list
 from .app import app
 from ..probes.bench.estimate import fmt_duration
 from .commit import announce
 from .gpu_source import ExporterUrlOpt, MatchOpt, PromUrlOpt, SourceOpt
 from .outputs import check_folder
 from .progress import CellDisplay
-from .floor_options import COMM, SHARDING, AllreduceFromOpt, AllreduceUsOpt, DcpOpt, EpOpt, ExpertDtypeOpt, \
-    KernelsOpt, TpOpt, WeightDtypeOpt, note_dense
+from .floor_options import COMM, SHARDING, FloorOptions, floor_options, note_dense
 from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, engine_options, err, errors_exit_1, \
     out, typed_flags, warm_up
 
@@ -23,6 +22,7 @@ from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, en
 @app.command()
 @errors_exit_1
 @engine_options()
+@floor_options(exclude=("budget",))  # the engine options' --budget is the tree's
 def diagnose(
     tctx: typer.Context,
     ctx: Annotated[str, typer.Option("--ctx", help="Context lengths, k = 1024.")] = "1k,4k",
@@ -35,17 +35,6 @@ def diagnose(
     url: UrlOpt = None,
     timeout: TimeoutOpt = 600.0,
     model: Annotated[str, typer.Option("--model", help="Floor model preset for a server backend.")] = "kimi-k2.6",
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Floor GPU preset (default: the GPU NVML sees).")]
-    = None,
-    bw: Annotated[Optional[str], typer.Option("--bw", help="Floor bandwidth instead, e.g. 4.8TB/s.")] = None,
-    tp: TpOpt = 1,
-    ep: EpOpt = 1,
-    weight_dtype: WeightDtypeOpt = "bf16",
-    expert_dtype: ExpertDtypeOpt = None,
-    dcp: DcpOpt = 1,
-    allreduce_us: AllreduceUsOpt = None,
-    allreduce_from: AllreduceFromOpt = None,
-    kernels: KernelsOpt = None,
     source: SourceOpt = "nvml",
     prom_url: PromUrlOpt = None,
     match: MatchOpt = None,
@@ -53,19 +42,19 @@ def diagnose(
     force: ForceOpt = False,
     tree: Annotated[Optional[str], typer.Option("--tree", help="Draft shapes the decision compares on the engine: "
                                                 "ddtree, chain (default both).")] = None,
-    *, eng: EngineOptions,
+    *, eng: EngineOptions, fo: FloorOptions = FloorOptions(),
 ):
-    """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report."""
+    """The whole investigation in one run: commit length, GPU telemetry, floor, paged vs split; one report. The floor
+    options: --gpu defaults to the GPU NVML sees; the engine backend's floor uses its own weights and dtype."""
     import datetime as dt
 
     from ..probes.backends import make_backend
     from ..probes.commit import check_contexts
     from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
-    from ..physics.shapes import dtype_name
     from .gpu_source import check_source, open_source
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
-    bw_Bps, trees = _checked(tctx, backend, model, gpu, bw, max_new_tokens, decode_tokens, tp, ep, dcp, tree)
+    bw_Bps, trees = _checked(tctx, backend, model, fo, max_new_tokens, decode_tokens, tree)
     folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     if out_dir == "":
         raise DDProbeError("--out-dir: empty path (give a folder name)")
@@ -80,12 +69,8 @@ def diagnose(
     check_contexts(be, ctxs, max(max_new_tokens, decode_tokens))  # the longer of its two requests
     announce(eng, be)
     warm_up(be, None)  # outside every measured step, for the largest request
-    opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, gpu=gpu,
-                           bw_Bps=bw_Bps, model=model, seed=eng.seed, telemetry=telemetry, tp=tp, ep=ep,
-                           weight_dtype=dtype_name(weight_dtype),
-                           expert_dtype=dtype_name(expert_dtype or weight_dtype), dcp=dcp,
-                           allreduce_us=allreduce_us, allreduce_from=str(allreduce_from) if allreduce_from else None,
-                           kernels=kernels, trees=trees)
+    opts = DiagnoseOptions(ctxs=ctxs, max_new_tokens=max_new_tokens, decode_tokens=decode_tokens, bw_Bps=bw_Bps,
+                           model=model, seed=eng.seed, telemetry=telemetry, trees=trees, **_floor_fields(fo))
     report_path = folder / "report.html"
     run = Diagnose(be, opts, folder, say=lambda m: err.print(m, highlight=False, markup=False))
     run.estimate = diagnose_estimate(be, run, opts)
@@ -96,6 +81,17 @@ def diagnose(
         raise DDProbeError(f"no step of the diagnosis succeeded ({said}); {report_path} says why")
 
 
+def _floor_fields(fo: FloorOptions) -> dict:
+    """The floor options as ``DiagnoseOptions`` holds them (dtypes by their canonical names)."""
+    from ..physics.shapes import dtype_name
+
+    return dict(gpu=fo.gpu, tp=fo.tp, ep=fo.ep, dcp=fo.dcp, weight_dtype=dtype_name(fo.weight_dtype),
+                expert_dtype=dtype_name(fo.expert_dtype or fo.weight_dtype), kv_dtype=dtype_name(fo.kv_dtype),
+                allreduce_us=fo.allreduce_us, allreduce_from=str(fo.allreduce_from) if fo.allreduce_from else None,
+                kernels=fo.kernels, flops_per_s=fo.flops_per_s(), launch=fo.launch(),
+                launch_any_gpu=fo.launch_any_gpu)
+
+
 def _print_claims(claims: list, report_path: Path) -> None:
     for c in claims:
         out.print(f"[bold]{escape(c.title)}[/] " + (f"[yellow]\\[{c.status}][/] " if c.status != "ok" else "")
@@ -103,8 +99,8 @@ def _print_claims(claims: list, report_path: Path) -> None:
     out.print(f"report: {report_path}", highlight=False)
 
 
-def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], bw: Optional[str],
-             max_new_tokens: int, decode_tokens: int, tp: int, ep: int, dcp: int, tree: Optional[str]):
+def _checked(tctx: typer.Context, backend: str, model: str, fo: FloorOptions, max_new_tokens: int,
+             decode_tokens: int, tree: Optional[str]):
     """Refuse, before anything runs, what the steps would refuse later; returns the floor's bandwidth (--bw) and
     the draft shapes to compare (a server decides its own: --tree refused there)."""
     from ..probes.commit import tree_shapes
@@ -113,14 +109,15 @@ def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], 
     from ..physics.models import get_model
     from ..physics.gpus import get_gpu
 
-    if gpu is not None:
-        get_gpu(gpu)  # unknown names ('' included) fail before anything runs
+    tp, ep, dcp = fo.tp, fo.ep, fo.dcp
+    if fo.gpu is not None:
+        get_gpu(fo.gpu)  # unknown names ('' included) fail before anything runs
     if max_new_tokens < 2:  # the first token is the prefill's: commit length needs a verify step
         raise DDProbeError(f"--max-new-tokens must be at least 2, got {max_new_tokens}")
     if backend == "engine" and typed_flags(tctx, ("model",)):
         raise DDProbeError("--model: the engine backend's floor uses the engine's own model (--preset); --model is "
                            "for a server backend (sglang, vllm)")
-    sharding = typed_flags(tctx, SHARDING + COMM + ("kernels",))
+    sharding = typed_flags(tctx, SHARDING + COMM + ("kernels", "kv_dtype"))
     if backend == "engine" and sharding:
         raise DDProbeError(f"{', '.join(sharding)}: the engine backend's floor uses the engine's own weights; "
                            "these options are for a server backend (sglang, vllm)")
@@ -130,7 +127,10 @@ def _checked(tctx: typer.Context, backend: str, model: str, gpu: Optional[str], 
         spec.attn.check_tp(tp)
         Sharding(tp=tp, ep=ep, dcp=dcp)  # --dcp must divide --tp: refused before anything runs
         note_dense(spec, ep)
-    bw_Bps = parse_bandwidth(bw) if bw else None
+    bw_Bps = fo.bw_Bps()
+    from ..physics.plan import launch_for
+
+    launch_for(fo.launch(), fo.gpu, fo.launch_any_gpu)  # a file that cannot be read, or another GPU's: refused now
     check_decode_tokens(decode_tokens)
     if backend != "engine" and tree is not None:
         raise DDProbeError(f"--tree: the {backend} server decides its own draft shape; ddprobe cannot change it (its "

@@ -601,10 +601,13 @@ def advise_result(points: list[Point], config: dict, meta=None, *, step_model=No
 def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str | None, device: str,
                  heads: int | None, texts: str, steps: int, gpu_name: str | None, max_new_tokens: int,
                  say: Callable[[str], None] = lambda _m: None, note: Callable[[str], None] = lambda _m: None,
-                 progress=None, trees: str = "ddtree,chain", chain_depths: str | None = None):
+                 progress=None, trees: str = "ddtree,chain", chain_depths: str | None = None,
+                 rates: dict | None = None):
     """`advise` with no numbers given: the engine measured on this device (``measure``), with the defaults for it
     (``ctx``, ``paths``, ``preset``, ``heads`` None: this device's); the step model of the timed preset on this GPU
-    (None without a GPU preset to take bandwidth from) and the config to record. Returns (points, model, config)."""
+    (None without a GPU preset or a ``bw_Bps`` to take bandwidth from) and the config to record. ``rates``: the floor
+    options that shape the engine's own floor (bw_Bps, flops_per_s, launch, launch_any_gpu). Returns (points,
+    model, config)."""
     import dataclasses
 
     import torch
@@ -612,7 +615,6 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     from .. import verify_paths
     from ..physics.gpus import get_gpu, gpu_spec_for
     from ..units import parse_token_list
-    from .backends.engine import preset_step_model
 
     from .commit import int_list, tree_shapes
 
@@ -640,12 +642,25 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
     o.configs(TINY_DEPTH)  # a chain deeper than the drafter's block: one line before anything runs
     points = measure(o, say=say, progress=progress)
     spec = get_gpu(gpu_name) if gpu_name else (gpu_spec_for(torch.cuda.get_device_name()) if gpu else None)
-    model = preset_step_model(o.preset, o.heads, o.dtype, spec.bw_Bps, spec.bf16_flops) if spec else None
-    if model is not None:  # its launches: the structural least count at this GPU's least kernel time
-        from ..physics.step_model import with_launches
+    return points, engine_floor_model(o, spec, rates or {}), {"measured": dataclasses.asdict(o),
+                                                             "gpu": spec.name if spec else None}
 
-        model = with_launches(model, spec.name, None)
-    return points, model, {"measured": dataclasses.asdict(o), "gpu": spec.name if spec else None}
+
+def engine_floor_model(o, spec, rates: dict):
+    """The timed preset's step model on GPU ``spec`` (``rates``: --bw, --tflops, --launch-from in place of its
+    datasheet and shipped launch times); None without a bandwidth. Its launches: the structural least count."""
+    from ..physics.plan import launch_for
+    from ..physics.step_model import with_launches
+    from .backends.engine import preset_step_model
+
+    bw = rates.get("bw_Bps") or (spec.bw_Bps if spec else None)
+    if not bw:
+        return None
+    name = spec.name if spec else None
+    model = preset_step_model(o.preset, o.heads, o.dtype, bw, rates.get("flops_per_s") or
+                              (spec.bf16_flops if spec else None))
+    return with_launches(model, name, None, launch=launch_for(rates.get("launch"), name,
+                                                                rates.get("launch_any_gpu", False)))
 
 
 def _default_paths(preset: str, note: Callable[[str], None]) -> list[str]:

@@ -56,6 +56,10 @@ class DiagnoseOptions:
     # gpu_util_run's source ({"reader_factory", "window"}, ``cli.gpu_source.open_source``); None: NVML here
     telemetry: dict[str, Any] | None = None
     trees: tuple[str, ...] = ("ddtree",)  # draft shapes the decision compares (the engine: the chain too)
+    kv_dtype: str = "bf16"  # a server's KV cache dtype (the engine: its own)
+    flops_per_s: float | None = None  # the tensor rate instead of the GPU's datasheet (--tflops)
+    launch: Any = None  # a `bench launch` file's least kernel times (physics.gpus.KernelTime), else the GPU's
+    launch_any_gpu: bool = False
 
 
 COPY_BYTES = 256 * 2**20  # the copy that measures this machine's memory bandwidth when no GPU gives one
@@ -213,15 +217,18 @@ class Diagnose:
         if getattr(self.backend, "step_model", None) is not None:  # the embedded engine: its own weights, one GPU
             from .bench.step_times import engine_step_model
 
-            model = engine_step_model(self.backend, preset, bw, gpu.bf16_flops if gpu else None, decode_step=True)
+            model = engine_step_model(self.backend, preset, bw, o.flops_per_s or (gpu.bf16_flops if gpu else None),
+                                      decode_step=True, launch=o.launch, launch_any_gpu=o.launch_any_gpu)
             config.update(model=f"engine-{self.backend.describe().get('preset', '?')}", tp=1, ep=1, dcp=1,
                           weights="the engine's own", gpu=preset, bw_Bps=bw, flops_per_s=model.flops_per_s)
             result, rows = floor_result(model, ctxs, steps, queries=queries, config=config, meta=self.meta)
         else:  # a server: the model's weights on one GPU of the server's tp/ep/dcp, in its dtypes (as `floor`)
             sh = Sharding(tp=o.tp, ep=o.ep, dcp=o.dcp, weight_dtype=o.weight_dtype, expert_dtype=o.expert_dtype,
-                          allreduce_us=o.allreduce_us, allreduce_from=o.allreduce_from)
+                          kv_dtype=o.kv_dtype, allreduce_us=o.allreduce_us, allreduce_from=o.allreduce_from)
             model, result, rows = served_floor(get_model(o.model), sh, ctxs, steps, gpu=preset, bw_Bps=o.bw_Bps,
-                                               queries=queries, config=config, meta=self.meta, kernels=o.kernels)
+                                               flops_per_s=o.flops_per_s, queries=queries, config=config,
+                                               meta=self.meta, kernels=o.kernels, launch=o.launch,
+                                               launch_any_gpu=o.launch_any_gpu)
         self.step_model = model
         path = self.files["floor"] = self.out / "floor.json"
         result.save(path)

@@ -230,11 +230,13 @@ def floor_result(model: StepModel, ctxs: list[int], steps: list[float] | None, *
 
 def served_floor(spec, sh: Sharding, ctxs: list[int], steps: list[float] | None, *, gpu: str | None = None,
                  bw_Bps: float | None = None, flops_per_s: float | None = None, queries: int = 9,
-                 anatomy: bool | None = None, config: dict | None = None, meta=None, kernels: int | None = None):
+                 anatomy: bool | None = None, config: dict | None = None, meta=None, kernels: int | None = None,
+                 launch=None, launch_any_gpu: bool = False):
     """The floor + anatomy pipeline of a served model (`floor`, and `diagnose` with a server backend): its step model
     under ``sh`` on one GPU (``served_model``), then ``floor_result``; ``config`` (what the caller adds) comes first
     in the result's config. Returns (step model, Result of kind "floor", rows)."""
-    model, served = served_model(spec, sh, gpu, bw_Bps, flops_per_s, kernels)
+    model, served = served_model(spec, sh, gpu, bw_Bps, flops_per_s, kernels, launch=launch,
+                                 launch_any_gpu=launch_any_gpu)
     result, rows = floor_result(model, ctxs, steps, queries=queries, config={**(config or {}), **served}, meta=meta,
                                 anatomy=anatomy)
     return model, result, rows

@@ -244,14 +244,17 @@ def engine_kernels(eng, steps: int = 3, decode_step: bool = True) -> dict | None
     return {"ddtree": max(1, round(dd - fill)), "decode": round(dec) if dec else None, "syncs": round(syncs)}
 
 
-def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: float | None, decode_step: bool = False):
+def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: float | None, decode_step: bool = False,
+                      launch=None, launch_any_gpu: bool = False):
     """The embedded engine's step model (``backend.step_model``) with its launches: kernels per step counted on the
     GPU once per backend (``engine_kernels``, the plain step's too with ``decode_step``; the structural least count
     off CUDA or where not counted), at ``gpu``'s least kernel time."""
     from dataclasses import replace
 
+    from ...physics.plan import launch_for
     from ...physics.step_model import structural_kernels, with_launches
 
+    launch = launch_for(launch, gpu, launch_any_gpu)  # another GPU's file: refused unless asked (the planner's rule)
     m = backend.step_model(bw_Bps, flops_per_s)
     counts = getattr(backend, "kernel_counts", "unset")
     if counts == "unset":
@@ -261,7 +264,7 @@ def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: floa
             counts = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:160]}
         backend.kernel_counts = counts
     if not counts or "error" in counts:
-        m = with_launches(m, gpu, None)
+        m = with_launches(m, gpu, None, launch=launch)
         return replace(m, kernel_source=m.kernel_source + (f" (the GPU count failed: {counts['error']})"
                                                            if counts else ""))
     least = structural_kernels(m.attn.num_layers)
@@ -271,7 +274,7 @@ def engine_step_model(backend, gpu: str | None, bw_Bps: float, flops_per_s: floa
         return dd if rows > 1 else dec
     said = (f"counted on the GPU: {dd} per DDTree step, " +
             (f"{dec} per plain decode step" if counts.get("decode") else f"plain decode at least {least}"))
-    return with_launches(m, gpu, kernels, syncs=counts.get("syncs") or 0, counted=said)
+    return with_launches(m, gpu, kernels, syncs=counts.get("syncs") or 0, counted=said, launch=launch)
 
 
 def plain_decode_ms(eng, ctxs: list[int], steps: int = DEFAULT_STEPS) -> dict[int, float]:
