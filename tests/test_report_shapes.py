@@ -61,6 +61,8 @@ def test_markdown_report_shows_both_shapes_in_one_table(files):
     i, j = header.index("tree"), header.index("budget")
     assert sorted((r[0], r[i], r[j]) for r in rows) == sorted(
         (t, s, b) for t in ("novel", "predictable") for s in ("chain", "ddtree") for b in "24")
+    header, *rows = md_table(text, "Conditional acceptance per draft position")  # so does the per-position one
+    assert len({(r[0], r[header.index("tree")], r[header.index("budget")]) for r in rows}) == len(rows) == 8
     header, *rows = md_table(text, "Tree, chain or off (batch 1)")
     assert rows and {r[header.index("choice")].split("@")[0] for r in rows} <= {"ddtree", "chain", "off"}
     assert "tree" in md_table(text, "Tokens/s with and without speculation")[0]

@@ -84,8 +84,10 @@ def _commit(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     if pos:  # vLLM's per-position counters (or per_step_accepted): where along the draft acceptance stops
         n = max(len(x.cond_accept_per_pos) for x in pos)
         tables.append(Table("Conditional acceptance per draft position",
-                            ["text", "ctx", "steps"] + [f"pos {p}" for p in range(n)],
-                            [[x.text, fmt_tokens(x.ctx), _f(x.verify_steps, "d")]
+                            ["text", "ctx"] + (["tree", "budget"] if sweep else []) + ["steps"]
+                            + [f"pos {p}" for p in range(n)],
+                            [[x.text, fmt_tokens(x.ctx)] + ([str(x.tree or "-"), _f(x.budget, "d")] if sweep else [])
+                             + [_f(x.verify_steps, "d")]
                              + [_f(c, ".2f") for c in (list(x.cond_accept_per_pos) + [None] * n)[:n]] for x in pos],
                             "pos p: steps whose draft token at p was accepted / those accepted at p - 1 (pos 0: / "
                             "verify steps), from the server's own per-position counts (accepted_per_pos)."))

@@ -5,7 +5,9 @@
   ``prompt_tokens``, ``completion_tokens``, ``spec_verify_ct``, ``spec_accept_histogram`` (index =
   draft tokens accepted in a step), ``commit_len`` = ``spec_accept_length`` (per-step mean of tokens
   committed, a step cut by the limit counted as committed: never above min(budget, L) + 1) and
-  ``sglang_accept_length`` (SGLang's completion_tokens / spec_verify_ct); ``GET /get_model_info``.
+  ``sglang_accept_length`` (SGLang's completion_tokens / spec_verify_ct); ``GET /get_model_info`` (with
+  ``speculative_tree``, the one draft shape served, ``ddtree`` or ``chain`` (``serve --tree``), and its nodes per
+  step, ``speculative_budget``).
 - OpenAI / vLLM: ``POST /v1/completions`` (``stream: true``: OpenAI's server-sent events, one chunk per
   verify step, then ``data: [DONE]``), ``GET /v1/models``, ``POST /tokenize``, and ``GET /metrics``
   in Prometheus text with vLLM's counter names (spec decode, request success, tokens, queue gauges).
