@@ -23,12 +23,24 @@ def _span(ctxs: list[int]) -> str:
     return f"{fmt_tokens(min(ctxs))}-{fmt_tokens(max(ctxs))}" if len(set(ctxs)) > 1 else fmt_tokens(ctxs[0])
 
 
+def _drafter_cells(records) -> list:
+    """The cells the drafter is judged on: the tree's (a shape sweep's chain cells are the decision's), one per text
+    and context, at the largest budget measured there."""
+    best: dict = {}
+    for r in records:
+        if r.commit_len is None or getattr(r, "tree", None) not in (None, "ddtree"):
+            continue
+        key = (r.text, r.ctx)
+        if key not in best or (getattr(r, "budget", None) or 0) > (getattr(best[key], "budget", None) or 0):
+            best[key] = r
+    return list(best.values())
+
+
 def commit(result: Result) -> list[str]:
     """One line per text kind, judged by the same rules as the diagnosis (``diagnosis.FINE``, ``NOVEL_MAX``)."""
     by_text = defaultdict(list)
-    for r in result.records:
-        if r.commit_len is not None:
-            by_text[r.text].append(r)
+    for r in _drafter_cells(result.records):
+        by_text[r.text].append(r)
     out = []
     for text, rs in sorted(by_text.items()):
         rs.sort(key=lambda r: r.ctx)
