@@ -86,3 +86,20 @@ def test_a_file_without_shapes_keeps_its_tables():
     (s,) = render.build([ROOT / "examples/commit-tiny-cpu-long-2026-12-02.json"]).sections
     assert [t.title for t in s.tables][0] == "Commit length per text kind and context"
     assert "tree" not in s.tables[0].columns and not any("chain" in t.title for t in s.tables)
+
+
+def test_the_drafter_summary_reads_the_tree_once_per_context(files):
+    """A shape sweep's summary judges the drafter on the tree's cells, one per text and context (the largest budget):
+    never tree and chain cells of one context listed as if they were two contexts."""
+    import json
+
+    from ddprobe.reports import findings
+    from ddprobe.reports.load import load_one
+
+    lines = findings.commit(load_one(files["commit"]))
+    rows = json.loads(files["commit"].read_text())["rows"]
+    for text in ("predictable", "novel"):
+        (line,) = [x for x in lines if text in x.lower()]
+        assert line.count(" at 1k") == 1, line
+        tree4 = next(r for r in rows if r["text"] == text and r["tree"] == "ddtree" and r["budget"] == 4)
+        assert f"{tree4['commit_len']:.2f} at 1k" in line, line
