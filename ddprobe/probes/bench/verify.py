@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from ... import verify_paths
 from ...physics.gpus import DEFAULT_L2_BYTES, gpu_spec_for
-from ...physics.shapes import KIMI_K2, AttnShape, dtype_bytes, floor_s
+from ...physics.shapes import KIMI_K2, AttnShape, dtype_bytes
 from ...timing import copy_bandwidth_Bps, n_cache_sets, timed_eager, timed_graph
 from ...units import DDProbeError, UnitError, parse_tokens
 from . import peers
@@ -213,7 +213,12 @@ def ceilings(torch) -> dict[str, float]:
 
 
 def floor_of(nbytes: float, flops: float, ceil: dict) -> float:
-    return floor_s(nbytes, flops, bw_Bps=ceil["copy_GBps"] * 1e9, flops_per_s=ceil["bf16_mm_TFLOPs"] * 1e12)[0]
+    """The kernel floor in seconds over this run's measured ceilings (``step_model.kernel_floor``: the one
+    definition)."""
+    from ...physics.step_model import kernel_floor
+
+    return kernel_floor(nbytes, flops, copy_Bps=ceil["copy_GBps"] * 1e9,
+                        matmul_flops=ceil["bf16_mm_TFLOPs"] * 1e12).us / 1e6
 
 
 def rel_err(out, ref) -> float:
