@@ -77,14 +77,14 @@ def advise(
     own (--gpu, --bw, --tflops, --launch-from)."""
     from ..probes.advise import advise_result, floats, measure_here, points_from_file, points_typed
     from ..physics.models import get_model
+    from .outputs import check_file
 
     if save is not None:  # never over its own input or results measured earlier, unless --force
-        from .outputs import check_file
-
         check_file("--out", save, force=force, inputs=[("--from", from_file),
                                                       ("--allreduce-from", fo.allreduce_from)], keep_existing=True)
     step_model, config = fo.floor_model(get_model(model))
     decode_source = None if decode_ms is None else "typed (--decode-ms)"
+    _measured_only(tctx, from_file is not None or bool(step_ms or commit_len or decode_ms))
     if from_file is not None:
         if typed_flags(tctx, ("ctx", "step_ms", "commit_len")):
             raise DDProbeError("give --from or typed numbers (--ctx, --step-ms, --commit-len), not both")
@@ -114,6 +114,19 @@ def advise(
     _print(points, verdicts, result.summary)
     if save:
         out.print(f"results written to {save}")
+
+
+MEASURED_ONLY = ("paths", "budgets", "preset", "device", "heads", "texts", "steps", "max_new_tokens", "tree",
+                 "chain_depths")
+
+
+def _measured_only(tctx: typer.Context, typed: bool) -> None:
+    """Typed numbers or --from (``typed``): the options of a measurement here do not apply (one line, never ignored
+    unsaid: a typed chain would be priced as a tree)."""
+    given = typed_flags(tctx, MEASURED_ONLY) if typed else []
+    if given:
+        raise DDProbeError(f"{', '.join(given)}: only for a measurement here (no typed numbers, no --from); typed steps "
+                           "are one tree at --budget (a file's cells carry their own shapes)")
 
 
 def _engine_floor_only(tctx: typer.Context) -> None:

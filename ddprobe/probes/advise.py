@@ -175,7 +175,8 @@ def verdict(path: str, text: str, points: list[Point], decode_at=None, plain_mea
     v = Verdict(path, text, best, crossover(best), shapes=len({p.tree for p in points}))
     if v.crossover_ctx is None and len(best) > 1 and all(b["speedup"] < 1 for b in best):
         # the next context's point at the first context's best budget: the extension keeps one tree size
-        same = [p for p in by_ctx[best[1]["ctx"]] if p.budget == best[0]["best_budget_if_on"]]
+        same = [p for p in by_ctx[best[1]["ctx"]] if p.budget == best[0]["best_budget_if_on"] and
+                p.tree == best[0].get("tree", "ddtree")]  # the same draft: one size and one shape
         v.crossover_ctx = crossover_below(best[0], _best(same) if same else None, decode_at)
         v.crossover_extrapolated = v.crossover_ctx is not None
     v.loses_everywhere = all(b["speedup"] < 1 for b in best)
@@ -235,8 +236,9 @@ def rfc_table(v: Verdict) -> dict[str, int]:
         return {"0": v.best[0]["best_budget_if_on"], str(int(round(v.crossover_ctx))): 0}
     for i, b in enumerate(v.best):
         last = v.best[i - 1] if i else None  # the context measured just before this one
-        if last is not None and b["budget"] == last["budget"]:
-            continue
+        if last is not None and b["budget"] == last["budget"] and (b["budget"] == 0 or
+                                                                  b.get("tree") == last.get("tree")):
+            continue  # a new bucket where the budget or the shape (tree or chain of the same size) changes
         if last is None:
             start = 0
         elif b["budget"] == 0 and v.crossover_ctx is not None and last["ctx"] <= v.crossover_ctx <= b["ctx"]:
@@ -287,7 +289,10 @@ def decisions(points: list[Point], verdicts: list[Verdict]) -> list[dict]:
         ranked = sorted(opts.items(), key=lambda kv: -kv[1])
         choice = ranked[0][0]
         if choice == "off" and not measured.get((path, text), True):
-            choice = f"{ranked[1][0]} (off unproven)"
+            # off against a modelled plain step proves nothing: the best speculation is kept, and its margin is
+            # over the next speculative option (its ratio to plain-at-its-floor is below 1 and said by "unproven")
+            ranked = ranked[1:]
+            choice = f"{ranked[0][0]} (off unproven)"
         out.append({"path": path, "text": text, "ctx": ctx, "batch": BATCH, "choice": choice,
                     "margin": ranked[0][1] / ranked[1][1] if len(ranked) > 1 and ranked[1][1] else None,
                     **{f"{t}_{'budget' if t == 'ddtree' else 'depth'}": p.budget if p else None
@@ -534,9 +539,9 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     if left:
         say(f"note: {left} of {len(cells)} cells have no commit length or step time: left out")
     if any(x.tree is None for x in cells):
-        why = "a file from before shapes" if r.config.get("backend", "engine") == "engine" else \
+        shape_why = "a file from before shapes" if r.config.get("backend", "engine") == "engine" else \
             f"the {r.config.get('backend')} server decides its own shape"
-        say(f"note: {path} says no draft shape ({why}): its cells are treated as ddtree")
+        say(f"note: {path} says no draft shape ({shape_why}): its cells are treated as ddtree")
     pts = points_from_commit(r.rows, {**r.config, "budget": budget}, dict(zip(ctxs, decode(ctxs))),
                              str(r.config.get("attn") or r.config.get("backend") or label), str(path))
     for p in pts:
@@ -553,8 +558,9 @@ def floor_points(points: list[Point], step_model) -> list[Point]:
     budget: the verify step's floor against the plain one-row step's floor (like with like: physics against physics;
     the measured points stay beside them)."""
     pts = [Point(FLOOR_PATH, p.text, p.ctx, p.budget, p.commit_len, step_model.cost(p.ctx, p.budget + 1).floor_ms,
-                 step_model.cost(p.ctx, 1).floor_ms, "step model: verify and plain decode at their floors")
-           for p in {(q.text, q.ctx, q.budget): q for q in points}.values()]
+                 step_model.cost(p.ctx, 1).floor_ms, "step model: verify and plain decode at their floors",
+                 tree=p.tree)
+           for p in {(q.tree, q.text, q.ctx, q.budget): q for q in points}.values()]  # a tree and a chain apart
     return pts
 
 
