@@ -203,8 +203,8 @@ def print_provenance(rows: list[dict]) -> None:
         return
     order = {k: i for i, k in enumerate(dict.fromkeys(r["text"] for r in known))}
     known.sort(key=lambda r: (order[r["text"]], r["ctx"], r.get("budget") or 0, r.get("tree") or ""))
-    cols = [Col("text", 0, "left"), Col("ctx"), Col("tree", 0, "left"), Col("budget"), Col("commit"), Col("spine"),
-            Col("gain"), Col("siblings"), Col("accepted per depth", 1, "left"), Col("spine bugs")]
+    cols = [Col("text", 0, "left"), Col("ctx"), Col("tree", 0, "left"), Col("budget"), Col("commit"), Col("spine", 3),
+            Col("gain", 2), Col("siblings", 2), Col("accepted per depth", 4, "left"), Col("spine bugs")]
     table = [[r["text"], fmt_tokens(r["ctx"]), str(r.get("tree")), str(r.get("budget")), f"{r['ran_commit_len']:.2f}",
               f"{r['spine_commit_len']:.2f}", f"{r['gain_over_spine']:.2f}x", f"{r['sibling_share']:.0%}",
               " ".join("-" if c is None else f"{c:.2f}" for c in r.get("cond_accept_per_pos") or []),
