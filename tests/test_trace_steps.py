@@ -331,3 +331,18 @@ def as_rank(src: Path, dst: Path, rank: int) -> Path:
 def test_diff_refuses_the_options_it_does_not_take(extra, name, tmp_path):
     r = cli("trace", "diff", SGL, SPLIT, *extra, "-o", tmp_path / "o.json")
     assert r.returncode == 1 and f"not {name}" in r.stderr and not (tmp_path / "o.json").exists()
+
+
+def test_a_plain_decode_step_is_floored_as_one_row_from_its_labels(tmp_path):
+    """The labels say each step's query rows (SGLang's g_sq over bs): a plain decode step is floored as one row per
+    request, a verify step as its B + 1, whatever --queries says (the one-row step reads fewer experts)."""
+    def decode(i):
+        return f"step[DECODE bs=1 g_sq=1 g_sqsq=1 g_sqsk=1 g_sk={32768 + i}]"
+
+    def verify(i):
+        return f"step[TARGET_VERIFY bs=1 g_sq=9 g_sqsq=81 g_sqsk=1 g_sk={32768 + i}]"
+    one = run_trace([labelled(SPLIT, tmp_path / "d.trace.json.gz", decode)], model="k2")[0].rows[0]
+    nine = run_trace([labelled(SPLIT, tmp_path / "v.trace.json.gz", verify)], model="k2")[0].rows[0]
+    assert one["mode"] == "decode" and "1 query rows per request, from the step labels" in one["floor_from"]
+    assert "9 query rows per request" in nine["floor_from"]
+    assert one["floor_ms"] < nine["floor_ms"]  # k2's top-8 of 48 experts: one row touches 8, nine rows about 39

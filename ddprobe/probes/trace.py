@@ -267,7 +267,10 @@ def rank_row(r: RankResult, tm: TraceModel | None) -> dict:
                    ctx_labels=int(statistics.median(f.contexts)) if f.contexts else None)
     if tm is not None:
         model, said = rank_floor(r, tm)
-        cost = model.cost(tm.ctx * _batch(r), tm.rows * _batch(r))
+        rows = getattr(f, "rows", None) or tm.rows  # the labels' rows per request (1: a plain decode step) first
+        if getattr(f, "rows", None):
+            said += f"; {rows} query rows per request, from the step labels"
+        cost = model.cost(tm.ctx * _batch(r), rows * _batch(r))
         row.update(floor_ms=cost.floor_ms, gap=s.median_span_ms / cost.floor_ms, binds=cost.binds,
                    floor_from=said, kernels_per_step=cost.kernels, ctx=tm.ctx, ctx_from=tm.ctx_from)
     return row

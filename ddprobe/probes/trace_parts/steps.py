@@ -48,6 +48,7 @@ class Steps:
     mode: str | None = None  # labels: the mode measured ("verify", "decode", "extend", "mixed")
     contexts: list[int] = field(default_factory=list)  # labels: each measured step's context per request
     batch: int | None = None  # labels: requests per step (the median)
+    rows: int | None = None  # labels: query rows per request per step (the median: 1 for plain decode, B+1 verify)
     period_ms: float | None = None  # median start-to-start time of consecutive steps
 
 
@@ -140,6 +141,21 @@ def parse_label(name: str) -> tuple[str, int, int | None]:
                        "execute_context_C(..)_generation_G(..)")
 
 
+def label_rows(name: str) -> int | None:
+    """Query rows per request of a decode or verify step's label (SGLang's g_sq over bs, vLLM's generation sq over
+    its requests), or None where the label does not say."""
+    m = SGLANG.match(name)
+    if m:
+        keys = dict(kv.split("=", 1) for kv in m["rest"].split() if "=" in kv)
+        sq, bs = keys.get("g_sq"), int(m["bs"])
+        return int(sq) // bs if sq and sq.isdigit() and bs and int(sq) >= bs else None
+    m = VLLM.match(name)
+    if m and int(m["g"]):
+        sq = re.search(r"sq[=_:]?(\d+)", m["gin"])
+        return int(sq.group(1)) // int(m["g"]) if sq and int(sq.group(1)) >= int(m["g"]) else None
+    return None
+
+
 def by_labels(t: Trace, kernels: list[Kernel]) -> Steps | None:
     labels = getattr(t, "labels", None)
     if not labels:
@@ -157,7 +173,10 @@ def by_labels(t: Trace, kernels: list[Kernel]) -> Steps | None:
     said = (f"{len(keep)} {mode} steps by the server's {side} step labels ({marks[0][0][:60]} ...)"
             + (f", context {min(ctxs):,}-{max(ctxs):,} tokens" if ctxs else ", no context in the labels")
             + f", batch {batch}" + (f"; set apart: {apart} steps" if apart else ""))
-    return Steps("labels", said, [ks for _, ks in keep], mode=mode, contexts=ctxs, batch=batch)
+    rows = [label_rows(m[0]) for m, ks in zip(marks, windows) if ks]  # aligned with ``parsed``
+    kept_rows = [r for (p, _), r in zip(parsed, rows) if p[0] == mode and r]
+    return Steps("labels", said, [ks for _, ks in keep], mode=mode, contexts=ctxs, batch=batch,
+                 rows=int(statistics.median(kept_rows)) if kept_rows else None)
 
 
 def _units(kernels: list[Kernel], graph_corr: set[int]) -> list[tuple[str, list[Kernel]]]:
