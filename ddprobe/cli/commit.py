@@ -200,6 +200,10 @@ def print_provenance(rows: list[dict]) -> None:
 
     known = [r for r in rows if r.get("spine_commit_len") is not None]
     if not known:
+        if any(r.get("backend") == "engine" for r in rows):  # the GPU's device tree walk keeps no per-step ranks
+            err.print("note: no per-step sibling ranks recorded (the engine's device tree walk, CUDA graphs at "
+                      "temperature 0, keeps none): where the commits come from and the spine check need "
+                      "--no-graphs", highlight=False, soft_wrap=True)
         return
     order = {k: i for i, k in enumerate(dict.fromkeys(r["text"] for r in known))}
     known.sort(key=lambda r: (order[r["text"]], r["ctx"], r.get("budget") or 0, r.get("tree") or ""))
