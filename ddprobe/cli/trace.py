@@ -135,7 +135,7 @@ def print_diff(result) -> None:
                   f"({k['delta_ms']:+,.3f})", highlight=False)
     for what in ("added", "gone"):
         if d[what]:
-            out.print(f"  {what}: {'; '.join(n[:50] for n in d[what][:6])}", highlight=False, soft_wrap=True)
+            out.print(f"  {what}: {'; '.join(n[:100] for n in d[what][:6])}", highlight=False, soft_wrap=True)
 
 
 def _model(name: str) -> None:
