@@ -418,6 +418,16 @@ class TraceRow(Row):
     attn_vs_kernel_floor: Ratio | None = None
     floor_ms: Ms | None = None  # the whole step's floor (the step model)
     gap: Ratio | None = None  # step / floor
+    binds: str | None = None  # the floor's bound word (physics.step_model.step_bound, without "-bound")
+    floor_from: str | None = None  # where the floor's kernels, launches, communication and rows come from
+    kernels_per_step: Count | None = None  # the kernels the floor counts per step
+    ctx: Context | None = None  # the context the floor is at (per request)
+    ctx_from: str | None = None  # "--ctx" or "the step labels"
+    period_ms: Ms | None = None  # median start-to-start time of consecutive steps
+    graphs: bool | None = None  # the steps' kernels were replayed from CUDA graphs
+    mode: str | None = None  # the step labels' mode measured: verify, decode, extend, mixed
+    batch: Count | None = None  # the step labels' requests per step
+    ctx_labels: Context | None = None  # the step labels' median context per request
     extra: dict = field(default_factory=dict)
 
 
