@@ -85,8 +85,12 @@ def test_cli_without_a_terminal_is_one_plain_line_per_cell(tmp_path):
                           "[3/4] predictable @ 256: prefill 256 tokens, decode 8",
                           "[4/4] predictable @ 512: prefill 512 tokens, decode 8"]
     assert "prefill" not in r.stdout.split("commit length")[0]  # nothing of the progress on stdout
-    table_rows = [line.split()[:2] for line in r.stdout.splitlines() if line.lstrip().startswith(("novel", "predictable"))]
-    assert table_rows == [["novel", "256"], ["novel", "512"], ["predictable", "256"], ["predictable", "512"]]
+    main, provenance = r.stdout.split("where the commits come from")  # the commit table, then where they come from
+    for table in (main, provenance):
+        table_rows = [line.split()[:2] for line in table.splitlines()
+                      if line.lstrip().startswith(("novel", "predictable"))]
+        assert table_rows == [["novel", "256"], ["novel", "512"], ["predictable", "256"], ["predictable", "512"]]
+    assert r.stdout.rstrip().splitlines()[-1] == f"4 cell(s) written to {path} and {csv}"  # the last line
     rows = Result.load(path).rows
     assert [(row["text"], row["ctx"]) for row in rows] == [("novel", 256), ("novel", 512), ("predictable", 256),
                                                            ("predictable", 512)]

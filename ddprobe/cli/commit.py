@@ -130,7 +130,7 @@ def commit(
             raise
         _finish(writer, est, display, live, path, csv_path, say=False)
     say_notes(rows)
-    out.print(_written(writer, path, csv_path), highlight=False)  # the last line: where the results are
+    out.print(_written(writer, path, csv_path), highlight=False, soft_wrap=True)  # the last line: where the results are
 
 
 class _Sweep(list):
