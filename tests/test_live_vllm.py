@@ -445,6 +445,12 @@ def test_request_beyond_max_model_len_and_wrong_model(spec_server, tmp_path):
     line = error_line(ddprobe("commit", "--backend", "vllm", "--url", spec_server.url, "--ctx", "2k",
                               "--json", str(tmp_path / "x.json")))
     assert f"beyond the {MAX_LEN:,} tokens the vllm backend reaches" in line
+    # the arithmetic adds up: context + new + margin (the verify rows the server drafts, when it says, + slack)
+    import re
+    m = re.search(r"([\d,]+) \+ (\d+) new \+ (\d+) margin \(.*\) = ([\d,]+), beyond", line)
+    assert m, line
+    ctx, new, margin, total = (int(g.replace(",", "")) for g in m.groups())
+    assert ctx + new + margin == total > MAX_LEN and "of context fit" in line
     assert not (tmp_path / "x.json").exists()
     with pytest.raises(BackendError) as e:  # past ddprobe's own check: vLLM's 400, in one line
         VLLMBackend(spec_server.url).generate([5] * (MAX_LEN + 10), 8)

@@ -126,8 +126,14 @@ def check_contexts(backend: Backend, ctxs: list[int], max_new_tokens: int, kinds
         too_long = [c for c in ctxs if request_tokens(c, max_new_tokens, budget) > limit]
         if too_long:
             c = too_long[0]
-            raise DDProbeError(f"context {fmt_tokens(c)} ({c:,} tokens) + {max_new_tokens} new tokens is beyond the "
-                               f"{limit:,} tokens the {backend.name} backend reaches")
+            rows = int(budget) + 1 if isinstance(budget, int) else 0
+            margin = CONTEXT_SLACK + rows
+            said = f"{rows} verify rows + {CONTEXT_SLACK} slack" if rows else f"{CONTEXT_SLACK} slack"
+            fits = limit - max_new_tokens - margin
+            raise DDProbeError(f"context {fmt_tokens(c)}: {c:,} + {max_new_tokens} new + {margin} margin ({said}) = "
+                               f"{request_tokens(c, max_new_tokens, budget):,}, beyond the {limit:,} tokens the "
+                               f"{backend.name} backend reaches" + (f"; at most {fits:,} of context fit" if fits > 0
+                                                                     else ""))
     return limit
 
 
