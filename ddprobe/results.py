@@ -254,7 +254,7 @@ class ResultWriter:
         """Append one row, checked against its kind's schema first: a probe that writes a bad row is a bug
         (``DDProbeError`` naming the field; nothing is written and the rows already measured stay saved)."""
         where = f"{self.path or 'results'}: row {len(self.result.rows) + 1}"
-        _schema.parse_row(self.result.kind, _finite(row), where, self.result.config)
+        _schema.parse_row(self.result.kind, _finite(row), where, self.result.config, measured=True)
         self.result.rows.append(row)
         self.flush()
 

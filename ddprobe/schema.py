@@ -437,8 +437,11 @@ KINDS: dict[str, type] = {"floor": FloorRow, "commit": CommitRow, "gpu-util": Gp
                           "trace": TraceRow}
 
 
-def parse_row(kind: str, row: Any, where: str, config: dict | None = None) -> Row:
-    """One row of a ``kind`` file as its typed row; ``where`` starts the one-line error ("FILE: row 3")."""
+def parse_row(kind: str, row: Any, where: str, config: dict | None = None, measured: bool = False) -> Row:
+    """One row of a ``kind`` file as its typed row; ``where`` starts the one-line error ("FILE: row 3").
+    ``measured``: a row a probe is about to write (the error says the measurement was refused, not the user's
+    file)."""
+    of = f"{where}: a measured {kind} row refused, not written" if measured else f"{where} of this {kind} file"
     cls = KINDS.get(kind)
     if cls is None:
         raise DDProbeError(f"{where}: no schema for kind {kind!r} (known: {', '.join(KINDS)})")
@@ -449,17 +452,17 @@ def parse_row(kind: str, row: Any, where: str, config: dict | None = None) -> Ro
     for f in specs:
         if f.name not in row:
             if f.required:
-                raise DDProbeError(f"{where} of this {kind} file: {f.name!r} is missing (required)")
+                raise DDProbeError(f"{of}: {f.name!r} is missing (required)")
             continue
         why = f.problem(row[f.name])
         if why:
-            raise DDProbeError(f"{where} of this {kind} file: {f.name!r} {why}")
+            raise DDProbeError(f"{of}: {f.name!r} {why}")
         values[f.name] = float(row[f.name]) if f.base is float and row[f.name] is not None else row[f.name]
     names = {f.name for f in specs}
     typed = cls(**values, extra={k: v for k, v in row.items() if k not in names})
     why = typed.problem(config or {})
     if why:
-        raise DDProbeError(f"{where} of this {kind} file: {why}")
+        raise DDProbeError(f"{of}: {why}")
     return typed
 
 

@@ -59,9 +59,10 @@ def test_a_probe_that_writes_a_bad_row_raises_and_keeps_what_it_measured(tmp_pat
     w = ResultWriter(Result(kind="commit", meta=RunMeta.collect(probe_gpu=False), config={"budget": 8}), path)
     w.add({"ctx": 1024, "text": "novel", "commit_len": 1.2, "decode_ms_per_step": 3.0})
     cases = [({"ctx": 2048, "text": "novel", "commit_len": 9.5},
-              "row 2 of this commit file: 'commit_len' is 9.5 tokens/step (must be <= budget + 1, 9)"),
+              "row 2: a measured commit row refused, not written: 'commit_len' is 9.5 tokens/step (must be <= "
+              "budget + 1, 9)"),
              ({"ctx": 2048, "text": "novel", "commit_len": 1.5, "prefill_s": -0.1},
-              "row 2 of this commit file: 'prefill_s' is -0.1 s (must be >= 0)"),
+              "row 2: a measured commit row refused, not written: 'prefill_s' is -0.1 s (must be >= 0)"),
              ({"ctx": 0, "text": "novel", "commit_len": 1.5}, "'ctx' is 0 tokens (must be >= 1)"),
              ({"ctx": 2048, "commit_len": 1.5}, "'text' is missing (required)")]
     for row, msg in cases:
