@@ -430,6 +430,27 @@ class TraceRow(Row):
     ctx_labels: Context | None = None  # the step labels' median context per request
     extra: dict = field(default_factory=dict)
 
+    def problem(self, config: dict) -> str | None:
+        """What no trace can say: busy or idle time beyond the step's span, span != busy + idle, a class's time per
+        step beyond the span plus the overlap (summed kernel time counts overlapping work twice), a gap that is not
+        step / floor. (A class's time is a mean over the steps and the span the median step's: twice is the room.)"""
+        span, tol = self.step_ms, 1e-6 + 0.01 * self.step_ms
+        for name in ("busy_ms", "idle_ms"):
+            v = getattr(self, name)
+            if v is not None and v > span + tol:
+                return f"'{name}' is {v:g} ms, beyond the step's span 'step_ms' {span:g} ms"
+        if self.busy_ms is not None and self.idle_ms is not None and abs(self.busy_ms + self.idle_ms - span) > tol:
+            return f"'busy_ms' {self.busy_ms:g} + 'idle_ms' {self.idle_ms:g} is not the span 'step_ms' {span:g} ms"
+        room = 2 * (span + (self.overlap_ms or 0.0)) + tol
+        for name in ("attention_ms", "moe_ms", "gemm_ms", "communication_ms", "norm_elementwise_ms",
+                     "sampling_tree_ms", "other_ms"):
+            v = getattr(self, name)
+            if v is not None and v > room:
+                return f"'{name}' is {v:g} ms per step, over twice the span {span:g} ms plus the overlap"
+        if self.gap is not None and self.floor_ms and abs(self.gap - span / self.floor_ms) > 0.01 * self.gap + 1e-9:
+            return f"'gap' is {self.gap:g}, not step / floor ({span:g} / {self.floor_ms:g} ms)"
+        return None
+
 
 KINDS: dict[str, type] = {"floor": FloorRow, "commit": CommitRow, "gpu-util": GpuUtilRow,
                           "bench-verify": BenchVerifyRow, "allreduce": AllreduceRow, "advise": AdviseRow,

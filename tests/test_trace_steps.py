@@ -346,3 +346,21 @@ def test_a_plain_decode_step_is_floored_as_one_row_from_its_labels(tmp_path):
     assert one["mode"] == "decode" and "1 query rows per request, from the step labels" in one["floor_from"]
     assert "9 query rows per request" in nine["floor_from"]
     assert one["floor_ms"] < nine["floor_ms"]  # k2's top-8 of 48 experts: one row touches 8, nine rows about 39
+
+
+@pytest.mark.parametrize("key, times, says", [("idle_ms", 30.0, "beyond the step's span"),
+                                              ("attention_ms", 100.0, "over twice the span"),
+                                              ("gap", 0.1, "not step / floor")])
+def test_a_trace_results_file_with_impossible_times_is_refused(tmp_path, key, times, says):
+    """A trace results file is believed only where its numbers can be (issue 65: idle or class time beyond the step,
+    a gap that is not step / floor made a report): one line naming the field, on load (report, gate)."""
+    from ddprobe.results import Result
+
+    res, _ = run_trace([SPLIT], model="k2", ctx=32768)
+    res.save(tmp_path / "ok.json")
+    assert Result.load(tmp_path / "ok.json").rows  # the real file loads
+    doc = json.loads((tmp_path / "ok.json").read_text())
+    doc["rows"][0][key] *= times
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(DDProbeError, match=f"row 1 of this trace file: '{key}' .*{says}"):
+        Result.load(tmp_path / "bad.json")
