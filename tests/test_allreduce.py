@@ -49,7 +49,7 @@ def test_the_measured_file_feeds_the_floor(measured):
     out, _ = measured
     d = json.loads(out.read_text())
     us = next(r["us"] for r in d["rows"] if r["label"].startswith("verify"))
-    res = runner.invoke(app, ["floor", "--model", "kimi-k2.6", "--gpu", "h200", "--tp", "2", "--queries", "5", "--ctx",
+    res = runner.invoke(app, ["floor", "--model", "kimi-k2.6", "--gpu", "h200", "--tp", "2", "--budget", "4", "--ctx",
                               "32k", "--allreduce-from", str(out)])
     assert res.exit_code == 0, res.output
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("communication:"))

@@ -54,7 +54,7 @@ def _cases(tmp: Path):
         ("replay with compile", ["gpu-util", "--replay", REPLAY, "--compile", "--json", d + "/g.json"], 1,
          r"--compile would be ignored"),
         ("floor step 1e-300", ["floor", "--step-ms", "1e-300"], 1, r"--step-ms: bad step time '1e-300'"),
-        ("floor queries 1e9", ["floor", "--queries", "1000000000"], 1, r"--queries: bad query rows 1000000000"),
+        ("floor budget 1e9", ["floor", "--budget", "1000000000"], 1, r"--budget: must be in 1..4096, got 1000000000"),
         ("floor bw 1e-300GB/s", ["floor", "--bw", "1e-300GB/s"], 1, r"--bw: bad bandwidth '1e-300GB/s'"),
         ("floor tflops inf", ["floor", "--tflops", "inf"], 1, r"--tflops: bad FLOP rate inf"),
         # outputs checked before anything is measured

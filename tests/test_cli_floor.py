@@ -118,7 +118,7 @@ def test_config_files_match_presets(tmp_path):
     (["--gpu", "tpu-v9"], "unknown GPU 'tpu-v9'; known: rtx-pro-6000"),
     (["--ctx", "12x"], "bad token count '12x'"),
     (["--ctx", "0"], "greater than zero"),
-    (["--queries", "0"], "--queries: bad query rows 0: must be between 1 and 65536"),
+    (["--budget", "0"], "--budget: must be in 1..4096, got 0"),
     (["--tp", "-2"], "--tp must be at least 1"),
     (["--bw", "fast"], "bad bandwidth 'fast'"),
     (["--bw", "0TB/s"], "greater than zero"),
@@ -414,11 +414,10 @@ def test_kernels_against_a_counted_file_and_budget_against_queries(tmp_path):
     r = run("floor", "--steps-from", str(f), "--kernels", "300")
     assert r.exit_code == 1 and "--kernels 300 contradicts" in r.output and "counted 1424" in r.output
     assert run("floor", "--steps-from", str(f), "--kernels", "1424").exit_code == 0
-    r = run("floor", "--budget", "8", "--queries", "9")
-    assert r.exit_code == 1 and "give --budget or --queries, not both" in r.output
+    assert run("floor", "--queries", "9").exit_code == 2  # one name for the tree: --budget
     rows = [json.loads(run("floor", "--ctx", "1k", "--json", *a).output)["rows"][0]["rows"]
-            for a in ((), ("--budget", "3"), ("--queries", "4"))]
-    assert rows == [9, 4, 4]
+            for a in ((), ("--budget", "3"))]
+    assert rows == [9, 4]
 
 
 FLOOR_FLAGS = ["--gpu", "--bw", "--tflops", "--tp", "--ep", "--dcp", "--weight-dtype", "--expert-dtype", "--kv-dtype",

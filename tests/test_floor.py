@@ -199,7 +199,7 @@ def test_table_step_times():
 
 
 @pytest.mark.parametrize("kwargs,msg", [
-    ({"queries": 0}, "--queries"), ({"tp": 0}, "tp must be a positive integer"), ({"bw_Bps": -1}, "bandwidth"),
+    ({"queries": 0}, "at least 1 row"), ({"tp": 0}, "tp must be a positive integer"), ({"bw_Bps": -1}, "bandwidth"),
     ({"bw_Bps": float("nan")}, "bandwidth"),
     ({"kv_dtype": "int2"}, "unknown dtype"), ({"tp": 128}, "does not divide"), ({"tp": 3}, "does not divide"),
     ({"tp": 8, "dcp": 3}, "--dcp 3 does not divide --tp 8"), ({"dcp": 0}, "--dcp must be a positive integer"),

@@ -335,7 +335,7 @@ def test_diff_refuses_the_options_it_does_not_take(extra, name, tmp_path):
 
 def test_a_plain_decode_step_is_floored_as_one_row_from_its_labels(tmp_path):
     """The labels say each step's query rows (SGLang's g_sq over bs): a plain decode step is floored as one row per
-    request, a verify step as its B + 1, whatever --queries says (the one-row step reads fewer experts)."""
+    request, a verify step as its B + 1, whatever --budget says (the one-row step reads fewer experts)."""
     def decode(i):
         return f"step[DECODE bs=1 g_sq=1 g_sqsq=1 g_sqsk=1 g_sk={32768 + i}]"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, parse_rows, \
+from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, \
     parse_step_times, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import FloorOptions, check_latency, floor_options
@@ -30,8 +30,6 @@ def floor(
     config: Annotated[Optional[Path], typer.Option("--config", help="Hugging Face config.json instead of a preset "
                                                                     "(MLA or GQA, MoE or dense).")] = None,
     ctx: Annotated[str, typer.Option("--ctx", help="Context length(s), k = 1024: 128k or 1k,16k,64k,128k.")] = "128k",
-    queries: Annotated[Optional[int], typer.Option("--queries", help="Verify rows per step (budget + 1; default 9): "
-                                                   "--budget's other spelling.", callback=checked(parse_rows))] = None,
     step_ms: Annotated[Optional[str], typer.Option("--step-ms", help="Measured step time(s): one for all "
                                                                      "contexts or one per context; bare numbers "
                                                                      "are ms (714 or 714ms,1.43s).",
@@ -59,15 +57,12 @@ def floor(
                    keep_existing=True, holds="results written earlier")
     if config is not None and typed_flags(tctx, ("model",)):
         raise DDProbeError("give --model or --config, not both (--config describes the model)")
-    if queries is not None and fo.budget is not None:
-        raise DDProbeError("give --budget or --queries, not both (--queries is budget + 1)")
     spec = _spec(tctx, model, config, steps_from)
     ctxs, steps = _contexts(tctx, spec, ctx, step_ms, steps_from, fo)
     counted = _counted(steps_from, fo.kernels)
     step_model, served = fo.floor_model(spec, kernels=counted, kernels_source=f"counted on the GPU ({steps_from})"
                                         if counted else "")
-    rows_ = queries or fo.rows()
-    result, rows = floor_result(step_model, ctxs, steps, queries=rows_, config=served, anatomy=anatomy)
+    result, rows = floor_result(step_model, ctxs, steps, queries=fo.rows(), config=served, anatomy=anatomy)
     if step_ms:  # a typed step below the latency floor is a typo or another model: refused, not compared
         check_latency(rows)
     if save:  # the floor rows are kept, with or without an anatomy

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..kernel_classes import CLASSES, LABELS
-from ..units import DDProbeError, parse_rows, parse_tokens
+from ..units import DDProbeError, parse_tokens
 from .app import app
 from .floor_options import FloorOptions, floor_options
 from .options import MAX_TIMEOUT_S, ForceOpt, checked, err, errors_exit_1, out, results_path, within
@@ -196,8 +196,6 @@ def trace(
     prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="With --url: the request's prompt, "
                                                                               "a text file, instead of --ctx "
                                                                               "tokens.")] = None,
-    queries: Annotated[Optional[int], typer.Option("--queries", help="Verify rows per step (budget + 1), for the "
-                                                   "floor; or --budget.", callback=checked(parse_rows))] = None,
     marker: Annotated[str, typer.Option("--marker", help="Regular expression of the step annotations.",
                                         callback=checked(_regex))]
     = r"^ProfilerStep#\d+$",
@@ -219,7 +217,7 @@ def trace(
 
     if files and str(files[0]) == "diff" and not files[0].exists():
         return trace_diff(files[1:], model, ctx, out_path, force, {
-            "--url": url, "--prompt-file": prompt_file, "--cpu-ops": cpu_ops, "--queries": queries,
+            "--url": url, "--prompt-file": prompt_file, "--cpu-ops": cpu_ops,
             "--marker": marker != r"^ProfilerStep#\d+$", **floor_given(fo)})
     if bool(files) == bool(url):
         raise DDProbeError("give trace files or folders, or --url to profile a server (one of the two)")
@@ -234,7 +232,7 @@ def trace(
         files = profile_server(url, num_steps, trace_dir, wait, progress=err.print, request=request, ctx=n,
                                prompt_file=prompt_file)
         n = None if model is None else n  # the labels say the context; --ctx was the request's prompt
-    result, ranks = run_trace(files, marker=marker, cpu_ops=cpu_ops, model=model, tp=fo.tp, rows=trace_rows(queries, fo),
+    result, ranks = run_trace(files, marker=marker, cpu_ops=cpu_ops, model=model, tp=fo.tp, rows=fo.rows(),
                               gpu=fo.gpu, ctx=n, dtypes=trace_dtypes(fo), floor=trace_floor(fo),
                               progress=ReadProgress(), command=" ".join(sys.argv))
     for row, r in zip(result.rows, ranks):
@@ -251,12 +249,6 @@ def floor_given(fo: FloorOptions) -> dict:
 
     return {"--" + k.replace("_", "-"): v for k, v in asdict(fo).items() if v not in (None, False) and
             not (k in ("ep", "dcp") and v == 1)}
-
-
-def trace_rows(queries: int | None, fo: FloorOptions) -> int:
-    if queries is not None and fo.budget is not None:
-        raise DDProbeError("give --budget or --queries (budget + 1 rows), not both")
-    return queries if queries is not None else fo.rows()
 
 
 def trace_dtypes(fo: FloorOptions) -> dict:

@@ -24,7 +24,7 @@ class FloorInput:
 
     def __post_init__(self):
         if self.queries < 1:
-            raise DDProbeError(f"--queries must be at least 1, got {self.queries}")
+            raise DDProbeError(f"a verify step has at least 1 row (budget + 1), got {self.queries}")
 
 
 @dataclass
