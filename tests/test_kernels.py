@@ -127,6 +127,22 @@ def test_split_latent_chunks(ksplit, block_q, block_n, stages):
     check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
 
 
+@pytest.mark.parametrize("kbatch,block_q,block_n,stages,warps",
+                         [(4, 16, 32, 3, 4), (4, 16, 16, 4, 4), (8, 16, 32, 3, 4), (2, 0, 32, 2, 4), (8, 32, 16, 3, 8)])
+@needs_kernels
+def test_split_latent_batched(kbatch, block_q, block_n, stages, warps):
+    """Pointer-load tiles with the latent as kbatch chunks on the batch axis of 3-D dots (each warp its own chunks,
+    the rope part in 16-column slots of the same axis, S summed over it), on fresh random inputs against the fp32
+    reference within the file's tolerances (fp16 3e-3, bf16 1.5e-2, fp32 1e-4): a prefix ending mid-tile, the
+    64 + 16-row tiling, bf16, the k2 width in fp32 (rope 64 in 4 slots of 16, or 2 of 32 with kbatch 2; with kbatch
+    8 the last four slots read as zeros), and the tiny rows (v_dim 64: chunks of at least 16 columns)."""
+    t = tune(tma=0, kbatch=kbatch, block_q=block_q, block_n=block_n, num_stages=stages, num_warps=warps)
+    check("split", 201, 8, "lopsided", 8, torch.float16, tuning=t)
+    check("split", 77, 8, "fork", 8, torch.bfloat16, tuning=t)
+    check("split", 70, 8, "chain", 2, torch.float32, v_dim=512, rope=64, tuning=t)
+    check("split", 45, 1, "chain", 16, torch.float32, tuning=t)
+
+
 def test_split_ksplit_and_programs_per_sm_config():
     """ksplit outside 1, 2, 4 is one line; programs_per_sm sizes the split count for that many programs per SM."""
     from ddprobe.engine.kernels import split
@@ -134,6 +150,8 @@ def test_split_ksplit_and_programs_per_sm_config():
     t = split.DEFAULT_TUNING
     with pytest.raises(ValueError, match="ksplit"):
         split.choose_config(4096, 72, 132, dataclasses.replace(t, ksplit=3))
+    with pytest.raises(ValueError, match="kbatch must be 0, 2, 4 or 8, got 3"):
+        split.choose_config(4096, 72, 132, dataclasses.replace(t, kbatch=3))
     one = split.choose_config(1 << 17, 72, 132, dataclasses.replace(t, block_q=32, block_n=32))
     two = split.choose_config(1 << 17, 72, 132, dataclasses.replace(t, block_q=32, block_n=32, programs_per_sm=2))
     assert one["n_qb"] == two["n_qb"] == 3 and (one["num_splits"], two["num_splits"]) == (44, 88)

@@ -82,6 +82,10 @@ class SplitTuning:
     ksplit: int = 1           # pointer-load tiles (tma=0): the latent cut into 1, 2 or 4 column chunks, each its own
                               # S product and P V accumulator: independent MMA chains instead of one 36-step chain
     programs_per_sm: int = 1  # prefix programs per SM the split count is sized for (what the GPU's SM holds)
+    kbatch: int = 0           # pointer-load tiles (tma=0): the latent as kbatch column chunks on the batch axis of 3-D
+                              # dots (Triton gives each warp its own chunks: its Q chunk stays in registers, the tile's
+                              # latent is read from shared memory once as K and once as V, S summed over the warps);
+                              # 0 off (ksplit then applies), 2, 4 or 8 (at least 16 columns a chunk)
 
 
 DEFAULT_TUNING = SplitTuning()
@@ -300,14 +304,70 @@ def _ks_rows(Q, KV, O_part, LSE_part, q0, start, end, stride_qr, stride_qh, stri
 
 
 @triton.jit
+def _kb_rows(Q, KV, O_part, LSE_part, q0, start, end, stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
+             Hq, H, qk_scale, pid_s, V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+             BLOCK_N: tl.constexpr, KBATCH: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """_prefix_rows over pointer-load tiles with the latent as KBATCH column chunks on the batch axis of 3-D dots
+    (SplitTuning.kbatch). Triton lays a batched dot's warps along its batch axis, so each warp owns whole chunks:
+    it reads its own Q chunk [BLOCK_Q, V_DIM / KBATCH] per tile (the 2-D dots' warps split the tile's tokens and each
+    re-reads all of Q), its latent chunk once for S and once for P V (one [KBATCH, BLOCK_N, VC] tile, loaded from
+    memory once), and the rope part rides along as RC-column chunks on the same batch axis (chunks past PE_DIM read as
+    zeros: no bytes moved), so S is one sum over the batch axis (one cross-warp reduction per tile) and the softmax
+    runs on rows every warp holds whole."""
+    VC: tl.constexpr = V_DIM // KBATCH
+    RC: tl.constexpr = PE_DIM // KBATCH if PE_DIM // KBATCH >= 16 else 16  # rope columns per batch slot
+    offs_q = q0 + tl.arange(0, BLOCK_Q)
+    ok = offs_q < Hq
+    base = Q + (offs_q // H) * stride_qr + (offs_q % H) * stride_qh
+    offs_b = tl.arange(0, KBATCH)[:, None, None]
+    cols = offs_b * VC + tl.arange(0, VC)[None, None, :]  # [KBATCH, 1, VC]
+    rcols = V_DIM + offs_b * RC + tl.arange(0, RC)[None, None, :]  # [KBATCH, 1, RC]
+    r_ok = offs_b < PE_DIM // RC
+    q3 = tl.load(base[None, :, None] + cols, mask=ok[None, :, None], other=0.0)  # [KBATCH, BLOCK_Q, VC]
+    qr3 = tl.load(base[None, :, None] + rcols, mask=ok[None, :, None] & r_ok, other=0.0)  # [KBATCH, BLOCK_Q, RC]
+    if UPCAST:
+        q3 = q3.to(tl.float32)
+        qr3 = qr3.to(tl.float32)
+    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([KBATCH, BLOCK_Q, VC], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        row = KV + offs_n.to(tl.int64)[None, :, None] * stride_kv
+        k3 = tl.load(row + cols, mask=n_ok[None, :, None], other=0.0)  # [KBATCH, BLOCK_N, VC]
+        kr3 = tl.load(row + rcols, mask=n_ok[None, :, None] & r_ok, other=0.0)  # [KBATCH, BLOCK_N, RC]
+        if UPCAST:
+            k3 = k3.to(tl.float32)
+            kr3 = kr3.to(tl.float32)
+        s3 = tl.dot(qr3, tl.permute(kr3, (0, 2, 1)), input_precision=PREC)
+        s3 = tl.dot(q3, tl.permute(k3, (0, 2, 1)), s3, input_precision=PREC)  # [KBATCH, BLOCK_Q, BLOCK_N]
+        s = tl.sum(s3, 0)
+        s = tl.where(n_ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+        p3 = tl.broadcast_to(p.to(k3.dtype)[None, :, :], (KBATCH, BLOCK_Q, BLOCK_N))
+        acc = tl.dot(p3, k3, acc * alpha[None, :, None], input_precision=PREC)
+    o = acc / l_i[None, :, None]
+    tl.store(O_part + pid_s * stride_ps + offs_q[None, :, None] * stride_pq + cols, o, mask=ok[None, :, None])
+    tl.store(LSE_part + pid_s * Hq + offs_q, m_i + tl.log2(l_i), mask=ok)
+
+
+@triton.jit
 def _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                  stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
                  V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
                  BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr,
-                 PREFETCH: tl.constexpr, KSPLIT: tl.constexpr):
+                 PREFETCH: tl.constexpr, KSPLIT: tl.constexpr, KBATCH: tl.constexpr):
     """Stream KV rows [start, end) for query rows q0 + [0, BLOCK_Q): _plain_rows, or over pointer-load tiles with
-    the latent in KSPLIT > 1 chunks _ks_rows."""
-    if not TMA and KSPLIT > 1:
+    the latent as KBATCH > 0 batched chunks _kb_rows, or in KSPLIT > 1 chunks _ks_rows."""
+    if not TMA and KBATCH > 0:
+        _kb_rows(Q, KV, O_part, LSE_part, q0, start, end, stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
+                 Hq, H, qk_scale, pid_s, V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, KBATCH, UPCAST, PREC)
+    elif not TMA and KSPLIT > 1:
         _ks_rows(Q, KV, O_part, LSE_part, q0, start, end, stride_qr, stride_qh, stride_kv, stride_ps, stride_pq,
                  Hq, H, qk_scale, pid_s, V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, KSPLIT, UPCAST, PREC)
     else:
@@ -394,7 +454,7 @@ def _split_prefix_kernel(
     V_DIM: tl.constexpr, PE_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
     TAIL_PROGRAM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
     UPCAST: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, PREFETCH: tl.constexpr,
-    KSPLIT: tl.constexpr,
+    KSPLIT: tl.constexpr, KBATCH: tl.constexpr,
 ):
     # q blocks fastest: the programs of one split run together and share each KV tile in L2
     pid_q = tl.program_id(0)
@@ -430,7 +490,7 @@ def _split_prefix_kernel(
             if pid_s < used_splits:
                 _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                              stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                             V_DIM, PE_DIM, TAIL_PROGRAM, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT)
+                             V_DIM, PE_DIM, TAIL_PROGRAM, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT, KBATCH)
             else:
                 offs_t = q0 + tl.arange(0, TAIL_PROGRAM)
                 tl.store(LSE_part + pid_s * Hq + offs_t, tl.full([TAIL_PROGRAM], float("-inf"), tl.float32),
@@ -438,11 +498,11 @@ def _split_prefix_kernel(
         else:
             _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                          stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                         V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT)
+                         V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT, KBATCH)
     else:
         _prefix_rows(Q, KV, KD_lat, KD_pe, O_part, LSE_part, q0, start, end,
                      stride_qr, stride_qh, stride_kv, stride_ps, stride_pq, Hq, H, qk_scale, pid_s,
-                     V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT)
+                     V_DIM, PE_DIM, BLOCK_Q, BLOCK_N, UPCAST, PREC, TMA, PREFETCH, KSPLIT, KBATCH)
 
 
 def bit_weights(r: int, device) -> torch.Tensor:
@@ -562,9 +622,11 @@ def choose_config(prefix_len: int, hq: int, sms: int, tuning: SplitTuning = DEFA
     prefetch = (2 if block_q == 64 and n_qb >= 3 else 0) if t.prefetch < 0 else int(t.prefetch)
     if t.ksplit not in (1, 2, 4):
         raise ValueError(f"SplitTuning.ksplit must be 1, 2 or 4, got {t.ksplit}")
+    if t.kbatch not in (0, 2, 4, 8):
+        raise ValueError(f"SplitTuning.kbatch must be 0, 2, 4 or 8, got {t.kbatch}")
     return dict(block_q=block_q, tail_program=tail_prog, n_qb=n_qb, block_n=block_n, num_splits=num_splits,
                 chunk=chunk, num_warps=t.num_warps, num_stages=num_stages, tma=int(t.tma), prefetch=prefetch,
-                ksplit=int(t.ksplit))
+                ksplit=int(t.ksplit), kbatch=int(t.kbatch))
 
 
 def plan(prefix_len, tree_mask: torch.Tensor, slots: torch.Tensor | None = None, v_dim: int = 512, *,
@@ -668,6 +730,7 @@ def prefix_launch(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
               BLOCK_N=cfg["block_n"], BLOCK_R=max(16, next_pow2(r)),
               UPCAST=upcast and not compiled, PREC=prec, TMA=kd_lat is not kv,
               PREFETCH=0 if interpreting() and not compiled else cfg["prefetch"], KSPLIT=cfg["ksplit"],
+              KBATCH=min(cfg.get("kbatch", 0), p.v_dim // 16),
               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _split_prefix_kernel, (cfg["n_qb"], ns + 1), args, kw
 
