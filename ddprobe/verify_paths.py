@@ -25,6 +25,8 @@ Fields of a row:
                 a baseline is never auto's choice)
   theirs        another project's kernels loaded as a dependency (``sglang``): measured beside ddprobe's, never
                 gated as ddprobe's own (``ddprobe gate`` shows them for reference, like FlashMLA)
+  masks         "tree" (any tree mask: DDTree, chain, plain decode) or "causal" (row i sees rows 0..i only: the
+                chain and plain decode; never auto's choice, and the engine refuses a DDTree step on it)
   tested        the GPUs its kernels are configured and compile-checked for ("any": no caveat): `split`'s are
                 split.ARCHS's (tests/test_split_targets.py compiles them for each and keeps the two equal; sm_90 is
                 also timed); on another GPU auto says that its kernels were not (they run sm_90's tuning there, and
@@ -57,6 +59,7 @@ class VerifyPath:
     speed: int = 0
     baseline: bool = False
     theirs: bool = False
+    masks: str = "tree"
     tested: tuple[str, ...] = ("any",)
 
 
@@ -82,6 +85,11 @@ PATHS: tuple[VerifyPath, ...] = (
                "ddp_seesaw|ddp_merge|ws_tail|_merge_kernel|_merge_flat", True, ("sm_90",), ".split_ws",
                "split with warp-specialized Hopper prefix kernels (CUDA C++ / Gluon; sm_90 only)",
                dtypes=("bf16", "fp16"), rows=("512+64",), speed=3),
+    VerifyPath("flashmla", "contiguous", "flashmla (FlashMLA, causal: chain only)", "C8",
+               "flash_fwd_splitkv_mla|flash_fwd_mla_combine|get_mla_metadata", True, ("sm_90",), ".flashmla",
+               "FlashMLA's dense decode kernel, causal: the chain (--tree chain) and plain decode only, as production "
+               "servers verify a chain (sm_90, sgl-flash-mla)",
+               dtypes=("bf16",), rows=("512+64",), theirs=True, masks="causal"),
 )
 BY_NAME = {p.name: p for p in PATHS}
 
@@ -104,7 +112,7 @@ def sm_name(sm: tuple[int, int] | None) -> str:
 
 def fast_names() -> list[str]:
     """The verify paths that are fixes: neither the fp32 oracle nor a baseline."""
-    return [p.name for p in PATHS if p.verify and not p.baseline and p.name != "reference"]
+    return [p.name for p in PATHS if p.verify and not p.baseline and not p.theirs and p.name != "reference"]
 
 
 def runs_on(p: VerifyPath, sm: tuple[int, int] | None) -> bool:
@@ -149,7 +157,8 @@ def auto_choice(sm: tuple[int, int] | None, dtype: str | None = None,
     """``--attn auto``: (the fastest verify path that runs a model of MLA rows ``row`` in ``dtype`` on ``sm``, one
     line saying why). On the CPU (``sm`` None) only the paths that run natively there count (the Triton ones run
     only under the interpreter)."""
-    ranked = sorted((p for p in PATHS if p.verify and not p.baseline), key=lambda p: -p.speed)  # never a baseline
+    ranked = sorted((p for p in PATHS if p.verify and not p.baseline and p.masks == "tree"),  # never a baseline
+                    key=lambda p: -p.speed)
     passed: list[str] = []
     for p in ranked:
         if sm is None and not p.cpu:

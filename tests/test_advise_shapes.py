@@ -75,3 +75,36 @@ def test_typed_numbers_refuse_the_options_of_a_measurement(extra):
     r = advise("--ctx", "32k", "--step-ms", "159", "--commit-len", "7", *extra)
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1, r.output
     assert extra[0] in r.output and "only for a measurement here" in r.output
+
+
+def test_the_chain_is_priced_on_flashmla_where_it_runs_and_says_so_where_it_does_not():
+    """advise prices a chain on FlashMLA (the causal kernel production servers verify a chain with) where it runs;
+    here (no GPU) it says why not, and the chain's rows name the tree kernel's causal mask instead. FlashMLA is a
+    verify path for causal masks only: never auto's choice, never one of ddprobe's own fixes, and an engine step
+    of a DDTree on it is refused before anything is built (the chain and a one-node tree are causal)."""
+    import torch
+
+    from ddprobe import verify_paths
+    from ddprobe.engine.kernels import reference
+    from ddprobe.engine.spec import StepSpec
+    from ddprobe.probes.advise import CHAIN_PATH, MeasureOptions, chain_kernel, chain_path_here
+
+    o = MeasureOptions(paths=("reference",), ctxs=(1024,), budgets=(4,), preset="tiny", device="cpu", dtype="fp32",
+                       heads=None, trees=("ddtree", "chain"))
+    assert chain_path_here(o) == (None, "flashmla runs on a GPU")
+    assert chain_kernel("sglang", "sglang") == ("sglang: SGLang's extend kernel with the chain's causal mask "
+                                                "(FlashMLA does not run here)")
+    assert chain_kernel(CHAIN_PATH, "split_ws").startswith("flashmla: FlashMLA's dense decode kernel, causal")
+    row = verify_paths.get(CHAIN_PATH)
+    assert row.masks == "causal" and row.theirs and CHAIN_PATH not in verify_paths.fast_names()
+    assert verify_paths.auto_path((9, 0), "bf16", (512, 64)) == "split_ws"
+    assert "flashmla runs on sm_90 only, not sm_120" == verify_paths.why_not(row, (12, 0), "bf16", (512, 64))
+
+    class Flash:  # the spec reads only the path's name (its row in verify_paths)
+        name = CHAIN_PATH
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="the flashmla path verifies causal masks only .* a ddtree tree of 8 nodes"):
+        StepSpec(Flash, reference, "contiguous", 8, "ddtree", cpu, torch.float32)
+    for shape, budget in (("chain", 7), ("ddtree", 1)):
+        assert StepSpec(Flash, reference, "contiguous", budget, shape, cpu, torch.float32).rows == budget + 1
+    assert StepSpec(reference, reference, "contiguous", 8, "ddtree", cpu, torch.float32).rows == 9

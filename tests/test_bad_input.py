@@ -160,7 +160,7 @@ def _cases(tmp: Path):
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
         ("unknown attn lists verify paths", ["commit", "--ctx", "256", "--attn", "nope"], 1,
-         r"known: auto, reference, paged, sglang, split, split_ws$"),
+         r"known: auto, reference, paged, sglang, split, split_ws, flashmla$"),
     ]
 
 

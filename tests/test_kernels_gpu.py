@@ -737,3 +737,111 @@ def test_portable_build_bad_input_is_one_line():
     assert "\n" not in str(e.value) and "sm_120" in str(e.value)
     with pytest.raises(ValueError, match="unknown portable build"):
         portable.plan(100, mask, V, build="sm_75", heads=8)
+
+
+# ---- flashmla: FlashMLA's dense decode as the chain's verify path (issue 61) ------------------------------------
+def flashmla(test):
+    """An H100/H200 test with FlashMLA installed (benchmarks/peers_bundle.sh carries it to the GPU machine)."""
+    try:
+        import flash_mla  # noqa: F401
+        why = None
+    except Exception as e:  # noqa: BLE001
+        why = f"flash_mla does not import ({type(e).__name__}): pip install 'ddprobe[peers]'"
+    return gpu(pytest.mark.skipif(why is not None, reason=why or "")(test))
+
+
+def chain_inputs(ctx, budget, heads, seed=0):
+    """q and a cache of whole 64-row pages: rows past prefix + R inside the last page random (a read of them shows
+    as an error against the reference), the pages after it NaN."""
+    from ddprobe.engine.kernels.flashmla import PAGE
+
+    g = torch.Generator().manual_seed(seed + ctx * 7 + budget * 3 + heads)
+    r = budget + 1
+    pages = -(-(ctx + r) // PAGE)
+    q = torch.randn(r, heads, V + PE, generator=g).to(torch.bfloat16).cuda()
+    kv = torch.full(((pages + 2) * PAGE, V + PE), float("nan"))
+    kv[: pages * PAGE] = torch.randn(pages * PAGE, V + PE, generator=g)
+    return q, kv.to(torch.bfloat16).cuda(), shape_mask("chain", budget, "cuda")
+
+
+@flashmla
+@pytest.mark.parametrize("ctx,budget,heads", [(0, 7, 8), (1, 0, 8), (63, 3, 8), (1000, 7, 8), (4097, 0, 64),
+                                              (33000, 7, 8), (20000, 5, 16), (5000, 7, 64)])
+def test_flashmla_chain_matches_reference(ctx, budget, heads):
+    """FlashMLA over a chain's causal rows (and plain decode, budget 0) equals the fp32 reference in bf16."""
+    q, kv, mask = chain_inputs(ctx, budget, heads)
+    m = get_path("flashmla")
+    p = m.plan(ctx, mask, None, V, heads=heads)
+    out = m.run(q, kv, p, 0.0722)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
+    assert out.shape == (budget + 1, heads, V) and torch.isfinite(out).all()
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < TOL[torch.bfloat16], f"ctx={ctx} B={budget} H={heads}: rel err {err:.2e}"
+
+
+@flashmla
+def test_flashmla_refuses_a_tree_and_the_engine_refuses_ddtree_on_it():
+    """A tree mask (not causal) is one line at plan time; the engine's DDTree step on the path is refused before
+    anything is built, and its chain runs."""
+    from ddprobe.probes.backends.base import BackendError
+    from ddprobe.probes.backends.engine import EngineBackend
+
+    q, kv, _ = chain_inputs(100, 8, 8)
+    with pytest.raises(ValueError, match="causal masks only"):
+        get_path("flashmla").plan(100, shape_mask("lopsided", 8, "cuda"), None, V)
+    with pytest.raises(BackendError, match="causal masks only"):
+        EngineBackend("k2", "flashmla", budget=8, device="cuda", dtype="bf16", heads=8, max_ctx=2048, weights="random")
+    be = EngineBackend("k2", "flashmla", budget=7, device="cuda", dtype="bf16", heads=8, max_ctx=2048,
+                       weights="random", tree="chain")
+    assert be.tree_shape == "chain" and be.engine.runner.new_cache(1000).capacity % 64 == 0
+
+
+@flashmla
+def test_flashmla_device_plan_replays_one_graph_at_changing_lengths():
+    """A device plan captured once (refresh + run, as the engine's step records them) replays at prefix lengths
+    from 0 to its bound, each equal to the reference at that length: the split schedule follows the length."""
+    from ddprobe.engine.kernels.flashmla import PAGE
+
+    max_prefix, budget, heads = 20000, 7, 8
+    r = budget + 1
+    m = get_path("flashmla")
+    q, kv, mask = chain_inputs(max_prefix, budget, heads)
+    prefix_t = torch.zeros(1, dtype=torch.int32, device="cuda")
+    p = m.plan(prefix_t, mask, None, V, heads=heads, max_prefix=max_prefix)
+    m.refresh(p)
+    m.run(q, kv, p, 0.0722)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        m.refresh(p)
+        out = m.run(q, kv, p, 0.0722)
+        out2 = m.run(q, kv, p, 0.0722)  # a second layer reuses the step's schedule
+    rows = torch.randn(kv.shape[0], V + PE, device="cuda").to(torch.bfloat16)
+    for n in (0, 1, 63, 64, 1000, 4097, 12345, max_prefix):
+        prefix_t.fill_(n)
+        live = -(-(n + r) // PAGE) * PAGE
+        kv.fill_(float("nan"))
+        kv[:live] = rows[:live]
+        g.replay()
+        ref = reference.run(q, kv, reference.plan(n, mask, None, V), 0.0722)
+        for o in (out, out2):
+            assert torch.isfinite(o).all(), f"prefix {n}: NaN"
+            err = float((o.float() - ref.float()).norm() / ref.float().norm())
+            assert err < TOL[torch.bfloat16], f"prefix {n}: rel err {err:.2e}"
+
+
+@flashmla
+def test_engine_chain_on_flashmla_decodes_as_plain_greedy():
+    """The engine's chain on FlashMLA (k2 widths, 2 layers, bf16, CUDA graphs) commits the tokens plain greedy
+    decoding on FlashMLA gives (greedy speculative decoding reproduces greedy decoding)."""
+    from ddprobe.physics.presets import ModelConfig
+    from ddprobe.engine.generate import Engine
+
+    cfg = ModelConfig.from_name("k2", heads=8, num_layers=2, feature_layers=(0, 1), max_ctx=4096)
+    eng = Engine(cfg, attn="flashmla", budget=7, device="cuda", dtype=torch.bfloat16, graphs=True, seed=0)
+    eng.tree_shape = "chain"
+    prompt = list(range(1, 1501))
+    spec = eng.generate(prompt, max_new_tokens=24)
+    plain = eng.greedy_reference(prompt, 24)
+    assert spec.tokens[:24] == plain
+    assert all(s.graphs for s in spec.steps)

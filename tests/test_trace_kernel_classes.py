@@ -93,7 +93,7 @@ def test_rules_name_known_classes_and_compile():
 def test_every_own_path_kernel_is_attention():
     """Each verify path's kernels (verify_paths' ncu_regex, the one place they are named) classify as attention."""
     names = {"paged": "_paged_decode_split", "split": "_merge_flat_kernel", "split_ws": "ddp_merge_bf16",
-             "sglang": "_fwd_kernel"}
+             "sglang": "_fwd_kernel", "flashmla": "flash_fwd_splitkv_mla_kernel"}
     for p in verify_paths.PATHS:
         if p.ncu_regex:
             assert re.search(p.ncu_regex, names[p.name]), p.name

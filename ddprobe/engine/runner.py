@@ -53,9 +53,11 @@ class StepRunner:
         self.kept: tuple[list[int], KVCache, DrafterContext] | None = None  # reuse_prefix's prompt cache
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
-        """A fresh latent KV cache of ``capacity`` token rows (default max_ctx)."""
+        """A fresh latent KV cache of ``capacity`` token rows (default max_ctx), rounded up to the path's row multiple
+        (FlashMLA reads whole 64-row pages)."""
         t, s = self.config.target, self.spec
-        return KVCache(t.num_layers, capacity or self.max_ctx, t.kv_dim, s.kv_layout, dtype=s.dtype, device=s.device,
+        m = getattr(s.path, "KV_ROWS_MULTIPLE", 1)
+        return KVCache(t.num_layers, -(-(capacity or self.max_ctx) // m) * m, t.kv_dim, s.kv_layout, dtype=s.dtype, device=s.device,
                        shuffle=s.shuffle_slots, seed=s.seed, poison=s.poison)
 
     def require_finite(self, path, finite: Callable[[], bool]) -> None:

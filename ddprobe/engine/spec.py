@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .. import verify_paths
 from .drafter import Drafter
 from .target import TargetModel
 
@@ -39,6 +40,12 @@ class StepSpec:
     fuse: bool = False  # torch.compile around the attention (graph mode on CUDA)
     prefill_max_rows: int = 1024  # prefill chunk rows (the "prefill" path: the chunk grid)
     prefill_score_bytes: float = 256e6  # the reference prefill's fp32 score budget per chunk
+
+    def __post_init__(self):
+        row = verify_paths.BY_NAME.get(getattr(self.path, "name", None))
+        if row is not None and row.masks == "causal" and self.tree_shape != "chain" and self.budget > 1:
+            raise ValueError(f"the {self.path.name} path verifies causal masks only (a chain, or plain decode): "
+                             f"a {self.tree_shape} tree of {self.budget} nodes needs a tree-mask path")
 
     @property
     def rows(self) -> int:  # R

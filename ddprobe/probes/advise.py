@@ -419,14 +419,17 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
     check_cells(_step_options(o, o.paths[0]), list(o.ctxs), [b for _, b in configs])
     with (progress(len(configs) * len(o.texts) * len(o.ctxs)) if progress is not None else nullcontext()) as display:
         commit = _commit_lengths(o, configs, say, display)
+    chain_on, chain_why = chain_path_here(o) if any(s == "chain" for s, _ in configs) else (None, "")
+    n_chain = sum(s == "chain" for s, _ in configs)
     points, t0, done = [], time.perf_counter(), [0]
-    cells = len(o.paths) * len(o.ctxs) * (len(configs) + 1)
+    cells = len(o.ctxs) * (len(o.paths) * (len(configs) - n_chain + 1) + n_chain * (1 if chain_on else len(o.paths)))
 
     def on_row(r) -> None:
         done[0] += 1
         spent = time.perf_counter() - t0
         say(f"  {r.path} {fmt_tokens(r.ctx)} {'plain decode' if r.plain else f'budget {r.budget}'}: {r.step_ms:.4g} "
             f"ms ({done[0]}/{cells} cells, {spent:.0f} s, about {spent / done[0] * (cells - done[0]):.0f} s left)")
+    chains: dict[str, list] = {}  # the path a chain ran on -> its rows
     for path in o.paths:
         where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
         tree = [b for s, b in configs if s == "ddtree"]
@@ -439,20 +442,51 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
                    for text in o.texts for r in rows if not r.plain and r.budget in tree]
         depths = [b for s, b in configs if s == "chain"]
         if depths:
-            say(f"chain step times through {path}: depths {', '.join(map(str, depths))} (a chain's causal mask on "
-                f"the same kernel: the engine has no FlashMLA/FlashInfer path)")
-            chain = chain_step_times(_step_options(o, path), list(o.ctxs), depths, on_row)
+            chain_path = chain_on or path
+            if chain_path not in chains:  # FlashMLA's chain: measured once, every tree path compared with it
+                say(f"chain step times through {chain_path}: depths {', '.join(map(str, depths))} ("
+                    + ("FlashMLA's causal kernel, as production servers verify a chain" if chain_on else
+                       f"a chain's causal mask on the tree's kernel: {chain_why}") + ")")
+                chains[chain_path] = chain_step_times(_step_options(o, chain_path), list(o.ctxs), depths, on_row)
+            chain = chains[chain_path]
             points += [Point(path, text, r.ctx, r.budget, commit[("chain", text, r.ctx, r.budget)], r.step_ms,
-                             decode[r.ctx], where, tree="chain", kernel=chain_kernel(path))
+                             decode[r.ctx], where, tree="chain", kernel=chain_kernel(chain_path, path))
                        for text in o.texts for r in chain]
     return points
 
 
-def chain_kernel(path: str) -> str:
-    """What a chain's verify step ran on: ``path``'s kernel under the chain's causal mask (SGLang's: its extend
-    kernel). The engine has no FlashMLA or FlashInfer verify path, so a production causal kernel is not timed."""
+CHAIN_PATH = "flashmla"  # the production causal kernel a chain is priced on where it runs (SGLang's and vLLM's)
+
+
+def chain_path_here(o: MeasureOptions) -> tuple[str | None, str]:
+    """(``CHAIN_PATH`` where it runs the measured model here, else None; why not, one line)."""
+    from .. import verify_paths
+
+    if not o.device.startswith("cuda"):
+        return None, f"{CHAIN_PATH} runs on a GPU"
+    import torch
+
+    from ..engine import kernels
+    from ..physics.presets import ModelConfig
+
+    t = ModelConfig.from_name(o.preset, heads=o.heads).target
+    why = verify_paths.why_not(verify_paths.get(CHAIN_PATH), torch.cuda.get_device_capability(), o.dtype,
+                               (t.kv_lora_rank, t.qk_rope_head_dim))
+    if why is None:
+        try:
+            kernels.get_path(CHAIN_PATH)
+        except kernels.PathUnavailable as e:
+            why = str(e)
+    return (None, why) if why else (CHAIN_PATH, "")
+
+
+def chain_kernel(chain_path: str, path: str) -> str:
+    """What a chain's verify step ran on: FlashMLA (``chain_path`` is it), or ``path``'s kernel under the chain's
+    causal mask (SGLang's: its extend kernel) where FlashMLA does not run."""
+    if chain_path == CHAIN_PATH:
+        return f"{CHAIN_PATH}: FlashMLA's dense decode kernel, causal over the chain's rows (production's)"
     what = "SGLang's extend kernel" if path == "sglang" else f"the {path} kernel"
-    return f"{path}: {what} with the chain's causal mask (no FlashMLA/FlashInfer path in the engine)"
+    return f"{path}: {what} with the chain's causal mask (FlashMLA does not run here)"
 
 
 def chain_step_times(opts: StepTimeOptions, ctxs: list[int], depths: list[int], on_row=None) -> list:
@@ -464,7 +498,8 @@ def chain_step_times(opts: StepTimeOptions, ctxs: list[int], depths: list[int], 
     cap = st.check(opts, list(ctxs), list(depths))
     be = EngineBackend(opts.preset, opts.attn, budget=max(depths), device=opts.device, dtype=opts.dtype,
                        seed=opts.seed, heads=opts.heads, max_ctx=cap, weights="random",
-                       graphs=opts.graphs if opts.device.startswith("cuda") else None, threads=opts.threads)
+                       graphs=opts.graphs if opts.device.startswith("cuda") else None, threads=opts.threads,
+                       tree="chain")
     rows = []
     for d in depths:
         be.set_tree("chain", d)  # a new runner (with graphs, a new captured step) for this depth

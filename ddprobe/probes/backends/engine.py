@@ -41,7 +41,7 @@ class EngineBackend:
     def __init__(self, preset: str = "tiny", attn: str = "reference", budget: int = 8, device: str = "cpu",
                  dtype: str = "fp32", seed: int = 0, heads: int | None = None, max_ctx: int | None = None,
                  weights: str = "auto", graphs: bool | None = None, threads: int | None = None,
-                 compile: bool | None = None):
+                 compile: bool | None = None, tree: str = "ddtree"):
         check_device(device)
         if not 1 <= budget <= MAX_BUDGET:
             raise BackendError(f"--budget must be in 1..{MAX_BUDGET} (draft-tree nodes; memory grows with its "
@@ -61,13 +61,10 @@ class EngineBackend:
             # first compile, and enable() switches Inductor's loaded configs
 
         from .threads import choose_threads
-
         from ...physics.presets import ModelConfig
         from ...engine.generate import Engine
         from ...engine import weights as shipped
         from ...engine.tokenizer import WordTokenizer
-
-        from ...engine import kernels
 
         if weights not in WEIGHTS:
             raise BackendError(f"unknown weights {weights!r}; known: {', '.join(WEIGHTS)}")
@@ -117,6 +114,7 @@ class EngineBackend:
         self.tokenizer = shipped.load_tokenizer(preset) if trained else WordTokenizer.default()
         self.preset, self.attn, self.budget, self.device, self.dtype, self.seed = preset, attn, budget, device, \
             dtype, seed
+        self.set_tree(tree, budget)  # checked: a causal-only path (flashmla) runs the chain alone
 
     @property
     def tree_shape(self) -> str:
@@ -131,6 +129,9 @@ class EngineBackend:
             raise BackendError(f"unknown tree shape {shape!r}; known: {', '.join(TREE_SHAPES)}")
         if not 1 <= budget <= MAX_BUDGET:
             raise BackendError(f"budget must be in 1..{MAX_BUDGET}, got {budget}")
+        if shape != "chain" and verify_paths.get(self.attn).masks == "causal":
+            raise BackendError(f"--attn {self.attn} verifies causal masks only: it runs --tree chain (and plain "
+                               f"decode), not {shape}; use a tree-mask path for {shape}")
         if shape == "chain" and budget > self.engine.num_draft:
             raise BackendError(f"chain depth {budget} is beyond the drafter's block: it drafts "
                                f"{self.engine.num_draft} tokens (block size {self.engine.num_draft + 1})")
