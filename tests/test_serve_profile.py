@@ -155,6 +155,8 @@ def test_steps_counted_as_sglang_counts_them_prefill_included(url, tmp_path):
     ({"profile_stages": ["verify"], "profile_by_stage": True}, "profile_stages"),
     ({"profile_stages": ["decode"]}, "profile_stages"),
     ({"start_step": -1}, "start_step"),
+    ({"start_step": 10 ** 30}, "start_step"),  # an impossible count: a profile that would never start
+    ({"num_steps": 10 ** 12}, "num_steps"),
     ({"output_dir": "/proc/x"}, "output_dir"),
 ])
 def test_options_refused_by_name(url, body, field):
@@ -191,4 +193,39 @@ def test_start_step_is_the_servers_forward_count(url, tmp_path):
     assert gen(base, 16).status_code == 200
     assert post(base, "/stop_profile").status_code == 200
     assert traces(tmp_path) == []
+    alive(url)
+
+
+def test_by_stage_without_num_steps_writes_each_stage_once(url, tmp_path):
+    """profile_by_stage with no num_steps over three requests: the prefill is recorded until decoding starts, the
+    decode until the stop; no file is written twice (the second request's prefill replaced the first's file)."""
+    base, _ = url
+    assert post(base, "/start_profile", {"output_dir": str(tmp_path), "profile_by_stage": True,
+                                         "with_stack": False}).status_code == 200
+    digests = {}
+    for _ in range(3):
+        assert gen(base, 8).status_code == 200
+        for f in traces(tmp_path):
+            d = f.read_bytes()
+            assert digests.setdefault(f.name, d) == d, f"{f.name} was written again"
+    assert post(base, "/stop_profile").status_code == 200
+    files = traces(tmp_path)
+    assert [f.name.rsplit("-", 1)[1] for f in files] == ["DECODE.trace.json.gz", "EXTEND.trace.json.gz"]
+    ext = next(f for f in files if "EXTEND" in f.name)
+    assert ext.read_bytes() == digests[ext.name]  # the first request's prefill, untouched since
+    assert "traceEvents" in json.loads(gzip.open(files[0], "rt").read())
+    alive(url)
+
+
+def test_a_bodiless_stop_as_curl_sends_it(url, tmp_path):
+    """``curl -X POST .../stop_profile`` sends no body and no Content-Type: nothing to type, so it is taken (a body
+    without a JSON type is still a 415)."""
+    base, _ = url
+    assert post(base, "/start_profile", {"output_dir": str(tmp_path), "with_stack": False}).status_code == 200
+    assert gen(base, 4).status_code == 200
+    r = requests.post(base + "/stop_profile", timeout=120)  # no data, no headers
+    assert r.status_code == 200, r.text
+    assert len(traces(tmp_path)) == 1
+    r = requests.post(base + "/stop_profile", data=b"{}", timeout=30)  # a body, untyped
+    assert r.status_code == 415, r.text
     alive(url)

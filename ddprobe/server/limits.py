@@ -1,7 +1,8 @@
 """What a request body must be before any route reads it (an ASGI middleware, ``BodyLimits``): at most
 ``max_bytes`` (413), arrived whole within ``read_s`` seconds of the request's start (408: a client declaring
 more body than it sends no longer holds its connection), sent as JSON (``Content-Type: application/json``;
-missing, or a form as ``curl -d`` sends, is a 415 saying so) and not compressed (``Content-Encoding`` other
+missing, or a form as ``curl -d`` sends, is a 415 saying so; a request with no body at all, as ``curl -X POST
+/stop_profile`` sends, has nothing to type) and not compressed (``Content-Encoding`` other
 than identity: 415; nothing is decompressed). The body is read here once and handed to the app as read; the
 app's later ``receive`` calls (disconnect checks) go to the client as before."""
 from __future__ import annotations
@@ -44,7 +45,9 @@ class BodyLimits:
         if declared is not None and (not declared.strip().isdigit() or int(declared) > self.max_bytes):
             return await refuse(send, 413, f"the request body is larger than the {self.max_bytes:,} bytes this "
                                            "server takes (--max-body)")
-        problem = _content_type_problem(headers)
+        bodiless = declared is not None and declared.strip() == b"0" or declared is None and \
+            b"transfer-encoding" not in headers  # no body (curl -X POST /stop_profile): no type to check
+        problem = None if bodiless else _content_type_problem(headers)
         if problem:
             return await refuse(send, 415, problem)
         body, deadline = bytearray(), time.monotonic() + self.read_s

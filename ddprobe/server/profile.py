@@ -13,6 +13,8 @@ one per verify step). ``/start_profile`` takes SGLang's body (strict as every ro
   the next step);
 - ``profile_by_stage``: one profile per stage, ``num_steps`` steps each, written as ``...-TP-0-EXTEND`` (prefill)
   and ``...-TP-0-DECODE`` (verify steps); ``profile_stages`` (``prefill``/``extend``, ``decode``) keeps only those;
+  without ``num_steps`` each stage is recorded once: the prefill until decoding starts, the decode until
+  ``/stop_profile`` (a later request's prefill is not recorded again: each file is written once);
 - ``with_stack`` (SGLang's default: on), ``record_shapes``;
 - ``detailed_annotations`` (or ``roofline_annotations``): each step carries SGLang's span
   ``step[TARGET_VERIFY bs=1 g_sq=9 g_sqsq=81 g_sqsk=.. g_sk=N]`` (``step[EXTEND bs=1 toks=N c_sq=.. c_sk=N]`` for
@@ -43,6 +45,7 @@ from .served import ApiError, served
 STAGES = {"prefill": "EXTEND", "extend": "EXTEND", "decode": "DECODE"}
 COMMAND_S = 600.0  # the longest a route waits for the engine thread to take its command (writing a trace included)
 PREFIX_MAX = 128
+STEPS_MAX = 10**9  # num_steps and start_step: a billion forward steps is weeks of decoding; beyond, a typo
 
 
 class ProfileRequest(Strict):
@@ -95,10 +98,10 @@ def plan_of(req: ProfileRequest, default_dir: str) -> dict:
     if req.merge_profiles:
         raise ApiError(400, "merge_profiles true: this server is one rank, its trace is already whole (send false)",
                        "merge_profiles")
-    if req.num_steps is not None and req.num_steps < 1:
-        raise ApiError(400, "num_steps must be at least 1", "num_steps")
-    if req.start_step is not None and req.start_step < 0:
-        raise ApiError(400, "start_step must be at least 0", "start_step")
+    if req.num_steps is not None and not 1 <= req.num_steps <= STEPS_MAX:
+        raise ApiError(400, f"num_steps must be 1 to {STEPS_MAX:,}", "num_steps")
+    if req.start_step is not None and not 0 <= req.start_step <= STEPS_MAX:
+        raise ApiError(400, f"start_step must be 0 to {STEPS_MAX:,} (a forward-step count)", "start_step")
     bad = [a for a in req.activities or [] if a.upper() not in ("CPU", "GPU", "CUDA")]
     if bad:
         raise ApiError(400, f"activities {bad}: this server records CPU and GPU only", "activities")
@@ -167,6 +170,8 @@ class EngineProfiler:
             if stage not in p["stages"] or self.done.get(stage, 0) >= (p["steps"] or 1 << 62):
                 return  # a step this profile does not record (a prefill between decode steps): it goes on
             if self.prof is not None and self.stage != stage:
+                if p["steps"] is None:  # no num_steps: each stage is recorded once, until the next stage starts
+                    self.done[self.stage] = 1 << 62
                 self._finished_by_itself()  # SGLang flushes the prefill's profile when decoding starts
             if self.prof is None:
                 self._begin(stage)
