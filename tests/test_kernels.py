@@ -128,7 +128,7 @@ def test_split_latent_chunks(ksplit, block_q, block_n, stages):
 
 
 @pytest.mark.parametrize("kbatch,block_q,block_n,stages,warps",
-                         [(4, 16, 32, 3, 4), (4, 16, 16, 4, 4), (8, 16, 32, 3, 4), (2, 0, 32, 2, 4), (8, 32, 16, 3, 8)])
+                         [(4, 16, 32, 3, 4), (4, 32, 16, 4, 4), (4, 16, 16, 5, 4), (8, 16, 32, 3, 4), (2, 0, 32, 2, 4)])
 @needs_kernels
 def test_split_latent_batched(kbatch, block_q, block_n, stages, warps):
     """Pointer-load tiles with the latent as kbatch chunks on the batch axis of 3-D dots (each warp its own chunks,

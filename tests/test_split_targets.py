@@ -206,3 +206,40 @@ def test_portable_build_bad_input_is_one_line():
         assert what.startswith("proxy: ") and f"not an {name} figure" in what and "H100" in what
     with pytest.raises(verify.DDProbeError, match="unknown portable build"):
         verify.check_build("split", {"build": "sm_90"})
+
+
+# the 99 KB tiling with the latent on the batch axis (SplitTuning.kbatch), the candidates bench verify times as
+# split:build=sm_120,kbatch=4[,...] (issue 64)
+KBATCH_TILINGS = [dict(kbatch=4), dict(kbatch=4, block_q=32, block_n=16, num_stages=4), dict(kbatch=4, block_n=16, num_stages=5)]
+
+
+@pytest.mark.parametrize("over", KBATCH_TILINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("cap", [(12, 0), (8, 9), (8, 0), (9, 0)])
+def test_kbatch_tiling_compiles_within_99k(cap, over):
+    """The 99 KB tiling with the latent as batched chunks compiles for sm_120, sm_89 (the proxy's PTX), sm_80 and sm_90
+    (8 heads x 9 rows, K2 rows, bf16): within sm_120's block limit (the tiling is sized for it) and the target's, no
+    spills, mma.sync and no sm_90-only instruction off sm_90. Its main loop (one KV tile) reads fewer shared-memory
+    bytes than the 2-D tiling's (whose 4 warps split the tile's tokens and each re-read all of Q): each warp reads its
+    own Q chunk and latent chunk (as K and as V) and the tile comes from memory once (one set of cp.async copies)."""
+    import dataclasses
+
+    from ddprobe.engine.kernels import _target_compile as tc
+    from ddprobe.engine.kernels import split
+
+    base = split.ARCHS[(12, 0)].tuning
+    t = dataclasses.replace(base, **over)
+    fn, args, kw = tc.split_launches(cap, 8, tuning=t)["prefix"]
+    assert kw["KBATCH"] == 4 and not kw["TMA"]
+    k = tc.compile_launch(fn, cap, args, kw)
+    rep, loop = tc.code_report(k), tc.loop_report(k)
+    assert rep["shared"] <= min(split.SMEM_99K, split.arch_for(cap).smem), rep
+    assert rep["stl"] == rep["ldl"] == 0, rep
+    if cap[0] != 9:
+        assert tc.hopper_only(k) == [] and "mma.sync" in k.asm["ptx"]
+    fn2, args2, kw2 = tc.split_launches(cap, 8, tuning=dataclasses.replace(base, block_n=t.block_n,
+                                                                            num_stages=t.num_stages))["prefix"]
+    flat = tc.loop_report(tc.compile_launch(fn2, cap, args2, kw2))
+    tile = t.block_n * 576 * 2
+    assert loop["cp_async"] * 16 * kw["num_warps"] * 32 == tile, loop  # the tile's bytes, copied once
+    per_token = loop["shared_read"] * kw["num_warps"] / t.block_n
+    assert per_token < 0.85 * flat["shared_read"] * kw2["num_warps"] / t.block_n, (loop, flat)

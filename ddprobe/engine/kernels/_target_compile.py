@@ -97,11 +97,11 @@ def extend_launches(cap: tuple[int, int], q: torch.Tensor, kv: torch.Tensor, pre
 
 
 def split_launches(cap: tuple[int, int], heads: int, r: int = 9, v_dim: int = 512, rope: int = 64,
-                   dtype: torch.dtype = torch.bfloat16, ctx: int = 4096) -> dict[str, tuple[Any, tuple, dict]]:
+                   dtype: torch.dtype = torch.bfloat16, ctx: int = 4096, tuning=None) -> dict[str, tuple[Any, tuple, dict]]:
     """{"prefix": ..., "merge": ...}: `split`'s two launches (kernel, args, kwargs) as its plan for a GPU of ``cap``
-    chooses them (``split.ARCHS``: the tuning and shared memory of that GPU; the prefix kernel holds the tree part,
-    its last split index), for ``heads`` x ``r`` rows of ``v_dim + rope`` values (CPU tensors stand in for device
-    memory); tensor descriptors from sm_90 up, as ``split.run`` uses them."""
+    chooses them (``split.ARCHS``: the tuning and shared memory of that GPU, or ``tuning`` given; the prefix kernel
+    holds the tree part, its last split index), for ``heads`` x ``r`` rows of ``v_dim + rope`` values (CPU tensors
+    stand in for device memory); tensor descriptors from sm_90 up, as ``split.run`` uses them."""
     from . import split
     from .merge import merge_launch
     from .trees import shape_mask
@@ -109,7 +109,8 @@ def split_launches(cap: tuple[int, int], heads: int, r: int = 9, v_dim: int = 51
     g = torch.Generator().manual_seed(heads * 131 + r)
     q = torch.randn(r, heads, v_dim + rope, generator=g).to(dtype)
     kv = torch.randn(ctx + r + 16, v_dim + rope, generator=g).to(dtype)
-    p = split.plan(ctx, shape_mask("lopsided", r - 1), None, v_dim, heads=heads, dtype=dtype, rope_dim=rope, arch=cap)
+    p = split.plan(ctx, shape_mask("lopsided", r - 1), None, v_dim, heads=heads, dtype=dtype, rope_dim=rope, arch=cap,
+                   tuning=tuning)
     cfg = split.config_for(p, heads)
     fn, _, args, kw = split.prefix_launch(q, kv, p, 0.1, cfg, p.extra["partials"], tma_ok=cap[0] >= 9, compiled=True)
     out = torch.empty(r, heads, v_dim, dtype=dtype)
@@ -158,3 +159,30 @@ def ptx_body(compiled) -> str:
     body = ptx[start:ptx.index("\n}\n", start)]  # the entry function; the debug sections follow it
     return "\n".join(ln.replace(name, "K") for ln in body.splitlines()
                      if not re.match(r"\s*(\.loc\b|//|\$L__tmp\d+:)", ln))
+
+
+_SHARED_OPS = {"ldmatrix": r"\bldmatrix\.", "ld_shared": r"\bld\.shared\.", "st_shared": r"\bst\.shared\.",
+               "cp_async": r"\bcp\.async\.c[ag]\.", "commit_group": r"\bcp\.async\.commit_group",
+               "mma": r"\bmma\.sync\b", "bar_sync": r"\b(bar|barrier)\.sync\b"}
+
+
+def loop_report(compiled) -> dict:
+    """What one trip of the kernel's main loop (the PTX loop, closed by a backward branch, that issues the most
+    mma.sync) executes per warp: ldmatrix, ld.shared, st.shared, cp.async (16-byte copies), commit groups, mma.sync and
+    bar.sync counts, and ``shared_read``, the bytes one warp reads from shared memory (ldmatrix .x1/.x2/.x4: 128 B a
+    matrix; ld.shared by its vector width and type). Empty where no loop issues mma.sync."""
+    lines = compiled.asm["ptx"].splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^\$(L__BB\d+_\d+):", ln.strip()))}
+    best: dict = {}
+    for i, ln in enumerate(lines):
+        m = re.search(r"\bbra(\.uni)?\s+\$(L__BB\d+_\d+);", ln)
+        if not (m and labels.get(m.group(2), i) < i):
+            continue
+        body = "\n".join(lines[labels[m.group(2)]:i + 1])
+        rep = {k: len(re.findall(v, body)) for k, v in _SHARED_OPS.items()}
+        rd = sum(128 * int(x) for x in re.findall(r"ldmatrix\.sync\.aligned\.m8n8\.x(\d)", body))
+        rd += sum(32 * int(v or 1) * int(bits) // 8 for v, bits in re.findall(r"ld\.shared(?:\.v(\d))?\.[bfsu](\d+)", body))
+        rep["shared_read"] = rd
+        if rep["mma"] > best.get("mma", 0):
+            best = rep
+    return best
