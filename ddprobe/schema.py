@@ -80,6 +80,9 @@ Ratio = Annotated[float, Unit("x"), AT_LEAST_0]  # a ratio of two like quantitie
 Fraction = Annotated[float, Unit("fraction"), AT_LEAST_0]  # of a ceiling (a measurement may pass it)
 Share = Annotated[float, Unit("fraction"), Bound(lo=0, hi=1)]  # a part of a whole
 Seconds = Annotated[float, Unit("s"), FINITE]  # a clock reading (may be negative before a marker)
+StepMs = Annotated[float, Unit("ms"), Bound(lo=1e-3, hi=3.6e6)]  # a measured step: a typed step time's 1 us - 1 h
+DeltaMs = Annotated[float, Unit("ms"), FINITE]  # a difference of two times (either sign)
+TokS = Annotated[float, Unit("tokens/s"), Bound(lo=0, hi=1e9)]  # at most 1025 tokens a step of at least 1 us
 # the telemetry signals' units, read from their keys' suffixes (signals.TABLE names them once)
 SIGNAL_UNITS = {"_pct": "%", "_W": "W", "_J": "J", "_MHz": "MHz", "_GB": "GB"}
 
@@ -193,6 +196,15 @@ class FloorRow(Row):
     bytes_share: Ratio | None = None  # max(bytes, compute) floor / step
     step_bound: str | None = None  # with a step: binds + "-bound" (physics.step_model.step_bound, the one rule)
     extra: dict = field(default_factory=dict)
+
+    def problem(self, config: dict) -> str | None:
+        """A gap that is not the step over its floor (the whole step's, or the attention's): what a report prints
+        as "12.3x the floor" must be that ratio."""
+        for gap, floor in (("gap", "floor_ms"), ("attn_gap", "attn_floor_ms")):
+            g, f = getattr(self, gap), getattr(self, floor)
+            if g is not None and f and self.step_ms is not None and abs(g - self.step_ms / f) > 0.01 * g + 1e-9:
+                return f"{gap!r} is {g:g}, not step / floor ({self.step_ms:g} / {f:g} ms)"
+        return None
 
 
 @dataclass(frozen=True)
@@ -353,6 +365,7 @@ class AdviseRow(Row):
     note: str | None = None
     tree: str | None = None  # the draft's shape: ddtree (budget = nodes) or chain (budget = its depth)
     kernel: str | None = None  # what the verify step ran on, where it is not the path alone
+    decode_kernel: str | None = None  # what the plain decode step ran on, where it is not the path alone
     extra: dict = field(default_factory=dict)
 
     def problem(self, config: dict) -> str | None:
@@ -452,6 +465,113 @@ class TraceRow(Row):
         return None
 
 
+@dataclass(frozen=True)
+class Decision(Row):
+    """One entry of an advise file's ``summary.decisions``: tree, chain or off at one (path, text, context), each
+    option's best tokens/s (null: not measured), the choice and its margin over the next best."""
+    path: str
+    text: str
+    ctx: Context
+    choice: str
+    margin: Ratio | None
+    ddtree_budget: Count | None
+    chain_depth: Count | None
+    ddtree_tok_s: TokS | None
+    chain_tok_s: TokS | None
+    plain_tok_s: TokS | None
+    batch: Count | None = None
+    chain_kernel: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DiffClass(Row):
+    """One kernel class of a trace diff's ``summary.diff.classes``: its time, share and launches per step, before
+    and after."""
+    cls: str
+    before_ms: Ms
+    after_ms: Ms
+    delta_ms: DeltaMs
+    before_share: Fraction
+    after_share: Fraction
+    before_calls: Number
+    after_calls: Number
+    extra: dict = field(default_factory=dict)
+
+    def problem(self, config: dict) -> str | None:
+        from .kernel_classes import CLASSES
+
+        if self.cls not in CLASSES:
+            return f"'cls' is {self.cls!r} (must be one of {', '.join(CLASSES)})"
+        if abs(self.after_ms - self.before_ms - self.delta_ms) > 1e-6 + 1e-6 * max(self.before_ms, self.after_ms):
+            return f"'delta_ms' {self.delta_ms:g} is not after - before ({self.after_ms:g} - {self.before_ms:g} ms)"
+        return None
+
+
+@dataclass(frozen=True)
+class DiffKernel(DiffClass):
+    """One kernel of ``summary.diff.kernels``: as a class, with its name."""
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class TraceDiff(Row):
+    """A trace diff's ``summary.diff``: the two sides' files and steps, what changed most, per class and per kernel
+    (``DiffClass``, ``DiffKernel``), the kernels added and gone, each side's floor and gap."""
+    before: str
+    after: str
+    step_before_ms: StepMs
+    step_after_ms: StepMs
+    step_delta_ms: DeltaMs
+    classes: list
+    kernels: list
+    added: list
+    gone: list
+    speedup: Ratio | None = None
+    changed: str | None = None
+    changed_before_ms: Ms | None = None
+    changed_after_ms: Ms | None = None
+    gap_before: Ratio | None = None
+    gap_after: Ratio | None = None
+    floor_before_ms: Ms | None = None
+    floor_after_ms: Ms | None = None
+    extra: dict = field(default_factory=dict)
+
+    def problem(self, config: dict) -> str | None:
+        a, b = self.step_before_ms, self.step_after_ms
+        if abs(b - a - self.step_delta_ms) > 1e-6 * max(a, b):
+            return f"'step_delta_ms' {self.step_delta_ms:g} is not after - before ({b:g} - {a:g} ms)"
+        if self.speedup is not None and abs(self.speedup - a / b) > 1e-6 * self.speedup:
+            return f"'speedup' {self.speedup:g} is not before / after ({a:g} / {b:g} ms)"
+        bad = next((n for n in self.added + self.gone if not isinstance(n, str)), None)
+        return None if bad is None else f"'added'/'gone' hold {bad!r} (must be kernel names, text)"
+
+
+def check_summary(kind: str, summary: dict, source: str) -> None:
+    """The parts of a file's summary a report reads whole, typed like rows (one line naming the entry and field):
+    an advise file's ``decisions`` (``Decision``) and ``verdicts`` (a list of objects), a trace diff's ``diff``
+    (``TraceDiff``, its ``classes`` and ``kernels``)."""
+    def entries(key: str, value: Any, cls: type | None, where: str) -> None:
+        if not isinstance(value, list):
+            raise DDProbeError(f"{source}: {where}{key} is {type(value).__name__}, not a list")
+        for i, e in enumerate(value, 1):
+            at = f"{source}: {where}{key}[{i}]"
+            if cls is None and not isinstance(e, dict):
+                raise DDProbeError(f"{at} is not an object (got {type(e).__name__}: {str(e)[:40]!r})")
+            if cls is not None:
+                _typed(cls, e, at, at)
+
+    if kind == "advise":
+        for key, cls in (("decisions", Decision), ("verdicts", None)):
+            if summary.get(key) is not None:
+                entries(key, summary[key], cls, "summary.")
+    d = summary.get("diff") if kind == "trace" else None
+    if d is not None:
+        _typed(TraceDiff, d, f"{source}: summary.diff", f"{source}: summary.diff")
+        entries("classes", d["classes"], DiffClass, "summary.diff.")
+        entries("kernels", d["kernels"], DiffKernel, "summary.diff.")
+
+
 KINDS: dict[str, type] = {"floor": FloorRow, "commit": CommitRow, "gpu-util": GpuUtilRow,
                           "bench-verify": BenchVerifyRow, "allreduce": AllreduceRow, "advise": AdviseRow,
                           "diagnose": DiagnoseRow, "bench-launch": LaunchRow,
@@ -466,6 +586,11 @@ def parse_row(kind: str, row: Any, where: str, config: dict | None = None, measu
     cls = KINDS.get(kind)
     if cls is None:
         raise DDProbeError(f"{where}: no schema for kind {kind!r} (known: {', '.join(KINDS)})")
+    return _typed(cls, row, where, of, config)
+
+
+def _typed(cls: type, row: Any, where: str, of: str, config: dict | None = None) -> Row:
+    """``row`` as a ``cls`` (a ``Row`` dataclass), every field checked; ``of`` starts a field's error line."""
     if not isinstance(row, dict):
         raise DDProbeError(f"{where} is not an object (got {type(row).__name__}: {str(row)[:40]!r})")
     specs = fields_of(cls)

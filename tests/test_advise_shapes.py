@@ -108,3 +108,13 @@ def test_the_chain_is_priced_on_flashmla_where_it_runs_and_says_so_where_it_does
     for shape, budget in (("chain", 7), ("ddtree", 1)):
         assert StepSpec(Flash, reference, "contiguous", budget, shape, cpu, torch.float32).rows == budget + 1
     assert StepSpec(reference, reference, "contiguous", 8, "ddtree", cpu, torch.float32).rows == 9
+
+
+def test_off_is_plain_decoding_on_the_fastest_decode_kernel_measured():
+    """Turning speculation off means decoding on the best kernel there is: per context the faster of the path's own
+    one-row step and FlashMLA's (where it was measured), with the kernel it came from."""
+    from ddprobe.probes.advise import strongest_plain
+
+    got = strongest_plain("sglang", {8192: 8.46, 32768: 10.68}, {"flashmla": {8192: 6.0, 32768: 11.0}})
+    assert got == {8192: (6.0, "flashmla"), 32768: (10.68, "sglang")}
+    assert strongest_plain("split_ws", {8192: 6.88}, {}) == {8192: (6.88, "split_ws")}

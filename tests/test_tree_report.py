@@ -21,4 +21,9 @@ def test_tree_and_chain_side_by_side_and_the_decision(tmp_path):
                    check=True, capture_output=True, timeout=300)
     (d,) = advise_tables(Result.load(a))
     assert d.title == "Tree, chain or off (batch 1)" and d.rows[0][8].split("@")[0] in ("ddtree", "chain", "off")
+    assert "ran on" not in d.note  # typed plain step, steps from a file: no kernel is claimed for either
+    res = Result.load(a)
+    res.summary["decisions"][0].update(chain_kernel="flashmla: FlashMLA's dense decode kernel", plain_kernel="flashmla")
+    assert advise_tables(res)[0].note.endswith("The chain ran on: flashmla: FlashMLA's dense decode kernel. Plain "
+                                                "decoding ran on: flashmla.")
     assert commit_tables(Result.load("examples/commit-tiny-cpu-long-2026-12-02.json")) == []  # no shapes: none

@@ -45,6 +45,7 @@ class Point:
     same_model: bool = True  # the steps are the step model's model (False: a file of another; no physics check)
     tree: str = "ddtree"  # the draft's shape: ddtree (budget = nodes) or chain (budget = its depth)
     kernel: str = ""  # what the verify step ran on, where it is not ``path`` alone
+    decode_kernel: str = ""  # what the plain decode step ran on, where it is not ``path`` alone
 
     def __post_init__(self):
         check_budget(self.budget)
@@ -298,7 +299,7 @@ def decisions(points: list[Point], verdicts: list[Verdict]) -> list[dict]:
                     **{f"{t}_{'budget' if t == 'ddtree' else 'depth'}": p.budget if p else None
                        for t, p in best.items()},
                     **{f"{t}_tok_s": p.spec_tok_s if p else None for t, p in best.items()},
-                    "plain_tok_s": ps[0].plain_tok_s,
+                    "plain_tok_s": ps[0].plain_tok_s, "plain_kernel": ps[0].decode_kernel or None,
                     "chain_kernel": best["chain"].kernel if best["chain"] is not None else None})
     return out
 
@@ -422,7 +423,8 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
     chain_on, chain_why = chain_path_here(o) if any(s == "chain" for s, _ in configs) else (None, "")
     n_chain = sum(s == "chain" for s, _ in configs)
     points, t0, done = [], time.perf_counter(), [0]
-    cells = len(o.ctxs) * (len(o.paths) * (len(configs) - n_chain + 1) + n_chain * (1 if chain_on else len(o.paths)))
+    cells = len(o.ctxs) * (len(o.paths) * (len(configs) - n_chain + 1) + (n_chain + 1 if chain_on else
+                                                                         n_chain * len(o.paths)))
 
     def on_row(r) -> None:
         done[0] += 1
@@ -430,15 +432,20 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
         say(f"  {r.path} {fmt_tokens(r.ctx)} {'plain decode' if r.plain else f'budget {r.budget}'}: {r.step_ms:.4g} "
             f"ms ({done[0]}/{cells} cells, {spent:.0f} s, about {spent / done[0] * (cells - done[0]):.0f} s left)")
     chains: dict[str, list] = {}  # the path a chain ran on -> its rows
+    plain: dict[str, dict[int, float]] = {}  # FlashMLA's plain decode step per context, measured once
     for path in o.paths:
         where = f"measured: {o.preset} on {o.device}, {o.dtype}" + (f", {o.heads} heads" if o.heads else "")
         tree = [b for s, b in configs if s == "ddtree"]
         say(f"step times through {path}: {o.preset} at {', '.join(fmt_tokens(c) for c in o.ctxs)}, tree budgets "
             f"{', '.join(map(str, tree)) or 'none'} and plain decode")
         rows = measure_step_times(_step_options(o, path), list(o.ctxs), tree or [1], on_row=on_row)
-        decode = {r.ctx: r.step_ms for r in rows if r.plain}
+        if chain_on and chain_on not in plain:  # FlashMLA's one-row step: plain decoding at its strongest here
+            say(f"plain decode step times through {chain_on} (FlashMLA's decode kernel, page 64)")
+            plain[chain_on] = {r.ctx: r.step_ms for r in
+                               measure_step_times(_step_options(o, chain_on), list(o.ctxs), [], on_row=on_row)}
+        decode = strongest_plain(path, {r.ctx: r.step_ms for r in rows if r.plain}, plain)
         points += [Point(path, text, r.ctx, r.budget, commit[("ddtree", text, r.ctx, r.budget)], r.step_ms,
-                         decode[r.ctx], where, tree="ddtree", kernel=path)
+                         decode[r.ctx][0], where, tree="ddtree", kernel=path, decode_kernel=decode[r.ctx][1])
                    for text in o.texts for r in rows if not r.plain and r.budget in tree]
         depths = [b for s, b in configs if s == "chain"]
         if depths:
@@ -450,12 +457,24 @@ def measure(o: MeasureOptions, say=lambda _m: None, progress=None) -> list[Point
                 chains[chain_path] = chain_step_times(_step_options(o, chain_path), list(o.ctxs), depths, on_row)
             chain = chains[chain_path]
             points += [Point(path, text, r.ctx, r.budget, commit[("chain", text, r.ctx, r.budget)], r.step_ms,
-                             decode[r.ctx], where, tree="chain", kernel=chain_kernel(chain_path, path))
+                             decode[r.ctx][0], where, tree="chain", kernel=chain_kernel(chain_path, path),
+                             decode_kernel=decode[r.ctx][1])
                        for text in o.texts for r in chain]
     return points
 
 
 CHAIN_PATH = "flashmla"  # the production causal kernel a chain is priced on where it runs (SGLang's and vLLM's)
+
+
+def strongest_plain(path: str, own: dict[int, float], others: dict[str, dict[int, float]]
+                    ) -> dict[int, tuple[float, str]]:
+    """Per context, plain decoding's step: the fastest of ``path``'s own one-row step and the other decode kernels
+    measured here (FlashMLA's), with the one it came from; turning speculation off means decoding on the best."""
+    out = {}
+    for ctx, ms in own.items():
+        best = min([(ms, path)] + [(d[ctx], k) for k, d in others.items() if ctx in d])
+        out[ctx] = best
+    return out
 
 
 def chain_path_here(o: MeasureOptions) -> tuple[str | None, str]:

@@ -43,7 +43,10 @@ def advise_tables(r: Result) -> list[Table]:
     rows = [[str(d["path"]), str(d["text"]), fmt_tokens(int(d["ctx"])), f"ddtree@{d['ddtree_budget']}",
              _f(d["ddtree_tok_s"], ".3g"), f"chain@{d['chain_depth']}", _f(d["chain_tok_s"], ".3g"),
              _f(d["plain_tok_s"], ".3g"), str(d["choice"]), _f(d["margin"]) + "x"] for d in ds]
+    ran = "".join(f" {what}: {'; '.join(sorted(ks))}." for what, key in (("The chain ran on", "chain_kernel"),
+                                                                       ("Plain decoding ran on", "plain_kernel"))
+                  if (ks := {str(d[key]) for d in ds if d.get(key)}))
     return [Table(f"Tree, chain or off (batch {ds[0].get('batch', 1)})",
                   ["path", "text", "ctx", "tree", "tok/s", "chain", "tok/s", "off tok/s", "choice", "margin"], rows,
                   "The best tree and the best chain at each context against plain decoding; the margin is the "
-                  "choice's tokens/s over the next best. Off is chosen only against a measured plain step.")]
+                  "choice's tokens/s over the next best. Off is chosen only against a measured plain step." + ran)]

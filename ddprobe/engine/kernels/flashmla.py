@@ -127,6 +127,6 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
         refresh(p)
     e["heads"] = q.shape[1]
     k_cache = kv[:rows].view(e["pages"], PAGE, 1, kv.shape[1])
-    out, _ = _lib().flash_mla_with_kvcache(q[None], k_cache, e["block_table"], e["seqlens"], V_DIM, e["sched"],
+    out, _ = _lib().flash_mla_with_kvcache(q.contiguous()[None], k_cache, e["block_table"], e["seqlens"], V_DIM, e["sched"],
                                            softmax_scale=sm_scale, causal=True, use_legacy=True)
     return out[0]

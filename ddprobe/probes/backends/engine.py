@@ -129,7 +129,7 @@ class EngineBackend:
             raise BackendError(f"unknown tree shape {shape!r}; known: {', '.join(TREE_SHAPES)}")
         if not 1 <= budget <= MAX_BUDGET:
             raise BackendError(f"budget must be in 1..{MAX_BUDGET}, got {budget}")
-        if shape != "chain" and verify_paths.get(self.attn).masks == "causal":
+        if shape != "chain" and budget > 1 and verify_paths.get(self.attn).masks == "causal":
             raise BackendError(f"--attn {self.attn} verifies causal masks only: it runs --tree chain (and plain "
                                f"decode), not {shape}; use a tree-mask path for {shape}")
         if shape == "chain" and budget > self.engine.num_draft:
