@@ -329,6 +329,11 @@ class BenchVerifyRow(Row):
     kernels: dict | None = None
     config: dict | None = None
     tuning: dict | None = None
+    step_kernels: Count | None = None  # kind "step61": the GPU's kernels per step, from a profile of its replay
+    kernels_ms: Ms | None = None  # ... the sum of their own durations per step
+    span_ms: Ms | None = None  # ... first kernel's start to the last one's end
+    gaps_ms: Ms | None = None  # ... the span's time with no kernel running (launch gaps)
+    trace: str | None = None  # ... that profile as a Chrome trace (--step-trace)
     extra: dict = field(default_factory=dict)
 
 

@@ -52,6 +52,66 @@ def timed_graph(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40) -> fl
     return statistics.median(ts) / n_calls
 
 
+def graph_anatomy(fn, replays: int = 3, trace_path: str | None = None) -> dict:
+    """fn() captured in a CUDA graph and replayed ``replays`` times under torch.profiler (after the timing, never
+    inside it): per replay the GPU's kernels (``step_kernels``), the sum of their own durations (``kernels_ms``), the replay's span
+    from the first kernel's start to the last one's end (``span_ms``) and the time in it with no kernel running
+    (``gaps_ms``: launch gaps between kernels, the GPU idle). ``trace_path``: the profile also written there as a
+    Chrome trace (what ``ddprobe trace`` reads)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from .foreign import quiet_stderr
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    with quiet_stderr(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+            torch.cuda.synchronize()
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                     if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+                     and "memset" not in e.name.lower())
+    del g
+    return anatomy_of(kernels, replays)
+
+
+def anatomy_of(kernels: list[tuple[float, float]], replays: int) -> dict:
+    """``graph_anatomy``'s figures from the kernels' (start, end) times in us, sorted, of ``replays`` replays: a
+    replay begins where the GPU was idle longest before it (the host's synchronisation between replays), so the
+    split does not depend on the profiler's own ordering."""
+    if not kernels or replays < 1:
+        return {"step_kernels": 0, "kernels_ms": 0.0, "span_ms": 0.0, "gaps_ms": 0.0}
+    before, end = [], kernels[0][1]  # the idle time before each kernel: its start minus the latest end so far
+    for st, en in kernels[1:]:
+        before.append(st - end)
+        end = max(end, en)
+    idle = sorted(range(1, len(kernels)), key=lambda i: before[i - 1], reverse=True)[:replays - 1]
+    cuts = [0, *sorted(idle), len(kernels)]
+    busy = span = 0.0
+    for a, b in zip(cuts, cuts[1:]):
+        part = kernels[a:b]
+        span += max(e for _, e in part) - part[0][0]
+        end = part[0][0]
+        for st, en in part:  # the union of the kernels' intervals (overlapping kernels counted once)
+            busy += max(0.0, en - max(st, end))
+            end = max(end, en)
+    n = len(kernels) / replays
+    return {"step_kernels": round(n), "kernels_ms": sum(e - st for st, e in kernels) / replays / 1e3,
+            "span_ms": span / replays / 1e3, "gaps_ms": (span - busy) / replays / 1e3}
+
+
 def timed_eager(fn, n_calls: int, min_s: float = 0.25, max_reps: int = 40, min_calls: int = 48) -> float:
     """fn() (which makes n_calls layer calls) launched eagerly, repeated within each timed window until it holds
     min_calls calls (a steady stream of launches, as an eager step's layers give: one launch's host latency is not

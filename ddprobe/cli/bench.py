@@ -52,6 +52,20 @@ def _variants(items: list[str], what: str) -> list[tuple[str, dict]]:
     return out_
 
 
+def _trace_dir(path: Path | None) -> str | None:
+    """``--step-trace``: a folder that is new (made here) or empty, so no earlier trace is replaced; one line else."""
+    if path is None:
+        return None
+    try:
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise DDProbeError(f"--step-trace {path}: " + ("not a folder" if not path.is_dir() else
+                               "the folder holds files already (an earlier run's traces): give a new or empty one"))
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DDProbeError(f"--step-trace {path}: cannot make the folder ({e.strerror or e})") from None
+    return str(path)
+
+
 @bench_app.command("verify")
 @errors_exit_1
 def verify(
@@ -77,6 +91,9 @@ def verify(
     step_variant: Annotated[Optional[list[str]], typer.Option("--step-variant", help="Also time PATH with "
                                                               "overrides in the step (repeatable).")] = None,
     step_skip: Annotated[str, typer.Option("--step-skip", help="Paths left out of the step, e.g. paged.")] = "",
+    step_trace: Annotated[Optional[Path], typer.Option("--step-trace", help="A new or empty folder: each step's "
+                                                       "profile as a Chrome trace (what `ddprobe trace` reads).")]
+    = None,
     paged_max_ctx: Annotated[str, typer.Option("--paged-max-ctx", help="Time paged only up to this context.")]
     = "256k",
     paged_heads: Annotated[str, typer.Option("--paged-heads", help="Time paged only at these head counts "
@@ -104,7 +121,7 @@ def verify(
         step_variants=_variants(step_variant or [], "--step-variant"), step_skip=_names(step_skip, "--step-skip"),
         paged_max_ctx=parse_token_list(paged_max_ctx)[0],
         paged_heads=_counts(paged_heads, "--paged-heads") if paged_heads else [],
-        flex_budget_s=flex_budget_s, eager=eager)
+        flex_budget_s=flex_budget_s, eager=eager, step_trace=_trace_dir(step_trace))
     if budget < 1:
         raise DDProbeError(f"--budget must be at least 1, got {budget}")
     if slots not in ("shuffled", "contiguous"):

@@ -13,15 +13,17 @@ row records the plan kind and the kernel. The document written (``meta``, ``ceil
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from ... import verify_paths
 from ...physics.gpus import DEFAULT_L2_BYTES, gpu_spec_for
 from ...physics.shapes import KIMI_K2, AttnShape, dtype_bytes
-from ...timing import copy_bandwidth_Bps, n_cache_sets, timed_eager, timed_graph
+from ...timing import copy_bandwidth_Bps, graph_anatomy, n_cache_sets, timed_eager, timed_graph
 from ...units import DDProbeError, UnitError, parse_tokens
 from . import peers
 
@@ -55,6 +57,7 @@ class BenchOptions:
     sm_scale: float | None = None  # None: the shape's (an engine's carries YaRN's factor)
     slots: str = "shuffled"  # the token pool of the page_size=1 paths: "shuffled" (a random permutation) or "contiguous"
     eager: bool = False  # also time the verify paths' eager launches (eager_us, eager_ratio = eager / graph replay)
+    step_trace: str | None = None  # a folder for each step's profile (Chrome trace): ``ddprobe trace`` reads it
 
     @property
     def scale(self) -> float:
@@ -477,9 +480,13 @@ class Bench:
                         fn(q, kv)
                 t = timed_graph(whole, 1, min_s=0.5, max_reps=10)
                 _check_no_fallback(fn, lab)
+                trace = str(Path(o.step_trace) / f"step61-{re.sub(r'[^A-Za-z0-9._-]+', '_', lab)}-{ctx}-{heads}h.json"
+                            ) if o.step_trace else None
+                anat = graph_anatomy(whole, trace_path=trace)  # the step's kernels and gaps (after its timing)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, step_ms=t * 1e3, floor_us=floor * 1e6,
                            gap=t / floor, GBps=nbytes / t / 1e9, bytes=nbytes,
-                           **{k: made[k] for k in ("plan", "kernel") if k in made})
+                           **{k: made[k] for k in ("plan", "kernel") if k in made}, **anat,
+                           **({"trace": trace} if trace else {}))
             except Exception as e:  # noqa: BLE001  (a peer that cannot run: recorded, not fatal)
                 rec = dict(kind="step61", ctx=ctx, heads=heads, path=lab, skipped=f"{type(e).__name__}: {str(e)[:300]}")
             self._keep(rec)
