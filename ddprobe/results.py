@@ -31,7 +31,7 @@ from . import __version__, signals
 from . import schema as _schema
 from .jsonfile import write_text_atomic
 from .schema import SCHEMA
-from .units import DDProbeError
+from .units import DDProbeError, check_measured
 
 
 def typed_rows(kind: str, rows: Any, config: Any, source: str) -> list[dict[str, Any]]:
@@ -188,10 +188,14 @@ class Result:
             if not isinstance(kind, str):
                 raise DDProbeError(f"{source}: malformed results file ('kind' must be text)")
             step = (d.get("summary") or {}).get("decode_step_ms") if kind == "gpu-util" else None
-            if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0):
-                raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not believed")
+            if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))
+                                     or not 1e-3 <= step <= 3.6e6):
+                raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not a measured step "
+                                   "(1 us to 1 h)")
             rows, config, summary = signals.upgrade(kind, d.get("rows", []), d.get("config", {}), d.get("summary", {}))
             rows = typed_rows(kind, rows, config, source)
+            check_measured(kind, rows, source)  # every measured time against a typed one's range
+            _schema.check_summary(kind, summary if isinstance(summary, dict) else {}, source)
             return cls(kind=kind, meta=meta, config=config, rows=rows, summary=summary, schema=SCHEMA)
         except (KeyError, TypeError) as e:
             raise DDProbeError(f"{source}: malformed results file ({e})") from None

@@ -67,18 +67,22 @@ def in_range(value: float, what: str, text) -> float:
 # Times a benchmark measured, each in its key's unit: the range a typed step time has (``units.RANGES``, 1 us to
 # 1 h). A kernel floor is a bound, not a measurement (a 1k layer's can be under 1 us): not held to it.
 _MEASURED = {"bench-verify": {"us": 1e-6, "time_us": 1e-6, "step_ms": 1e-3, "eager_us": 1e-6},
-             "allreduce": {"us": 1e-6, "p10_us": 1e-6, "p90_us": 1e-6}}
+             "allreduce": {"us": 1e-6, "p10_us": 1e-6, "p90_us": 1e-6},
+             "commit": {"decode_ms_per_step": 1e-3, "verify_ms_mean": 1e-3, "draft_ms_mean": 1e-3},
+             "floor": {"step_ms": 1e-3}}
 
 
 def check_measured(kind: str, rows: list, source: str) -> None:
     """Nothing when every time the benchmark ``rows`` (dicts, typed by the schema) of a ``kind`` file record is a
     measured time (1 us to 1 h; in a bench-verify row a zero, or null, is "no time": the path failed), an all-reduce's
     p10 <= median <= p90 and its size at least 1 B; one DDProbeError naming the file, the row and the field
-    otherwise. Every reader of results files asks it (``reports.load.load_one``, ``load_allreduce``)."""
+    otherwise; a commit row's step times and a floor row's measured step likewise. Every results file loaded asks
+    it (``results.Result.from_dict``)."""
     lo, hi, said = RANGES["step time"]
     for i, row in enumerate(rows if kind in _MEASURED else [], 1):
         where = f"{source}: row {i}" + (f" ({row.get('path')} ctx={row.get('ctx')})" if kind == "bench-verify"
-                                        else f" ({row.get('bytes')} B)")
+                                        else f" ({row.get('bytes')} B)" if kind == "allreduce"
+                                        else f" ({row.get('text', '')} ctx={row.get('ctx')})".replace("( ", "("))
         for key, scale in _MEASURED[kind].items():
             v = row.get(key)
             if v is None or (v == 0 and kind == "bench-verify" and not isinstance(v, bool)):
@@ -86,7 +90,7 @@ def check_measured(kind: str, rows: list, source: str) -> None:
             if isinstance(v, bool) or not isinstance(v, (int, float)):  # a key the schema leaves to the writer
                 raise DDProbeError(f"{where}: {key!r} is {type(v).__name__} {str(v)[:40]!r} (must be a number)")
             if not lo <= v * scale <= hi:
-                raise DDProbeError(f"{where}: {key!r} is {v:g} {key.rsplit('_', 1)[-1]}, not a measured time (must be "
+                raise DDProbeError(f"{where}: {key!r} is {v:g} {'us' if scale == 1e-6 else 'ms'}, not a measured time (must be "
                                    f"between {said})")
         if kind == "allreduce":
             if row["bytes"] < 1:

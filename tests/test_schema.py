@@ -159,3 +159,105 @@ def test_bench_verify_checks_each_row_it_keeps():
                                            r"\(must be >= 0\)$"):
         b._keep({"ctx": 1024, "heads": 8, "path": "paged", "us": -3.0})
     assert len(b.results) == 1 and seen == b.results
+
+
+# ---- issue 65: the summary parts a report reads whole, and measured times, held like typed ones
+TRACES = ROOT / "tests" / "data" / "traces"
+
+
+def _made(tmp_path, *args) -> dict:
+    """A results file a real command writes (a fresh process), as JSON."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "made.json"
+    r = subprocess.run([sys.executable, "-m", "ddprobe", *map(str, args), "-o", out], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+DECISION = {"path": "typed", "text": "typed", "ctx": 32768, "batch": 1, "choice": "chain@4", "margin": 1.2,
+            "ddtree_budget": 8, "chain_depth": 4, "ddtree_tok_s": 10.0, "chain_tok_s": 12.0, "plain_tok_s": 9.0}
+
+
+@pytest.mark.parametrize("decisions,says", [
+    ("abc", "summary.decisions is str, not a list"),
+    ([dict(DECISION, ctx="abc")], "summary.decisions[1]: 'ctx' is str 'abc'"),
+    ([{"chain_tok_s": 3.0}], "summary.decisions[1]: 'path' is missing"),
+    ([dict(DECISION, chain_tok_s=1e300)], "'chain_tok_s' is 1e+300 tokens/s (must be <= 1e+09)"),
+    ([dict(DECISION, ddtree_tok_s=-5.0)], "'ddtree_tok_s' is -5.0 tokens/s (must be >= 0)"),
+    ([dict(DECISION, margin="x")], "'margin' is str 'x'"),
+])
+def test_an_advise_files_decisions_are_typed_on_load(decisions, says, tmp_path):
+    """summary.decisions was read by the report as it stood: 1e300 tok/s printed, a ctx of 'abc' a traceback."""
+    doc = _made(tmp_path, "advise", "--ctx", "32k", "--step-ms", "159", "--commit-len", "3")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(dict(doc, summary=dict(doc["summary"], decisions=[DECISION]))))
+    assert Result.load(good).summary["decisions"] == [DECISION]
+    doc["summary"]["decisions"] = decisions
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(DDProbeError, match=re.escape(says)):
+        Result.load(bad)
+    doc["summary"].update(decisions=[], verdicts="x")
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(DDProbeError, match=re.escape("summary.verdicts is str, not a list")):
+        Result.load(bad)
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda d: d.update(diff="x"), "summary.diff is not an object"),
+    (lambda d: d["diff"].update(step_after_ms=-1e12), "'step_after_ms' is -1000000000000.0 ms (must be >= 0.001)"),
+    (lambda d: d["diff"].update(step_before_ms="x"), "'step_before_ms' is str 'x'"),
+    (lambda d: d["diff"].update(step_delta_ms=5.0), "'step_delta_ms' 5 is not after - before"),
+    (lambda d: d["diff"].update(kernels={"a": 1}), "'kernels' is dict"),
+    (lambda d: d["diff"].update(classes=[{"cls": "attention"}]), "summary.diff.classes[1]: 'before_ms' is missing"),
+    (lambda d: d["diff"]["classes"][0].update(cls="nosuch"), "'cls' is 'nosuch' (must be one of attention"),
+    (lambda d: d["diff"]["kernels"][0].update(after_ms=1e9), "'delta_ms'"),
+    (lambda d: d["diff"].update(added=[5]), "'added'/'gone' hold 5"),
+])
+def test_a_trace_diffs_summary_is_typed_on_load(change, says, tmp_path):
+    doc = _made(tmp_path, "trace", "diff", TRACES / "h100-sglang-graphs-32k.trace.json.gz",
+                TRACES / "h100-split_ws-graphs-32k.trace.json.gz")
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(doc))
+    assert Result.load(good).summary["diff"]["classes"]  # what the command writes loads
+    change(doc["summary"])
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(DDProbeError, match=re.escape(says)):
+        Result.load(bad)
+
+
+@pytest.mark.parametrize("src,change,says", [
+    ("commit-tiny-cpu.json", lambda d: d["rows"][0].update(decode_ms_per_step=1e12),
+     "'decode_ms_per_step' is 1e+12 ms, not a measured time (must be between 1 us and 1 h)"),
+    ("commit-tiny-cpu.json", lambda d: d["rows"][0].update(verify_ms_mean=1e-300), "'verify_ms_mean' is 1e-300 ms"),
+    ("floor-rtx-pro-6000-tp8.json", lambda d: d["rows"][0].update(gap=1e-9),
+     "'attn_gap' is 1e-09, not step / floor"),
+    ("floor-rtx-pro-6000-tp8.json", lambda d: d["rows"][0].update(step_ms=-1.0), "'step_ms' is -1.0 ms"),
+    ("gpu-util-synthetic.json", lambda d: d["summary"].update(decode_step_ms=1e300),
+     "decode_step_ms is 1e+300: not a measured step (1 us to 1 h)"),
+])
+def test_impossible_times_in_a_file_are_refused_by_every_reader(src, change, says, tmp_path):
+    """One check for every number that enters from a file: report, floor --steps-from and advise --from all load
+    through Result.from_dict, so each refuses the file in one line naming the field."""
+    import subprocess
+    import sys
+
+    doc = json.loads((ROOT / "tests" / "data" / src).read_text())
+    change(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(DDProbeError, match=re.escape(says)):
+        Result.load(bad)
+    r = subprocess.run([sys.executable, "-m", "ddprobe", "report", bad, "-o", tmp_path / "r.html"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "r.html").exists()
+    if src.startswith("commit"):
+        for cmd in (["floor", "--steps-from", bad], ["advise", "--from", bad]):
+            r = subprocess.run([sys.executable, "-m", "ddprobe", *map(str, cmd)], capture_output=True, text=True,
+                               timeout=300)
+            assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, (cmd, r.stderr)
