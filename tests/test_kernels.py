@@ -143,6 +143,33 @@ def test_split_latent_batched(kbatch, block_q, block_n, stages, warps):
     check("split", 45, 1, "chain", 16, torch.float32, tuning=t)
 
 
+@needs_kernels
+def test_split_latent_batched_device_plan():
+    """kbatch under a device plan: one plan (7 splits sized for a 400-token bound) run at live lengths 0 to the bound,
+    rows past the live ones NaN; each output within fp16's 3e-3 of the reference (spare splits empty)."""
+    from ddprobe.engine.kernels import split
+
+    g = torch.Generator().manual_seed(5)
+    t = tune(tma=0, kbatch=4, block_q=16, block_n=32, num_stages=3, num_warps=4, programs_per_sm=40)
+    r, h, bound = 9, 8, 400
+    q = torch.randn(r, h, 96, generator=g).to(torch.float16).to(DEV)
+    mask = shape_mask("fork", r - 1).to(DEV)
+    pt = torch.zeros(1, dtype=torch.int32, device=DEV)
+    p = split.plan(pt, mask, None, 64, tuning=t, heads=h, max_prefix=bound, dtype=torch.float16, rope_dim=32)
+    assert p.extra["config"]["num_splits"] > 1 and p.extra["config"]["kbatch"] == 4
+    for n in (0, 37, 200, bound):
+        kv = torch.full((bound + r + 8, 96), float("nan"))
+        kv[:n + r] = torch.randn(n + r, 96, generator=g)
+        kv = kv.to(torch.float16).to(DEV)
+        pt.fill_(n)
+        split.refresh(p)
+        out = split.run(q, kv, p, 0.125)
+        ref = reference.run(q, kv, reference.plan(n, mask, None, 64), 0.125)
+        assert torch.isfinite(out).all()
+        err = float((out.float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL[torch.float16], (n, err)
+
+
 def test_split_ksplit_and_programs_per_sm_config():
     """ksplit outside 1, 2, 4 is one line; programs_per_sm sizes the split count for that many programs per SM."""
     from ddprobe.engine.kernels import split
