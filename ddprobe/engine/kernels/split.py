@@ -83,9 +83,10 @@ class SplitTuning:
                               # S product and P V accumulator: independent MMA chains instead of one 36-step chain
     programs_per_sm: int = 1  # prefix programs per SM the split count is sized for (what the GPU's SM holds)
     kbatch: int = 0           # pointer-load tiles (tma=0): the latent as kbatch column chunks on the batch axis of 3-D
-                              # dots (Triton gives each warp its own chunks: its Q chunk stays in registers, the tile's
-                              # latent is read from shared memory once as K and once as V, S summed over the warps);
-                              # 0 off (ksplit then applies), 2, 4 or 8 (at least 16 columns a chunk)
+                              # dots (Triton gives each warp its own chunks: a warp reads only its Q chunk and its latent
+                              # chunk, once as K and once as V, where the 2-D tiling's warps each re-read all of Q; S
+                              # summed over the warps); 0 off (ksplit then applies), 2, 4 or 8 (at least 16 columns a
+                              # chunk; keep num_warps <= kbatch); docs/kernels.md
 
 
 DEFAULT_TUNING = SplitTuning()
