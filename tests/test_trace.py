@@ -365,7 +365,12 @@ def test_graph_launches_are_the_units_and_the_grid_is_read(tmp_path):
     (["--kv-dtype", "fp8"], "the dtype options need --model"),
     (["--marker", "^(a+)+$"], "a repetition inside a repetition"),
     (["--marker", "x" * 300], "characters, at most 200"),
-    (["--prompt-file", "p.txt"], "--prompt-file is the request --url sends"),
+    (["--prompt-file", "p.txt"], "--prompt-file is for --url"),
+    (["--wait", "5"], "--wait is for --url"),
+    (["--num-steps", "3"], "--num-steps is for --url"),
+    (["--no-request"], "--no-request is for --url"),
+    (["--dir", "d"], "--dir is for --url"),
+    (["--budget", "4"], "--budget needs --model"),
 ])
 def test_bad_options_one_line_before_anything_is_read(args, words, tmp_path):
     from typer.testing import CliRunner

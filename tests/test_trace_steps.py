@@ -226,6 +226,11 @@ def _first_kernel(doc):
     (lambda d: d["deviceProperties"][0].update(name=7), "deviceProperties[0].name is 7"),
     (lambda d: d["deviceProperties"][0].update(numSms="many"), "deviceProperties[0].numSms is 'many'"),
     ("deep", "nested deeper"),
+    (lambda d: _first_kernel(d).update(name=12), "name is int '12', not text"),
+    (lambda d: _first_kernel(d).update(cat=["kernel"]), "cat is list"),
+    (lambda d: _first_kernel(d)["args"].update(correlation={}), "correlation is dict"),
+    (lambda d: _first_kernel(d)["args"].update(stream=[7]), "stream is list"),
+    (lambda d: d["traceEvents"].insert(3, 7), "an event of traceEvents is int '7', not an object"),
 ])
 def test_malformed_structure_and_impossible_numbers_one_line(change, words, tmp_path):
     out = tmp_path / "o.json"
@@ -248,6 +253,29 @@ def test_a_catastrophic_marker_is_refused_at_once(tmp_path):
     r = cli("trace", SPLIT, "--marker", "^(a+)+$", "-o", tmp_path / "o.json")
     assert r.returncode == 1 and "repetition inside a repetition" in r.stderr
     assert time.perf_counter() - t0 < 30
+
+
+def test_an_alternation_inside_a_repetition_is_refused_at_once(tmp_path):
+    r = cli("trace", SPLIT, "--marker", "(a|aa)*$", "-o", tmp_path / "o.json")
+    assert r.returncode == 1 and "alternation inside a repetition" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "o.json").exists()
+
+
+def test_a_marker_that_backtracks_is_bounded_in_time(tmp_path):
+    """a*a*a*a*a*c passes the structural check but backtracks as n^5 on a name of a's: the search is cut at
+    MARKER_S and said in one line, not left to run for hours."""
+    from ddprobe.probes.trace_parts import read
+
+    doc = load(SPLIT)
+    doc["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "a" * 900 + "b", "ts": 1e6, "dur": 1.0,
+                               "pid": 1, "tid": 1})
+    bad = save(doc, tmp_path / "long-name.trace.json.gz")
+    t0 = time.perf_counter()
+    r = cli("trace", bad, "--marker", "a*a*a*a*a*c", "-o", tmp_path / "o.json")
+    assert r.returncode == 1 and f"took over {read.MARKER_S:g} s on one annotation name" in r.stderr, r.stderr
+    assert time.perf_counter() - t0 < read.MARKER_S + 60 and not (tmp_path / "o.json").exists()
+    search = read.bounded_search(read.check_marker(r"^ProfilerStep#\d+$"))
+    assert search("ProfilerStep#3") and not search("a" * 900)  # a plain pattern is unchanged
 
 
 class Trickle(BaseHTTPRequestHandler):
@@ -364,3 +392,15 @@ def test_a_trace_results_file_with_impossible_times_is_refused(tmp_path, key, ti
     (tmp_path / "bad.json").write_text(json.dumps(doc))
     with pytest.raises(DDProbeError, match=f"row 1 of this trace file: '{key}' .*{says}"):
         Result.load(tmp_path / "bad.json")
+
+
+def test_a_prompt_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    """--prompt-file naming a FIFO: refused at once in one line (it was opened for a read that waits for a writer
+    forever, before any server was asked)."""
+    fifo = tmp_path / "prompt"
+    os.mkfifo(fifo)
+    t0 = time.perf_counter()
+    r = cli("trace", "--url", "http://127.0.0.1:1", "--prompt-file", fifo, "--wait", "3", "-o", tmp_path / "o.json",
+            timeout=60)
+    assert r.returncode == 1 and "--prompt-file" in r.stderr and "is a FIFO: give a regular file" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and time.perf_counter() - t0 < 30

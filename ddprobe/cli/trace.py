@@ -221,8 +221,8 @@ def trace(
             "--marker": marker != r"^ProfilerStep#\d+$", **floor_given(fo)})
     if bool(files) == bool(url):
         raise DDProbeError("give trace files or folders, or --url to profile a server (one of the two)")
-    if prompt_file is not None and not url:
-        raise DDProbeError("--prompt-file is the request --url sends: give --url")
+    _unused(url, model, fo, {"--num-steps": num_steps != 8, "--dir": trace_dir, "--wait": wait != 300.0,
+                             "--no-request": not request, "--prompt-file": prompt_file})
     path = check_file("--out", results_path(out_path, "trace"), force=force, keep_existing=True,
                       inputs=[("FILES", f) for f in files or []])
     n = parse_tokens(ctx) if ctx else None
@@ -241,6 +241,17 @@ def trace(
         print_ranks(result.rows, result.summary["skew"])
     result.save(path)
     err.print(f"results: {path}", highlight=False)
+
+
+def _unused(url: str | None, model: str | None, fo: FloorOptions, url_only: dict) -> None:
+    """An option its combination ignores, refused by name: those of ``--url`` (``url_only``, given) without it, and
+    --budget without --model (it sets the floor's rows; the other floor options are refused by ``trace_model``)."""
+    given = [k for k, v in url_only.items() if v]
+    if given and not url:
+        raise DDProbeError(f"{given[0]} is for --url (profiling a server); reading trace files it has no use: "
+                           "leave it out, or give --url")
+    if fo.budget is not None and model is None:
+        raise DDProbeError("--budget needs --model: it sets the rows of the floor, which needs the model")
 
 
 def floor_given(fo: FloorOptions) -> dict:

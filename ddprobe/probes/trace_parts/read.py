@@ -78,8 +78,9 @@ MARKER_MAX = 200  # characters of a --marker pattern
 
 def check_marker(text: str) -> re.Pattern:
     """``--marker``: a regular expression matched against every annotation's name, so bounded in time: at most
-    ``MARKER_MAX`` characters and no repetition inside a repetition (``(a+)+`` and ``(a*)*`` nests backtrack
-    exponentially: ``^(a+)+$`` against 30 a's and a b takes minutes). One line otherwise."""
+    ``MARKER_MAX`` characters, no repetition inside a repetition (``(a+)+`` and ``(a*)*`` nests backtrack
+    exponentially: ``^(a+)+$`` against 30 a's and a b takes minutes) and no alternation inside one (``(a|aa)*$``
+    likewise); ``bounded_search`` bounds the rest. One line otherwise."""
     from re import _parser as sre  # the standard library's own parse of the pattern
 
     if len(text) > MARKER_MAX:
@@ -102,12 +103,50 @@ def check_marker(text: str) -> re.Pattern:
             elif op == sre.SUBPATTERN:
                 walk(av[-1], inside)
             elif op == sre.BRANCH:
+                if inside:  # (a|aa)* : the ways to split a name multiply as (a+)+'s do
+                    raise DDProbeError(f"{text!r}: an alternation inside a repetition can take exponential time on "
+                                       "a long name; write it without the repetition around the alternatives")
                 for b in av[1]:
                     walk(b, inside)
             elif op in (sre.ASSERT, sre.ASSERT_NOT):
                 walk(av[1], inside)
     walk(tree, False)
     return rx
+
+
+MARKER_S = 5.0  # the most one annotation's name may take to match --marker
+
+
+class _Late(Exception):
+    pass
+
+
+def bounded_search(rx: re.Pattern, what: str = "--marker") -> Callable[[str], object]:
+    """``rx.search`` bounded in time: a pattern that passes ``check_marker`` may still backtrack polynomially
+    (``a*a*a*a*b`` against a long name); past ``MARKER_S`` s on one name it is one line naming the pattern. The bound
+    is a SIGALRM timer (the regex engine checks signals), so it holds on the main thread; elsewhere the search is
+    plain."""
+    import signal
+    import threading
+
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        return rx.search
+
+    def late(signum, frame):
+        raise _Late()
+
+    def search(name: str):
+        old = signal.signal(signal.SIGALRM, late)
+        signal.setitimer(signal.ITIMER_REAL, MARKER_S)
+        try:
+            return rx.search(name)
+        except _Late:
+            raise DDProbeError(f"{what} {rx.pattern!r} took over {MARKER_S:g} s on one annotation name "
+                               f"({name[:40]!r}...): a pattern that backtracks; write a simpler one") from None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+    return search
 
 
 def _open_text(path: Path):
@@ -224,8 +263,10 @@ def _events(s: _Stream, path: Path, tail: dict) -> Iterator[dict]:
             raise DDProbeError(f"{path}: not valid JSON at character {s.read - len(s.buf) + e.pos} "
                                "(a truncated or damaged trace)") from None
         s.pos = end
-        if isinstance(ev, dict):
-            yield ev
+        if not isinstance(ev, dict):
+            raise DDProbeError(f"{path}: an event of traceEvents is {type(ev).__name__} {str(ev)[:40]!r}, not an "
+                               "object (a damaged trace)")
+        yield ev
 
 
 def _tail(rest: str) -> dict:
@@ -261,28 +302,45 @@ def _shared(t: Trace, launch: tuple | None) -> tuple | None:
     return t.launch_configs.setdefault(launch, launch)
 
 
-def _take(t: Trace, ev: dict, marker: re.Pattern, cpu_ops: bool) -> None:
-    cat, ph = ev.get("cat"), ev.get("ph")
+def _text(ev: dict, key: str) -> str:
+    """The event's ``name``, ``cat`` or ``ph``: text ("" when absent; ValueError for a number, a list...)."""
+    v = ev.get(key, "")
+    if not isinstance(v, str):
+        raise ValueError(f"{key} is {type(v).__name__} {str(v)[:40]!r}, not text")
+    return v
+
+
+def _id(args: dict, key: str, default: int) -> int:
+    """A stream or correlation id: an integer (a decimal string taken), ``default`` when absent or null."""
+    v = args.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or isinstance(v, str) and not v.strip().lstrip("-").isdigit():
+        raise ValueError(f"{key} is {type(v).__name__} {str(v)[:40]!r}, not an id")
+    return int(v)
+
+
+def _take(t: Trace, ev: dict, marker, cpu_ops: bool) -> None:
+    cat, ph = _text(ev, "cat"), _text(ev, "ph")
     if ph != "X":
         return
     args = ev.get("args") or {}
     if not isinstance(args, dict):
         raise ValueError(f"args is a {type(args).__name__}, not an object")
     if cat in DEVICE_CATS:
-        t.kernels.append(Kernel(str(ev.get("name", "")), _at(ev, "ts"), _at(ev, "dur"),
-                                int(args.get("stream", 0) or 0), int(args.get("correlation", -1) or -1), cat,
+        t.kernels.append(Kernel(_text(ev, "name"), _at(ev, "ts"), _at(ev, "dur"), _id(args, "stream", 0),
+                                _id(args, "correlation", -1), cat,
                                 _shared(t, _launch_args(args)) if cat == "kernel" else None))
     elif cat in LAUNCH_CATS:
-        corr = args.get("correlation")
-        if corr is not None:
-            t.launches[int(corr)] = (_at(ev, "ts"), sys.intern(str(ev.get("name", ""))))
-    elif cat in MARKER_CATS and LABEL.match(name := str(ev.get("name", ""))):
+        corr = _id(args, "correlation", -1)
+        if "correlation" in args and args["correlation"] is not None:
+            t.launches[corr] = (_at(ev, "ts"), sys.intern(_text(ev, "name")))
+    elif cat in MARKER_CATS and LABEL.match(name := _text(ev, "name")):
         t.labels.append((name, _at(ev, "ts"), _at(ev, "dur"), cat))
-    elif cat in MARKER_CATS and marker.search(name[:MARKER_NAME_MAX]):
+    elif cat in MARKER_CATS and marker(name[:MARKER_NAME_MAX]):
         t.markers.append((name, _at(ev, "ts"), _at(ev, "dur"), cat))
     elif cpu_ops and cat == "cpu_op":
-        t.cpu_ops.append((sys.intern(str(ev.get("name", ""))), _at(ev, "ts"), _at(ev, "dur"),
-                          int(ev.get("tid", 0) or 0)))
+        t.cpu_ops.append((sys.intern(_text(ev, "name")), _at(ev, "ts"), _at(ev, "dur"), _id(ev, "tid", 0)))
 
 
 def read_trace(path: str | Path, marker: str = r"^ProfilerStep#\d+$", cpu_ops: bool = False,
@@ -294,6 +352,7 @@ def read_trace(path: str | Path, marker: str = r"^ProfilerStep#\d+$", cpu_ops: b
         rx = check_marker(marker)
     except DDProbeError as e:
         raise DDProbeError(f"--marker: {e}") from None
+    search = bounded_search(rx)
     t, tail = Trace(path), {}
     try:
         with _open_text(path) as fh:
@@ -302,7 +361,9 @@ def read_trace(path: str | Path, marker: str = r"^ProfilerStep#\d+$", cpu_ops: b
             for ev in _events(s, path, tail):
                 t.events += 1
                 try:
-                    _take(t, ev, rx, cpu_ops)
+                    _take(t, ev, search, cpu_ops)
+                except DDProbeError:
+                    raise
                 except (TypeError, ValueError, AttributeError, OverflowError) as e:
                     raise DDProbeError(f"{path}: event {t.events} ({str(ev.get('name', ''))[:60]!r}) has a field that "
                                        f"is not what a trace holds: {e}") from None

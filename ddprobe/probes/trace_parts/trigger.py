@@ -59,10 +59,9 @@ def _no_profiler(base: str, what: str) -> DDProbeError:
 def prompt_of(ctx: int | None, prompt_file: Path | None) -> tuple[str, object]:
     """("text", str) from the user's prompt file, ("ids", list) of ``ctx`` token ids, or ("text", a short prompt)."""
     if prompt_file is not None:
-        try:
-            text = prompt_file.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            raise DDProbeError(f"--prompt-file {prompt_file}: cannot read ({e.strerror or e})") from None
+        from ...jsonfile import read_regular  # a FIFO or a device refused, never read until its writer comes
+
+        text = read_regular(prompt_file, "--prompt-file").decode("utf-8", errors="replace")
         if not text.strip():
             raise DDProbeError(f"--prompt-file {prompt_file}: empty")
         return "text", text
