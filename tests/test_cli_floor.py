@@ -155,8 +155,11 @@ def test_malformed_configs(tmp_path):
 
 
 @pytest.mark.parametrize("change,fragment", [
-    ({"head_dim": -128}, "'head_dim' must be a positive integer, got -128"),
-    ({"num_key_value_heads": -8}, "'num_key_value_heads' must be a positive integer, got -8"),
+    ({"head_dim": -128}, "'head_dim' must be a positive integer up to 16,777,216, got -128"),
+    ({"num_key_value_heads": -8}, "'num_key_value_heads' must be a positive integer up to 16,777,216, got -8"),
+    ({"num_hidden_layers": 10 ** 12}, "'num_hidden_layers' must be a positive integer up to 16,777,216, got "
+                                      "1000000000000"),  # was a floor of 3e10 s, printed without a word
+    ({"vocab_size": 2 ** 30}, "'vocab_size' must be a positive integer up to 16,777,216"),
     ({"num_key_value_heads": 5}, "num_heads 32 is not a multiple of num_key_value_heads 5".replace(
         "num_key_value_heads 5", "num_kv_heads 5")),
     ({"intermediate_size": "big"}, "'intermediate_size' must be a positive integer"),

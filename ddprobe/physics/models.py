@@ -158,12 +158,15 @@ def get_model(name: str, heads: int | None = None) -> ModelSpec:
     return PRESETS[key]
 
 
+SIZE_MAX = 1 << 24  # a config's size (layers, heads, widths, vocabulary, experts): 16M; beyond it, no model
+
+
 def _need(cfg: dict[str, Any], key: str, source: str) -> int:
     if key not in cfg:
         raise DDProbeError(f"{source}: config has no {key!r}")
     value = cfg[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise DDProbeError(f"{source}: {key!r} must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= SIZE_MAX:
+        raise DDProbeError(f"{source}: {key!r} must be a positive integer up to {SIZE_MAX:,}, got {value!r}")
     return value
 
 
