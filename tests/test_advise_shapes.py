@@ -118,3 +118,16 @@ def test_off_is_plain_decoding_on_the_fastest_decode_kernel_measured():
     got = strongest_plain("sglang", {8192: 8.46, 32768: 10.68}, {"flashmla": {8192: 6.0, 32768: 11.0}})
     assert got == {8192: (6.0, "flashmla"), 32768: (10.68, "sglang")}
     assert strongest_plain("split_ws", {8192: 6.88}, {}) == {8192: (6.88, "split_ws")}
+
+
+@pytest.mark.parametrize("attn", ["flashmla", "split_ws"])
+def test_a_gpu_only_path_on_the_cpu_is_one_line_naming_its_gpus(attn):
+    """The command refuses it before building anything; the engine backend itself (training scripts build one) too."""
+    from ddprobe.probes.backends.base import BackendError
+    from ddprobe.probes.backends.engine import EngineBackend
+
+    r = CliRunner().invoke(app, ["commit", "--ctx", "1k", "--preset", "k2", "--dtype", "bf16", "--attn", attn,
+                                 "--tree", "chain"])
+    assert r.exit_code == 1 and f"{attn} runs on sm_90 only, not the CPU" in r.output, r.output
+    with pytest.raises(BackendError, match=f"--attn {attn} runs on sm_90 GPUs only: use --device cuda"):
+        EngineBackend("k2", attn, budget=7, dtype="bf16", tree="chain")

@@ -81,8 +81,10 @@ class EngineBackend:
             torch.set_num_threads(self.threads.threads)
         if attn not in verify_paths.verify_names():
             raise BackendError(f"unknown attention path {attn!r}; known: {', '.join(verify_paths.verify_names())}")
-        if attn != "reference" and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET", "0") in ("",
-                                                                                                          "0"):
+        row = verify_paths.get(attn)
+        if not device.startswith("cuda") and "any" not in row.archs:
+            raise BackendError(f"--attn {attn} runs on {' / '.join(row.archs)} GPUs only: use --device cuda")
+        if not row.cpu and not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             raise BackendError(f"--attn {attn} runs Triton kernels: use --device cuda (or TRITON_INTERPRET=1 to "
                                "run them slowly on the CPU)")
         try:
