@@ -485,7 +485,8 @@ class Decision(Row):
     chain_tok_s: TokS | None
     plain_tok_s: TokS | None
     batch: Count | None = None
-    chain_kernel: str | None = None
+    chain_kernel: str | None = None  # what the chain's verify step ran on
+    plain_kernel: str | None = None  # what plain decoding ran on (measured here; null: typed or modelled)
     extra: dict = field(default_factory=dict)
 
 
