@@ -14,6 +14,7 @@ plain loopback HTTP server. tests/data/recorded/SOURCES.md says where each file 
 
 Expected numbers are worked out here by hand from the values visible in those files."""
 import http.server
+import re
 import json
 import threading
 from pathlib import Path
@@ -309,3 +310,39 @@ def test_vllm_busy_gauge_before_the_request_is_traffic(serve):
                  "/metrics": [busy_before, METRICS["after"]] * 3})
     with pytest.raises(BackendError, match="num_requests_running > 0 before the request"):
         VLLMBackend(url).generate(list(range(1024)), 128)
+
+
+# ---- issue 65: a server's numbers that cannot be true are not believed (one line, or said and left out)
+@pytest.mark.parametrize("routes,says", [
+    ({"/get_model_info": [{"context_length": -5}]}, "/get_model_info: context_length is '-5': not a context length"),
+    ({"/get_model_info": [{"max_context_length": 10 ** 30}]}, "max_context_length is '1000000000000000000000000000000'"),
+    ({"/v1/models": [{"data": [1]}]}, "/v1/models: 'data' is '[1]', not a list of models"),  # was an AttributeError
+])
+def test_sglang_context_lengths_that_cannot_be(serve, routes, says):
+    url = serve(routes)
+    with pytest.raises(BackendError, match=re.escape(says)):
+        SGLangBackend(url).max_context()
+
+
+def test_vllm_context_length_that_cannot_be(serve):
+    card = dict(LIVE_MODELS["data"][0], max_model_len=0)
+    url = serve({"/v1/models": [{"data": [card]}]})
+    with pytest.raises(BackendError, match="max_model_len is '0': not a context length"):
+        VLLMBackend(url).max_context()
+    assert SGLangBackend(serve({"/get_model_info": [{"context_length": 4096}]})).max_context() == 4096
+
+
+def test_sglang_prompt_tokens_latency_and_drafts_that_cannot_be_are_said_not_believed(serve):
+    """PR 13754's answer with its prompt_tokens at 1e12 for 171 tokens sent, an e2e_latency of 1e30 s and 1e30
+    drafts proposed: the tokens sent, the time measured here and no drafts per step stand, each said in the row's
+    server_note; the sane counters still read."""
+    meta = dict(SGLANG_13754["meta_info"], prompt_tokens=10 ** 12, e2e_latency=1e30,
+                spec_num_proposed_drafts=10 ** 30)
+    url = serve({"/generate": [{"meta_info": meta}]})
+    st = SGLangBackend(url, timeout_s=30).generate(list(range(171)), 200)
+    assert st.prompt_tokens == 171 and st.e2e_s < 30 and st.drafts_per_step is None
+    note = st.extra["server_note"]
+    assert "prompt_tokens 1000000000000 for 171 tokens sent: not believed" in note
+    assert "e2e_latency 1e+30 s, beyond the 30 s this client waits for an answer: not believed" in note
+    assert "drafts proposed over 188 verify steps: not believed" in note
+    assert st.completion_tokens == 200 and st.verify_steps == 188  # the counts that can be true stand

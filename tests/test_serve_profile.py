@@ -229,3 +229,16 @@ def test_a_bodiless_stop_as_curl_sends_it(url, tmp_path):
     r = requests.post(base + "/stop_profile", data=b"{}", timeout=30)  # a body, untyped
     assert r.status_code == 415, r.text
     alive(url)
+
+
+def test_an_output_dir_that_is_a_file_or_a_link_loop_is_named_so(url, tmp_path):
+    """output_dir naming a file or a symbolic link loop: a 400 saying which (it said only 'File exists')."""
+    base, _ = url
+    (tmp_path / "f").write_text("mine")
+    (tmp_path / "l1").symlink_to(tmp_path / "l2")
+    (tmp_path / "l2").symlink_to(tmp_path / "l1")
+    for name, says in (("f", "not a folder"), ("l1", "a symbolic link to no folder")):
+        r = post(base, "/start_profile", {"output_dir": str(tmp_path / name)})
+        assert r.status_code == 400 and says in r.text and "output_dir" in r.text, r.text
+    assert (tmp_path / "f").read_text() == "mine" and post(base, "/stop_profile").status_code == 400
+    alive(url)

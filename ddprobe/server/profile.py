@@ -84,6 +84,9 @@ def _folder(req: ProfileRequest, default_dir: str) -> Path:
     real = os.path.realpath(folder)
     if any(real == t or real.startswith(t + "/") for t in SYSTEM_TREES):
         raise ApiError(400, f"output_dir {folder}: a system folder, never written", "output_dir")
+    if os.path.lexists(folder) and not folder.is_dir():  # a file, or a symbolic link loop or to nothing
+        what = "a symbolic link to no folder (a loop, or a dangling link)" if folder.is_symlink() else "not a folder"
+        raise ApiError(400, f"output_dir {folder}: {what}", "output_dir")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (OSError, RuntimeError) as e:

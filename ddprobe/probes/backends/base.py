@@ -109,6 +109,15 @@ def checked_stats(st: GenStats, max_new_tokens: int, where: str, budget: int | N
     return st
 
 
+def add_note(stats: GenStats, note: str) -> None:
+    """Add ``note`` to the row's ``server_note``: every check's note is kept, "; "-joined in the order they were
+    found (a later check never hides an earlier one)."""
+    if not note:
+        return
+    before = stats.extra.get("server_note")
+    stats.extra["server_note"] = f"{before}; {note}" if before else note
+
+
 def histogram_note(hist: list[int], st: GenStats) -> str | None:
     """Why a per-request histogram (index = draft tokens accepted in a step) cannot be the spread of ``st``
     (None: it can): its steps must number the verify steps, and the tokens it says were committed must cover

@@ -110,6 +110,19 @@ def field_of(d: Any, key: str, where: str, kind: type | tuple = (int, float)) ->
     return v
 
 
+CONTEXT_MAX = 1 << 31  # tokens: no server's context is longer
+
+
+def context_of(v: Any, where: str) -> int | None:
+    """A server's context length as it says it (``where`` names the route and key): None when it says none; a
+    value that is not 1..CONTEXT_MAX tokens is one line, not a context check against -5 or 1e30 tokens."""
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= CONTEXT_MAX:
+        raise BackendError(f"{where} is {str(v)[:40]!r}: not a context length (1 to {CONTEXT_MAX:,} tokens)")
+    return v
+
+
 def number_of(d: dict, key: str) -> float | None:
     """An optional number of an answer: None when absent, not a number, or not finite."""
     v = d.get(key)

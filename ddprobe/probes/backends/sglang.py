@@ -15,13 +15,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .base import BackendError, GenStats, checked_stats, histogram_note
-from .http import HttpClient, field_of, number_of
+from .base import BackendError, GenStats, add_note, checked_stats, histogram_note
+from .http import HttpClient, context_of, field_of, number_of
 
 
 # today's name first, then the older ones SGLang sent (and still sends as aliases)
 CORRECT = ("spec_num_correct_drafts", "spec_accepted_drafts", "spec_accept_token_num")
 PROPOSED = ("spec_num_proposed_drafts", "spec_proposed_drafts")
+DRAFTS_MAX = 1024  # draft nodes of one verify step: the largest tree budget (--budget's 1..1024)
 HISTOGRAM = ("spec_correct_drafts_histogram", "spec_accept_histogram")
 
 
@@ -32,6 +33,25 @@ def first_of(meta: dict, names: tuple[str, ...]):
 
 def _count(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _said_prompt_and_time(stats: GenStats, meta: dict, limit_s: float, where: str) -> None:
+    """The server's ``prompt_tokens`` and ``e2e_latency`` where they can be true: the prompt as many tokens as sent
+    (a chat template may add a few: up to twice and 64 more), the latency within the time this client waits for an
+    answer (``limit_s``, its --timeout); else the tokens sent and the time measured here stand, and a
+    ``server_note`` says what was not believed."""
+    sent, said = stats.prompt_tokens, meta.get("prompt_tokens")
+    if isinstance(said, int) and not isinstance(said, bool) and 0 < said <= 2 * sent + 64:
+        stats.prompt_tokens = said
+    elif said is not None:
+        add_note(stats, f"{where}: prompt_tokens {str(said)[:24]} for {sent:,} tokens sent: not believed (the tokens "
+                        "sent are counted)")
+    lat = number_of(meta, "e2e_latency")
+    if lat is not None and 0 <= lat <= limit_s:
+        stats.e2e_s = lat
+    elif "e2e_latency" in meta:
+        add_note(stats, f"{where}: e2e_latency {str(meta['e2e_latency'])[:24]} s, beyond the {limit_s:g} s this "
+                        "client waits for an answer: not believed (the time measured here is kept)")
 
 
 class SGLangBackend(HttpClient):
@@ -45,12 +65,13 @@ class SGLangBackend(HttpClient):
         for path, key in (("/get_model_info", "max_context_length"), ("/get_model_info", "context_length"),
                           ("/v1/models", None)):
             d = self.get_optional(path)
-            if key and isinstance(d, dict) and isinstance(d.get(key), int):
-                return d[key]
-            if key is None and isinstance(d, dict) and d.get("data"):
-                v = d["data"][0].get("max_model_len")
-                if isinstance(v, int):
-                    return v
+            if key and isinstance(d, dict) and d.get(key) is not None:
+                return context_of(d[key], f"{self.url}{path}: {key}")
+            data = d.get("data") if key is None and isinstance(d, dict) else None
+            if data and not (isinstance(data, list) and isinstance(data[0], dict)):
+                raise BackendError(f"{self.url}/v1/models: 'data' is {str(data)[:40]!r}, not a list of models")
+            if data and data[0].get("max_model_len"):
+                return context_of(data[0]["max_model_len"], f"{self.url}/v1/models: max_model_len")
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -73,11 +94,9 @@ class SGLangBackend(HttpClient):
         verify = field_of(meta, "spec_verify_ct", where, int)
         if verify <= 0:
             raise BackendError(f"{where}: spec_verify_ct is {verify}: no verify step ran")
-        prompt = meta.get("prompt_tokens", len(input_ids))
-        stats = GenStats(prompt_tokens=prompt if isinstance(prompt, int) and prompt >= 0 else len(input_ids),
-                         completion_tokens=completion, verify_steps=verify,
-                         e2e_s=number_of(meta, "e2e_latency") if number_of(meta, "e2e_latency") is not None else e2e,
+        stats = GenStats(prompt_tokens=len(input_ids), completion_tokens=completion, verify_steps=verify, e2e_s=e2e,
                          commit_mean=(completion - 1) / verify if completion >= 1 else None)
+        _said_prompt_and_time(stats, meta, self.timeout_s, where)
         checked_stats(stats, max_new_tokens, where)  # impossible counts: the cell fails in one line
         cached = meta.get("cached_tokens")  # prompt tokens served from SGLang's prefix (radix) cache
         if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached <= stats.prompt_tokens:
@@ -89,10 +108,13 @@ class SGLangBackend(HttpClient):
         if isinstance(hist, list) and hist and all(_count(h) is not None for h in hist):
             note = histogram_note(hist, stats)
             if note:  # the mean stands (from the counts); the spread is not shown
-                stats.extra["server_note"] = note
+                add_note(stats, note)
             else:  # SGLang: histogram[i] = verify steps that accepted i draft tokens (committed i + 1)
                 stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
         proposed = _count(first_of(meta, PROPOSED))
+        if proposed is not None and proposed > DRAFTS_MAX * verify:  # more nodes a step than any tree has
+            add_note(stats, f"{proposed} drafts proposed over {verify} verify steps: not believed")
+            proposed = None
         if proposed is not None:
             stats.drafts_per_step = proposed / verify
         correct = _count(first_of(meta, CORRECT))
@@ -100,9 +122,9 @@ class SGLangBackend(HttpClient):
             stats.extra["reported_spec_num_correct_drafts"] = correct
             said = sum(i * n for i, n in enumerate(hist)) if stats.commit_lens else None
             if (said is not None and said != correct) or (proposed is not None and correct > proposed):
-                stats.extra["server_note"] = (f"{correct} correct drafts do not fit "
-                                              + (f"the histogram's {said}" if said is not None and said != correct
-                                                 else f"{proposed} proposed") + ": not believed")
+                add_note(stats, f"{correct} correct drafts do not fit "
+                         + (f"the histogram's {said}" if said is not None and said != correct
+                            else f"{proposed} proposed") + ": not believed")
                 stats.extra.pop("reported_spec_num_correct_drafts")
         for key in ("spec_accept_length", "spec_accept_rate"):
             if number_of(meta, key) is not None:

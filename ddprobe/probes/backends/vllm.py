@@ -33,8 +33,8 @@ import time
 from typing import Any
 
 from ...units import RANGES
-from .base import BackendError, GenStats, checked_stats
-from .http import HttpClient, field_of
+from .base import BackendError, GenStats, add_note, checked_stats
+from .http import HttpClient, context_of, field_of
 
 
 NO_SPEC = "no speculative-decoding counters"
@@ -80,8 +80,7 @@ class VLLMBackend(HttpClient):
         return list(field_of(d, "tokens", f"{self.url}/tokenize", list))
 
     def max_context(self) -> int | None:
-        v = self._model_card().get("max_model_len")
-        return v if isinstance(v, int) else None
+        return context_of(self._model_card().get("max_model_len"), f"{self.url}/v1/models: max_model_len")
 
     def describe(self) -> dict[str, Any]:
         """What the results file's config says of the server; ``budget``: the draft tokens per step (k), counted
@@ -244,15 +243,6 @@ class VLLMBackend(HttpClient):
         if restarted:
             add_note(stats, restarted)
         return stats
-
-
-def add_note(stats: GenStats, note: str) -> None:
-    """Add ``note`` to the row's ``server_note``: every check's note is kept, "; "-joined in the order they were
-    found (a later check never hides an earlier one)."""
-    if not note:
-        return
-    before = stats.extra.get("server_note")
-    stats.extra["server_note"] = f"{before}; {note}" if before else note
 
 
 def timing(stats: GenStats, metrics: dict) -> None:
