@@ -120,6 +120,8 @@ def test_a_cut_last_step_counted_whole_is_a_row_the_results_file_keeps(tmp_path,
     ({"time_to_first_token_ms": 12.0, "generation_time_ms": 1e-6}, False),  # 0.25 ns a step
     ({"time_to_first_token_ms": 5e9, "generation_time_ms": 40.0}, False),  # a 58-day prefill
     ({"time_to_first_token_ms": 12.0, "generation_time_ms": 4e10}, False),  # 10^7 s a step
+    ({"time_to_first_token_ms": -5.0, "generation_time_ms": 40.0}, False),  # was dropped without a word
+    ({"time_to_first_token_ms": 12.0, "generation_time_ms": "fast"}, False),
 ])
 def test_the_servers_timing_is_held_to_the_range_of_a_typed_step_time(metrics, believed):
     from ddprobe.probes.backends.vllm import timing
@@ -128,7 +130,19 @@ def test_the_servers_timing_is_held_to_the_range_of_a_typed_step_time(metrics, b
                            9, "here")
     timing(st, metrics)
     assert (st.decode_s is not None) == believed
-    assert believed or "not believed (a step is between 1 us and 1 h)" in st.extra["server_note"]
+    assert believed or "not believed" in st.extra["server_note"]
+    if not believed and (metrics["time_to_first_token_ms"] < 0 or metrics["generation_time_ms"] == "fast"):
+        assert ": not a time, not believed: no timing" in st.extra["server_note"]
+
+
+@pytest.mark.parametrize("key,value", [("per_step_accepted", [-1, 4, 0, 0]), ("acceptance_histogram", "x"),
+                                       ("per_step_drafted", [4, 4, None, 4])])
+def test_per_step_lists_that_are_not_counts_are_said_not_dropped(key, value):
+    """A per-step list holding a negative count or a non-number was ignored without a word: now said."""
+    sd = {"num_spec_steps": 4, "num_accepted_draft_tokens": 5, "num_draft_tokens": 16, "num_spec_tokens": 4, key: value}
+    st = per_request_stats(sd, 100, 10, 1.0, 16, "here")
+    assert f"{key} {str(value)[:40]}: not a list of counts, ignored" in st.extra["server_note"]
+    assert st.verify_steps == 4 and st.accepted_tokens == 5  # the totals stand
 
 
 def test_a_server_that_refuses_return_token_ids_is_asked_again_without_it():

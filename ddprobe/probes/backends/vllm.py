@@ -254,6 +254,11 @@ def timing(stats: GenStats, metrics: dict) -> None:
     num = (int, float)
     if not (isinstance(ttft, num) and isinstance(gen, num) and math.isfinite(ttft) and math.isfinite(gen)
             and ttft >= 0 and gen > 0):
+        bad = [f"{k} {str(v)[:24]}" for k, v in (("time_to_first_token_ms", ttft), ("generation_time_ms", gen))
+               if v is not None and not (isinstance(v, num) and not isinstance(v, bool) and math.isfinite(v)
+                                         and v >= 0)]
+        if bad:  # absent, or a zero generation time (one token): no timing, nothing to say
+            add_note(stats, f"vLLM's {' and '.join(bad)}: not a time, not believed: no timing")
         return
     plain = max(0, stats.completion_tokens - 1 - stats.verify_steps - round(stats.accepted_tokens or 0))
     steps = stats.verify_steps + plain
@@ -363,6 +368,9 @@ def per_request_stats(sd: dict, prompt: int, completion: int, e2e: float, max_ne
         if isinstance(drafted, int) and not isinstance(drafted, bool) and drafted >= 0:
             stats.drafts_per_step = drafted / steps
         checked_stats(stats, max_new_tokens, where, budget=k)
+        for key in ("acceptance_histogram", "per_step_accepted", "per_step_drafted"):
+            if sd.get(key) is not None and _ints(sd[key]) is None:
+                add_note(stats, f"{key} {str(sd[key])[:40]}: not a list of counts, ignored")
         hist = _ints(sd.get("acceptance_histogram"))
         if hist and sum(hist) == steps and sum(i * n for i, n in enumerate(hist)) == accepted:
             stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
