@@ -276,9 +276,16 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+# what one GPU's reading can be, per unit: a percentage of a whole (a sampled ratio may round a little past 100), a
+# GPU's power (no card draws 100 kW), a clock (100 GHz), memory (1 PB); an energy counter only grows
+SIGNAL_BOUNDS = {"%": Bound(lo=0, hi=105), "W": Bound(lo=0, hi=1e5), "MHz": Bound(lo=0, hi=1e5),
+                 "GB": Bound(lo=0, hi=1e6), "J": AT_LEAST_0}
+
+
 def _signal_field(key: str) -> tuple:
     unit = next((u for suffix, u in SIGNAL_UNITS.items() if key.endswith(suffix)), "")
-    return key, Annotated[float, Unit(unit), AT_LEAST_0] | None, field(default=None)
+    bound = Bound(lo=0, hi=1e5, open_lo=True) if key == "power_limit_W" else SIGNAL_BOUNDS.get(unit, AT_LEAST_0)
+    return key, Annotated[float, Unit(unit), bound] | None, field(default=None)
 
 
 _GpuUtilBase = dataclasses.make_dataclass(

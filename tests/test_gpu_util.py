@@ -537,3 +537,33 @@ def test_step_parts_split_the_decode_step_into_launches_and_bytes():
     tiny = step_parts({"request": {**req, "latency_floor_ms": 0.6, "bytes_floor_ms": 0.0014}, "decode_step_ms": 0.7})
     assert tiny["step_parts"]["bound"] == "launch-bound"
     assert step_parts({"request": {}, "decode_step_ms": 1.0}) == {}  # a server: no floor, no parts
+
+
+@pytest.mark.parametrize("key,value,says", [
+    ("power_W", 1e12, "'power_W' is 1000000000000.0 W (must be <= 100000)"),
+    ("gpm_sm_util_pct", 500.0, "'sm_active_pct' is 500.0 % (must be <= 105)"),  # an older file's key, upgraded
+    ("power_limit_W", 0, "'power_limit_W' is 0 W (must be > 0)"),
+    ("sm_clock_MHz", 1e9, "'sm_clock_MHz' is 1000000000.0 MHz (must be <= 100000)"),
+])
+def test_a_reading_no_gpu_can_give_is_refused_on_replay_and_unknown_when_live(key, value, says, tmp_path):
+    """A replayed file with a 1e12 W power, a 500% SM activity or a zero power limit was re-analysed as if true
+    (issue 65): now refused in one line naming the field; the same reading from a live source is kept as unknown
+    and said (``believed``), so a live run never fails on it."""
+    import subprocess
+    import sys
+
+    from ddprobe.probes.gpu_util import believed
+
+    doc = json.loads((DATA / "gpu-util-synthetic.json").read_text())
+    for r in doc["rows"]:
+        r[key] = value
+    bad = tmp_path / "g.json"
+    bad.write_text(json.dumps(doc))
+    r = subprocess.run([sys.executable, "-m", "ddprobe", "gpu-util", "--replay", str(bad)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    live = key.replace("gpm_sm_util_pct", "sm_active_pct")
+    notes: list[str] = []
+    assert believed([{"t_s": 0.1, "gpu": 0, live: value, "util_gpu_pct": 100.0}], notes) == \
+        [{"t_s": 0.1, "gpu": 0, live: None, "util_gpu_pct": 100.0}]
+    assert notes and notes[0].startswith(f"telemetry: {live} is ") and "not believed, kept as unknown" in notes[0]
