@@ -337,7 +337,7 @@ def test_sglang_prompt_tokens_latency_and_drafts_that_cannot_be_are_said_not_bel
     drafts proposed: the tokens sent, the time measured here and no drafts per step stand, each said in the row's
     server_note; the sane counters still read."""
     meta = dict(SGLANG_13754["meta_info"], prompt_tokens=10 ** 12, e2e_latency=1e30,
-                spec_num_proposed_drafts=10 ** 30)
+                spec_num_proposed_drafts=10 ** 30, spec_accept_histogram=[-1, 189])
     url = serve({"/generate": [{"meta_info": meta}]})
     st = SGLangBackend(url, timeout_s=30).generate(list(range(171)), 200)
     assert st.prompt_tokens == 171 and st.e2e_s < 30 and st.drafts_per_step is None
@@ -345,4 +345,5 @@ def test_sglang_prompt_tokens_latency_and_drafts_that_cannot_be_are_said_not_bel
     assert "prompt_tokens 1000000000000 for 171 tokens sent: not believed" in note
     assert "e2e_latency 1e+30 s, beyond the 30 s this client waits for an answer: not believed" in note
     assert "drafts proposed over 188 verify steps: not believed" in note
+    assert "accepted-drafts histogram [-1, 189]: not a list of counts, ignored" in note and st.commit_lens == []
     assert st.completion_tokens == 200 and st.verify_steps == 188  # the counts that can be true stand

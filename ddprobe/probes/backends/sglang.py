@@ -111,6 +111,8 @@ class SGLangBackend(HttpClient):
                 add_note(stats, note)
             else:  # SGLang: histogram[i] = verify steps that accepted i draft tokens (committed i + 1)
                 stats.commit_lens = [i + 1 for i, n in enumerate(hist) for _ in range(n)]
+        elif hist is not None:  # a histogram that is not counts: the mean stands, the spread is not shown
+            add_note(stats, f"accepted-drafts histogram {str(hist)[:40]}: not a list of counts, ignored")
         proposed = _count(first_of(meta, PROPOSED))
         if proposed is not None and proposed > DRAFTS_MAX * verify:  # more nodes a step than any tree has
             add_note(stats, f"{proposed} drafts proposed over {verify} verify steps: not believed")
