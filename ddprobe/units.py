@@ -90,7 +90,8 @@ def check_measured(kind: str, rows: list, source: str) -> None:
             if isinstance(v, bool) or not isinstance(v, (int, float)):  # a key the schema leaves to the writer
                 raise DDProbeError(f"{where}: {key!r} is {type(v).__name__} {str(v)[:40]!r} (must be a number)")
             if not lo <= v * scale <= hi:
-                raise DDProbeError(f"{where}: {key!r} is {v:g} {'us' if scale == 1e-6 else 'ms'}, not a measured time (must be "
+                unit = "us" if scale == 1e-6 else "ms"
+                raise DDProbeError(f"{where}: {key!r} is {v:g} {unit}, not a measured time (must be "
                                    f"between {said})")
         if kind == "allreduce":
             if row["bytes"] < 1:

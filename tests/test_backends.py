@@ -315,7 +315,8 @@ def test_vllm_busy_gauge_before_the_request_is_traffic(serve):
 # ---- issue 65: a server's numbers that cannot be true are not believed (one line, or said and left out)
 @pytest.mark.parametrize("routes,says", [
     ({"/get_model_info": [{"context_length": -5}]}, "/get_model_info: context_length is '-5': not a context length"),
-    ({"/get_model_info": [{"max_context_length": 10 ** 30}]}, "max_context_length is '1000000000000000000000000000000'"),
+    ({"/get_model_info": [{"max_context_length": 10 ** 30}]},
+     "max_context_length is '1000000000000000000000000000000'"),
     ({"/v1/models": [{"data": [1]}]}, "/v1/models: 'data' is '[1]', not a list of models"),  # was an AttributeError
 ])
 def test_sglang_context_lengths_that_cannot_be(serve, routes, says):

@@ -315,7 +315,8 @@ def _id(args: dict, key: str, default: int) -> int:
     v = args.get(key)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, str)) or isinstance(v, str) and not v.strip().lstrip("-").isdigit():
+    digits = isinstance(v, str) and v.strip().lstrip("-").isdigit()
+    if isinstance(v, bool) or not (isinstance(v, int) or digits):
         raise ValueError(f"{key} is {type(v).__name__} {str(v)[:40]!r}, not an id")
     return int(v)
 
