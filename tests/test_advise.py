@@ -273,7 +273,8 @@ def test_impossible_step_times_in_a_from_file_are_refused(tmp_path, ms):
     f = tmp_path / "c.json"
     f.write_text(json.dumps(d))
     p = _advise("--from", str(f), "--decode-ms", "30", ok=False)
-    assert f"c.json: row 2: 'decode_ms_per_step' is {ms:.4g} ms: not a decode step's time" in p.stderr
+    assert f"c.json: row 2 (predictable ctx=16384): 'decode_ms_per_step' is {ms:.4g} ms, not a measured time (must be " \
+           "between 1 us and 1 h)" in p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
 
 
