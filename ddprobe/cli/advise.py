@@ -10,7 +10,7 @@ import typer
 from ..units import DDProbeError, fmt_tokens, parse_step_times, parse_time_list, parse_token_list
 from .app import app
 from .floor_options import COMM, SHARDING, FloorOptions, floor_options
-from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
+from .options import ForceOpt, checked, err, errors_exit_1, label, out, output_file, typed_flags
 from .tables import Col, print_fitted
 
 from ..probes.advise import FLOOR_PATH as _FLOOR
@@ -31,8 +31,10 @@ DecodeMsOpt = Annotated[Optional[str], _opt("--decode-ms", "Plain (non-speculati
                                             "for all (default: the step model's floor of the one-row step: plain "
                                             "decoding at its best).", callback=checked(parse_step_times))]
 BudgetOpt = Annotated[int, _opt("--budget", "Tree budget of the typed verify steps (rows = budget + 1).")]
-PathOpt = Annotated[str, _opt("--path", "What the typed verify steps ran (a label: sglang, paged, ...).")]
-TextOpt = Annotated[str, _opt("--text", "What text the commit lengths were measured on (a label).")]
+PathOpt = Annotated[str, _opt("--path", "What the typed verify steps ran (a label: sglang, paged, ...).",
+                                      callback=checked(label))]
+TextOpt = Annotated[str, _opt("--text", "What text the commit lengths were measured on (a label).",
+                                      callback=checked(label))]
 FromOpt = Annotated[Optional[Path], _opt("--from", "A commit results file (any backend): its commit lengths and "
                                          "verify steps per text and context.")]
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model preset of the step model (the plain decode step "

@@ -98,6 +98,14 @@ def checked(parse):
     return callback
 
 
+def label(v: str) -> None:
+    """A check for ``checked``: a label printed as a table's key (not empty or blank, one line, at most 64 characters)."""
+    if not v.strip():
+        raise DDProbeError("an empty label: give a name, e.g. sglang")
+    if len(v) > 64 or not v.isprintable():
+        raise DDProbeError(f"{v[:64]!r}: a label is one printable line of at most 64 characters")
+
+
 def within(lo: float, hi: float, unit: str = ""):
     """A check for ``checked``: a number in [lo, hi] (NaN and infinities refused)."""
 
