@@ -30,10 +30,23 @@ def drafter_layer(layer, x, cos, sin, ctx_k, ctx_v, ctx_ok, qs=None, qrot=None):
     return layer(x, cos, sin, ctx_k, ctx_v, ctx_ok, qs, qrot)
 
 
+# Shapes one process may compile each function for. Dynamo keeps its compiled graphs per code object, so every
+# engine of a process shares them: each row count (plain decode 1, a tree budget + 1, a chain depth + 1) and each
+# layer kind (qs or not) is one more. Past torch's default of 8 it stops compiling and runs the rest eagerly: `ddprobe
+# advise` (budgets 4, 8, chain depths 4, 7 and plain decode: 10 for layer_pre) then timed its later cells (split_ws,
+# the chain on FlashMLA) with ~50 unfused kernels a layer more than its first (H100, 2026-12-07: split_ws's budget-8
+# step 26.6 ms against 17.3 compiled).
+RECOMPILE_LIMIT = 64
+
+
 class Fused:
     """The compiled functions (or the plain ones: ``Fused(compile=False)``)."""
 
     def __init__(self, compile: bool = True):
+        if compile:
+            import torch._dynamo.config as dynamo_config
+
+            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         wrap = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if compile else (lambda f: f)
         self.compiled = compile
         self.layer = (wrap(layer_pre), wrap(layer_post))
