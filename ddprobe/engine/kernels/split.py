@@ -86,7 +86,8 @@ class SplitTuning:
                               # dots (Triton gives each warp its own chunks: a warp reads only its Q chunk and its latent
                               # chunk, once as K and once as V, where the 2-D tiling's warps each re-read all of Q; S
                               # summed over the warps); 0 off (ksplit then applies), 2, 4 or 8 (at least 16 columns a
-                              # chunk; keep num_warps <= kbatch); docs/kernels.md
+                              # chunk; keep num_warps <= kbatch); docs/kernels.md; the sm_120 proxy 35% slower
+                              # with it (H100 and H200, 2026-12-07): off by default
 
 
 DEFAULT_TUNING = SplitTuning()
