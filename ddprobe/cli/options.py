@@ -99,7 +99,7 @@ def checked(parse):
 
 
 def label(v: str) -> None:
-    """A check for ``checked``: a label printed as a table's key (not empty or blank, one line, at most 64 characters)."""
+    """A check for ``checked``: a label printed as a table's key (not blank, one line, at most 64 characters)."""
     if not v.strip():
         raise DDProbeError("an empty label: give a name, e.g. sglang")
     if len(v) > 64 or not v.isprintable():
