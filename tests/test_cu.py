@@ -28,7 +28,7 @@ def test_source_compiles_without_spills_or_serialized_wgmma(tmp_path):
     assert (tmp_path / "k.cubin").stat().st_size > 10_000
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
     regs = [int(x) for x in re.findall(r"Used (\d+) registers", report)]
-    assert len(spills) == len(regs) == len(_cu.KERNELS) + len(_cu.MERGE_KERNELS)
+    assert len(spills) == len(regs) == 2 * (len(_cu.KERNELS) + len(_cu.MERGE_KERNELS))  # fp32 and 16-bit partials
     assert all(a == "0" and b == "0" for a, b in spills), report
     assert max(regs) <= 255
     assert "C7520" not in report and "serialized" not in report, report   # wgmma serialized by ptxas
@@ -109,7 +109,7 @@ def test_every_cuda_kernel_is_named_by_the_split_ws_row_of_the_path_table():
     from ddprobe import verify_paths
     rx = re.compile(verify_paths.BY_NAME["split_ws"].ncu_regex)
     for name in (*_cu.KERNELS.values(), *_cu.MERGE_KERNELS.values()):
-        assert rx.search(name), name
+        assert rx.search(name) and rx.search(name + _cu.P16_SUFFIX), name
     assert not re.compile(verify_paths.BY_NAME["split"].ncu_regex).search(_cu.MERGE_KERNELS["bfloat16"])
 
 
@@ -141,3 +141,24 @@ def test_an_mps_thread_limit_keeps_the_merge_out_of_the_prefix_launch(monkeypatc
     for value, limited in (("100", False), ("50", True), ("12.5", True), ("junk", True)):
         monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", value)
         assert _cu._mps_limited() is limited, value
+
+
+def test_16_bit_partials_pick_the_p16_kernels_which_the_source_defines():
+    """WsTuning.part_bits 16 keeps the partials in the inputs' dtype: the launchers then pick the *_p16 kernels
+    (fp32 partials the plain ones); partials of another type are refused in one line, not reinterpreted; every
+    name the launchers can ask for is an entry point of the source (so of the cubin built from it)."""
+    import torch
+    src = _cu.SOURCE.read_text()
+    for table in (_cu.KERNELS, _cu.MERGE_KERNELS):
+        for dt in (torch.bfloat16, torch.float16):
+            plain = _cu.kernel_name(table, dt, torch.empty(1))
+            p16 = _cu.kernel_name(table, dt, torch.empty(1, dtype=dt))
+            assert p16 == plain + _cu.P16_SUFFIX
+            for name in (plain, p16):
+                assert re.search(rf'extern "C" __global__ void __launch_bounds__\([^)]*\) {name}\(', src), name
+        with pytest.raises(ValueError, match="fp32 partials or torch.bfloat16 ones"):
+            _cu.kernel_name(table, torch.bfloat16, torch.empty(1, dtype=torch.float16))
+    from ddprobe.engine.kernels import split_ws
+    split_ws.check_tuning(split_ws.WsTuning(part_bits=16))
+    with pytest.raises(ValueError, match="WsTuning.part_bits must be one of 32, 16"):
+        split_ws.check_tuning(split_ws.WsTuning(part_bits=8))

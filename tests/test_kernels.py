@@ -486,16 +486,18 @@ def test_device_plan_errors():
                                                      (0, 16, 32, 16, 4), (1, 16, 1, 0, 4), (1, 8, 4, 0, 2),
                                                      (1, 16, 16, 64, 4), (2, 8, 4, 64, 4), (2, 16, 16, 0, 2),
                                                      (3, 16, 8, 0, 4), (3, 8, 4, 32, 2)])
-def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
+@pytest.mark.parametrize("part", [torch.float32, torch.bfloat16, torch.float16])
+def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps, part):
     """split_ws's merges (split's online one and the flat one) and their knobs (rows and value columns per
     program, partials per step, warps) on random
     partials, some splits empty (lse -inf, their partials never written: NaN), against the merge in torch:
-    out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the splits and the tree part (last index)."""
+    out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) over the splits and the tree part (last index). The
+    partials fp32 or 16-bit (WsTuning.part_bits 16): read as fp32, the sum in fp32."""
     from ddprobe.engine.kernels import split_ws
     g = torch.Generator().manual_seed(bm * 100 + chunk)
     r, h, v, ns = 9, 8, 512, 13
     hq = r * h
-    o = torch.randn(ns + 1, hq, v, generator=g)
+    o = torch.randn(ns + 1, hq, v, generator=g).to(part).float()  # the values a 16-bit partial holds
     lse = torch.randn(ns + 1, hq, generator=g) * 4
     empty = torch.tensor([2, 7, 12])
     lse[empty] = float("-inf")
@@ -505,7 +507,7 @@ def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps):
     p = split_ws.plan(4000, shape_mask("lopsided", r - 1, DEV), None, v, tuning=split_ws.WsTuning(
         merge_block_m=bm, merge_split_chunk=chunk, merge_bv=bv, merge_warps=warps, merge_kind=kind))
     out = torch.empty(r, h, v, device=DEV)
-    split_ws.launch_merge((o.to(DEV), lse.to(DEV)), ns, out, p)
+    split_ws.launch_merge((o.to(part).to(DEV), lse.to(DEV)), ns, out, p)
     assert torch.allclose(out.cpu().reshape(hq, v), want, atol=1e-5, rtol=1e-5)
 
 

@@ -99,8 +99,9 @@ def test_tree_mask_is_applied():
 
 
 @gpu
-@pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=1, fold_tree=0)],
-                         ids=["default", "tail", "tail-fold", "tail-tree-apart"])
+@pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=1, fold_tree=0),
+                                  dict(part_bits=16), dict(tail=1, part_bits=16)],
+                         ids=["default", "tail", "tail-fold", "tail-tree-apart", "p16", "tail-p16"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -684,6 +685,36 @@ def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
                 d.launcher(q, kv, 0.1, 0, torch.empty_like(outs[kind]))
     err = float((outs[-1].float() - outs[-2].float()).norm() / outs[-2].float().norm())
     assert err < TOL[dtype], f"fused vs own launch: rel err {err:.2e}"
+
+
+P16_TUNINGS = [dict(tail=0), dict(tail=0, merge_kind=-2), dict(tail=1), dict(tail=1, merge_kind=3),
+               dict(tail=0, merge_kind=1)]
+
+
+@gpu
+@pytest.mark.parametrize("over", P16_TUNINGS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("heads,ctx,dtype", [(8, 20000, torch.bfloat16), (64, 33000, torch.bfloat16),
+                                             (8, 4097, torch.float16)])
+def test_16_bit_partials_match_the_reference(over, heads, ctx, dtype):
+    """WsTuning.part_bits 16 (the partials in the inputs' dtype) on every kernel that writes or reads them: the CUDA
+    prefix kernel with its fused merge, with the CUDA merge in its own launch, the tail kernel (behind the CUDA
+    merge and the Triton merge), the Triton merge behind the CUDA kernel; device plans. Within the tolerance of the
+    fp32 reference and of the same tuning with fp32 partials; called twice, the same bits."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    m = get_path("split_ws")
+    q, kv, mask = make_inputs(ctx, 8, "fork", heads, dtype)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.07)
+    outs = {}
+    for bits in (32, 16):
+        prefix = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
+        p = m.plan(prefix, mask, None, V, heads=heads, max_prefix=ctx, tuning=WsTuning(part_bits=bits, **over))
+        assert p.detail.partials[0].dtype == (dtype if bits == 16 else torch.float32)
+        outs[bits] = m.run(q, kv, p, 0.07).clone()
+        assert torch.equal(m.run(q, kv, p, 0.07), outs[bits])
+        err = float((outs[bits].float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL[dtype], f"part_bits {bits}: rel err {err:.2e}"
+    err = float((outs[16].float() - outs[32].float()).norm() / outs[32].float().norm())
+    assert err < TOL[dtype], f"16-bit vs fp32 partials: rel err {err:.2e}"
 
 
 PORTABLE_CASES = [  # ctx, budget, shape, heads, dtype (R <= 16: the sm_120 tiling's rows limit); few: each compiles

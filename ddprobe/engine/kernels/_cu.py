@@ -32,6 +32,7 @@ THREADS = 256
 BLOCK_M = 64
 KERNELS = {"bfloat16": "ddp_seesaw_bf16", "float16": "ddp_seesaw_f16"}
 MERGE_KERNELS = {"bfloat16": "ddp_merge_bf16", "float16": "ddp_merge_f16"}
+P16_SUFFIX = "_p16"  # the kernels whose partials are in the input's 16-bit type (WsTuning.part_bits 16)
 MERGE_THREADS = 256
 MERGE_MAX_PARTS = 1024   # the merge's MERGE_MAX_PARTS (weights kept in shared memory)
 
@@ -139,6 +140,17 @@ def _function(name: str, device, smem: int = SMEM_BYTES) -> ctypes.c_void_p:
     return _funcs[fkey]
 
 
+def kernel_name(table: dict, dtype, o_part) -> str:
+    """The kernel of ``table`` (KERNELS, MERGE_KERNELS) for q/kv of ``dtype`` and partials ``o_part``: fp32
+    partials, or 16-bit ones of the same dtype (the *_p16 kernels); ValueError for anything else."""
+    name = table[str(dtype).removeprefix("torch.")]
+    if o_part.dtype == dtype:
+        return name + P16_SUFFIX
+    if str(o_part.dtype) != "torch.float32":
+        raise ValueError(f"the CUDA kernels take fp32 partials or {dtype} ones, got {o_part.dtype}")
+    return name
+
+
 def _mps_limited() -> bool:
     """Whether CUDA MPS may give this process fewer SMs than the device has (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
     below 100): the fused merge's grid barrier could then wait for programs that never start."""
@@ -207,7 +219,7 @@ class Launcher:
         import torch
 
         self.device = torch.device(device)
-        self.name = KERNELS[str(dtype).removeprefix("torch.")]
+        self.name = kernel_name(KERNELS, dtype, o_part)
         self.fn = _function(self.name, self.device)
         self.hq, self.num_cols = hq, num_cols
         self.programs = n_qb * grid_splits
@@ -278,7 +290,7 @@ class MergeLauncher:
         if not 1 <= n_parts <= MERGE_MAX_PARTS:
             raise ValueError(f"the CUDA merge takes 1 to {MERGE_MAX_PARTS} partials, got {n_parts}")
         self.device = torch.device(device)
-        self.name = MERGE_KERNELS[str(dtype).removeprefix("torch.")]
+        self.name = kernel_name(MERGE_KERNELS, dtype, o_part)
         self.fn = _function(self.name, self.device, smem=0)
         self.hq, self.h = hq, h
         self.slices = next(s for s in (1, 2, 4) if hq * s >= 2 * sms or s == 4)

@@ -25,8 +25,8 @@ Partitions (shared memory: Q 72 KB + Q tail 9 KB + 2 x 72 KB of tiles + P tail 1
                       softmax along the tokens (axis 0), P_t^T to shared memory; then, once warpgroup 0's P is
                       there (``p_ready``), O[:, 256:] += P V[:, 256:] and O_t^T += V^T P_t^T; releases the stage.
 At the end warpgroup 0 passes 1 / l through the alpha buffer (``fin``); both store their half of the normalized
-partial of rows 0..63 and warpgroup 1 the tail rows' partial and log2-sum-exp, in `split`'s layout (fp32), so
-the merge is unchanged.
+partial of rows 0..63 and warpgroup 1 the tail rows' partial and log2-sum-exp, in `split`'s layout (fp32, or
+the inputs' 16-bit type with WsTuning.part_bits 16), so the merge is unchanged.
 The grid is (row blocks of 72, splits) sized for the plan's bound; each program reads the live prefix length from
 device memory and derives its chunk (``_live_bounds``, the CUDA kernel's rule: split_ws.grid_piece mirrors it), so
 one captured launch serves any length up to the bound; a split past the live length marks its slot empty
@@ -197,7 +197,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows_o[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out, mask=(rows_o < Hq)[:, None])
+    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows_o < Hq)[:, None])
 
 
 @gluon.jit
@@ -269,12 +269,12 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
     rows = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = HALF + gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
-    gl.store(ptr, out, mask=(rows < Hq)[:, None])
+    gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows < Hq)[:, None])
     gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
     out_t = acc_t * (1.0 / l_t)[None, :]
     dims = gl.arange(0, V_DIM, tok_t)
     ptr_t = O_part + pid_s * stride_ps + rows_t[None, :] * stride_pq + dims[:, None]
-    gl.store(ptr_t, out_t, mask=(rows_t < Hq)[None, :])
+    gl.store(ptr_t, out_t.to(O_part.dtype.element_ty), mask=(rows_t < Hq)[None, :])
 
 
 @gluon.jit

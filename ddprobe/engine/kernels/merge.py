@@ -1,6 +1,7 @@
 """The log-sum-exp merge of split-K partials, shared by `split` and `split_ws` (Triton).
 
-Partials (``partials``): a normalized fp32 output [slots, Hq, v_dim] and a log2-sum-exp [slots, Hq] per slot:
+Partials (``partials``): a normalized output [slots, Hq, v_dim] (fp32, or 16-bit: read as fp32) and a fp32
+log2-sum-exp [slots, Hq] per slot:
 the prefix splits 0 .. n - 1, then the tree part's at index n (folded row hq = r * H + h). The merge writes
 out[r, h, :] = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M) in the output's dtype, an empty slot (lse -inf, its
 partial never written) weighing nothing. ``merge_config`` picks the kernel and its tiles from a tuning with the
@@ -40,14 +41,14 @@ def _merge_kernel(
     offs_q, q_ok, offs_v = _merge_tile(Hq, BLOCK_M, BLOCK_V)
     m = tl.load(LSE_part + num_splits * Hq + offs_q, mask=q_ok, other=0.0)
     acc = tl.load(O_part + num_splits * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
-                  mask=q_ok[:, None], other=0.0)
+                  mask=q_ok[:, None], other=0.0).to(tl.float32)
     wsum = tl.full([BLOCK_M], 1.0, tl.float32)
     for s0 in range(0, num_splits, SPLIT_CHUNK):
         offs_s = s0 + tl.arange(0, SPLIT_CHUNK)
         ok = (offs_s < num_splits)[:, None] & q_ok[None, :]
         lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
         o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                    mask=ok[:, :, None], other=0.0)
+                    mask=ok[:, :, None], other=0.0).to(tl.float32)
         m_new = tl.maximum(m, tl.max(lse, 0))
         alpha = tl.exp2(m - m_new)
         w = tl.exp2(lse - m_new[None, :])  # [SPLIT_CHUNK, BLOCK_M], 0 for empty splits
@@ -88,7 +89,7 @@ def _merge_flat_kernel(
                 ok = q_ok & (tl.full([BLOCK_M], s0 + j, tl.int32) <= num_splits)
                 lse = tl.load(LSE_part + (s0 + j) * Hq + offs_q, mask=ok, other=float("-inf"))
                 o = tl.load(O_part + (s0 + j) * stride_ps + offs_q[:, None] * stride_pq + offs_v[None, :],
-                            mask=ok[:, None], other=0.0)
+                            mask=ok[:, None], other=0.0).to(tl.float32)
                 w = tl.exp2(lse - m)
                 acc += tl.where((w > 0)[:, None], w[:, None] * o, 0.0)
     else:
@@ -100,7 +101,7 @@ def _merge_flat_kernel(
             ok = (offs_s <= num_splits)[:, None] & q_ok[None, :]
             lse = tl.load(LSE_part + offs_s[:, None] * Hq + offs_q[None, :], mask=ok, other=float("-inf"))
             o = tl.load(O_part + offs_s[:, None, None] * stride_ps + offs_q[None, :, None] * stride_pq + offs_v[None, None, :],
-                        mask=ok[:, :, None], other=0.0)
+                        mask=ok[:, :, None], other=0.0).to(tl.float32)
             w = tl.exp2(lse - m[None, :])
             if ACC3:
                 acc3 += tl.where((w > 0)[:, :, None], w[:, :, None] * o, 0.0)
@@ -160,7 +161,8 @@ def launch_merge(parts, n_splits: int, out: torch.Tensor, mc: dict, meta: dict |
     return out
 
 
-def partials(ns: int, hq: int, v_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial outputs and log2-sum-exps of the ns prefix splits, then the tree part's at index ns."""
-    return (torch.empty(ns + 1, hq, v_dim, dtype=torch.float32, device=device),
+def partials(ns: int, hq: int, v_dim: int, device, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs (fp32, or ``dtype``: split_ws's part_bits 16 keeps them in the inputs' 16-bit type) and
+    fp32 log2-sum-exps of the ns prefix splits, then the tree part's at index ns."""
+    return (torch.empty(ns + 1, hq, v_dim, dtype=dtype, device=device),
             torch.empty(ns + 1, hq, dtype=torch.float32, device=device))

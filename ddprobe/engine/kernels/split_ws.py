@@ -84,10 +84,13 @@ class WsTuning:
     tail: int = -1      # 65-72 folded rows (8 heads x 9) on the Gluon tail kernel, one program of 64 + 8 rows per
                         # chunk: -1 (default) from a plan bound of TAIL_FROM tokens, 1 at every bound, 0 never (the
                         # CUDA kernel on two 64-row blocks); other row counts always run the CUDA kernel
+    part_bits: int = 32  # the partial outputs between the prefix kernel and the merge: 32 (fp32) or 16 (the inputs'
+                         # own 16-bit type, as FlashInfer's split-K decode keeps them: half the bytes written and
+                         # read; the log-sum-exps stay fp32)
 
 
 DEFAULT_TUNING = WsTuning()
-_CHOICES = {"fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3)}
+_CHOICES = {"fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3), "part_bits": (32, 16)}
 
 
 def check_tuning(t: WsTuning) -> None:
@@ -228,7 +231,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
     hq = heads * r
     t, kernel = choose(hq, p.prefix_len, p.tuning)
     cfg = config(p.prefix_len, hq, sms, t)
-    parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev)
+    parts = partials(cfg["grid_splits"] - 1, hq, p.v_dim, dev, dtype if t.part_bits == 16 else torch.float32)
     merger = _merger(t, dev, dtype, parts, hq, heads, cfg["grid_splits"], sms)
     launcher = None
     if kernel == "cuda":

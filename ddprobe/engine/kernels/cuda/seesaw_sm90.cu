@@ -7,7 +7,8 @@
 // Prefix kernel: one program (CTA, 256 threads = two warpgroups, no producer warp) = 64 folded query rows
 // (row = r * H + h) x one chunk of KV tokens, in tiles of 64 tokens: on the row-block x split grid, the chunk is
 // derived from the live prefix length read from device memory (every plan). The partial layout of `split`'s kernels:
-// O_part[slot, row, 0:512] normalized (fp32),
+// O_part[slot, row, 0:512] normalized (fp32, or the input's 16-bit type in the *_p16 kernels: half the bytes
+// written by the prefix kernel and read by the merge; WsTuning.part_bits),
 // LSE_part[slot, row] = m + log2(l) in base 2, the tree columns folded into the last split (fold) or the last
 // split index being the tree part alone.
 //
@@ -118,6 +119,25 @@ template <> __device__ __forceinline__ uint32_t pack2<true>(float lo, float hi) 
 template <> __device__ __forceinline__ uint32_t pack2<false>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+// four 16-bit values (one 8-byte load) to floats
+template <bool BF16> __device__ __forceinline__ float4 unpack4(uint2 v);
+template <> __device__ __forceinline__ float4 unpack4<true>(uint2 v) {
+  return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                     __uint_as_float(v.y & 0xffff0000u));
+}
+template <> __device__ __forceinline__ float4 unpack4<false>(uint2 v) {
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+// partial i of 4 values at ``src`` (fp32, or 16-bit with P16), read once through L2 (ld.global.cg)
+template <bool BF16, bool P16> __device__ __forceinline__ float4 load_part(const void* src, long long i) {
+  if constexpr (P16) {
+    return unpack4<BF16>(__ldcg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(src) + i)));
+  } else {
+    return __ldcg(reinterpret_cast<const float4*>(static_cast<const float*>(src) + i));
+  }
 }
 
 // wgmma wrappers (mechanical: one per shape and type). mma_s: S (m64n64k16), Q and K both K-major from smem;
@@ -474,9 +494,9 @@ __device__ __forceinline__ void wg1_pair(DDP_PAIR_ARGS) {
   }
 }
 
-template <bool BF16>
+template <bool BF16, bool P16>
 __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
-                                       float* o_part, float* lse_part,
+                                       void* o_part, float* lse_part,
                                        long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
                                        int H, float c, int r, int n_qb, int grid_splits, int fold) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -576,13 +596,24 @@ __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUt
     if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = st.m0 + __log2f(lt0);
     if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = st.m1 + __log2f(lt1);
   }
-  float* out = o_part + slot * stride_ps + wg * 256 + cq;
+  if constexpr (P16) {
+    uint16_t* out = static_cast<uint16_t*>(o_part) + slot * stride_ps + wg * 256 + cq;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    if (g0 < hq)
-      *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
-    if (g1 < hq)
-      *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
+    for (int i = 0; i < 32; ++i) {
+      if (g0 < hq)
+        *reinterpret_cast<uint32_t*>(out + g0 * stride_pq + 8 * i) = pack2<BF16>(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
+      if (g1 < hq)
+        *reinterpret_cast<uint32_t*>(out + g1 * stride_pq + 8 * i) = pack2<BF16>(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
+    }
+  } else {
+    float* out = static_cast<float*>(o_part) + slot * stride_ps + wg * 256 + cq;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      if (g0 < hq)
+        *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
+      if (g1 < hq)
+        *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
+    }
   }
 
 }
@@ -610,8 +641,8 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-template <bool BF16>
-__device__ __forceinline__ void merge_item(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+template <bool BF16, bool P16>
+__device__ __forceinline__ void merge_item(const void* __restrict__ o_part, const float* __restrict__ lse_part,
                                            void* out, long long stride_or, long long stride_oh, long long stride_ps,
                                            long long stride_pq, int hq, int H, int n_parts, int row, int slice,
                                            int slices, float* s_w, float* s_red, float* s_acc) {
@@ -641,13 +672,13 @@ __device__ __forceinline__ void merge_item(const float* __restrict__ o_part, con
 
   const int cols = 512 / slices, tpg = cols / 4, groups = MERGE_THREADS / tpg;
   const int g = tid / tpg, c = (tid % tpg) * 4, col = slice * cols + c;
-  const float* src = o_part + static_cast<long long>(row) * stride_pq + col;
+  const long long src = static_cast<long long>(row) * stride_pq + col;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
   for (int s = g; s < n_parts; s += groups) {
     const float w = s_w[s];
     if (w > 0.f) {
-      const float4 o = __ldcg(reinterpret_cast<const float4*>(src + s * stride_ps));
+      const float4 o = load_part<BF16, P16>(o_part, src + s * stride_ps);
       acc.x += w * o.x;
       acc.y += w * o.y;
       acc.z += w * o.z;
@@ -702,8 +733,8 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
 // partials are read in batches of FUSED_BATCH independent loads (an empty split, weight 0, is never read).
 constexpr int FUSED_BATCH = 16;
 constexpr int FUSED_SLICES = 4;  // 512 / 128 columns
-template <bool BF16>
-__device__ __forceinline__ void merge_fused(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+template <bool BF16, bool P16>
+__device__ __forceinline__ void merge_fused(const void* __restrict__ o_part, const float* __restrict__ lse_part,
                                             void* out, long long stride_or, long long stride_oh,
                                             long long stride_ps, long long stride_pq, int hq, int H, int n_parts,
                                             float* s_w_all) {
@@ -724,7 +755,7 @@ __device__ __forceinline__ void merge_fused(const float* __restrict__ o_part, co
     }
     sum = warp_sum(sum);
     __syncwarp();
-    const float* src = o_part + static_cast<long long>(row) * stride_pq + col;
+    const long long src = static_cast<long long>(row) * stride_pq + col;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int s0 = 0; s0 < n_parts; s0 += FUSED_BATCH) {
       float w[FUSED_BATCH];
@@ -732,8 +763,7 @@ __device__ __forceinline__ void merge_fused(const float* __restrict__ o_part, co
 #pragma unroll
       for (int j = 0; j < FUSED_BATCH; ++j) {
         w[j] = s0 + j < n_parts ? s_w[s0 + j] : 0.f;
-        o[j] = w[j] > 0.f ? __ldcg(reinterpret_cast<const float4*>(src + (s0 + j) * stride_ps))
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
+        o[j] = w[j] > 0.f ? load_part<BF16, P16>(o_part, src + (s0 + j) * stride_ps) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int j = 0; j < FUSED_BATCH; ++j) {
@@ -755,53 +785,58 @@ __device__ __forceinline__ void merge_fused(const float* __restrict__ o_part, co
 
 // The prefix kernel with its merge fused (one launch instead of two): with ``out`` set, the grid barrier, then
 // merge_fused.
-template <bool BF16>
+template <bool BF16, bool P16>
 __device__ __forceinline__ void seesaw(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const long long* bits,
-                                       float* o_part, float* lse_part,
+                                       void* o_part, float* lse_part,
                                        long long stride_ps, long long stride_pq, const int* prefix_ptr, int hq,
                                        int H, float c, int r, int n_qb, int grid_splits, int fold, void* out,
                                        long long stride_or, long long stride_oh, unsigned long long* counter,
                                        int n_parts) {
-  seesaw_prefix<BF16>(tm_q, tm_kv, bits, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq,
+  seesaw_prefix<BF16, P16>(tm_q, tm_kv, bits, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq,
                       H, c, r, n_qb, grid_splits, fold);
   if (out == nullptr) return;
   grid_barrier(counter);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  merge_fused<BF16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts,
+  merge_fused<BF16, P16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts,
                     reinterpret_cast<float*>(smem_raw));
 }
 static_assert(4 * MERGE_MAX_PARTS * (256 / 32) <= SMEM_BYTES, "the fused merge's weights fit");
 }  // namespace
 
 #define DDP_MERGE_ARGS                                                                                                \
-  const float* o_part, const float* lse_part, void* out, long long stride_or, long long stride_oh,                   \
+  const void* o_part, const float* lse_part, void* out, long long stride_or, long long stride_oh,                   \
       long long stride_ps, long long stride_pq, int hq, int H, int n_parts
 #define DDP_MERGE_CALL o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts
 
 namespace {
-template <bool BF16>
+template <bool BF16, bool P16>
 __device__ __forceinline__ void merge(DDP_MERGE_ARGS) {
   __shared__ float s_w[MERGE_MAX_PARTS];
   __shared__ float s_red[MERGE_THREADS / 32];
   __shared__ __align__(16) float s_acc[MERGE_THREADS * 4];
-  merge_item<BF16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts, blockIdx.x,
+  merge_item<BF16, P16>(o_part, lse_part, out, stride_or, stride_oh, stride_ps, stride_pq, hq, H, n_parts, blockIdx.x,
                    blockIdx.y, gridDim.y, s_w, s_red, s_acc);
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_bf16(DDP_MERGE_ARGS) { merge<true>(DDP_MERGE_CALL); }
-extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_f16(DDP_MERGE_ARGS) { merge<false>(DDP_MERGE_CALL); }
+// *_p16: the partials in the input's 16-bit type (WsTuning.part_bits 16)
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_bf16(DDP_MERGE_ARGS) { merge<true, false>(DDP_MERGE_CALL); }
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_f16(DDP_MERGE_ARGS) { merge<false, false>(DDP_MERGE_CALL); }
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_bf16_p16(DDP_MERGE_ARGS) { merge<true, true>(DDP_MERGE_CALL); }
+extern "C" __global__ void __launch_bounds__(MERGE_THREADS) ddp_merge_f16_p16(DDP_MERGE_ARGS) { merge<false, true>(DDP_MERGE_CALL); }
 
 // The prefix kernels; ``out`` null: the partials only (the merge is ddp_merge_*'s launch or Triton's), else the
 // merge fused after a grid barrier into out [R, H, 512] (16-bit, unit column stride, 8-byte aligned).
 #define DDP_ARGS                                                                                                     \
   const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const long long* bits,         \
-      float* o_part, float* lse_part, long long stride_ps,                                                        \
+      void* o_part, float* lse_part, long long stride_ps,                                                        \
       long long stride_pq, const int* prefix_ptr, int hq, int H, float c, int r, int n_qb, int grid_splits, int fold, \
       void* out, long long stride_or, long long stride_oh, unsigned long long* counter, int n_parts
 #define DDP_CALL                                                                                                     \
   &tm_q, &tm_kv, bits, o_part, lse_part, stride_ps, stride_pq, prefix_ptr, hq, H, c, r, n_qb,     \
       grid_splits, fold, out, stride_or, stride_oh, counter, n_parts
 
-extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true>(DDP_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false>(DDP_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16(DDP_ARGS) { seesaw<true, false>(DDP_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16(DDP_ARGS) { seesaw<false, false>(DDP_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_bf16_p16(DDP_ARGS) { seesaw<true, true>(DDP_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 1) ddp_seesaw_f16_p16(DDP_ARGS) { seesaw<false, true>(DDP_CALL); }
