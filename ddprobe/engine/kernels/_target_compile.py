@@ -36,16 +36,21 @@ def target(cap: tuple[int, int]):
 
 
 def compile_launch(fn, cap: tuple[int, int], args: tuple, kwargs: dict):
-    """The kernel ``fn[grid](*args, **kwargs)`` would run on a GPU of capability ``cap``, compiled here."""
+    """The kernel ``fn[grid](*args, **kwargs)`` would run on a GPU of capability ``cap``, compiled here (a Gluon
+    kernel through Gluon's own source class, as its JIT compiles it: Triton's would lose the warp-specialized
+    partitions' warp counts)."""
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
+    source = ASTSource
+    if type(fn).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as source
     tgt = target(cap)
     backend = make_backend(tgt)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     bound, spec, opts = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, spec, opts)
-    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=tgt, options=options.__dict__)
+    return triton.compile(source(fn, signature, constexprs, attrs), target=tgt, options=options.__dict__)
 
 
 class _Recorder:

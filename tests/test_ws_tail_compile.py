@@ -1,0 +1,51 @@
+"""split_ws's Gluon tail kernel (8 heads x 9 rows on one program, kernels/_ws_tail.py) compiled for sm_90a on a machine
+without a GPU (kernels/_target_compile.py), with fp32 partials (the default) and with 16-bit ones
+(WsTuning.part_bits 16): Gluon does not run under the interpreter, so this is what the CPU can check of it. The GPU
+checks the outputs (tests/test_kernels_gpu.py::test_16_bit_partials_match_the_reference)."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("triton.backends.nvidia")
+pytest.importorskip("triton.experimental.gluon")
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
+                                reason="compiles in the parent (no GPU needed)")
+
+
+def _compile_tail(part_dtype: torch.dtype):
+    from ddprobe.engine.kernels import _target_compile as tc, split_ws as sw
+    from ddprobe.engine.kernels._ws_tail import ws_tail_kernel
+    from ddprobe.engine.kernels.merge import partials
+    from ddprobe.engine.kernels.split_ws import VerifyPlan
+
+    r, h, ctx = 9, 8, 4096
+    hq = r * h
+    q2 = torch.randn(hq, 576).to(torch.bfloat16)
+    kv = torch.randn(ctx + r, 576).to(torch.bfloat16)
+    p = VerifyPlan(prefix_len=ctx, tree_mask=torch.eye(r, dtype=torch.bool), slots=None, v_dim=512,
+                   prefix_t=torch.full((1,), ctx, dtype=torch.int32), dynamic=False, tuning=sw.DEFAULT_TUNING,
+                   detail=None)
+    cfg = sw.config(ctx, hq, 132, sw.WsTuning(tail=1))
+    o_part, lse_part = partials(cfg["grid_splits"] - 1, hq, 512, "cpu", part_dtype)
+    args = (*sw._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o_part, lse_part, o_part.stride(0),
+            o_part.stride(1), p.prefix_t, r, cfg["grid_splits"] - 1 + cfg["fold"], hq, h, 0.1)
+    consts = dict(BLOCK_M=sw.BLOCK_M, BLOCK_N=sw.BLOCK_N, V_DIM=512, PE_DIM=64, TAIL=sw.TAIL, PV_REGS=sw.PV_REGS,
+                  LOAD_REGS=sw.LOAD_REGS, FOLD=cfg["fold"], num_warps=4)
+    k = tc.compile_launch(ws_tail_kernel, (9, 0), args, consts)
+    ptx = k.asm["ptx"]
+    return tc.code_report(k), len(re.findall(r"st\.global(?:\.v\d)?\.b16", ptx))
+
+
+def test_the_tail_kernel_compiles_with_16_bit_partials():
+    """Both partial types compile for sm_90a within the 232,448 B an H100/H200 block may use, with the same
+    registers and no more spills than fp32 partials; only the 16-bit build stores 16-bit values to global memory
+    (the partials: the kernel's other global stores are fp32 log2-sum-exps)."""
+    fp32, b16_in_fp32 = _compile_tail(torch.float32)
+    p16, b16 = _compile_tail(torch.bfloat16)
+    assert fp32["shared"] <= 232448 and p16["shared"] <= 232448, (fp32, p16)
+    assert b16_in_fp32 == 0 and b16 > 0, (b16_in_fp32, b16)
+    assert p16["regs"] <= fp32["regs"] and p16["stl"] <= fp32["stl"], (fp32, p16)
