@@ -13,7 +13,8 @@
 #   smoke   benchmarks/smoke.py: every user command with its defaults, each in a fresh process (commit as in the
 #           README, gpu-util, diagnose, floor, advise, report, gate, bench verify --quick, serve + an openai request);
 #           exit code, wall time and warm-up per command -> $OUT/smoke.md; fails on any non-zero exit
-#   verify  ddprobe bench verify (every path and peer, 8 and 64 heads, the 61-layer step) -> $OUT/bench-verify.json
+#   verify  ddprobe bench verify (every path and peer, 8 and 64 heads, the 61-layer step) -> $OUT/bench-verify.json;
+#           $VERIFY_EXTRA is added to its arguments (e.g. VERIFY_EXTRA="--variant split_ws:part_bits=16")
 #   engine  benchmarks/bench_engine.py (k2 and tiny decode steps, graphs vs eager, split_ws run() host time and
 #           eager vs graph) -> $OUT/bench-engine.json
 #   moe     benchmarks/bench_moe.py (one MoE layer per expert path) -> $OUT/bench-moe.json
@@ -62,9 +63,9 @@ if [ "${QUICK:-0}" = 1 ]; then
     # the gate's own benchmark (examples/ci-gpu.yml's BENCH_ARGS): its output is a baseline candidate
     args=$(sed -n 's/^ *BENCH_ARGS: *//p' examples/ci-gpu.yml)
     [ -n "$args" ] || { echo "examples/ci-gpu.yml has no BENCH_ARGS line" >&2; exit 2; }
-    step verify 500 python -m ddprobe bench verify $args --out "$OUT/bench-verify.json"
+    step verify 500 python -m ddprobe bench verify $args ${VERIFY_EXTRA:-} --out "$OUT/bench-verify.json"
 else
-    step verify 900 python -m ddprobe bench verify --out "$OUT/bench-verify.json"
+    step verify 900 python -m ddprobe bench verify ${VERIFY_EXTRA:-} --out "$OUT/bench-verify.json"
 fi
 step engine 600 python benchmarks/bench_engine.py --out "$OUT/bench-engine.json" $([ "${QUICK:-0}" = 1 ] && echo "--skip tiny")
 step moe 300 python benchmarks/bench_moe.py --out "$OUT/bench-moe.json"
