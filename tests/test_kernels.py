@@ -486,7 +486,7 @@ def test_device_plan_errors():
                                                      (0, 16, 32, 16, 4), (1, 16, 1, 0, 4), (1, 8, 4, 0, 2),
                                                      (1, 16, 16, 64, 4), (2, 8, 4, 64, 4), (2, 16, 16, 0, 2),
                                                      (3, 16, 8, 0, 4), (3, 8, 4, 32, 2)])
-@pytest.mark.parametrize("part", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("part", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_ws_merge_shapes_match_torch(kind, bm, chunk, bv, warps, part):
     """split_ws's merges (split's online one and the flat one) and their knobs (rows and value columns per
     program, partials per step, warps) on random

@@ -699,16 +699,25 @@ def test_16_bit_partials_match_the_reference(over, heads, ctx, dtype):
     """WsTuning.part_bits 16 (the partials in the inputs' dtype) on every kernel that writes or reads them: the CUDA
     prefix kernel with its fused merge, with the CUDA merge in its own launch, the tail kernel (behind the CUDA
     merge and the Triton merge), the Triton merge behind the CUDA kernel; device plans. Within the tolerance of the
-    fp32 reference and of the same tuning with fp32 partials; called twice, the same bits."""
+    fp32 reference and of the same tuning with fp32 partials; called twice, the same bits. The plan is checked to
+    run the pairing named (64 heads have no tail kernel: tail=1 there is the CUDA kernel again)."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     m = get_path("split_ws")
     q, kv, mask = make_inputs(ctx, 8, "fork", heads, dtype)
     ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.07)
+    kind = over.get("merge_kind", -1)
+    kernel = "tail" if over["tail"] == 1 and heads * 9 <= 72 else "cuda"
     outs = {}
     for bits in (32, 16):
         prefix = torch.full((1,), ctx, dtype=torch.int32, device="cuda")
-        p = m.plan(prefix, mask, None, V, heads=heads, max_prefix=ctx, tuning=WsTuning(part_bits=bits, **over))
-        assert p.detail.partials[0].dtype == (dtype if bits == 16 else torch.float32)
+        p = m.plan(prefix, mask, None, V, heads=heads, max_prefix=ctx, dtype=dtype,
+                   tuning=WsTuning(part_bits=bits, **over))
+        d = p.detail
+        assert d.partials[0].dtype == (dtype if bits == 16 else torch.float32)
+        assert d.kernel == kernel and d.fused == (kernel == "cuda" and kind == -1), (d.kernel, d.fused)
+        assert (d.merger is None) == (kind >= 0)
+        if d.merger is not None:
+            assert d.merger.name.endswith("_p16") == (bits == 16), d.merger.name
         outs[bits] = m.run(q, kv, p, 0.07).clone()
         assert torch.equal(m.run(q, kv, p, 0.07), outs[bits])
         err = float((outs[bits].float() - ref.float()).norm() / ref.float().norm())

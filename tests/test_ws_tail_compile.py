@@ -11,7 +11,8 @@ import pytest
 import torch
 
 pytest.importorskip("triton.backends.nvidia")
-pytest.importorskip("triton.experimental.gluon")
+if not hasattr(pytest.importorskip("triton.experimental.gluon._runtime"), "GluonASTSource"):
+    pytest.skip("this Triton's Gluon has no GluonASTSource to compile with", allow_module_level=True)
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"),
                                 reason="compiles in the parent (no GPU needed)")
 
@@ -45,7 +46,8 @@ def test_the_tail_kernel_compiles_with_16_bit_partials():
     registers and no more spills than fp32 partials; only the 16-bit build stores 16-bit values to global memory
     (the partials: the kernel's other global stores are fp32 log2-sum-exps)."""
     fp32, b16_in_fp32 = _compile_tail(torch.float32)
-    p16, b16 = _compile_tail(torch.bfloat16)
-    assert fp32["shared"] <= 232448 and p16["shared"] <= 232448, (fp32, p16)
-    assert b16_in_fp32 == 0 and b16 > 0, (b16_in_fp32, b16)
-    assert p16["regs"] <= fp32["regs"] and p16["stl"] <= fp32["stl"], (fp32, p16)
+    for dt in (torch.bfloat16, torch.float16):
+        p16, b16 = _compile_tail(dt)
+        assert fp32["shared"] <= 232448 and p16["shared"] <= 232448, (fp32, p16)
+        assert b16_in_fp32 == 0 and b16 > 0, (dt, b16_in_fp32, b16)
+        assert p16["regs"] <= fp32["regs"] and p16["stl"] <= fp32["stl"], (dt, fp32, p16)
