@@ -21,7 +21,7 @@ def _compile_tail(part_dtype: torch.dtype):
     from ddprobe.engine.kernels import _target_compile as tc, split_ws as sw
     from ddprobe.engine.kernels._ws_tail import ws_tail_kernel
     from ddprobe.engine.kernels.merge import partials
-    from ddprobe.engine.kernels.split_ws import VerifyPlan
+    from ddprobe.engine.kernels.plan import VerifyPlan
 
     r, h, ctx = 9, 8, 4096
     hq = r * h

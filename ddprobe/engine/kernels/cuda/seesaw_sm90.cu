@@ -139,6 +139,14 @@ template <bool BF16, bool P16> __device__ __forceinline__ float4 load_part(const
     return __ldcg(reinterpret_cast<const float4*>(static_cast<const float*>(src) + i));
   }
 }
+// values i and i + 1 of the partials at ``dst`` (fp32, or 16-bit with P16)
+template <bool BF16, bool P16> __device__ __forceinline__ void store_part2(void* dst, long long i, float a, float b) {
+  if constexpr (P16) {
+    *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(dst) + i) = pack2<BF16>(a, b);
+  } else {
+    *reinterpret_cast<float2*>(static_cast<float*>(dst) + i) = make_float2(a, b);
+  }
+}
 
 // wgmma wrappers (mechanical: one per shape and type). mma_s: S (m64n64k16), Q and K both K-major from smem;
 // mma_pv_ss: P V (m64n256k16), P K-major and V MN-major (transposed) from smem; mma_pv_rs: the same with P's
@@ -596,24 +604,11 @@ __device__ __forceinline__ void seesaw_prefix(const CUtensorMap* tm_q, const CUt
     if (g0 < hq) lse_part[static_cast<long long>(slot) * hq + g0] = st.m0 + __log2f(lt0);
     if (g1 < hq) lse_part[static_cast<long long>(slot) * hq + g1] = st.m1 + __log2f(lt1);
   }
-  if constexpr (P16) {
-    uint16_t* out = static_cast<uint16_t*>(o_part) + slot * stride_ps + wg * 256 + cq;
+  const long long out = slot * stride_ps + wg * 256 + cq;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      if (g0 < hq)
-        *reinterpret_cast<uint32_t*>(out + g0 * stride_pq + 8 * i) = pack2<BF16>(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
-      if (g1 < hq)
-        *reinterpret_cast<uint32_t*>(out + g1 * stride_pq + 8 * i) = pack2<BF16>(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
-    }
-  } else {
-    float* out = static_cast<float*>(o_part) + slot * stride_ps + wg * 256 + cq;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      if (g0 < hq)
-        *reinterpret_cast<float2*>(out + g0 * stride_pq + 8 * i) = make_float2(st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
-      if (g1 < hq)
-        *reinterpret_cast<float2*>(out + g1 * stride_pq + 8 * i) = make_float2(st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
-    }
+  for (int i = 0; i < 32; ++i) {
+    if (g0 < hq) store_part2<BF16, P16>(o_part, out + g0 * stride_pq + 8 * i, st.o[4 * i] * i0, st.o[4 * i + 1] * i0);
+    if (g1 < hq) store_part2<BF16, P16>(o_part, out + g1 * stride_pq + 8 * i, st.o[4 * i + 2] * i1, st.o[4 * i + 3] * i1);
   }
 
 }
