@@ -192,6 +192,10 @@ class Result:
                                      or not 1e-3 <= step <= 3.6e6):
                 raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not a measured step "
                                    "(1 us to 1 h)")
+            plen = (d.get("config") or {}).get("prompt_len") if kind == "gpu-util" else None
+            if plen is not None and (isinstance(plen, bool) or not isinstance(plen, int) or not 1 <= plen <= 1 << 30):
+                raise DDProbeError(f"{source}: this gpu-util file's config.prompt_len is {plen!r}: not a context "
+                                   "(1 to 2^30 tokens)")
             rows, config, summary = signals.upgrade(kind, d.get("rows", []), d.get("config", {}), d.get("summary", {}))
             rows = typed_rows(kind, rows, config, source)
             check_measured(kind, rows, source)  # every measured time against a typed one's range

@@ -160,6 +160,15 @@ def _cases(tmp: Path):
          r"give --model or --config, not both"),
         ("report a file twice", ["report", RESULTS, RESULTS, "-o", d + "/r.html"], 1,
          r"commit-tiny-cpu\.json: given twice \(as .*commit-tiny-cpu\.json too\): give each results file once$"),
+        # the audit of 2026-12-07: usage errors in one line (not click's usage block and boxed message), a gpu-util
+        # file's context checked where its step time is
+        ("usage: unknown option", ["floor", "--bogus"], 2, r"No such option: --bogus .*\(see \S*.*floor --help\)$"),
+        ("usage: not an integer", ["floor", "--tp", "abc"], 2, r"Invalid value for '--tp'.*\(see .*floor --help\)$"),
+        ("usage: no such command", ["nosuchcmd"], 2, r"No such command 'nosuchcmd'\. \(see .* --help\)$"),
+        ("usage: missing argument", ["report"], 2, r"Missing argument 'RESULTS\.\.\.'|Missing argument"),
+        ("usage: option without its value", ["bench", "verify", "--ctx"], 2, r"Option '--ctx' requires an argument"),
+        ("floor steps-from gpu-util prompt_len 'x'", ["floor", "--steps-from", str(tmp / "plen.json")], 1,
+         r"plen\.json: this gpu-util file's config\.prompt_len is 'x': not a context \(1 to 2\^30 tokens\)$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -194,6 +203,9 @@ def tmp(tmp_path):
         d = json.loads((DATA / "commit-tiny-cpu.json").read_text())
         d["rows"][0].update(change)
         (tmp_path / name).write_text(json.dumps(d))
+    g = json.loads(Path(REPLAY).read_text())
+    g["config"]["prompt_len"] = "x"
+    (tmp_path / "plen.json").write_text(json.dumps(g))
     (tmp_path / "earlier").mkdir()
     shutil.copy(DATA / "commit-tiny-cpu.json", tmp_path / "earlier" / "commit.json")
     return tmp_path
@@ -222,6 +234,8 @@ def test_bad_input(case, tmp):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) >= 1 and re.search(pattern, lines[-1]), (pattern, r.stderr)
     assert lines[-1].startswith("error: ")
+    if code == 2:  # a usage error: that one line is all
+        assert len(lines) == 1, r.stderr
     assert sorted(p.name for p in tmp.rglob("*")) == before  # refused before anything was written
 
 

@@ -379,6 +379,10 @@ def _broken(d: dict, how: str) -> None:
         d["rows"].append(dict(rows["sync"]))
     elif how == "p90":
         rows["sync"]["p90_us"] = rows["sync"]["us"] / 2
+    elif how == "row x":  # a row that is not one: refused, never skipped (graph-small would stand in for graph-empty)
+        d["rows"][0] = "x"
+    elif how == "row kind null":
+        d["rows"][0]["kind"] = None
     else:  # graph-small's us: a literal JSON value (3e9, "fast", NaN)
         rows["graph-small"]["us"] = rows["graph-small"]["p90_us"] = json.loads(how)
 
@@ -392,11 +396,12 @@ def _broken(d: dict, how: str) -> None:
     ("twice", "two sync rows"), ("p90", "sync: p10_us"),
     ("4e9", "graph-small takes 4e+09 us per kernel, over 1 h"),
     ('"fast"', "graph-small takes 'fast' us per kernel: not a number"),
-    ("NaN", "graph-small takes nan us per kernel: not a number"),
-    ("Infinity", "graph-small takes inf us per kernel: not a number")])
+    ("NaN", "NaN is not valid JSON"), ("Infinity", "Infinity is not valid JSON"),
+    ("row x", "row 1 is str, not an object"), ("row kind null", "row 1 has no text 'kind'")])
 def test_a_malformed_launch_file_is_one_line_naming_the_field(tmp_path, how, says):
     """``bench launch`` files broken in their meta (``meta``/``gpus``/``date_utc`` of the wrong type, two GPUs) or
-    their rows (a row twice, p10 <= us <= p90 not holding, 4e9 us (over 1 h), a string, NaN, inf): one line, exit 1, no
+    their rows (a row twice, p10 <= us <= p90 not holding, 4e9 us (over 1 h), a string, NaN, inf, a row that is not an
+    object or has no kind): one line, exit 1, no
     traceback, in a fresh process."""
     d = json.loads(H100_LAUNCH.read_text())
     _broken(d, how)

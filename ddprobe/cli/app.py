@@ -6,10 +6,12 @@ import sys
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperGroup, _click
 
 from .. import __version__
 from .options import fail, out
+
+UsageError = _click.exceptions.UsageError  # raised by typer's own copy of click
 
 
 def repeated_options(cmd, args: list[str]) -> list[str]:
@@ -31,8 +33,29 @@ def repeated_options(cmd, args: list[str]) -> list[str]:
     return [f for f, n in seen.items() if n > 1]
 
 
+def usage_line(e, root=None) -> str:
+    """A usage error (an unknown option or command, a value that does not parse, a missing argument) as one line: its
+    message and where the command's options are, instead of click's usage block and boxed message."""
+    msg = " ".join(e.format_message().split())
+    where = getattr(getattr(e, "ctx", None), "command_path", None) or getattr(root, "command_path", None) or "ddprobe"
+    return f"{msg} (see {where} --help)"
+
+
 class Commands(TyperGroup):
-    """The root group: a subcommand's option given twice is refused (one line, exit 1), never silently the last."""
+    """The root group: a subcommand's option given twice is refused (one line, exit 1), never silently the last; a
+    usage error is one line too (exit 2)."""
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as e:
+            fail(usage_line(e), code=2)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as e:
+            fail(usage_line(e, ctx), code=2)
 
     def resolve_command(self, ctx, args: list[str]):
         name, cmd, rest = super().resolve_command(ctx, args)

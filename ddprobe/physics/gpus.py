@@ -7,7 +7,6 @@ kernel of a step takes on each (graph-replayed, eager, a host synchronisation), 
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -98,8 +97,11 @@ def launch_time(data: dict, where: str) -> KernelTime:
     if not isinstance(rows, list):
         raise DDProbeError(f"{where}: 'rows' is {type(rows).__name__}, not a list of rows")
     us: dict[str, float] = {}
-    for r in rows:
-        if isinstance(r, dict) and r.get("kind") in LAUNCH_ROWS:
+    for i, r in enumerate(rows, 1):
+        if not isinstance(r, dict) or not isinstance(r.get("kind"), str):
+            what = "has no text 'kind'" if isinstance(r, dict) else f"is {type(r).__name__}, not an object"
+            raise DDProbeError(f"{where}: row {i} {what} (a launch results file's rows are {', '.join(LAUNCH_ROWS)})")
+        if r["kind"] in LAUNCH_ROWS:
             if r["kind"] in us:
                 raise DDProbeError(f"{where}: two {r['kind']} rows (a launch results file has one of each)")
             us[r["kind"]] = _launch_us(r, where)
@@ -166,13 +168,11 @@ def _launch_meta(meta, where: str) -> tuple[str, str]:
 
 def load_launch(path: str | Path) -> KernelTime:
     """``launch_time`` of the ``bench launch`` results file at ``path``; a missing or unreadable file in one line."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise DDProbeError(f"{path}: no such file (a `ddprobe bench launch` results file)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DDProbeError(f"{path}: not a readable results file ({e})") from None
-    return launch_time(data, str(path))
+    from ..jsonfile import read_json  # one reader of user-given JSON: a FIFO, non-UTF-8, NaN literals -> one line
+
+    if not Path(path).exists():
+        raise DDProbeError(f"{path}: no such file (a `ddprobe bench launch` results file)")
+    return launch_time(read_json(path, "results file"), str(path))
 
 
 def _shipped() -> dict[str, KernelTime]:
