@@ -438,3 +438,31 @@ def test_report_renders_again_over_its_own_report_only(tmp_path):
     r = CliRunner().invoke(app, ["report", RESULTS, "-o", str(page)])
     assert r.exit_code == 1 and page.read_text() == "<html>mine</html>\n"
     assert CliRunner().invoke(app, ["report", RESULTS, "-o", str(page), "--force"]).exit_code == 0
+
+
+def test_md_report_images_never_replace_a_file_it_did_not_write(tmp_path):
+    """A .md report's images go to ``<stem>_files/``: a file there of the user's name-alike is kept (one line, exit 1,
+    nothing written) unless --force; rendering again over its own report replaces its own images and removes the
+    ones the new render no longer has (the audit of 2026-12-07: a user's PNG was replaced silently, stale ones
+    stayed)."""
+    floor = str(DATA / "floor-rtx-pro-6000-tp8.json")
+    out, folder = tmp_path / "r.md", tmp_path / "r_files"
+    r = CliRunner().invoke(app, ["report", RESULTS, floor, "-o", str(out)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    both = sorted(p.name for p in folder.iterdir())
+    assert len(both) >= 2, both
+    r = CliRunner().invoke(app, ["report", RESULTS, "-o", str(out)], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    one = sorted(p.name for p in folder.iterdir())
+    assert len(one) == 1 and set(one) < set(both), (one, both)  # the floor's images left with the floor
+    assert f"r_files/{one[0]}" in out.read_text()
+    mine = tmp_path / "mine.md"
+    (tmp_path / "mine_files").mkdir()
+    user = tmp_path / "mine_files" / one[0]
+    user.write_bytes(b"the user's own picture")
+    r = CliRunner().invoke(app, ["report", RESULTS, "-o", str(mine)], env={"COLUMNS": "400"})
+    assert r.exit_code == 1 and not mine.exists() and user.read_bytes() == b"the user's own picture", r.output
+    assert re.search(r"^error: report .*mine\.md: .*mine_files/.*\.png is there and no earlier render of this report "
+                     r"wrote it \(give another --out, or --force to replace it\)$", r.stderr.strip()), r.stderr
+    assert CliRunner().invoke(app, ["report", RESULTS, "-o", str(mine), "--force"]).exit_code == 0
+    assert user.read_bytes().startswith(b"\x89PNG")

@@ -43,7 +43,8 @@ def report(
     check_file("--out", out_path, force=force, inputs=[("RESULTS", p) for p in expand(results)],
                keep_existing=holds is not None, holds=holds or "")
 
-    written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]))
+    written = write_report(results, out_path, command=" ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+                           force=force)
     extra = f" and {len(written) - 1} image(s) in {written[1].parent}" if len(written) > 1 else ""
     out.print(f"report written to {written[0]}{extra}")
 

@@ -123,26 +123,58 @@ def render(report: Report, fmt: str, image_dir: str = "") -> str:
                                                              image_dir=image_dir)
 
 
-def write_report(paths: Iterable[str | os.PathLike], out: str | os.PathLike, command: str = "") -> list[Path]:
+def write_report(paths: Iterable[str | os.PathLike], out: str | os.PathLike, command: str = "",
+                 force: bool = False) -> list[Path]:
     """Build and write the report; returns the files written (the report first, then any images)."""
     _format(Path(out))  # before any work: a bad -o fails fast
-    return write(build(paths, command), out)
+    return write(build(paths, command), out, force=force)
 
 
-def write(report: Report, out: str | os.PathLike) -> list[Path]:
+_IMAGE_RE = re.compile(r"^!\[[^\]\n]*\]\(([^)/\n]+)/([^)/\n]+\.png)\)$", re.M)
+
+
+def _own_images(out: Path, folder: Path) -> set[str]:
+    """The images in ``folder`` that the report now at ``out`` links to, where that file is a report ddprobe wrote
+    and nobody edited (``rewritable``): those are the report's own, replaced or removed when it is rendered again."""
+    if not out.is_file() or rewritable(out) is not None:
+        return set()
+    try:
+        text = out.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return set()
+    return {name for d, name in _IMAGE_RE.findall(text) if d == folder.name}
+
+
+def write(report: Report, out: str | os.PathLike, force: bool = False) -> list[Path]:
+    """Write ``report`` to ``out`` (.html: one file; .md: its images as PNGs in ``<stem>_files/`` beside it). An
+    image file there that the report at ``out`` did not write is kept (a one-line DDProbeError, nothing written)
+    unless ``force``; the images of the earlier render that this one no longer has are removed."""
     out = Path(out)
     fmt = _format(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     written = [out]
     image_dir = ""
+    images = []
     if fmt == "md":
         folder = out.with_name(f"{out.stem}_files")
-        folder.mkdir(exist_ok=True)
+        own = _own_images(out, folder)
+        images = [(folder / f"{f.name}.png", f.png) for s in report.sections for f in s.figures]
+        if folder.exists() and not folder.is_dir():
+            raise DDProbeError(f"cannot write report {out}: its image folder {folder} is a file (give another --out)")
+        theirs = [p for p, _ in images if (p.exists() or p.is_symlink()) and p.name not in own]
+        if theirs and not force:
+            raise DDProbeError(f"report {out}: {theirs[0]} is there and no earlier render of this report wrote it "
+                               "(give another --out, or --force to replace it)")
         image_dir = folder.name
-        for s in report.sections:
-            for f in s.figures:
-                (folder / f"{f.name}.png").write_bytes(f.png)
-                written.append(folder / f"{f.name}.png")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for p, png in images:
+        p.parent.mkdir(exist_ok=True)
+        if p.is_symlink() or (p.exists() and not p.is_file()):
+            raise DDProbeError(f"cannot write report {out}: {p} is not a regular file")
+        p.write_bytes(png)
+        written.append(p)
+    if fmt == "md":
+        for name in own - {p.name for p, _ in images}:  # the earlier render's images this one no longer has
+            (folder / name).unlink(missing_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         tmp.write_text(sealed(render(report, fmt, image_dir)), encoding="utf-8")
