@@ -341,7 +341,8 @@ def test_the_baselines_command_is_the_workflows_and_parses(tmp_path):
 
 def test_a_folder_of_baselines_gates_against_the_card_the_run_used(tmp_path):
     """``--baseline FOLDER``: the baseline whose GPU (the name in its meta) is the current run's; a run on a card the
-    folder has no baseline for is one line naming the cards it has; files that are no results are passed over."""
+    folder has no baseline for is one line naming the cards it has; JSON that is no results file is passed over, a
+    damaged file is named."""
     import shutil
 
     folder = tmp_path / "baselines"
@@ -366,6 +367,13 @@ def test_a_folder_of_baselines_gates_against_the_card_the_run_used(tmp_path):
     assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1
     assert "no bench-verify baseline in" in r.output and "NVIDIA Made-Up 1" in r.output and "NVIDIA H200" in r.output
     assert "NVIDIA H100 80GB HBM3 (bench-verify-h100.json)" in r.output and "a-launch" not in r.output
+    # a damaged file there (a truncated copy of a baseline) is named, never passed over: it may be this card's
+    (folder / "bench-verify-h200.json").write_text(SHIPPED.read_text()[:500])
+    for cur in sorted(SHIPPED.parent.glob("bench-verify-*.json")):
+        r = gate_cli(cur, "--baseline", folder)
+        assert r.exit_code == 1 and len(r.output.strip().splitlines()) == 1, r.output
+        assert re.search(r"baselines holds a file that cannot be read: .*bench-verify-h200\.json: not valid JSON",
+                         " ".join(r.output.split())), r.output
 
 
 def test_variant_names_are_printed_as_they_are(tmp_path):

@@ -187,13 +187,19 @@ def compare(current: Result, baseline: Result, max_drop: float = 0.10, min_bw_Bp
 def baseline_for(current: Result, folder: Path) -> Path:
     """The baseline in ``folder`` (its ``*.json`` benchmark results, one per card and kind) of the current run's kind
     whose GPU is the current run's (the GPU name in each file's meta); a one-line DDProbeError naming the GPUs the
-    folder has for that kind when none is, and naming the files when two are (which one gates is not guessed)."""
+    folder has for that kind when none is, and naming the files when two are (which one gates is not guessed). A file
+    there that is not JSON, or a results file that breaks its schema, is refused naming it, never passed over."""
+    from ..jsonfile import read_json
+
     cards: dict[str, list[Path]] = {}
     for f in sorted(folder.glob("*.json")):
         try:
-            r = load_one(f)
-        except DDProbeError:
-            continue  # not a results file: not a baseline
+            data = read_json(f, "baseline file")
+        except DDProbeError as e:  # damaged (truncated, not JSON): it may be the baseline this run needs
+            raise DDProbeError(f"{folder} holds a file that cannot be read: {e}") from None
+        if not (isinstance(data, dict) and ("schema" in data or {"results", "ceilings"} <= data.keys())):
+            continue  # JSON that is no ddprobe results file (notes, say): not a baseline
+        r = load_one(f)  # a results file that breaks its schema is refused, naming the field
         if r.kind in bench.BENCH_KINDS and r.kind == current.kind and bench.gpu_name(r):
             cards.setdefault(bench.gpu_name(r), []).append(f)
     gpu = bench.gpu_name(current)
