@@ -73,7 +73,7 @@ Tokens = Annotated[int, Unit("tokens"), AT_LEAST_0]
 Context = Annotated[int, Unit("tokens"), AT_LEAST_1]
 TokensPerStep = Annotated[float, Unit("tokens/step"), AT_LEAST_0]
 CommitLen = Annotated[float, Unit("tokens/step"), AT_LEAST_1]  # the bonus token at least
-TokensPerSec = Annotated[float, Unit("tokens/s"), AT_LEAST_0]
+TokensPerSec = Annotated[float, Unit("tokens/s"), Bound(lo=0, hi=1e7)]  # no request decodes 10 M tokens/s
 Count = Annotated[int, Unit(""), AT_LEAST_0]
 Number = Annotated[float, Unit(""), AT_LEAST_0]
 Ratio = Annotated[float, Unit("x"), AT_LEAST_0]  # a ratio of two like quantities (gap, speedup)
@@ -256,7 +256,8 @@ class CommitRow(Row):
     def problem(self, config: dict) -> str | None:
         """What no measurement can say: a commit length above max_new_tokens or above budget + 1 (the row's budget,
         else the file's; a step commits at most its accepted nodes and the bonus token), more verify steps than
-        tokens, a shape other than ddtree or chain."""
+        tokens, a shape other than ddtree or chain, a commit-length statistic or accepted depth above what the budget
+        allows."""
         c, n = self.commit_len, self.max_new_tokens
         b = self.budget if self.budget is not None else config.get("budget")
         if self.tree is not None and self.tree not in ("ddtree", "chain"):
@@ -266,6 +267,12 @@ class CommitRow(Row):
             return f"'commit_len' is {c:g} tokens/step (must be <= max_new_tokens, {n})"
         if c is not None and _is_int(b) and b >= 0 and c > b + 1 + 1e-9:
             return f"'commit_len' is {c:g} tokens/step (must be <= budget + 1, {b + 1})"
+        if _is_int(b) and b >= 0:  # the commit length's other statistics are bounded as it is
+            for key, most in (("commit_len_p10", b + 1), ("commit_len_p90", b + 1), ("commit_len_std", b + 1),
+                              ("ran_commit_len", b + 1), ("spine_commit_len", b + 1), ("accepted_depth", b)):
+                v = getattr(self, key)
+                if v is not None and v > most + 1e-9:
+                    return f"{key!r} is {v:g} tokens/step (must be <= {most}, as the tree budget is {b})"
         if self.verify_steps is not None and self.completion_tokens is not None \
                 and self.verify_steps > max(self.completion_tokens, 1):
             return f"'verify_steps' is {self.verify_steps} for {self.completion_tokens} tokens (must be <= tokens)"

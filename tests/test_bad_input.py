@@ -169,6 +169,13 @@ def _cases(tmp: Path):
         ("usage: option without its value", ["bench", "verify", "--ctx"], 2, r"Option '--ctx' requires an argument"),
         ("floor steps-from gpu-util prompt_len 'x'", ["floor", "--steps-from", str(tmp / "plen.json")], 1,
          r"plen\.json: this gpu-util file's config\.prompt_len is 'x': not a context \(1 to 2\^30 tokens\)$"),
+        ("report commit_len_p10 1e308", ["report", str(tmp / "p10huge.json"), "-o", d + "/r.html"], 1,
+         r"p10huge\.json: row 1 of this commit file: 'commit_len_p10' is 1e\+308 tokens/step \(must be <= 9, as the "
+         r"tree budget is 8\)$"),
+        ("gate accepted_depth 9 at budget 8", ["gate", str(tmp / "depthhuge.json"), "-b", RESULTS], 1,
+         r"'accepted_depth' is 9 tokens/step \(must be <= 8, as the tree budget is 8\)$"),
+        ("report tokens_per_s 1e308", ["report", str(tmp / "tpshuge.json"), "-o", d + "/r.html"], 1,
+         r"'tokens_per_s' is 1e\+308 tokens/s \(must be <= 1e\+07\)$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -199,7 +206,8 @@ def tmp(tmp_path):
     shutil.copy(REPLAY, tmp_path / "g.json")
     (tmp_path / "deep.json").write_text("[" * 100 + "]" * 100)
     for name, change in (("neg.json", {"commit_len": -3.0}), ("huge.json", {"commit_len": 99999.0}),
-                         ("negtime.json", {"decode_ms_per_step": -0.5})):
+                         ("negtime.json", {"decode_ms_per_step": -0.5}), ("p10huge.json", {"commit_len_p10": 1e308}),
+                         ("depthhuge.json", {"accepted_depth": 9.0}), ("tpshuge.json", {"tokens_per_s": 1e308})):
         d = json.loads((DATA / "commit-tiny-cpu.json").read_text())
         d["rows"][0].update(change)
         (tmp_path / name).write_text(json.dumps(d))
