@@ -176,6 +176,8 @@ def _cases(tmp: Path):
          r"'accepted_depth' is 9 tokens/step \(must be <= 8, as the tree budget is 8\)$"),
         ("report tokens_per_s 1e308", ["report", str(tmp / "tpshuge.json"), "-o", d + "/r.html"], 1,
          r"'tokens_per_s' is 1e\+308 tokens/s \(must be <= 1e\+07\)$"),
+        ("bench allreduce graphs on the cpu", ["bench", "allreduce", "--graphs", "--device", "cpu", "-o", d + "/a.json"],
+         1, r"--graphs replays CUDA graphs: it needs --device cuda \(gloo on the CPU runs eager\)$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),

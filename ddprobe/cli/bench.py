@@ -211,8 +211,10 @@ def allreduce(
     device: Annotated[str, typer.Option("--device", help="auto, cuda (NCCL, one GPU per rank) or cpu (gloo).")]
     = "auto",
     dtype: Annotated[str, typer.Option("--dtype", help="Element type of the hidden rows: bf16, fp16, fp32.")] = "bf16",
-    graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="NCCL: time the calls captured in a CUDA "
-                                                                      "graph (eager where capture fails).")] = True,
+    graphs: Annotated[Optional[bool], typer.Option("--graphs/--no-graphs", help="NCCL: time the calls captured in a "
+                                                                                "CUDA graph (eager where capture "
+                                                                                "fails; default: on with cuda).")]
+    = None,
     calls: Annotated[int, typer.Option("--calls", help="All-reduces per timed sample.",
                                        callback=checked(within(1, 100000)))] = 20,
     samples: Annotated[int, typer.Option("--samples", help="Timed samples per size (median, p10, p90).",
@@ -246,9 +248,11 @@ def allreduce(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise DDProbeError(f"--device: unknown device {device!r}; known: auto, cpu, cuda")
+    if graphs and device != "cuda":
+        raise DDProbeError("--graphs replays CUDA graphs: it needs --device cuda (gloo on the CPU runs eager)")
     n = default_ranks(device) if ranks is None else ranks
-    opts = AllreduceOptions(n, messages, device=device, dtype=dtype, graphs=graphs and device == "cuda", calls=calls,
-                            samples=samples, timeout_s=timeout_s)
+    opts = AllreduceOptions(n, messages, device=device, dtype=dtype, graphs=graphs is not False and device == "cuda",
+                            calls=calls, samples=samples, timeout_s=timeout_s)
     check(opts)
     config = {"ranks": n, "backend": opts.backend, "graphs": opts.graphs, "device": device, "dtype": dtype,
               "model": spec.name, "hidden": spec.hidden_size, "budget": budget, "calls": calls, "samples": samples}
