@@ -178,6 +178,9 @@ def _cases(tmp: Path):
          r"'tokens_per_s' is 1e\+308 tokens/s \(must be <= 1e\+07\)$"),
         ("bench allreduce graphs on the cpu", ["bench", "allreduce", "--graphs", "--device", "cpu", "-o", d + "/a.json"],
          1, r"--graphs replays CUDA graphs: it needs --device cuda \(gloo on the CPU runs eager\)$"),
+        ("diagnose max-new-tokens below one step", ["diagnose", "--ctx", "256", "--max-new-tokens", "2"], 1,
+         r"--max-new-tokens 2: too few for a commit length at budget 8 \(the first token is the prefill's, a step "
+         r"commits up to 9\): give 10 or more$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),

@@ -220,6 +220,27 @@ def test_summary_and_diagnosis_judge_the_drafter_alike():
     assert "repeats itself" in lines and "repeats itself" in claim  # novel text that loops is called out by both
 
 
+def test_cells_too_short_for_a_step_are_not_called_a_broken_drafter():
+    """Cells that decoded fewer tokens than one whole verify step (budget + 2 with the prefill's) measure a commit
+    length capped by their length (1.00 at --max-new-tokens 2, whatever the drafter): the summary and the diagnosis
+    both say "not measured" and what to give, never "untrained drafter" (the audit of 2026-12-07)."""
+    from ddprobe.reports import findings
+    from ddprobe.reports.diagnosis import drafter
+    from ddprobe.results import RunMeta
+
+    rows = [{"text": t, "ctx": c, "commit_len": 1.0, "max_new_tokens": 2} for t in ("predictable", "novel")
+            for c in (256, 512)]
+    r = Result(kind="commit", meta=RunMeta.collect(command="t", probe_gpu=False), rows=rows, config={"budget": 8})
+    claim, lines = drafter(r, None), " ".join(findings.commit(r))
+    for text in (claim.text, lines):
+        assert "Not measured: the commit cells decoded 2 tokens each" in text and "--max-new-tokens 10 or more" in text
+        assert "untrained" not in text and "does not accept" not in text and "NOT accepting" not in text
+    assert claim.status == "skipped"
+    for row in r.rows:  # one whole step decoded: judged as before
+        row["max_new_tokens"] = 10
+    assert "does not accept even at short context" in drafter(r, None).text
+
+
 @pytest.mark.parametrize("run, want", [
     # k2 shapes (61 layers, 8 heads, random weights) with the paged path: the investigation's picture
     ("k2", {"drafter": "does not accept even at short context", "gpu": "nvidia-smi says 94% busy",

@@ -55,6 +55,13 @@ def diagnose(
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
     bw_Bps, trees = _checked(tctx, backend, model, fo, max_new_tokens, decode_tokens, tree)
+    if backend == "engine":
+        from ..reports.diagnosis import too_few_tokens
+
+        if need := too_few_tokens(max_new_tokens, eng.budget):
+            raise DDProbeError(f"--max-new-tokens {max_new_tokens}: too few for a commit length at budget {eng.budget} "
+                               f"(the first token is the prefill's, a step commits up to {eng.budget + 1}): give "
+                               f"{need} or more")
     folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     if out_dir == "":
         raise DDProbeError("--out-dir: empty path (give a folder name)")

@@ -50,6 +50,26 @@ def _list(rs: list[CommitRow]) -> str:
     return " / ".join(f"{r.commit_len:.2f}" for r in rs) + " at " + " / ".join(fmt_tokens(r.ctx) for r in rs)
 
 
+def too_few_tokens(max_new_tokens: int, budget: int) -> int:
+    """The fewest tokens a commit cell must decode for its commit length to be the drafter's (0 where
+    ``max_new_tokens`` has them): the first token is the prefill's, and a step commits up to budget + 1, so one whole
+    step needs budget + 2 (with --max-new-tokens 2 any drafter measures 1.00)."""
+    return budget + 2 if max_new_tokens < budget + 2 else 0
+
+
+def too_short_cells(rows: list[CommitRow], config_budget) -> str:
+    """Why these cells cannot say how the drafter accepts ("" where they can): each decoded too few tokens for one
+    whole verify step (``too_few_tokens``)."""
+    for r in rows:
+        b = r.budget if r.budget is not None else config_budget
+        n = r.max_new_tokens
+        if isinstance(b, int) and not isinstance(b, bool) and b >= 1 and n is not None and too_few_tokens(n, b):
+            return (f"Not measured: the commit cells decoded {n} tokens each, too few for a commit length (the first "
+                    f"token is the prefill's and a step commits up to {b + 1}, so at most {max(n - 1, 1)} here): "
+                    f"give --max-new-tokens {too_few_tokens(n, b)} or more.")
+    return ""
+
+
 def drafter(commit: Result | None, record: Result | None) -> Claim:
     title = "Is the drafter broken at long context?"
     if commit is None:
@@ -57,6 +77,9 @@ def drafter(commit: Result | None, record: Result | None) -> Claim:
         return Claim("drafter", title, f"Commit probe: {why}", status)
     block = commit.config.get("block_size")
     pred, novel = _series(commit.records, "predictable"), _series(commit.records, "novel")
+    short = too_short_cells(pred + novel, commit.config.get("budget"))
+    if short:
+        return Claim("drafter", title, short, "skipped")
     parts = []
     if pred:
         first = pred[0].commit_len

@@ -15,7 +15,7 @@ from ..physics.step_model import bound_word
 from ..results import Result
 from ..units import fmt_bandwidth, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
-from .diagnosis import FINE, NOVEL_MAX
+from .diagnosis import FINE, NOVEL_MAX, too_short_cells
 
 
 
@@ -41,6 +41,9 @@ def commit(result: Result) -> list[str]:
     by_text = defaultdict(list)
     for r in _drafter_cells(result.records):
         by_text[r.text].append(r)
+    short = too_short_cells([r for rs in by_text.values() for r in rs], result.config.get("budget"))
+    if short:
+        return [short]
     out = []
     for text, rs in sorted(by_text.items()):
         rs.sort(key=lambda r: r.ctx)
