@@ -279,6 +279,13 @@ class CommitRow(Row):
         return None
 
 
+def one_step_tokens(budget: int) -> int:
+    """The fewest tokens a commit cell must decode for its commit length to be the drafter's: the first is the
+    prefill's, and a verify step commits up to budget + 1, so one whole step needs budget + 2 (a cell of 2 tokens
+    measures 1.00 whatever the drafter)."""
+    return budget + 2
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

@@ -181,6 +181,10 @@ def _cases(tmp: Path):
         ("diagnose max-new-tokens below one step", ["diagnose", "--ctx", "256", "--max-new-tokens", "2"], 1,
          r"--max-new-tokens 2: too few for a commit length at budget 8 \(the first token is the prefill's, a step "
          r"commits up to 9\): give 10 or more$"),
+        ("advise from cells shorter than one step", ["advise", "--from", str(tmp / "short.json"), "--decode-ms", "5",
+                                                     "-o", d + "/a.json"], 1,
+         r"short\.json: its cells decoded 2 tokens, too few for a commit length at budget 8 \(one verify step needs "
+         r"10 with the prefill's token\): measure it again with more --max-new-tokens$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -216,6 +220,10 @@ def tmp(tmp_path):
         d = json.loads((DATA / "commit-tiny-cpu.json").read_text())
         d["rows"][0].update(change)
         (tmp_path / name).write_text(json.dumps(d))
+    c = json.loads((DATA / "commit-tiny-cpu.json").read_text())
+    for row in c["rows"]:  # cells of 2 tokens: a commit length of 1.00 whatever the drafter
+        row.update(max_new_tokens=2, commit_len=1.0, ran_commit_len=None, spine_commit_len=None)
+    (tmp_path / "short.json").write_text(json.dumps(c))
     g = json.loads(Path(REPLAY).read_text())
     g["config"]["prompt_len"] = "x"
     (tmp_path / "plen.json").write_text(json.dumps(g))

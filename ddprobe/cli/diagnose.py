@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
+from ..schema import one_step_tokens
 from ..units import DDProbeError, parse_token_list
 from .app import app
 from ..probes.bench.estimate import fmt_duration
@@ -55,13 +56,10 @@ def diagnose(
 
     ctxs = list(dict.fromkeys(parse_token_list(ctx)))
     bw_Bps, trees = _checked(tctx, backend, model, fo, max_new_tokens, decode_tokens, tree)
-    if backend == "engine":
-        from ..reports.diagnosis import too_few_tokens
-
-        if need := too_few_tokens(max_new_tokens, eng.budget):
-            raise DDProbeError(f"--max-new-tokens {max_new_tokens}: too few for a commit length at budget {eng.budget} "
-                               f"(the first token is the prefill's, a step commits up to {eng.budget + 1}): give "
-                               f"{need} or more")
+    if backend == "engine" and max_new_tokens < (need := one_step_tokens(eng.budget)):
+        raise DDProbeError(f"--max-new-tokens {max_new_tokens}: too few for a commit length at budget {eng.budget} "
+                           f"(the first token is the prefill's, a step commits up to {eng.budget + 1}): give {need} "
+                           "or more")
     folder = Path(out_dir) if out_dir is not None else Path(f"ddprobe-diagnose-{dt.datetime.now():%Y%m%d-%H%M%S}")
     if out_dir == "":
         raise DDProbeError("--out-dir: empty path (give a folder name)")

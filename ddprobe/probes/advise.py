@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from ..schema import parse_rows
+from ..schema import one_step_tokens, parse_rows
 from ..units import DDProbeError, fmt_tokens
 from .backends.engine import MAX_BUDGET
 from .bench.step_times import StepTimeOptions, check as check_cells, measure_step_times
@@ -588,6 +588,12 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     elif budget is None:
         raise DDProbeError(f"{path} does not say its tree budget (config.budget): give --budget")
     cells = r.records  # typed commit rows, checked on load
+    short = [x for x in cells if x.max_new_tokens is not None and x.max_new_tokens < one_step_tokens(x.budget or budget)]
+    if short:  # their commit lengths are capped by their length, not measured: no verdict may rest on them
+        raise DDProbeError(f"{path}: its cells decoded {short[0].max_new_tokens} tokens, too few for a commit length at "
+                           f"budget {short[0].budget or budget} (one verify step needs "
+                           f"{one_step_tokens(short[0].budget or budget)} with the prefill's token): measure it again "
+                           "with more --max-new-tokens")
     ctxs = sorted({x.ctx for x in cells if x.commit_len and x.decode_ms_per_step})
     left = sum(1 for x in cells if not (x.commit_len and x.decode_ms_per_step))
     if left:

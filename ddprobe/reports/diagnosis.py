@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .. import verify_paths
 from ..results import Result
-from ..schema import CommitRow, FloorRow
+from ..schema import CommitRow, FloorRow, one_step_tokens
 from ..physics.step_model import parts_bound
 from ..units import fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
@@ -50,23 +50,16 @@ def _list(rs: list[CommitRow]) -> str:
     return " / ".join(f"{r.commit_len:.2f}" for r in rs) + " at " + " / ".join(fmt_tokens(r.ctx) for r in rs)
 
 
-def too_few_tokens(max_new_tokens: int, budget: int) -> int:
-    """The fewest tokens a commit cell must decode for its commit length to be the drafter's (0 where
-    ``max_new_tokens`` has them): the first token is the prefill's, and a step commits up to budget + 1, so one whole
-    step needs budget + 2 (with --max-new-tokens 2 any drafter measures 1.00)."""
-    return budget + 2 if max_new_tokens < budget + 2 else 0
-
-
 def too_short_cells(rows: list[CommitRow], config_budget) -> str:
     """Why these cells cannot say how the drafter accepts ("" where they can): each decoded too few tokens for one
-    whole verify step (``too_few_tokens``)."""
+    whole verify step (``schema.one_step_tokens``)."""
     for r in rows:
         b = r.budget if r.budget is not None else config_budget
         n = r.max_new_tokens
-        if isinstance(b, int) and not isinstance(b, bool) and b >= 1 and n is not None and too_few_tokens(n, b):
+        if isinstance(b, int) and not isinstance(b, bool) and b >= 1 and n is not None and n < one_step_tokens(b):
             return (f"Not measured: the commit cells decoded {n} tokens each, too few for a commit length (the first "
                     f"token is the prefill's and a step commits up to {b + 1}, so at most {max(n - 1, 1)} here): "
-                    f"give --max-new-tokens {too_few_tokens(n, b)} or more.")
+                    f"give --max-new-tokens {one_step_tokens(b)} or more.")
     return ""
 
 
