@@ -185,6 +185,11 @@ def _cases(tmp: Path):
                                                      "-o", d + "/a.json"], 1,
          r"short\.json: its cells decoded 2 tokens, too few for a commit length at budget 8 \(one verify step needs "
          r"10 with the prefill's token\): measure it again with more --max-new-tokens$"),
+        ("gate paths with an empty name", ["gate", RAW, "-b", BASE, "--paths", "split,,paged"], 1,
+         r"--paths 'split,,paged': an empty name between commas; give names like split,paged$"),
+        ("advise from a file of budget -1", ["advise", "--from", str(tmp / "bneg.json"), "--decode-ms", "5", "-o",
+                                             d + "/a.json"], 1,
+         r"bneg\.json: config\.budget is -1: not a tree budget \(1\.\.1024\)$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -224,6 +229,8 @@ def tmp(tmp_path):
     for row in c["rows"]:  # cells of 2 tokens: a commit length of 1.00 whatever the drafter
         row.update(max_new_tokens=2, commit_len=1.0, ran_commit_len=None, spine_commit_len=None)
     (tmp_path / "short.json").write_text(json.dumps(c))
+    c["config"]["budget"] = -1
+    (tmp_path / "bneg.json").write_text(json.dumps(c))
     g = json.loads(Path(REPLAY).read_text())
     g["config"]["prompt_len"] = "x"
     (tmp_path / "plen.json").write_text(json.dumps(g))

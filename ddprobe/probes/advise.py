@@ -577,10 +577,9 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     if r.kind != "commit":
         raise DDProbeError(f"{path}: a {r.kind!r} results file; --from takes a commit file")
     why = not_the_model(r.config, spec) if spec is not None else ""
-    if why:
-        say(f"warning: {path}'s steps cannot be {spec.name}'s ({why}): they are compared with {spec.name}'s plain "
-            "decoding, two different models")
     if isinstance(r.config.get("budget"), int):
+        if not 1 <= r.config["budget"] <= MAX_BUDGET:
+            raise DDProbeError(f"{path}: config.budget is {r.config['budget']}: not a tree budget (1..{MAX_BUDGET})")
         if budget is not None and budget != r.config["budget"]:  # the file's steps ran at its own budget
             raise DDProbeError(f"--budget {budget}: {path} was measured at tree budget {r.config['budget']} "
                                "(config.budget): drop --budget")
@@ -594,6 +593,9 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
                            f"budget {short[0].budget or budget} (one verify step needs "
                            f"{one_step_tokens(short[0].budget or budget)} with the prefill's token): measure it again "
                            "with more --max-new-tokens")
+    if why:  # said once the file is known to be usable
+        say(f"warning: {path}'s steps cannot be {spec.name}'s ({why}): they are compared with {spec.name}'s plain "
+            "decoding, two different models")
     ctxs = sorted({x.ctx for x in cells if x.commit_len and x.decode_ms_per_step})
     left = sum(1 for x in cells if not (x.commit_len and x.decode_ms_per_step))
     if left:

@@ -111,10 +111,12 @@ def paths_option(text: str | None) -> list[str] | None:
     everything, unlike what it says)."""
     if text is None:
         return None
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
+    names = [p.strip() for p in text.split(",")]
+    if not any(names):
         raise DDProbeError(f"--paths {text!r}: no path names; give some, e.g. split,paged (or leave --paths out to "
                            "gate every path)")
+    if not all(names):  # as --ctx refuses 1k,,2k: a typo, not a choice
+        raise DDProbeError(f"--paths {text!r}: an empty name between commas; give names like split,paged")
     return names
 
 
