@@ -494,3 +494,13 @@ def test_md_report_images_never_replace_a_file_it_did_not_write(tmp_path):
                      r"wrote it \(give another --out, or --force to replace it\)$", r.stderr.strip()), r.stderr
     assert CliRunner().invoke(app, ["report", RESULTS, "-o", str(mine), "--force"]).exit_code == 0
     assert user.read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_group_without_its_command_shows_its_help():
+    """``ddprobe`` and ``ddprobe bench`` alone show their help (click's exit 2), not a usage error line: the one-line
+    usage errors leave the no-arguments help as it was."""
+    for args in ([], ["bench"]):
+        r = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+        assert r.exit_code == 2, (args, r.output)
+        assert "Usage:" in r.output and "error:" not in r.output, r.output
+        assert ("verify" if args else "floor") in r.output

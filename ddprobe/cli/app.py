@@ -12,6 +12,7 @@ from .. import __version__
 from .options import fail, out
 
 UsageError = _click.exceptions.UsageError  # raised by typer's own copy of click
+NoArgsIsHelp = _click.exceptions.NoArgsIsHelpError  # a group given no command: its help, as click shows it
 
 
 def repeated_options(cmd, args: list[str]) -> list[str]:
@@ -48,12 +49,16 @@ class Commands(TyperGroup):
     def make_context(self, *args, **kwargs):
         try:
             return super().make_context(*args, **kwargs)
+        except NoArgsIsHelp:
+            raise
         except UsageError as e:
             fail(usage_line(e), code=2)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except NoArgsIsHelp:
+            raise
         except UsageError as e:
             fail(usage_line(e, ctx), code=2)
 
