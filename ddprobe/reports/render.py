@@ -164,12 +164,13 @@ def write(report: Report, out: str | os.PathLike, force: bool = False) -> list[P
         if theirs and not force:
             raise DDProbeError(f"report {out}: {theirs[0]} is there and no earlier render of this report wrote it "
                                "(give another --out, or --force to replace it)")
+        odd = [p for p, _ in images if p.is_symlink() or (p.exists() and not p.is_file())]
+        if odd:  # never written through, --force or not
+            raise DDProbeError(f"cannot write report {out}: {odd[0]} is not a regular file (give another --out)")
         image_dir = folder.name
     out.parent.mkdir(parents=True, exist_ok=True)
     for p, png in images:
         p.parent.mkdir(exist_ok=True)
-        if p.is_symlink() or (p.exists() and not p.is_file()):
-            raise DDProbeError(f"cannot write report {out}: {p} is not a regular file")
         p.write_bytes(png)
         written.append(p)
     if fmt == "md":
