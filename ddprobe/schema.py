@@ -286,6 +286,16 @@ def one_step_tokens(budget: int) -> int:
     return budget + 2
 
 
+def too_short(rows: list, budget) -> tuple[Any, int] | None:
+    """The first commit row (``CommitRow``) that decoded fewer than ``one_step_tokens`` of its budget (the row's own,
+    else ``budget``, the file's), with that budget; None where every row with a known length and budget has them."""
+    for r in rows:
+        b = r.budget if r.budget is not None else budget
+        if _is_int(b) and b >= 1 and r.max_new_tokens is not None and r.max_new_tokens < one_step_tokens(b):
+            return r, b
+    return None
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

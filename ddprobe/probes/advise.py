@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-from ..schema import one_step_tokens, parse_rows
+from ..schema import one_step_tokens, parse_rows, too_short
 from ..units import DDProbeError, fmt_tokens
 from .backends.engine import MAX_BUDGET
 from .bench.step_times import StepTimeOptions, check as check_cells, measure_step_times
@@ -587,12 +587,12 @@ def points_from_file(path, budget: int | None, decode: Callable[[list[int]], lis
     elif budget is None:
         raise DDProbeError(f"{path} does not say its tree budget (config.budget): give --budget")
     cells = r.records  # typed commit rows, checked on load
-    short = [x for x in cells if x.max_new_tokens is not None and x.max_new_tokens < one_step_tokens(x.budget or budget)]
+    short = too_short(cells, budget)
     if short:  # their commit lengths are capped by their length, not measured: no verdict may rest on them
-        raise DDProbeError(f"{path}: its cells decoded {short[0].max_new_tokens} tokens, too few for a commit length at "
-                           f"budget {short[0].budget or budget} (one verify step needs "
-                           f"{one_step_tokens(short[0].budget or budget)} with the prefill's token): measure it again "
-                           "with more --max-new-tokens")
+        x, b = short
+        raise DDProbeError(f"{path}: its cells decoded {x.max_new_tokens} tokens, too few for a commit length at budget "
+                           f"{b} (one verify step needs {one_step_tokens(b)} with the prefill's token): measure it "
+                           "again with more --max-new-tokens")
     if why:  # said once the file is known to be usable
         say(f"warning: {path}'s steps cannot be {spec.name}'s ({why}): they are compared with {spec.name}'s plain "
             "decoding, two different models")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .. import verify_paths
 from ..results import Result
-from ..schema import CommitRow, FloorRow, one_step_tokens
+from ..schema import CommitRow, FloorRow, one_step_tokens, too_short
 from ..physics.step_model import parts_bound
 from ..units import fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens
 from . import bench
@@ -52,15 +52,15 @@ def _list(rs: list[CommitRow]) -> str:
 
 def too_short_cells(rows: list[CommitRow], config_budget) -> str:
     """Why these cells cannot say how the drafter accepts ("" where they can): each decoded too few tokens for one
-    whole verify step (``schema.one_step_tokens``)."""
-    for r in rows:
-        b = r.budget if r.budget is not None else config_budget
-        n = r.max_new_tokens
-        if isinstance(b, int) and not isinstance(b, bool) and b >= 1 and n is not None and n < one_step_tokens(b):
-            return (f"Not measured: the commit cells decoded {n} tokens each, too few for a commit length (the first "
-                    f"token is the prefill's and a step commits up to {b + 1}, so at most {max(n - 1, 1)} here): "
-                    f"give --max-new-tokens {one_step_tokens(b)} or more.")
-    return ""
+    whole verify step (``schema.too_short``)."""
+    found = too_short(rows, config_budget)
+    if not found:
+        return ""
+    r, b = found
+    n = r.max_new_tokens
+    return (f"Not measured: the commit cells decoded {n} tokens each, too few for a commit length (the first token is "
+            f"the prefill's and a step commits up to {b + 1}, so at most {max(n - 1, 1)} here): give --max-new-tokens "
+            f"{one_step_tokens(b)} or more.")
 
 
 def drafter(commit: Result | None, record: Result | None) -> Claim:
