@@ -32,11 +32,9 @@ def _compile_tail(part_dtype: torch.dtype):
                    detail=None)
     cfg = sw.config(ctx, hq, 132, sw.WsTuning(tail=1))
     o_part, lse_part = partials(cfg["grid_splits"] - 1, hq, 512, "cpu", part_dtype)
-    args = (*sw._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o_part, lse_part, o_part.stride(0),
-            o_part.stride(1), p.prefix_t, r, cfg["grid_splits"] - 1 + cfg["fold"], hq, h, 0.1)
-    consts = dict(BLOCK_M=sw.BLOCK_M, BLOCK_N=sw.BLOCK_N, V_DIM=512, PE_DIM=64, TAIL=sw.TAIL, PV_REGS=sw.PV_REGS,
-                  LOAD_REGS=sw.LOAD_REGS, FOLD=cfg["fold"], num_warps=4)
-    k = tc.compile_launch(ws_tail_kernel, (9, 0), args, consts)
+    _, args, consts = sw.tail_launch(sw._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o_part, lse_part, p,
+                                     cfg, hq, 576, h, 0.1)  # the launch split_ws runs
+    k = tc.compile_launch(ws_tail_kernel, (9, 0), args, {**consts, "num_warps": 4})
     ptx = k.asm["ptx"]
     return tc.code_report(k), len(re.findall(r"st\.global(?:\.v\d)?\.b16", ptx))
 

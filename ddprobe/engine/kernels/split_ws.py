@@ -324,6 +324,18 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
             desc(kv, [rows, v], [BLOCK_N, v]), desc(kv[:, v:], [rows, pe], [BLOCK_N, pe]))
 
 
+def tail_launch(descs, bits, o_part, lse_part, p: VerifyPlan, cfg: dict, hq: int, dim: int, h: int,
+                sm_scale: float) -> tuple[tuple, tuple, dict]:
+    """(grid, arguments, constexprs) of the Gluon tail kernel on ``cfg``'s grid: what ``_launch_tail`` launches and
+    kernels/_target_compile.py compiles on the CPU (``descs``: ``_descs(q2, kv, p)``; ``bits``: the tree's mask)."""
+    grid = (cfg["n_qb"], cfg["grid_splits"], 1)
+    args = (*descs, bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
+            cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E)
+    consts = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS,
+                  LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"])
+    return grid, args, consts
+
+
 def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
     """The Gluon tail kernel on d's grid (it reads the live length from p.prefix_t and derives its chunk on the
     device, host and device plans alike); returns the compiled kernel. The tensor descriptors are built on first
@@ -341,11 +353,7 @@ def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
         if len(d.descs) >= MAX_DESCS:
             d.descs.clear()
         descs = d.descs[key] = _descs(q2, kv, p)
-    grid = (cfg["n_qb"], cfg["grid_splits"], 1)
-    args = (*descs, d.bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
-            cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E)
-    consts = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS,
-                  LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"])
+    grid, args, consts = tail_launch(descs, d.bits, o_part, lse_part, p, cfg, hq, dim, h, sm_scale)
     k = d.compiled.get("tail")
     if k is None:
         k = d.compiled["tail"] = ws_tail_kernel[grid](*args, **consts, num_warps=4)
