@@ -100,8 +100,10 @@ def test_tree_mask_is_applied():
 
 @gpu
 @pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=1, fold_tree=0),
-                                  dict(part_bits=16), dict(tail=1, part_bits=16)],
-                         ids=["default", "tail", "tail-fold", "tail-tree-apart", "p16", "tail-p16"])
+                                  dict(part_bits=16), dict(tail=1, part_bits=16), dict(tail=1, tail_fuse=1),
+                                  dict(tail=1, tail_fuse=1, part_bits=16)],
+                         ids=["default", "tail", "tail-fold", "tail-tree-apart", "p16", "tail-p16", "tail-fused",
+                              "tail-fused-p16"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -150,6 +152,21 @@ def test_tail_matches_reference(fold, ctx, budget, shape, heads, dtype):
     from ddprobe.engine.kernels.split_ws import WsTuning, block_rows
     t = WsTuning(tail=1, fold_tree=fold)
     assert block_rows(heads * (budget + 1), t) == 72  # the tail kernel is the one that runs
+    check("split_ws", ctx, budget, shape, heads, dtype, tuning=t, repeat=2)
+
+
+@gpu
+@pytest.mark.parametrize("part_bits", [32, 16])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", TAIL_CASES)
+def test_tail_with_its_merge_fused_matches_reference(part_bits, ctx, budget, shape, heads, dtype):
+    """The tail kernel with the merge inside its launch (WsTuning.tail_fuse 1: a grid barrier on the plan's
+    counter, then every program merges its share; empty splits arrive too): the fp32 reference, and the same bits
+    on the second call (the counter has grown by one grid)."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    t = WsTuning(tail=1, tail_fuse=1, part_bits=part_bits)
+    q, kv, mask = make_inputs(ctx, budget, shape, heads, dtype)
+    p = get_path("split_ws").plan(ctx, mask, None, V, tuning=t, heads=heads, dtype=dtype)
+    assert p.detail.kernel == "tail" and p.detail.fused and p.detail.counter is not None
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=t, repeat=2)
 
 
@@ -337,10 +354,9 @@ def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold):
     a plan passes compiles under this Triton (its Gluon names differ from the H200 machine's 3.6: _ws_tail picks
     them), within the 232,448 B of shared memory a block gets, with wgmma and TMA copies in its PTX."""
     import triton
-    from triton.compiler import make_backend
     try:  # the private API this compiles through (checked on Triton 3.9, the CPU's)
-        from triton.experimental.gluon._runtime import GluonASTSource
-        from triton.runtime.jit import create_function_from_signature
+        from triton.experimental.gluon._runtime import GluonASTSource  # noqa: F401
+        from triton.runtime.jit import create_function_from_signature  # noqa: F401
     except ImportError as e:
         pytest.skip(f"this Triton ({triton.__version__}) compiles Gluon for a target only through its GPU: {e}")
 
@@ -351,16 +367,11 @@ def test_tail_kernel_compiles_for_sm90_without_a_gpu(fold):
     hq, h, r, n = 72, 8, 9, 4000
     q2, kv = torch.zeros(hq, V + PE, dtype=torch.bfloat16), torch.zeros(n + r, V + PE, dtype=torch.bfloat16)
     p = VerifyPlan(prefix_len=n, tree_mask=torch.eye(r, dtype=torch.bool), prefix_t=torch.tensor([n], dtype=torch.int32))
-    o, lse = torch.zeros(10, hq, V), torch.zeros(10, hq)
-    args = (*split_ws._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o, lse, o.stride(0), o.stride(1), p.prefix_t,
-            r, 9, hq, h, 0.1)
-    kw = dict(BLOCK_M=64, BLOCK_N=64, V_DIM=V, PE_DIM=PE, TAIL=split_ws.TAIL, PV_REGS=split_ws.PV_REGS,
-              LOAD_REGS=split_ws.LOAD_REGS, FOLD=fold, num_warps=4)
-    tgt = tc.target((9, 0))
-    backend = make_backend(tgt)
-    bound, spec, opts = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kw)
-    options, signature, constexprs, attrs = fn._pack_args(backend, kw, bound, spec, opts)
-    k = triton.compile(GluonASTSource(fn, signature, constexprs, attrs), target=tgt, options=options.__dict__)
+    cfg = split_ws.config(n, hq, 132, split_ws.WsTuning(tail=1, fold_tree=fold))
+    o, lse = torch.zeros(cfg["grid_splits"], hq, V), torch.zeros(cfg["grid_splits"], hq)
+    _, args, kw = split_ws.tail_launch(split_ws._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o, lse, p, cfg,
+                                       hq, V + PE, h, 0.1)  # the launch split_ws runs
+    k = tc.compile_launch(fn, (9, 0), args, {**kw, "num_warps": 4})
     assert k.metadata.shared <= 232448
     ptx = k.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
@@ -429,7 +440,9 @@ DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "cuda"), (8, "fork", 64, 
                 (1, "chain", 1, torch.float16, {}, "cuda"), (32, "star", 2, torch.bfloat16, dict(tail=1), "tail"),
                 (63, "lopsided", 1, torch.bfloat16, {}, "cuda"), (8, "fork", 8, torch.float16, dict(tail=1), "tail"),
                 (8, "chain", 8, torch.bfloat16, dict(tail=1, fold_tree=0), "tail"),
-                (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail")]
+                (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail"),
+                (8, "lopsided", 8, torch.bfloat16, dict(tail=1, tail_fuse=1), "tail"),
+                (8, "fork", 8, torch.float16, dict(tail=1, tail_fuse=1, fold_tree=0, part_bits=16), "tail")]
 
 
 @gpu
@@ -449,8 +462,8 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     tree = torch.eye(r, dtype=torch.bool, device="cuda")
     p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype, tuning=WsTuning(**over))
     assert p.detail.kernel == kernel
-    if kernel == "cuda":
-        assert p.detail.fused, "device plans merge inside the prefix kernel's launch by default"
+    if kernel == "cuda" or over.get("tail_fuse"):
+        assert p.detail.fused, "the merge runs inside the prefix kernel's launch"
     m.refresh(p)
     m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
     torch.cuda.synchronize()

@@ -33,6 +33,10 @@ one captured launch serves any length up to the bound; a split past the live len
 (lse -inf) and exits. The tree part (the R new rows, columns prefix_len .. prefix_len + R - 1, masked by the
 per-row ancestor bitmask: bit j of row r set when row r sees new row j) rides on the last prefix split (FOLD),
 whose partial therefore always has a finite log-sum-exp, or is one more split index of its own (FOLD = 0).
+FUSE (WsTuning.tail_fuse 1): the merge runs inside the launch, as the CUDA kernel's does: every program, empty
+ones too, arrives at a grid barrier on a counter of the plan's own after storing its partial (``_grid_barrier``),
+then merges its share of the (row, 128-column slice) items into the output. The grid is one
+wave (at most one 226 KB program per SM), so every program is resident and the wait ends.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 EMPTY_ROWS = gl.constexpr(128)  # the power of two above BLOCK_M + TAIL (an empty split's lse row block)
+MERGE_BATCH = gl.constexpr(32)  # partials per step of the fused merge (32 loads per thread in flight)
 
 
 @gluon.jit
@@ -278,21 +283,82 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
 
 
 @gluon.jit
+def _grid_barrier(Counter, n_prog):
+    """Every program of the launch arrives once (after its own stores) and waits until all n_prog have: a
+    sense-reversing barrier on Counter [2] int32 (arrivals, generation). A program reads the generation, then
+    arrives (acq_rel); the last to arrive sets the arrivals back to 0 and moves the generation on (release), the
+    others wait (acquire) until it moves. No division (a 64-bit one is a call that spills), no reset between
+    launches or graph replays; the generation wraps harmlessly (only compared for equality)."""
+    _sync_warps()  # the program's stores are done before its arrival
+    gen = gl.atomic_add(Counter + 1, 0, sem="acquire", scope="gpu")
+    old = gl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
+    if old == n_prog - 1:
+        gl.atomic_xchg(Counter, 0, sem="relaxed", scope="gpu")
+        gl.atomic_add(Counter + 1, 1, sem="release", scope="gpu")
+    else:
+        now = gen
+        while now == gen:
+            now = gl.atomic_add(Counter + 1, 0, sem="acquire", scope="gpu")
+    _sync_warps()
+
+
+@gluon.jit
+def _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Counter, Hq, H, n_parts,
+                 V_DIM: gl.constexpr, PARTS: gl.constexpr, BATCH: gl.constexpr):
+    """After the grid barrier, item it = (row, 128-column slice) on program it mod grid: the weights
+    2^(lse_s - max) of the row's n_parts partials, then the partials in [BATCH, 128] tiles (BATCH loads per
+    thread in flight; an empty split's weight is 0 and its O is never read) summed into out [R, H, V_DIM]."""
+    n_prog = gl.num_programs(0) * gl.num_programs(1)
+    pid = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+    _grid_barrier(Counter, n_prog)
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    tile: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    s_all = gl.arange(0, PARTS, one)
+    s_b = gl.arange(0, BATCH, gl.SliceLayout(1, tile))
+    cols0 = gl.arange(0, 128, gl.SliceLayout(0, tile))
+    for it in range(pid, Hq * (V_DIM // 128), n_prog):
+        row = it // (V_DIM // 128)
+        cols = (it % (V_DIM // 128)) * 128 + cols0
+        lse = gl.load(LSE_part + s_all * Hq + row, mask=s_all < n_parts, other=float("-inf"))
+        m = gl.max(lse, axis=0)
+        m = gl.where(m == float("-inf"), 0.0, m)
+        total = gl.sum(gl.exp2(lse - m), axis=0)
+        acc = gl.zeros([BATCH, 128], gl.float32, tile)
+        src = O_part + row * stride_pq + cols[None, :]
+        for s0 in range(0, n_parts, BATCH):
+            s = s0 + s_b
+            w = gl.exp2(gl.load(LSE_part + s * Hq + row, mask=s < n_parts, other=float("-inf")) - m)
+            o = gl.load(src + s.to(gl.int64)[:, None] * stride_ps, mask=(w > 0)[:, None], other=0.0)
+            acc += w[:, None] * o.to(gl.float32)
+        out = gl.sum(acc, axis=0) / total
+        dst = Out + (row // H) * stride_or + (row % H) * stride_oh + cols
+        gl.store(dst, out.to(Out.dtype.element_ty))
+
+
+@gluon.jit
 def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps,
-                   stride_pq, Prefix, R, n_splits, Hq, H, qk_scale,
+                   stride_pq, Prefix, R, n_splits, Hq, H, qk_scale, Out, stride_or, stride_oh, Counter,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
-                   TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr):
+                   TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr,
+                   FUSE: gl.constexpr, PARTS: gl.constexpr):
     """Grid (1, n_splits) with FOLD (the last split also takes the R tree columns), else (1, n_splits + 1) with the
     tree part as split index n_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written). Prefix: the [1]
-    int32 live prefix length (at most the bound the grid and the descriptors were sized for)."""
+    int32 live prefix length (at most the bound the grid and the descriptors were sized for). FUSE: the merge of
+    the grid's partials (at most PARTS) into Out [R, H, V_DIM] (row and head strides stride_or, stride_oh) after a
+    grid barrier on Counter ([2] int32, zeros before the first launch); without FUSE, Out and Counter are not
+    read."""
     STAGES: gl.constexpr = 2
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * (BLOCK_M + TAIL)
     prefix_len = gl.load(Prefix)
     start, end = _live_bounds(pid_s, n_splits, prefix_len, R, BLOCK_N, FOLD)
+    n_parts = n_splits + 1 - FOLD
     if start >= end:
         _mark_empty(LSE_part, pid_s, q0, Hq, BLOCK_M + TAIL)
+        if FUSE:
+            _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Counter, Hq, H, n_parts,
+                         V_DIM, PARTS, MERGE_BATCH)
         return
     n_tiles = gl.cdiv(end - start, BLOCK_N)
     HALF: gl.constexpr = V_DIM // 2
@@ -332,3 +398,6 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
         (_tl_loader, (q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, qt_lat_s, qt_pe_s,
                       k_lat_s, k_pe_s, q_bar, kv_ready, kv_free, q0, start, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
     ], [4, 1], [PV_REGS, LOAD_REGS])
+    if FUSE:
+        _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Counter, Hq, H, n_parts,
+                     V_DIM, PARTS, MERGE_BATCH)

@@ -21,7 +21,7 @@ allocates the partials and builds the CUDA kernels' launchers (their parameter b
 the CUDA kernels, the output's allocation and one driver launch: the prefix kernel merges its own partials after a
 grid barrier (its grid is one wave), WsTuning.merge_kind -2 keeps the merge as a second launch (host time on the
 H200 machine: docs/perf.md); the tail kernel is a Triton launch (its tensor descriptors kept per plan) followed
-by the merge's.
+by the merge's, or, with WsTuning.tail_fuse 1, merging its own partials after a grid barrier (one launch).
 A plan built without heads is completed per call for the call's heads (correct, with the host cost of a plan).
 It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, the MLA widths the
 kernels are written for (v_dim 512, rope 64) and, on the CUDA kernel, a positive softmax scale and a cubin the
@@ -87,10 +87,14 @@ class WsTuning:
     part_bits: int = 32  # the partial outputs between the prefix kernel and the merge: 32 (fp32) or 16 (the inputs'
                          # own 16-bit type, as FlashInfer's split-K decode keeps them: half the bytes written and
                          # read; the log-sum-exps stay fp32)
+    tail_fuse: int = 0   # behind the tail kernel: 1 runs the merge inside its launch after a grid barrier (one
+                         # launch, as the CUDA kernel's fused merge; the grid is one wave), 0 the CUDA merge's own
+                         # launch
 
 
 DEFAULT_TUNING = WsTuning()
-_CHOICES = {"fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3), "part_bits": (32, 16)}
+_CHOICES = {"fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3), "part_bits": (32, 16),
+            "tail_fuse": (0, 1)}
 
 
 def check_tuning(t: WsTuning) -> None:
@@ -191,7 +195,9 @@ class WsPlan:
     merge: dict | None = None   # the Triton merge's config (merge.merge_config), when ``merger`` is None
     launcher: Any = None        # _cu.Launcher of the CUDA prefix kernel
     merger: Any = None          # _cu.MergeLauncher of the CUDA merge
-    fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out))
+    fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out), or the tail
+                                # kernel's with ``counter``)
+    counter: torch.Tensor | None = None  # the fused tail kernel's grid barrier ([2] int32: arrivals, generation)
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, and both
                                 # tensors' device index, Tensor.get_device: cheaper than building torch.device)
     index: int = -1             # the CUDA device's index
@@ -242,11 +248,15 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
         except _cu.LoadError as e:  # no usable cubin here (_cu remembers it): one line, no other kernel for this shape
             raise ValueError(f"the {name} path's CUDA kernel does not load here ({e}); the split path runs "
                              f"anywhere") from None
+    counter = None
+    if kernel == "tail" and t.tail_fuse and merger is not None and cfg["n_qb"] * cfg["grid_splits"] <= sms \
+            and not _cu._mps_limited():  # the grid barrier needs every program resident: one wave, all the SMs
+        counter = torch.zeros(2, dtype=torch.int32, device=dev)
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts, descs={},
                    compiled={},
-                   merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher,
-                   merger=merger, fused=launcher is not None and launcher.fused,
+                   merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher, counter=counter,
+                   merger=merger, fused=(launcher is not None and launcher.fused) or counter is not None,
                    signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
                    index=dev.index if dev.index is not None else -1)
 
@@ -325,24 +335,31 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
 
 
 def tail_launch(descs, bits, o_part, lse_part, p: VerifyPlan, cfg: dict, hq: int, dim: int, h: int,
-                sm_scale: float) -> tuple[tuple, tuple, dict]:
+                sm_scale: float, out: torch.Tensor | None = None,
+                counter: torch.Tensor | None = None) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, constexprs) of the Gluon tail kernel on ``cfg``'s grid: what ``_launch_tail`` launches and
-    kernels/_target_compile.py compiles on the CPU (``descs``: ``_descs(q2, kv, p)``; ``bits``: the tree's mask)."""
+    kernels/_target_compile.py compiles on the CPU (``descs``: ``_descs(q2, kv, p)``; ``bits``: the tree's mask).
+    ``out`` and ``counter`` given: the merge fused into the launch (FUSE), into out [R, H, v_dim]."""
     grid = (cfg["n_qb"], cfg["grid_splits"], 1)
+    fuse = out is not None
     args = (*descs, bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
-            cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E)
+            cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E,
+            out if fuse else o_part, out.stride(0) if fuse else 0, out.stride(1) if fuse else 0,
+            counter if fuse else bits)
     consts = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS,
-                  LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"])
+                  LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], FUSE=int(fuse),
+                  PARTS=triton.next_power_of_2(max(cfg["grid_splits"], 32)))
     return grid, args, consts
 
 
-def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
+def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int, out: torch.Tensor | None = None):
     """The Gluon tail kernel on d's grid (it reads the live length from p.prefix_t and derives its chunk on the
     device, host and device plans alike); returns the compiled kernel. The tensor descriptors are built on first
     sight of q2 and kv; the first launch goes through Triton's JIT (compiling or finding the kernel for the plan's
     fixed shapes), later ones straight to the compiled kernel's launcher (the JIT's argument binding and cache
     lookup are most of an eager call's host time; the specialization cannot change within a plan: its integers
-    are fixed and q2 and kv are 16-byte aligned)."""
+    are fixed and q2 and kv are 16-byte aligned). ``out``: the merge fused into the launch (a plan with a
+    counter; the compiled kernel is kept per fused or not)."""
     from ._ws_tail import ws_tail_kernel
 
     cfg, (o_part, lse_part) = d.cfg, d.partials
@@ -353,10 +370,12 @@ def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int):
         if len(d.descs) >= MAX_DESCS:
             d.descs.clear()
         descs = d.descs[key] = _descs(q2, kv, p)
-    grid, args, consts = tail_launch(descs, d.bits, o_part, lse_part, p, cfg, hq, dim, h, sm_scale)
-    k = d.compiled.get("tail")
+    grid, args, consts = tail_launch(descs, d.bits, o_part, lse_part, p, cfg, hq, dim, h, sm_scale, out,
+                                     d.counter if out is not None else None)
+    role = "tail" if out is None else "tail_fused"
+    k = d.compiled.get(role)
     if k is None:
-        k = d.compiled["tail"] = ws_tail_kernel[grid](*args, **consts, num_warps=4)
+        k = d.compiled[role] = ws_tail_kernel[grid](*args, **consts, num_warps=4)
     else:  # every argument, the constexprs included, in the kernel's order (what the JIT hands the launcher)
         k[grid](*args, *(consts[n] for n in ws_tail_kernel.arg_names[len(args):]), stream=_cu.stream_of(d.index))
     return k
@@ -393,10 +412,10 @@ def _check_kv_rows(kv: torch.Tensor) -> None:
 
 
 def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, meta: dict | None = None,
-                  d: WsPlan | None = None):
+                  d: WsPlan | None = None, out: torch.Tensor | None = None):
     """Check the inputs (unless ``d``, the WsPlan check_inputs gave for them, is passed) and launch the prefix
     kernel; returns (WsPlan, number of prefix partials n): the merge combines partials 0 .. n - 1 with the tree
-    part's at index n."""
+    part's at index n. ``out`` (the tail kernel of a fused plan only): the merge runs inside the launch."""
     d = check_inputs(q, kv, p) if d is None else d
     r, h, dim = q.shape
     q2 = q.reshape(r * h, dim)  # row hq = r * H + h
@@ -412,11 +431,11 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
             with torch.cuda.device(dev):
                 info = d.launcher(q2, kv, sm_scale * LOG2E, _cu.stream_of(dev))
     elif d.index == torch.cuda.current_device():
-        k = _launch_tail(q2, kv, p, d, sm_scale, h)
+        k = _launch_tail(q2, kv, p, d, sm_scale, h, out)
         info = kernel_meta(k) if meta is not None else None
     else:
         with torch.cuda.device(d.index):
-            k = _launch_tail(q2, kv, p, d, sm_scale, h)
+            k = _launch_tail(q2, kv, p, d, sm_scale, h, out)
         info = kernel_meta(k) if meta is not None else None
     if meta is not None:
         meta["prefix"] = info
@@ -472,8 +491,13 @@ def run(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: float, *, me
             d.launcher(q, kv, sm_scale * LOG2E, stream)
             d.merger(out, stream)
         return out
-    d, n_splits = launch_prefix(q, kv, p, sm_scale, meta, d)
     out = torch.empty(q.shape[0], q.shape[1], p.v_dim, dtype=q.dtype, device=q.device)
+    if d.counter is not None:  # the tail kernel with its merge inside its launch
+        launch_prefix(q, kv, p, sm_scale, meta, d, out)
+        if meta is not None:
+            meta["merge"] = {"merge": "fused", "partials": d.cfg["grid_splits"]}
+        return out
+    d, n_splits = launch_prefix(q, kv, p, sm_scale, meta, d)
     if d.merger is not None:
         return _cuda_merge(d, out, meta)
     return launch_triton_merge(d.partials, n_splits, out, d.merge, meta=meta)
