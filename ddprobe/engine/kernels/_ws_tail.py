@@ -307,7 +307,8 @@ def _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_
                  V_DIM: gl.constexpr, PARTS: gl.constexpr, BATCH: gl.constexpr):
     """After the grid barrier, item it = (row, 128-column slice) on program it mod grid: the weights
     2^(lse_s - max) of the row's n_parts partials, then the partials in [BATCH, 128] tiles (BATCH loads per
-    thread in flight; an empty split's weight is 0 and its O is never read) summed into out [R, H, V_DIM]."""
+    thread in flight; an empty split's weight is 0 and its O is never read) summed into out [R, H, V_DIM]. The
+    partials are read through L2 (.cg: other SMs wrote them in this launch)."""
     n_prog = gl.num_programs(0) * gl.num_programs(1)
     pid = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
     _grid_barrier(Counter, n_prog)
@@ -319,7 +320,7 @@ def _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_
     for it in range(pid, Hq * (V_DIM // 128), n_prog):
         row = it // (V_DIM // 128)
         cols = (it % (V_DIM // 128)) * 128 + cols0
-        lse = gl.load(LSE_part + s_all * Hq + row, mask=s_all < n_parts, other=float("-inf"))
+        lse = gl.load(LSE_part + s_all * Hq + row, mask=s_all < n_parts, other=float("-inf"), cache_modifier=".cg")
         m = gl.max(lse, axis=0)
         m = gl.where(m == float("-inf"), 0.0, m)
         total = gl.sum(gl.exp2(lse - m), axis=0)
@@ -327,8 +328,10 @@ def _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_
         src = O_part + row * stride_pq + cols[None, :]
         for s0 in range(0, n_parts, BATCH):
             s = s0 + s_b
-            w = gl.exp2(gl.load(LSE_part + s * Hq + row, mask=s < n_parts, other=float("-inf")) - m)
-            o = gl.load(src + s.to(gl.int64)[:, None] * stride_ps, mask=(w > 0)[:, None], other=0.0)
+            w = gl.exp2(gl.load(LSE_part + s * Hq + row, mask=s < n_parts, other=float("-inf"),
+                                cache_modifier=".cg") - m)
+            o = gl.load(src + s.to(gl.int64)[:, None] * stride_ps, mask=(w > 0)[:, None], other=0.0,
+                        cache_modifier=".cg")
             acc += w[:, None] * o.to(gl.float32)
         out = gl.sum(acc, axis=0) / total
         dst = Out + (row // H) * stride_or + (row % H) * stride_oh + cols
