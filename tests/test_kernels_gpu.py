@@ -161,13 +161,23 @@ def test_tail_matches_reference(fold, ctx, budget, shape, heads, dtype):
 def test_tail_with_its_merge_fused_matches_reference(part_bits, ctx, budget, shape, heads, dtype):
     """The tail kernel with the merge inside its launch (WsTuning.tail_fuse 1: a grid barrier on the plan's
     counter, then every program merges its share; empty splits arrive too): the fp32 reference, and the same bits
-    on the second call (the counter has grown by one grid)."""
+    on the second call (the barrier has reset its arrivals and moved its generation on)."""
     from ddprobe.engine.kernels.split_ws import WsTuning
     t = WsTuning(tail=1, tail_fuse=1, part_bits=part_bits)
     q, kv, mask = make_inputs(ctx, budget, shape, heads, dtype)
-    p = get_path("split_ws").plan(ctx, mask, None, V, tuning=t, heads=heads, dtype=dtype)
+    m = get_path("split_ws")
+    p = m.plan(ctx, mask, None, V, tuning=t, heads=heads, dtype=dtype)
     assert p.detail.kernel == "tail" and p.detail.fused and p.detail.counter is not None
-    check("split_ws", ctx, budget, shape, heads, dtype, tuning=t, repeat=2)
+    out = m.run(q, kv, p, 0.0722)
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
+    assert torch.isfinite(out).all(), "NaN/inf in output: a poisoned row or an unwritten partial was read"
+    err = float((out.float() - ref.float()).norm() / ref.float().norm())
+    assert err < TOL[dtype], f"fused tail ctx={ctx} B={budget} {shape} H={heads} {dtype}: rel err {err:.2e}"
+    assert torch.equal(m.run(q, kv, p, 0.0722), out), "outputs differ between identical calls (a race)"
+    assert p.detail.counter.tolist() == [0, 2], "each launch: every program arrived, the generation moved on once"
+    with pytest.raises(ValueError, match="does not merge inside its launch"):
+        m.launch_prefix(q, kv, m.plan(ctx, mask, None, V, tuning=WsTuning(tail=1), heads=heads, dtype=dtype), 0.07,
+                        out=torch.empty_like(out))
 
 
 @gpu

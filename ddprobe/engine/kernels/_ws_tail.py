@@ -55,7 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 EMPTY_ROWS = gl.constexpr(128)  # the power of two above BLOCK_M + TAIL (an empty split's lse row block)
-MERGE_BATCH = gl.constexpr(32)  # partials per step of the fused merge (32 loads per thread in flight)
+MERGE_BATCH = gl.constexpr(32)  # partials per step of the fused merge (8 four-value loads per thread in flight)
 
 
 @gluon.jit
@@ -306,8 +306,8 @@ def _grid_barrier(Counter, n_prog):
 def _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Counter, Hq, H, n_parts,
                  V_DIM: gl.constexpr, PARTS: gl.constexpr, BATCH: gl.constexpr):
     """After the grid barrier, item it = (row, 128-column slice) on program it mod grid: the weights
-    2^(lse_s - max) of the row's n_parts partials, then the partials in [BATCH, 128] tiles (BATCH loads per
-    thread in flight; an empty split's weight is 0 and its O is never read) summed into out [R, H, V_DIM]. The
+    2^(lse_s - max) of the row's n_parts partials, then the partials in [BATCH, 128] tiles (BATCH / 4 four-value
+    loads per thread in flight; an empty split's weight is 0 and its O is never read) summed into out [R, H, V_DIM]. The
     partials are read through L2 (.cg: other SMs wrote them in this launch)."""
     n_prog = gl.num_programs(0) * gl.num_programs(1)
     pid = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)

@@ -249,7 +249,8 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
             raise ValueError(f"the {name} path's CUDA kernel does not load here ({e}); the split path runs "
                              f"anywhere") from None
     counter = None
-    if kernel == "tail" and t.tail_fuse and merger is not None and cfg["n_qb"] * cfg["grid_splits"] <= sms \
+    if kernel == "tail" and t.tail_fuse and t.merge_kind == -1 and merger is not None \
+            and cfg["n_qb"] * cfg["grid_splits"] <= sms \
             and not _cu._mps_limited():  # the grid barrier needs every program resident: one wave, all the SMs
         counter = torch.zeros(2, dtype=torch.int32, device=dev)
     dim = p.v_dim + rope_dim
@@ -417,6 +418,9 @@ def launch_prefix(q: torch.Tensor, kv: torch.Tensor, p: VerifyPlan, sm_scale: fl
     kernel; returns (WsPlan, number of prefix partials n): the merge combines partials 0 .. n - 1 with the tree
     part's at index n. ``out`` (the tail kernel of a fused plan only): the merge runs inside the launch."""
     d = check_inputs(q, kv, p) if d is None else d
+    if out is not None and d.counter is None:
+        raise ValueError(f"the {name} plan's prefix kernel does not merge inside its launch (WsTuning.tail_fuse 1 on "
+                         f"the tail kernel, in one wave, does)")
     r, h, dim = q.shape
     q2 = q.reshape(r * h, dim)  # row hq = r * H + h
     if q2.stride(1) != 1 or (q2.stride(0) * q2.element_size()) % 16 or q2.data_ptr() % 16:
