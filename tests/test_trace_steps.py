@@ -248,6 +248,23 @@ def test_a_file_twice_or_its_copy_is_not_two_ranks(tmp_path):
     assert not (tmp_path / "o.json").exists()
 
 
+def test_unrelated_traces_are_not_read_as_ranks(tmp_path):
+    """Two single-GPU traces of different runs (SGLang's kernel and split_ws, neither naming a rank) were read as
+    ranks 0 and 1 with a "skew" between them: several traces must each say their rank, in one world size; one line
+    naming the file, nothing written. Each alone, and two that name their ranks, still read."""
+    out = tmp_path / "o.json"
+    r = cli("trace", SGL, SPLIT, "-o", out)
+    assert r.returncode == 1 and "names no rank" in r.stderr and SGL.name in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1 and not out.exists()
+    a = as_rank(SPLIT, tmp_path / "a.trace.json.gz", 0)
+    b = save(dict(load(SPLIT), distributedInfo={"rank": 1, "world_size": 4}), tmp_path / "b.trace.json.gz")
+    with pytest.raises(DDProbeError, match="different world sizes \\(2, 4\\)"):
+        run_trace([a, b])
+    b = as_rank(SPLIT, tmp_path / "b.trace.json.gz", 1)
+    assert [row["rank"] for row in run_trace([a, b])[0].rows] == [0, 1]
+    assert run_trace([SGL])[0].rows[0]["rank"] == 0
+
+
 def test_a_catastrophic_marker_is_refused_at_once(tmp_path):
     t0 = time.perf_counter()
     r = cli("trace", SPLIT, "--marker", "^(a+)+$", "-o", tmp_path / "o.json")

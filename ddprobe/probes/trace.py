@@ -56,6 +56,7 @@ class RankResult:
     work: str = "GPU kernels"  # or "CPU operators" (--cpu-ops on a trace without kernels)
     found: object = None  # trace_parts.steps.Steps: graphs, labels' mode and contexts, period
     world_size: int | None = None  # the trace's distributedInfo.world_size
+    named: bool = True  # the rank is the trace's own (distributedInfo or file name), not its place in the list
 
 
 def trace_files(paths: list[str | Path]) -> list[Path]:
@@ -133,6 +134,12 @@ def rank_of(path: Path, header: dict, index: int) -> int:
     """The rank of a trace: its ``distributedInfo``, else its name (SGLang's ``-TP-3``, vLLM's ``_rank3.`` /
     ``tp3_``), else its place in the list. A ``distributedInfo`` rank that is no rank (negative, not an integer) is
     not believed: the name or the place is used."""
+    r = named_rank(path, header)
+    return index if r is None else r
+
+
+def named_rank(path: Path, header: dict) -> int | None:
+    """The rank the trace itself says (``distributedInfo``, else its file name), None where it says none."""
     info = header.get("distributedInfo")
     r = info.get("rank") if isinstance(info, dict) else None
     if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
@@ -141,7 +148,7 @@ def rank_of(path: Path, header: dict, index: int) -> int:
         m = rx.search(path.name)
         if m:
             return int(m.group(1))
-    return index
+    return None
 
 
 def top_level_ops(t: Trace) -> list[Kernel]:
@@ -175,8 +182,9 @@ def analyse_rank(path: Path, index: int, *, marker: str, cpu_ops: bool, layers: 
     info = t.header.get("distributedInfo")
     ws = info.get("world_size") if isinstance(info, dict) else None
     ws = ws if isinstance(ws, int) and not isinstance(ws, bool) and 0 < ws < 1 << 20 else None
-    return RankResult(rank_of(path, t.header, index), path, found.method, found.detail, t.device(),
-                      measure(found.steps), work, found, ws)
+    named = named_rank(path, t.header)
+    return RankResult(index if named is None else named, path, found.method, found.detail, t.device(),
+                      measure(found.steps), work, found, ws, named is not None)
 
 
 def attention_figures(r: RankResult, tm: TraceModel | None) -> dict:
@@ -349,6 +357,7 @@ def analyse_all(paths: list[str | Path], *, marker: str, cpu_ops: bool, layers: 
         size = f.stat().st_size
         cb = (lambda n, f=f, size=size: progress(str(f), n, size)) if progress else None
         ranks.append(analyse_rank(f, i, marker=marker, cpu_ops=cpu_ops, layers=layers, progress=cb))
+    check_one_run(ranks)
     seen: dict[int, Path] = {}
     for r in ranks:
         if r.rank in seen:
@@ -356,6 +365,24 @@ def analyse_all(paths: list[str | Path], *, marker: str, cpu_ops: bool, layers: 
         seen[r.rank] = r.path
     ranks.sort(key=lambda r: r.rank)
     return files, stages, ranks
+
+
+def check_one_run(ranks: list[RankResult]) -> None:
+    """Several traces are read as the ranks of one run, side by side with a skew: each must say its rank (its
+    ``distributedInfo`` or its file name), and those that give a world size must give the same one; one line
+    otherwise (unrelated traces would be compared as ranks)."""
+    if len(ranks) < 2:
+        return
+    unnamed = [r.path for r in ranks if not r.named]
+    if unnamed:
+        raise DDProbeError(f"{unnamed[0]}" + (f" (and {len(unnamed) - 1} more)" if len(unnamed) > 1 else "")
+                           + ": several traces are read as the ranks of one run, and this one names no rank (no "
+                           "distributedInfo, no -TP-N or _rankN in its name): give one trace at a time, or each "
+                           "rank's own file")
+    sizes = {r.world_size for r in ranks if r.world_size is not None}
+    if len(sizes) > 1:
+        raise DDProbeError(f"the traces give different world sizes ({', '.join(map(str, sorted(sizes)))}): they are "
+                           "not the ranks of one run; give one run's files")
 
 
 def run_trace(paths: list[str | Path], *, marker: str = r"^ProfilerStep#\d+$", cpu_ops: bool = False,
