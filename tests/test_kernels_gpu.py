@@ -408,7 +408,7 @@ def test_split_config_covers_the_prefix_in_one_wave(fold):
 
 
 @pytest.mark.parametrize("over,field", [(dict(fold_tree=2), "fold_tree"), (dict(tail=3), "tail"),
-                                        (dict(merge_kind=7), "merge_kind")])
+                                        (dict(merge_kind=7), "merge_kind"), (dict(tail_fuse=2), "tail_fuse")])
 def test_tuning_outside_the_kernels_choices_is_refused(over, field):
     """Host-side (runs anywhere): a schedule knob no kernel implements is a one-line ValueError at plan time,
     naming the field, not another schedule run silently; every value the kernels implement passes the check."""
