@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddprobe.probes.trace import rank_of, run_trace
+from ddprobe.probes.trace import named_rank, run_trace
 from ddprobe.units import DDProbeError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,14 +115,14 @@ def test_sglang_stages_and_merged_files(engine_trace, tmp_path):
 
 
 def test_rank_from_sglang_and_vllm_names():
-    assert rank_of(Path("1733.12-TP-3.trace.json.gz"), {}, 0) == 3
-    assert rank_of(Path("1733.12-TP-5-DP-0-EXTEND.trace.json.gz"), {}, 0) == 5
-    assert rank_of(Path("dp0_pp0_tp2_dcp0_ep0_rank2.1733000000123.pt.trace.json.gz"), {}, 0) == 2
-    assert rank_of(Path("whatever.json"), {"distributedInfo": {"rank": 7}}, 0) == 7
-    assert rank_of(Path("whatever.json"), {}, 4) == 4
-    for bad in (-1, "3", 2.0, True, None):  # not a rank: not believed, the name or the place is used
-        assert rank_of(Path("x-TP-6.trace.json.gz"), {"distributedInfo": {"rank": bad}}, 0) == 6
-        assert rank_of(Path("whatever.json"), {"distributedInfo": {"rank": bad}}, 4) == 4
+    assert named_rank(Path("1733.12-TP-3.trace.json.gz"), {}) == 3
+    assert named_rank(Path("1733.12-TP-5-DP-0-EXTEND.trace.json.gz"), {}) == 5
+    assert named_rank(Path("dp0_pp0_tp2_dcp0_ep0_rank2.1733000000123.pt.trace.json.gz"), {}) == 2
+    assert named_rank(Path("whatever.json"), {"distributedInfo": {"rank": 7}}) == 7
+    assert named_rank(Path("whatever.json"), {}) is None  # no rank said: a lone trace is rank 0, several refused
+    for bad in (-1, "3", 2.0, True, None):  # not a rank: not believed, the name is used
+        assert named_rank(Path("x-TP-6.trace.json.gz"), {"distributedInfo": {"rank": bad}}) == 6
+        assert named_rank(Path("whatever.json"), {"distributedInfo": {"rank": bad}}) is None
 
 
 def test_the_command_in_a_fresh_process(engine_trace, tmp_path):

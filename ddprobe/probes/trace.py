@@ -130,16 +130,10 @@ def by_stage(files: list[Path]) -> tuple[list[Path], list[str]]:
     return keep, [f"{f.name}: the prefill (EXTEND) stage, left out" for f in files if f not in keep]
 
 
-def rank_of(path: Path, header: dict, index: int) -> int:
-    """The rank of a trace: its ``distributedInfo``, else its name (SGLang's ``-TP-3``, vLLM's ``_rank3.`` /
-    ``tp3_``), else its place in the list. A ``distributedInfo`` rank that is no rank (negative, not an integer) is
-    not believed: the name or the place is used."""
-    r = named_rank(path, header)
-    return index if r is None else r
-
-
 def named_rank(path: Path, header: dict) -> int | None:
-    """The rank the trace itself says (``distributedInfo``, else its file name), None where it says none."""
+    """The rank a trace says: its ``distributedInfo``, else its name (SGLang's ``-TP-3``, vLLM's ``_rank3.`` /
+    ``tp3_``), else None (a lone trace is then rank 0; several are refused: ``check_one_run``). A
+    ``distributedInfo`` rank that is no rank (negative, not an integer) is not believed: the name is used."""
     info = header.get("distributedInfo")
     r = info.get("rank") if isinstance(info, dict) else None
     if isinstance(r, int) and not isinstance(r, bool) and r >= 0:
