@@ -55,7 +55,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 EMPTY_ROWS = gl.constexpr(128)  # the power of two above BLOCK_M + TAIL (an empty split's lse row block)
-MERGE_BATCH = gl.constexpr(32)  # partials per step of the fused merge (8 four-value loads per thread in flight)
+MERGE_BATCH = gl.constexpr(64)  # partials per step of the fused merge: 16 four-value loads per thread in flight (32 KB
+                                # per SM; 128 threads, one program per SM, need that many against L2's latency); no
+                                # spills on Triton 3.6 (tests/test_ws_tail_compile.py)
 
 
 @gluon.jit
