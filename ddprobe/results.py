@@ -187,15 +187,7 @@ class Result:
             kind = d["kind"]
             if not isinstance(kind, str):
                 raise DDProbeError(f"{source}: malformed results file ('kind' must be text)")
-            step = (d.get("summary") or {}).get("decode_step_ms") if kind == "gpu-util" else None
-            if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))
-                                     or not 1e-3 <= step <= 3.6e6):
-                raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not a measured step "
-                                   "(1 us to 1 h)")
-            plen = (d.get("config") or {}).get("prompt_len") if kind == "gpu-util" else None
-            if plen is not None and (isinstance(plen, bool) or not isinstance(plen, int) or not 1 <= plen <= 1 << 30):
-                raise DDProbeError(f"{source}: this gpu-util file's config.prompt_len is {plen!r}: not a context "
-                                   "(1 to 2^30 tokens)")
+            _schema.check_step_source(kind, d.get("config") or {}, d.get("summary") or {}, source)
             rows, config, summary = signals.upgrade(kind, d.get("rows", []), d.get("config", {}), d.get("summary", {}))
             rows = typed_rows(kind, rows, config, source)
             check_measured(kind, rows, source)  # every measured time against a typed one's range

@@ -80,7 +80,8 @@ Ratio = Annotated[float, Unit("x"), AT_LEAST_0]  # a ratio of two like quantitie
 Fraction = Annotated[float, Unit("fraction"), AT_LEAST_0]  # of a ceiling (a measurement may pass it)
 Share = Annotated[float, Unit("fraction"), Bound(lo=0, hi=1)]  # a part of a whole
 Seconds = Annotated[float, Unit("s"), FINITE]  # a clock reading (may be negative before a marker)
-StepMs = Annotated[float, Unit("ms"), Bound(lo=1e-3, hi=3.6e6)]  # a measured step: a typed step time's 1 us - 1 h
+STEP_MS = Bound(lo=1e-3, hi=3.6e6)  # a measured step: 1 us to 1 h
+StepMs = Annotated[float, Unit("ms"), STEP_MS]  # a measured step: a typed step time's 1 us - 1 h
 DeltaMs = Annotated[float, Unit("ms"), FINITE]  # a difference of two times (either sign)
 TokS = Annotated[float, Unit("tokens/s"), Bound(lo=0, hi=1e9)]  # at most 1025 tokens a step of at least 1 us
 # the telemetry signals' units, read from their keys' suffixes (signals.TABLE names them once)
@@ -607,6 +608,22 @@ def check_summary(kind: str, summary: dict, source: str) -> None:
         _typed(TraceDiff, d, f"{source}: summary.diff", f"{source}: summary.diff")
         entries("classes", d["classes"], DiffClass, "summary.diff.")
         entries("kernels", d["kernels"], DiffKernel, "summary.diff.")
+
+
+def check_step_source(kind: str, config: dict, summary: dict, source: str) -> None:
+    """A gpu-util file's measured step and its context (``summary.decode_step_ms``, ``config.prompt_len``: what
+    ``floor --steps-from``, report and gate read from it; the rest of its config is free-form): one line where
+    either is no measured step (StepMs' range) or no context (1 to 2^30 tokens)."""
+    if kind != "gpu-util":
+        return
+    step, lo, hi = summary.get("decode_step_ms"), STEP_MS.lo, STEP_MS.hi
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or not lo <= step <= hi):
+        raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not a measured step "
+                           "(1 us to 1 h)")
+    plen = config.get("prompt_len")
+    if plen is not None and (isinstance(plen, bool) or not isinstance(plen, int) or not 1 <= plen <= 1 << 30):
+        raise DDProbeError(f"{source}: this gpu-util file's config.prompt_len is {plen!r}: not a context "
+                           "(1 to 2^30 tokens)")
 
 
 KINDS: dict[str, type] = {"floor": FloorRow, "commit": CommitRow, "gpu-util": GpuUtilRow,
