@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 from typing import Annotated
 
@@ -42,25 +43,28 @@ def usage_line(e, root=None) -> str:
     return f"{msg} (see {where} --help)"
 
 
+@contextlib.contextmanager
+def one_line_usage(root=None):
+    """A usage error raised inside as one line (``usage_line``) and exit 2; a group given no command shows its help."""
+    try:
+        yield
+    except NoArgsIsHelp:
+        raise
+    except UsageError as e:
+        fail(usage_line(e, root), code=2)
+
+
 class Commands(TyperGroup):
     """The root group: a subcommand's option given twice is refused (one line, exit 1), never silently the last; a
     usage error is one line too (exit 2)."""
 
     def make_context(self, *args, **kwargs):
-        try:
+        with one_line_usage():
             return super().make_context(*args, **kwargs)
-        except NoArgsIsHelp:
-            raise
-        except UsageError as e:
-            fail(usage_line(e), code=2)
 
     def invoke(self, ctx):
-        try:
+        with one_line_usage(ctx):
             return super().invoke(ctx)
-        except NoArgsIsHelp:
-            raise
-        except UsageError as e:
-            fail(usage_line(e, ctx), code=2)
 
     def resolve_command(self, ctx, args: list[str]):
         name, cmd, rest = super().resolve_command(ctx, args)

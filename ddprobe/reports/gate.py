@@ -18,7 +18,7 @@ from .. import verify_paths
 from ..results import Result
 from ..units import RANGES, DDProbeError, fmt_bandwidth, fmt_time, fmt_tokens
 from . import bench
-from .load import load_one
+from .load import from_data, load_one, looks_like_results
 
 COLUMNS = ["status", "path", "heads", "ctx", "GPU", "baseline", "current", "time", "baseline bw", "current bw",
            "bw", "of floor", "why"]
@@ -199,9 +199,9 @@ def baseline_for(current: Result, folder: Path) -> Path:
             data = read_json(f, "baseline file")
         except DDProbeError as e:  # damaged (truncated, not JSON): it may be the baseline this run needs
             raise DDProbeError(f"{folder} holds a file that cannot be read: {e}") from None
-        if not (isinstance(data, dict) and ("schema" in data or {"results", "ceilings"} <= data.keys())):
+        if not looks_like_results(data):
             continue  # JSON that is no ddprobe results file (notes, say): not a baseline
-        r = load_one(f)  # a results file that breaks its schema is refused, naming the field
+        r = from_data(data, str(f))  # a results file that breaks its schema is refused, naming the field
         if r.kind in bench.BENCH_KINDS and r.kind == current.kind and bench.gpu_name(r):
             cards.setdefault(bench.gpu_name(r), []).append(f)
     gpu = bench.gpu_name(current)

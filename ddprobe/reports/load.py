@@ -45,12 +45,21 @@ def load_one(path: str | os.PathLike) -> Result:
         raise DDProbeError(f"results file {path} not found") from None
     except OSError as e:  # a symbolic link loop, a folder that cannot be searched...
         raise DDProbeError(f"cannot read results file {path}: {e.strerror or e}") from None
-    d = read_json(path, "results file")  # regular files only, strict JSON, a depth limit
+    return from_data(read_json(path, "results file"), str(path))  # regular files only, strict JSON, a depth limit
+
+
+def from_data(d, source: str) -> Result:
+    """A results file's parsed JSON as a Result: a raw ``bench verify`` document converted, anything else through
+    Result.from_dict (every row, measured time and summary part checked; one line naming the field)."""
     if isinstance(d, dict) and d.get("schema") not in (SCHEMA, *OLD_SCHEMAS) and "results" in d and "ceilings" in d:
-        r = _from_raw_bench(d, str(path))
-    else:
-        r = Result.from_dict(d, source=str(path))  # every row, measured time and summary part checked
-    return r
+        return _from_raw_bench(d, source)
+    return Result.from_dict(d, source=source)
+
+
+def looks_like_results(d) -> bool:
+    """Whether parsed JSON claims to be a ddprobe results file (a schema key, or a raw ``bench verify`` document):
+    what a folder of baselines holds, as against notes or other JSON kept beside them."""
+    return isinstance(d, dict) and ("schema" in d or {"results", "ceilings"} <= d.keys())
 
 
 def expand(paths: Iterable[str | os.PathLike]) -> list[Path]:
