@@ -149,6 +149,16 @@ def parse_token_list(text: str) -> list[int]:
     return _parse_list(text, parse_tokens, "token count")
 
 
+def parse_context_list(text: str, option: str = "--ctx") -> list[int]:
+    """A list of contexts to run or read ('1k,16k'): parse_token_list, each context once (a context given twice,
+    as '32k,32k' or '1k,1024', is refused, never run twice or silently dropped); ``option`` names it in the error."""
+    ctxs = parse_token_list(text)
+    dup = next((c for i, c in enumerate(ctxs) if c in ctxs[:i]), None)
+    if dup is not None:
+        raise UnitError(f"{option}: a context is given twice ({fmt_tokens(dup)}): give each context once")
+    return ctxs
+
+
 def parse_count_list(text: str, what: str) -> list[int]:
     """'8,64' -> [8, 64]: whole numbers >= 1 (head counts, ranks), no unit."""
     def one(p: str) -> int:

@@ -145,13 +145,18 @@ def test_commit_table_fits_80_columns(tmp_path):
     assert "commit" in r.stdout and "p10-90" in r.stdout
 
 
-def test_duplicate_contexts_run_once(tmp_path):
+def test_a_text_typed_twice_runs_once_and_a_context_typed_twice_is_refused(tmp_path):
     from ddprobe.results import Result
 
-    r = CliRunner().invoke(app, ["commit", "--ctx", "256,256", "--text", "predictable,predictable",
+    r = CliRunner().invoke(app, ["commit", "--ctx", "256", "--text", "predictable,predictable",
                                  "--max-new-tokens", "8", "--json", str(tmp_path / "c.json")])
     assert r.exit_code == 0, r.output
     assert [(row["text"], row["ctx"]) for row in Result.load(tmp_path / "c.json").rows] == [("predictable", 256)]
+    # 256 and 0.25k are one context: refused in one line before anything runs, as floor, bench and advise refuse it
+    r = CliRunner().invoke(app, ["commit", "--ctx", "256,0.25k", "--max-new-tokens", "8",
+                                 "--json", str(tmp_path / "d.json")])
+    assert r.exit_code == 1 and "Traceback" not in r.output and not (tmp_path / "d.json").exists()
+    assert "--ctx: a context is given twice (256): give each context once" in r.output
 
 
 def test_context_beyond_the_weights_names_the_value_typed(tmp_path):

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..units import DDProbeError, fmt_tokens, parse_step_times, parse_time_list, parse_token_list
+from ..units import DDProbeError, fmt_tokens, parse_context_list, parse_step_times, parse_time_list
 from .app import app
 from .floor_options import COMM, SHARDING, FloorOptions, floor_options
 from .options import ForceOpt, checked, err, errors_exit_1, label, out, output_file, typed_flags
@@ -103,7 +103,7 @@ def advise(
         if not (ctx and step_ms and commit_len):
             raise DDProbeError("give --ctx, --step-ms and --commit-len (the typed numbers), or --from a commit file, "
                                "or none of them to measure the engine here")
-        ctxs = parse_token_list(ctx)
+        ctxs = parse_context_list(ctx)
         points = points_typed(ctxs, [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")],
                               floats(commit_len, "commit length"), _decode(decode_ms, ctxs, step_model), budget, path,
                               text, "typed")

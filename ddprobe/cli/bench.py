@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..units import DDProbeError, parse_token_list
+from ..units import DDProbeError, parse_context_list, parse_token_list
 from .app import app
 from .options import MAX_TIMEOUT_S, ForceOpt, checked, err, errors_exit_1, out, output_file, within
 
@@ -114,7 +114,7 @@ def verify(
 
     check_file("--out", out_path, force=force, keep_existing=True)  # an earlier run's results: kept unless --force
     opts = BenchOptions(
-        ctxs=parse_token_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
+        ctxs=parse_context_list(ctx), heads=_counts(heads, "--heads"), paths=_names(paths, "--paths"),
         variants=_variants(variant or [], "--variant"), budget=budget, tree=tree, quick=quick, slots=slots,
         tune={p: o for p, o in _variants(tune or [], "--tune")},
         step_ctx=parse_token_list(step_ctx)[0] if step_ctx.strip() not in ("", "0") else None,

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..probes.bench.estimate import fmt_duration
-from ..units import fmt_tokens, parse_token_list
+from ..units import fmt_tokens, parse_context_list
 from .app import app
 from .outputs import check_outputs
 from .options import BackendOpt, EngineOptions, ForceOpt, TimeoutOpt, UrlOpt, columns, engine_options, err, errors_exit_1, \
@@ -99,7 +99,7 @@ def commit(
     from ..probes.commit import cell_order, check_contexts, run_tree_probe
     from ..results import Result, ResultWriter, RunMeta
 
-    ctxs = list(dict.fromkeys(parse_token_list(ctx)))  # a context typed twice runs once
+    ctxs = parse_context_list(ctx)
     kinds = text_kinds(text)
     sweep = tree_sweep(backend, tree, budgets, chain_depths, eng)
     path = results_path(json_path, "commit")

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 
 from ..schema import one_step_tokens
-from ..units import DDProbeError, parse_token_list
+from ..units import DDProbeError, parse_context_list
 from .app import app
 from ..probes.bench.estimate import fmt_duration
 from .commit import announce
@@ -54,7 +54,7 @@ def diagnose(
     from ..probes.diagnose import FILES, GPU_UTIL_PERIOD_S, Diagnose, DiagnoseOptions
     from .gpu_source import check_source, open_source
 
-    ctxs = list(dict.fromkeys(parse_token_list(ctx)))
+    ctxs = parse_context_list(ctx)
     bw_Bps, trees = _checked(tctx, backend, model, fo, max_new_tokens, decode_tokens, tree)
     if backend == "engine" and max_new_tokens < (need := one_step_tokens(eng.budget)):
         raise DDProbeError(f"--max-new-tokens {max_new_tokens}: too few for a commit length at budget {eng.budget} "

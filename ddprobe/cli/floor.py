@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from ..units import DDProbeError, fmt_bandwidth, fmt_bytes, fmt_ratio, fmt_time, fmt_tokens, \
-    parse_step_times, parse_time_list, parse_token_list
+    parse_context_list, parse_step_times, parse_time_list
 from .app import app
 from .floor_options import FloorOptions, check_latency, floor_options
 from .options import ForceOpt, checked, err, errors_exit_1, out, output_file, typed_flags
@@ -122,9 +122,7 @@ def _contexts(tctx: typer.Context, spec, ctx: str, step_ms: Optional[str], steps
     from ..probes.floor import steps_from_file
 
     if steps_from is None:
-        ctxs = parse_token_list(ctx)
-        if len(set(ctxs)) != len(ctxs):
-            raise DDProbeError("--ctx: a context is given twice: give each context once")
+        ctxs = parse_context_list(ctx)
         return ctxs, [t * 1e3 for t in parse_time_list(step_ms, default_unit="ms")] if step_ms else None
     if step_ms:
         raise DDProbeError("give --step-ms or --steps-from, not both")

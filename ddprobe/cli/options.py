@@ -91,8 +91,8 @@ def checked(parse):
             return value
         try:
             parse(value)
-        except DDProbeError as e:
-            fail(f"{param.opts[0]}: {e}")
+        except DDProbeError as e:  # a message that names the option already is not prefixed twice
+            fail(str(e) if str(e).startswith(f"{param.opts[0]}:") else f"{param.opts[0]}: {e}")
         return value
 
     return callback

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..units import DDProbeError, parse_bandwidth, parse_count_list, parse_token_list
+from ..units import DDProbeError, parse_bandwidth, parse_context_list, parse_count_list
 from .app import app
 from .options import checked, err, errors_exit_1, out, output_file
 from .tables import Col, print_fitted
@@ -66,7 +66,7 @@ def gate(
     paths: Annotated[Optional[str], typer.Option("--paths", help="Gate only these attention paths, e.g. "
                                                                  "split,paged (default: all).")] = None,
     ctx: Annotated[Optional[str], typer.Option("--ctx", help="Gate only these contexts, k = 1024 (default: all).",
-                                               callback=checked(parse_token_list))] = None,
+                                               callback=checked(parse_context_list))] = None,
     heads: Annotated[Optional[str], typer.Option("--heads", help="Gate only these head counts, e.g. 8 "
                                                                  "(default: all).",
                                                  callback=checked(lambda v: parse_count_list(v, "head count")))]
@@ -82,7 +82,7 @@ def gate(
                             min_bw_Bps=parse_bandwidth(min_bw) if min_bw else None,
                             min_fraction_of_floor=min_fraction_of_floor,
                             paths=paths_option(paths),
-                            ctxs=parse_token_list(ctx) if ctx else None,
+                            ctxs=parse_context_list(ctx) if ctx else None,
                             heads=parse_count_list(heads, "head count") if heads else None)
     cols = [Col(c, GATE_PRIORITY.get(c, 0), "left" if c in ("status", "path", "GPU", "why") else "right",
                 wrap=c == "why") for c in COLUMNS]

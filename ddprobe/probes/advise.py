@@ -682,7 +682,7 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
 
     from .. import verify_paths
     from ..physics.gpus import get_gpu, gpu_spec_for
-    from ..units import parse_token_list
+    from ..units import parse_context_list
 
     from .commit import int_list, tree_shapes
 
@@ -701,7 +701,7 @@ def measure_here(ctx: str | None, paths: str | None, budgets: str, preset: str |
         except ValueError as e:  # an unknown path: one line
             raise DDProbeError(f"--paths: {e}") from None
     o = MeasureOptions(paths=tuple(dict.fromkeys(chosen)),
-                       ctxs=tuple(parse_token_list(ctx or ("8k,32k,128k" if gpu else "1k,4k"))),
+                       ctxs=tuple(parse_context_list(ctx or ("8k,32k,128k" if gpu else "1k,4k"))),
                        budgets=tuple(int(b) for b in floats(budgets, "budget")), texts=tuple(texts.split(",")),
                        preset=preset, device=dev, dtype="bf16" if gpu else "fp32",
                        heads=heads if heads is not None else (8 if preset == "k2" else None), steps=steps,
