@@ -187,7 +187,7 @@ class Result:
             kind = d["kind"]
             if not isinstance(kind, str):
                 raise DDProbeError(f"{source}: malformed results file ('kind' must be text)")
-            _schema.check_step_source(kind, d.get("config") or {}, d.get("summary") or {}, source)
+            _schema.check_source(kind, d.get("config") or {}, d.get("summary") or {}, source)
             rows, config, summary = signals.upgrade(kind, d.get("rows", []), d.get("config", {}), d.get("summary", {}))
             rows = typed_rows(kind, rows, config, source)
             check_measured(kind, rows, source)  # every measured time against a typed one's range

@@ -610,10 +610,21 @@ def check_summary(kind: str, summary: dict, source: str) -> None:
         entries("kernels", d["kernels"], DiffKernel, "summary.diff.")
 
 
-def check_step_source(kind: str, config: dict, summary: dict, source: str) -> None:
-    """A gpu-util file's measured step and its context (``summary.decode_step_ms``, ``config.prompt_len``: what
-    ``floor --steps-from``, report and gate read from it; the rest of its config is free-form): one line where
-    either is no measured step (StepMs' range) or no context (1 to 2^30 tokens)."""
+def _whole(v: Any, lo: int, hi: int) -> bool:
+    return _is_int(v) and lo <= v <= hi
+
+
+def check_source(kind: str, config: dict, summary: dict, source: str) -> None:
+    """The config and summary numbers readers believe (the rest of a config is free-form), one line where one is
+    not what it says: a commit file's tree budget and tokens asked per cell (``config.budget``,
+    ``config.max_new_tokens``: what the commit-length bounds, report's short-cell check and advise --from read:
+    whole numbers >= 1); a gpu-util file's measured step and context (``summary.decode_step_ms``,
+    ``config.prompt_len``: what ``floor --steps-from``, report and gate read: StepMs' range, 1 to 2^30 tokens)."""
+    if kind == "commit":
+        for key in ("budget", "max_new_tokens"):
+            if config.get(key) is not None and not _whole(config[key], 1, 1 << 30):
+                raise DDProbeError(f"{source}: this commit file's config.{key} is {config[key]!r}: not a whole "
+                                   "number >= 1")
     if kind != "gpu-util":
         return
     step, lo, hi = summary.get("decode_step_ms"), STEP_MS.lo, STEP_MS.hi
@@ -621,7 +632,7 @@ def check_step_source(kind: str, config: dict, summary: dict, source: str) -> No
         raise DDProbeError(f"{source}: this gpu-util file's decode_step_ms is {step!r}: not a measured step "
                            "(1 us to 1 h)")
     plen = config.get("prompt_len")
-    if plen is not None and (isinstance(plen, bool) or not isinstance(plen, int) or not 1 <= plen <= 1 << 30):
+    if plen is not None and not _whole(plen, 1, 1 << 30):
         raise DDProbeError(f"{source}: this gpu-util file's config.prompt_len is {plen!r}: not a context "
                            "(1 to 2^30 tokens)")
 

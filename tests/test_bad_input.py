@@ -194,7 +194,10 @@ def _cases(tmp: Path):
          r"--paths 'split,,paged': an empty name between commas; give names like split,paged$"),
         ("advise from a file of budget -1", ["advise", "--from", str(tmp / "bneg.json"), "--decode-ms", "5", "-o",
                                              d + "/a.json"], 1,
-         r"bneg\.json: config\.budget is -1: not a tree budget \(1\.\.1024\)$"),
+         r"bneg\.json: this commit file's config\.budget is -1: not a whole number >= 1$"),
+        ("advise from a file of budget 2000", ["advise", "--from", str(tmp / "bbig.json"), "--decode-ms", "5", "-o",
+                                               d + "/a.json"], 1,
+         r"bbig\.json: config\.budget is 2000: not a tree budget \(1\.\.1024\)$"),
         # messages
         ("seed overflow", ["commit", "--ctx", "256", "--seed", "99999999999999999999999"], 1,
          r"--seed: must be in 0\.\.18446744073709551615"),
@@ -236,6 +239,8 @@ def tmp(tmp_path):
     (tmp_path / "short.json").write_text(json.dumps(c))
     c["config"]["budget"] = -1
     (tmp_path / "bneg.json").write_text(json.dumps(c))
+    c["config"]["budget"] = 2000
+    (tmp_path / "bbig.json").write_text(json.dumps(c))
     g = json.loads(Path(REPLAY).read_text())
     g["config"]["prompt_len"] = "x"
     (tmp_path / "plen.json").write_text(json.dumps(g))

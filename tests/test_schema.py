@@ -239,6 +239,10 @@ def test_a_trace_diffs_summary_is_typed_on_load(change, says, tmp_path):
     ("floor-rtx-pro-6000-tp8.json", lambda d: d["rows"][0].update(step_ms=-1.0), "'step_ms' is -1.0 ms"),
     ("gpu-util-synthetic.json", lambda d: d["summary"].update(decode_step_ms=1e300),
      "decode_step_ms is 1e+300: not a measured step (1 us to 1 h)"),
+    ("commit-tiny-cpu.json", lambda d: d["config"].update(max_new_tokens=-1),
+     "this commit file's config.max_new_tokens is -1: not a whole number >= 1"),
+    ("commit-tiny-cpu.json", lambda d: d["config"].update(budget="8"),
+     "this commit file's config.budget is '8': not a whole number >= 1"),
 ])
 def test_impossible_times_in_a_file_are_refused_by_every_reader(src, change, says, tmp_path):
     """One check for every number that enters from a file: report, floor --steps-from and advise --from all load
