@@ -447,6 +447,8 @@ def test_benchmark_peers_say_why_they_cannot_run():
 # budget, shape, heads, dtype, tuning overrides, the kernel that runs (72 and 66 folded rows with tail=1: the Gluon
 # tail kernel, the default from a bound of TAIL_FROM tokens; the bound here is 20000)
 DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "cuda"), (8, "fork", 64, torch.bfloat16, {}, "cuda"),
+                (8, "lopsided", 8, torch.bfloat16, dict(merge_kind=-1), "cuda"),
+                (8, "fork", 64, torch.bfloat16, dict(merge_kind=-1), "cuda"),
                 (1, "chain", 1, torch.float16, {}, "cuda"), (32, "star", 2, torch.bfloat16, dict(tail=1), "tail"),
                 (63, "lopsided", 1, torch.bfloat16, {}, "cuda"), (8, "fork", 8, torch.float16, dict(tail=1), "tail"),
                 (8, "chain", 8, torch.bfloat16, dict(tail=1, fold_tree=0), "tail"),
@@ -472,8 +474,10 @@ def test_device_plan_replays_one_graph_at_changing_lengths(budget, shape, heads,
     tree = torch.eye(r, dtype=torch.bool, device="cuda")
     p = m.plan(prefix_t, tree, None, V, heads=heads, max_prefix=max_prefix, dtype=dtype, tuning=WsTuning(**over))
     assert p.detail.kernel == kernel
-    if kernel == "cuda" or over.get("tail_fuse"):
+    if (kernel == "cuda" and over.get("merge_kind") == -1) or over.get("tail_fuse"):
         assert p.detail.fused, "the merge runs inside the prefix kernel's launch"
+    else:
+        assert not p.detail.fused, "the merge is its own launch (WsTuning.merge_kind -2, the default)"
     m.refresh(p)
     m.run(q, kv, p, 0.0722)  # the module load stays outside the capture
     torch.cuda.synchronize()
@@ -590,7 +594,7 @@ def test_bench_verify_times_the_kernel_the_engine_runs(heads):
 @pytest.mark.parametrize("heads,dtype", [(8, torch.bfloat16), (64, torch.bfloat16), (8, torch.float16),
                                          (1, torch.bfloat16)])
 def test_cuda_merge_matches_the_formula_with_poisoned_empty_partials(heads, dtype):
-    """The CUDA merge (the default, WsTuning.merge_kind -1) on the plan's own partial buffers filled with fresh
+    """The CUDA merge (the default, WsTuning.merge_kind -2) on the plan's own partial buffers filled with fresh
     random values, three empty splits (lse -inf) whose partials hold NaN (never written by the prefix kernel):
     out = sum_i 2^(lse_i - M) o_i / sum_i 2^(lse_i - M), rounded to the output dtype (relative error under the
     dtype's tolerance); every column slice and row written, nothing read from the empty splits."""
@@ -629,12 +633,12 @@ def test_run_merges_on_cuda_by_default_and_on_triton_when_asked():
     m = get_path("split_ws")
     q, kv, mask = make_inputs(9000, 8, "fork", 8, torch.bfloat16)
     outs = {}
-    for kind in (-1, 3):
+    for kind in (WsTuning().merge_kind, -1, 3):
         meta: dict = {}
         outs[kind] = m.run(q, kv, m.plan(9000, mask, None, V, heads=8, tuning=WsTuning(merge_kind=kind)), 0.07,
                            meta=meta)
-        assert (meta["merge"].get("name") == _cu_merge_name(torch.bfloat16)) == (kind == -1), meta["merge"]
-    err = float((outs[-1].float() - outs[3].float()).norm() / outs[3].float().norm())
+        assert (meta["merge"].get("name") == _cu_merge_name(torch.bfloat16)) == (kind < 0), meta["merge"]
+    err = float((outs[-2].float() - outs[3].float()).norm() / outs[3].float().norm())
     assert err < TOL[torch.bfloat16]
 
 
@@ -678,8 +682,8 @@ def test_a_merge_knob_runs_the_triton_merge():
 @pytest.mark.parametrize("heads,ctx,dynamic", [(8, 20000, True), (64, 33000, False), (64, 4097, True),
                                                (1, 300, True), (16, 65, False)])
 def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
-    """The merge fused into the CUDA prefix kernel (after its grid barrier; merge_kind -1, the default) against the
-    same prefix kernel with the merge as its own launch (merge_kind -2): both within the tolerance of the fp32
+    """The merge fused into the CUDA prefix kernel (after its grid barrier; merge_kind -1) against the same prefix
+    kernel with the merge as its own launch (merge_kind -2, the default): both within the tolerance of the fp32
     reference and within it of each other (only the order of the merge's sums differs); 30 launches in a row (30
     epochs of the barrier's counter, partials poisoned with NaN before each) give the same bits; device plans (the
     row-block x split grid) and host plans. Empty splits arriving at
@@ -710,7 +714,7 @@ def test_fused_merge_equals_the_merge_in_its_own_launch(heads, ctx, dynamic):
     assert err < TOL[dtype], f"fused vs own launch: rel err {err:.2e}"
 
 
-P16_TUNINGS = [dict(tail=0), dict(tail=0, merge_kind=-2), dict(tail=1), dict(tail=1, merge_kind=3),
+P16_TUNINGS = [dict(tail=0), dict(tail=0, merge_kind=-1), dict(tail=1), dict(tail=1, merge_kind=3),
                dict(tail=0, merge_kind=1)]
 
 
@@ -728,7 +732,7 @@ def test_16_bit_partials_match_the_reference(over, heads, ctx, dtype):
     m = get_path("split_ws")
     q, kv, mask = make_inputs(ctx, 8, "fork", heads, dtype)
     ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.07)
-    kind = over.get("merge_kind", -1)
+    kind = over.get("merge_kind", WsTuning().merge_kind)
     kernel = "tail" if over["tail"] == 1 and heads * 9 <= 72 else "cuda"
     outs = {}
     for bits in (32, 16):

@@ -210,7 +210,7 @@ class Launcher:
     SM) and no MPS thread percentage below 100 limits the SMs, else ``fused`` is False and a call given ``out``
     raises. The barrier needs every program resident at once: kernels on other streams only delay that, but two
     fused launches running concurrently on different streams, or a context given fewer SMs than the device has
-    (green contexts), would wait forever: use WsTuning.merge_kind -2 there."""
+    (green contexts), would wait forever: keep WsTuning.merge_kind -2 (the default) there."""
 
     MAX_MAPS = 512   # cached TMA maps (per role) before the cache is cleared
 

@@ -18,9 +18,9 @@ Same seam, layout and results as `split` (the contiguous layout: prefix rows 0..
 ``plan`` plans and ``run`` only launches: given the heads and the dtype, ``plan`` chooses the kernel and the grid,
 allocates the partials and builds the CUDA kernels' launchers (their parameter blocks) into a typed WsPlan
 (VerifyPlan.detail); ``run`` checks that the inputs match it (a one-line ValueError otherwise) and launches: on
-the CUDA kernels, the output's allocation and one driver launch: the prefix kernel merges its own partials after a
-grid barrier (its grid is one wave), WsTuning.merge_kind -2 keeps the merge as a second launch (host time on the
-H200 machine: docs/perf.md); the tail kernel is a Triton launch (its tensor descriptors kept per plan) followed
+the CUDA kernels, the output's allocation and two driver launches, the prefix kernel's and the CUDA merge's (with
+WsTuning.merge_kind -1 one: the prefix kernel merges its own partials after a grid barrier, its grid one wave;
+slower on the H100: docs/perf.md); the tail kernel is a Triton launch (its tensor descriptors kept per plan) followed
 by the merge's, or, with WsTuning.tail_fuse 1, merging its own partials after a grid barrier (one launch).
 A plan built without heads is completed per call for the call's heads (correct, with the host cost of a plan).
 It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, the MLA widths the
@@ -71,11 +71,12 @@ class WsTuning:
     fold_tree: int = -1  # the tree columns on the last prefix split (1) or their own program per row block (0);
                          # -1: fold from 4 row blocks up and behind the tail kernel (64 heads: 6% faster at 128k;
                          # 8 heads on the CUDA kernel 1-14% slower folded); both placements are tested
-    merge_kind: int = -1    # the merge: -1 (default) the CUDA merge, inside the CUDA prefix kernel's launch where
-                            # that kernel runs (one launch), else its own launch (with a merge knob below set, or
-                            # where the cubin does not load: the Triton merge, kind 3 up to 128 folded rows, else
-                            # 1); -2 the CUDA merge always in its own launch (the benchmark's comparison);
-                            # 0-3 the Triton merges (merge.merge_config; the tests check every kind)
+    merge_kind: int = -2    # the merge: -2 (default) the CUDA merge in its own launch (with a merge knob below set,
+                            # or where the cubin does not load: the Triton merge, kind 3 up to 128 folded rows,
+                            # else 1); -1 the CUDA merge inside the CUDA prefix kernel's launch after a grid barrier
+                            # (one launch; 1-15% slower than its own launch at every CUDA-kernel shape but 64 heads
+                            # 128k, 0.7% faster there, on an H100 2026-12-08: docs/perf.md); 0-3 the Triton merges
+                            # (merge.merge_config; the tests check every kind)
     merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS)
     merge_split_chunk: int = 0  # partials per step of the merge's loop (0: preset)
     merge_stages: int = 0       # software-pipeline depth of that loop (0: preset)
@@ -249,7 +250,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
             raise ValueError(f"the {name} path's CUDA kernel does not load here ({e}); the split path runs "
                              f"anywhere") from None
     counter = None
-    if kernel == "tail" and t.tail_fuse and t.merge_kind == -1 and merger is not None \
+    if kernel == "tail" and t.tail_fuse and t.merge_kind < 0 and merger is not None \
             and cfg["n_qb"] * cfg["grid_splits"] <= sms \
             and not _cu._mps_limited():  # the grid barrier needs every program resident: one wave, all the SMs
         counter = torch.zeros(2, dtype=torch.int32, device=dev)
@@ -264,7 +265,7 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
 
 def triton_merge(t: WsTuning) -> bool:
     """Whether tuning ``t`` asks for the Triton merge (merge.py): a merge kind 0-3, or any of its knobs set (the
-    CUDA merge has none, so a knob set with merge_kind -1 means the Triton merge's default kind with that knob)."""
+    CUDA merge has none, so a knob set with merge_kind -1 or -2 means the Triton merge's default kind with that knob)."""
     return t.merge_kind >= 0 or (t.merge_block_m, t.merge_split_chunk, t.merge_stages, t.merge_bv, t.merge_warps) \
         != (0, 0, 0, 0, 4)
 
