@@ -233,8 +233,8 @@ def run_kernel(a, out: dict, save) -> None:
 
 
 def kernel_cell(m, heads: int, ctx: int, kind: int, merge: str, per_call, events, n: int, out: dict, save) -> None:
-    """One run_kernel cell: split_ws on a device plan whose merge is fused into the prefix launch (merge_kind -1,
-    the default) or its own launch (-2)."""
+    """One run_kernel cell: split_ws on a device plan whose merge is fused into the prefix launch (merge_kind -1)
+    or its own launch (-2, the default)."""
     from ddprobe.engine.kernels import _cu, split_ws
     from ddprobe.engine.kernels.split import LOG2E
     from ddprobe.engine.kernels.trees import shape_mask

@@ -74,7 +74,7 @@ class WsTuning:
     merge_kind: int = -2    # the merge: -2 (default) the CUDA merge in its own launch (with a merge knob below set,
                             # or where the cubin does not load: the Triton merge, kind 3 up to 128 folded rows,
                             # else 1); -1 the CUDA merge inside the CUDA prefix kernel's launch after a grid barrier
-                            # (one launch; 1-15% slower than its own launch at every CUDA-kernel shape but 64 heads
+                            # (one launch; 0.6-18% slower than its own launch at every CUDA-kernel shape but 64 heads
                             # 128k, 0.7% faster there, on an H100 2026-12-08: docs/perf.md); 0-3 the Triton merges
                             # (merge.merge_config; the tests check every kind)
     merge_block_m: int = 0      # folded rows per merge program (0: the kind's preset, merge.MERGE_PRESETS)
