@@ -4,10 +4,20 @@
   before the measured replays, so the host's launch work and compilation are never timed.
 - ``n_cache_sets``: how many distinct caches to cycle through so that L2 cannot serve them.
 - ``copy_bandwidth_Bps``: the device-to-device copy ceiling measured in the same run.
+- ``NOISE``, ``within_noise``: how far a GPU time moves between runs, below which two times are the same.
 """
 from __future__ import annotations
 
 from .physics.gpus import DEFAULT_L2_BYTES
+
+# Times on a GPU move by a percent or two between runs (clocks, other work, the allocator): differences within this
+# share of the larger are the measurement's noise, read as flat (never as "it got faster with context").
+NOISE = 0.02
+
+
+def within_noise(t0: float, t1: float) -> bool:
+    """Whether two GPU times differ by no more than the measurement's noise (``NOISE`` of the larger)."""
+    return abs(t1 - t0) <= NOISE * max(abs(t0), abs(t1))
 
 
 def copy_bandwidth_Bps(torch, nbytes: int = 1 << 30) -> float:

@@ -143,7 +143,17 @@ def verify(
               f"flex: {doc['flex']['failed'] or 'ok'}", highlight=False)
     for r in doc["results"]:
         out.print(line(r), highlight=False, markup=False)
+    for text in fit_lines(out_path) if doc["results"] else []:  # read back from the file this run wrote
+        out.print(text, highlight=False, markup=False)
     out.print(f"results written to {out_path}", highlight=False)
+
+
+def fit_lines(path: Path) -> list[str]:
+    """Each path's fixed part and marginal rate (reports.bench.Fit) in the results file at ``path``."""
+    from ..reports.bench import fit_lines as lines
+    from ..reports.load import load_one
+
+    return lines(load_one(path))
 
 
 def _counts(text: str, what: str) -> list[int]:

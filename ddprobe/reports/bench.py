@@ -34,6 +34,7 @@ class Entry:
     bytes: float | None = None
     flops: float | None = None
     ok: bool | None = None  # the row's output check against the reference (None: not recorded)
+    kernel: str | None = None  # the kernel the path ran (split_ws: "cuda" or "tail"), where the row names one
 
     @property
     def key(self) -> tuple:
@@ -153,5 +154,102 @@ def entries(result: Result) -> list[Entry]:
                          gpu=str(row.gpu or gpu or "?"), time_us=t, floor_us=row.floor_us, GBps=bw,
                          TFLOPs=row.TFLOPs, rel_err=row.rel_err,
                          error=row.error or (None if t else "no time recorded"),
-                         bytes=row.bytes, flops=row.flops, ok=row.ok))
+                         bytes=row.bytes, flops=row.flops, ok=row.ok, kernel=row.kernel))
     return out
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A path's time per layer as a fixed part and a marginal cost, read between the two longest contexts it ran
+    with one kernel (split_ws changes kernel with context; the grid fills only from a few thousand tokens, so the
+    longest two are where the cost per token is the kernel's own): time(ctx) = fixed + ctx x marginal cost. The
+    **fixed part** (``fixed_us``) is that line at no context: launches, the pipeline filling and draining, partials
+    written and merged. The **marginal KV bandwidth** (``marginal_GBps``) is the KV bytes of the extra context over
+    the extra time (``marginal_TFLOPs`` its FLOPs over it): the rate the kernel streams at, against the copy ceiling
+    (the matmul rate where the kernel floor is compute-bound). ``note`` says why no line was read (times within the
+    noise of each other, or falling with context)."""
+
+    path: str
+    heads: int | None
+    kernel: str | None
+    ctx0: int
+    ctx1: int
+    time1_us: float  # at ctx1
+    floor1_us: float | None  # the kernel floor at ctx1
+    bound: str | None  # the kernel floor's bound at ctx1
+    fixed_us: float | None = None
+    marginal_GBps: float | None = None
+    marginal_TFLOPs: float | None = None
+    note: str = ""
+
+
+def fits(result: Result) -> list[Fit]:
+    """One ``Fit`` per (path, heads, kernel) that ran at two or more contexts (layer entries with a time and bytes)."""
+    from ..timing import within_noise
+
+    fl = floors(result)
+    groups: dict[tuple, list[Entry]] = {}
+    for e in entries(result):
+        if e.kind == "layer" and e.time_us and e.bytes:
+            groups.setdefault((e.path, e.heads, e.kernel), []).append(fl.entry(e))
+    out = []
+    for (path, heads, kernel), es in groups.items():
+        by_ctx = {e.ctx: e for e in es}
+        if len(by_ctx) < 2:
+            continue
+        a, b = (by_ctx[c] for c in sorted(by_ctx)[-2:])
+        f = Fit(path, heads, kernel, a.ctx, b.ctx, b.time_us, b.floor_us, fl.bound(b))
+        dt = b.time_us - a.time_us
+        if within_noise(a.time_us, b.time_us) or dt < 0:
+            what = "within the noise of each other" if within_noise(a.time_us, b.time_us) else "falling with context"
+            out.append(replace(f, note=f"no fixed part read: its times at {_tokens(a.ctx)} and {_tokens(b.ctx)} are "
+                                       f"{what}"))
+            continue
+        fixed = b.time_us - dt * b.ctx / (b.ctx - a.ctx)
+        out.append(replace(f, fixed_us=max(0.0, fixed), marginal_GBps=(b.bytes - a.bytes) / (dt * 1e-6) / 1e9,
+                           marginal_TFLOPs=((b.flops - a.flops) / (dt * 1e-6) / 1e12
+                                            if a.flops and b.flops else None)))
+    return sorted(out, key=lambda f: (f.heads or 0, f.path, f.ctx1))
+
+
+def _tokens(ctx: int) -> str:
+    from ..units import fmt_tokens
+
+    return fmt_tokens(ctx)
+
+
+def _pct(x: float) -> str:
+    return "under 1%" if x < 0.005 else f"{x:.0%}"
+
+
+def describe(f: Fit, fl: Floors) -> str:
+    """One fit in one line: the fixed part, the marginal rate against its ceiling, and which of the two the time
+    over the kernel floor is mostly made of."""
+    from ..units import fmt_bandwidth, fmt_time
+
+    kern = f" ({f.kernel} kernel)" if f.kernel and f.kernel not in f.path else ""
+    head = f"{f.heads} heads, {f.path}{kern}, {_tokens(f.ctx0)} -> {_tokens(f.ctx1)}: "
+    if f.fixed_us is None:
+        return head + f.note
+    copy = fl.copy_GBps or (fl.gpu.bw_Bps / 1e9 if fl.gpu else None)
+    matmul = fl.matmul_TFLOPs or (fl.gpu.bf16_flops / 1e12 if fl.gpu else None)
+    compute = f.bound == "compute-bound" and f.marginal_TFLOPs and matmul
+    rate = (f"marginal rate {f.marginal_TFLOPs:,.0f} TFLOP/s ({_pct(f.marginal_TFLOPs / matmul)} of matmul)" if compute
+            else f"marginal KV bandwidth {fmt_bandwidth(f.marginal_GBps * 1e9)}"
+            + (f" ({_pct(f.marginal_GBps / copy)} of copy)" if copy else ""))
+    fixed = (f"fixed part {fmt_time(f.fixed_us * 1e-6)} ({_pct(f.fixed_us / f.time1_us)} of its "
+             f"{fmt_time(f.time1_us * 1e-6)} at {_tokens(f.ctx1)})" if f.fixed_us > 0 else
+             "no fixed part (the line through both times meets zero at no context)")
+    line = f"{fixed}, {rate}"
+    if f.floor1_us and f.time1_us > f.floor1_us:
+        over = f.time1_us - f.floor1_us
+        streaming = max(0.0, over - f.fixed_us)
+        most = "the fixed part" if f.fixed_us >= streaming else "the marginal rate"
+        line += f"; of its {fmt_time(over * 1e-6)} over the kernel floor, most is {most}"
+    return head + line
+
+
+def fit_lines(result: Result) -> list[str]:
+    """``describe`` of every fit of a bench file (what ``bench verify`` prints after its table)."""
+    fl = floors(result)
+    return [describe(f, fl) for f in fits(result)]

@@ -126,6 +126,9 @@ def bench_verify(result: Result) -> list[str]:
             line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
                                                              else ")")
         out.append(line + ".")
+        fit = next((f for f in bench.fits(result) if f.path == best.path and f.heads == heads and f.ctx1 == top), None)
+        if fit:
+            out.append(f"{bench.describe(fit, fl)}.")
         fast = [n for n in verify_paths.fast_names() if n in at]
         if fast and "paged" in at:
             name = min(fast, key=lambda n: at[n].time_us)

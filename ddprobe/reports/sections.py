@@ -161,10 +161,28 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     if layer:
         figs += [plots.bench_time(layer, f"{sid}-time", "Verify time per layer vs context (kernel floor dashed)"),
                  plots.bench_bandwidth(layer, copy, f"{sid}-bandwidth")]
+    fitted = bench.fits(r)
+    if fitted:
+        tables.append(Table("Fixed part and marginal rate per path (its two longest contexts with one kernel)",
+                            ["path", "heads", "kernel", "contexts", "fixed part", "of the time", "marginal KV bw",
+                             "of copy", "marginal TFLOP/s"], [_fit_cells(f, copy) for f in fitted],
+                            "time(ctx) = fixed part + ctx x marginal cost, the line through the two times (reports/"
+                            "bench.py Fit): the fixed part is launches, the pipeline filling and draining, partials "
+                            "written and merged; the marginal KV bandwidth is the rate the kernel streams the added "
+                            "context at."))
     if step:
         tables.append(Table("Whole verify step (all layers)", cols, [cells(e) for e in step]))
         figs.append(plots.bench_time(step, f"{sid}-step", "61 layers of verify attention vs context (kernel floor dashed)", step=True))
     return tables, figs
+
+
+def _fit_cells(f: bench.Fit, copy: float | None) -> list[str]:
+    ctxs = f"{fmt_tokens(f.ctx0)} -> {fmt_tokens(f.ctx1)}"
+    if f.fixed_us is None:
+        return [f.path, str(f.heads), f.kernel or "-", ctxs, f.note, "-", "-", "-", "-"]
+    return [f.path, str(f.heads), f.kernel or "-", ctxs, fmt_time(f.fixed_us * 1e-6),
+            f"{f.fixed_us / f.time1_us:.1%}", fmt_bandwidth(f.marginal_GBps * 1e9),
+            f"{f.marginal_GBps / copy:.0%}" if copy else "-", _f(f.marginal_TFLOPs, ".0f")]
 
 
 def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:

@@ -14,12 +14,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ...schema import parse_rows
+from ...timing import NOISE, within_noise
 from ...units import DDProbeError, fmt_bandwidth, fmt_tokens
 
 NONLINEAR = 1.25  # largest / smallest interval slope above this: not linear
-# Step times on a GPU move by a percent or two between runs (clocks, other work, the allocator): differences within
-# this share of the step are the measurement's noise, read as flat (never as "the step got faster with context").
-NOISE = 0.02
 TOKENS_PER_K = 1024  # "per 1k tokens", as units.py counts 1k
 
 
@@ -70,11 +68,6 @@ def _check(ctxs: list[int], step_ms: list[float]) -> list[tuple[int, float]]:
                                f"{fmt_tokens(c1)}): more than the {NOISE:.0%} a step time moves between runs, so "
                                "not one request's steps, or a measurement went wrong")
     return pts
-
-
-def within_noise(t0: float, t1: float) -> bool:
-    """Whether two step times differ by no more than the measurement's noise (``NOISE`` of the larger)."""
-    return abs(t1 - t0) <= NOISE * max(abs(t0), abs(t1))
 
 
 def fit_line(pts: list[tuple[int, float]]) -> tuple[float, float]:
