@@ -103,3 +103,10 @@ def test_the_report_shows_the_fits_and_its_findings_name_the_fastest_paths(tmp_p
     for path in (H100, H200):
         f = next(x for x in bench.fits(load.load_one(path)) if x.path == "split_ws" and x.heads == 8 and x.ctx1 == 131072)
         assert f"- {bench.describe(f, bench.floors(load.load_one(path)))}." in md
+
+
+def test_the_lines_docs_bench_shows_are_what_the_baseline_gives():
+    """docs/bench.md's example lines are printed from the H100 baseline file as they stand there."""
+    text = (ROOT / "docs" / "bench.md").read_text().split("### Fixed part and marginal rate", 1)[1]
+    block = text.split("```text\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(block) == 2 and all(line in fit_lines(H100) for line in block)
