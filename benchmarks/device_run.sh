@@ -23,6 +23,9 @@
 #   commit  ddprobe commit on the shipped tiny pair -> $OUT/commit-tiny.json
 #   advise  ddprobe advise with its defaults (k2 steps through sglang or paged and auto's path, the tiny pair's
 #           commit lengths, plain decode measured) -> $OUT/advise.json
+#   fixed   (only when ONLY names it) where split_ws's fixed part goes at 8 heads (issue 64): the tail kernel in a plan
+#           sized for 128k at 8k to 128k (the same 128 programs with 1 to 16 tiles each) beside FlashMLA, the step
+#           traced and read by ddprobe trace -> $OUT/fixed.json, $OUT/fixed-trace/, $OUT/fixed-trace.log
 # Last: a short table (each step's status and seconds, then the verify results at 128k).
 set -u
 OUT=${OUT:-./device-out}
@@ -73,6 +76,11 @@ step anatomy 600 python benchmarks/bench_engine.py --anatomy --ctxs 8k,32k,128k 
     --out "$OUT/anatomy.json"
 step commit 300 python -m ddprobe commit --ctx 1k,16k --json "$OUT/commit-tiny.json"
 step advise 600 python -m ddprobe advise -o "$OUT/advise.json"
+if [[ ",${ONLY:-}," == *",fixed,"* ]]; then
+    step fixed 420 python -m ddprobe bench verify --ctx 8k,16k,32k,64k,128k --heads 8 --paths split_ws,flashmla \
+        --variant split_ws:bound=128k,tail=1 --step-ctx 128k --step-trace "$OUT/fixed-trace" --out "$OUT/fixed.json"
+    ONLY=$ONLY,fixed-trace step fixed-trace 120 python -m ddprobe trace "$OUT/fixed-trace/step61-split_ws-131072-8h.json"
+fi
 
 echo
 echo "step     status  time   log"
