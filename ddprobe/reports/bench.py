@@ -163,11 +163,13 @@ class Fit:
     """A path's time per layer as a fixed part and a marginal cost, read between the two longest contexts it ran
     with one kernel (split_ws changes kernel with context; the grid fills only from a few thousand tokens, so the
     longest two are where the cost per token is the kernel's own): time(ctx) = fixed + ctx x marginal cost. The
-    **fixed part** (``fixed_us``) is that line at no context: launches, the pipeline filling and draining, partials
-    written and merged. The **marginal KV bandwidth** (``marginal_GBps``) is the KV bytes of the extra context over
-    the extra time (``marginal_TFLOPs`` its FLOPs over it): the rate the kernel streams at, against the copy ceiling
-    (the matmul rate where the kernel floor is compute-bound). ``note`` says why no line was read (times within the
-    noise of each other, or falling with context)."""
+    **fixed part** (``fixed_us``) is that line at no context (``intercept_us``, none where it is below zero):
+    launches, the pipeline filling and draining, partials written and merged. The **marginal KV bandwidth**
+    (``marginal_GBps``) is the KV bytes of the extra context over the extra time (``marginal_TFLOPs`` its FLOPs over
+    it): the rate the kernel streams at, against the copy ceiling (the matmul rate where the kernel floor is
+    compute-bound: ``rate_share``). ``note`` says why no line was read (times within the noise of each other, or
+    falling with context). Two times 2x apart, each within 2% noise, put the slope within about 10% and the fixed
+    part within a few us: loose figures, for finding what dominates."""
 
     path: str
     heads: int | None
@@ -177,20 +179,25 @@ class Fit:
     time1_us: float  # at ctx1
     floor1_us: float | None  # the kernel floor at ctx1
     bound: str | None  # the kernel floor's bound at ctx1
-    fixed_us: float | None = None
+    intercept_us: float | None = None
     marginal_GBps: float | None = None
     marginal_TFLOPs: float | None = None
     note: str = ""
 
+    @property
+    def fixed_us(self) -> float | None:
+        return None if self.intercept_us is None else max(0.0, self.intercept_us)
+
 
 def fits(result: Result) -> list[Fit]:
-    """One ``Fit`` per (path, heads, kernel) that ran at two or more contexts (layer entries with a time and bytes)."""
+    """One ``Fit`` per (path, heads, kernel) that ran at two or more contexts (layer entries with a time and bytes
+    whose output was not found wrong)."""
     from ..timing import within_noise
 
     fl = floors(result)
     groups: dict[tuple, list[Entry]] = {}
     for e in entries(result):
-        if e.kind == "layer" and e.time_us and e.bytes:
+        if e.kind == "layer" and e.time_us and e.bytes and e.ok is not False:
             groups.setdefault((e.path, e.heads, e.kernel), []).append(fl.entry(e))
     out = []
     for (path, heads, kernel), es in groups.items():
@@ -205,8 +212,8 @@ def fits(result: Result) -> list[Fit]:
             out.append(replace(f, note=f"no fixed part read: its times at {_tokens(a.ctx)} and {_tokens(b.ctx)} are "
                                        f"{what}"))
             continue
-        fixed = b.time_us - dt * b.ctx / (b.ctx - a.ctx)
-        out.append(replace(f, fixed_us=max(0.0, fixed), marginal_GBps=(b.bytes - a.bytes) / (dt * 1e-6) / 1e9,
+        out.append(replace(f, intercept_us=b.time_us - dt * b.ctx / (b.ctx - a.ctx),
+                           marginal_GBps=(b.bytes - a.bytes) / (dt * 1e-6) / 1e9,
                            marginal_TFLOPs=((b.flops - a.flops) / (dt * 1e-6) / 1e12
                                             if a.flops and b.flops else None)))
     return sorted(out, key=lambda f: (f.heads or 0, f.path, f.ctx1))
@@ -222,24 +229,39 @@ def _pct(x: float) -> str:
     return "under 1%" if x < 0.005 else f"{x:.0%}"
 
 
+def rate_share(f: Fit, fl: Floors) -> tuple[float, str] | None:
+    """The fit's marginal rate over its ceiling and that ceiling's name: TFLOP/s over the matmul rate where its
+    kernel floor is compute-bound, else KV bandwidth over copy; the measured ceilings, else the datasheet's (named
+    so); None without either."""
+    compute = f.bound == "compute-bound" and f.marginal_TFLOPs
+    if fl.copy_GBps:
+        if compute and fl.matmul_TFLOPs:
+            return f.marginal_TFLOPs / fl.matmul_TFLOPs, "matmul"
+        return (f.marginal_GBps / fl.copy_GBps, "copy") if f.marginal_GBps and not compute else None
+    if fl.gpu is None:
+        return None
+    if compute:
+        return f.marginal_TFLOPs * 1e12 / fl.gpu.bf16_flops, f"the {fl.gpu.name} datasheet's " \
+                                                              f"{fl.gpu.bf16_flops / 1e12:.0f} TFLOP/s"
+    return f.marginal_GBps * 1e9 / fl.gpu.bw_Bps, f"the {fl.gpu.name} datasheet's {fl.gpu.bw_Bps / 1e12:.3g} TB/s"
+
+
 def describe(f: Fit, fl: Floors) -> str:
     """One fit in one line: the fixed part, the marginal rate against its ceiling, and which of the two the time
     over the kernel floor is mostly made of."""
     from ..units import fmt_bandwidth, fmt_time
 
-    kern = f" ({f.kernel} kernel)" if f.kernel and f.kernel not in f.path else ""
+    kern = f" ({f.kernel} kernel)" if f.kernel and f.kernel != f.path.split("[")[0] else ""
     head = f"{f.heads} heads, {f.path}{kern}, {_tokens(f.ctx0)} -> {_tokens(f.ctx1)}: "
     if f.fixed_us is None:
         return head + f.note
-    copy = fl.copy_GBps or (fl.gpu.bw_Bps / 1e9 if fl.gpu else None)
-    matmul = fl.matmul_TFLOPs or (fl.gpu.bf16_flops / 1e12 if fl.gpu else None)
-    compute = f.bound == "compute-bound" and f.marginal_TFLOPs and matmul
-    rate = (f"marginal rate {f.marginal_TFLOPs:,.0f} TFLOP/s ({_pct(f.marginal_TFLOPs / matmul)} of matmul)" if compute
-            else f"marginal KV bandwidth {fmt_bandwidth(f.marginal_GBps * 1e9)}"
-            + (f" ({_pct(f.marginal_GBps / copy)} of copy)" if copy else ""))
+    share = rate_share(f, fl)
+    of = f" ({_pct(share[0])} of {share[1]})" if share else ""
+    rate = (f"marginal rate {f.marginal_TFLOPs:,.0f} TFLOP/s{of}" if f.bound == "compute-bound" and f.marginal_TFLOPs
+            else f"marginal KV bandwidth {fmt_bandwidth(f.marginal_GBps * 1e9)}{of}")
     fixed = (f"fixed part {fmt_time(f.fixed_us * 1e-6)} ({_pct(f.fixed_us / f.time1_us)} of its "
              f"{fmt_time(f.time1_us * 1e-6)} at {_tokens(f.ctx1)})" if f.fixed_us > 0 else
-             "no fixed part (the line through both times meets zero at no context)")
+             f"no fixed part (the line through both times is {fmt_time(f.intercept_us * 1e-6)} at no context)")
     line = f"{fixed}, {rate}"
     if f.floor1_us and f.time1_us > f.floor1_us:
         over = f.time1_us - f.floor1_us

@@ -165,24 +165,26 @@ def _bench(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
     if fitted:
         tables.append(Table("Fixed part and marginal rate per path (its two longest contexts with one kernel)",
                             ["path", "heads", "kernel", "contexts", "fixed part", "of the time", "marginal KV bw",
-                             "of copy", "marginal TFLOP/s"], [_fit_cells(f, copy) for f in fitted],
+                             "marginal TFLOP/s", "of its ceiling"], [_fit_cells(f, fl) for f in fitted],
                             "time(ctx) = fixed part + ctx x marginal cost, the line through the two times (reports/"
                             "bench.py Fit): the fixed part is launches, the pipeline filling and draining, partials "
-                            "written and merged; the marginal KV bandwidth is the rate the kernel streams the added "
-                            "context at."))
+                            "written and merged; the marginal rate is the pace the kernel takes the added context "
+                            "at, over copy (matmul where the kernel floor is compute-bound)."))
     if step:
         tables.append(Table("Whole verify step (all layers)", cols, [cells(e) for e in step]))
         figs.append(plots.bench_time(step, f"{sid}-step", "61 layers of verify attention vs context (kernel floor dashed)", step=True))
     return tables, figs
 
 
-def _fit_cells(f: bench.Fit, copy: float | None) -> list[str]:
+def _fit_cells(f: bench.Fit, fl: bench.Floors) -> list[str]:
     ctxs = f"{fmt_tokens(f.ctx0)} -> {fmt_tokens(f.ctx1)}"
     if f.fixed_us is None:
         return [f.path, str(f.heads), f.kernel or "-", ctxs, f.note, "-", "-", "-", "-"]
-    return [f.path, str(f.heads), f.kernel or "-", ctxs, fmt_time(f.fixed_us * 1e-6),
-            f"{f.fixed_us / f.time1_us:.1%}", fmt_bandwidth(f.marginal_GBps * 1e9),
-            f"{f.marginal_GBps / copy:.0%}" if copy else "-", _f(f.marginal_TFLOPs, ".0f")]
+    share = bench.rate_share(f, fl)
+    return [f.path, str(f.heads), f.kernel or "-", ctxs,
+            fmt_time(f.fixed_us * 1e-6) if f.fixed_us else f"none ({fmt_time(f.intercept_us * 1e-6)})",
+            f"{f.fixed_us / f.time1_us:.1%}", fmt_bandwidth(f.marginal_GBps * 1e9), _f(f.marginal_TFLOPs, ".0f"),
+            f"{share[0]:.0%} of {share[1]}" if share else "-"]
 
 
 def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
