@@ -101,9 +101,10 @@ def test_tree_mask_is_applied():
 @gpu
 @pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=1, fold_tree=0),
                                   dict(part_bits=16), dict(tail=1, part_bits=16), dict(tail=1, tail_fuse=1),
-                                  dict(tail=1, tail_fuse=1, part_bits=16)],
+                                  dict(tail=1, tail_fuse=1, part_bits=16), dict(tail=1, tail_queue=1),
+                                  dict(tail=1, tail_queue=1, part_bits=16)],
                          ids=["default", "tail", "tail-fold", "tail-tree-apart", "p16", "tail-p16", "tail-fused",
-                              "tail-fused-p16"])
+                              "tail-fused-p16", "tail-queue", "tail-queue-p16"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""
@@ -153,6 +154,31 @@ def test_tail_matches_reference(fold, ctx, budget, shape, heads, dtype):
     t = WsTuning(tail=1, fold_tree=fold)
     assert block_rows(heads * (budget + 1), t) == 72  # the tail kernel is the one that runs
     check("split_ws", ctx, budget, shape, heads, dtype, tuning=t, repeat=2)
+
+
+@gpu
+@pytest.mark.parametrize("part_bits", [32, 16])
+@pytest.mark.parametrize("ctx,budget,shape,heads,dtype", TAIL_CASES)
+def test_tail_queue_matches_reference(part_bits, ctx, budget, shape, heads, dtype):
+    """The tail kernel taking its tiles from the plan's queue (WsTuning.tail_queue 1: one program per SM, the next
+    64-token tile from a counter until none is left; most programs get nothing at small contexts): the fp32
+    reference on three calls (which program takes which tile varies, so the bits may too), and the queue back to
+    zeros after each launch (the last program to finish resets it)."""
+    from ddprobe.engine.kernels.split_ws import WsTuning
+    q, kv, mask = make_inputs(ctx, budget, shape, heads, dtype)
+    m = get_path("split_ws")
+    p = m.plan(ctx, mask, None, V, tuning=WsTuning(tail=1, tail_queue=1, part_bits=part_bits), heads=heads,
+               dtype=dtype)
+    d = p.detail
+    assert d.kernel == "tail" and d.queue is not None and d.cfg["grid_splits"] == d.sm_count and not d.fused
+    ref = reference.run(q, kv, reference.plan(ctx, mask, None, V), 0.0722)
+    for call in range(3):
+        out = m.run(q, kv, p, 0.0722)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), f"call {call}: NaN/inf (a poisoned row or an empty program's O was read)"
+        err = float((out.float() - ref.float()).norm() / ref.float().norm())
+        assert err < TOL[dtype], f"queue ctx={ctx} B={budget} {shape} H={heads} {dtype} call {call}: rel err {err:.2e}"
+        assert d.queue.tolist() == [0, 0], f"call {call}: the queue was not reset ({d.queue.tolist()})"
 
 
 @gpu
@@ -408,7 +434,8 @@ def test_split_config_covers_the_prefix_in_one_wave(fold):
 
 
 @pytest.mark.parametrize("over,field", [(dict(fold_tree=2), "fold_tree"), (dict(tail=3), "tail"),
-                                        (dict(merge_kind=7), "merge_kind"), (dict(tail_fuse=2), "tail_fuse")])
+                                        (dict(merge_kind=7), "merge_kind"), (dict(tail_fuse=2), "tail_fuse"),
+                                        (dict(tail_queue=2), "tail_queue")])
 def test_tuning_outside_the_kernels_choices_is_refused(over, field):
     """Host-side (runs anywhere): a schedule knob no kernel implements is a one-line ValueError at plan time,
     naming the field, not another schedule run silently; every value the kernels implement passes the check."""
@@ -419,6 +446,24 @@ def test_tuning_outside_the_kernels_choices_is_refused(over, field):
     for f, allowed in split_ws._CHOICES.items():
         for value in allowed:
             split_ws.check_tuning(split_ws.WsTuning(**{f: value}))
+    with pytest.raises(ValueError, match="tail_queue 1 runs the merge in its own launch: it takes tail_fuse 0"):
+        get_path("split_ws").plan(100, mask, None, V, tuning=split_ws.WsTuning(tail_queue=1, tail_fuse=1))
+
+
+def test_the_tail_queue_runs_one_program_per_sm_whatever_the_bound():
+    """Host-side (runs anywhere): with tail_queue 1 the tail kernel's grid is one program of 72 rows per SM at every
+    plan bound (the tiles come from the queue, so nothing is sized for the bound; one partial per program for the
+    merge); the CUDA kernel's shapes (64 heads, or 8 heads below TAIL_FROM with tail -1) ignore the knob."""
+    from ddprobe.engine.kernels import split_ws
+    t = split_ws.WsTuning(tail_queue=1)
+    for sms in (132, 114):
+        for bound in (65536, 131072, 1 << 20):
+            c = split_ws.config(bound, 72, sms, t)
+            assert (c["n_qb"], c["grid_splits"], c["fold"], c["block_q"], c["tail"], c.get("queue")) == \
+                (1, sms, 1, 72, True, True)
+        assert split_ws.config(4096, 72, sms, split_ws.WsTuning(tail=1, tail_queue=1))["grid_splits"] == sms
+        for hq, bound in ((576, 131072), (72, 32768)):
+            assert split_ws.config(bound, hq, sms, t) == split_ws.config(bound, hq, sms, split_ws.WsTuning())
 
 
 def test_benchmark_peers_say_why_they_cannot_run():
@@ -454,7 +499,9 @@ DEVICE_CASES = [(8, "lopsided", 8, torch.bfloat16, {}, "cuda"), (8, "fork", 64, 
                 (8, "chain", 8, torch.bfloat16, dict(tail=1, fold_tree=0), "tail"),
                 (8, "lopsided", 8, torch.bfloat16, dict(tail=1), "tail"),
                 (8, "lopsided", 8, torch.bfloat16, dict(tail=1, tail_fuse=1), "tail"),
-                (8, "fork", 8, torch.float16, dict(tail=1, tail_fuse=1, fold_tree=0, part_bits=16), "tail")]
+                (8, "fork", 8, torch.float16, dict(tail=1, tail_fuse=1, fold_tree=0, part_bits=16), "tail"),
+                (8, "lopsided", 8, torch.bfloat16, dict(tail=1, tail_queue=1), "tail"),
+                (8, "fork", 8, torch.float16, dict(tail=1, tail_queue=1, part_bits=16), "tail")]
 
 
 @gpu

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") not in (
                                 reason="compiles in the parent (no GPU needed)")
 
 
-def _compile_tail(part_dtype: torch.dtype, fuse: bool = False):
+def _compile_tail(part_dtype: torch.dtype, fuse: bool = False, queue: bool = False):
     from ddprobe.engine.kernels import _target_compile as tc, split_ws as sw
     from ddprobe.engine.kernels._ws_tail import ws_tail_kernel
     from ddprobe.engine.kernels.merge import partials
@@ -31,15 +31,16 @@ def _compile_tail(part_dtype: torch.dtype, fuse: bool = False):
     p = VerifyPlan(prefix_len=ctx, tree_mask=torch.eye(r, dtype=torch.bool), slots=None, v_dim=512,
                    prefix_t=torch.full((1,), ctx, dtype=torch.int32), dynamic=False, tuning=sw.DEFAULT_TUNING,
                    detail=None)
-    cfg = sw.config(ctx, hq, 132, sw.WsTuning(tail=1))
+    cfg = sw.config(ctx, hq, 132, sw.WsTuning(tail=1, tail_queue=int(queue)))
     o_part, lse_part = partials(cfg["grid_splits"] - 1, hq, 512, "cpu", part_dtype)
     out = torch.empty(r, h, 512, dtype=torch.bfloat16) if fuse else None
     counter = torch.zeros(2, dtype=torch.int32) if fuse else None
     _, args, consts = sw.tail_launch(sw._descs(q2, kv, p), torch.zeros(r, dtype=torch.int64), o_part, lse_part, p,
-                                     cfg, hq, 576, h, 0.1, out, counter)  # the launch split_ws runs
+                                     cfg, hq, 576, h, 0.1, out, counter,
+                                     torch.zeros(2, dtype=torch.int32) if queue else None)  # the launch split_ws runs
     k = tc.compile_launch(ws_tail_kernel, (9, 0), args, {**consts, "num_warps": 4})
     ptx = k.asm["ptx"]
-    if fuse:
+    if fuse or queue:
         return tc.code_report(k), ptx
     return tc.code_report(k), len(re.findall(r"st\.global(?:\.v\d)?\.b16", ptx))
 
@@ -74,3 +75,20 @@ def test_the_tail_kernel_compiles_with_its_merge_fused():
     assert len(re.findall(r"(?:atom|red)\.global\.gpu\.release\.add\.u32", ptx)) == 2, "the generation moves on"
     assert re.search(r"(?:ld|atom)\.global\.gpu\.acquire\.", ptx), "the wait acquires"
     assert fused["ld_global"] > plain["ld_global"], (plain, fused)
+
+
+def test_the_tail_kernel_compiles_with_its_tile_queue():
+    """WsTuning.tail_queue 1: the tail kernel taking its tiles from the plan's queue compiles for sm_90a within the
+    232,448 B a block may use (its 32 B of tile indices in the 48 B the kernel leaves), in the registers of the kernel
+    without it and with no more spills; the queue's atomics are there: each tile asked for by one lane of the loader
+    warp (relaxed adds, their value passed on by a warp reduction: no shared memory, no barrier), one acq_rel add
+    per program when it is done, and the last program's two exchanges back to zero. The GPU checks the outputs
+    (tests/test_kernels_gpu.py::test_tail_queue_matches_reference)."""
+    plain, _ = _compile_tail(torch.float32)
+    queued, ptx = _compile_tail(torch.float32, queue=True)
+    assert queued["shared"] <= 232448 and queued["regs"] <= plain["regs"], (plain, queued)
+    assert queued["stl"] <= plain["stl"], (plain, queued)
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.add\.u32", ptx)) == 2, "the first ask and the loop's"
+    assert re.search(r"redux\.sync\.max\.s32", ptx), "the asked tile passed to every lane of the warp"
+    assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add\.u32", ptx)) == 1, "one arrival per program"
+    assert len(re.findall(r"atom\.global\.gpu\.relaxed\.exch\.b32", ptx)) == 2, "both counters back to zero"

@@ -55,6 +55,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _sync_warps = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 EMPTY_ROWS = gl.constexpr(128)  # the power of two above BLOCK_M + TAIL (an empty split's lse row block)
+LANES = gl.constexpr(gl.BlockedLayout([1], [32], [1], [0]))  # one value per lane of one warp (the loader's)
 MERGE_BATCH = gl.constexpr(64)  # partials per step of the fused merge: 16 four-value loads per thread in flight (32 KB
                                 # per SM; 128 threads, one program per SM, need that many against L2's latency); no
                                 # spills on Triton 3.6 (tests/test_ws_tail_compile.py)
@@ -62,15 +63,18 @@ MERGE_BATCH = gl.constexpr(64)  # partials per step of the fused merge: 16 four-
 
 @gluon.jit
 def _tl_loader(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, qt_lat_s, qt_pe_s, k_lat_s,
-               k_pe_s, q_bar, kv_ready, kv_free, q0, start, n_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr):
+               k_pe_s, idx_s, q_bar, kv_ready, kv_free, Queue, q0, start, n_tiles, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QUEUE: gl.constexpr):
     mbarrier.expect(q_bar, q_lat_d.block_type.nbytes + q_pe_d.block_type.nbytes + qt_lat_d.block_type.nbytes
                     + qt_pe_d.block_type.nbytes)
     _tma_load(q_lat_d, [q0, 0], q_bar, q_lat_s)
     _tma_load(q_pe_d, [q0, 0], q_bar, q_pe_s)
     _tma_load(qt_lat_d, [q0 + BLOCK_M, 0], q_bar, qt_lat_s.index(0))
     _tma_load(qt_pe_d, [q0 + BLOCK_M, 0], q_bar, qt_pe_s.index(0))
-    _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES)
+    if QUEUE:  # n_tiles: the tiles of the whole launch
+        _queue_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, idx_s, kv_ready, kv_free, Queue, n_tiles, BLOCK_N, STAGES)
+    else:
+        _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_tiles, BLOCK_N, STAGES)
 
 
 @gluon.jit
@@ -90,9 +94,70 @@ def _load_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, kv_ready, kv_free, start, n_ti
 
 
 @gluon.jit
-def _ss_scores(s, i, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N: gl.constexpr):
-    """Tile i's scores in base 2, masked only where a tile reaches the tree columns or the chunk's end."""
-    n0 = start + i * BLOCK_N
+def _grab(Queue, lane):
+    """The next tile of the launch's queue (QUEUE): one atomic add on Queue[0] by lane 0 of the loader warp (``lane``:
+    0..31 in LANES), its old value passed to every lane by a warp reduction (no shared memory, no barrier)."""
+    old = gl.atomic_add(Queue + lane * 0, gl.full([32], 1, gl.int32, LANES), mask=lane == 0, sem="relaxed",
+                        scope="gpu")
+    return gl.max(gl.where(lane == 0, old, -1), axis=0)
+
+
+@gluon.jit
+def _put_tile(idx_s, st, t):
+    """Tile index t (-1: none left) into stage st's index slot, for both warpgroups to read once the stage is ready
+    (the slot is free: both warpgroups read it before releasing the stage's previous tile)."""
+    lay: gl.constexpr = gl.BlockedLayout([4], [32], [1], [0])
+    idx_s.index(st).store(gl.zeros([4], gl.int32, lay) + t)
+    _sync_warps()  # every lane's store before the arrival that releases it
+
+
+@gluon.jit
+def _slot_tile(idx_s, st):
+    """The tile index the loader put in stage st's index slot (each thread reads the same 4 values)."""
+    lay: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
+    return gl.max(idx_s.index(st).load(lay), axis=0)
+
+
+@gluon.jit
+def _queue_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, idx_s, kv_ready, kv_free, Queue, n_total, BLOCK_N: gl.constexpr,
+                 STAGES: gl.constexpr):
+    """The loader's ring under QUEUE: the next tile of the launch from the queue (``_grab``, asked for while the
+    stage it goes to may still be busy), its index put in the stage's index slot, the tile by TMA; once the queue
+    is past the last tile, index -1 and a plain arrival on the next stage's ``kv_ready``: the warpgroups' end."""
+    lane = gl.arange(0, 32, LANES)
+    nbytes: gl.constexpr = k_lat_d.block_type.nbytes + k_pe_d.block_type.nbytes
+    i = 0
+    t = _grab(Queue, lane)
+    while t < n_total:
+        st = i % STAGES
+        mbarrier.wait(kv_free.index(st), ((i // STAGES) & 1) ^ 1)
+        _put_tile(idx_s, st, t)
+        bar = kv_ready.index(st)
+        mbarrier.expect(bar, nbytes)
+        _tma_load(k_lat_d, [t * BLOCK_N, 0], bar, k_lat_s.index(st))
+        _tma_load(k_pe_d, [t * BLOCK_N, 0], bar, k_pe_s.index(st))
+        i += 1
+        t = _grab(Queue, lane)
+    st = i % STAGES
+    mbarrier.wait(kv_free.index(st), ((i // STAGES) & 1) ^ 1)
+    _put_tile(idx_s, st, t * 0 - 1)
+    mbarrier.arrive(kv_ready.index(st), count=1)
+
+
+@gluon.jit
+def _queue_done(Queue):
+    """After the program's partitions (its loader's last ask included): one acq_rel arrival on Queue[1]; the last
+    program to arrive sets both words back to zero for the next launch or graph replay."""
+    _sync_warps()
+    done = gl.atomic_add(Queue + 1, 1, sem="acq_rel", scope="gpu")
+    if done == gl.num_programs(0) * gl.num_programs(1) - 1:
+        gl.atomic_xchg(Queue, 0, sem="relaxed", scope="gpu")
+        gl.atomic_xchg(Queue + 1, 0, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _ss_scores(s, n0, bits, offs_n0, end, prefix_len, qk_scale, BLOCK_N: gl.constexpr):
+    """The scores of the tile at column n0 in base 2, masked only where it reaches the tree columns or the end."""
     if n0 + BLOCK_N > gl.minimum(end, prefix_len):
         offs_n = n0 + offs_n0
         c = gl.minimum(gl.maximum(offs_n - prefix_len, 0), 63).to(gl.int64)
@@ -140,18 +205,49 @@ def _zero_rows(k_lat, first, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
+def _wg0_tile(q_lat_s, q_pe_s, k_lat, k_pe, a_slot, p_ready_b, pe_free_b, kv_free_b, ph, n0, m_i, l_i, acc, s_zero,
+              bits, offs_n0, end, prefix_len, live_end, qk_scale, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
+              V_DIM: gl.constexpr, o_layout: gl.constexpr, p_dot: gl.constexpr):
+    """Warpgroup 0 on one ready tile (at column n0): S, the online softmax, P to warpgroup 1, its half of P V."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    if n0 + BLOCK_N > live_end:  # no fence before S: S may read the rows as they were, which is right only
+        _zero_rows(k_lat, live_end - n0, BLOCK_N, V_DIM)  # because _ss_scores masks them; P V reads after the fence
+    s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_pe_s, k_pe.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    s = _ss_scores(s, n0, bits, offs_n0, end, prefix_len, qk_scale, BLOCK_N)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    m_i = m_new
+    p16 = p.to(k_lat.dtype)
+    # P goes over the tile's K_pe once warpgroup 1 has computed the tail rows' scores from it
+    mbarrier.wait(pe_free_b, ph)
+    k_pe.store(p16)
+    a_slot.store(alpha)
+    fence_async_shared()
+    _sync_warps()
+    mbarrier.arrive(p_ready_b, count=1)
+    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+    acc = warpgroup_mma(gl.convert_layout(p16, p_dot), k_lat.slice(0, HALF, dim=1), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    _sync_warps()
+    mbarrier.arrive(kv_free_b, count=1)
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, idx_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
             Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, live_end, Hq,
             H, qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, V_DIM: gl.constexpr,
-            STAGES: gl.constexpr):
+            STAGES: gl.constexpr, QUEUE: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     p_dot: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
 
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
@@ -162,37 +258,29 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
     rows = q0 + gl.arange(0, BLOCK_M, row_s)
     bits = gl.load(Bits + rows // H, mask=rows < Hq, other=-1)  # padded rows see every tree column: finite
     mbarrier.wait(q_bar, 0)
-    for i in range(n_tiles):
-        st = i % STAGES
-        ph = (i // STAGES) & 1
-        k_lat = k_lat_s.index(st)
-        k_pe = k_pe_s.index(st)
-        mbarrier.wait(kv_ready.index(st), ph)
-        n0 = start + i * BLOCK_N
-        if n0 + BLOCK_N > live_end:  # no fence before S: S may read the rows as they were, which is right only
-            _zero_rows(k_lat, live_end - n0, BLOCK_N, V_DIM)  # because _ss_scores masks them; P V reads after the fence
-        s = warpgroup_mma(q_lat_s, k_lat.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(q_pe_s, k_pe.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        s = _ss_scores(s, i, bits, offs_n0, start, end, prefix_len, qk_scale, BLOCK_N)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        p16 = p.to(k_lat.dtype)
-        # P goes over the tile's K_pe once warpgroup 1 has computed the tail rows' scores from it
-        mbarrier.wait(pe_free.index(st), ph)
-        k_pe.store(p16)
-        a_s.index(st).store(alpha)
-        fence_async_shared()
-        _sync_warps()
-        mbarrier.arrive(p_ready.index(st), count=1)
-        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p16, p_dot), k_lat.slice(0, HALF, dim=1), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        _sync_warps()
-        mbarrier.arrive(kv_free.index(st), count=1)
+    if QUEUE:  # tiles from the loader's queue until index -1 (each index read once its stage is ready)
+        i = 0
+        mbarrier.wait(kv_ready.index(0), 0)
+        t = _slot_tile(idx_s, 0)
+        while t >= 0:
+            st = i % STAGES
+            m_i, l_i, acc = _wg0_tile(q_lat_s, q_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
+                                      p_ready.index(st), pe_free.index(st), kv_free.index(st), (i // STAGES) & 1,
+                                      t * BLOCK_N, m_i, l_i, acc, s_zero, bits, offs_n0, end, prefix_len, live_end,
+                                      qk_scale, BLOCK_N, HALF, V_DIM, o_layout, p_dot)
+            i += 1
+            mbarrier.wait(kv_ready.index(i % STAGES), (i // STAGES) & 1)
+            t = _slot_tile(idx_s, i % STAGES)
+        n_tiles = i
+    else:
+        for i in range(n_tiles):
+            st = i % STAGES
+            ph = (i // STAGES) & 1
+            mbarrier.wait(kv_ready.index(st), ph)
+            m_i, l_i, acc = _wg0_tile(q_lat_s, q_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
+                                      p_ready.index(st), pe_free.index(st), kv_free.index(st), ph,
+                                      start + i * BLOCK_N, m_i, l_i, acc, s_zero, bits, offs_n0, end, prefix_len,
+                                      live_end, qk_scale, BLOCK_N, HALF, V_DIM, o_layout, p_dot)
     # 1 / l to warpgroup 1 in the alpha slot of tile n_tiles (its last reader, tile n_tiles - 2, is done: warpgroup
     # 1 released tile n_tiles - 1's K_pe, which it does only after finishing tile n_tiles - 2)
     inv_l = 1.0 / l_i
@@ -200,6 +288,19 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
     _sync_warps()
     mbarrier.arrive(fin, count=1)
     gl.store(LSE_part + pid_s * Hq + rows, m_i + gl.log2(l_i), mask=rows < Hq)
+    if QUEUE:
+        if n_tiles > 0:  # a program the queue gave nothing: lse -inf above, its O never read by the merge
+            _wg0_store(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M, HALF, o_layout)
+    else:
+        _wg0_store(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M, HALF, o_layout)
+
+
+@gluon.jit
+def _wg0_store(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M: gl.constexpr, HALF: gl.constexpr,
+               o_layout: gl.constexpr):
+    """Warpgroup 0's half of the normalized partial of rows 0..63."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     out = acc * gl.convert_layout(inv_l, row_o)[:, None]
     rows_o = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = gl.arange(0, HALF, col_o)
@@ -208,16 +309,59 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_r
 
 
 @gluon.jit
-def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
+def _wg1_tile(qt_lat_s, qt_pe_s, k_lat, k_pe, a_slot, pt_s, p_ready_b, pe_free_b, kv_free_b, ph, i, n0, acc, acc_t,
+              m_t, l_t, st_zero, bits, offs_t0, end, prefix_len, qk_scale, BLOCK_N: gl.constexpr,
+              HALF: gl.constexpr, o_layout: gl.constexpr):
+    """Warpgroup 1 on one ready tile (at column n0): the tail rows' S_t^T and softmax, then once warpgroup 0's P is
+    there its half of P V and the tail rows' O_t^T."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    # (i >> 30) is 0; it keeps the compiler from hoisting the loop-invariant wgmma descriptors of the
+    # Q tail and P_t buffers out of the loop, where they would be spilled
+    z = i >> 30
+    s = warpgroup_mma(k_lat, qt_lat_s.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(k_pe, qt_pe_s.index(z).permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    _sync_warps()
+    mbarrier.arrive(pe_free_b, count=1)
+    if n0 + BLOCK_N > gl.minimum(end, prefix_len):
+        offs_t = n0 + offs_t0
+        c = gl.minimum(gl.maximum(offs_t - prefix_len, 0), 63).to(gl.int64)
+        see = (offs_t < prefix_len)[:, None] | (((bits[None, :] >> c[:, None]) & 1) != 0)
+        s = gl.where(see & (offs_t < end)[:, None], s * qk_scale, float("-inf"))
+    else:
+        s = s * qk_scale
+    m_new = gl.maximum(m_t, gl.max(s, axis=0))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet: 0, not NaN
+    alpha_t = gl.exp2(m_t - m_use)
+    p = gl.exp2(s - m_use[None, :])
+    l_t = l_t * alpha_t + gl.sum(p, axis=0)
+    m_t = m_new
+    pt = pt_s.index(z)
+    pt.store(gl.permute(p.to(k_lat.dtype), (1, 0)))  # P_t^T kept as [TAIL, 64]: K-major for the wgmma
+    fence_async_shared()
+    _sync_warps()
+    mbarrier.wait(p_ready_b, ph)
+    alpha = a_slot.load(row_o)
+    acc = acc * alpha[:, None]
+    acc = warpgroup_mma(k_pe, k_lat.slice(HALF, HALF, dim=1), acc, is_async=True)  # P (in K_pe's buffer) V_R
+    acc_t = acc_t * alpha_t[None, :]
+    acc_t = warpgroup_mma(k_lat.permute((1, 0)), pt.permute((1, 0)), acc_t, is_async=True)
+    acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
+    _sync_warps()
+    mbarrier.arrive(kv_free_b, count=1)
+    return acc, acc_t, m_t, l_t
+
+
+@gluon.jit
+def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, idx_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
             Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
             qk_scale, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HALF: gl.constexpr, V_DIM: gl.constexpr,
-            TAIL: gl.constexpr, STAGES: gl.constexpr):
+            TAIL: gl.constexpr, STAGES: gl.constexpr, QUEUE: gl.constexpr):
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HALF, 16])
     t_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, TAIL, 16])
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     tok_t: gl.constexpr = gl.SliceLayout(1, t_layout)  # along the tile's tokens (S_t^T) or value dims (O_t^T)
     row_t: gl.constexpr = gl.SliceLayout(0, t_layout)  # along the tail rows
     acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
@@ -229,55 +373,60 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_f
     rows_t = q0 + BLOCK_M + gl.arange(0, TAIL, row_t)
     bits = gl.load(Bits + rows_t // H, mask=rows_t < Hq, other=-1)
     mbarrier.wait(q_bar, 0)
-    for i in range(n_tiles):
-        st = i % STAGES
-        ph = (i // STAGES) & 1
-        k_lat = k_lat_s.index(st)
-        k_pe = k_pe_s.index(st)
-        # (i >> 30) is 0; it keeps the compiler from hoisting the loop-invariant wgmma descriptors of the
-        # Q tail and P_t buffers out of the loop, where they would be spilled
-        z = i >> 30
-        mbarrier.wait(kv_ready.index(st), ph)
-        s = warpgroup_mma(k_lat, qt_lat_s.index(z).permute((1, 0)), st_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(k_pe, qt_pe_s.index(z).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
-        _sync_warps()
-        mbarrier.arrive(pe_free.index(st), count=1)
-        n0 = start + i * BLOCK_N
-        if n0 + BLOCK_N > gl.minimum(end, prefix_len):
-            offs_t = n0 + offs_t0
-            c = gl.minimum(gl.maximum(offs_t - prefix_len, 0), 63).to(gl.int64)
-            see = (offs_t < prefix_len)[:, None] | (((bits[None, :] >> c[:, None]) & 1) != 0)
-            s = gl.where(see & (offs_t < end)[:, None], s * qk_scale, float("-inf"))
-        else:
-            s = s * qk_scale
-        m_new = gl.maximum(m_t, gl.max(s, axis=0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen nothing yet: 0, not NaN
-        alpha_t = gl.exp2(m_t - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_t = l_t * alpha_t + gl.sum(p, axis=0)
-        m_t = m_new
-        pt = pt_s.index(z)
-        pt.store(gl.permute(p.to(k_lat.dtype), (1, 0)))  # P_t^T kept as [TAIL, 64]: K-major for the wgmma
-        fence_async_shared()
-        _sync_warps()
-        mbarrier.wait(p_ready.index(st), ph)
-        alpha = a_s.index(st).load(row_o)
-        acc = acc * alpha[:, None]
-        acc = warpgroup_mma(k_pe, k_lat.slice(HALF, HALF, dim=1), acc, is_async=True)  # P (in K_pe's buffer) V_R
-        acc_t = acc_t * alpha_t[None, :]
-        acc_t = warpgroup_mma(k_lat.permute((1, 0)), pt.permute((1, 0)), acc_t, is_async=True)
-        acc, acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_t))
-        _sync_warps()
-        mbarrier.arrive(kv_free.index(st), count=1)
+    if QUEUE:  # tiles from the loader's queue until index -1 (see _tl_wg0)
+        i = 0
+        mbarrier.wait(kv_ready.index(0), 0)
+        t = _slot_tile(idx_s, 0)
+        while t >= 0:
+            st = i % STAGES
+            acc, acc_t, m_t, l_t = _wg1_tile(qt_lat_s, qt_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
+                                             pt_s, p_ready.index(st), pe_free.index(st), kv_free.index(st),
+                                             (i // STAGES) & 1, i, t * BLOCK_N, acc, acc_t, m_t, l_t, st_zero, bits,
+                                             offs_t0, end, prefix_len, qk_scale, BLOCK_N, HALF, o_layout)
+            i += 1
+            mbarrier.wait(kv_ready.index(i % STAGES), (i // STAGES) & 1)
+            t = _slot_tile(idx_s, i % STAGES)
+        n_tiles = i
+    else:
+        for i in range(n_tiles):
+            st = i % STAGES
+            ph = (i // STAGES) & 1
+            mbarrier.wait(kv_ready.index(st), ph)
+            acc, acc_t, m_t, l_t = _wg1_tile(qt_lat_s, qt_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
+                                             pt_s, p_ready.index(st), pe_free.index(st), kv_free.index(st), ph, i,
+                                             start + i * BLOCK_N, acc, acc_t, m_t, l_t, st_zero, bits, offs_t0, end,
+                                             prefix_len, qk_scale, BLOCK_N, HALF, o_layout)
     mbarrier.wait(fin, 0)
     inv_l = a_s.index(n_tiles % STAGES).load(row_o)
+    if QUEUE:
+        gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
+        if n_tiles > 0:  # a program the queue gave nothing: lse -inf above, its O never read by the merge
+            _wg1_store_half(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M, HALF, o_layout)
+            _wg1_store_tail(O_part, acc_t, l_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM, t_layout)
+    else:
+        _wg1_store_half(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M, HALF, o_layout)
+        gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
+        _wg1_store_tail(O_part, acc_t, l_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM, t_layout)
+
+
+@gluon.jit
+def _wg1_store_half(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M: gl.constexpr,
+                    HALF: gl.constexpr, o_layout: gl.constexpr):
+    """Warpgroup 1's half of the normalized partial of rows 0..63."""
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    col_o: gl.constexpr = gl.SliceLayout(0, o_layout)
     out = acc * inv_l[:, None]
     rows = q0 + gl.arange(0, BLOCK_M, row_o)
     cols = HALF + gl.arange(0, HALF, col_o)
     ptr = O_part + pid_s * stride_ps + rows[:, None] * stride_pq + cols[None, :]
     gl.store(ptr, out.to(O_part.dtype.element_ty), mask=(rows < Hq)[:, None])
-    gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
+
+
+@gluon.jit
+def _wg1_store_tail(O_part, acc_t, l_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM: gl.constexpr,
+                    t_layout: gl.constexpr):
+    """The tail rows' normalized partial."""
+    tok_t: gl.constexpr = gl.SliceLayout(1, t_layout)
     out_t = acc_t * (1.0 / l_t)[None, :]
     dims = gl.arange(0, V_DIM, tok_t)
     ptr_t = O_part + pid_s * stride_ps + rows_t[None, :] * stride_pq + dims[:, None]
@@ -342,29 +491,35 @@ def _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_
 
 @gluon.jit
 def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_part, LSE_part, stride_ps,
-                   stride_pq, Prefix, R, n_splits, Hq, H, qk_scale, Out, stride_or, stride_oh, Counter,
+                   stride_pq, Prefix, R, n_splits, Hq, H, qk_scale, Out, stride_or, stride_oh, Counter, Queue,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr, PE_DIM: gl.constexpr,
                    TAIL: gl.constexpr, PV_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, FOLD: gl.constexpr,
-                   FUSE: gl.constexpr, PARTS: gl.constexpr):
+                   FUSE: gl.constexpr, PARTS: gl.constexpr, QUEUE: gl.constexpr):
     """Grid (1, n_splits) with FOLD (the last split also takes the R tree columns), else (1, n_splits + 1) with the
     tree part as split index n_splits; rows 0 .. BLOCK_M + TAIL - 1 (those below Hq written). Prefix: the [1]
     int32 live prefix length (at most the bound the grid and the descriptors were sized for). FUSE: the merge of
     the grid's partials (at most PARTS) into Out [R, H, V_DIM] (row and head strides stride_or, stride_oh) after a
     grid barrier on Counter ([2] int32, zeros before the first launch); without FUSE, Out and Counter are not
-    read."""
+    read. QUEUE (tail_queue 1, not with FUSE): one program per SM, each taking the launch's tiles (the tree columns
+    in the last) one at a time from Queue ([2] int32: the next tile, the programs done; zeros before and after a
+    launch: ``_queue_done``) until none is left, its partial (over the tiles it took) in slot pid_s."""
     STAGES: gl.constexpr = 2
     pid_q = gl.program_id(0)
     pid_s = gl.program_id(1)
     q0 = pid_q * (BLOCK_M + TAIL)
     prefix_len = gl.load(Prefix)
-    start, end = _live_bounds(pid_s, n_splits, prefix_len, R, BLOCK_N, FOLD)
-    n_parts = n_splits + 1 - FOLD
-    if start >= end:
-        _mark_empty(LSE_part, pid_s, q0, Hq, BLOCK_M + TAIL)
-        if FUSE:
-            _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Counter, Hq, H, n_parts,
-                         V_DIM, PARTS, MERGE_BATCH)
-        return
+    if QUEUE:  # the whole launch's columns, taken a tile at a time (n_tiles: the launch's tiles, for the loader)
+        start = 0
+        end = prefix_len + R
+    else:
+        start, end = _live_bounds(pid_s, n_splits, prefix_len, R, BLOCK_N, FOLD)
+        n_parts = n_splits + 1 - FOLD
+        if start >= end:
+            _mark_empty(LSE_part, pid_s, q0, Hq, BLOCK_M + TAIL)
+            if FUSE:
+                _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Counter, Hq, H,
+                             n_parts, V_DIM, PARTS, MERGE_BATCH)
+            return
     n_tiles = gl.cdiv(end - start, BLOCK_N)
     HALF: gl.constexpr = V_DIM // 2
     dt: gl.constexpr = k_lat_d.dtype
@@ -378,6 +533,10 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
     pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL, BLOCK_N], dt)
     pt_s = gl.allocate_shared_memory(dt, [1, TAIL, BLOCK_N], pt_layout)
     a_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    if QUEUE:  # each stage's tile index (32 B: 48 B of the 227 KB are left)
+        idx_s = gl.allocate_shared_memory(gl.int32, [STAGES, 4], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    else:
+        idx_s = a_s  # not read
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     fin = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -394,15 +553,18 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
     fence_async_shared()
 
     gl.warp_specialize([
-        (_tl_wg0, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
+        (_tl_wg0, (q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, idx_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
                    Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len,
-                   prefix_len + R, Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, V_DIM, STAGES)),
-        (_tl_wg1, (qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, q_bar, kv_ready, kv_free, p_ready, pe_free, fin,
-                   Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq, H,
-                   qk_scale, BLOCK_M, BLOCK_N, HALF, V_DIM, TAIL, STAGES)),
+                   prefix_len + R, Hq, H, qk_scale, BLOCK_M, BLOCK_N, HALF, V_DIM, STAGES, QUEUE)),
+        (_tl_wg1, (qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, idx_s, q_bar, kv_ready, kv_free, p_ready, pe_free,
+                   fin, Bits, O_part, LSE_part, stride_ps, stride_pq, q0, pid_s, start, end, n_tiles, prefix_len, Hq,
+                   H, qk_scale, BLOCK_M, BLOCK_N, HALF, V_DIM, TAIL, STAGES, QUEUE)),
         (_tl_loader, (q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, q_lat_s, q_pe_s, qt_lat_s, qt_pe_s,
-                      k_lat_s, k_pe_s, q_bar, kv_ready, kv_free, q0, start, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+                      k_lat_s, k_pe_s, idx_s, q_bar, kv_ready, kv_free, Queue, q0, start, n_tiles, BLOCK_M, BLOCK_N,
+                      STAGES, QUEUE)),
     ], [4, 1], [PV_REGS, LOAD_REGS])
+    if QUEUE:
+        _queue_done(Queue)
     if FUSE:
         _fused_merge(O_part, LSE_part, Out, stride_ps, stride_pq, stride_or, stride_oh, Counter, Hq, H, n_parts,
                      V_DIM, PARTS, MERGE_BATCH)

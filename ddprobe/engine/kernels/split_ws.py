@@ -21,7 +21,8 @@ allocates the partials and builds the CUDA kernels' launchers (their parameter b
 the CUDA kernels, the output's allocation and two driver launches, the prefix kernel's and the CUDA merge's (with
 WsTuning.merge_kind -1 one: the prefix kernel merges its own partials after a grid barrier, its grid one wave;
 slower on the H100: docs/perf.md); the tail kernel is a Triton launch (its tensor descriptors kept per plan) followed
-by the merge's, or, with WsTuning.tail_fuse 1, merging its own partials after a grid barrier (one launch).
+by the merge's, or, with WsTuning.tail_fuse 1, merging its own partials after a grid barrier (one launch); with
+WsTuning.tail_queue 1 its grid is one program per SM taking tiles from the plan's queue (``WsPlan.queue``).
 A plan built without heads is completed per call for the call's heads (correct, with the host cost of a plan).
 It needs an sm_90 GPU (wgmma, TMA, mbarriers), bf16 or fp16 q and kv, 16-byte aligned rows, the MLA widths the
 kernels are written for (v_dim 512, rope 64) and, on the CUDA kernel, a positive softmax scale and a cubin the
@@ -91,19 +92,26 @@ class WsTuning:
     tail_fuse: int = 0   # behind the tail kernel: 1 runs the merge inside its launch after a grid barrier (one
                          # launch, as the CUDA kernel's fused merge; the grid is one wave), 0 the CUDA merge's own
                          # launch
+    tail_queue: int = 0  # the tail kernel's schedule: 0 fixed chunks (a chunk of whole tiles per split, the grid
+                         # sized for the plan's bound); 1 one program per SM, each taking the next 64-token tile
+                         # from the plan's counter until none is left (a program that streams faster takes more
+                         # tiles; every SM busy; the output's last bits vary between runs; not yet run on a GPU:
+                         # off, docs/kernels.md); not with tail_fuse
 
 
 DEFAULT_TUNING = WsTuning()
 _CHOICES = {"fold_tree": (-1, 0, 1), "tail": (-1, 0, 1), "merge_kind": (-2, -1, 0, 1, 2, 3), "part_bits": (32, 16),
-            "tail_fuse": (0, 1)}
+            "tail_fuse": (0, 1), "tail_queue": (0, 1)}
 
 
 def check_tuning(t: WsTuning) -> None:
     """One-line ValueError for a knob outside the kernels' choices (a value no kernel implements would otherwise run
-    some other schedule silently)."""
+    some other schedule silently), or a pair of knobs no kernel runs together."""
     for knob, allowed in _CHOICES.items():
         if getattr(t, knob) not in allowed:
             raise ValueError(f"WsTuning.{knob} must be one of {', '.join(map(str, allowed))}, got {getattr(t, knob)}")
+    if t.tail_queue and t.tail_fuse:
+        raise ValueError("WsTuning.tail_queue 1 runs the merge in its own launch: it takes tail_fuse 0")
 
 
 def tails(hq: int, t: WsTuning, bound: int = 0) -> bool:
@@ -167,6 +175,8 @@ def config(prefix_len: int, hq: int, sms: int, t: WsTuning) -> dict:
     tail = tails(hq, t, prefix_len)
     fold = 1 if tail and t.fold_tree < 0 else t.fold_tree  # behind the tail kernel, fold by default (1-2% faster)
     bq = block_rows(hq, t, prefix_len)
+    if tail and t.tail_queue:  # one program per SM, one partial each; the tiles come from the queue
+        return dict(n_qb=1, num_splits=sms, chunk=BLOCK_N, grid_splits=sms, fold=1, block_q=bq, tail=True, queue=True)
     return dict(choose_config(prefix_len, hq, sms, t.min_chunk, fold, bq), block_q=bq, tail=tail)
 
 
@@ -199,6 +209,7 @@ class WsPlan:
     fused: bool = False         # the merge runs inside the prefix kernel's launch (launcher(..., out), or the tail
                                 # kernel's with ``counter``)
     counter: torch.Tensor | None = None  # the fused tail kernel's grid barrier ([2] int32: arrivals, generation)
+    queue: torch.Tensor | None = None    # the tail kernel's tile queue (tail_queue 1; [2] int32: next tile, done)
     signature: tuple = ()       # what ``run`` compares its inputs with: (R, heads, D, D, dtype, dtype, and both
                                 # tensors' device index, Tensor.get_device: cheaper than building torch.device)
     index: int = -1             # the CUDA device's index
@@ -254,9 +265,10 @@ def _complete(p: VerifyPlan, base: WsPlan, heads: int, dtype: torch.dtype, rope_
             and cfg["n_qb"] * cfg["grid_splits"] <= sms \
             and not _cu._mps_limited():  # the grid barrier needs every program resident: one wave, all the SMs
         counter = torch.zeros(2, dtype=torch.int32, device=dev)
+    queue = torch.zeros(2, dtype=torch.int32, device=dev) if cfg.get("queue") else None
     dim = p.v_dim + rope_dim
     return replace(base, heads=heads, dtype=dtype, tuning=t, kernel=kernel, cfg=cfg, partials=parts, descs={},
-                   compiled={},
+                   compiled={}, queue=queue,
                    merge=merge_plan(t, hq, p.v_dim, sms), launcher=launcher, counter=counter,
                    merger=merger, fused=(launcher is not None and launcher.fused) or counter is not None,
                    signature=(r, heads, dim, dim, dtype, dtype, dev.index, dev.index),
@@ -338,19 +350,20 @@ def _descs(q2: torch.Tensor, kv: torch.Tensor, p: VerifyPlan):
 
 def tail_launch(descs, bits, o_part, lse_part, p: VerifyPlan, cfg: dict, hq: int, dim: int, h: int,
                 sm_scale: float, out: torch.Tensor | None = None,
-                counter: torch.Tensor | None = None) -> tuple[tuple, tuple, dict]:
+                counter: torch.Tensor | None = None, queue: torch.Tensor | None = None) -> tuple[tuple, tuple, dict]:
     """(grid, arguments, constexprs) of the Gluon tail kernel on ``cfg``'s grid: what ``_launch_tail`` launches and
     kernels/_target_compile.py compiles on the CPU (``descs``: ``_descs(q2, kv, p)``; ``bits``: the tree's mask).
-    ``out`` and ``counter`` given: the merge fused into the launch (FUSE), into out [R, H, v_dim]."""
+    ``out`` and ``counter`` given: the merge fused into the launch (FUSE), into out [R, H, v_dim]; ``queue`` given
+    (a plan of tail_queue 1): the tiles taken from it (QUEUE)."""
     grid = (cfg["n_qb"], cfg["grid_splits"], 1)
     fuse = out is not None
     args = (*descs, bits, o_part, lse_part, o_part.stride(0), o_part.stride(1), p.prefix_t, p.num_rows,
             cfg["grid_splits"] - 1 + cfg["fold"], hq, h, sm_scale * LOG2E,
             out if fuse else o_part, out.stride(0) if fuse else 0, out.stride(1) if fuse else 0,
-            counter if fuse else bits)
+            counter if fuse else bits, queue if queue is not None else bits)
     consts = dict(BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, V_DIM=p.v_dim, PE_DIM=dim - p.v_dim, TAIL=TAIL, PV_REGS=PV_REGS,
                   LOAD_REGS=LOAD_REGS, FOLD=cfg["fold"], FUSE=int(fuse),
-                  PARTS=triton.next_power_of_2(max(cfg["grid_splits"], 32)))
+                  PARTS=triton.next_power_of_2(max(cfg["grid_splits"], 32)), QUEUE=int(queue is not None))
     return grid, args, consts
 
 
@@ -373,7 +386,7 @@ def _launch_tail(q2, kv, p: VerifyPlan, d: WsPlan, sm_scale: float, h: int, out:
             d.descs.clear()
         descs = d.descs[key] = _descs(q2, kv, p)
     grid, args, consts = tail_launch(descs, d.bits, o_part, lse_part, p, cfg, hq, dim, h, sm_scale, out,
-                                     d.counter if out is not None else None)
+                                     d.counter if out is not None else None, d.queue)
     role = "tail" if out is None else "tail_fused"
     k = d.compiled.get(role)
     if k is None:
