@@ -448,6 +448,10 @@ def test_tuning_outside_the_kernels_choices_is_refused(over, field):
             split_ws.check_tuning(split_ws.WsTuning(**{f: value}))
     with pytest.raises(ValueError, match="tail_queue 1 runs the merge in its own launch: it takes tail_fuse 0"):
         get_path("split_ws").plan(100, mask, None, V, tuning=split_ws.WsTuning(tail_queue=1, tail_fuse=1))
+    with pytest.raises(ValueError, match=r"the online merge \(merge_kind 0\) does not take: use -2, -1 or 1-3"):
+        get_path("split_ws").plan(100, mask, None, V, tuning=split_ws.WsTuning(tail_queue=1, merge_kind=0))
+    for kind in (-2, -1, 1, 2, 3):
+        split_ws.check_tuning(split_ws.WsTuning(tail_queue=1, merge_kind=kind))
 
 
 def test_the_tail_queue_runs_one_program_per_sm_whatever_the_bound():

@@ -207,8 +207,11 @@ def _zero_rows(k_lat, first, BLOCK_N: gl.constexpr, V_DIM: gl.constexpr):
 @gluon.jit
 def _wg0_tile(q_lat_s, q_pe_s, k_lat, k_pe, a_slot, p_ready_b, pe_free_b, kv_free_b, ph, n0, m_i, l_i, acc, s_zero,
               bits, offs_n0, end, prefix_len, live_end, qk_scale, BLOCK_N: gl.constexpr, HALF: gl.constexpr,
-              V_DIM: gl.constexpr, o_layout: gl.constexpr, p_dot: gl.constexpr):
-    """Warpgroup 0 on one ready tile (at column n0): S, the online softmax, P to warpgroup 1, its half of P V."""
+              V_DIM: gl.constexpr, o_layout: gl.constexpr, p_dot: gl.constexpr, GUARD: gl.constexpr):
+    """Warpgroup 0 on one ready tile (at column n0): S, the online softmax, P to warpgroup 1, its half of P V.
+    GUARD: a row may have seen no column yet after this tile (under QUEUE a program's first tile can be the last
+    one, tree columns only, where a row without a descendant there sees nothing): exponents taken from 0, not
+    NaN, as warpgroup 1 does for the tail rows (a fixed chunk starts with prefix columns, which every row sees)."""
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     if n0 + BLOCK_N > live_end:  # no fence before S: S may read the rows as they were, which is right only
         _zero_rows(k_lat, live_end - n0, BLOCK_N, V_DIM)  # because _ss_scores masks them; P V reads after the fence
@@ -217,8 +220,13 @@ def _wg0_tile(q_lat_s, q_pe_s, k_lat, k_pe, a_slot, p_ready_b, pe_free_b, kv_fre
     s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
     s = _ss_scores(s, n0, bits, offs_n0, end, prefix_len, qk_scale, BLOCK_N)
     m_new = gl.maximum(m_i, gl.max(s, axis=1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - m_new[:, None])
+    if GUARD:
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+    else:
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + gl.sum(p, axis=1)
     m_i = m_new
     p16 = p.to(k_lat.dtype)
@@ -267,7 +275,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, idx_s, q_bar, kv_ready, kv_fr
             m_i, l_i, acc = _wg0_tile(q_lat_s, q_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
                                       p_ready.index(st), pe_free.index(st), kv_free.index(st), (i // STAGES) & 1,
                                       t * BLOCK_N, m_i, l_i, acc, s_zero, bits, offs_n0, end, prefix_len, live_end,
-                                      qk_scale, BLOCK_N, HALF, V_DIM, o_layout, p_dot)
+                                      qk_scale, BLOCK_N, HALF, V_DIM, o_layout, p_dot, True)
             i += 1
             mbarrier.wait(kv_ready.index(i % STAGES), (i // STAGES) & 1)
             t = _slot_tile(idx_s, i % STAGES)
@@ -280,7 +288,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, idx_s, q_bar, kv_ready, kv_fr
             m_i, l_i, acc = _wg0_tile(q_lat_s, q_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
                                       p_ready.index(st), pe_free.index(st), kv_free.index(st), ph,
                                       start + i * BLOCK_N, m_i, l_i, acc, s_zero, bits, offs_n0, end, prefix_len,
-                                      live_end, qk_scale, BLOCK_N, HALF, V_DIM, o_layout, p_dot)
+                                      live_end, qk_scale, BLOCK_N, HALF, V_DIM, o_layout, p_dot, False)
     # 1 / l to warpgroup 1 in the alpha slot of tile n_tiles (its last reader, tile n_tiles - 2, is done: warpgroup
     # 1 released tile n_tiles - 1's K_pe, which it does only after finishing tile n_tiles - 2)
     inv_l = 1.0 / l_i

@@ -112,6 +112,9 @@ def check_tuning(t: WsTuning) -> None:
             raise ValueError(f"WsTuning.{knob} must be one of {', '.join(map(str, allowed))}, got {getattr(t, knob)}")
     if t.tail_queue and t.tail_fuse:
         raise ValueError("WsTuning.tail_queue 1 runs the merge in its own launch: it takes tail_fuse 0")
+    if t.tail_queue and t.merge_kind == 0:  # the online merge starts from the last slot's lse, finite only there
+        raise ValueError("WsTuning.tail_queue 1 leaves any slot empty, which the online merge (merge_kind 0) does "
+                         "not take: use -2, -1 or 1-3")
 
 
 def tails(hq: int, t: WsTuning, bound: int = 0) -> bool:
