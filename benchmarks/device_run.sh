@@ -24,8 +24,9 @@
 #   advise  ddprobe advise with its defaults (k2 steps through sglang or paged and auto's path, the tiny pair's
 #           commit lengths, plain decode measured) -> $OUT/advise.json
 #   fixed   (only when ONLY names it) where split_ws's fixed part goes at 8 heads (issue 64): the tail kernel in a plan
-#           sized for 128k at 8k to 128k (the same 128 programs with 1 to 16 tiles each) beside FlashMLA, the step
-#           traced and read by ddprobe trace -> $OUT/fixed.json, $OUT/fixed-trace/, $OUT/fixed-trace.log
+#           sized for 128k at 8k to 128k (the same 128 programs with 1 to 16 tiles each) beside FlashMLA, and its tile
+#           queue (tail_queue=1) where that knob's GPU tests pass first (fixed-tests), the step traced and read by
+#           ddprobe trace -> $OUT/fixed.json, $OUT/fixed-trace/, $OUT/fixed-trace.log
 # Last: a short table (each step's status and seconds, then the verify results at 128k).
 set -u
 OUT=${OUT:-./device-out}
@@ -37,8 +38,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/ddprobe-pycache}
 declare -a STATUS=()
 
-step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record status and seconds (skipped
-          # unless NAME is in $ONLY, when set)
+step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record status and seconds, return the
+          # command's status (skipped, status 0, unless NAME is in $ONLY, when set)
     local name=$1 limit=$2 t0=$SECONDS rc
     shift 2
     [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$name,"* ]] && return 0
@@ -47,6 +48,7 @@ step() {  # step NAME LIMIT_S COMMAND...: run with a time limit, log, record sta
     rc=$?
     STATUS+=("$(printf '%-8s %-6s %5ss  %s' "$name" "$([ $rc = 0 ] && echo ok || echo rc=$rc)" $((SECONDS - t0)) "$OUT/$name.log")")
     tail -3 "$OUT/$name.log"
+    return $rc
 }
 
 if [ -d .whl ]; then
@@ -77,8 +79,13 @@ step anatomy 600 python benchmarks/bench_engine.py --anatomy --ctxs 8k,32k,128k 
 step commit 300 python -m ddprobe commit --ctx 1k,16k --json "$OUT/commit-tiny.json"
 step advise 600 python -m ddprobe advise -o "$OUT/advise.json"
 if [[ ",${ONLY:-}," == *",fixed,"* ]]; then
-    step fixed 420 python -m ddprobe bench verify --ctx 8k,16k,32k,64k,128k --heads 8 --paths split_ws,flashmla \
-        --variant split_ws:bound=128k,tail=1 --step-ctx 128k --step-trace "$OUT/fixed-trace" --out "$OUT/fixed.json"
+    queue=()
+    ONLY=$ONLY,fixed-tests step fixed-tests 240 python -m pytest -q -x -p no:cacheprovider tests/test_kernels_gpu.py \
+        -k "tail_queue or device_plan_replays or poisoned" \
+        && queue=(--variant split_ws:bound=128k,tail=1,tail_queue=1 --step-variant split_ws:tail_queue=1)
+    step fixed 480 python -m ddprobe bench verify --ctx 8k,16k,32k,64k,128k --heads 8 --paths split_ws,flashmla \
+        --variant split_ws:bound=128k,tail=1 "${queue[@]}" --step-ctx 128k --step-trace "$OUT/fixed-trace" \
+        --out "$OUT/fixed.json"
     ONLY=$ONLY,fixed-trace step fixed-trace 120 python -m ddprobe trace "$OUT/fixed-trace/step61-split_ws-131072-8h.json"
 fi
 
