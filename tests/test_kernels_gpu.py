@@ -102,9 +102,11 @@ def test_tree_mask_is_applied():
 @pytest.mark.parametrize("over", [{}, dict(tail=1), dict(tail=1, fold_tree=1), dict(tail=1, fold_tree=0),
                                   dict(part_bits=16), dict(tail=1, part_bits=16), dict(tail=1, tail_fuse=1),
                                   dict(tail=1, tail_fuse=1, part_bits=16), dict(tail=1, tail_queue=1),
-                                  dict(tail=1, tail_queue=1, part_bits=16)],
+                                  dict(tail=1, tail_queue=1, part_bits=16), dict(tail=1, tail_queue=1, merge_kind=1),
+                                  dict(tail=1, tail_queue=1, merge_kind=2), dict(tail=1, tail_queue=1, merge_kind=3)],
                          ids=["default", "tail", "tail-fold", "tail-tree-apart", "p16", "tail-p16", "tail-fused",
-                              "tail-fused-p16", "tail-queue", "tail-queue-p16"])
+                              "tail-fused-p16", "tail-queue", "tail-queue-p16", "tail-queue-merge1",
+                              "tail-queue-merge2", "tail-queue-merge3"])
 def test_plan_reused_across_layers_with_poisoned_partials(over):
     """One plan sized for 8 heads, several layers; its partial buffers, poisoned with NaN between layers,
     are fully rewritten by every layer (no stale split is merged)."""

@@ -88,6 +88,8 @@ def test_the_tail_kernel_compiles_with_its_tile_queue():
     queued, ptx = _compile_tail(torch.float32, queue=True)
     assert queued["shared"] <= 232448 and queued["regs"] <= plain["regs"], (plain, queued)
     assert queued["stl"] <= plain["stl"], (plain, queued)
+    queued16, _ = _compile_tail(torch.bfloat16, queue=True)  # with 16-bit partials too
+    assert queued16["shared"] <= 232448 and queued16["regs"] <= plain["regs"] and queued16["stl"] <= plain["stl"]
     assert len(re.findall(r"atom\.global\.gpu\.relaxed\.add\.u32", ptx)) == 2, "the first ask and the loop's"
     assert re.search(r"redux\.sync\.max\.s32", ptx), "the asked tile passed to every lane of the warp"
     assert len(re.findall(r"atom\.global\.gpu\.acq_rel\.add\.u32", ptx)) == 1, "one arrival per program"

@@ -292,6 +292,8 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, idx_s, q_bar, kv_ready, kv_fr
     # 1 / l to warpgroup 1 in the alpha slot of tile n_tiles (its last reader, tile n_tiles - 2, is done: warpgroup
     # 1 released tile n_tiles - 1's K_pe, which it does only after finishing tile n_tiles - 2)
     inv_l = 1.0 / l_i
+    if QUEUE:  # a row that saw no column here: 0, so its (never merged) partial is 0, not NaN
+        inv_l = gl.where(l_i > 0, inv_l, 0.0)
     a_s.index(n_tiles % STAGES).store(inv_l)
     _sync_warps()
     mbarrier.arrive(fin, count=1)
@@ -410,11 +412,12 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, idx_s, q_bar, kv_read
         gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
         if n_tiles > 0:  # a program the queue gave nothing: lse -inf above, its O never read by the merge
             _wg1_store_half(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M, HALF, o_layout)
-            _wg1_store_tail(O_part, acc_t, l_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM, t_layout)
+            _wg1_store_tail(O_part, acc_t, gl.where(l_t > 0, 1.0 / l_t, 0.0), rows_t, pid_s, stride_ps, stride_pq,
+                            Hq, V_DIM, t_layout)
     else:
         _wg1_store_half(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLOCK_M, HALF, o_layout)
         gl.store(LSE_part + pid_s * Hq + rows_t, m_t + gl.log2(l_t), mask=rows_t < Hq)
-        _wg1_store_tail(O_part, acc_t, l_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM, t_layout)
+        _wg1_store_tail(O_part, acc_t, 1.0 / l_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM, t_layout)
 
 
 @gluon.jit
@@ -431,11 +434,11 @@ def _wg1_store_half(O_part, acc, inv_l, q0, pid_s, stride_ps, stride_pq, Hq, BLO
 
 
 @gluon.jit
-def _wg1_store_tail(O_part, acc_t, l_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM: gl.constexpr,
+def _wg1_store_tail(O_part, acc_t, inv_t, rows_t, pid_s, stride_ps, stride_pq, Hq, V_DIM: gl.constexpr,
                     t_layout: gl.constexpr):
     """The tail rows' normalized partial."""
     tok_t: gl.constexpr = gl.SliceLayout(1, t_layout)
-    out_t = acc_t * (1.0 / l_t)[None, :]
+    out_t = acc_t * inv_t[None, :]
     dims = gl.arange(0, V_DIM, tok_t)
     ptr_t = O_part + pid_s * stride_ps + rows_t[None, :] * stride_pq + dims[:, None]
     gl.store(ptr_t, out_t.to(O_part.dtype.element_ty), mask=(rows_t < Hq)[None, :])
@@ -541,7 +544,7 @@ def ws_tail_kernel(q_lat_d, q_pe_d, qt_lat_d, qt_pe_d, k_lat_d, k_pe_d, Bits, O_
     pt_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([TAIL, BLOCK_N], dt)
     pt_s = gl.allocate_shared_memory(dt, [1, TAIL, BLOCK_N], pt_layout)
     a_s = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    if QUEUE:  # each stage's tile index (32 B: 48 B of the 227 KB are left)
+    if QUEUE:  # each stage's tile index (32 B, in the 64 B the kernel left: it fills the 232,448 B a block gets)
         idx_s = gl.allocate_shared_memory(gl.int32, [STAGES, 4], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     else:
         idx_s = a_s  # not read
