@@ -107,6 +107,7 @@ def bench_verify(result: Result) -> list[str]:
         return ["No timed benchmark entries (every path failed or none ran)."]
     copy = fl.copy_GBps
     out = []
+    fitted = bench.fits(result)
     for heads in sorted({e.heads for e in es if e.kind == "layer"}, key=lambda h: h or 0):
         layer = [e for e in es if e.kind == "layer" and e.heads == heads]
         bounds = {e.ctx: fl.bound(e) for e in layer}
@@ -126,7 +127,7 @@ def bench_verify(result: Result) -> list[str]:
             line += f" ({fmt_bandwidth(best.GBps * 1e9)}" + (f" of {fmt_bandwidth(copy * 1e9)} measured)" if copy
                                                              else ")")
         out.append(line + ".")
-        fit = next((f for f in bench.fits(result) if f.path == best.path and f.heads == heads and f.ctx1 == top), None)
+        fit = next((f for f in fitted if f.path == best.path and f.heads == heads and f.ctx1 == top), None)
         if fit:
             out.append(f"{bench.describe(fit, fl)}.")
         fast = [n for n in verify_paths.fast_names() if n in at]
