@@ -225,7 +225,8 @@ def _tokens(ctx: int) -> str:
     return fmt_tokens(ctx)
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
+    """A share as a whole percent, "under 1%" below half a percent."""
     return "under 1%" if x < 0.005 else f"{x:.0%}"
 
 
@@ -256,10 +257,10 @@ def describe(f: Fit, fl: Floors) -> str:
     if f.fixed_us is None:
         return head + f.note
     share = rate_share(f, fl)
-    of = f" ({_pct(share[0])} of {share[1]})" if share else ""
+    of = f" ({pct(share[0])} of {share[1]})" if share else ""
     rate = (f"marginal rate {f.marginal_TFLOPs:,.0f} TFLOP/s{of}" if f.bound == "compute-bound" and f.marginal_TFLOPs
             else f"marginal KV bandwidth {fmt_bandwidth(f.marginal_GBps * 1e9)}{of}")
-    fixed = (f"fixed part {fmt_time(f.fixed_us * 1e-6)} ({_pct(f.fixed_us / f.time1_us)} of its "
+    fixed = (f"fixed part {fmt_time(f.fixed_us * 1e-6)} ({pct(f.fixed_us / f.time1_us)} of its "
              f"{fmt_time(f.time1_us * 1e-6)} at {_tokens(f.ctx1)})" if f.fixed_us > 0 else
              f"no fixed part (the line through both times is {fmt_time(f.intercept_us * 1e-6)} at no context)")
     line = f"{fixed}, {rate}"

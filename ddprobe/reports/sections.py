@@ -184,7 +184,7 @@ def _fit_cells(f: bench.Fit, fl: bench.Floors) -> list[str]:
     return [f.path, str(f.heads), f.kernel or "-", ctxs,
             fmt_time(f.fixed_us * 1e-6) if f.fixed_us else f"none ({fmt_time(f.intercept_us * 1e-6)})",
             f"{f.fixed_us / f.time1_us:.1%}", fmt_bandwidth(f.marginal_GBps * 1e9), _f(f.marginal_TFLOPs, ".0f"),
-            f"{share[0]:.0%} of {share[1]}" if share else "-"]
+            f"{bench.pct(share[0])} of {share[1]}" if share else "-"]
 
 
 def _gpu_util(r: Result, sid: str) -> tuple[list[Table], list[Figure]]:
