@@ -119,6 +119,13 @@ def _slot_tile(idx_s, st):
 
 
 @gluon.jit
+def _next_tile(kv_ready, idx_s, i, STAGES: gl.constexpr):
+    """A warpgroup's i-th tile under QUEUE: its stage's ``kv_ready`` waited for, then the index there (-1: the end)."""
+    mbarrier.wait(kv_ready.index(i % STAGES), (i // STAGES) & 1)
+    return _slot_tile(idx_s, i % STAGES)
+
+
+@gluon.jit
 def _queue_tiles(k_lat_d, k_pe_d, k_lat_s, k_pe_s, idx_s, kv_ready, kv_free, Queue, n_total, BLOCK_N: gl.constexpr,
                  STAGES: gl.constexpr):
     """The loader's ring under QUEUE: the next tile of the launch from the queue (``_grab``, asked for while the
@@ -268,8 +275,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, idx_s, q_bar, kv_ready, kv_fr
     mbarrier.wait(q_bar, 0)
     if QUEUE:  # tiles from the loader's queue until index -1 (each index read once its stage is ready)
         i = 0
-        mbarrier.wait(kv_ready.index(0), 0)
-        t = _slot_tile(idx_s, 0)
+        t = _next_tile(kv_ready, idx_s, i, STAGES)
         while t >= 0:
             st = i % STAGES
             m_i, l_i, acc = _wg0_tile(q_lat_s, q_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
@@ -277,8 +283,7 @@ def _tl_wg0(q_lat_s, q_pe_s, k_lat_s, k_pe_s, a_s, idx_s, q_bar, kv_ready, kv_fr
                                       t * BLOCK_N, m_i, l_i, acc, s_zero, bits, offs_n0, end, prefix_len, live_end,
                                       qk_scale, BLOCK_N, HALF, V_DIM, o_layout, p_dot, True)
             i += 1
-            mbarrier.wait(kv_ready.index(i % STAGES), (i // STAGES) & 1)
-            t = _slot_tile(idx_s, i % STAGES)
+            t = _next_tile(kv_ready, idx_s, i, STAGES)
         n_tiles = i
     else:
         for i in range(n_tiles):
@@ -385,8 +390,7 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, idx_s, q_bar, kv_read
     mbarrier.wait(q_bar, 0)
     if QUEUE:  # tiles from the loader's queue until index -1 (see _tl_wg0)
         i = 0
-        mbarrier.wait(kv_ready.index(0), 0)
-        t = _slot_tile(idx_s, 0)
+        t = _next_tile(kv_ready, idx_s, i, STAGES)
         while t >= 0:
             st = i % STAGES
             acc, acc_t, m_t, l_t = _wg1_tile(qt_lat_s, qt_pe_s, k_lat_s.index(st), k_pe_s.index(st), a_s.index(st),
@@ -394,8 +398,7 @@ def _tl_wg1(qt_lat_s, qt_pe_s, k_lat_s, k_pe_s, a_s, pt_s, idx_s, q_bar, kv_read
                                              (i // STAGES) & 1, i, t * BLOCK_N, acc, acc_t, m_t, l_t, st_zero, bits,
                                              offs_t0, end, prefix_len, qk_scale, BLOCK_N, HALF, o_layout)
             i += 1
-            mbarrier.wait(kv_ready.index(i % STAGES), (i // STAGES) & 1)
-            t = _slot_tile(idx_s, i % STAGES)
+            t = _next_tile(kv_ready, idx_s, i, STAGES)
         n_tiles = i
     else:
         for i in range(n_tiles):
