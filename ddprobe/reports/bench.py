@@ -14,6 +14,8 @@ from typing import Any
 from ..results import Result
 from ..physics.gpus import GpuSpec, gpu_spec_for
 from ..physics.step_model import kernel_floor
+from ..timing import within_noise
+from ..units import fmt_bandwidth, fmt_time, fmt_tokens
 
 BENCH_KINDS = ("bench-verify",)
 
@@ -192,8 +194,6 @@ class Fit:
 def fits(result: Result) -> list[Fit]:
     """One ``Fit`` per (path, heads, kernel) that ran at two or more contexts (layer entries with a time and bytes
     whose output was not found wrong)."""
-    from ..timing import within_noise
-
     fl = floors(result)
     groups: dict[tuple, list[Entry]] = {}
     for e in entries(result):
@@ -207,22 +207,17 @@ def fits(result: Result) -> list[Fit]:
         a, b = (by_ctx[c] for c in sorted(by_ctx)[-2:])
         f = Fit(path, heads, kernel, a.ctx, b.ctx, b.time_us, b.floor_us, fl.bound(b))
         dt = b.time_us - a.time_us
-        if within_noise(a.time_us, b.time_us) or dt < 0:
-            what = "within the noise of each other" if within_noise(a.time_us, b.time_us) else "falling with context"
-            out.append(replace(f, note=f"no fixed part read: its times at {_tokens(a.ctx)} and {_tokens(b.ctx)} are "
-                                       f"{what}"))
+        flat = within_noise(a.time_us, b.time_us)
+        if flat or dt < 0:
+            what = "within the noise of each other" if flat else "falling with context"
+            out.append(replace(f, note=f"no fixed part read: its times at {fmt_tokens(a.ctx)} and "
+                                       f"{fmt_tokens(b.ctx)} are {what}"))
             continue
         out.append(replace(f, intercept_us=b.time_us - dt * b.ctx / (b.ctx - a.ctx),
                            marginal_GBps=(b.bytes - a.bytes) / (dt * 1e-6) / 1e9,
                            marginal_TFLOPs=((b.flops - a.flops) / (dt * 1e-6) / 1e12
                                             if a.flops and b.flops else None)))
     return sorted(out, key=lambda f: (f.heads or 0, f.path, f.ctx1))
-
-
-def _tokens(ctx: int) -> str:
-    from ..units import fmt_tokens
-
-    return fmt_tokens(ctx)
 
 
 def pct(x: float) -> str:
@@ -250,10 +245,8 @@ def rate_share(f: Fit, fl: Floors) -> tuple[float, str] | None:
 def describe(f: Fit, fl: Floors) -> str:
     """One fit in one line: the fixed part, the marginal rate against its ceiling, and which of the two the time
     over the kernel floor is mostly made of."""
-    from ..units import fmt_bandwidth, fmt_time
-
     kern = f" ({f.kernel} kernel)" if f.kernel and f.kernel != f.path.split("[")[0] else ""
-    head = f"{f.heads} heads, {f.path}{kern}, {_tokens(f.ctx0)} -> {_tokens(f.ctx1)}: "
+    head = f"{f.heads} heads, {f.path}{kern}, {fmt_tokens(f.ctx0)} -> {fmt_tokens(f.ctx1)}: "
     if f.fixed_us is None:
         return head + f.note
     share = rate_share(f, fl)
@@ -261,7 +254,7 @@ def describe(f: Fit, fl: Floors) -> str:
     rate = (f"marginal rate {f.marginal_TFLOPs:,.0f} TFLOP/s{of}" if f.bound == "compute-bound" and f.marginal_TFLOPs
             else f"marginal KV bandwidth {fmt_bandwidth(f.marginal_GBps * 1e9)}{of}")
     fixed = (f"fixed part {fmt_time(f.fixed_us * 1e-6)} ({pct(f.fixed_us / f.time1_us)} of its "
-             f"{fmt_time(f.time1_us * 1e-6)} at {_tokens(f.ctx1)})" if f.fixed_us > 0 else
+             f"{fmt_time(f.time1_us * 1e-6)} at {fmt_tokens(f.ctx1)})" if f.fixed_us > 0 else
              f"no fixed part (the line through both times is {fmt_time(f.intercept_us * 1e-6)} at no context)")
     line = f"{fixed}, {rate}"
     if f.floor1_us and f.time1_us > f.floor1_us:
